@@ -1,0 +1,137 @@
+// Process groups: collectives over flat tensors, with asynchronous handles.
+//
+// A ProcessGroup knows tensors and ranks, nothing about modules. Every collective
+// takes flat, contiguous tensors and returns a Work handle; the call only
+// enqueues. Collectives of one kind run in issue order, and every rank of the
+// group must issue the same sequence of collectives of each kind.
+//
+// Lanes. Work is ordered per lane, and lanes run concurrently (the CPU analogue
+// of NCCL streams): all_gather and broadcast run on the gather lane;
+// reduce_scatter and all_reduce on the reduce lane. FSDP overlaps the next
+// unit's all-gather with the previous unit's reduce-scatter this way.
+//
+// Lifetimes. A Work handle holds references to its tensors until it completes;
+// the caller must not read an output, nor write an input, before wait().
+// With Gloo, wait() blocks the calling thread; with NCCL it makes the caller's
+// current CUDA stream wait on the collective's event (no host sync).
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace c10d {
+class Store;
+}
+
+namespace fsdp::comm {
+
+enum class ReduceOp { kSum, kAvg, kMax };
+const char* to_string(ReduceOp op);
+
+// Bytes moved by this rank's calls, counted on the full logical buffer of each
+// collective (the all-gather output, the reduce-scatter input, the all-reduce
+// tensor, the broadcast tensor), in the tensors' own dtype.
+struct CommCounters {
+  int64_t allgather_bytes = 0;
+  int64_t reduce_scatter_bytes = 0;
+  int64_t allreduce_bytes = 0;
+  int64_t broadcast_bytes = 0;
+  int64_t allgather_calls = 0;
+  int64_t reduce_scatter_calls = 0;
+  int64_t allreduce_calls = 0;
+  int64_t broadcast_calls = 0;
+};
+
+class Work {
+ public:
+  virtual ~Work() = default;
+  // Blocks (Gloo) or orders the current stream after the collective (NCCL).
+  // Rethrows the collective's failure as fsdp::Failure naming group and operation.
+  virtual void wait() = 0;
+  // True once the collective finished (successfully or not). Never blocks.
+  virtual bool completed() = 0;
+};
+using WorkPtr = std::shared_ptr<Work>;
+
+// A Work that is already done (world size 1, empty tensors).
+WorkPtr completed_work();
+
+class ProcessGroup {
+ public:
+  virtual ~ProcessGroup() = default;
+
+  int rank() const { return rank_; }
+  int size() const { return size_; }
+  // Human-readable name used in errors ("world", "shard", "replicate", ...).
+  const std::string& name() const { return name_; }
+  // The device collectives expect tensors on (CPU for Gloo, cuda:N for NCCL).
+  virtual at::Device device() const = 0;
+  virtual std::string backend() const = 0;
+
+  // out: size() * in.numel() elements; rank r's `in` lands in out[r*n, (r+1)*n).
+  // `in` may be out's own chunk (in-place). Same dtype and device for both.
+  WorkPtr all_gather(const at::Tensor& out, const at::Tensor& in);
+
+  // in: size() * out.numel() elements; out = op over ranks of chunk rank() of in.
+  // The sum is taken in rank order 0..size()-1 on every rank (deterministic).
+  // `in` is left unchanged.
+  WorkPtr reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op);
+
+  // In place, identical bits on every rank afterwards.
+  WorkPtr all_reduce(const at::Tensor& t, ReduceOp op);
+
+  // In place: every rank ends with root's values. root is a rank of this group.
+  WorkPtr broadcast(const at::Tensor& t, int root);
+
+  // Blocks until every rank of the group arrived. On timeout throws
+  // fsdp::Failure naming the group and the ranks that did not arrive.
+  virtual void barrier(std::chrono::milliseconds timeout) = 0;
+
+  // A group over `ranks` (ranks of this group, strictly increasing). Every
+  // member of `ranks` must call it with the same ranks and tag; non-members
+  // must not call it. The tag names the group in errors and keeps the
+  // rendezvous keys of different groups apart.
+  virtual std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
+                                                  const std::string& tag) = 0;
+
+  // Default timeout of collectives issued on this group.
+  std::chrono::milliseconds timeout() const { return timeout_; }
+
+  CommCounters counters() const;
+  void reset_counters();
+
+ protected:
+  ProcessGroup(int rank, int size, std::string name, std::chrono::milliseconds timeout);
+
+  // Arguments are validated and counted by the public wrappers.
+  virtual WorkPtr do_all_gather(const at::Tensor& out, const at::Tensor& in) = 0;
+  virtual WorkPtr do_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) = 0;
+  virtual WorkPtr do_all_reduce(const at::Tensor& t, ReduceOp op) = 0;
+  virtual WorkPtr do_broadcast(const at::Tensor& t, int root) = 0;
+
+ private:
+  int rank_;
+  int size_;
+  std::string name_;
+  std::chrono::milliseconds timeout_;
+  struct Counters;
+  std::shared_ptr<Counters> counters_;
+};
+
+using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
+
+// Two-level layout for HYBRID_SHARD: consecutive blocks of `shard_size` ranks
+// form shard groups; ranks with the same position in their block form
+// replicate groups. Every rank of `world` must call it.
+struct HybridGroups {
+  ProcessGroupPtr shard;      // size shard_size
+  ProcessGroupPtr replicate;  // size world/shard_size
+};
+HybridGroups make_hybrid_groups(ProcessGroup& world, int shard_size);
+
+}  // namespace fsdp::comm

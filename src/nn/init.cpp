@@ -1,0 +1,81 @@
+#include "fsdp/nn/init.h"
+
+#include <torch/nn/module.h>
+
+#include <cmath>
+
+#include "fsdp/common/error.h"
+
+namespace fsdp::nn {
+namespace {
+
+uint64_t fnv1a(const std::string& s) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : s) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+inline uint64_t splitmix64(uint64_t x) {
+  x += 0x9e3779b97f4a7c15ull;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
+// Uniform in the open interval (0, 1) from 32 random bits.
+inline double unit_open(uint32_t bits) { return (static_cast<double>(bits) + 0.5) * (1.0 / 4294967296.0); }
+
+}  // namespace
+
+void init_slice(const at::Tensor& out, const InitRule& rule, uint64_t seed, const std::string& name,
+                int64_t first) {
+  FSDP_ASSERT(out.is_contiguous(), "init_slice needs a contiguous tensor");
+  const int64_t n = out.numel();
+  if (n == 0) return;
+  switch (rule.kind) {
+    case InitRule::Kind::kZeros: out.zero_(); return;
+    case InitRule::Kind::kOnes: out.fill_(1.0); return;
+    case InitRule::Kind::kConstant: out.fill_(rule.a); return;
+    default: break;
+  }
+  const uint64_t key = splitmix64(seed ^ fnv1a(name));
+  at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kDouble));
+  double* v = host.data_ptr<double>();
+  const bool normal = rule.kind == InitRule::Kind::kNormal;
+  const double a = rule.a;
+  at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t j = begin; j < end; ++j) {
+      const uint64_t r = splitmix64(key ^ splitmix64(static_cast<uint64_t>(first + j)));
+      const double u1 = unit_open(static_cast<uint32_t>(r >> 32));
+      const double u2 = unit_open(static_cast<uint32_t>(r));
+      if (normal) {
+        v[j] = a * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+      } else {
+        v[j] = a * (2.0 * u1 - 1.0);
+      }
+    }
+  });
+  at::NoGradGuard no_grad;
+  out.view({n}).copy_(host);
+}
+
+void init_module(torch::nn::Module& module, const InitRuleFn& rules, uint64_t seed) {
+  at::NoGradGuard no_grad;
+  for (auto& p : module.named_parameters(/*recurse=*/true)) {
+    at::Tensor t = p.value();
+    FSDP_CHECK(!t.is_meta(), "init_module: parameter '", p.key(),
+               "' is on the meta device; materialize the module first (or shard it, which materializes shards)");
+    if (t.is_contiguous()) {
+      init_slice(t, rules(p.key()), seed, p.key(), 0);
+    } else {
+      at::Tensor tmp = at::empty_like(t, at::MemoryFormat::Contiguous);
+      init_slice(tmp, rules(p.key()), seed, p.key(), 0);
+      t.copy_(tmp);
+    }
+  }
+}
+
+}  // namespace fsdp::nn

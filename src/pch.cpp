@@ -1,0 +1,2 @@
+// Carrier translation unit for the precompiled header.
+int fsdp_pch_anchor = 0;

@@ -1,0 +1,34 @@
+#include <gtest/gtest.h>
+
+#include "fsdp/nn/init.h"
+
+using fsdp::nn::InitRule;
+using fsdp::nn::init_slice;
+
+TEST(Init, AnySliceEqualsTheSameSliceOfTheWhole) {
+  const int64_t n = 1000;
+  auto whole = at::empty({n});
+  init_slice(whole, InitRule::normal(0.02), 7, "layers.0.w", 0);
+  for (int64_t first : {0, 1, 333, 999}) {
+    for (int64_t len : {1, 17, 1}) {
+      if (first + len > n) continue;
+      auto part = at::empty({len});
+      init_slice(part, InitRule::normal(0.02), 7, "layers.0.w", first);
+      EXPECT_TRUE(part.equal(whole.narrow(0, first, len))) << "first=" << first << " len=" << len;
+    }
+  }
+}
+
+TEST(Init, NormalHasTheRequestedMomentsAndNamesDiffer) {
+  auto a = at::empty({200000});
+  auto b = at::empty({200000});
+  init_slice(a, InitRule::normal(0.5), 1, "a", 0);
+  init_slice(b, InitRule::normal(0.5), 1, "b", 0);
+  EXPECT_NEAR(a.mean().item<double>(), 0.0, 0.01);
+  EXPECT_NEAR(a.std().item<double>(), 0.5, 0.01);
+  EXPECT_FALSE(a.equal(b));
+  auto u = at::empty({200000});
+  init_slice(u, InitRule::uniform(2.0), 1, "u", 0);
+  EXPECT_LE(u.abs().max().item<double>(), 2.0);
+  EXPECT_NEAR(u.std().item<double>(), 2.0 / std::sqrt(3.0), 0.02);
+}

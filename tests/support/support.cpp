@@ -1,0 +1,1 @@
+// Test support (filled in with the multi-process harness).
