@@ -50,3 +50,12 @@ function(fsdp_add_library name)
   target_link_libraries(${name} PUBLIC ${L_DEPS} torch Threads::Threads)
   target_precompile_headers(${name} REUSE_FROM fsdp_pch)
 endfunction()
+
+# Development aid: -DFSDP_AREAS="common;comm;fsdp" configures only those
+# layers (src/ and tests/). Empty (the default): everything.
+set(FSDP_AREAS "" CACHE STRING "Configure only these layers (development); empty: all")
+function(fsdp_area dir)
+  if(NOT FSDP_AREAS OR dir IN_LIST FSDP_AREAS)
+    add_subdirectory(${dir})
+  endif()
+endfunction()

@@ -1,0 +1,202 @@
+// Fully Sharded Data Parallel for LibTorch modules.
+//
+//   auto model = fsdp::nn::make_unit<MyModelImpl>(...);      // root must be a Unit
+//   auto sharded = fsdp::fully_shard(model.ptr(), world, options);
+//   auto opt = fsdp::optim::AdamW(sharded->shards(), adamw_options);
+//   for (...) {
+//     auto loss = model->impl().loss(x, y);                   // forward through the units
+//     loss.backward();                                        // gradients land in sharded->shards()
+//     sharded->clip_grad_norm(1.0);
+//     opt.step();
+//     sharded->zero_grad();
+//   }
+//
+// What fully_shard does (DESIGN.md, "One training step"):
+//  - Every fsdp::nn::Unit boundary chosen by the wrap policy becomes a unit;
+//    the others fold into their parent. The root is always a unit.
+//  - Each unit owns one flat parameter: its parameters in registration order,
+//    flattened, concatenated, padded to a multiple of the shard-group size S.
+//    Rank r of the shard group owns the contiguous chunk r (the "shard"),
+//    kept in fp32 as the optimizer's master copy.
+//  - The module's own parameter tensors stay the same objects (same names,
+//    same shapes) but become views of the unit's unsharded flat buffer, whose
+//    bytes exist only while the unit is unsharded. Touching a parameter of a
+//    resharded unit outside forward/backward is not allowed (use
+//    ShardedModel::full_state / gather_unit).
+//  - Gradients are reduce-scattered (mean over the data-parallel ranks) into
+//    fp32 gradient shards; the optimizer steps on the shards.
+//
+// Requirements: every rank builds the same model and calls fully_shard with
+// the same options; forward and backward run the same units in the same order
+// on every rank (the collectives must match). create_graph backward is not
+// supported. One forward per backward.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <typeindex>
+#include <vector>
+
+#include "fsdp/comm/process_group.h"
+#include "fsdp/nn/init.h"
+#include "fsdp/nn/unit.h"
+
+namespace fsdp {
+
+enum class ShardingStrategy {
+  kFullShard,    // parameters resharded after forward and after backward
+  kShardGradOp,  // parameters stay unsharded from forward to the end of backward
+  kNoShard,      // everything replicated; gradients all-reduced (DDP)
+  kHybridShard,  // FULL_SHARD within a shard group, replicated across groups
+};
+const char* to_string(ShardingStrategy s);
+// "full" | "grad-op" | "none" | "hybrid" (also PyTorch's FULL_SHARD etc.).
+ShardingStrategy parse_sharding_strategy(const std::string& s);
+
+enum class BackwardPrefetch { kNone, kPre, kPost };
+const char* to_string(BackwardPrefetch p);
+BackwardPrefetch parse_backward_prefetch(const std::string& s);  // "none" | "pre" | "post"
+
+// Which marked boundaries become their own unit.
+struct WrapPolicy {
+  enum class Kind {
+    kEveryUnit,  // every fsdp::nn::Unit in the model
+    kByType,     // Units whose inner type is in `types`
+    kSize,       // a Unit whose not-yet-wrapped parameters reach min_num_params
+    kRootOnly,   // the whole model is one unit
+  };
+  Kind kind = Kind::kEveryUnit;
+  std::vector<std::type_index> types;
+  int64_t min_num_params = 0;
+
+  static WrapPolicy every_unit() { return {}; }
+  static WrapPolicy by_type(std::vector<std::type_index> t) { return {Kind::kByType, std::move(t), 0}; }
+  static WrapPolicy size_based(int64_t n) { return {Kind::kSize, {}, n}; }
+  static WrapPolicy root_only() { return {Kind::kRootOnly, {}, 0}; }
+};
+
+struct MixedPrecision {
+  at::ScalarType param_dtype = at::kFloat;   // unsharded parameters and activations
+  at::ScalarType reduce_dtype = at::kFloat;  // gradient communication
+  at::ScalarType buffer_dtype = at::kFloat;  // module buffers
+};
+
+struct FsdpOptions {
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  WrapPolicy wrap = WrapPolicy::every_unit();
+  // HYBRID_SHARD: ranks per shard group (consecutive ranks). 0: LOCAL_WORLD_SIZE.
+  int hybrid_shard_size = 0;
+  MixedPrecision mixed_precision;
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
+  bool forward_prefetch = false;
+  // At most this many all-gathers issued ahead of use (prefetches). >= 1.
+  int limit_all_gathers = 2;
+  // Keep shards, gradient shards and optimizer state in host memory.
+  bool cpu_offload = false;
+  // Units whose inner type is listed recompute their forward in backward.
+  std::vector<std::type_index> checkpoint_types;
+  bool checkpoint_all_units = false;
+  // Parameters on the meta device are materialized shard by shard with this
+  // rule (fsdp::nn::init_slice); required when the model was built on meta.
+  nn::InitRuleFn init_rule;
+  uint64_t seed = 0;
+  // Broadcast rank 0's parameter values before sharding (materialized models).
+  bool sync_module_states = false;
+  // Device the unsharded parameters live on (CPU for Gloo).
+  at::Device device = at::kCPU;
+};
+
+// The optimizer's view of one unit's shard.
+struct ShardRef {
+  std::string unit_name;  // "" for the root
+  at::Tensor param;       // (n) fp32, the local shard; updated in place by the optimizer
+  at::Tensor grad;        // (n) fp32, reduced gradient (zeros when none arrived)
+};
+
+// Per-parameter placement, for checkpoints and HF export.
+struct ParamPlacement {
+  std::string name;              // fully qualified, as in named_parameters()
+  std::vector<int64_t> shape;
+  int64_t flat_offset = 0;       // offset in the unit's unpadded flat parameter
+  int64_t numel = 0;
+};
+
+struct UnitInfo {
+  std::string name;              // "" for the root
+  std::string type_name;
+  int64_t numel = 0;             // unpadded
+  int64_t padded_numel = 0;      // multiple of the shard-group size
+  int64_t shard_numel = 0;       // padded_numel / shard-group size
+  int64_t shard_offset = 0;      // this rank's first element in the padded flat
+  bool checkpointed = false;
+  std::vector<ParamPlacement> params;
+};
+
+struct StepCounters {
+  int64_t allgather_bytes = 0;
+  int64_t reduce_scatter_bytes = 0;
+  int64_t allreduce_bytes = 0;
+};
+
+namespace detail {
+class ShardedModelImpl;
+}
+
+class ShardedModel {
+ public:
+  ~ShardedModel();
+
+  // Local shards and their gradients, one per unit, in unit order.
+  std::vector<ShardRef> shards() const;
+  // Drops accumulated gradients (no memset: the next reduction overwrites).
+  void zero_grad();
+  // false: the next backward passes keep unsharded gradients locally and skip
+  // communication (like PyTorch's no_sync); true again before the last
+  // micro-batch. Memory cost while off: one unsharded gradient buffer per unit
+  // (the full model's gradients in param dtype) stays resident.
+  void set_requires_gradient_sync(bool sync);
+
+  // Global L2 norm of the gradients over the whole model (every rank gets the
+  // same value; replicas are not counted twice).
+  double grad_norm();
+  // Scales gradients so that their global norm is at most max_norm, like
+  // torch.nn.utils.clip_grad_norm_ (coef = max_norm / (norm + 1e-6), capped
+  // at 1). Returns the norm before clipping.
+  double clip_grad_norm(double max_norm);
+
+  // Layout and this rank's placement.
+  const std::vector<UnitInfo>& units() const;
+  // Bytes this rank communicated since the last call (and resets them).
+  StepCounters take_step_counters();
+
+  // Full (unpadded) flat parameter of unit `u`, gathered to every rank of the
+  // shard group, in fp32. Collective over the shard group.
+  at::Tensor gather_unit(size_t u);
+  // Writes `full` (the unit's unpadded flat values, fp32) into this rank's shard.
+  void load_unit(size_t u, const at::Tensor& full);
+
+  const comm::ProcessGroupPtr& shard_group() const;
+  const comm::ProcessGroupPtr& replicate_group() const;  // null unless hybrid
+  const FsdpOptions& options() const;
+  // A multi-line description: units, sizes, padding, strategy.
+  std::string describe() const;
+
+ private:
+  friend std::shared_ptr<ShardedModel> fully_shard(const std::shared_ptr<nn::UnitBase>&,
+                                                   const comm::ProcessGroupPtr&, const FsdpOptions&);
+  explicit ShardedModel(std::unique_ptr<detail::ShardedModelImpl> impl);
+  std::unique_ptr<detail::ShardedModelImpl> impl_;
+};
+
+// Shards `root` over `world` (every rank calls it with the same model and
+// options). HYBRID_SHARD builds shard and replicate subgroups of `world`.
+// The returned object must outlive every forward/backward of the model.
+std::shared_ptr<ShardedModel> fully_shard(const std::shared_ptr<nn::UnitBase>& root,
+                                          const comm::ProcessGroupPtr& world, const FsdpOptions& options);
+
+}  // namespace fsdp

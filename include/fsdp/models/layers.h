@@ -1,0 +1,79 @@
+// Building blocks with explicit TensorOptions: Linear, Embedding, RMSNorm.
+//
+// Each constructor creates its parameters with `at::empty(shape, options)` and
+// does not initialize them. With `options.device() == kMeta` nothing is
+// allocated, which is how a 70B model is built for inspection or for a sharding
+// engine that materializes only its shards. Values come from the model's
+// nn::InitRuleFn (see llama.h / mlp.h), applied by the model constructor on a
+// real device.
+//
+// Parameter names are those of torch.nn (`weight`, `bias`), so qualified names
+// match Hugging Face / PyTorch state dicts. Members alias the registered
+// parameters (the same TensorImpl), so an engine's `set_data` on a parameter is
+// seen by forward.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+
+namespace fsdp::models {
+
+// y = x W^T (+ b), as torch.nn.Linear.
+class LinearImpl : public torch::nn::Module {
+ public:
+  LinearImpl(int64_t in_features, int64_t out_features, bool bias, const at::TensorOptions& options);
+
+  // x (..., in) -> (..., out), in the parameters' dtype.
+  at::Tensor forward(const at::Tensor& x);
+
+  int64_t in_features() const { return in_features_; }
+  int64_t out_features() const { return out_features_; }
+  const at::Tensor& weight() const { return weight_; }
+  const at::Tensor& bias() const { return bias_; }  // undefined without bias
+
+ private:
+  int64_t in_features_;
+  int64_t out_features_;
+  at::Tensor weight_;  // (out, in)
+  at::Tensor bias_;    // (out), undefined when bias == false
+};
+TORCH_MODULE(Linear);
+
+// Token embedding lookup, as torch.nn.Embedding.
+class EmbeddingImpl : public torch::nn::Module {
+ public:
+  EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, const at::TensorOptions& options);
+
+  // tokens (B, T) int64 in [0, V) -> (B, T, D). Range checking is the caller's
+  // job (LlamaForCausalLM checks once per batch).
+  at::Tensor forward(const at::Tensor& tokens);
+
+  const at::Tensor& weight() const { return weight_; }
+
+ private:
+  at::Tensor weight_;  // (V, D)
+};
+TORCH_MODULE(Embedding);
+
+// Root-mean-square norm, as HF's LlamaRMSNorm: the input is upcast to fp32,
+// x * rsqrt(mean(x^2) + eps) is cast back to the input dtype, then multiplied by
+// weight (result in the promoted dtype of weight and input).
+class RMSNormImpl : public torch::nn::Module {
+ public:
+  RMSNormImpl(int64_t dim, double eps, const at::TensorOptions& options);
+
+  // x (..., D) -> (..., D)
+  at::Tensor forward(const at::Tensor& x);
+
+  double eps() const { return eps_; }
+  const at::Tensor& weight() const { return weight_; }
+
+ private:
+  double eps_;
+  at::Tensor weight_;  // (D)
+};
+TORCH_MODULE(RMSNorm);
+
+}  // namespace fsdp::models

@@ -1,0 +1,218 @@
+// Llama-family decoder (Llama 2, Llama 3.1, Llama 3.2, Mistral v0.1) with
+// Hugging Face LlamaForCausalLM semantics, names and weight layouts.
+//
+// Parameter names (exactly HF's, so checkpoints can be loaded/saved by name):
+//   model.embed_tokens.weight                          (V, D)
+//   model.layers.{i}.self_attn.q_proj.weight           (H*Dh, D)
+//   model.layers.{i}.self_attn.k_proj.weight           (Hkv*Dh, D)
+//   model.layers.{i}.self_attn.v_proj.weight           (Hkv*Dh, D)
+//   model.layers.{i}.self_attn.o_proj.weight           (D, H*Dh)
+//   model.layers.{i}.mlp.gate_proj.weight              (F, D)
+//   model.layers.{i}.mlp.up_proj.weight                (F, D)
+//   model.layers.{i}.mlp.down_proj.weight              (D, F)
+//   model.layers.{i}.input_layernorm.weight            (D)
+//   model.layers.{i}.post_attention_layernorm.weight   (D)
+//   model.norm.weight                                  (D)
+//   lm_head.weight                                     (V, D)   untied only
+// named_parameters() lists them in this order (HF's order). No biases.
+//
+// Tied embeddings (tie_word_embeddings, Llama 3.2): there is no lm_head module
+// and `lm_head.weight` is ABSENT from named_parameters(); the output projection
+// uses model.embed_tokens.weight, which is therefore counted once and receives
+// the sum of both gradients. This is what PyTorch's named_parameters() reports
+// for HF's tied model, and what HF writes to safetensors (it drops the shared
+// lm_head.weight). A checkpoint loader meeting `lm_head.weight` for a tied model
+// should check it equals the embedding or ignore it.
+//
+// Semantics (see tests/models/golden/make_golden.py for an independent reference):
+//   h = embed(tokens)
+//   per layer: h = h + o(attn(rope(q(n1(h))), rope(k(n1(h))), v(n1(h))))
+//              h = h + down(silu(gate(n2(h))) * up(n2(h)))
+//   logits = lm_head(norm(h))
+// RoPE in HF's rotate_half convention (the two halves of Dh are the pair, NOT
+// interleaved even/odd elements); cos/sin computed in fp32 and cast to the
+// activation dtype; GQA by repeat_kv (query head h reads kv head h / (H/Hkv));
+// causal softmax(q k^T / sqrt(Dh)) in fp32; RMSNorm in fp32. The rotary tables
+// are neither parameters nor buffers: inv_freq (Dh/2 floats) is kept as a plain
+// CPU member and cos/sin are computed once per forward on the tokens' device.
+//
+// Devices: built on options.device(). On kMeta nothing is allocated or
+// initialized (construction of a 70B model takes milliseconds); on any other
+// device the constructor initializes every parameter with llama_init_rule(cfg)
+// and `seed` through nn::init_module.
+//
+// Units: every decoder layer is an nn::Unit<LlamaDecoderLayerImpl> (names
+// unchanged by the mark); wrap policies "by block type" use llama_block_type().
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/modulelist.h>
+#include <torch/nn/pimpl.h>
+
+#include <cstdint>
+#include <typeindex>
+#include <utility>
+#include <vector>
+
+#include "fsdp/models/layers.h"
+#include "fsdp/models/llama_config.h"
+#include "fsdp/nn/init.h"
+#include "fsdp/nn/unit.h"
+
+namespace fsdp::models {
+
+// Targets equal to this are left out of the loss (HF / torch convention).
+inline constexpr int64_t kIgnoreIndex = -100;
+
+// How attention is computed. Results agree to rounding.
+enum class AttentionKernel {
+  kAuto,   // kSdpa where compat::sdpa_available() (LibTorch >= 2.0), else kEager
+  kEager,  // matmul, causal mask, softmax in fp32, matmul (HF "eager"); the reference
+  kSdpa,   // at::scaled_dot_product_attention(is_causal); UsageError on LibTorch 1.13
+};
+
+class LlamaAttentionImpl : public torch::nn::Module {
+ public:
+  LlamaAttentionImpl(const LlamaConfig& cfg, const at::TensorOptions& options);
+
+  // x (B, T, D); cos, sin (T, Dh) in x's dtype -> (B, T, D)
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+  void set_kernel(AttentionKernel kernel);
+  AttentionKernel kernel() const { return kernel_; }
+
+ private:
+  int64_t n_heads_;     // H
+  int64_t n_kv_heads_;  // Hkv
+  int64_t head_dim_;    // Dh
+  AttentionKernel kernel_ = AttentionKernel::kAuto;
+  Linear q_proj_{nullptr};  // weight (H*Dh, D)
+  Linear k_proj_{nullptr};  // weight (Hkv*Dh, D)
+  Linear v_proj_{nullptr};  // weight (Hkv*Dh, D)
+  Linear o_proj_{nullptr};  // weight (D, H*Dh)
+};
+TORCH_MODULE(LlamaAttention);
+
+// SwiGLU: down(silu(gate(x)) * up(x)).
+class LlamaMLPImpl : public torch::nn::Module {
+ public:
+  LlamaMLPImpl(const LlamaConfig& cfg, const at::TensorOptions& options);
+
+  // x (B, T, D) -> (B, T, D)
+  at::Tensor forward(const at::Tensor& x);
+
+ private:
+  Linear gate_proj_{nullptr};  // weight (F, D)
+  Linear up_proj_{nullptr};    // weight (F, D)
+  Linear down_proj_{nullptr};  // weight (D, F)
+};
+TORCH_MODULE(LlamaMLP);
+
+// One pre-norm transformer block; the unit of sharding.
+class LlamaDecoderLayerImpl : public torch::nn::Module {
+ public:
+  LlamaDecoderLayerImpl(const LlamaConfig& cfg, const at::TensorOptions& options);
+
+  // x (B, T, D); cos, sin (T, Dh) in x's dtype -> (B, T, D).
+  // Pure function of its tensor inputs and parameters (activation
+  // checkpointing may call it again in backward).
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+
+  LlamaAttentionImpl& self_attn() { return *self_attn_; }
+
+ private:
+  LlamaAttention self_attn_{nullptr};
+  LlamaMLP mlp_{nullptr};
+  RMSNorm input_layernorm_{nullptr};           // weight (D)
+  RMSNorm post_attention_layernorm_{nullptr};  // weight (D)
+};
+
+using LlamaBlock = nn::Unit<LlamaDecoderLayerImpl>;
+
+// HF's LlamaModel: embedding, L blocks, final norm (registered as "model").
+class LlamaModelImpl : public torch::nn::Module {
+ public:
+  LlamaModelImpl(const LlamaConfig& cfg, const at::TensorOptions& options);
+
+  // tokens (B, T) int64 -> hidden states (B, T, D) after the final norm.
+  // Requires: tokens already checked (LlamaForCausalLM checks them).
+  at::Tensor forward(const at::Tensor& tokens);
+
+  Embedding& embed_tokens() { return embed_tokens_; }
+  const Embedding& embed_tokens() const { return embed_tokens_; }
+  const std::vector<LlamaBlock>& layers() const { return blocks_; }
+  // (Dh/2) fp32 on CPU; not a parameter or buffer.
+  const at::Tensor& inv_freq() const { return inv_freq_; }
+
+ private:
+  Embedding embed_tokens_{nullptr};     // weight (V, D)
+  torch::nn::ModuleList layers_{nullptr};  // "layers.{i}", holds blocks_
+  std::vector<LlamaBlock> blocks_;      // L, typed handles to the same modules
+  RMSNorm norm_{nullptr};               // weight (D)
+  at::Tensor inv_freq_;                 // (Dh/2) fp32 CPU, rotary inverse frequencies
+};
+TORCH_MODULE(LlamaModel);
+
+// The trainer's model.
+class LlamaForCausalLMImpl : public torch::nn::Module {
+ public:
+  // Builds on options.device()/dtype(); see the file comment for meta vs real
+  // devices. Throws UsageError if cfg.validate() does.
+  LlamaForCausalLMImpl(const LlamaConfig& cfg, const at::TensorOptions& options, uint64_t seed);
+
+  // tokens (B, T) int64 on the parameters' device -> logits (B, T, V) in the
+  // parameters' dtype.
+  // Throws UsageError: tokens not 2-D int64, T > max_position_embeddings, or an
+  // id outside [0, V) (checked with one aminmax over the batch: one host sync).
+  at::Tensor forward(const at::Tensor& tokens);
+
+  // Mean cross-entropy of next-token prediction, fp32 scalar. `targets` (B, T)
+  // int64 is already shifted (targets[b][t] is the token after tokens[b][t]);
+  // positions with target == kIgnoreIndex are left out of the mean (all ignored
+  // gives NaN, as in torch). Log-softmax runs in fp32 whatever the param dtype.
+  // Throws UsageError as forward, and for targets of another shape or outside
+  // [0, V) other than kIgnoreIndex (tokens and targets share one host sync).
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
+
+  const LlamaConfig& config() const { return cfg_; }
+  LlamaModelImpl& model() { return *model_; }
+  const std::vector<LlamaBlock>& layers() const { return model_->layers(); }
+  // The (V, D) output matrix: lm_head.weight, or embed_tokens.weight when tied.
+  const at::Tensor& output_weight() const;
+
+  // Applies to every layer's attention (default kAuto).
+  void set_attention_kernel(AttentionKernel kernel);
+
+ private:
+  at::Tensor logits_unchecked(const at::Tensor& tokens);  // (B, T) -> (B, T, V)
+
+  LlamaConfig cfg_;
+  LlamaModel model_{nullptr};
+  Linear lm_head_{nullptr};  // weight (V, D); null when tie_word_embeddings
+};
+TORCH_MODULE(LlamaForCausalLM);
+
+// The factory the trainer calls; same as LlamaForCausalLM(cfg, options, seed).
+LlamaForCausalLM build_llama(const LlamaConfig& cfg, const at::TensorOptions& options, uint64_t seed);
+
+// HF Llama's init: normal(0, initializer_range) for every Linear weight and the
+// embedding; ones for every RMSNorm weight. Keyed by name suffix, so it also
+// works for names under an extra prefix. An unknown name is an internal error.
+nn::InitRuleFn llama_init_rule(const LlamaConfig& cfg);
+
+// typeid(LlamaDecoderLayerImpl): the transformer block type for wrap policies,
+// compared with nn::UnitBase::inner_type().
+std::type_index llama_block_type();
+
+// Rotary inverse frequencies (Dh/2) fp32 on CPU: 1 / theta^(2j/Dh), then the
+// llama3 rescaling when cfg.rope_scaling is set — the same fp32 operations, in
+// the same order, as transformers' _compute_default_rope_parameters and
+// _compute_llama3_parameters.
+at::Tensor llama_rope_inv_freq(const LlamaConfig& cfg);
+
+// cos, sin (T, Dh) in `dtype` on `device` for positions 0..T-1: computed in fp32
+// as cat(f, f) with f = pos x inv_freq (T, Dh/2), then cast.
+std::pair<at::Tensor, at::Tensor> llama_rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len,
+                                                     at::ScalarType dtype, at::Device device);
+
+}  // namespace fsdp::models

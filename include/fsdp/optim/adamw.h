@@ -1,0 +1,84 @@
+// AdamW over flat shards (or any tensors), with the update of
+// torch.optim.AdamW (decoupled weight decay):
+//   p *= 1 - lr*wd
+//   m = b1*m + (1-b1)*g;  v = b2*v + (1-b2)*g*g
+//   p -= lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps)
+// State (exp_avg, exp_avg_sq) has the shape of each parameter — sharded
+// exactly like the shards it updates — and one step count per optimizer.
+//
+// Rule for missing gradients: a tensor whose gradient is undefined in a step
+// is updated with a zero gradient (moments decay, weight decay applies). A
+// flat shard cannot skip part of itself, so the unsharded reference follows
+// the same rule; LibTorch's own AdamW would skip the parameter instead.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "fsdp/fsdp.h"
+
+namespace torch::nn {
+class Module;
+}
+
+namespace fsdp::optim {
+
+struct AdamWOptions {
+  double lr = 1e-3;
+  double beta1 = 0.9;
+  double beta2 = 0.999;
+  double eps = 1e-8;
+  double weight_decay = 0.01;
+};
+
+class AdamW {
+ public:
+  explicit AdamW(AdamWOptions options);
+
+  // `grad` returns the gradient at step time (may be undefined: zeros).
+  void add(std::string name, at::Tensor param, std::function<at::Tensor()> grad);
+  // Every local shard of a sharded model.
+  void add_shards(const std::vector<ShardRef>& shards);
+  // Every parameter of an unsharded module (reads .grad()).
+  void add_module_parameters(torch::nn::Module& module);
+
+  // One update of every tensor with the current learning rate.
+  void step();
+  void set_lr(double lr) { options_.lr = lr; }
+  double lr() const { return options_.lr; }
+  int64_t step_count() const { return step_; }
+  const AdamWOptions& options() const { return options_; }
+
+  struct Slot {
+    std::string name;
+    at::Tensor param;
+    std::function<at::Tensor()> grad;
+    at::Tensor exp_avg;     // same shape as param, fp32
+    at::Tensor exp_avg_sq;  // same shape as param, fp32
+  };
+  // For checkpoints: state tensors may be read and overwritten in place.
+  std::vector<Slot>& slots() { return slots_; }
+  void set_step_count(int64_t s) { step_ = s; }
+
+ private:
+  AdamWOptions options_;
+  std::vector<Slot> slots_;
+  int64_t step_ = 0;
+};
+
+// The single update both the sharded and the reference paths use, so they
+// agree bit for bit. `step` is the 1-based step count after increment.
+void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                  int64_t step, const AdamWOptions& o);
+
+// Global L2 norm of `grads` (undefined entries count as zeros), computed in
+// float64; scales them in place so the norm is at most max_norm with the
+// formula of torch.nn.utils.clip_grad_norm_. Returns the norm before clipping.
+// For unsharded training; sharded models use ShardedModel::clip_grad_norm.
+double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm);
+double grad_norm(const std::vector<at::Tensor>& grads);
+
+}  // namespace fsdp::optim

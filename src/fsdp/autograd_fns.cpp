@@ -1,0 +1,122 @@
+#include "fsdp/autograd_fns.h"
+
+#include <torch/csrc/autograd/custom_function.h>
+
+#include "fsdp/common/error.h"
+#include "fsdp/state.h"
+
+namespace fsdp::detail {
+namespace {
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct PreBackwardFn : torch::autograd::Function<PreBackwardFn> {
+  // at::TensorList, not variable_list: LibTorch gives autograd edges only to
+  // Tensor and TensorList arguments (a std::vector<Tensor> is silently opaque).
+  static variable_list forward(AutogradContext* ctx, at::TensorList xs, int64_t unit) {
+    ctx->saved_data["unit"] = unit;
+    return xs.vec();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto* unit = reinterpret_cast<ShardedUnit*>(ctx->saved_data["unit"].toInt());
+    unit->pre_backward();
+    grads.emplace_back();  // for the `unit` argument
+    return grads;
+  }
+};
+
+// The unit's forward closure and parameters, carried through the autograd
+// context as a capsule.
+struct ForwardHolder : torch::CustomClassHolder {
+  nn::TensorFn fn;
+  std::vector<at::Tensor> params;
+  std::vector<bool> input_requires_grad;
+};
+
+// Note [Checkpoint recompute]
+// Forward runs fn with grad mode off (custom Function forward), saving only
+// the inputs. Backward detaches the saved inputs, re-runs fn with grad mode
+// on (it is off inside backward) and asks autograd::grad for the gradients of
+// inputs and parameters (allow_unused: a parameter the recompute does not
+// reach gets an undefined gradient; its AccumulateGrad still runs and our
+// post-hook still counts it). Inputs and parameters arrive as at::TensorList:
+// a plain std::vector<Tensor> argument would silently get no autograd edges.
+struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList inputs, at::TensorList params,
+                               c10::intrusive_ptr<ForwardHolder> holder) {
+    ctx->save_for_backward(inputs.vec());
+    ctx->saved_data["holder"] = c10::IValue(c10::intrusive_ptr<torch::CustomClassHolder>(holder));
+    (void)params;  // edges only; the holder keeps the tensors
+    return holder->fn(inputs.vec());
+  }
+
+  static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
+    auto holder = c10::static_intrusive_pointer_cast<ForwardHolder>(ctx->saved_data["holder"].toCapsule());
+    const variable_list saved = ctx->get_saved_variables();
+
+    std::vector<at::Tensor> inputs;
+    inputs.reserve(saved.size());
+    for (size_t i = 0; i < saved.size(); ++i) {
+      at::Tensor d = saved[i].defined() ? saved[i].detach() : at::Tensor();
+      if (d.defined() && holder->input_requires_grad[i]) d.requires_grad_(true);
+      inputs.push_back(d);
+    }
+    variable_list outputs;
+    {
+      torch::AutoGradMode enable(true);
+      outputs = holder->fn(inputs);
+    }
+    // Targets: the inputs that need a gradient, then the unit's parameters.
+    std::vector<at::Tensor> targets;
+    std::vector<int64_t> input_slot;
+    for (const auto& x : inputs) {
+      if (x.defined() && x.requires_grad()) {
+        input_slot.push_back(static_cast<int64_t>(targets.size()));
+        targets.push_back(x);
+      } else {
+        input_slot.push_back(-1);
+      }
+    }
+    const size_t first_param = targets.size();
+    targets.insert(targets.end(), holder->params.begin(), holder->params.end());
+
+    std::vector<at::Tensor> outs, gouts;
+    for (size_t i = 0; i < outputs.size() && i < grad_outputs.size(); ++i) {
+      if (outputs[i].defined() && outputs[i].requires_grad() && grad_outputs[i].defined()) {
+        outs.push_back(outputs[i]);
+        gouts.push_back(grad_outputs[i]);
+      }
+    }
+    std::vector<at::Tensor> grads(targets.size());
+    if (!outs.empty() && !targets.empty()) {
+      grads = torch::autograd::grad(outs, targets, gouts, /*retain_graph=*/false, /*create_graph=*/false,
+                                    /*allow_unused=*/true);
+    }
+    variable_list result;
+    result.reserve(inputs.size() + holder->params.size() + 1);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      result.push_back(input_slot[i] >= 0 ? grads[static_cast<size_t>(input_slot[i])] : at::Tensor());
+    }
+    for (size_t k = 0; k < holder->params.size(); ++k) result.push_back(grads[first_param + k]);
+    result.emplace_back();  // holder
+    return result;
+  }
+};
+
+}  // namespace
+
+std::vector<at::Tensor> attach_pre_backward(ShardedUnit& unit, const std::vector<at::Tensor>& outputs) {
+  return PreBackwardFn::apply(at::TensorList(outputs), reinterpret_cast<int64_t>(&unit));
+}
+
+std::vector<at::Tensor> checkpointed_call(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs,
+                                          const std::vector<at::Tensor>& params) {
+  auto holder = c10::make_intrusive<ForwardHolder>();
+  holder->fn = fn;
+  holder->params = params;
+  for (const auto& x : inputs) holder->input_requires_grad.push_back(x.defined() && x.requires_grad());
+  return CheckpointFn::apply(at::TensorList(inputs), at::TensorList(params), holder);
+}
+
+}  // namespace fsdp::detail

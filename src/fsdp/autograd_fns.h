@@ -1,0 +1,27 @@
+// Autograd functions the engine inserts into the graph.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <vector>
+
+#include "fsdp/nn/unit.h"
+
+namespace fsdp::detail {
+
+class ShardedUnit;
+
+// Identity on `outputs` whose backward first calls unit.pre_backward():
+// the unit's parameters are gathered again before any of its backward runs.
+// Only tensors that require grad should be passed.
+std::vector<at::Tensor> attach_pre_backward(ShardedUnit& unit, const std::vector<at::Tensor>& outputs);
+
+// Runs fn(inputs) without saving activations and recomputes it in backward
+// (non-reentrant: the recompute runs inside this function's backward, through
+// the inner forward directly, while the unit is unsharded by its pre-backward
+// hook). `params` are the unit's parameters: passed as inputs so their
+// gradients flow to their AccumulateGrad nodes.
+std::vector<at::Tensor> checkpointed_call(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs,
+                                          const std::vector<at::Tensor>& params);
+
+}  // namespace fsdp::detail

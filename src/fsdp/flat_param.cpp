@@ -1,0 +1,146 @@
+#include "fsdp/flat_param.h"
+
+#include <unordered_set>
+
+#include "fsdp/common/compat.h"
+#include "fsdp/common/error.h"
+
+namespace fsdp::detail {
+
+// Note [Flat layout]
+// Offsets come from the recorded order of named_parameters(), never from an
+// assumed order: LibTorch lists a module's own parameters before its
+// children's. Padding sits at the end, so every parameter is contiguous in
+// the flat buffer and a rank's chunk may cut through parameters anywhere.
+FlatLayout FlatLayout::make(std::vector<ParamPlacement> params, int shard_size) {
+  FSDP_ASSERT(shard_size >= 1);
+  FlatLayout l;
+  l.shard_size = shard_size;
+  int64_t off = 0;
+  for (auto& p : params) {
+    p.flat_offset = off;
+    off += p.numel;
+  }
+  l.params = std::move(params);
+  l.numel = off;
+  l.padded_numel = (off + shard_size - 1) / shard_size * shard_size;
+  l.shard_numel = l.padded_numel / shard_size;
+  return l;
+}
+
+std::pair<int64_t, int64_t> FlatLayout::overlap(size_t p, int64_t begin, int64_t end) const {
+  const auto& pp = params.at(p);
+  const int64_t lo = std::max(begin, pp.flat_offset);
+  const int64_t hi = std::min(end, pp.flat_offset + pp.numel);
+  if (hi <= lo) return {0, 0};
+  return {lo - pp.flat_offset, hi - lo};
+}
+
+FlatParam::FlatParam(std::vector<Source> params, int shard_rank, int shard_size, at::ScalarType param_dtype,
+                     at::Device device, bool single_copy)
+    : shard_rank_(shard_rank), param_dtype_(param_dtype), device_(device), single_copy_(single_copy) {
+  std::vector<ParamPlacement> placements;
+  for (auto& s : params) {
+    FSDP_CHECK(s.param.requires_grad(), "parameter '", s.name,
+               "' has requires_grad=false; frozen parameters are not supported inside a sharded unit yet — "
+               "register it as a buffer, or keep it outside fsdp::nn::Unit boundaries in an unsharded module");
+    ParamPlacement pl;
+    pl.name = s.name;
+    pl.shape = s.param.sizes().vec();
+    pl.numel = s.param.numel();
+    placements.push_back(std::move(pl));
+    params_.push_back(s.param);
+  }
+  layout_ = FlatLayout::make(std::move(placements), shard_size);
+  FSDP_ASSERT(!single_copy_ || (shard_size == 1 && param_dtype == at::kFloat));
+  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device_);
+  shard_ = at::zeros({layout_.shard_numel}, f32);
+  grad_shard_ = at::zeros({layout_.shard_numel}, f32);
+}
+
+at::Tensor FlatParam::gather_source_values() const {
+  std::vector<at::Tensor> flat;
+  flat.reserve(params_.size());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    FSDP_CHECK(!params_[i].is_meta(), "parameter '", layout_.params[i].name,
+               "' is on the meta device; sync_module_states needs materialized parameters on every rank "
+               "(or build on meta and give FsdpOptions::init_rule instead)");
+    flat.push_back(params_[i].detach().reshape({-1}).to(at::kFloat));
+  }
+  if (flat.empty()) return at::zeros({0});
+  return at::cat(flat);
+}
+
+void FlatParam::init_shard(const at::Tensor& flat_source, const nn::InitRuleFn& rule, uint64_t seed) {
+  at::NoGradGuard no_grad;
+  const int64_t begin = shard_offset();
+  const int64_t end = begin + layout_.shard_numel;
+  shard_.zero_();
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto [first, count] = layout_.overlap(i, begin, end);
+    if (count == 0) continue;
+    const auto& pl = layout_.params[i];
+    at::Tensor dst = shard_.narrow(0, pl.flat_offset + first - begin, count);
+    if (flat_source.defined()) {
+      dst.copy_(flat_source.narrow(0, pl.flat_offset + first, count));
+    } else if (params_[i].is_meta()) {
+      FSDP_CHECK(static_cast<bool>(rule), "parameter '", pl.name,
+                 "' is on the meta device but FsdpOptions::init_rule is empty; give the model's init rule "
+                 "(e.g. models::llama_init_rule()) so each rank can materialize its shard");
+      nn::init_slice(dst, rule(pl.name), seed, pl.name, first);
+    } else {
+      dst.copy_(params_[i].detach().reshape({-1}).narrow(0, first, count));
+    }
+  }
+}
+
+void FlatParam::bind(bool keep_allocated) {
+  if (single_copy_) {
+    full_ = shard_;
+  } else {
+    full_ = at::empty({layout_.padded_numel}, at::TensorOptions().dtype(param_dtype_).device(device_));
+  }
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& pl = layout_.params[i];
+    compat::rebind_data(params_[i], full_.narrow(0, pl.flat_offset, pl.numel).view(pl.shape));
+  }
+  storage_ = StorageState::kAllocated;
+  if (!keep_allocated && !single_copy_) free_full();
+}
+
+void FlatParam::alloc_full() {
+  FSDP_ASSERT(storage_ == StorageState::kFreed);
+  compat::alloc_storage(full_, static_cast<size_t>(layout_.padded_numel) * full_.element_size());
+  storage_ = StorageState::kAllocated;
+}
+
+void FlatParam::free_full() {
+  FSDP_ASSERT(!single_copy_, "the single-copy buffer is never freed");
+  if (storage_ == StorageState::kFreed) return;
+  compat::free_storage(full_);
+  storage_ = StorageState::kFreed;
+}
+
+void FlatParam::prepare_full_grad(bool keep) {
+  if (single_copy_) {
+    full_grad_ = grad_shard_;
+    if (!keep) full_grad_.zero_();
+  } else if (!full_grad_.defined()) {
+    full_grad_ = at::zeros({layout_.padded_numel}, at::TensorOptions().dtype(param_dtype_).device(device_));
+  } else if (!keep) {
+    full_grad_.zero_();
+  }
+  // Re-point every .grad each time: AccumulateGrad replaces an undefined
+  // .grad instead of adding into it (DESIGN.md, prototype pitfalls).
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const auto& pl = layout_.params[i];
+    params_[i].mutable_grad() = full_grad_.narrow(0, pl.flat_offset, pl.numel).view(pl.shape);
+  }
+}
+
+void FlatParam::release_full_grad() {
+  for (auto& p : params_) p.mutable_grad().reset();
+  if (!single_copy_) full_grad_ = at::Tensor();
+}
+
+}  // namespace fsdp::detail

@@ -1,0 +1,118 @@
+// FlatParam: one unit's parameters as a single flat, padded, sharded buffer.
+//
+// Layout (see Note [Flat layout]): parameters in registration order,
+// flattened and concatenated into N elements, padded with zeros to
+// Np = ceil(N / S) * S for a shard group of size S. Rank r owns the padded
+// range [r*n, (r+1)*n), n = Np / S.
+//
+// Tensors owned here:
+//   shard_       (n) fp32   the master copy of this rank's chunk; the optimizer
+//                           updates it in place. Always resident.
+//   grad_shard_  (n) fp32   reduced gradients; valid once a reduction landed
+//                           since the last zero_grad.
+//   full_        (Np) param dtype   the unsharded buffer; the module's
+//                           parameters are views of it. Its bytes exist only
+//                           while unsharded (StorageState below).
+//   full_grad_   (Np) param dtype   unsharded gradients during backward; the
+//                           parameters' .grad are views of it, so
+//                           AccumulateGrad adds in place.
+// NO_SHARD with fp32 parameters keeps a single copy: full_ is shard_ and
+// full_grad_ is grad_shard_.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdp/fsdp.h"
+
+namespace fsdp::detail {
+
+// Pure arithmetic of the layout; unit-testable without tensors.
+struct FlatLayout {
+  std::vector<ParamPlacement> params;
+  int64_t numel = 0;         // N
+  int64_t padded_numel = 0;  // Np
+  int64_t shard_numel = 0;   // n
+  int shard_size = 1;        // S
+
+  static FlatLayout make(std::vector<ParamPlacement> params, int shard_size);
+
+  // The part of parameter p inside the padded range [begin, end):
+  // returns {first element of p, count}; count 0 when disjoint.
+  std::pair<int64_t, int64_t> overlap(size_t p, int64_t begin, int64_t end) const;
+};
+
+// Whether the bytes of the unsharded buffer exist.
+enum class StorageState {
+  kFreed,      // full_ has no bytes; parameters must not be touched
+  kAllocated,  // full_ has bytes (being filled, or filled)
+};
+
+class FlatParam {
+ public:
+  struct Source {
+    std::string name;
+    at::Tensor param;  // the module's parameter (meta or materialized)
+  };
+
+  // `params`: the unit's own parameters in registration order, shared tensors
+  // listed once. The module's parameters are not touched until bind().
+  FlatParam(std::vector<Source> params, int shard_rank, int shard_size, at::ScalarType param_dtype,
+            at::Device device, bool single_copy);
+
+  const FlatLayout& layout() const { return layout_; }
+  int64_t shard_offset() const { return shard_rank_ * layout_.shard_numel; }
+
+  // Fills shard_ from `flat_source` (the unit's unpadded flat values in any
+  // dtype; undefined: take the parameters' own values) or, for parameters on
+  // the meta device, from `rule` (name-keyed init). Padding is zero.
+  void init_shard(const at::Tensor& flat_source, const nn::InitRuleFn& rule, uint64_t seed);
+  // The unit's unpadded flat values from the module's (materialized) parameters.
+  at::Tensor gather_source_values() const;
+
+  // Points every module parameter at its view of full_ (once, after init).
+  // `keep_allocated`: leave full_'s bytes in place (NO_SHARD).
+  void bind(bool keep_allocated);
+
+  at::Tensor& shard() { return shard_; }
+  at::Tensor& grad_shard() { return grad_shard_; }
+  at::Tensor& full() { return full_; }
+  at::Tensor& full_grad() { return full_grad_; }
+  bool single_copy() const { return single_copy_; }
+  at::ScalarType param_dtype() const { return param_dtype_; }
+
+  StorageState storage_state() const { return storage_; }
+  void alloc_full();
+  void free_full();
+  // This rank's chunk of full_ (valid while allocated).
+  at::Tensor own_chunk() { return full_.narrow(0, shard_offset(), layout_.shard_numel); }
+
+  // Allocates full_grad_ (zeros) and points every parameter's .grad at its
+  // view. With `keep` the existing buffer and its contents stay.
+  void prepare_full_grad(bool keep);
+  // Drops .grad of every parameter and releases full_grad_ (unless single copy).
+  void release_full_grad();
+  bool has_full_grad() const { return full_grad_.defined(); }
+
+  // The module parameters (unique), in layout order.
+  const std::vector<at::Tensor>& params() const { return params_; }
+
+ private:
+  FlatLayout layout_;
+  std::vector<at::Tensor> params_;
+  int shard_rank_;
+  at::ScalarType param_dtype_;
+  at::Device device_;
+  bool single_copy_;
+  StorageState storage_ = StorageState::kAllocated;
+
+  at::Tensor shard_;       // (n) fp32
+  at::Tensor grad_shard_;  // (n) fp32
+  at::Tensor full_;        // (Np) param dtype
+  at::Tensor full_grad_;   // (Np) param dtype
+};
+
+}  // namespace fsdp::detail

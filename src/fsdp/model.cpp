@@ -1,0 +1,494 @@
+// ShardedModelImpl: the root state — unit construction, wrap policies,
+// iteration bookkeeping, prefetching, the end-of-backward callback, and the
+// public ShardedModel API.
+#include <algorithm>
+#include <cmath>
+#include <sstream>
+#include <unordered_map>
+#include <unordered_set>
+
+#include "fsdp/common/compat.h"
+#include "fsdp/common/error.h"
+#include "fsdp/state.h"
+
+namespace fsdp {
+
+const char* to_string(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::kFullShard: return "FULL_SHARD";
+    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
+    case ShardingStrategy::kNoShard: return "NO_SHARD";
+    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
+  }
+  return "?";
+}
+
+ShardingStrategy parse_sharding_strategy(const std::string& s) {
+  if (s == "full" || s == "FULL_SHARD") return ShardingStrategy::kFullShard;
+  if (s == "grad-op" || s == "SHARD_GRAD_OP") return ShardingStrategy::kShardGradOp;
+  if (s == "none" || s == "NO_SHARD") return ShardingStrategy::kNoShard;
+  if (s == "hybrid" || s == "HYBRID_SHARD") return ShardingStrategy::kHybridShard;
+  FSDP_CHECK(false, "unknown sharding strategy '", s, "'; accepted: full, grad-op, none, hybrid");
+  return ShardingStrategy::kFullShard;
+}
+
+const char* to_string(BackwardPrefetch p) {
+  switch (p) {
+    case BackwardPrefetch::kNone: return "none";
+    case BackwardPrefetch::kPre: return "pre";
+    case BackwardPrefetch::kPost: return "post";
+  }
+  return "?";
+}
+
+BackwardPrefetch parse_backward_prefetch(const std::string& s) {
+  if (s == "none") return BackwardPrefetch::kNone;
+  if (s == "pre" || s == "BACKWARD_PRE") return BackwardPrefetch::kPre;
+  if (s == "post" || s == "BACKWARD_POST") return BackwardPrefetch::kPost;
+  FSDP_CHECK(false, "unknown backward prefetch '", s, "'; accepted: pre, post, none");
+  return BackwardPrefetch::kPre;
+}
+
+namespace detail {
+
+// At most this many reductions in flight: each holds an unsharded gradient
+// buffer, so this bounds backward's gradient memory to ~2 units.
+constexpr size_t kMaxInflightReduces = 2;
+
+namespace {
+
+bool is_prefix_of(const std::string& unit, const std::string& param) {
+  if (unit.empty()) return true;
+  return param.size() > unit.size() && param.compare(0, unit.size(), unit) == 0 && param[unit.size()] == '.';
+}
+
+}  // namespace
+
+ShardedModelImpl::ShardedModelImpl(const std::shared_ptr<nn::UnitBase>& root, const comm::ProcessGroupPtr& world,
+                                   const FsdpOptions& options)
+    : options_(options), root_module_(root), world_(world) {
+  FSDP_CHECK(root != nullptr, "fully_shard: the root module is null");
+  FSDP_CHECK(world != nullptr, "fully_shard: the process group is null; create one with comm::init_process_group");
+  FSDP_CHECK(options_.limit_all_gathers >= 1, "limit_all_gathers must be >= 1, got ", options_.limit_all_gathers);
+  FSDP_CHECK(root->hooks() == nullptr,
+             "this model is already sharded (its root unit has hooks); call fully_shard once per model");
+
+  const MixedPrecision& mp = options_.mixed_precision;
+  for (at::ScalarType t : {mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype}) {
+    FSDP_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf,
+               "mixed precision dtypes must be float32, bfloat16 or float16; got ", t);
+  }
+
+  if (options_.strategy == ShardingStrategy::kHybridShard) {
+    const int s = options_.hybrid_shard_size;
+    FSDP_CHECK(s >= 1, "HYBRID_SHARD needs FsdpOptions::hybrid_shard_size >= 1 (ranks per shard group; the "
+               "trainer uses LOCAL_WORLD_SIZE or --hybrid-shard-size); got ", s);
+    FSDP_CHECK(world->size() % s == 0, "world size ", world->size(), " is not a multiple of the hybrid shard size ",
+               s, "; choose a --hybrid-shard-size that divides the world size");
+    comm::HybridGroups g = comm::make_hybrid_groups(*world, s);
+    shard_group_ = g.shard;
+    replicate_group_ = g.replicate->size() > 1 ? g.replicate : nullptr;
+  } else {
+    shard_group_ = world;
+  }
+  build_units();
+  counters_base_shard_ = shard_group_->counters();
+  if (replicate_group_) counters_base_replicate_ = replicate_group_->counters();
+}
+
+ShardedModelImpl::~ShardedModelImpl() {
+  for (auto& m : unit_modules_) m->set_hooks(nullptr);
+}
+
+void ShardedModelImpl::build_units() {
+  auto all = nn::find_units(root_module_);
+  FSDP_ASSERT(!all.empty() && all[0].first.empty() && all[0].second == root_module_);
+
+  // --- which boundaries become units -----------------------------------------
+  std::vector<bool> selected(all.size(), false);
+  selected[0] = true;
+  const WrapPolicy& wp = options_.wrap;
+  auto params_under = [&](size_t i) {
+    std::vector<std::string> names;
+    for (auto& p : all[i].second->named_parameters(/*recurse=*/true)) {
+      names.push_back(all[i].first.empty() ? p.key() : all[i].first + "." + p.key());
+    }
+    return names;
+  };
+  if (wp.kind == WrapPolicy::Kind::kEveryUnit) {
+    std::fill(selected.begin(), selected.end(), true);
+  } else if (wp.kind == WrapPolicy::Kind::kByType) {
+    for (size_t i = 1; i < all.size(); ++i) {
+      selected[i] = std::find(wp.types.begin(), wp.types.end(), all[i].second->inner_type()) != wp.types.end();
+    }
+  } else if (wp.kind == WrapPolicy::Kind::kSize) {
+    FSDP_CHECK(wp.min_num_params >= 1, "size-based wrap needs min_num_params >= 1, got ", wp.min_num_params);
+    // Children before parents (reverse pre-order): a boundary becomes a unit
+    // once its not-yet-wrapped parameters reach min_num_params.
+    std::unordered_map<std::string, int64_t> numel_of;
+    for (auto& p : root_module_->named_parameters(true)) numel_of[p.key()] = p.value().numel();
+    std::unordered_set<std::string> claimed;
+    for (size_t i = all.size() - 1; i >= 1; --i) {
+      int64_t free_numel = 0;
+      auto names = params_under(i);
+      for (auto& n : names) {
+        if (!claimed.count(n)) free_numel += numel_of[n];
+      }
+      if (free_numel >= wp.min_num_params) {
+        selected[i] = true;
+        claimed.insert(names.begin(), names.end());
+      }
+    }
+  }
+
+  // --- parameter ownership: the innermost selected unit whose name prefixes it
+  std::vector<size_t> sel;
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (selected[i]) sel.push_back(i);
+  }
+  std::vector<std::vector<detail::FlatParam::Source>> sources(sel.size());
+  std::unordered_map<const c10::TensorImpl*, size_t> owner_of;  // shared tensors: listed once
+  for (auto& p : root_module_->named_parameters(/*recurse=*/true)) {
+    size_t best = 0;  // the root matches every name
+    size_t best_len = 0;
+    for (size_t k = 1; k < sel.size(); ++k) {
+      const std::string& un = all[sel[k]].first;
+      if (is_prefix_of(un, p.key()) && un.size() > best_len) {
+        best = k;
+        best_len = un.size();
+      }
+    }
+    const c10::TensorImpl* impl = p.value().unsafeGetTensorImpl();
+    auto it = owner_of.find(impl);
+    if (it != owner_of.end()) {
+      FSDP_CHECK(it->second == best || it->second == 0,
+                 "parameter '", p.key(), "' is shared between unit '", all[sel[it->second]].first, "' and unit '",
+                 all[sel[best]].first, "'; shared parameters must belong to one unit — wrap both users in a common "
+                 "unit, or leave them to the root");
+      continue;  // tied: the first name owns the storage
+    }
+    owner_of[impl] = best;
+    sources[best].push_back({p.key(), p.value()});
+  }
+
+  // --- checkpointing: leaf units only (the recompute must not re-enter units)
+  auto wants_checkpoint = [&](size_t i) {
+    if (i == 0) return false;
+    if (options_.checkpoint_all_units) return true;
+    const auto& t = options_.checkpoint_types;
+    return std::find(t.begin(), t.end(), all[i].second->inner_type()) != t.end();
+  };
+
+  // --- flat parameters, shards, hooks
+  const bool no_shard = options_.strategy == ShardingStrategy::kNoShard;
+  const int srank = no_shard ? 0 : shard_group_->rank();
+  const int ssize = no_shard ? 1 : shard_group_->size();
+  const at::ScalarType pdt = options_.mixed_precision.param_dtype;
+  for (size_t k = 0; k < sel.size(); ++k) {
+    const size_t i = sel[k];
+    const bool ckpt = wants_checkpoint(i);
+    if (ckpt) {
+      for (size_t j = 0; j < sel.size(); ++j) {
+        FSDP_CHECK(j == k || !is_prefix_of(all[i].first, all[sel[j]].first),
+                   "activation checkpointing of unit '", all[i].first, "' which contains unit '", all[sel[j]].first,
+                   "' is not supported; checkpoint the inner units instead");
+      }
+    }
+    auto flat = std::make_unique<FlatParam>(std::move(sources[k]), srank, ssize, pdt, options_.device,
+                                            /*single_copy=*/no_shard && pdt == at::kFloat);
+    at::Tensor source;
+    if (options_.sync_module_states && world_->size() > 1) {
+      // Rank 0's values, one unit at a time.
+      source = world_->rank() == 0 ? flat->gather_source_values()
+                                   : at::empty({flat->layout().numel}, at::TensorOptions().dtype(at::kFloat));
+      world_->broadcast(source, 0)->wait();
+    }
+    flat->init_shard(source, options_.init_rule, options_.seed);
+    flat->bind(/*keep_allocated=*/no_shard);
+
+    UnitInfo info;
+    info.name = all[i].first;
+    info.type_name = all[i].second->inner_type_name();
+    info.numel = flat->layout().numel;
+    info.padded_numel = flat->layout().padded_numel;
+    info.shard_numel = flat->layout().shard_numel;
+    info.shard_offset = flat->shard_offset();
+    info.checkpointed = ckpt;
+    info.params = flat->layout().params;
+    infos_.push_back(info);
+
+    auto unit = std::make_shared<ShardedUnit>(this, k, all[i].first, info.type_name, k == 0, ckpt, std::move(flat));
+    unit->register_grad_hooks();
+    unit->begin_iteration();
+    all[i].second->set_hooks(unit);
+    unit_modules_.push_back(all[i].second);
+    units_.push_back(std::move(unit));
+  }
+  for (size_t i = 0; i < all.size(); ++i) {
+    if (!selected[i]) all[i].second->set_hooks(nullptr);  // folded into the parent: plain call
+  }
+  prev_pos_.assign(units_.size(), -1);
+  fwd_pos_.assign(units_.size(), -1);
+}
+
+// ---- iteration bookkeeping --------------------------------------------------
+
+bool ShardedModelImpl::reshards_after_forward(const ShardedUnit& u) const {
+  if (u.is_root()) return false;  // needed again at once by backward
+  return options_.strategy == ShardingStrategy::kFullShard || options_.strategy == ShardingStrategy::kHybridShard;
+}
+
+void ShardedModelImpl::on_pre_forward(ShardedUnit& u) {
+  if (u.is_root()) {
+    FSDP_CHECK(!in_backward_, "forward called while a backward pass of the same model is running");
+    for (auto& x : units_) {
+      FSDP_CHECK(x->grad_state() != GradState::kCollecting && x->grad_state() != GradState::kReduceIssued,
+                 "forward started before the previous backward finished (unit '", x->name(),
+                 "' is still collecting gradients); call backward() on the previous loss first");
+    }
+    if (!forward_order_.empty()) {
+      prev_forward_order_ = forward_order_;
+      std::fill(prev_pos_.begin(), prev_pos_.end(), -1);
+      for (size_t k = 0; k < prev_forward_order_.size(); ++k) prev_pos_[prev_forward_order_[k]->index()] = int(k);
+    }
+    forward_order_.clear();
+    std::fill(fwd_pos_.begin(), fwd_pos_.end(), -1);
+    for (auto& x : units_) x->begin_iteration();
+    in_forward_ = true;
+  } else {
+    FSDP_CHECK(in_forward_, "unit '", u.name(),
+               "' was called outside its model's forward; call the model through its root unit");
+  }
+  note_consumed(u);
+  fwd_pos_[u.index()] = static_cast<int>(forward_order_.size());
+  forward_order_.push_back(&u);
+  u.unshard();
+  if (options_.forward_prefetch) {
+    const int k = prev_pos_[u.index()];
+    if (k >= 0 && size_t(k + 1) < prev_forward_order_.size()) prefetch(prev_forward_order_[size_t(k + 1)]);
+  }
+}
+
+void ShardedModelImpl::on_post_forward(ShardedUnit& u) {
+  if (u.is_root()) in_forward_ = false;
+}
+
+void ShardedModelImpl::on_eval_forward(ShardedUnit& u) {
+  (void)u;
+  FSDP_CHECK(!in_backward_, "forward called while a backward pass of the same model is running");
+}
+
+void ShardedModelImpl::prefetch(ShardedUnit* u) {
+  if (u == nullptr || u->state() != ShardState::kSharded) return;
+  if (prefetched_pending_ >= options_.limit_all_gathers) return;  // rate limit
+  u->unshard();
+  if (u->state() != ShardState::kSharded) {
+    u->prefetched_ = true;
+    ++prefetched_pending_;
+  }
+}
+
+void ShardedModelImpl::note_consumed(ShardedUnit& u) {
+  if (u.prefetched_) {
+    u.prefetched_ = false;
+    --prefetched_pending_;
+  }
+}
+
+void ShardedModelImpl::on_pre_backward(ShardedUnit& u) {
+  if (!callback_queued_) {
+    compat::queue_backward_callback([this] { end_of_backward(); });
+    callback_queued_ = true;
+    in_backward_ = true;
+  }
+  note_consumed(u);
+  u.unshard();
+  if (options_.backward_prefetch == BackwardPrefetch::kPre) {
+    const int k = fwd_pos_[u.index()];
+    if (k > 0) prefetch(forward_order_[size_t(k - 1)]);
+  }
+}
+
+void ShardedModelImpl::after_post_backward(ShardedUnit& u) {
+  if (u.grad_state() == GradState::kReduceIssued) {
+    pending_reduces_.push_back(&u);
+    while (pending_reduces_.size() > kMaxInflightReduces) {
+      pending_reduces_.front()->finish_reduce();
+      pending_reduces_.pop_front();
+    }
+  }
+  if (options_.backward_prefetch == BackwardPrefetch::kPost) {
+    const int k = fwd_pos_[u.index()];
+    if (k > 0) prefetch(forward_order_[size_t(k - 1)]);
+  }
+}
+
+// Note [End of backward]
+// Runs once the autograd engine finished the graph. Units whose gradients did
+// not all arrive (a parameter without gradient, a unit whose output was not
+// used) are reduced now, in unit order — the same on every rank, so the
+// collectives match. Then every reduction is waited for and every unit
+// resharded; the optimizer sees valid gradient shards (zeros where nothing
+// arrived).
+void ShardedModelImpl::end_of_backward() {
+  for (auto& u : units_) {
+    const bool pending = u->grad_state() == GradState::kIdle || u->grad_state() == GradState::kCollecting;
+    if (pending && (u->ran_forward() || u->holds_unsharded_grads())) u->post_backward(/*flush=*/true);
+  }
+  while (!pending_reduces_.empty()) {
+    pending_reduces_.front()->finish_reduce();
+    pending_reduces_.pop_front();
+  }
+  for (auto& u : units_) {
+    u->reshard();
+    u->prefetched_ = false;
+    if (sync_grads_) u->ensure_grad_valid();
+  }
+  prefetched_pending_ = 0;
+  in_backward_ = false;
+  callback_queued_ = false;
+}
+
+void ShardedModelImpl::assert_idle(const char* what) const {
+  FSDP_CHECK(!in_backward_ && !in_forward_, what, " called during forward or backward; call it between steps");
+}
+
+// ---- public API ---------------------------------------------------------------
+
+std::vector<ShardRef> ShardedModelImpl::shards() const {
+  std::vector<ShardRef> out;
+  for (const auto& u : units_) out.push_back({u->name(), u->flat().shard(), u->flat().grad_shard()});
+  return out;
+}
+
+void ShardedModelImpl::zero_grad() {
+  assert_idle("zero_grad");
+  for (auto& u : units_) {
+    FSDP_CHECK(!u->holds_unsharded_grads(), "zero_grad while unit '", u->name(),
+               "' holds gradients accumulated without synchronization; run a synchronized backward first");
+    u->invalidate_grad();
+  }
+}
+
+double ShardedModelImpl::grad_norm() {
+  assert_idle("grad_norm");
+  double local = 0.0;
+  for (auto& u : units_) {
+    u->ensure_grad_valid();
+    local += u->flat().grad_shard().to(at::kDouble).pow(2).sum().item<double>();
+  }
+  if (options_.strategy != ShardingStrategy::kNoShard && shard_group_->size() > 1) {
+    // Shards are disjoint within the shard group; replicas (HYBRID) hold the
+    // same shards and are not summed again.
+    at::Tensor t = at::full({1}, local, at::TensorOptions().dtype(at::kDouble));
+    shard_group_->all_reduce(t, comm::ReduceOp::kSum)->wait();
+    local = t.item<double>();
+  }
+  return std::sqrt(local);
+}
+
+double ShardedModelImpl::clip_grad_norm(double max_norm) {
+  FSDP_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
+  const double norm = grad_norm();
+  const double coef = max_norm / (norm + 1e-6);
+  if (coef < 1.0) {
+    at::NoGradGuard no_grad;
+    for (auto& u : units_) u->flat().grad_shard().mul_(coef);
+  }
+  return norm;
+}
+
+namespace {
+comm::CommCounters diff(const comm::CommCounters& a, const comm::CommCounters& b) {
+  comm::CommCounters d;
+  d.allgather_bytes = a.allgather_bytes - b.allgather_bytes;
+  d.reduce_scatter_bytes = a.reduce_scatter_bytes - b.reduce_scatter_bytes;
+  d.allreduce_bytes = a.allreduce_bytes - b.allreduce_bytes;
+  d.broadcast_bytes = a.broadcast_bytes - b.broadcast_bytes;
+  return d;
+}
+}  // namespace
+
+StepCounters ShardedModelImpl::take_step_counters() {
+  StepCounters s;
+  const comm::CommCounters now = shard_group_->counters();
+  const comm::CommCounters d = diff(now, counters_base_shard_);
+  counters_base_shard_ = now;
+  s.allgather_bytes += d.allgather_bytes;
+  s.reduce_scatter_bytes += d.reduce_scatter_bytes;
+  s.allreduce_bytes += d.allreduce_bytes;
+  if (replicate_group_) {
+    const comm::CommCounters nr = replicate_group_->counters();
+    const comm::CommCounters dr = diff(nr, counters_base_replicate_);
+    counters_base_replicate_ = nr;
+    s.allgather_bytes += dr.allgather_bytes;
+    s.reduce_scatter_bytes += dr.reduce_scatter_bytes;
+    s.allreduce_bytes += dr.allreduce_bytes;
+  }
+  return s;
+}
+
+at::Tensor ShardedModelImpl::gather_unit(size_t u) {
+  assert_idle("gather_unit");
+  FSDP_CHECK(u < units_.size(), "gather_unit: unit ", u, " out of range (", units_.size(), " units)");
+  FlatParam& f = units_[u]->flat();
+  if (options_.strategy == ShardingStrategy::kNoShard) return f.shard().narrow(0, 0, f.layout().numel).clone();
+  at::Tensor full = at::empty({f.layout().padded_numel}, f.shard().options());
+  shard_group_->all_gather(full, f.shard())->wait();
+  return full.narrow(0, 0, f.layout().numel);
+}
+
+void ShardedModelImpl::load_unit(size_t u, const at::Tensor& full) {
+  assert_idle("load_unit");
+  FSDP_CHECK(u < units_.size(), "load_unit: unit ", u, " out of range (", units_.size(), " units)");
+  FlatParam& f = units_[u]->flat();
+  FSDP_CHECK(full.numel() == f.layout().numel, "load_unit: unit '", units_[u]->name(), "' has ", f.layout().numel,
+             " elements, got ", full.numel());
+  f.init_shard(full.reshape({-1}), nullptr, 0);
+  units_[u]->reshard();
+}
+
+std::string ShardedModelImpl::describe() const {
+  std::ostringstream os;
+  int64_t total = 0, padded = 0;
+  for (const auto& i : infos_) {
+    total += i.numel;
+    padded += i.padded_numel;
+  }
+  os << to_string(options_.strategy) << ": " << infos_.size() << " units, " << total << " parameters (" << padded
+     << " padded), shard group " << shard_group_->size()
+     << (replicate_group_ ? " x " + std::to_string(replicate_group_->size()) + " replicas" : std::string()) << "\n";
+  for (const auto& i : infos_) {
+    os << "  unit '" << (i.name.empty() ? "<root>" : i.name) << "' " << i.type_name << ": " << i.params.size()
+       << " params, " << i.numel << " elements, padded " << i.padded_numel << ", shard " << i.shard_numel
+       << (i.checkpointed ? ", checkpointed" : "") << "\n";
+  }
+  return os.str();
+}
+
+}  // namespace detail
+
+// ---- ShardedModel --------------------------------------------------------------
+
+ShardedModel::ShardedModel(std::unique_ptr<detail::ShardedModelImpl> impl) : impl_(std::move(impl)) {}
+ShardedModel::~ShardedModel() = default;
+std::vector<ShardRef> ShardedModel::shards() const { return impl_->shards(); }
+void ShardedModel::zero_grad() { impl_->zero_grad(); }
+void ShardedModel::set_requires_gradient_sync(bool sync) { impl_->set_requires_gradient_sync(sync); }
+double ShardedModel::grad_norm() { return impl_->grad_norm(); }
+double ShardedModel::clip_grad_norm(double max_norm) { return impl_->clip_grad_norm(max_norm); }
+const std::vector<UnitInfo>& ShardedModel::units() const { return impl_->units(); }
+StepCounters ShardedModel::take_step_counters() { return impl_->take_step_counters(); }
+at::Tensor ShardedModel::gather_unit(size_t u) { return impl_->gather_unit(u); }
+void ShardedModel::load_unit(size_t u, const at::Tensor& full) { impl_->load_unit(u, full); }
+const comm::ProcessGroupPtr& ShardedModel::shard_group() const { return impl_->shard_group(); }
+const comm::ProcessGroupPtr& ShardedModel::replicate_group() const { return impl_->replicate_group(); }
+const FsdpOptions& ShardedModel::options() const { return impl_->options(); }
+std::string ShardedModel::describe() const { return impl_->describe(); }
+
+std::shared_ptr<ShardedModel> fully_shard(const std::shared_ptr<nn::UnitBase>& root,
+                                          const comm::ProcessGroupPtr& world, const FsdpOptions& options) {
+  return std::shared_ptr<ShardedModel>(new ShardedModel(std::make_unique<detail::ShardedModelImpl>(root, world, options)));
+}
+
+}  // namespace fsdp

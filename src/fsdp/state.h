@@ -1,0 +1,189 @@
+// Engine state: ShardedUnit (one per unit) and ShardedModelImpl (the root
+// state shared by all units of one model).
+//
+// Note [Unit lifecycle]
+// Forward:   pre_forward  -> unshard (all-gather issued), prefetch next, wait
+//            run the inner forward (or a checkpointed recompute wrapper)
+//            post_forward -> reshard (FULL_SHARD/HYBRID, not the root), attach
+//                            the pre-backward identity to outputs
+// Backward:  pre_backward -> unshard + wait, point .grad at full_grad, prefetch
+//            (BACKWARD_PRE) the unit that ran before this one in forward
+//            every parameter's AccumulateGrad post-hook counts down; at zero:
+//            post_backward -> issue the reduction of full_grad, reshard,
+//            prefetch (BACKWARD_POST)
+//            finish_reduce -> (later) wait, fold into grad_shard, free full_grad
+// End of backward (queued callback): reduce every unit that ran forward but
+// was not reduced (unused parameters), in unit order on every rank so the
+// collectives match; wait for all reductions; reshard everything.
+#pragma once
+
+#include <deque>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/flat_param.h"
+#include "fsdp/fsdp.h"
+
+namespace fsdp::detail {
+
+class ShardedModelImpl;
+
+// Whether this rank holds the unsharded parameters.
+enum class ShardState {
+  kSharded,     // only shard_ is resident; full_ has no bytes
+  kUnsharding,  // full_ allocated, all-gather in flight: do not read it yet
+  kUnsharded,   // full_ holds every parameter's current value
+};
+
+// Where the unit is in the current iteration's backward.
+enum class GradState {
+  kIdle,         // no backward yet this iteration
+  kCollecting,   // pre_backward ran; gradients are landing in full_grad
+  kReduceIssued, // reduction in flight (or skipped under no_sync)
+  kDone,         // reduced into grad_shard (or kept unsharded under no_sync)
+};
+
+class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<ShardedUnit> {
+ public:
+  ShardedUnit(ShardedModelImpl* root, size_t index, std::string name, std::string type_name, bool is_root,
+              bool checkpoint, std::unique_ptr<FlatParam> flat);
+
+  std::vector<at::Tensor> run(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs) override;
+
+  // Issue the all-gather (no-op unless kSharded). Requires nothing.
+  void unshard();
+  // Requires: state() != kSharded. Afterwards kUnsharded.
+  void wait_for_unshard();
+  // Frees full_ (waits for an in-flight all-gather first). No-op when the
+  // strategy keeps parameters unsharded (NO_SHARD).
+  void reshard();
+
+  void pre_backward();
+  void on_grad_ready();
+  // Issue the reduction of full_grad. `flush`: called from the end-of-backward
+  // callback for a unit whose gradients did not all arrive.
+  void post_backward(bool flush);
+  // Wait for the reduction and fold it into grad_shard; free full_grad.
+  void finish_reduce();
+
+  // Per-iteration reset (called by the root at the start of forward).
+  void begin_iteration();
+  void register_grad_hooks();
+
+  ShardState state() const { return state_; }
+  GradState grad_state() const { return grad_state_; }
+  bool ran_forward() const { return ran_forward_; }
+  bool is_root() const { return is_root_; }
+  size_t index() const { return index_; }
+  const std::string& name() const { return name_; }
+  const std::string& type_name() const { return type_name_; }
+  bool checkpointed() const { return checkpoint_; }
+  FlatParam& flat() { return *flat_; }
+
+  // Gradients held unsharded across micro-batches (no_sync).
+  bool holds_unsharded_grads() const { return holds_unsharded_grads_; }
+  bool grad_valid() const { return grad_valid_; }
+  void invalidate_grad() { grad_valid_ = false; }
+  // Makes grad_shard meaningful for the optimizer: zeros when nothing landed.
+  void ensure_grad_valid();
+
+ private:
+  std::vector<at::Tensor> run_eval(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs);
+  void check_state_for(const char* what, ShardState expected) const;
+  std::vector<at::Tensor> cast_inputs(const std::vector<at::Tensor>& inputs) const;
+
+  ShardedModelImpl* root_;  // not owned; outlives every unit
+  size_t index_;
+  std::string name_;
+  std::string type_name_;
+  bool is_root_;
+  bool checkpoint_;
+  std::unique_ptr<FlatParam> flat_;
+
+  ShardState state_ = ShardState::kSharded;
+  GradState grad_state_ = GradState::kIdle;
+  comm::WorkPtr gather_;        // in flight while kUnsharding
+  comm::WorkPtr reduce_;        // in flight while kReduceIssued
+  comm::WorkPtr replicate_;     // HYBRID: the replica all-reduce after reduce_
+  at::Tensor reduce_in_;        // what reduce_ reads (kept alive until it completes)
+  at::Tensor reduce_out_;       // where reduce_ writes
+  bool reduce_into_grad_shard_ = false;
+
+  bool ran_forward_ = false;
+  bool prefetched_ = false;     // unsharded ahead of use by a prefetch
+  int pending_grads_ = 0;
+  bool holds_unsharded_grads_ = false;
+  bool grad_valid_ = false;
+  std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps hooks alive
+
+  friend class ShardedModelImpl;
+};
+
+class ShardedModelImpl {
+ public:
+  ShardedModelImpl(const std::shared_ptr<nn::UnitBase>& root, const comm::ProcessGroupPtr& world,
+                   const FsdpOptions& options);
+  ~ShardedModelImpl();
+
+  // Called by units.
+  void on_pre_forward(ShardedUnit& u);
+  void on_eval_forward(ShardedUnit& u);
+  void on_post_forward(ShardedUnit& u);
+  void on_pre_backward(ShardedUnit& u);
+  void on_reduce_issued(ShardedUnit& u);
+  void after_post_backward(ShardedUnit& u);
+  void prefetch(ShardedUnit* u);
+  void note_consumed(ShardedUnit& u);
+  void end_of_backward();
+
+  bool reshards_after_forward(const ShardedUnit& u) const;
+  bool reshards_after_backward() const { return options_.strategy != ShardingStrategy::kNoShard; }
+  bool sync_grads() const { return sync_grads_; }
+
+  // Public API (ShardedModel forwards here).
+  std::vector<ShardRef> shards() const;
+  void zero_grad();
+  void set_requires_gradient_sync(bool sync) { sync_grads_ = sync; }
+  double grad_norm();
+  double clip_grad_norm(double max_norm);
+  const std::vector<UnitInfo>& units() const { return infos_; }
+  StepCounters take_step_counters();
+  at::Tensor gather_unit(size_t u);
+  void load_unit(size_t u, const at::Tensor& full);
+  std::string describe() const;
+
+  const FsdpOptions& options() const { return options_; }
+  const comm::ProcessGroupPtr& shard_group() const { return shard_group_; }
+  const comm::ProcessGroupPtr& replicate_group() const { return replicate_group_; }
+
+ private:
+  void build_units();
+  void assert_idle(const char* what) const;
+
+  FsdpOptions options_;
+  std::shared_ptr<nn::UnitBase> root_module_;
+  comm::ProcessGroupPtr world_;
+  comm::ProcessGroupPtr shard_group_;
+  comm::ProcessGroupPtr replicate_group_;  // HYBRID only
+
+  std::vector<std::shared_ptr<ShardedUnit>> units_;  // pre-order, root first
+  std::vector<std::shared_ptr<nn::UnitBase>> unit_modules_;
+  std::vector<UnitInfo> infos_;
+
+  bool sync_grads_ = true;
+  bool in_backward_ = false;
+  bool callback_queued_ = false;
+  std::vector<ShardedUnit*> forward_order_;       // this iteration
+  std::vector<ShardedUnit*> prev_forward_order_;  // the last complete one
+  std::vector<int> prev_pos_;                     // unit index -> position in prev_forward_order_ (-1)
+  std::vector<int> fwd_pos_;                      // unit index -> position in forward_order_ (-1)
+  bool in_forward_ = false;                       // between the root's pre- and post-forward
+  std::deque<ShardedUnit*> pending_reduces_;
+  int prefetched_pending_ = 0;
+
+  comm::CommCounters counters_base_shard_;
+  comm::CommCounters counters_base_replicate_;
+};
+
+}  // namespace fsdp::detail

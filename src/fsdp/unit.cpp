@@ -1,0 +1,250 @@
+// ShardedUnit: the per-unit state machine. See Note [Unit lifecycle] in state.h.
+#include <ATen/core/grad_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include "fsdp/autograd_fns.h"
+#include "fsdp/common/compat.h"
+#include "fsdp/common/error.h"
+#include "fsdp/state.h"
+
+namespace fsdp::detail {
+
+namespace {
+// Writes into buffers that parameters view, without bumping version counters
+// autograd checks (DESIGN.md: a plain copy_ under NoGradGuard makes backward
+// fail with "modified by an inplace operation").
+struct RawWriteGuard {
+  at::NoGradGuard no_grad;
+  at::AutoDispatchBelowADInplaceOrView below_ad;
+};
+}  // namespace
+
+ShardedUnit::ShardedUnit(ShardedModelImpl* root, size_t index, std::string name, std::string type_name,
+                         bool is_root, bool checkpoint, std::unique_ptr<FlatParam> flat)
+    : root_(root),
+      index_(index),
+      name_(std::move(name)),
+      type_name_(std::move(type_name)),
+      is_root_(is_root),
+      checkpoint_(checkpoint),
+      flat_(std::move(flat)) {}
+
+void ShardedUnit::register_grad_hooks() {
+  accumulators_.clear();
+  for (const auto& p : flat_->params()) {
+    auto acc = compat::grad_accumulator(p);
+    FSDP_ASSERT(acc != nullptr, "no AccumulateGrad for a parameter of unit '", name_, "'");
+    compat::add_post_hook(*acc, [this] { on_grad_ready(); });
+    accumulators_.push_back(std::move(acc));
+  }
+}
+
+void ShardedUnit::begin_iteration() {
+  ran_forward_ = false;
+  grad_state_ = GradState::kIdle;
+  pending_grads_ = static_cast<int>(flat_->params().size());
+}
+
+void ShardedUnit::check_state_for(const char* what, ShardState expected) const {
+  FSDP_ASSERT(state_ == expected, what, " of unit '", name_, "' in state ", static_cast<int>(state_));
+}
+
+// ---- sharding ---------------------------------------------------------------
+
+void ShardedUnit::unshard() {
+  if (state_ != ShardState::kSharded) return;
+  const bool no_shard = root_->options().strategy == ShardingStrategy::kNoShard;
+  if (no_shard) {
+    // Replicated: the "gather" is a cast of the master copy (none when it is
+    // the single fp32 copy).
+    if (!flat_->single_copy()) {
+      RawWriteGuard g;
+      flat_->full().copy_(flat_->shard());
+    }
+    state_ = ShardState::kUnsharded;
+    return;
+  }
+  flat_->alloc_full();
+  at::Tensor chunk = flat_->own_chunk();
+  {
+    RawWriteGuard g;
+    chunk.copy_(flat_->shard());  // casts to the param dtype
+  }
+  gather_ = root_->shard_group()->all_gather(flat_->full(), chunk);
+  state_ = ShardState::kUnsharding;
+}
+
+void ShardedUnit::wait_for_unshard() {
+  if (state_ == ShardState::kUnsharding) {
+    gather_->wait();  // CPU: blocks; NCCL: orders the compute stream after the gather
+    gather_.reset();
+    state_ = ShardState::kUnsharded;
+  }
+  check_state_for("wait_for_unshard", ShardState::kUnsharded);
+}
+
+void ShardedUnit::reshard() {
+  if (state_ == ShardState::kSharded) return;
+  // Never free bytes a collective is still writing.
+  if (state_ == ShardState::kUnsharding) wait_for_unshard();
+  if (root_->options().strategy != ShardingStrategy::kNoShard) flat_->free_full();
+  state_ = ShardState::kSharded;
+}
+
+// ---- forward ----------------------------------------------------------------
+
+std::vector<at::Tensor> ShardedUnit::cast_inputs(const std::vector<at::Tensor>& inputs) const {
+  const at::ScalarType dt = flat_->param_dtype();
+  std::vector<at::Tensor> out;
+  out.reserve(inputs.size());
+  for (const auto& x : inputs) {
+    if (x.defined() && x.is_floating_point() && x.scalar_type() != dt) {
+      out.push_back(x.to(dt));
+    } else {
+      out.push_back(x);
+    }
+  }
+  return out;
+}
+
+std::vector<at::Tensor> ShardedUnit::run_eval(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs) {
+  root_->on_eval_forward(*this);
+  unshard();
+  wait_for_unshard();
+  std::vector<at::Tensor> outs = fn(cast_inputs(inputs));
+  // No backward follows: free everything a sharded strategy would not keep.
+  reshard();
+  return outs;
+}
+
+std::vector<at::Tensor> ShardedUnit::run(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs) {
+  if (!at::GradMode::is_enabled()) return run_eval(fn, inputs);
+
+  root_->on_pre_forward(*this);  // iteration start (root), order, forward prefetch
+  wait_for_unshard();
+  ran_forward_ = true;
+
+  const std::vector<at::Tensor> ins = cast_inputs(inputs);
+  std::vector<at::Tensor> outs = checkpoint_ ? checkpointed_call(fn, ins, flat_->params()) : fn(ins);
+
+  if (root_->reshards_after_forward(*this)) reshard();
+  root_->on_post_forward(*this);
+
+  std::vector<at::Tensor> tracked;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < outs.size(); ++i) {
+    if (outs[i].defined() && outs[i].requires_grad()) {
+      tracked.push_back(outs[i]);
+      where.push_back(i);
+    }
+  }
+  if (!tracked.empty()) {
+    std::vector<at::Tensor> hooked = attach_pre_backward(*this, tracked);
+    for (size_t k = 0; k < where.size(); ++k) outs[where[k]] = hooked[k];
+  }
+  return outs;
+}
+
+// ---- backward ---------------------------------------------------------------
+
+void ShardedUnit::pre_backward() {
+  if (grad_state_ != GradState::kIdle) return;  // once per iteration
+  root_->on_pre_backward(*this);                // queues the end-of-backward callback, prefetches
+  wait_for_unshard();
+  // Keep what is already in full_grad when gradients are being accumulated
+  // unsharded (no_sync), or in the single fp32 copy when no zero_grad came.
+  const bool keep = holds_unsharded_grads_ || (flat_->single_copy() && grad_valid_);
+  flat_->prepare_full_grad(keep);
+  pending_grads_ = static_cast<int>(flat_->params().size());
+  grad_state_ = GradState::kCollecting;
+}
+
+void ShardedUnit::on_grad_ready() {
+  if (grad_state_ != GradState::kCollecting) {
+    // A gradient reached one of this unit's parameters although its forward
+    // outputs saw no backward: the parameter was used outside the unit.
+    FSDP_CHECK(grad_state_ != GradState::kIdle, "a gradient reached a parameter of unit '", name_,
+               "' before the unit's backward started; a parameter must only be used inside the forward of "
+               "the unit that owns it (wrap the code that uses it in that unit)");
+    return;
+  }
+  if (--pending_grads_ == 0) post_backward(/*flush=*/false);
+}
+
+void ShardedUnit::post_backward(bool flush) {
+  if (grad_state_ == GradState::kReduceIssued || grad_state_ == GradState::kDone) return;
+  if (!flat_->has_full_grad() || grad_state_ == GradState::kIdle) {
+    // Ran forward (or holds no_sync gradients) but no gradient flowed this
+    // time: contribute zeros, so every rank issues the same collectives.
+    FSDP_ASSERT(flush);
+    flat_->prepare_full_grad(/*keep=*/holds_unsharded_grads_ || (flat_->single_copy() && grad_valid_));
+  }
+  const FsdpOptions& o = root_->options();
+
+  if (!root_->sync_grads()) {
+    holds_unsharded_grads_ = true;  // kept in full_grad until a synced backward
+    grad_state_ = GradState::kDone;
+  } else {
+    at::Tensor in = flat_->full_grad();
+    if (in.scalar_type() != o.mixed_precision.reduce_dtype) in = in.to(o.mixed_precision.reduce_dtype);
+    reduce_in_ = in;
+    reduce_into_grad_shard_ = false;
+    if (o.strategy == ShardingStrategy::kNoShard) {
+      reduce_out_ = in;
+      reduce_ = root_->shard_group()->all_reduce(in, comm::ReduceOp::kAvg);
+    } else {
+      const int64_t n = flat_->layout().shard_numel;
+      if (!grad_valid_ && in.scalar_type() == at::kFloat && flat_->grad_shard().device() == in.device()) {
+        reduce_out_ = flat_->grad_shard();  // lands directly: nothing to fold later
+        reduce_into_grad_shard_ = true;
+      } else {
+        reduce_out_ = at::empty({n}, in.options());
+      }
+      reduce_ = root_->shard_group()->reduce_scatter(reduce_out_, in, comm::ReduceOp::kAvg);
+    }
+    grad_state_ = GradState::kReduceIssued;
+  }
+
+  if (root_->reshards_after_backward()) reshard();
+  root_->after_post_backward(*this);  // queue/drain reductions, BACKWARD_POST prefetch
+}
+
+void ShardedUnit::finish_reduce() {
+  if (grad_state_ != GradState::kReduceIssued) return;
+  reduce_->wait();
+  reduce_.reset();
+  if (root_->replicate_group()) {
+    // HYBRID: the shard group's mean, averaged over the replicas.
+    replicate_ = root_->replicate_group()->all_reduce(reduce_out_, comm::ReduceOp::kAvg);
+    replicate_->wait();
+    replicate_.reset();
+  }
+  at::Tensor& g = flat_->grad_shard();
+  {
+    at::NoGradGuard no_grad;
+    if (reduce_into_grad_shard_) {
+      // already in place
+    } else if (flat_->single_copy()) {
+      // The reduced tensor was made from g itself (old sum included): replace.
+      if (!reduce_out_.is_same(g)) g.copy_(reduce_out_);
+    } else if (grad_valid_) {
+      g.add_(reduce_out_.to(at::kFloat));
+    } else {
+      g.copy_(reduce_out_);
+    }
+  }
+  grad_valid_ = true;
+  holds_unsharded_grads_ = false;
+  reduce_in_ = at::Tensor();
+  reduce_out_ = at::Tensor();
+  flat_->release_full_grad();
+  grad_state_ = GradState::kDone;
+}
+
+void ShardedUnit::ensure_grad_valid() {
+  if (grad_valid_ || holds_unsharded_grads_) return;
+  flat_->grad_shard().zero_();
+  grad_valid_ = true;
+}
+
+}  // namespace fsdp::detail

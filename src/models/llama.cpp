@@ -1,0 +1,273 @@
+#include "fsdp/models/llama.h"
+
+#include <cmath>
+#include <limits>
+
+#include "fsdp/common/compat.h"
+#include "fsdp/common/error.h"
+
+namespace fsdp::models {
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// HF's rotate_half: the pair of element j is element j + Dh/2 (halves, not
+// interleaved): (x1, x2) -> (-x2, x1).
+at::Tensor rotate_half(const at::Tensor& x) {
+  const int64_t half = x.size(-1) / 2;
+  return at::cat({x.narrow(-1, half, half).neg(), x.narrow(-1, 0, half)}, -1);
+}
+
+// x (B, n, T, Dh); cos, sin (T, Dh) broadcast over B and n.
+at::Tensor apply_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  return x * cos + rotate_half(x) * sin;
+}
+
+// (B, Hkv, T, Dh) -> (B, Hkv*n_rep, T, Dh); query head h reads kv head h / n_rep.
+at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
+  if (n_rep == 1) return x;
+  const int64_t B = x.size(0), Hkv = x.size(1), T = x.size(2), Dh = x.size(3);
+  return x.unsqueeze(2).expand({B, Hkv, n_rep, T, Dh}).reshape({B, Hkv * n_rep, T, Dh});
+}
+
+bool resolve_sdpa(AttentionKernel k) {
+  switch (k) {
+    case AttentionKernel::kAuto: return compat::sdpa_available();
+    case AttentionKernel::kEager: return false;
+    case AttentionKernel::kSdpa: return true;
+  }
+  return false;
+}
+
+// Validates a batch with at most one host sync. See LlamaForCausalLMImpl::forward / loss.
+void check_batch(const LlamaConfig& cfg, const at::Tensor& tokens, const at::Tensor* targets) {
+  FSDP_CHECK(tokens.defined() && tokens.dim() == 2, "model '", cfg.name, "': tokens must be a (B, T) tensor, got ",
+             tokens.defined() ? tokens.sizes() : at::IntArrayRef{}, " — batch token ids as (batch, sequence)");
+  FSDP_CHECK(tokens.scalar_type() == at::kLong, "model '", cfg.name, "': tokens must be int64, got ",
+             tokens.scalar_type(), " — convert with tokens.to(torch::kLong)");
+  const int64_t T = tokens.size(1);
+  FSDP_CHECK(T >= 1 && T <= cfg.max_position_embeddings, "model '", cfg.name, "': sequence length T=", T,
+             " is outside [1, max_position_embeddings=", cfg.max_position_embeddings,
+             "] — use shorter sequences (or a config with a larger max_position_embeddings)");
+  if (targets != nullptr) {
+    FSDP_CHECK(targets->defined() && targets->sizes() == tokens.sizes(), "model '", cfg.name,
+               "': targets must have the tokens' shape ", tokens.sizes(), ", got ",
+               targets->defined() ? targets->sizes() : at::IntArrayRef{});
+    FSDP_CHECK(targets->scalar_type() == at::kLong, "model '", cfg.name, "': targets must be int64, got ",
+               targets->scalar_type(), " — convert with targets.to(torch::kLong)");
+  }
+  if (tokens.is_meta()) return;  // shapes only
+
+  std::vector<at::Tensor> stats;
+  auto tok = at::aminmax(tokens);
+  stats.push_back(std::get<0>(tok));
+  stats.push_back(std::get<1>(tok));
+  if (targets != nullptr) {
+    // Ignored positions count as 0 so they do not affect the range.
+    auto tgt = at::aminmax(targets->masked_fill(targets->eq(kIgnoreIndex), 0));
+    stats.push_back(std::get<0>(tgt));
+    stats.push_back(std::get<1>(tgt));
+  }
+  const at::Tensor host = at::stack(stats).to(at::kCPU);  // the one host sync
+  const int64_t* v = host.data_ptr<int64_t>();
+  const int64_t V = cfg.vocab_size;
+  FSDP_CHECK(v[0] >= 0 && v[1] < V, "model '", cfg.name, "': token ids must lie in [0, vocab_size=", V,
+             "), got min ", v[0], " max ", v[1],
+             " — the tokenizer does not match the model: use a model whose vocab_size exceeds every id (>= ",
+             std::max<int64_t>(v[1] + 1, V), ") or the model's own tokenizer");
+  if (targets != nullptr) {
+    FSDP_CHECK(v[2] >= 0 && v[3] < V, "model '", cfg.name, "': targets must lie in [0, vocab_size=", V, ") or equal ",
+               kIgnoreIndex, " (ignored), got min ", v[2], " max ", v[3],
+               " — the tokenizer does not match the model, or padding uses an id other than ", kIgnoreIndex);
+  }
+}
+
+}  // namespace
+
+// ---------------------------------------------------------------------------
+// Rotary embedding
+
+at::Tensor llama_rope_inv_freq(const LlamaConfig& cfg) {
+  // Mirrors transformers' fp32 arithmetic op by op (Python's `s / t` on a
+  // tensor is t.reciprocal() * s, and `s ** t` is tensor(s, float32) ** t), so
+  // the tables agree bit for bit with HF on the same LibTorch.
+  const int64_t dim = cfg.dh();
+  const at::Tensor exponent = at::arange(0, dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) / dim;
+  const at::Tensor base = at::scalar_tensor(cfg.rope_theta, at::TensorOptions().dtype(at::kFloat));
+  at::Tensor inv_freq = at::pow(base, exponent).reciprocal() * 1.0;
+  if (!cfg.rope_scaling) return inv_freq;
+
+  const RopeScaling& s = *cfg.rope_scaling;
+  const double factor = s.factor;
+  const double low_freq_factor = s.low_freq_factor;
+  const double high_freq_factor = s.high_freq_factor;
+  const int64_t old_context_len = s.original_max_position_embeddings;
+  const double low_freq_wavelen = static_cast<double>(old_context_len) / low_freq_factor;
+  const double high_freq_wavelen = static_cast<double>(old_context_len) / high_freq_factor;
+
+  const at::Tensor wavelen = inv_freq.reciprocal() * (2 * M_PI);
+  // Wavelengths above low_freq_wavelen: divide by factor; below high_freq_wavelen: keep.
+  at::Tensor inv_freq_llama = at::where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq);
+  // In between: interpolate with a smooth factor.
+  const at::Tensor smooth_factor =
+      ((wavelen.reciprocal() * old_context_len) - low_freq_factor) / (high_freq_factor - low_freq_factor);
+  const at::Tensor smoothed_inv_freq =
+      (at::rsub(smooth_factor, 1) * inv_freq_llama) / factor + smooth_factor * inv_freq_llama;
+  const at::Tensor is_medium_freq = (wavelen < high_freq_wavelen).logical_not() * (wavelen > low_freq_wavelen).logical_not();
+  return at::where(is_medium_freq, smoothed_inv_freq, inv_freq_llama);
+}
+
+std::pair<at::Tensor, at::Tensor> llama_rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len,
+                                                     at::ScalarType dtype, at::Device device) {
+  const at::Tensor f32 = inv_freq.to(device, at::kFloat);
+  const at::Tensor pos = at::arange(seq_len, at::TensorOptions().dtype(at::kLong).device(device)).to(at::kFloat);
+  const at::Tensor freqs = at::outer(pos, f32);        // (T, Dh/2)
+  const at::Tensor emb = at::cat({freqs, freqs}, -1);  // (T, Dh)
+  return {emb.cos().to(dtype), emb.sin().to(dtype)};
+}
+
+// ---------------------------------------------------------------------------
+// Modules
+
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& cfg, const at::TensorOptions& options)
+    : n_heads_(cfg.num_attention_heads), n_kv_heads_(cfg.num_key_value_heads), head_dim_(cfg.dh()) {
+  const int64_t D = cfg.hidden_size;
+  q_proj_ = register_module("q_proj", Linear(D, n_heads_ * head_dim_, /*bias=*/false, options));
+  k_proj_ = register_module("k_proj", Linear(D, n_kv_heads_ * head_dim_, /*bias=*/false, options));
+  v_proj_ = register_module("v_proj", Linear(D, n_kv_heads_ * head_dim_, /*bias=*/false, options));
+  o_proj_ = register_module("o_proj", Linear(n_heads_ * head_dim_, D, /*bias=*/false, options));
+}
+
+void LlamaAttentionImpl::set_kernel(AttentionKernel kernel) {
+  FSDP_CHECK(kernel != AttentionKernel::kSdpa || compat::sdpa_available(),
+             "AttentionKernel::kSdpa needs LibTorch >= 2.0 (this build uses ", compat::torch_version(),
+             ") — use kAuto or kEager");
+  kernel_ = kernel;
+}
+
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t B = x.size(0), T = x.size(1);
+  const int64_t H = n_heads_, Hkv = n_kv_heads_, Dh = head_dim_;
+  at::Tensor q = q_proj_(x).view({B, T, H, Dh}).transpose(1, 2);    // (B, H, T, Dh)
+  at::Tensor k = k_proj_(x).view({B, T, Hkv, Dh}).transpose(1, 2);  // (B, Hkv, T, Dh)
+  at::Tensor v = v_proj_(x).view({B, T, Hkv, Dh}).transpose(1, 2);  // (B, Hkv, T, Dh)
+  q = apply_rotary(q, cos, sin);
+  k = apply_rotary(k, cos, sin);
+  k = repeat_kv(k, H / Hkv);  // (B, H, T, Dh)
+  v = repeat_kv(v, H / Hkv);  // (B, H, T, Dh)
+
+  at::Tensor out;  // (B, H, T, Dh)
+  if (resolve_sdpa(kernel_)) {
+    out = compat::causal_sdpa(q, k, v);
+  } else {
+    // HF "eager": scores in the activation dtype, softmax in fp32, cast back.
+    at::Tensor scores = at::matmul(q, k.transpose(2, 3)) * std::pow(static_cast<double>(Dh), -0.5);  // (B, H, T, T)
+    const at::Tensor future = at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
+    scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+    const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
+    out = at::matmul(probs, v);
+  }
+  return o_proj_(out.transpose(1, 2).reshape({B, T, H * Dh}));
+}
+
+LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& cfg, const at::TensorOptions& options) {
+  const int64_t D = cfg.hidden_size, F = cfg.intermediate_size;
+  gate_proj_ = register_module("gate_proj", Linear(D, F, /*bias=*/false, options));
+  up_proj_ = register_module("up_proj", Linear(D, F, /*bias=*/false, options));
+  down_proj_ = register_module("down_proj", Linear(F, D, /*bias=*/false, options));
+}
+
+at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) { return down_proj_(at::silu(gate_proj_(x)) * up_proj_(x)); }
+
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& cfg, const at::TensorOptions& options) {
+  // Registration order = HF's named_parameters order.
+  self_attn_ = register_module("self_attn", LlamaAttention(cfg, options));
+  mlp_ = register_module("mlp", LlamaMLP(cfg, options));
+  input_layernorm_ = register_module("input_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, options));
+  post_attention_layernorm_ =
+      register_module("post_attention_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, options));
+}
+
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const at::Tensor h = x + self_attn_->forward(input_layernorm_(x), cos, sin);
+  return h + mlp_(post_attention_layernorm_(h));
+}
+
+LlamaModelImpl::LlamaModelImpl(const LlamaConfig& cfg, const at::TensorOptions& options) {
+  embed_tokens_ = register_module("embed_tokens", Embedding(cfg.vocab_size, cfg.hidden_size, options));
+  layers_ = register_module("layers", torch::nn::ModuleList());
+  blocks_.reserve(cfg.num_hidden_layers);
+  for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
+    LlamaBlock block(std::make_shared<LlamaDecoderLayerImpl>(cfg, options));
+    layers_->push_back(block.ptr());
+    blocks_.push_back(std::move(block));
+  }
+  norm_ = register_module("norm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, options));
+  inv_freq_ = llama_rope_inv_freq(cfg);
+}
+
+at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens) {
+  at::Tensor h = embed_tokens_(tokens);  // (B, T, D)
+  // Once per forward, shared by every layer; (T, Dh) each.
+  auto [cos, sin] = llama_rope_cos_sin(inv_freq_, tokens.size(1), h.scalar_type(), h.device());
+  for (auto& block : blocks_) h = block(h, cos, sin);
+  return norm_(h);
+}
+
+LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& cfg, const at::TensorOptions& options, uint64_t seed)
+    : cfg_(cfg) {
+  cfg_.validate();
+  model_ = register_module("model", LlamaModel(cfg_, options));
+  if (!cfg_.tie_word_embeddings) {
+    lm_head_ = register_module("lm_head", Linear(cfg_.hidden_size, cfg_.vocab_size, /*bias=*/false, options));
+  }
+  if (options.device().type() != at::kMeta) nn::init_module(*this, llama_init_rule(cfg_), seed);
+}
+
+const at::Tensor& LlamaForCausalLMImpl::output_weight() const {
+  const LlamaModelImpl& model = *model_;
+  return cfg_.tie_word_embeddings ? model.embed_tokens()->weight() : lm_head_->weight();
+}
+
+at::Tensor LlamaForCausalLMImpl::logits_unchecked(const at::Tensor& tokens) {
+  return at::linear(model_(tokens), output_weight());  // (B, T, V)
+}
+
+at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
+  check_batch(cfg_, tokens, nullptr);
+  return logits_unchecked(tokens);
+}
+
+at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
+  check_batch(cfg_, tokens, &targets);
+  const at::Tensor logits = logits_unchecked(tokens).to(at::kFloat);  // (B, T, V) fp32
+  return at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab_size}), targets.reshape({-1}), /*weight=*/{},
+                                at::Reduction::Mean, kIgnoreIndex);
+}
+
+void LlamaForCausalLMImpl::set_attention_kernel(AttentionKernel kernel) {
+  for (const auto& block : model_->layers()) block->impl_ptr()->self_attn().set_kernel(kernel);
+}
+
+LlamaForCausalLM build_llama(const LlamaConfig& cfg, const at::TensorOptions& options, uint64_t seed) {
+  return LlamaForCausalLM(cfg, options, seed);
+}
+
+nn::InitRuleFn llama_init_rule(const LlamaConfig& cfg) {
+  const double stddev = cfg.initializer_range;
+  return [stddev](const std::string& name) -> nn::InitRule {
+    if (ends_with(name, "norm.weight")) return nn::InitRule::ones();
+    if (ends_with(name, "_proj.weight") || ends_with(name, "embed_tokens.weight") ||
+        ends_with(name, "lm_head.weight")) {
+      return nn::InitRule::normal(stddev);
+    }
+    FSDP_ASSERT(false, "llama_init_rule: no rule for parameter '", name, "'");
+    return nn::InitRule::zeros();
+  };
+}
+
+std::type_index llama_block_type() { return std::type_index(typeid(LlamaDecoderLayerImpl)); }
+
+}  // namespace fsdp::models

@@ -1,0 +1,367 @@
+#include <gtest/gtest.h>
+#include <torch/optim/adam.h>
+
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+
+#include "fsdp/common/compat.h"
+#include "fsdp/models/llama.h"
+#include "fsdp/models/registry.h"
+#include "models_test_util.h"
+
+namespace {
+
+using fsdp::models::AttentionKernel;
+using fsdp::models::build_llama;
+using fsdp::models::LlamaConfig;
+using fsdp::models::LlamaForCausalLM;
+using fsdp::models::testing::usage_error_of;
+
+// The golden test's shape: D=32, L=2, H=4, Hkv=2, Dh=8, F=64, V=64.
+LlamaConfig small_cfg(bool tied = false) {
+  LlamaConfig c;
+  c.name = "test-small";
+  c.hidden_size = 32;
+  c.intermediate_size = 64;
+  c.num_attention_heads = 4;
+  c.num_key_value_heads = 2;
+  c.num_hidden_layers = 2;
+  c.vocab_size = 64;
+  c.max_position_embeddings = 32;
+  c.rope_theta = 10000.0;
+  c.tie_word_embeddings = tied;
+  return c;
+}
+
+const at::TensorOptions kMeta = at::TensorOptions().device(at::kMeta);
+const at::TensorOptions kCpu = at::TensorOptions().dtype(at::kFloat);
+
+std::vector<std::pair<std::string, std::vector<int64_t>>> names_and_shapes(LlamaForCausalLM& m) {
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (auto& p : m->named_parameters()) out.emplace_back(p.key(), p.value().sizes().vec());
+  return out;
+}
+
+int64_t resident_bytes() {
+  std::ifstream statm("/proc/self/statm");
+  int64_t size = 0, resident = 0;
+  statm >> size >> resident;
+  return resident * sysconf(_SC_PAGESIZE);
+}
+
+at::Tensor random_tokens(int64_t B, int64_t T, int64_t V, uint64_t seed) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
+  return at::randint(V, {B, T}, gen, at::kLong);
+}
+
+}  // namespace
+
+TEST(Llama, ParameterNamesAndShapesAreHuggingFaces) {
+  LlamaForCausalLM m = build_llama(small_cfg(), kMeta, 0);
+  using NS = std::vector<std::pair<std::string, std::vector<int64_t>>>;
+  NS expected = {{"model.embed_tokens.weight", {64, 32}}};
+  for (int i = 0; i < 2; ++i) {
+    const std::string p = "model.layers." + std::to_string(i) + ".";
+    NS layer = {{p + "self_attn.q_proj.weight", {32, 32}},
+                {p + "self_attn.k_proj.weight", {16, 32}},
+                {p + "self_attn.v_proj.weight", {16, 32}},
+                {p + "self_attn.o_proj.weight", {32, 32}},
+                {p + "mlp.gate_proj.weight", {64, 32}},
+                {p + "mlp.up_proj.weight", {64, 32}},
+                {p + "mlp.down_proj.weight", {32, 64}},
+                {p + "input_layernorm.weight", {32}},
+                {p + "post_attention_layernorm.weight", {32}}};
+    expected.insert(expected.end(), layer.begin(), layer.end());
+  }
+  expected.push_back({"model.norm.weight", {32}});
+  expected.push_back({"lm_head.weight", {64, 32}});
+  EXPECT_EQ(names_and_shapes(m), expected);
+  EXPECT_TRUE(m->named_buffers().is_empty()) << "rotary tables must not be buffers";
+}
+
+TEST(Llama, TiedEmbeddingsHaveNoLmHeadParameterAndCountOnce) {
+  const LlamaConfig cfg = small_cfg(/*tied=*/true);
+  LlamaForCausalLM m = build_llama(cfg, kCpu, 3);
+  int64_t numel = 0;
+  for (auto& p : m->named_parameters()) {
+    EXPECT_EQ(p.key().find("lm_head"), std::string::npos) << p.key();
+    numel += p.value().numel();
+  }
+  EXPECT_EQ(numel, cfg.num_parameters());
+  EXPECT_EQ(numel, small_cfg(false).num_parameters() - 64 * 32);
+  EXPECT_TRUE(m->output_weight().is_same(*m->named_parameters().find("model.embed_tokens.weight")));
+  // The shared matrix receives both gradients (lookup + output projection).
+  auto tok = random_tokens(2, 8, 64, 1);
+  m->loss(tok, random_tokens(2, 8, 64, 2)).backward();
+  EXPECT_TRUE(m->output_weight().grad().defined());
+}
+
+TEST(Llama, GroupedQueryAttentionShapesWithExplicitHeadDim) {
+  LlamaConfig cfg = small_cfg();
+  cfg.hidden_size = 64;
+  cfg.num_attention_heads = 8;
+  cfg.num_key_value_heads = 2;
+  cfg.head_dim = 16;  // H*Dh = 128 != D: head_dim is not D / H here
+  LlamaForCausalLM m = build_llama(cfg, kCpu, 1);
+  auto params = m->named_parameters();
+  EXPECT_EQ(params.find("model.layers.0.self_attn.q_proj.weight")->sizes(), at::IntArrayRef({128, 64}));
+  EXPECT_EQ(params.find("model.layers.0.self_attn.k_proj.weight")->sizes(), at::IntArrayRef({32, 64}));
+  EXPECT_EQ(params.find("model.layers.0.self_attn.v_proj.weight")->sizes(), at::IntArrayRef({32, 64}));
+  EXPECT_EQ(params.find("model.layers.0.self_attn.o_proj.weight")->sizes(), at::IntArrayRef({64, 128}));
+  const at::Tensor logits = m->forward(random_tokens(3, 5, 64, 2));
+  EXPECT_EQ(logits.sizes(), at::IntArrayRef({3, 5, 64}));
+  int64_t numel = 0;
+  for (auto& p : m->parameters()) numel += p.numel();
+  EXPECT_EQ(numel, cfg.num_parameters());
+}
+
+// GQA must equal multi-head attention whose k/v heads are copies: query head h
+// reads kv head h / (H/Hkv) (repeat_kv), not h % Hkv.
+TEST(Llama, GqaEqualsMhaWithRepeatedKvHeads) {
+  const LlamaConfig gqa_cfg = small_cfg();
+  LlamaConfig mha_cfg = gqa_cfg;
+  mha_cfg.num_key_value_heads = 4;
+  // Same seed and names: every parameter of equal shape gets equal values.
+  LlamaForCausalLM gqa = build_llama(gqa_cfg, kCpu, 9);
+  LlamaForCausalLM mha = build_llama(mha_cfg, kCpu, 9);
+  {
+    at::NoGradGuard no_grad;
+    auto gp = gqa->named_parameters();
+    auto mp = mha->named_parameters();
+    const int64_t Dh = 8;
+    for (int l = 0; l < 2; ++l) {
+      for (const char* proj : {"k_proj", "v_proj"}) {
+        const std::string name = "model.layers." + std::to_string(l) + ".self_attn." + proj + ".weight";
+        for (int64_t h = 0; h < 4; ++h) {
+          mp.find(name)->narrow(0, h * Dh, Dh).copy_(gp.find(name)->narrow(0, (h / 2) * Dh, Dh));
+        }
+      }
+    }
+  }
+  const auto tok = random_tokens(2, 12, 64, 4);
+  const at::Tensor a = gqa->forward(tok);
+  const at::Tensor b = mha->forward(tok);
+  EXPECT_TRUE(at::allclose(a, b, 1e-5, 1e-5)) << "max diff " << (a - b).abs().max().item<double>();
+}
+
+TEST(Llama, Llama70BOnMetaBuildsFastWithoutAllocating) {
+  const LlamaConfig cfg = *fsdp::models::llama_preset("llama2-70b");
+  const int64_t rss_before = resident_bytes();
+  const auto t0 = std::chrono::steady_clock::now();
+  LlamaForCausalLM m = build_llama(cfg, kMeta.dtype(at::kBFloat16), 0);
+  int64_t numel = 0, count = 0;
+  bool all_meta = true;
+  for (auto& p : m->named_parameters()) {
+    numel += p.value().numel();
+    ++count;
+    all_meta = all_meta && p.value().is_meta() && p.value().scalar_type() == at::kBFloat16;
+  }
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int64_t rss_growth = resident_bytes() - rss_before;
+  std::printf("[llama] llama2-70b on meta: %lld params in %lld tensors, built+listed in %.3f s, RSS +%.1f MiB\n",
+              static_cast<long long>(numel), static_cast<long long>(count), secs, rss_growth / 1048576.0);
+  EXPECT_TRUE(all_meta);
+  EXPECT_EQ(numel, 68976648192LL);
+  EXPECT_EQ(numel, cfg.num_parameters());
+  EXPECT_EQ(count, 1 + 80 * 9 + 1 + 1);
+  EXPECT_LT(secs, 2.0) << "meta construction must stay cheap (target: well under a second)";
+  EXPECT_LT(rss_growth, 64LL << 20) << "meta construction must not allocate parameter memory";
+  // Shapes are inspectable and forward's checks are shape-only on meta.
+  EXPECT_EQ(m->named_parameters().find("model.layers.79.mlp.down_proj.weight")->sizes(), at::IntArrayRef({8192, 28672}));
+}
+
+TEST(Llama, EveryPresetOnMetaHasItsAnalyticParameterCount) {
+  for (const std::string& name : fsdp::models::list_model_presets()) {
+    const LlamaConfig cfg = *fsdp::models::llama_preset(name);
+    LlamaForCausalLM m = build_llama(cfg, kMeta, 0);
+    int64_t numel = 0;
+    for (auto& p : m->parameters()) numel += p.numel();
+    EXPECT_EQ(numel, cfg.num_parameters()) << name;
+  }
+}
+
+TEST(Llama, EveryDecoderLayerIsAUnitOfTheBlockType) {
+  const LlamaConfig cfg = small_cfg();
+  LlamaForCausalLM m = build_llama(cfg, kMeta, 0);
+  const auto units = fsdp::nn::find_units(m.ptr());
+  ASSERT_EQ(units.size(), 2u);
+  for (size_t i = 0; i < units.size(); ++i) {
+    EXPECT_EQ(units[i].first, "model.layers." + std::to_string(i));
+    EXPECT_EQ(units[i].second->inner_type(), fsdp::models::llama_block_type());
+    EXPECT_NE(units[i].second->inner_type_name().find("LlamaDecoderLayerImpl"), std::string::npos)
+        << units[i].second->inner_type_name();
+  }
+}
+
+namespace {
+// Runs each unit's function twice, as activation checkpointing recomputes it.
+struct ReplayHooks : fsdp::nn::UnitHooks {
+  int calls = 0;
+  std::vector<at::Tensor> run(const fsdp::nn::TensorFn& fn, const std::vector<at::Tensor>& inputs) override {
+    ++calls;
+    EXPECT_EQ(inputs.size(), 3u);  // x, cos, sin
+    {
+      at::NoGradGuard no_grad;
+      fn(inputs);
+    }
+    return fn(inputs);
+  }
+};
+}  // namespace
+
+TEST(Llama, BlocksReplayUnderUnitHooks) {
+  LlamaForCausalLM m = build_llama(small_cfg(), kCpu, 5);
+  const auto tok = random_tokens(2, 8, 64, 6);
+  const auto tgt = random_tokens(2, 8, 64, 7);
+  const at::Tensor plain = m->loss(tok, tgt);
+  plain.backward();
+  const at::Tensor g_plain = m->named_parameters().find("model.layers.0.self_attn.q_proj.weight")->grad().clone();
+  m->zero_grad();
+  auto hooks = std::make_shared<ReplayHooks>();
+  for (auto& u : fsdp::nn::find_units(m.ptr())) u.second->set_hooks(hooks);
+  const at::Tensor hooked = m->loss(tok, tgt);
+  hooked.backward();
+  EXPECT_EQ(hooks->calls, 2);
+  EXPECT_TRUE(plain.equal(hooked));
+  EXPECT_TRUE(g_plain.equal(m->named_parameters().find("model.layers.0.self_attn.q_proj.weight")->grad()));
+}
+
+TEST(Llama, CausalEarlierLogitsIgnoreLaterTokens) {
+  LlamaForCausalLM m = build_llama(small_cfg(), kCpu, 11);
+  at::Tensor tok = random_tokens(2, 16, 64, 12);
+  const at::Tensor before = m->forward(tok);
+  at::Tensor changed = tok.clone();
+  changed.index_put_({at::indexing::Slice(), 10}, (tok.select(1, 10) + 1) % 64);
+  const at::Tensor after = m->forward(changed);
+  const double early = (before.narrow(1, 0, 10) - after.narrow(1, 0, 10)).abs().max().item<double>();
+  const double late = (before.narrow(1, 10, 6) - after.narrow(1, 10, 6)).abs().max().item<double>();
+  EXPECT_LE(early, 1e-6) << "logits before position 10 changed when token 10 changed";
+  EXPECT_GT(late, 1e-4) << "logits from position 10 on must depend on token 10";
+}
+
+TEST(Llama, LossDecreasesOnARepeatedBatch) {
+  LlamaConfig cfg = small_cfg();
+  cfg.hidden_size = 64;
+  cfg.intermediate_size = 128;
+  LlamaForCausalLM m = build_llama(cfg, kCpu, 21);
+  const auto tok = random_tokens(4, 16, 64, 22);
+  const auto tgt = random_tokens(4, 16, 64, 23);
+  torch::optim::Adam opt(m->parameters(), torch::optim::AdamOptions(1e-2));
+  double first = 0, last = 0;
+  for (int step = 0; step < 20; ++step) {
+    opt.zero_grad();
+    const at::Tensor loss = m->loss(tok, tgt);
+    loss.backward();
+    opt.step();
+    if (step == 0) first = loss.item<double>();
+    last = loss.item<double>();
+  }
+  std::printf("[llama] loss over 20 Adam steps on one batch: %.4f -> %.4f (ln V = %.4f)\n", first, last,
+              std::log(64.0));
+  EXPECT_NEAR(first, std::log(64.0), 0.3) << "initial loss of a 0.02-std init is about ln V";
+  EXPECT_LT(last, 0.5 * first);
+}
+
+TEST(Llama, InitFollowsTheRuleAndTheSeed) {
+  LlamaConfig cfg = small_cfg();
+  cfg.hidden_size = 128;
+  cfg.intermediate_size = 256;
+  LlamaForCausalLM a = build_llama(cfg, kCpu, 1);
+  LlamaForCausalLM b = build_llama(cfg, kCpu, 1);
+  LlamaForCausalLM c = build_llama(cfg, kCpu, 2);
+  auto pa = a->named_parameters();
+  EXPECT_TRUE(pa.find("model.norm.weight")->eq(1).all().item<bool>());
+  EXPECT_TRUE(pa.find("model.layers.1.input_layernorm.weight")->eq(1).all().item<bool>());
+  const at::Tensor up = *pa.find("model.layers.0.mlp.up_proj.weight");
+  EXPECT_NEAR(up.std().item<double>(), 0.02, 0.002);
+  EXPECT_NEAR(up.mean().item<double>(), 0.0, 0.002);
+  EXPECT_TRUE(up.equal(*b->named_parameters().find("model.layers.0.mlp.up_proj.weight")));
+  EXPECT_FALSE(up.equal(*c->named_parameters().find("model.layers.0.mlp.up_proj.weight")));
+  // A shard materialized from the meta model with init_slice equals the same
+  // slice of the unsharded model.
+  LlamaForCausalLM meta = build_llama(cfg, kMeta, 1);
+  const auto rule = fsdp::models::llama_init_rule(cfg);
+  for (auto& p : meta->named_parameters()) {
+    const int64_t n = p.value().numel();
+    at::Tensor shard = at::empty({n / 3}, at::kFloat);
+    fsdp::nn::init_slice(shard, rule(p.key()), 1, p.key(), n / 2);
+    EXPECT_TRUE(shard.equal(pa.find(p.key())->view({-1}).narrow(0, n / 2, n / 3))) << p.key();
+  }
+}
+
+TEST(Llama, Bf16ForwardGivesBf16LogitsAndFp32Loss) {
+  LlamaForCausalLM m = build_llama(small_cfg(), kCpu.dtype(at::kBFloat16), 4);
+  const auto tok = random_tokens(2, 8, 64, 5);
+  EXPECT_EQ(m->forward(tok).scalar_type(), at::kBFloat16);
+  const at::Tensor loss = m->loss(tok, tok);
+  EXPECT_EQ(loss.scalar_type(), at::kFloat);
+  loss.backward();
+  EXPECT_EQ(m->output_weight().grad().scalar_type(), at::kBFloat16);
+}
+
+TEST(Llama, IgnoredTargetsAreLeftOutOfTheMean) {
+  LlamaForCausalLM m = build_llama(small_cfg(), kCpu, 8);
+  const auto tok = random_tokens(1, 8, 64, 9);
+  at::Tensor tgt = random_tokens(1, 8, 64, 10);
+  const at::Tensor logp = at::log_softmax(m->forward(tok).to(at::kFloat), -1);  // (1, T, V)
+  at::Tensor partial = tgt.clone();
+  partial.narrow(1, 4, 4).fill_(fsdp::models::kIgnoreIndex);
+  const at::Tensor picked = logp.gather(2, tgt.unsqueeze(2)).squeeze(2);  // (1, T)
+  EXPECT_NEAR(m->loss(tok, tgt).item<double>(), -picked.mean().item<double>(), 1e-5);
+  EXPECT_NEAR(m->loss(tok, partial).item<double>(), -picked.narrow(1, 0, 4).mean().item<double>(), 1e-5);
+}
+
+TEST(Llama, BadBatchesAreUsageErrors) {
+  LlamaForCausalLM m = build_llama(small_cfg(), kCpu, 0);
+  std::string msg = usage_error_of([&] { m->forward(random_tokens(1, 33, 64, 0)); });
+  EXPECT_NE(msg.find("T=33"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("max_position_embeddings=32"), std::string::npos) << msg;
+
+  at::Tensor tok = random_tokens(2, 8, 64, 0);
+  tok.index_put_({1, 3}, 70);
+  msg = usage_error_of([&] { m->forward(tok); });
+  EXPECT_NE(msg.find("max 70"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("vocab_size=64"), std::string::npos) << msg;
+
+  tok.index_put_({1, 3}, -1);
+  msg = usage_error_of([&] { m->forward(tok); });
+  EXPECT_NE(msg.find("min -1"), std::string::npos) << msg;
+
+  msg = usage_error_of([&] { m->forward(random_tokens(2, 8, 64, 0).to(at::kInt)); });
+  EXPECT_NE(msg.find("int64"), std::string::npos) << msg;
+
+  msg = usage_error_of([&] { m->forward(random_tokens(2, 8, 64, 0).view({16})); });
+  EXPECT_NE(msg.find("(B, T)"), std::string::npos) << msg;
+
+  at::Tensor tgt = random_tokens(2, 8, 64, 1);
+  tgt.index_put_({0, 0}, -5);
+  msg = usage_error_of([&] { m->loss(random_tokens(2, 8, 64, 0), tgt); });
+  EXPECT_NE(msg.find("targets"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("min -5"), std::string::npos) << msg;
+
+  msg = usage_error_of([&] { m->loss(random_tokens(2, 8, 64, 0), random_tokens(2, 7, 64, 0)); });
+  EXPECT_NE(msg.find("shape"), std::string::npos) << msg;
+
+  if (!fsdp::compat::sdpa_available()) {
+    msg = usage_error_of([&] { m->set_attention_kernel(AttentionKernel::kSdpa); });
+    EXPECT_NE(msg.find("2.0"), std::string::npos) << msg;
+  }
+
+  LlamaConfig bad = small_cfg();
+  bad.num_key_value_heads = 3;
+  msg = usage_error_of([&] { build_llama(bad, kMeta, 0); });
+  EXPECT_NE(msg.find("num_key_value_heads"), std::string::npos) << msg;
+}
+
+TEST(Llama, TinyAndSmallPresetsTrainOnBytes) {
+  const LlamaConfig tiny = *fsdp::models::llama_preset("tiny");
+  EXPECT_GE(tiny.vocab_size, 256 + 4) << "tiny must hold a byte tokenizer's 256 bytes and special tokens";
+  EXPECT_EQ(tiny.num_parameters(), 918656);
+  EXPECT_EQ(fsdp::models::llama_preset("small")->num_parameters(), 25698816);
+  LlamaForCausalLM m = build_llama(tiny, kCpu, 0);
+  const auto tok = random_tokens(2, 64, tiny.vocab_size, 1);
+  EXPECT_NEAR(m->loss(tok, tok).item<double>(), std::log(512.0), 0.2);
+}
