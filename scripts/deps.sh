@@ -6,6 +6,7 @@ set -euo pipefail
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
   libtorch-dev libgloo-dev
+  libopenblas0-pthread
   nlohmann-json3-dev libcli11-dev libfmt-dev
   libsentencepiece-dev sentencepiece
   libgtest-dev

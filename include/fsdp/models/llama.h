@@ -173,6 +173,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // Throws UsageError as forward, and for targets of another shape or outside
   // [0, V) other than kIgnoreIndex (tokens and targets share one host sync).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
+  // The same loss through the module's call: a root fsdp::nn::Unit around this
+  // model then covers the whole step (logits and loss) in one forward.
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets) { return loss(tokens, targets); }
 
   const LlamaConfig& config() const { return cfg_; }
   LlamaModelImpl& model() { return *model_; }

@@ -1,0 +1,167 @@
+// fsdp-train: trains a Llama-family model with Fully Sharded Data Parallel.
+//
+// Process model: with --nproc-per-node N (> 1) this process becomes a local
+// launcher — it checks the flags, starts N workers (this same program and
+// arguments) with torchrun's environment, supervises them and exits with the
+// first failing worker's status. Under torchrun, Kubeflow PyTorchJob or Slurm
+// srun every process is a worker already and --nproc-per-node is ignored.
+//
+// Exit codes: 0 success, 2 bad usage (flags, files, shapes), 1 other failures.
+#include <CLI/CLI.hpp>
+
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <unistd.h>
+
+#include "fsdp/comm/launcher.h"
+#include "fsdp/comm/rendezvous.h"
+#include "fsdp/common/compat.h"
+#include "fsdp/common/error.h"
+#include "fsdp/common/memory.h"
+#include "fsdp/data/dataset.h"
+#include "fsdp/models/registry.h"
+#include "fsdp/train/trainer.h"
+
+namespace {
+
+constexpr int kExitFailure = 1;
+constexpr int kExitUsage = 2;
+
+std::string self_exe(const char* argv0) {
+  char buf[4096];
+  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  if (n > 0) return std::string(buf, static_cast<size_t>(n));
+  return argv0;
+}
+
+// The default corpus: built by scripts/prepare_data.sh, or the small one in
+// the repository when it has not been built.
+std::string embedded_corpus() {
+  if (std::ifstream(FSDP_EMBEDDED_CORPUS).good()) return FSDP_EMBEDDED_CORPUS;
+  return FSDP_FALLBACK_CORPUS;
+}
+
+std::string join(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  return s;
+}
+
+int run(int argc, char** argv) {
+  fsdp::train::TrainOptions o;
+  int nproc = 1;
+  std::string token_dtype = "u16";
+  std::string format = "auto";
+
+  CLI::App app{"fsdp-train: train a Llama-family model with Fully Sharded Data Parallel (C++/LibTorch)."};
+  app.get_formatter()->column_width(34);
+  // A flag given twice takes its last value (scripts append overrides).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+
+  app.add_option("--model", o.model,
+                 "Model: a preset (" + join(fsdp::models::list_model_presets()) +
+                     "), a Hugging Face config.json, or a directory holding one")
+      ->capture_default_str();
+  o.data.path = "embedded";
+  app.add_option("--data", o.data.path,
+                 "Training data: plain text, JSON lines (field --text-field), a binary file of little-endian token "
+                 "ids, or a directory of .bin shards; 'embedded': the corpus scripts/prepare_data.sh builds from "
+                 "Debian's fortunes package (build/data/corpus.jsonl), else the repository's small fallback data/fallback_corpus.jsonl")
+      ->capture_default_str();
+  app.add_option("--data-format", format, "auto | text | jsonl | bin (auto: by extension and content)")
+      ->capture_default_str();
+  app.add_option("--text-field", o.data.text_field, "JSON-lines field holding each document")->capture_default_str();
+  app.add_option("--token-dtype", token_dtype, "Width of token ids in binary data: u16 | u32")->capture_default_str();
+  app.add_option("--tokenizer", o.data.tokenizer,
+                 "Tokenizer for text data: byte, a SentencePiece .model, or a tiktoken BPE file (Llama 3)")
+      ->capture_default_str();
+  app.add_option("--seq-len", o.data.seq_len, "Tokens per sample (T)")->capture_default_str();
+  app.add_option("--batch-size", o.step.batch_size, "Samples per rank per micro-batch (B)")->capture_default_str();
+  app.add_option("--grad-accum", o.step.grad_accum,
+                 "Micro-batches per optimizer step; gradients are synchronized on the last one only")
+      ->capture_default_str();
+  app.add_option("--lr", o.schedule.lr, "Peak learning rate")->capture_default_str();
+  app.add_option("--warmup-steps", o.schedule.warmup_steps, "Linear warmup steps")->capture_default_str();
+  app.add_option("--min-lr", o.schedule.min_lr, "Learning rate at the end of the cosine decay")
+      ->capture_default_str();
+  app.add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (all parameters)")
+      ->capture_default_str();
+  app.add_option("--beta1", o.adamw.beta1, "AdamW beta1")->capture_default_str();
+  app.add_option("--beta2", o.adamw.beta2, "AdamW beta2")->capture_default_str();
+  app.add_option("--clip-grad", o.step.clip_grad, "Clip the global gradient norm to this (0: off)")
+      ->capture_default_str();
+  app.add_option("--max-steps", o.step.max_steps, "Optimizer steps; the cosine decay ends here")
+      ->capture_default_str();
+  app.add_option("--seed", o.step.seed, "Seed for initialization and data order")->capture_default_str();
+  app.add_flag("!--no-shuffle", o.data.shuffle, "Read windows in order instead of a seeded shuffle per epoch");
+  app.add_option("--log-every", o.log.log_every, "Log every N steps (and the last)")->capture_default_str();
+  app.add_option("--metrics-file", o.log.metrics_file,
+                 "Append one JSON object per logged step: step, loss, lr, grad_norm, samples_per_s, tokens_per_s, "
+                 "step_time_s, peak_mem_bytes, allgather_bytes, reduce_scatter_bytes, allreduce_bytes");
+  app.add_option("--nproc-per-node", nproc,
+                 "Start N local worker processes and supervise them (ignored under torchrun/srun/PyTorchJob)")
+      ->capture_default_str();
+  app.add_option("--device", o.device, "cpu | cuda")->capture_default_str();
+  app.add_option("--sharding", o.sharding.strategy,
+                 "full (FULL_SHARD) | grad-op (SHARD_GRAD_OP) | none (NO_SHARD, DDP) | hybrid (HYBRID_SHARD)")
+      ->capture_default_str();
+  app.add_option("--wrap", o.sharding.wrap,
+                 "Units: block (one per decoder layer) | size:N (a block becomes a unit once it holds N parameters "
+                 "not yet wrapped) | root (the whole model as one unit)")
+      ->capture_default_str();
+  app.add_option("--hybrid-shard-size", o.sharding.hybrid_shard_size,
+                 "HYBRID: ranks per shard group (default: LOCAL_WORLD_SIZE, i.e. one node)")
+      ->capture_default_str();
+  app.add_flag("--sync-module-states", o.sharding.sync_module_states,
+               "Broadcast rank 0's initial parameters before sharding");
+  app.set_version_flag("--version", std::string("fsdp-train 0.1.0 (LibTorch ") + fsdp::compat::torch_version() + ")");
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "fsdp-train: error: " << e.what() << " (see fsdp-train --help)\n";
+    return kExitUsage;
+  }
+
+  o.data.token_dtype = fsdp::data::parse_token_dtype(token_dtype);
+  o.data.format = fsdp::data::parse_data_format(format);
+  if (o.data.path == "embedded") o.data.path = embedded_corpus();
+  FSDP_CHECK(nproc >= 1, "--nproc-per-node must be >= 1, got ", nproc);
+
+  const fsdp::comm::WorldInfo world = fsdp::comm::detect_world();
+  const bool is_worker = world.launcher != "single";
+  if (nproc > 1 && !is_worker) {
+    fsdp::train::validate_options(o);  // fail once, before starting anything
+    fsdp::comm::LaunchOptions lo;
+    lo.argv.push_back(self_exe(argv[0]));
+    for (int i = 1; i < argc; ++i) lo.argv.emplace_back(argv[i]);
+    lo.nproc = nproc;
+    const fsdp::comm::LaunchResult r = fsdp::comm::launch_local(lo);
+    if (!r.ok) std::cerr << "fsdp-train: " << r.message << "\n";
+    return r.exit_code;
+  }
+
+  const fsdp::comm::Runtime rt = fsdp::comm::init_process_group(world);
+  fsdp::train::train(o, rt);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  fsdp::configure_host_allocator();
+  try {
+    return run(argc, argv);
+  } catch (const fsdp::UsageError& e) {
+    std::cerr << "fsdp-train: error: " << e.what() << "\n";
+    return kExitUsage;
+  } catch (const std::exception& e) {
+    std::cerr << "fsdp-train: failed: " << e.what() << "\n";
+    return kExitFailure;
+  }
+}

@@ -1,0 +1,88 @@
+// Local launcher: N worker processes on this host, supervised like torchrun.
+//
+// launch_local() hosts a c10d::TCPStore server on 127.0.0.1 (port chosen by the
+// OS), starts `nproc` copies of `argv` with torchrun's environment
+// (MASTER_ADDR, MASTER_PORT, RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE,
+// GROUP_RANK, TORCHELASTIC_USE_AGENT_STORE=True, TORCHELASTIC_RESTART_COUNT=0,
+// TORCHELASTIC_RUN_ID, FSDP_LAUNCHER) so workers take the same code path as
+// under torchrun (rendezvous.h: agent store, client connection), and waits.
+//
+// Supervision. Each worker runs in its own process group; a worker exiting
+// non-zero or dying from a signal stops the others (SIGTERM, then SIGKILL
+// after `kill_grace`). SIGINT/SIGTERM sent to the launcher are forwarded to the
+// workers, and the launcher keeps waiting for them (workers may checkpoint and
+// exit 0); a second such signal kills them. When a worker exits, whatever it
+// left in its process group is killed. Every child is reaped before
+// launch_local returns or throws; workers die with the launcher
+// (PR_SET_PDEATHSIG) if it is killed.
+//
+// Threading: launch_local must be called from a thread that outlives the call
+// (the workers' parent-death signal follows the thread that forked them), and
+// only one launch_local may run at a time in a process when forward_signals
+// is set (it installs process-wide SIGINT/SIGTERM handlers for the duration).
+#pragma once
+
+#include <chrono>
+#include <map>
+#include <string>
+#include <vector>
+
+namespace fsdp::comm {
+
+struct LaunchOptions {
+  // argv[0] is the program: a path, or a name looked up in PATH.
+  std::vector<std::string> argv;
+  int nproc = 1;
+  // Processes per simulated node (LOCAL_WORLD_SIZE; LOCAL_RANK = rank % it,
+  // GROUP_RANK = rank / it). 0: nproc (one node). Must divide nproc.
+  int local_world_size = 0;
+  // Added to (and overriding) the workers' environment, after the launcher's own variables.
+  std::map<std::string, std::string> env;
+  // Removed from the workers' environment (e.g. GTEST_OUTPUT).
+  std::vector<std::string> unset_env;
+  // "": workers share the launcher's stdout/stderr. Otherwise rank r's stdout
+  // and stderr go to <log_dir>/rank<r>.log (the directory must exist).
+  std::string log_dir;
+  // 0: no limit. Otherwise every worker is stopped after this long.
+  std::chrono::milliseconds timeout{0};
+  // Between SIGTERM and SIGKILL when stopping workers.
+  std::chrono::milliseconds kill_grace{std::chrono::seconds(10)};
+  std::string run_id;  // TORCHELASTIC_RUN_ID; "" generates one
+  bool forward_signals = true;
+};
+
+struct RankOutcome {
+  int rank = 0;
+  int pid = 0;
+  bool signaled = false;  // died from a signal (then `signal`), else exited (`code`)
+  int code = 0;
+  int signal = 0;
+  bool stopped = false;  // the launcher sent it SIGTERM/SIGKILL (another rank failed, timeout)
+  std::string log_file;  // "" when not redirected
+  // "exited with code 3", "was killed by signal 9 (Killed)".
+  std::string describe() const;
+};
+
+struct LaunchResult {
+  bool ok = false;        // every rank exited with code 0
+  int exit_code = 0;      // see launch_exit_code
+  int failed_rank = -1;   // first rank found failing on its own; -1 if none
+  bool timed_out = false;
+  int signal_received = 0;  // SIGINT/SIGTERM forwarded to the workers, 0 if none
+  // One line for the user: "rank 1 exited with code 3; stopped ranks 0, 2".
+  std::string message;
+  std::vector<RankOutcome> ranks;  // indexed by rank
+};
+
+// Throws fsdp::UsageError for bad options (empty argv, program not found,
+// nproc < 1, missing log_dir) before starting anything; fsdp::Failure if the
+// store cannot be hosted or a worker cannot be started.
+LaunchResult launch_local(const LaunchOptions& options);
+
+// The launcher's own exit code: 0 when all ranks succeeded; otherwise the first
+// failing rank's exit code, or 128 + signal if it died from one; 124 when the
+// timeout stopped the job; 128 + the forwarded signal if workers were
+// interrupted without failing themselves.
+int launch_exit_code(const LaunchResult& result);
+
+}  // namespace fsdp::comm

@@ -1,0 +1,99 @@
+// Rendezvous: who am I in the job, where is the store, and the world group.
+//
+// detect_world() reads the launcher's environment; init_process_group() turns
+// the result into a connected store and the "world" process group.
+//
+// Sources, first match wins:
+//  1. torchrun / fsdp-train's launcher: any TORCHELASTIC_* variable is set.
+//     RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
+//     MASTER_PORT. With TORCHELASTIC_USE_AGENT_STORE=True the agent hosts the
+//     TCPStore: every worker connects as a client, keys under
+//     "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>" (Debian's torchrun 1.13;
+//     starting a server there fails with "address in use"). FSDP_LAUNCHER names
+//     the launcher ("fsdp-train"), default "torchrun".
+//  2. Plain env (Kubeflow PyTorchJob, hand-rolled scripts): RANK and WORLD_SIZE,
+//     MASTER_ADDR and MASTER_PORT when WORLD_SIZE > 1; optional LOCAL_RANK,
+//     LOCAL_WORLD_SIZE (default 0 and 1: one process per pod), GROUP_RANK or
+//     NODE_RANK. Rank 0 hosts the TCPStore server.
+//  3. Slurm srun: SLURM_PROCID and SLURM_NTASKS. Local rank SLURM_LOCALID, node
+//     SLURM_NODEID; local world size from SLURM_STEP_TASKS_PER_NODE, else
+//     SLURM_NTASKS_PER_NODE, else SLURM_TASKS_PER_NODE (the entry for this node,
+//     e.g. "2(x3),1"). Master: MASTER_ADDR if set, else the first host of
+//     SLURM_STEP_NODELIST / SLURM_JOB_NODELIST / SLURM_NODELIST. Port:
+//     MASTER_PORT if set, else slurm_default_port(SLURM_JOB_ID). Rank 0 hosts
+//     the store.
+//  4. None of these: a single process, rank 0 of 1, no network.
+// Malformed or inconsistent values throw fsdp::UsageError naming the variables,
+// their values and the fix.
+#pragma once
+
+#include "fsdp/comm/process_group.h"
+
+#include <torch/csrc/distributed/c10d/Store.hpp>
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+namespace fsdp::comm {
+
+struct WorldInfo {
+  int rank = 0;
+  int world_size = 1;
+  int local_rank = 0;        // rank among the processes on this node
+  int local_world_size = 1;  // processes on this node
+  int node_rank = 0;
+  std::string master_addr;   // "" for a single process without a store
+  int master_port = 0;
+  bool agent_store = false;  // true: connect as a client even on rank 0
+  std::string store_prefix;  // key prefix for every key this job uses ("" for none)
+  std::string launcher = "single";  // "torchrun", "fsdp-train", "env", "slurm", "single"
+  std::string gloo_socket_ifname;   // first entry of GLOO_SOCKET_IFNAME, or ""
+};
+
+// Returns the variable's value, or nullopt when it is unset.
+using GetEnv = std::function<std::optional<std::string>(const std::string&)>;
+
+// Pure: reads only through `getenv`.
+WorldInfo detect_world(const GetEnv& getenv);
+// Reads the process environment.
+WorldInfo detect_world();
+
+// "node[01-03,7],gpu-a,x[1-2]-ib" -> node01 node02 node03 node7 gpu-a x1-ib x2-ib.
+// Zero padding follows the range's lower bound; several bracket groups in one
+// name expand as a cartesian product. `var` names the variable in errors.
+std::vector<std::string> expand_slurm_nodelist(const std::string& list,
+                                               const std::string& var = "SLURM_JOB_NODELIST");
+// "2(x3),1" -> {2, 2, 2, 1}.
+std::vector<int> expand_slurm_tasks_per_node(const std::string& spec,
+                                             const std::string& var = "SLURM_TASKS_PER_NODE");
+// Port used under Slurm when MASTER_PORT is unset: 15000 + job_id % 10000, so
+// concurrent jobs on one node rarely collide (the scheme PyTorch Lightning uses).
+int slurm_default_port(int64_t job_id);
+
+struct InitOptions {
+  std::string backend = "gloo";  // "gloo" | "nccl"
+  // Default timeout of every collective on the world group and its sub-groups.
+  std::chrono::milliseconds timeout{std::chrono::minutes(10)};
+  // Connecting to the store and meeting the peers.
+  std::chrono::milliseconds store_timeout{std::chrono::minutes(5)};
+};
+
+struct Runtime {
+  WorldInfo world;
+  // The job's store, already under world.store_prefix. Never null: an in-memory
+  // store for a single process.
+  c10::intrusive_ptr<c10d::Store> store;
+  ProcessGroupPtr world_group;  // name "world"
+};
+
+// Connects (or, on rank 0 without an agent store, hosts) the TCPStore at
+// master_addr:master_port, builds the world group and calls
+// fsdp::set_rank_tag(rank, world_size). A world of size 1 without a master
+// address uses no network. NCCL uses cuda:<local_rank>.
+Runtime init_process_group(const WorldInfo& world, const InitOptions& options = {});
+
+}  // namespace fsdp::comm

@@ -1,0 +1,168 @@
+// Tokenizers: text <-> token ids.
+//
+// Three kinds, picked by `make_tokenizer(spec)`:
+//  - "byte"             ByteTokenizer: ids 0..255 are the bytes of the UTF-8 text,
+//                       then the specials; vocab_size() == 258, so it fits the `tiny`
+//                       model (V = 512).
+//  - a SentencePiece    SentencePieceTokenizer (Llama 2, Mistral `tokenizer.model`),
+//    .model file        through libsentencepiece.
+//  - a tiktoken BPE     TiktokenTokenizer (Llama 3.x `tokenizer.model`: lines
+//    rank file          "<base64 token> <rank>"), implemented natively here.
+// A path is recognised by its content, never by its name: a tiktoken file starts
+// with a "<base64> <integer>" line; anything else is handed to SentencePiece,
+// whose models are protobufs.
+//
+// Contract shared by all kinds:
+//  - encode(text) never adds BOS/EOS and never produces a special token: special
+//    token text such as "<|eot_id|>" inside `text` is encoded as ordinary text (the
+//    behaviour of Meta's Llama 3 tokenizer.py defaults). Callers add bos_id()/eos_id().
+//  - decode(ids) requires 0 <= id < vocab_size() for every id (UsageError otherwise).
+//  - Every id encode() returns is < vocab_size(). A model's vocabulary V must be
+//    >= vocab_size(); datasets check this with TokenDataset::validate.
+//  - All methods are const and thread-safe; a Tokenizer is immutable after construction.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace fsdp::data {
+
+class Tokenizer {
+ public:
+  virtual ~Tokenizer() = default;
+
+  // Token ids of `text` (raw bytes; UTF-8 expected but not required), no BOS/EOS.
+  virtual std::vector<int32_t> encode(std::string_view text) const = 0;
+  // The text of `ids`. Byte-level kinds return the exact bytes, so
+  // decode(encode(s)) == s for every byte string s (SentencePiece: for every
+  // string its normalizer leaves unchanged; see SentencePieceTokenizer).
+  virtual std::string decode(const std::vector<int32_t>& ids) const = 0;
+
+  // Number of ids: every id is in [0, vocab_size()).
+  virtual int32_t vocab_size() const = 0;
+  // Beginning / end of sequence ids; -1 when the tokenizer has none (only a
+  // SentencePiece model trained without them).
+  virtual int32_t bos_id() const = 0;
+  virtual int32_t eos_id() const = 0;
+  // For logs: "byte", "sentencepiece:<path>", "tiktoken:<path>".
+  virtual std::string name() const = 0;
+};
+
+// spec: "byte", or the path of a SentencePiece model or tiktoken rank file.
+// Throws UsageError when the file is missing, unreadable or neither format.
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
+
+// --- byte level -------------------------------------------------------------------
+
+// ids 0..255: the byte with that value; 256: BOS, 257: EOS. decode() renders the
+// specials as "<|begin_of_text|>" and "<|end_of_text|>" (Llama 3's names).
+class ByteTokenizer final : public Tokenizer {
+ public:
+  static constexpr int32_t kBos = 256;
+  static constexpr int32_t kEos = 257;
+  static constexpr int32_t kVocabSize = 258;
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int32_t vocab_size() const override { return kVocabSize; }
+  int32_t bos_id() const override { return kBos; }
+  int32_t eos_id() const override { return kEos; }
+  std::string name() const override { return "byte"; }
+};
+
+// --- SentencePiece ------------------------------------------------------------------
+
+// A SentencePiece model (Llama 2 / Mistral). bos_id()/eos_id() come from the model
+// (-1 if it has none); vocab_size() is the model's piece count. decode() drops
+// control pieces (BOS/EOS), as SentencePiece does. Round trip holds for text the
+// model's normalizer leaves unchanged (Llama 2 uses the "identity" normalizer and
+// keeps whitespace) and, with byte_fallback, for characters outside the vocabulary.
+//
+// libsentencepiece is not linked into the program: it lives in a small module,
+// libfsdp_spm_shim.so, loaded on first use (Note [SentencePiece isolation] in
+// tokenizer_spm.cpp: Debian's libsentencepiece carries its own protobuf, which
+// crashes a process that also loads LibTorch's). The module is looked up at
+// $FSDP_SPM_SHIM, then where the build put it, then beside the executable and in
+// ../lib, then on the loader's path; Failure with these places if none loads.
+class SentencePieceTokenizer final : public Tokenizer {
+ public:
+  // Throws UsageError naming `model_path` when it cannot be loaded.
+  explicit SentencePieceTokenizer(const std::string& model_path);
+  SentencePieceTokenizer(const SentencePieceTokenizer&) = delete;
+  SentencePieceTokenizer& operator=(const SentencePieceTokenizer&) = delete;
+  ~SentencePieceTokenizer() override;
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int32_t vocab_size() const override;
+  int32_t bos_id() const override;
+  int32_t eos_id() const override;
+  std::string name() const override { return "sentencepiece:" + path_; }
+
+ private:
+  struct Impl;  // the shim module's entry points and the processor handle
+  std::string path_;
+  std::unique_ptr<Impl> impl_;
+};
+
+// --- tiktoken BPE (Llama 3) ---------------------------------------------------------
+
+// Byte-level BPE in tiktoken's file format, as Llama 3 ships it.
+//
+// Encoding: the text is split by the Llama 3 pre-tokenizer (llama3_pretokenize in
+// pretokenize.h); each piece is its own token if the piece is in the rank table,
+// otherwise its bytes are merged pairwise, always merging the adjacent pair whose
+// concatenation has the lowest rank (leftmost on ties), until no adjacent pair is in
+// the table — tiktoken's `byte_pair_merge`, here in O(n log n) with a heap.
+//
+// Ids: rank r -> id r. Then the special tokens of Meta's Llama 3.1 tokenizer.py, in
+// its order, at ids n + i where n is the number of ranks (n = 128000 for Llama 3:
+// <|begin_of_text|> 128000, <|end_of_text|> 128001, <|start_header_id|> 128006,
+// <|end_header_id|> 128007, <|eom_id|> 128008, <|eot_id|> 128009, ... 256 in all,
+// the unnamed ones "<|reserved_special_token_k|>"). vocab_size() = n + 256.
+// BOS = <|begin_of_text|>, EOS = <|end_of_text|>. decode() renders specials as their text.
+//
+// File requirements (UsageError with the line number otherwise): every line is
+// "<base64> <rank>", the ranks are exactly 0..n-1 with no repeats, the tokens are
+// distinct, and all 256 single bytes are present (so every byte string encodes).
+class TiktokenTokenizer final : public Tokenizer {
+ public:
+  static constexpr int32_t kNumSpecialTokens = 256;
+
+  explicit TiktokenTokenizer(const std::string& path);
+  // Not copyable: ranks_ views the strings owned by tokens_.
+  TiktokenTokenizer(const TiktokenTokenizer&) = delete;
+  TiktokenTokenizer& operator=(const TiktokenTokenizer&) = delete;
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int32_t vocab_size() const override { return num_ranks_ + kNumSpecialTokens; }
+  int32_t bos_id() const override { return num_ranks_; }
+  int32_t eos_id() const override { return num_ranks_ + 1; }
+  std::string name() const override { return "tiktoken:" + path_; }
+
+  int32_t num_ranks() const { return num_ranks_; }
+  // Id of a special token by its text ("<|eot_id|>"); -1 if there is no such special.
+  int32_t special_id(const std::string& text) const;
+  // The BPE of one pre-tokenized piece (exposed for tests).
+  std::vector<int32_t> encode_piece(std::string_view piece) const;
+
+ private:
+  int32_t rank_of(std::string_view bytes) const;  // -1 when not in the table
+
+  std::string path_;
+  int32_t num_ranks_ = 0;
+  std::vector<std::string> tokens_;                      // rank -> token bytes
+  std::unordered_map<std::string_view, int32_t> ranks_;  // token bytes (views of tokens_) -> rank
+  std::vector<std::string> special_texts_;          // special index -> text
+};
+
+// True if `path`'s first line has the tiktoken form "<base64> <integer>".
+// Throws UsageError naming the file if it cannot be read.
+bool looks_like_tiktoken_file(const std::string& path);
+
+}  // namespace fsdp::data

@@ -1,0 +1,448 @@
+#include "fsdp/comm/launcher.h"
+
+#include "fsdp/common/error.h"
+
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <fcntl.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <sys/types.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <cstring>
+#include <memory>
+#include <thread>
+
+extern char** environ;
+
+namespace fsdp::comm {
+
+std::string RankOutcome::describe() const {
+  if (signaled) {
+    const char* name = strsignal(signal);
+    return detail::cat("was killed by signal ", signal, " (", name ? name : "unknown", ")");
+  }
+  return detail::cat("exited with code ", code);
+}
+
+int launch_exit_code(const LaunchResult& r) {
+  if (r.ok) return 0;
+  if (r.timed_out) return 124;
+  auto code_of = [](const RankOutcome& o) { return o.signaled ? 128 + o.signal : o.code; };
+  if (r.failed_rank >= 0) return code_of(r.ranks[static_cast<size_t>(r.failed_rank)]);
+  for (const auto& o : r.ranks) {
+    if (!o.signaled && o.code != 0) return o.code;
+  }
+  if (r.signal_received != 0) {
+    for (const auto& o : r.ranks) {
+      if (o.signaled) return 128 + r.signal_received;
+    }
+    return 0;
+  }
+  return 1;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// The one piece of process-wide mutable state in comm/: a signal handler can
+// only talk to the supervision loop through a lock-free global. Written only by
+// on_signal, read by launch_local.
+std::atomic<int> g_signal_count{0};
+std::atomic<int> g_last_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "signal handler needs lock-free atomics");
+
+extern "C" void on_signal(int sig) {
+  g_last_signal.store(sig);
+  g_signal_count.fetch_add(1);
+}
+
+// Installs SIGINT/SIGTERM handlers for its lifetime, restoring the previous ones.
+class SignalForwarding {
+ public:
+  explicit SignalForwarding(bool enable) : enabled_(enable) {
+    if (!enabled_) return;
+    g_signal_count.store(0);
+    g_last_signal.store(0);
+    struct sigaction sa {};
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_RESTART;
+    sigaction(SIGINT, &sa, &old_int_);
+    sigaction(SIGTERM, &sa, &old_term_);
+  }
+  ~SignalForwarding() {
+    if (!enabled_) return;
+    sigaction(SIGINT, &old_int_, nullptr);
+    sigaction(SIGTERM, &old_term_, nullptr);
+  }
+  SignalForwarding(const SignalForwarding&) = delete;
+  SignalForwarding& operator=(const SignalForwarding&) = delete;
+
+ private:
+  bool enabled_;
+  struct sigaction old_int_ {};
+  struct sigaction old_term_ {};
+};
+
+std::string resolve_program(const std::string& prog) {
+  FSDP_CHECK(!prog.empty(), "launch_local: the program (argv[0]) is empty");
+  if (prog.find('/') != std::string::npos) {
+    FSDP_CHECK(access(prog.c_str(), X_OK) == 0, "launch_local: '", prog,
+               "' is not an executable file (", std::strerror(errno), ")");
+    return prog;
+  }
+  const char* path = std::getenv("PATH");
+  std::string dirs = path ? path : "/usr/local/bin:/usr/bin:/bin";
+  size_t start = 0;
+  while (start <= dirs.size()) {
+    const size_t colon = std::min(dirs.find(':', start), dirs.size());
+    std::string dir = dirs.substr(start, colon - start);
+    if (dir.empty()) dir = ".";
+    const std::string candidate = dir + "/" + prog;
+    if (access(candidate.c_str(), X_OK) == 0) return candidate;
+    start = colon + 1;
+  }
+  FSDP_CHECK(false, "launch_local: program '", prog, "' not found in PATH=", dirs,
+             " — pass a path or fix PATH");
+  return {};
+}
+
+// A port the OS considers free right now (fallback if the store cannot report
+// the port it bound).
+int probe_free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  FSDP_CHECK(fd >= 0, "launch_local: socket() failed: ", std::strerror(errno));
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  const bool ok = bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0 &&
+                  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+  close(fd);
+  if (!ok) FSDP_FAIL("launch_local: cannot find a free port on 127.0.0.1: ", std::strerror(errno));
+  return ntohs(addr.sin_port);
+}
+
+std::string join_ranks(const std::vector<int>& ranks) {
+  std::ostringstream os;
+  for (size_t i = 0; i < ranks.size(); ++i) os << (i ? ", " : "") << ranks[i];
+  return os.str();
+}
+
+// The workers; on destruction any still running are killed and all are reaped,
+// so no path out of launch_local leaves a zombie or a stray process.
+class Workers {
+ public:
+  explicit Workers(int n) : pids_(static_cast<size_t>(n), -1), running_(static_cast<size_t>(n), false) {}
+  ~Workers() {
+    for (size_t r = 0; r < pids_.size(); ++r) {
+      if (!running_[r]) continue;
+      kill(-pids_[r], SIGKILL);
+      kill(pids_[r], SIGKILL);
+      int status = 0;
+      while (waitpid(pids_[r], &status, 0) < 0 && errno == EINTR) {
+      }
+    }
+  }
+  Workers(const Workers&) = delete;
+  Workers& operator=(const Workers&) = delete;
+
+  void started(int r, pid_t pid) {
+    pids_[static_cast<size_t>(r)] = pid;
+    running_[static_cast<size_t>(r)] = true;
+  }
+  bool running(int r) const { return running_[static_cast<size_t>(r)]; }
+  pid_t pid(int r) const { return pids_[static_cast<size_t>(r)]; }
+  int size() const { return static_cast<int>(pids_.size()); }
+  int count_running() const {
+    int n = 0;
+    for (bool b : running_) n += b ? 1 : 0;
+    return n;
+  }
+  // Non-blocking reap of rank r. Kills what the worker left in its process group.
+  bool try_reap(int r, int* status) {
+    if (!running(r)) return false;
+    const pid_t p = waitpid(pid(r), status, WNOHANG);
+    if (p != pid(r)) return false;
+    running_[static_cast<size_t>(r)] = false;
+    kill(-pid(r), SIGKILL);  // leftovers in the worker's process group, if any
+    return true;
+  }
+  void signal_all(int sig) {
+    for (int r = 0; r < size(); ++r) {
+      if (running(r)) kill(-pid(r), sig);
+    }
+  }
+
+ private:
+  std::vector<pid_t> pids_;
+  std::vector<bool> running_;
+};
+
+struct ChildSpec {
+  std::string program;
+  std::vector<std::string> argv;
+  std::vector<std::string> env;  // "K=V"
+  int log_fd = -1;               // -1: inherit
+};
+
+// fork + exec. Between the two only async-signal-safe calls: everything the
+// child needs is prepared here first.
+pid_t spawn(const ChildSpec& spec, int max_fd) {
+  std::vector<char*> argv;
+  for (const auto& a : spec.argv) argv.push_back(const_cast<char*>(a.c_str()));
+  argv.push_back(nullptr);
+  std::vector<char*> envp;
+  for (const auto& e : spec.env) envp.push_back(const_cast<char*>(e.c_str()));
+  envp.push_back(nullptr);
+  const pid_t parent = getpid();
+  static const char kExecFailed[] = "fsdp launcher: exec failed\n";
+
+  // Signals stay blocked across fork until the child has restored default
+  // handlers: a SIGTERM from the supervisor arriving before exec must not run
+  // the launcher's inherited handler (and be lost) in the child.
+  sigset_t all, old_mask;
+  sigfillset(&all);
+  pthread_sigmask(SIG_SETMASK, &all, &old_mask);
+  const pid_t pid = fork();
+  if (pid != 0) pthread_sigmask(SIG_SETMASK, &old_mask, nullptr);
+  if (pid < 0) FSDP_FAIL("launch_local: fork failed: ", std::strerror(errno));
+  if (pid == 0) {
+    setpgid(0, 0);
+    prctl(PR_SET_PDEATHSIG, SIGKILL);
+    if (getppid() != parent) _exit(127);  // the launcher died before prctl
+    if (spec.log_fd >= 0) {
+      dup2(spec.log_fd, STDOUT_FILENO);
+      dup2(spec.log_fd, STDERR_FILENO);
+    }
+    if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
+      for (int fd = 3; fd < max_fd; ++fd) close(fd);
+    }
+    struct sigaction dfl {};
+    dfl.sa_handler = SIG_DFL;
+    sigemptyset(&dfl.sa_mask);
+    for (int sig : {SIGINT, SIGTERM, SIGPIPE, SIGQUIT, SIGHUP, SIGCHLD, SIGUSR1, SIGUSR2}) {
+      sigaction(sig, &dfl, nullptr);
+    }
+    sigset_t none;
+    sigemptyset(&none);
+    sigprocmask(SIG_SETMASK, &none, nullptr);
+    execve(spec.program.c_str(), argv.data(), envp.data());
+    (void)!write(STDERR_FILENO, kExecFailed, sizeof(kExecFailed) - 1);
+    _exit(127);
+  }
+  setpgid(pid, pid);  // also from the parent, so kill(-pid) works at once
+  return pid;
+}
+
+std::vector<std::string> worker_env(const LaunchOptions& o, int rank, int lws, int port,
+                                    const std::string& run_id) {
+  std::map<std::string, std::string> env;
+  for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
+    const std::string kv = *e;
+    const size_t eq = kv.find('=');
+    if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
+  }
+  for (const auto& k : o.unset_env) env.erase(k);
+  env["MASTER_ADDR"] = "127.0.0.1";
+  env["MASTER_PORT"] = std::to_string(port);
+  env["RANK"] = std::to_string(rank);
+  env["WORLD_SIZE"] = std::to_string(o.nproc);
+  env["LOCAL_RANK"] = std::to_string(rank % lws);
+  env["LOCAL_WORLD_SIZE"] = std::to_string(lws);
+  env["GROUP_RANK"] = std::to_string(rank / lws);
+  env["GROUP_WORLD_SIZE"] = std::to_string(o.nproc / lws);
+  env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  env["TORCHELASTIC_RESTART_COUNT"] = "0";
+  env["TORCHELASTIC_MAX_RESTARTS"] = "0";
+  env["TORCHELASTIC_RUN_ID"] = run_id;
+  env["FSDP_LAUNCHER"] = "fsdp-train";
+  for (const auto& [k, v] : o.env) {
+    if (k != "LOCAL_WORLD_SIZE") env[k] = v;  // honoured through `lws`, with LOCAL_RANK to match
+  }
+  std::vector<std::string> out;
+  out.reserve(env.size());
+  for (const auto& [k, v] : env) out.push_back(k + "=" + v);
+  return out;
+}
+
+}  // namespace
+
+LaunchResult launch_local(const LaunchOptions& o) {
+  FSDP_CHECK(!o.argv.empty(), "launch_local: argv is empty — pass the program and its arguments");
+  FSDP_CHECK(o.nproc >= 1, "launch_local: nproc=", o.nproc, " must be at least 1");
+  int lws = o.local_world_size;
+  if (lws == 0) {
+    const auto it = o.env.find("LOCAL_WORLD_SIZE");  // simulated nodes requested through env
+    lws = it == o.env.end() ? o.nproc : std::atoi(it->second.c_str());
+  }
+  FSDP_CHECK(lws >= 1 && o.nproc % lws == 0, "launch_local: local_world_size=", lws,
+             " must divide nproc=", o.nproc);
+  FSDP_CHECK(o.kill_grace.count() >= 0, "launch_local: kill_grace must not be negative");
+  const std::string program = resolve_program(o.argv[0]);
+  if (!o.log_dir.empty()) {
+    struct stat st {};
+    FSDP_CHECK(stat(o.log_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "launch_local: log_dir '",
+               o.log_dir, "' is not an existing directory — create it first");
+  }
+  const std::string run_id = o.run_id.empty()
+                                 ? detail::cat("fsdp-", getpid(), "-",
+                                               Clock::now().time_since_epoch().count())
+                                 : o.run_id;
+
+  // The agent store: workers connect to it as clients (TORCHELASTIC_USE_AGENT_STORE).
+  c10d::TCPStoreOptions store_opts;
+  store_opts.port = 0;
+  store_opts.isServer = true;
+  store_opts.waitWorkers = false;
+  std::unique_ptr<c10d::TCPStore> store;
+  try {
+    store = std::make_unique<c10d::TCPStore>("127.0.0.1", store_opts);
+    if (store->getPort() == 0) {  // a LibTorch that does not report the bound port
+      store.reset();
+      store_opts.port = static_cast<uint16_t>(probe_free_port());
+      store = std::make_unique<c10d::TCPStore>("127.0.0.1", store_opts);
+    }
+  } catch (const std::exception& e) {
+    FSDP_FAIL("launch_local: cannot host the rendezvous store on 127.0.0.1: ", e.what());
+  }
+  const int port = store->getPort();
+
+  LaunchResult result;
+  result.ranks.resize(static_cast<size_t>(o.nproc));
+  const int max_fd = static_cast<int>(std::min<long>(sysconf(_SC_OPEN_MAX), 65536));
+  SignalForwarding forwarding(o.forward_signals);
+  Workers workers(o.nproc);
+  for (int r = 0; r < o.nproc; ++r) {
+    ChildSpec spec;
+    spec.program = program;
+    spec.argv = o.argv;
+    spec.env = worker_env(o, r, lws, port, run_id);
+    auto& out = result.ranks[static_cast<size_t>(r)];
+    out.rank = r;
+    if (!o.log_dir.empty()) {
+      out.log_file = detail::cat(o.log_dir, "/rank", r, ".log");
+      spec.log_fd = open(out.log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+      if (spec.log_fd < 0) FSDP_FAIL("launch_local: cannot create ", out.log_file, ": ", std::strerror(errno));
+    }
+    pid_t pid = -1;
+    try {
+      pid = spawn(spec, max_fd);
+    } catch (...) {
+      if (spec.log_fd >= 0) close(spec.log_fd);
+      throw;
+    }
+    if (spec.log_fd >= 0) close(spec.log_fd);
+    workers.started(r, pid);
+    out.pid = pid;
+  }
+
+  const auto start = Clock::now();
+  bool stopping = false;
+  Clock::time_point kill_at{};
+  bool killed = false;
+  int handled_signals = 0;
+  std::vector<int> still_running_at_timeout;
+  auto stop_all = [&](int sig) {
+    for (int r = 0; r < o.nproc; ++r) {
+      if (workers.running(r)) result.ranks[static_cast<size_t>(r)].stopped = true;
+    }
+    workers.signal_all(sig);
+    if (!stopping) {
+      stopping = true;
+      kill_at = Clock::now() + o.kill_grace;
+    }
+  };
+
+  while (workers.count_running() > 0) {
+    for (int r = 0; r < o.nproc; ++r) {
+      int status = 0;
+      if (!workers.try_reap(r, &status)) continue;
+      auto& out = result.ranks[static_cast<size_t>(r)];
+      out.signaled = WIFSIGNALED(status);
+      out.signal = out.signaled ? WTERMSIG(status) : 0;
+      out.code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+      const bool failed = out.signaled || out.code != 0;
+      if (failed && !stopping && result.signal_received == 0 && result.failed_rank < 0) {
+        result.failed_rank = r;
+        stop_all(SIGTERM);
+      }
+    }
+    if (workers.count_running() == 0) break;
+
+    const int n_signals = g_signal_count.load();
+    if (o.forward_signals && n_signals > handled_signals) {
+      if (handled_signals == 0) {
+        result.signal_received = g_last_signal.load();
+        workers.signal_all(result.signal_received);  // workers decide; keep waiting for them
+      } else {
+        for (int r = 0; r < o.nproc; ++r) {
+          if (workers.running(r)) result.ranks[static_cast<size_t>(r)].stopped = true;
+        }
+        workers.signal_all(SIGKILL);
+        killed = true;
+      }
+      handled_signals = n_signals;
+    }
+    const auto now = Clock::now();
+    if (o.timeout.count() > 0 && !result.timed_out && now - start >= o.timeout) {
+      result.timed_out = true;
+      for (int r = 0; r < o.nproc; ++r) {
+        if (workers.running(r)) still_running_at_timeout.push_back(r);
+      }
+      stop_all(SIGTERM);
+    }
+    if (stopping && !killed && now >= kill_at) {
+      workers.signal_all(SIGKILL);
+      killed = true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+
+  result.ok = true;
+  std::vector<int> stopped;
+  for (const auto& out : result.ranks) {
+    result.ok = result.ok && !out.signaled && out.code == 0;
+    if (out.stopped) stopped.push_back(out.rank);
+  }
+  result.ok = result.ok && !result.timed_out;
+  std::ostringstream msg;
+  if (result.timed_out) {
+    msg << "timed out after " << o.timeout.count() << " ms; "
+        << (still_running_at_timeout.size() == 1 ? "rank " : "ranks ")
+        << join_ranks(still_running_at_timeout)
+        << (still_running_at_timeout.size() == 1 ? " was" : " were") << " still running (stopped)";
+  } else if (result.failed_rank >= 0) {
+    msg << "rank " << result.failed_rank << " "
+        << result.ranks[static_cast<size_t>(result.failed_rank)].describe();
+    if (!stopped.empty()) msg << "; stopped " << (stopped.size() == 1 ? "rank " : "ranks ") << join_ranks(stopped);
+  } else if (result.signal_received != 0) {
+    const char* name = strsignal(result.signal_received);
+    msg << "received signal " << result.signal_received << " (" << (name ? name : "?")
+        << ") and forwarded it to the workers";
+    for (const auto& out : result.ranks) msg << "; rank " << out.rank << " " << out.describe();
+  } else if (result.ok) {
+    msg << "all " << o.nproc << (o.nproc == 1 ? " rank" : " ranks") << " exited with code 0";
+  } else {
+    for (const auto& out : result.ranks) {
+      if (out.signaled || out.code != 0) msg << "rank " << out.rank << " " << out.describe() << "; ";
+    }
+  }
+  result.message = msg.str();
+  result.exit_code = launch_exit_code(result);
+  return result;
+}
+
+}  // namespace fsdp::comm

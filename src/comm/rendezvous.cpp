@@ -1,0 +1,359 @@
+#include "fsdp/comm/rendezvous.h"
+
+#include "fsdp/comm/backends.h"
+#include "fsdp/common/error.h"
+
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+#include <torch/csrc/distributed/c10d/TCPStore.hpp>
+
+#include <cctype>
+#include <cstdlib>
+#include <limits>
+
+namespace fsdp::comm {
+namespace {
+
+// Reads variables through the caller's getenv; an empty value counts as unset
+// (`export RANK=` in a script).
+class Env {
+ public:
+  explicit Env(const GetEnv& getenv) : getenv_(getenv) {}
+
+  std::optional<std::string> get(const std::string& name) const {
+    auto v = getenv_(name);
+    if (v && v->empty()) return std::nullopt;
+    return v;
+  }
+  bool has(const std::string& name) const { return get(name).has_value(); }
+
+  // Parses an integer in [lo, hi]; `why` says what the variable is for.
+  int64_t integer(const std::string& name, int64_t lo, int64_t hi) const {
+    const auto v = get(name);
+    FSDP_ASSERT(v.has_value(), name, " read before checking it is set");
+    return parse(name, *v, lo, hi);
+  }
+  std::optional<int64_t> optional_integer(const std::string& name, int64_t lo, int64_t hi) const {
+    if (!has(name)) return std::nullopt;
+    return integer(name, lo, hi);
+  }
+  int64_t require(const std::string& name, int64_t lo, int64_t hi, const std::string& source) const {
+    FSDP_CHECK(has(name), name, " is not set but the environment looks like ", source,
+               " — set ", name, " (or unset the other ", source, " variables)");
+    return integer(name, lo, hi);
+  }
+
+  static int64_t parse(const std::string& name, const std::string& v, int64_t lo, int64_t hi) {
+    bool ok = !v.empty() && v.size() <= 18;
+    for (char c : v) ok = ok && std::isdigit(static_cast<unsigned char>(c));
+    FSDP_CHECK(ok, name, "='", v, "' is not a non-negative integer — fix or unset ", name);
+    const int64_t x = std::stoll(v);
+    FSDP_CHECK(x >= lo && x <= hi, name, "=", x, " is outside the valid range [", lo, ", ", hi,
+               "]");
+    return x;
+  }
+
+ private:
+  const GetEnv& getenv_;
+};
+
+constexpr int64_t kMaxInt = std::numeric_limits<int>::max();
+
+// Variable names behind each field, for error messages.
+struct Names {
+  std::string rank, world_size, local_rank, local_world_size, master_addr, master_port;
+};
+
+void validate(const WorldInfo& w, const Names& n) {
+  FSDP_CHECK(w.world_size >= 1, n.world_size, "=", w.world_size, " must be at least 1");
+  FSDP_CHECK(w.rank < w.world_size, n.rank, "=", w.rank, " is not below ", n.world_size, "=",
+             w.world_size, " — ranks run from 0 to ", n.world_size, "-1");
+  FSDP_CHECK(w.local_world_size >= 1 && w.local_world_size <= w.world_size, n.local_world_size,
+             "=", w.local_world_size, " must be between 1 and ", n.world_size, "=", w.world_size);
+  FSDP_CHECK(w.local_rank < w.local_world_size, n.local_rank, "=", w.local_rank,
+             " is not below ", n.local_world_size, "=", w.local_world_size,
+             " — local ranks run from 0 to ", n.local_world_size, "-1");
+  if (w.world_size > 1) {
+    FSDP_CHECK(!w.master_addr.empty(), n.master_addr, " is not set but ", n.world_size, "=",
+               w.world_size, " — set ", n.master_addr, " to the host of rank 0 (or of the agent store)");
+    FSDP_CHECK(w.master_port >= 1 && w.master_port <= 65535, n.master_port, " is not set or not a port (",
+               w.master_port, ") but ", n.world_size, "=", w.world_size, " — set ", n.master_port,
+               " to a free TCP port, e.g. 29500");
+  }
+}
+
+bool parse_bool(const std::string& name, const std::string& v) {
+  std::string l;
+  for (char c : v) l += static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (l == "true" || l == "1" || l == "yes") return true;
+  if (l == "false" || l == "0" || l == "no") return false;
+  FSDP_CHECK(false, name, "='", v, "' is not a boolean — use True or False");
+  return false;
+}
+
+std::string first_of_list(const std::string& v) { return v.substr(0, v.find(',')); }
+
+WorldInfo from_torchrun(const Env& env) {
+  const std::string src = "a torchrun / fsdp-train worker (TORCHELASTIC_* is set)";
+  WorldInfo w;
+  w.launcher = env.get("FSDP_LAUNCHER").value_or("torchrun");
+  w.world_size = static_cast<int>(env.require("WORLD_SIZE", 1, kMaxInt, src));
+  w.rank = static_cast<int>(env.require("RANK", 0, kMaxInt, src));
+  w.local_world_size =
+      static_cast<int>(env.optional_integer("LOCAL_WORLD_SIZE", 1, kMaxInt).value_or(w.world_size));
+  w.local_rank = static_cast<int>(env.optional_integer("LOCAL_RANK", 0, kMaxInt)
+                                      .value_or(w.rank % w.local_world_size));
+  w.node_rank = static_cast<int>(env.optional_integer("GROUP_RANK", 0, kMaxInt)
+                                     .value_or(w.rank / w.local_world_size));
+  FSDP_CHECK(env.has("MASTER_ADDR"), "MASTER_ADDR is not set but the environment looks like ",
+             src, " — launch with torchrun or fsdp-train, which set it");
+  w.master_addr = *env.get("MASTER_ADDR");
+  w.master_port = static_cast<int>(env.require("MASTER_PORT", 1, 65535, src));
+  const auto use_agent = env.get("TORCHELASTIC_USE_AGENT_STORE");
+  w.agent_store = use_agent && parse_bool("TORCHELASTIC_USE_AGENT_STORE", *use_agent);
+  if (w.agent_store) {
+    const auto attempt = env.optional_integer("TORCHELASTIC_RESTART_COUNT", 0, kMaxInt).value_or(0);
+    w.store_prefix = detail::cat("/worker/attempt_", attempt);
+  }
+  validate(w, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"});
+  return w;
+}
+
+WorldInfo from_plain_env(const Env& env) {
+  const std::string src = "a plain-environment launch (RANK or WORLD_SIZE is set)";
+  WorldInfo w;
+  w.launcher = "env";
+  w.world_size = static_cast<int>(env.require("WORLD_SIZE", 1, kMaxInt, src));
+  w.rank = static_cast<int>(env.require("RANK", 0, kMaxInt, src));
+  w.local_world_size = static_cast<int>(env.optional_integer("LOCAL_WORLD_SIZE", 1, kMaxInt).value_or(1));
+  w.local_rank = static_cast<int>(env.optional_integer("LOCAL_RANK", 0, kMaxInt)
+                                      .value_or(w.rank % w.local_world_size));
+  auto node = env.optional_integer("GROUP_RANK", 0, kMaxInt);
+  if (!node) node = env.optional_integer("NODE_RANK", 0, kMaxInt);
+  w.node_rank = static_cast<int>(node.value_or(w.rank / w.local_world_size));
+  w.master_addr = env.get("MASTER_ADDR").value_or("");
+  if (env.has("MASTER_PORT")) w.master_port = static_cast<int>(env.integer("MASTER_PORT", 1, 65535));
+  validate(w, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"});
+  return w;
+}
+
+WorldInfo from_slurm(const Env& env) {
+  const std::string src = "a Slurm srun task (SLURM_PROCID is set)";
+  WorldInfo w;
+  w.launcher = "slurm";
+  const std::string ntasks = env.has("SLURM_NTASKS") ? "SLURM_NTASKS" : "SLURM_NPROCS";
+  w.world_size = static_cast<int>(env.require(ntasks, 1, kMaxInt, src));
+  w.rank = static_cast<int>(env.require("SLURM_PROCID", 0, kMaxInt, src));
+  w.local_rank = static_cast<int>(env.optional_integer("SLURM_LOCALID", 0, kMaxInt).value_or(0));
+  w.node_rank = static_cast<int>(env.optional_integer("SLURM_NODEID", 0, kMaxInt).value_or(0));
+
+  std::string lws_var = "SLURM_NTASKS_PER_NODE";
+  if (env.has("SLURM_STEP_TASKS_PER_NODE")) {
+    lws_var = "SLURM_STEP_TASKS_PER_NODE";
+  } else if (!env.has("SLURM_NTASKS_PER_NODE") && env.has("SLURM_TASKS_PER_NODE")) {
+    lws_var = "SLURM_TASKS_PER_NODE";
+  }
+  if (env.has(lws_var)) {
+    const auto counts = expand_slurm_tasks_per_node(*env.get(lws_var), lws_var);
+    // SLURM_NTASKS_PER_NODE is one number for every node.
+    const size_t idx = counts.size() == 1 ? 0 : static_cast<size_t>(w.node_rank);
+    FSDP_CHECK(idx < counts.size(), lws_var, "='", *env.get(lws_var), "' lists ", counts.size(),
+               " nodes but SLURM_NODEID=", w.node_rank);
+    w.local_world_size = counts[idx];
+  }
+
+  std::string nodelist_var;
+  for (const char* v : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"}) {
+    if (env.has(v)) {
+      nodelist_var = v;
+      break;
+    }
+  }
+  if (env.has("MASTER_ADDR")) {
+    w.master_addr = *env.get("MASTER_ADDR");
+  } else if (!nodelist_var.empty()) {
+    const auto hosts = expand_slurm_nodelist(*env.get(nodelist_var), nodelist_var);
+    FSDP_CHECK(!hosts.empty(), nodelist_var, " is empty");
+    w.master_addr = hosts.front();
+  }
+  if (env.has("MASTER_PORT")) {
+    w.master_port = static_cast<int>(env.integer("MASTER_PORT", 1, 65535));
+  } else if (env.has("SLURM_JOB_ID")) {
+    w.master_port = slurm_default_port(env.integer("SLURM_JOB_ID", 0, std::numeric_limits<int64_t>::max() / 2));
+  }
+  validate(w, {"SLURM_PROCID", ntasks, "SLURM_LOCALID", lws_var,
+               "MASTER_ADDR (or SLURM_JOB_NODELIST)", "MASTER_PORT (or SLURM_JOB_ID)"});
+  return w;
+}
+
+// Expands one name with bracket groups ("rack[1-2]-n[01-02]").
+void expand_name(const std::string& name, const std::string& var, const std::string& whole,
+                 std::vector<std::string>* out) {
+  const size_t open = name.find('[');
+  if (open == std::string::npos) {
+    FSDP_CHECK(name.find(']') == std::string::npos, var, "='", whole, "': unmatched ']' in '",
+               name, "'");
+    out->push_back(name);
+    return;
+  }
+  const size_t close = name.find(']', open);
+  FSDP_CHECK(close != std::string::npos, var, "='", whole, "': unmatched '[' in '", name, "'");
+  const std::string body = name.substr(open + 1, close - open - 1);
+  FSDP_CHECK(body.find('[') == std::string::npos, var, "='", whole, "': nested '[' in '", name,
+             "'");
+  FSDP_CHECK(!body.empty(), var, "='", whole, "': empty range '[]' in '", name, "'");
+  const std::string prefix = name.substr(0, open);
+  const std::string rest = name.substr(close + 1);
+  std::vector<std::string> tails;
+  expand_name(rest, var, whole, &tails);
+  size_t start = 0;
+  while (start <= body.size()) {
+    const size_t comma = std::min(body.find(',', start), body.size());
+    const std::string range = body.substr(start, comma - start);
+    const size_t dash = range.find('-');
+    const std::string lo_s = range.substr(0, dash);
+    const std::string hi_s = dash == std::string::npos ? lo_s : range.substr(dash + 1);
+    auto digits = [](const std::string& s) {
+      if (s.empty() || s.size() > 9) return false;
+      for (char c : s) {
+        if (!std::isdigit(static_cast<unsigned char>(c))) return false;
+      }
+      return true;
+    };
+    FSDP_CHECK(digits(lo_s) && digits(hi_s), var, "='", whole, "': '", range,
+               "' is not a number or a range like 01-04");
+    const long lo = std::stol(lo_s);
+    const long hi = std::stol(hi_s);
+    FSDP_CHECK(lo <= hi, var, "='", whole, "': range ", range, " runs backwards");
+    FSDP_CHECK(hi - lo < 100000, var, "='", whole, "': range ", range, " is implausibly large");
+    const size_t width = lo_s.size();
+    for (long i = lo; i <= hi; ++i) {
+      std::string num = std::to_string(i);
+      if (num.size() < width) num.insert(0, width - num.size(), '0');
+      for (const auto& t : tails) out->push_back(prefix + num + t);
+    }
+    start = comma + 1;
+  }
+}
+
+}  // namespace
+
+std::vector<std::string> expand_slurm_nodelist(const std::string& list, const std::string& var) {
+  std::vector<std::string> hosts;
+  int depth = 0;
+  std::string item;
+  auto flush = [&] {
+    FSDP_CHECK(!item.empty(), var, "='", list, "': empty host name (stray comma?)");
+    expand_name(item, var, list, &hosts);
+    item.clear();
+  };
+  for (char c : list) {
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    FSDP_CHECK(depth == 0 || depth == 1, var, "='", list, "': unbalanced brackets");
+    if (c == ',' && depth == 0) {
+      flush();
+    } else {
+      item += c;
+    }
+  }
+  FSDP_CHECK(depth == 0, var, "='", list, "': unmatched '['");
+  flush();
+  return hosts;
+}
+
+std::vector<int> expand_slurm_tasks_per_node(const std::string& spec, const std::string& var) {
+  std::vector<int> counts;
+  size_t start = 0;
+  while (start <= spec.size()) {
+    const size_t comma = std::min(spec.find(',', start), spec.size());
+    const std::string item = spec.substr(start, comma - start);
+    const size_t paren = item.find("(x");
+    const std::string count_s = item.substr(0, paren);
+    int64_t repeat = 1;
+    if (paren != std::string::npos) {
+      FSDP_CHECK(item.size() > paren + 3 && item.back() == ')', var, "='", spec, "': '", item,
+                 "' is not like 2(x3)");
+      repeat = Env::parse(var, item.substr(paren + 2, item.size() - paren - 3), 1, 100000);
+    }
+    const int64_t count = Env::parse(var, count_s, 1, 100000);
+    for (int64_t i = 0; i < repeat; ++i) counts.push_back(static_cast<int>(count));
+    start = comma + 1;
+  }
+  return counts;
+}
+
+int slurm_default_port(int64_t job_id) { return 15000 + static_cast<int>(job_id % 10000); }
+
+WorldInfo detect_world(const GetEnv& getenv) {
+  const Env env(getenv);
+  WorldInfo w;
+  bool elastic = false;
+  for (const char* v : {"TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT",
+                        "TORCHELASTIC_USE_AGENT_STORE", "TORCHELASTIC_MAX_RESTARTS"}) {
+    elastic = elastic || env.has(v);
+  }
+  if (elastic) {
+    w = from_torchrun(env);
+  } else if (env.has("RANK") || env.has("WORLD_SIZE")) {
+    w = from_plain_env(env);
+  } else if (env.has("SLURM_PROCID")) {
+    w = from_slurm(env);
+  }
+  if (const auto ifname = env.get("GLOO_SOCKET_IFNAME")) w.gloo_socket_ifname = first_of_list(*ifname);
+  return w;
+}
+
+WorldInfo detect_world() {
+  return detect_world([](const std::string& name) -> std::optional<std::string> {
+    const char* v = std::getenv(name.c_str());
+    if (v == nullptr) return std::nullopt;
+    return std::string(v);
+  });
+}
+
+Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
+  set_rank_tag(world.rank, world.world_size);
+  FSDP_CHECK(options.backend == "gloo" || options.backend == "nccl", "unknown backend '",
+             options.backend, "' — use gloo (CPU) or nccl (CUDA)");
+  Runtime rt;
+  rt.world = world;
+  if (world.world_size == 1 && world.master_addr.empty()) {
+    rt.store = c10::make_intrusive<c10d::HashStore>();
+  } else {
+    c10d::TCPStoreOptions o;
+    o.port = static_cast<uint16_t>(world.master_port);
+    o.isServer = !world.agent_store && world.rank == 0;
+    o.waitWorkers = false;
+    o.timeout = options.store_timeout;
+    c10::intrusive_ptr<c10d::Store> tcp;
+    try {
+      tcp = c10::make_intrusive<c10d::TCPStore>(world.master_addr, o);
+    } catch (const std::exception& e) {
+      FSDP_FAIL(o.isServer ? "hosting" : "connecting to", " the rendezvous store at ",
+                world.master_addr, ":", world.master_port, " (launcher: ", world.launcher,
+                ") failed within ", options.store_timeout.count(), " ms: ", e.what(),
+                o.isServer ? " — is the port already in use? pick another MASTER_PORT"
+                           : " — check MASTER_ADDR/MASTER_PORT and that rank 0 (or the agent) is up");
+    }
+    rt.store = tcp;
+    if (!world.store_prefix.empty()) {
+      rt.store = c10::make_intrusive<c10d::PrefixStore>(world.store_prefix, tcp);
+    }
+  }
+  auto pg_store = c10::make_intrusive<c10d::PrefixStore>("fsdp/pg/world", rt.store);
+  if (options.backend == "gloo") {
+    GlooTransportOptions t;
+    t.master_addr = world.master_addr;
+    t.socket_ifname = world.gloo_socket_ifname;
+    t.single_node = world.local_world_size == world.world_size;
+    rt.world_group = make_gloo_group(pg_store, world.rank, world.world_size, "world",
+                                     options.timeout, t);
+  } else {
+    rt.world_group = make_nccl_group(pg_store, world.rank, world.world_size, "world",
+                                     options.timeout, world.local_rank);
+  }
+  return rt;
+}
+
+}  // namespace fsdp::comm

@@ -1,0 +1,373 @@
+// Token datasets: text and JSON lines tokenized at load, binary shards mmapped.
+#include "fsdp/data/dataset.h"
+
+#include "fsdp/common/error.h"
+#include "fsdp/data/tokenizer.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+namespace fsdp::data {
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr bool kHostLittleEndian = __BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__;
+
+std::string errno_text() { return std::strerror(errno); }
+
+size_t dtype_bytes(TokenDtype d) { return d == TokenDtype::kUint16 ? 2 : 4; }
+
+// --- in memory --------------------------------------------------------------------
+
+class MemoryDataset final : public TokenDataset {
+ public:
+  MemoryDataset(std::vector<int32_t> tokens, std::string name, std::string kind, int64_t documents)
+      : tokens_(std::move(tokens)), name_(std::move(name)), kind_(std::move(kind)), documents_(documents) {}
+
+  int64_t size() const override { return static_cast<int64_t>(tokens_.size()); }
+  void read(int64_t begin, int64_t count, int32_t* out) const override {
+    FSDP_ASSERT(begin >= 0 && count >= 0 && begin + count <= size(), "read [", begin, ", ", begin + count,
+                ") of ", size(), " tokens");
+    std::copy_n(tokens_.data() + begin, count, out);
+  }
+  std::string locate(int64_t pos) const override {
+    return detail::cat("file ", name_, ", token ", pos, " after tokenization");
+  }
+  std::string describe() const override {
+    std::string s = detail::cat(kind_, " ", name_, ": ", size(), " tokens");
+    if (documents_ >= 0) s += detail::cat(" in ", documents_, " documents");
+    return s;
+  }
+
+ private:
+  std::vector<int32_t> tokens_;
+  std::string name_, kind_;
+  int64_t documents_;  // -1: not made of documents
+};
+
+// --- memory-mapped binary shards ----------------------------------------------------
+
+class MappedFile {
+ public:
+  explicit MappedFile(const std::string& path) : path_(path) {
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+    FSDP_CHECK(fd >= 0, "cannot open token file '", path, "': ", errno_text(), " — check the path and permissions");
+    struct stat st {};
+    if (::fstat(fd, &st) != 0) {
+      const std::string why = errno_text();
+      ::close(fd);
+      FSDP_FAIL("cannot stat token file '", path, "': ", why);
+    }
+    bytes_ = static_cast<size_t>(st.st_size);
+    if (bytes_ == 0) {
+      ::close(fd);
+      FSDP_CHECK(false, "token file '", path, "' is empty — remove it or regenerate it");
+    }
+    void* p = ::mmap(nullptr, bytes_, PROT_READ, MAP_SHARED, fd, 0);
+    const std::string why = errno_text();
+    ::close(fd);  // the mapping keeps the file alive
+    if (p == MAP_FAILED) FSDP_FAIL("cannot mmap token file '", path, "' (", bytes_, " bytes): ", why);
+    data_ = static_cast<const unsigned char*>(p);
+  }
+  ~MappedFile() {
+    if (data_ != nullptr) ::munmap(const_cast<unsigned char*>(data_), bytes_);
+  }
+  MappedFile(const MappedFile&) = delete;
+  MappedFile& operator=(const MappedFile&) = delete;
+
+  const std::string& path() const { return path_; }
+  size_t bytes() const { return bytes_; }
+  const unsigned char* data() const { return data_; }
+
+ private:
+  std::string path_;
+  size_t bytes_ = 0;
+  const unsigned char* data_ = nullptr;
+};
+
+class MappedDataset final : public TokenDataset {
+ public:
+  MappedDataset(const std::vector<std::string>& paths, TokenDtype dtype, std::string source)
+      : dtype_(dtype), width_(dtype_bytes(dtype)), source_(std::move(source)) {
+    int64_t total = 0;
+    for (const auto& p : paths) {
+      auto file = std::make_unique<MappedFile>(p);
+      FSDP_CHECK(file->bytes() % width_ == 0, "token file '", p, "' has ", file->bytes(),
+                 " bytes, not a multiple of ", width_, " (token_dtype ", to_string(dtype_),
+                 ") — is token_dtype right? (uint16 for vocabularies up to 65536, else uint32)");
+      starts_.push_back(total);
+      total += static_cast<int64_t>(file->bytes() / width_);
+      files_.push_back(std::move(file));
+    }
+    starts_.push_back(total);
+  }
+
+  int64_t size() const override { return starts_.back(); }
+
+  void read(int64_t begin, int64_t count, int32_t* out) const override {
+    FSDP_ASSERT(begin >= 0 && count >= 0 && begin + count <= size(), "read [", begin, ", ", begin + count,
+                ") of ", size(), " tokens");
+    size_t f = file_of(begin);
+    while (count > 0) {
+      const int64_t local = begin - starts_[f];
+      const int64_t n = std::min(count, starts_[f + 1] - begin);
+      decode(files_[f]->data() + local * static_cast<int64_t>(width_), n, out);
+      out += n;
+      begin += n;
+      count -= n;
+      ++f;
+    }
+  }
+
+  std::string locate(int64_t pos) const override {
+    const size_t f = file_of(pos);
+    return detail::cat("file ", files_[f]->path(), ", token ", pos - starts_[f], " of the file (byte offset ",
+                       (pos - starts_[f]) * static_cast<int64_t>(width_), ")");
+  }
+
+  std::string describe() const override {
+    return detail::cat("binary ", to_string(dtype_), " ", source_, ": ", size(), " tokens in ", files_.size(),
+                       files_.size() == 1 ? " file" : " files");
+  }
+
+ private:
+  // Index of the file holding global token `pos` (skips nothing: files are non-empty).
+  size_t file_of(int64_t pos) const {
+    const auto it = std::upper_bound(starts_.begin(), starts_.end(), pos);
+    return static_cast<size_t>(it - starts_.begin()) - 1;
+  }
+
+  void decode(const unsigned char* p, int64_t n, int32_t* out) const {
+    if (dtype_ == TokenDtype::kUint16) {
+      for (int64_t i = 0; i < n; ++i, p += 2) out[i] = static_cast<int32_t>(p[0] | (p[1] << 8));
+    } else if (kHostLittleEndian) {
+      // uint32 ids >= 2^31 become negative and fail validate(), as they should.
+      std::memcpy(out, p, static_cast<size_t>(n) * 4);
+    } else {
+      for (int64_t i = 0; i < n; ++i, p += 4)
+        out[i] = static_cast<int32_t>(uint32_t{p[0]} | (uint32_t{p[1]} << 8) | (uint32_t{p[2]} << 16) |
+                                      (uint32_t{p[3]} << 24));
+    }
+  }
+
+  TokenDtype dtype_;
+  size_t width_;
+  std::string source_;
+  std::vector<std::unique_ptr<MappedFile>> files_;
+  std::vector<int64_t> starts_;  // starts_[f]: global index of file f's first token; back(): N
+};
+
+// --- loading ----------------------------------------------------------------------
+
+std::string read_whole_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  FSDP_CHECK(in.good(), "cannot open data file '", path, "': ", errno_text(), " — check the path and permissions");
+  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (in.bad()) FSDP_FAIL("error reading data file '", path, "': ", errno_text());
+  return content;
+}
+
+void check_tokenizer(const Tokenizer* tokenizer, const std::string& path, const char* kind) {
+  FSDP_CHECK(tokenizer != nullptr, "data file '", path, "' is ", kind, ", which needs a tokenizer — pass one ",
+             "(e.g. make_tokenizer(\"byte\")) or give pre-tokenized .bin data");
+  FSDP_CHECK(tokenizer->eos_id() >= 0, "tokenizer ", tokenizer->name(), " has no EOS token, which packing ",
+             "documents needs (EOS goes between them) — use a model trained with an EOS piece");
+}
+
+void append_document(const Tokenizer& tok, std::string_view text, bool add_bos, std::vector<int32_t>& out) {
+  if (add_bos) out.push_back(tok.bos_id());
+  const auto ids = tok.encode(text);
+  out.insert(out.end(), ids.begin(), ids.end());
+  out.push_back(tok.eos_id());
+}
+
+std::shared_ptr<const TokenDataset> load_text(const DatasetOptions& o, const Tokenizer* tok) {
+  check_tokenizer(tok, o.path, "plain text");
+  FSDP_CHECK(!o.add_bos || tok->bos_id() >= 0, "add_bos is set but tokenizer ", tok->name(), " has no BOS token");
+  const std::string text = read_whole_file(o.path);
+  FSDP_CHECK(!text.empty(), "data file '", o.path, "' is empty — give a file with text in it");
+  std::vector<int32_t> tokens;
+  append_document(*tok, text, o.add_bos, tokens);
+  tokens.shrink_to_fit();
+  return std::make_shared<MemoryDataset>(std::move(tokens), o.path, "text", 1);
+}
+
+std::shared_ptr<const TokenDataset> load_jsonl(const DatasetOptions& o, const Tokenizer* tok) {
+  check_tokenizer(tok, o.path, "JSON lines");
+  FSDP_CHECK(!o.add_bos || tok->bos_id() >= 0, "add_bos is set but tokenizer ", tok->name(), " has no BOS token");
+  FSDP_CHECK(!o.text_field.empty(), "text_field is empty — name the JSON field holding each document (default \"text\")");
+  std::ifstream in(o.path, std::ios::binary);
+  FSDP_CHECK(in.good(), "cannot open data file '", o.path, "': ", errno_text(), " — check the path and permissions");
+  std::vector<int32_t> tokens;
+  std::string line;
+  int64_t line_no = 0, documents = 0, nonblank = 0;
+  while (std::getline(in, line)) {
+    ++line_no;
+    if (!line.empty() && line.back() == '\r') line.pop_back();
+    if (line.find_first_not_of(" \t") == std::string::npos) continue;
+    ++nonblank;
+    nlohmann::json j;
+    try {
+      j = nlohmann::json::parse(line);
+    } catch (const nlohmann::json::parse_error& e) {
+      FSDP_CHECK(false, "data file '", o.path, "' line ", line_no, " is not valid JSON (", e.what(),
+                 ") — each line must be one object such as {\"", o.text_field, "\": \"...\"}");
+    }
+    FSDP_CHECK(j.is_object(), "data file '", o.path, "' line ", line_no, " is JSON but not an object — each ",
+               "line must be one object such as {\"", o.text_field, "\": \"...\"}");
+    const auto it = j.find(o.text_field);
+    if (it == j.end() || !it->is_string()) {
+      std::string keys;
+      for (const auto& [k, v] : j.items()) keys += (keys.empty() ? "" : ", ") + ("\"" + k + "\"");
+      FSDP_CHECK(false, "data file '", o.path, "' line ", line_no, ": ",
+                 it == j.end() ? "no field \"" : "field \"", o.text_field,
+                 it == j.end() ? "\"" : "\" is not a string", " (fields: ", keys.empty() ? "none" : keys,
+                 ") — set text_field to the field holding the text");
+    }
+    const auto& text = it->get_ref<const std::string&>();
+    if (text.empty()) continue;
+    append_document(*tok, text, o.add_bos, tokens);
+    ++documents;
+  }
+  if (in.bad()) FSDP_FAIL("error reading data file '", o.path, "' after line ", line_no, ": ", errno_text());
+  FSDP_CHECK(documents > 0, "data file '", o.path, "' has no documents (", line_no, " lines, ", nonblank,
+             " non-blank, none with a non-empty \"", o.text_field, "\") — give a non-empty JSON lines file");
+  tokens.shrink_to_fit();
+  return std::make_shared<MemoryDataset>(std::move(tokens), o.path, "jsonl", documents);
+}
+
+std::shared_ptr<const TokenDataset> load_binary(const DatasetOptions& o) {
+  std::vector<std::string> paths;
+  if (fs::is_directory(o.path)) {
+    std::error_code ec;
+    for (fs::directory_iterator it(o.path, ec), end; !ec && it != end; it.increment(ec)) {
+      if (it->path().extension() == ".bin" && it->is_regular_file()) paths.push_back(it->path().string());
+    }
+    FSDP_CHECK(!ec, "cannot list data directory '", o.path, "': ", ec.message());
+    FSDP_CHECK(!paths.empty(), "data directory '", o.path, "' has no *.bin files — give a directory of ",
+               "pre-tokenized .bin shards, or a single data file");
+    std::sort(paths.begin(), paths.end());  // byte order: shard_000.bin, shard_001.bin, ...
+  } else {
+    paths.push_back(o.path);
+  }
+  return std::make_shared<MappedDataset>(paths, o.token_dtype, o.path);
+}
+
+DataFormat resolve_format(const DatasetOptions& o) {
+  if (o.format != DataFormat::kAuto) return o.format;
+  if (fs::is_directory(o.path)) return DataFormat::kBinary;
+  const std::string ext = fs::path(o.path).extension().string();
+  if (ext == ".bin") return DataFormat::kBinary;
+  if (ext == ".jsonl" || ext == ".json" || ext == ".ndjson") return DataFormat::kJsonl;
+  return DataFormat::kText;
+}
+
+}  // namespace
+
+DataFormat parse_data_format(const std::string& s) {
+  if (s == "auto") return DataFormat::kAuto;
+  if (s == "text") return DataFormat::kText;
+  if (s == "jsonl") return DataFormat::kJsonl;
+  if (s == "bin") return DataFormat::kBinary;
+  FSDP_CHECK(false, "unknown data format \"", s, "\" — choose auto, text, jsonl or bin");
+  return DataFormat::kAuto;
+}
+
+TokenDtype parse_token_dtype(const std::string& s) {
+  if (s == "uint16" || s == "u16") return TokenDtype::kUint16;
+  if (s == "uint32" || s == "u32") return TokenDtype::kUint32;
+  FSDP_CHECK(false, "unknown token_dtype \"", s, "\" — choose uint16 or uint32");
+  return TokenDtype::kUint16;
+}
+
+const char* to_string(DataFormat f) {
+  switch (f) {
+    case DataFormat::kAuto: return "auto";
+    case DataFormat::kText: return "text";
+    case DataFormat::kJsonl: return "jsonl";
+    case DataFormat::kBinary: return "bin";
+  }
+  return "?";
+}
+
+const char* to_string(TokenDtype d) { return d == TokenDtype::kUint16 ? "uint16" : "uint32"; }
+
+int32_t TokenDataset::at(int64_t pos) const {
+  FSDP_CHECK(pos >= 0 && pos < size(), "token position ", pos, " is outside the dataset [0, ", size(), ")");
+  int32_t v = 0;
+  read(pos, 1, &v);
+  return v;
+}
+
+void TokenDataset::validate(int64_t vocab_size) const {
+  FSDP_CHECK(vocab_size > 0, "vocab_size must be positive, got ", vocab_size);
+  constexpr int64_t kChunk = int64_t{1} << 20;
+  std::vector<int32_t> buf(static_cast<size_t>(std::min(kChunk, size())));
+  for (int64_t begin = 0; begin < size(); begin += kChunk) {
+    const int64_t n = std::min(kChunk, size() - begin);
+    read(begin, n, buf.data());
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t v = buf[i];
+      if (v >= 0 && v < vocab_size) continue;
+      // uint32 ids >= 2^31 read back negative: report them as the unsigned value.
+      const int64_t shown = v < 0 ? v + (int64_t{1} << 32) : v;
+      FSDP_CHECK(false, "token id ", shown, " at position ", begin + i, " (", locate(begin + i),
+                 ") is outside the vocabulary [0, ", vocab_size, ") — the data was tokenized for a different ",
+                 "vocabulary (check the tokenizer / model vocab_size), or token_dtype is wrong (uint16 vs uint32)");
+    }
+  }
+}
+
+std::shared_ptr<const TokenDataset> load_dataset(const DatasetOptions& options, const Tokenizer* tokenizer) {
+  FSDP_CHECK(!options.path.empty(), "no data path given — set the dataset path (a text, .jsonl or .bin file, "
+                                    "or a directory of .bin shards)");
+  std::error_code ec;
+  FSDP_CHECK(fs::exists(options.path, ec), "data path '", options.path, "' does not exist — check the path",
+             " (run scripts/prepare_data.sh to build the default corpus)");
+  const DataFormat format = resolve_format(options);
+  FSDP_CHECK(format == DataFormat::kBinary || !fs::is_directory(options.path), "data path '", options.path,
+             "' is a directory but format is ", to_string(format), " — directories hold .bin shards (format bin)");
+  switch (format) {
+    case DataFormat::kText: return load_text(options, tokenizer);
+    case DataFormat::kJsonl: return load_jsonl(options, tokenizer);
+    case DataFormat::kBinary: return load_binary(options);
+    case DataFormat::kAuto: break;
+  }
+  FSDP_ASSERT(false, "unresolved data format");
+  return nullptr;
+}
+
+std::shared_ptr<const TokenDataset> make_token_dataset(std::vector<int32_t> tokens, std::string name) {
+  return std::make_shared<MemoryDataset>(std::move(tokens), std::move(name), "memory", -1);
+}
+
+void write_token_file(const std::string& path, const std::vector<int32_t>& tokens, TokenDtype dtype) {
+  const int64_t max = dtype == TokenDtype::kUint16 ? 0xFFFF : 0x7FFFFFFF;
+  std::vector<unsigned char> bytes;
+  bytes.reserve(tokens.size() * dtype_bytes(dtype));
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    const int32_t t = tokens[i];
+    FSDP_CHECK(t >= 0 && t <= max, "token ", t, " at position ", i, " does not fit ", to_string(dtype),
+               " — use uint32 for vocabularies above 65536");
+    for (size_t b = 0; b < dtype_bytes(dtype); ++b) bytes.push_back(static_cast<unsigned char>(t >> (8 * b)));
+  }
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  if (!out) FSDP_FAIL("cannot create token file '", path, "': ", errno_text());
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  out.close();
+  if (!out) FSDP_FAIL("error writing token file '", path, "': ", errno_text());
+}
+
+}  // namespace fsdp::data

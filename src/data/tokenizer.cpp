@@ -1,0 +1,81 @@
+// The byte tokenizer, the factory and format detection.
+#include "fsdp/data/tokenizer.h"
+
+#include "fsdp/common/error.h"
+
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+
+namespace fsdp::data {
+
+std::vector<int32_t> ByteTokenizer::encode(std::string_view text) const {
+  std::vector<int32_t> ids(text.size());
+  for (size_t i = 0; i < text.size(); ++i) ids[i] = static_cast<unsigned char>(text[i]);
+  return ids;
+}
+
+std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
+  std::string out;
+  out.reserve(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const int32_t id = ids[i];
+    if (id >= 0 && id < 256) {
+      out.push_back(static_cast<char>(id));
+    } else if (id == kBos) {
+      out += "<|begin_of_text|>";
+    } else if (id == kEos) {
+      out += "<|end_of_text|>";
+    } else {
+      FSDP_CHECK(false, "byte tokenizer: cannot decode id ", id, " at position ", i,
+                 ": ids must be in [0, ", kVocabSize, ") — were these ids made by another tokenizer?");
+    }
+  }
+  return out;
+}
+
+bool looks_like_tiktoken_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  FSDP_CHECK(in.good(), "cannot open tokenizer file '", path, "': ", std::strerror(errno),
+             " — check the path given as the tokenizer");
+  char buf[1024];
+  in.read(buf, sizeof(buf));
+  const std::string_view head(buf, static_cast<size_t>(in.gcount()));
+  // "<base64> <digits>" then '\n', "\r\n" or the end of the file.
+  size_t i = 0;
+  auto is_b64 = [](char c) {
+    return (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '+' ||
+           c == '/' || c == '=';
+  };
+  while (i < head.size() && is_b64(head[i])) ++i;
+  if (i == 0 || i >= head.size() || head[i] != ' ') return false;
+  const size_t digits = ++i;
+  while (i < head.size() && head[i] >= '0' && head[i] <= '9') ++i;
+  if (i == digits) return false;
+  if (i == head.size()) return static_cast<size_t>(in.gcount()) < sizeof(buf);  // whole file read
+  return head[i] == '\n' || (head[i] == '\r' && i + 1 < head.size() && head[i + 1] == '\n');
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
+  FSDP_CHECK(!spec.empty(), "empty tokenizer spec — use \"byte\", or the path of a SentencePiece "
+                            "model or a tiktoken BPE file (Llama 3's tokenizer.model)");
+  if (spec == "byte") return std::make_unique<ByteTokenizer>();
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const auto status = fs::status(spec, ec);
+  FSDP_CHECK(fs::exists(status), "tokenizer '", spec, "' is neither \"byte\" nor an existing file — ",
+             "give \"byte\", or the path of a SentencePiece model or a tiktoken BPE file");
+  FSDP_CHECK(!fs::is_directory(status), "tokenizer '", spec, "' is a directory — give the ",
+             "tokenizer file inside it (e.g. ", (fs::path(spec) / "tokenizer.model").string(), ")");
+  FSDP_CHECK(fs::file_size(spec, ec) > 0 || ec, "tokenizer file '", spec, "' is empty — give a SentencePiece ",
+             "model or a tiktoken BPE file");
+  if (fs::path(spec).extension() == ".json") {
+    FSDP_CHECK(false, "tokenizer '", spec, "' looks like a Hugging Face tokenizer.json, which is not ",
+               "supported — use the model's tokenizer.model (SentencePiece or tiktoken) instead");
+  }
+  if (looks_like_tiktoken_file(spec)) return std::make_unique<TiktokenTokenizer>(spec);
+  return std::make_unique<SentencePieceTokenizer>(spec);
+}
+
+}  // namespace fsdp::data

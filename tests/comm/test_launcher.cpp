@@ -1,0 +1,214 @@
+// Local launcher: environment, failure propagation, signals, timeouts, no leaks.
+// Workers are /bin/sh scripts; the gtest binary as a worker is covered by the
+// run_distributed tests.
+#include <gtest/gtest.h>
+
+#include "fsdp/comm/launcher.h"
+#include "fsdp/common/error.h"
+#include "support/multiproc.h"
+
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <chrono>
+#include <fstream>
+#include <thread>
+
+namespace fsdp::comm {
+namespace {
+
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
+
+LaunchOptions sh(const std::string& script, int nproc, const std::string& log_dir) {
+  LaunchOptions o;
+  o.argv = {"/bin/sh", "-c", script};
+  o.nproc = nproc;
+  o.log_dir = log_dir;
+  o.kill_grace = std::chrono::seconds(5);
+  o.timeout = std::chrono::seconds(60);  // a safety net; no test comes near it
+  return o;
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+TEST(Launcher, AllRanksSucceedWithTorchrunEnvironment) {
+  const std::string dir = testing::temp_dir("logs");
+  LaunchOptions o = sh(
+      "echo \"rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK/$LOCAL_WORLD_SIZE group=$GROUP_RANK "
+      "addr=$MASTER_ADDR port=$MASTER_PORT agent=$TORCHELASTIC_USE_AGENT_STORE "
+      "restart=$TORCHELASTIC_RESTART_COUNT run=$TORCHELASTIC_RUN_ID launcher=$FSDP_LAUNCHER "
+      "extra=$EXTRA gone=${GONE:-unset}\"",
+      4, dir);
+  o.local_world_size = 2;
+  o.env = {{"EXTRA", "x y"}};
+  o.run_id = "run42";
+  setenv("GONE", "present", 1);
+  o.unset_env = {"GONE"};
+  const LaunchResult r = launch_local(o);
+  unsetenv("GONE");
+  ASSERT_TRUE(r.ok) << r.message;
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_EQ(r.failed_rank, -1);
+  EXPECT_EQ(r.message, "all 4 ranks exited with code 0");
+  ASSERT_EQ(r.ranks.size(), 4u);
+  for (int rank = 0; rank < 4; ++rank) {
+    const auto& out = r.ranks[rank];
+    EXPECT_EQ(out.rank, rank);
+    EXPECT_FALSE(out.signaled);
+    EXPECT_EQ(out.code, 0);
+    EXPECT_FALSE(out.stopped);
+    const std::string log = read_file(out.log_file);
+    EXPECT_HAS(log, "rank=" + std::to_string(rank) + " world=4 local=" + std::to_string(rank % 2) +
+                        "/2 group=" + std::to_string(rank / 2) + " addr=127.0.0.1 port=");
+    EXPECT_HAS(log, "agent=True restart=0 run=run42 launcher=fsdp-train extra=x y gone=unset");
+    EXPECT_EQ(log.find("port=0 "), std::string::npos) << log;
+  }
+}
+
+TEST(Launcher, FailingRankIsNamedAndOthersAreStopped) {
+  const auto start = std::chrono::steady_clock::now();
+  const LaunchResult r = launch_local(
+      sh("if [ \"$RANK\" = 1 ]; then sleep 0.2; exit 3; fi; sleep 30", 3, testing::temp_dir("logs")));
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.failed_rank, 1);
+  EXPECT_EQ(r.exit_code, 3);
+  EXPECT_EQ(launch_exit_code(r), 3);
+  EXPECT_EQ(r.message, "rank 1 exited with code 3; stopped ranks 0, 2");
+  for (int rank : {0, 2}) {
+    EXPECT_TRUE(r.ranks[rank].stopped);
+    EXPECT_TRUE(r.ranks[rank].signaled);
+    EXPECT_EQ(r.ranks[rank].signal, SIGTERM);
+  }
+}
+
+TEST(Launcher, RankKilledBySignalIsNamed) {
+  const LaunchResult r =
+      launch_local(sh("if [ \"$RANK\" = 0 ]; then kill -9 $$; fi; sleep 30", 2, testing::temp_dir("logs")));
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.failed_rank, 0);
+  EXPECT_EQ(r.exit_code, 128 + 9);
+  EXPECT_HAS(r.message, "rank 0 was killed by signal 9 (Killed)");
+  EXPECT_HAS(r.message, "stopped rank 1");
+}
+
+TEST(Launcher, TimeoutStopsEveryoneAndNamesThem) {
+  LaunchOptions o = sh("if [ \"$RANK\" = 1 ]; then exit 0; fi; sleep 30", 3, testing::temp_dir("logs"));
+  o.timeout = std::chrono::milliseconds(1500);
+  const LaunchResult r = launch_local(o);
+  EXPECT_FALSE(r.ok);
+  EXPECT_TRUE(r.timed_out);
+  EXPECT_EQ(r.exit_code, 124);
+  EXPECT_EQ(r.message, "timed out after 1500 ms; ranks 0, 2 were still running (stopped)");
+  EXPECT_FALSE(r.ranks[1].stopped);
+}
+
+TEST(Launcher, WorkersIgnoringSigtermAreKilledAfterTheGrace) {
+  LaunchOptions o = sh("if [ \"$RANK\" = 1 ]; then sleep 0.3; exit 1; fi; trap '' TERM; sleep 30", 2,
+                       testing::temp_dir("logs"));
+  o.kill_grace = std::chrono::milliseconds(500);
+  const auto start = std::chrono::steady_clock::now();
+  const LaunchResult r = launch_local(o);
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::seconds(20));
+  EXPECT_EQ(r.failed_rank, 1);
+  EXPECT_TRUE(r.ranks[0].signaled);
+  EXPECT_EQ(r.ranks[0].signal, SIGKILL);
+}
+
+// Gone, or dead and waiting for whoever adopted it to reap it.
+bool process_gone(pid_t pid) {
+  for (int i = 0; i < 500; ++i) {
+    if (kill(pid, 0) != 0 && errno == ESRCH) return true;
+    const std::string stat = read_file("/proc/" + std::to_string(pid) + "/stat");
+    const auto paren = stat.rfind(')');
+    if (paren != std::string::npos && stat.size() > paren + 2 && stat[paren + 2] == 'Z') return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+TEST(Launcher, LeftoverChildrenOfAWorkerAreKilled) {
+  const LaunchResult r =
+      launch_local(sh("sleep 30 & echo \"child=$!\"", 1, testing::temp_dir("logs")));
+  ASSERT_TRUE(r.ok) << r.message;
+  const std::string log = read_file(r.ranks[0].log_file);
+  const auto pos = log.find("child=");
+  ASSERT_NE(pos, std::string::npos) << log;
+  const pid_t child = std::stoi(log.substr(pos + 6));
+  EXPECT_TRUE(process_gone(child)) << "pid " << child << " outlived its worker";
+}
+
+TEST(Launcher, SigtermToTheLauncherIsForwardedAndWorkersMayExitCleanly) {
+  const std::string dir = testing::temp_dir("logs");
+  LaunchOptions o = sh("trap 'echo got-term; exit 0' TERM; echo ready; sleep 30 & wait", 2, dir);
+  std::atomic<bool> done{false};
+  std::thread sender([&] {
+    // Wait until both workers run (so the launcher's handler is installed), then signal it.
+    for (int i = 0; i < 2000 && !done; ++i) {
+      if (testing::tail_file(dir + "/rank0.log").find("ready") != std::string::npos &&
+          testing::tail_file(dir + "/rank1.log").find("ready") != std::string::npos) {
+        kill(getpid(), SIGTERM);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+  const LaunchResult r = launch_local(o);
+  done = true;
+  sender.join();
+  EXPECT_EQ(r.signal_received, SIGTERM);
+  EXPECT_TRUE(r.ok) << r.message;
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_HAS(r.message, "received signal 15");
+  for (const auto& out : r.ranks) EXPECT_HAS(testing::tail_file(out.log_file), "got-term");
+}
+
+TEST(Launcher, BadOptionsAreUsageErrors) {
+  LaunchOptions o;
+  EXPECT_THROW(launch_local(o), UsageError);  // empty argv
+  o.argv = {"/definitely/not/a/program"};
+  EXPECT_THROW(launch_local(o), UsageError);
+  o.argv = {"no-such-program-fsdp-test"};
+  EXPECT_THROW(launch_local(o), UsageError);
+  o.argv = {"true"};
+  o.nproc = 0;
+  EXPECT_THROW(launch_local(o), UsageError);
+  o.nproc = 3;
+  o.local_world_size = 2;
+  EXPECT_THROW(launch_local(o), UsageError);
+  o.local_world_size = 0;
+  o.log_dir = "/definitely/not/a/dir";
+  EXPECT_THROW(launch_local(o), UsageError);
+  o.log_dir = "";
+  const LaunchResult r = launch_local(o);  // PATH lookup, pass-through output
+  EXPECT_TRUE(r.ok) << r.message;
+}
+
+TEST(Launcher, ExitCodeMapping) {
+  LaunchResult r;
+  r.ranks.resize(2);
+  r.ok = true;
+  EXPECT_EQ(launch_exit_code(r), 0);
+  r.ok = false;
+  r.failed_rank = 1;
+  r.ranks[1].signaled = true;
+  r.ranks[1].signal = SIGSEGV;
+  EXPECT_EQ(launch_exit_code(r), 128 + SIGSEGV);
+  r.timed_out = true;
+  EXPECT_EQ(launch_exit_code(r), 124);
+  LaunchResult interrupted;
+  interrupted.ranks.resize(1);
+  interrupted.signal_received = SIGINT;
+  interrupted.ranks[0].signaled = true;
+  interrupted.ranks[0].signal = SIGINT;
+  EXPECT_EQ(launch_exit_code(interrupted), 130);
+}
+
+}  // namespace
+}  // namespace fsdp::comm

@@ -1,0 +1,333 @@
+// Rendezvous from the environment: torchrun, Kubeflow (plain env), Slurm, none.
+// Pure parsing (detect_world through a fake getenv) plus in-process init.
+#include <gtest/gtest.h>
+
+#include "fsdp/comm/backends.h"
+#include "fsdp/comm/rendezvous.h"
+#include "fsdp/common/error.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <map>
+#include <thread>
+
+namespace fsdp::comm {
+namespace {
+
+using Vars = std::map<std::string, std::string>;
+
+WorldInfo detect(const Vars& vars) {
+  return detect_world([&](const std::string& name) -> std::optional<std::string> {
+    const auto it = vars.find(name);
+    if (it == vars.end()) return std::nullopt;
+    return it->second;
+  });
+}
+
+// The UsageError message detect() throws, or "" (and a test failure) if none.
+std::string usage_error(const Vars& vars) {
+  try {
+    detect(vars);
+  } catch (const UsageError& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no UsageError";
+  return "";
+}
+
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
+
+TEST(Rendezvous, NoVariablesIsASingleProcess) {
+  const WorldInfo w = detect({});
+  EXPECT_EQ(w.rank, 0);
+  EXPECT_EQ(w.world_size, 1);
+  EXPECT_EQ(w.local_rank, 0);
+  EXPECT_EQ(w.local_world_size, 1);
+  EXPECT_EQ(w.node_rank, 0);
+  EXPECT_EQ(w.master_addr, "");
+  EXPECT_FALSE(w.agent_store);
+  EXPECT_EQ(w.launcher, "single");
+}
+
+TEST(Rendezvous, TorchrunUsesTheAgentStoreWithAttemptPrefix) {
+  const WorldInfo w = detect({{"RANK", "5"},
+                              {"WORLD_SIZE", "8"},
+                              {"LOCAL_RANK", "1"},
+                              {"LOCAL_WORLD_SIZE", "4"},
+                              {"GROUP_RANK", "1"},
+                              {"MASTER_ADDR", "node01"},
+                              {"MASTER_PORT", "29500"},
+                              {"TORCHELASTIC_USE_AGENT_STORE", "True"},
+                              {"TORCHELASTIC_RESTART_COUNT", "2"},
+                              {"TORCHELASTIC_RUN_ID", "abc"},
+                              {"GLOO_SOCKET_IFNAME", "eth1,eth2"}});
+  EXPECT_EQ(w.rank, 5);
+  EXPECT_EQ(w.world_size, 8);
+  EXPECT_EQ(w.local_rank, 1);
+  EXPECT_EQ(w.local_world_size, 4);
+  EXPECT_EQ(w.node_rank, 1);
+  EXPECT_EQ(w.master_addr, "node01");
+  EXPECT_EQ(w.master_port, 29500);
+  EXPECT_TRUE(w.agent_store);
+  EXPECT_EQ(w.store_prefix, "/worker/attempt_2");
+  EXPECT_EQ(w.launcher, "torchrun");
+  EXPECT_EQ(w.gloo_socket_ifname, "eth1");
+}
+
+TEST(Rendezvous, OurLauncherNamesItselfAndNonAgentTorchrunHasNoPrefix) {
+  Vars v{{"RANK", "0"},         {"WORLD_SIZE", "2"},      {"MASTER_ADDR", "127.0.0.1"},
+         {"MASTER_PORT", "1234"}, {"TORCHELASTIC_RUN_ID", "x"}, {"FSDP_LAUNCHER", "fsdp-train"},
+         {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
+  WorldInfo w = detect(v);
+  EXPECT_EQ(w.launcher, "fsdp-train");
+  EXPECT_EQ(w.store_prefix, "/worker/attempt_0");
+  EXPECT_EQ(w.local_world_size, 2);  // defaults to one node
+  v["TORCHELASTIC_USE_AGENT_STORE"] = "False";
+  w = detect(v);
+  EXPECT_FALSE(w.agent_store);
+  EXPECT_EQ(w.store_prefix, "");
+  v["TORCHELASTIC_USE_AGENT_STORE"] = "maybe";
+  EXPECT_HAS(usage_error(v), "TORCHELASTIC_USE_AGENT_STORE='maybe' is not a boolean");
+}
+
+TEST(Rendezvous, KubeflowPlainEnv) {
+  const WorldInfo w = detect({{"MASTER_ADDR", "pytorchjob-master-0"},
+                              {"MASTER_PORT", "23456"},
+                              {"RANK", "3"},
+                              {"WORLD_SIZE", "4"}});
+  EXPECT_EQ(w.launcher, "env");
+  EXPECT_EQ(w.rank, 3);
+  EXPECT_EQ(w.world_size, 4);
+  EXPECT_EQ(w.local_rank, 0);
+  EXPECT_EQ(w.local_world_size, 1);
+  EXPECT_EQ(w.node_rank, 3);
+  EXPECT_FALSE(w.agent_store);
+  EXPECT_EQ(w.master_addr, "pytorchjob-master-0");
+  EXPECT_EQ(w.master_port, 23456);
+
+  const WorldInfo w2 = detect({{"MASTER_ADDR", "m"}, {"MASTER_PORT", "1"}, {"RANK", "5"},
+                               {"WORLD_SIZE", "8"}, {"LOCAL_WORLD_SIZE", "4"}, {"LOCAL_RANK", "1"}});
+  EXPECT_EQ(w2.local_rank, 1);
+  EXPECT_EQ(w2.local_world_size, 4);
+  EXPECT_EQ(w2.node_rank, 1);
+  // A world of one needs no master.
+  EXPECT_EQ(detect({{"RANK", "0"}, {"WORLD_SIZE", "1"}}).world_size, 1);
+}
+
+TEST(Rendezvous, MalformedValuesNameTheVariable) {
+  const Vars ok{{"MASTER_ADDR", "h"}, {"MASTER_PORT", "29500"}, {"RANK", "1"}, {"WORLD_SIZE", "4"}};
+  auto with = [&](const std::string& k, const std::string& v) {
+    Vars x = ok;
+    x[k] = v;
+    return x;
+  };
+  auto without = [&](const std::string& k) {
+    Vars x = ok;
+    x.erase(k);
+    return x;
+  };
+  EXPECT_HAS(usage_error(with("RANK", "abc")), "RANK='abc' is not a non-negative integer");
+  EXPECT_HAS(usage_error(with("RANK", "-1")), "RANK='-1'");
+  EXPECT_HAS(usage_error(with("RANK", "4")), "RANK=4 is not below WORLD_SIZE=4");
+  EXPECT_HAS(usage_error(with("WORLD_SIZE", "0")), "WORLD_SIZE=0 is outside the valid range");
+  EXPECT_HAS(usage_error(with("MASTER_PORT", "70000")), "MASTER_PORT=70000 is outside");
+  EXPECT_HAS(usage_error(with("MASTER_PORT", "12ab")), "MASTER_PORT='12ab'");
+  EXPECT_HAS(usage_error(without("MASTER_ADDR")), "MASTER_ADDR is not set but WORLD_SIZE=4");
+  EXPECT_HAS(usage_error(without("MASTER_PORT")), "MASTER_PORT is not set");
+  EXPECT_HAS(usage_error(without("WORLD_SIZE")), "WORLD_SIZE is not set");
+  EXPECT_HAS(usage_error(without("RANK")), "RANK is not set");
+  Vars bad_local = with("LOCAL_WORLD_SIZE", "2");
+  bad_local["LOCAL_RANK"] = "2";
+  EXPECT_HAS(usage_error(bad_local), "LOCAL_RANK=2 is not below LOCAL_WORLD_SIZE=2");
+  EXPECT_HAS(usage_error(with("LOCAL_WORLD_SIZE", "8")), "LOCAL_WORLD_SIZE=8 must be between 1 and WORLD_SIZE=4");
+  Vars elastic = ok;
+  elastic["TORCHELASTIC_RUN_ID"] = "r";
+  elastic.erase("MASTER_ADDR");
+  EXPECT_HAS(usage_error(elastic), "MASTER_ADDR is not set");
+}
+
+TEST(Rendezvous, SlurmVariables) {
+  const Vars base{{"SLURM_PROCID", "5"},
+                  {"SLURM_NTASKS", "8"},
+                  {"SLURM_LOCALID", "1"},
+                  {"SLURM_NODEID", "1"},
+                  {"SLURM_JOB_ID", "123456"},
+                  {"SLURM_JOB_NODELIST", "gpu[07-08]"},
+                  {"SLURM_TASKS_PER_NODE", "4(x2)"}};
+  WorldInfo w = detect(base);
+  EXPECT_EQ(w.launcher, "slurm");
+  EXPECT_EQ(w.rank, 5);
+  EXPECT_EQ(w.world_size, 8);
+  EXPECT_EQ(w.local_rank, 1);
+  EXPECT_EQ(w.local_world_size, 4);
+  EXPECT_EQ(w.node_rank, 1);
+  EXPECT_EQ(w.master_addr, "gpu07");
+  EXPECT_EQ(w.master_port, 15000 + 3456);
+  EXPECT_EQ(w.master_port, slurm_default_port(123456));
+  EXPECT_FALSE(w.agent_store);
+
+  Vars v = base;
+  v["MASTER_PORT"] = "29400";
+  v["MASTER_ADDR"] = "10.0.0.1";
+  v["SLURM_STEP_NODELIST"] = "b[3-4]";
+  w = detect(v);
+  EXPECT_EQ(w.master_port, 29400);
+  EXPECT_EQ(w.master_addr, "10.0.0.1");
+  v.erase("MASTER_ADDR");
+  EXPECT_EQ(detect(v).master_addr, "b3");  // the step's nodes win over the job's
+
+  // Uneven nodes: the entry for this node.
+  v = base;
+  v["SLURM_TASKS_PER_NODE"] = "3,5";
+  v["SLURM_PROCID"] = "4";
+  v["SLURM_LOCALID"] = "1";
+  EXPECT_EQ(detect(v).local_world_size, 5);
+  v["SLURM_STEP_TASKS_PER_NODE"] = "2(x2)";
+  EXPECT_EQ(detect(v).local_world_size, 2);
+  v.erase("SLURM_STEP_TASKS_PER_NODE");
+  v["SLURM_NTASKS_PER_NODE"] = "4";
+  EXPECT_EQ(detect(v).local_world_size, 4);
+
+  // Plain env wins over Slurm (a script exporting RANK inside an allocation).
+  v = base;
+  v["RANK"] = "0";
+  v["WORLD_SIZE"] = "1";
+  EXPECT_EQ(detect(v).launcher, "env");
+
+  v = base;
+  v["SLURM_PROCID"] = "8";
+  EXPECT_HAS(usage_error(v), "SLURM_PROCID=8 is not below SLURM_NTASKS=8");
+  v = base;
+  v.erase("SLURM_JOB_NODELIST");
+  EXPECT_HAS(usage_error(v), "MASTER_ADDR (or SLURM_JOB_NODELIST) is not set");
+  v = base;
+  v["SLURM_JOB_NODELIST"] = "gpu[07-";
+  EXPECT_HAS(usage_error(v), "SLURM_JOB_NODELIST='gpu[07-'");
+  v = base;
+  v["SLURM_TASKS_PER_NODE"] = "4(x";
+  EXPECT_HAS(usage_error(v), "SLURM_TASKS_PER_NODE='4(x'");
+  v = base;
+  v["SLURM_TASKS_PER_NODE"] = "4,4";
+  v["SLURM_NODEID"] = "2";
+  EXPECT_HAS(usage_error(v), "lists 2 nodes but SLURM_NODEID=2");
+}
+
+TEST(Rendezvous, SlurmNodelistExpansion) {
+  using V = std::vector<std::string>;
+  EXPECT_EQ(expand_slurm_nodelist("node[01-03,7],gpu-a,x[1-2]-ib"),
+            (V{"node01", "node02", "node03", "node7", "gpu-a", "x1-ib", "x2-ib"}));
+  EXPECT_EQ(expand_slurm_nodelist("single"), (V{"single"}));
+  EXPECT_EQ(expand_slurm_nodelist("n[008-010]"), (V{"n008", "n009", "n010"}));
+  EXPECT_EQ(expand_slurm_nodelist("n[9-11]"), (V{"n9", "n10", "n11"}));
+  EXPECT_EQ(expand_slurm_nodelist("r[1-2]n[1,3]"), (V{"r1n1", "r1n3", "r2n1", "r2n3"}));
+  EXPECT_EQ(expand_slurm_nodelist("a,b[5]"), (V{"a", "b5"}));
+  for (const std::string bad : {"node[1-", "node1]", "n[3-1]", "n[a-b]", "", "a,,b", "n[]",
+                                "n[[1]]", "n[1-2-3]"}) {
+    try {
+      expand_slurm_nodelist(bad, "SLURM_JOB_NODELIST");
+      ADD_FAILURE() << "no error for '" << bad << "'";
+    } catch (const UsageError& e) {
+      EXPECT_HAS(e.what(), "SLURM_JOB_NODELIST='" + bad + "'");
+    }
+  }
+}
+
+TEST(Rendezvous, SlurmTasksPerNode) {
+  EXPECT_EQ(expand_slurm_tasks_per_node("2(x3),1"), (std::vector<int>{2, 2, 2, 1}));
+  EXPECT_EQ(expand_slurm_tasks_per_node("4"), (std::vector<int>{4}));
+  EXPECT_THROW(expand_slurm_tasks_per_node("x"), UsageError);
+  EXPECT_THROW(expand_slurm_tasks_per_node("2(x)"), UsageError);
+  EXPECT_THROW(expand_slurm_tasks_per_node("2,"), UsageError);
+}
+
+TEST(Rendezvous, SingleProcessInitNeedsNoNetwork) {
+  Runtime rt = init_process_group(detect({}));
+  ASSERT_TRUE(rt.store);
+  ASSERT_TRUE(rt.world_group);
+  EXPECT_EQ(rt.world_group->size(), 1);
+  EXPECT_EQ(rt.world_group->name(), "world");
+  EXPECT_EQ(rt.world_group->backend(), "gloo");
+  auto t = at::arange(5, at::kFloat);
+  rt.world_group->all_reduce(t, ReduceOp::kAvg)->wait();
+  EXPECT_TRUE(t.equal(at::arange(5, at::kFloat)));
+  rt.world_group->barrier(std::chrono::milliseconds(100));
+  rt.store->set("k", {1, 2});
+  EXPECT_EQ(rt.store->get("k"), (std::vector<uint8_t>{1, 2}));
+
+  InitOptions nccl;
+  nccl.backend = "nccl";
+  if (!nccl_available()) {
+    try {
+      init_process_group(detect({}), nccl);
+      ADD_FAILURE() << "nccl without NCCL";
+    } catch (const UsageError& e) {
+      EXPECT_HAS(e.what(), "-DFSDP_WITH_NCCL=ON");
+    }
+  }
+  InitOptions bad;
+  bad.backend = "mpi";
+  EXPECT_THROW(init_process_group(detect({}), bad), UsageError);
+}
+
+int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
+}
+
+// Kubeflow style: rank 0 hosts the TCPStore server, rank 1 connects. Two
+// threads of this process play the two ranks.
+TEST(Rendezvous, PlainEnvRankZeroHostsTheStore) {
+  const std::string port = std::to_string(free_port());
+  std::vector<at::Tensor> results(2);
+  std::vector<std::string> errors(2);
+  auto rank_main = [&](int r) {
+    try {
+      const WorldInfo w = detect({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
+                                  {"RANK", std::to_string(r)}, {"WORLD_SIZE", "2"}});
+      InitOptions o;
+      o.timeout = std::chrono::seconds(30);
+      o.store_timeout = std::chrono::seconds(30);
+      Runtime rt = init_process_group(w, o);
+      auto t = at::full({3}, static_cast<float>(r + 1));
+      rt.world_group->all_reduce(t, ReduceOp::kSum)->wait();
+      results[r] = t;
+      rt.world_group->barrier(std::chrono::seconds(30));
+    } catch (const std::exception& e) {
+      errors[r] = e.what();
+    }
+  };
+  std::thread t0(rank_main, 0), t1(rank_main, 1);
+  t0.join();
+  t1.join();
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(errors[r], "") << "rank " << r;
+    EXPECT_TRUE(results[r].equal(at::full({3}, 3.0f)));
+  }
+}
+
+TEST(Rendezvous, UnreachableStoreFailsClearly) {
+  WorldInfo w = detect({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(free_port())},
+                        {"RANK", "1"}, {"WORLD_SIZE", "2"}});
+  InitOptions o;
+  o.store_timeout = std::chrono::milliseconds(1500);
+  try {
+    init_process_group(w, o);
+    ADD_FAILURE() << "connected to nothing";
+  } catch (const Failure& e) {
+    EXPECT_HAS(e.what(), "connecting to the rendezvous store at 127.0.0.1:");
+    EXPECT_HAS(e.what(), "[rank 1/2]");
+  }
+}
+
+}  // namespace
+}  // namespace fsdp::comm

@@ -1,0 +1,213 @@
+// The trainer end to end: in-process runs at several world sizes, and the
+// fsdp-train binary (flags, exit codes, the local launcher, every strategy).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <sys/wait.h>
+
+#include <array>
+#include <cstdio>
+#include <fstream>
+#include <sstream>
+
+#include "fsdp/common/error.h"
+#include "fsdp/train/trainer.h"
+#include "support/multiproc.h"
+
+namespace fsdp {
+namespace {
+
+const std::string kCorpus = std::string(FSDP_SOURCE_DIR) + "/data/fallback_corpus.jsonl";
+const std::string kTrainBin = FSDP_TRAIN_BIN;
+
+train::TrainOptions tiny_options() {
+  train::TrainOptions o;
+  o.model = "tiny";
+  o.data.path = kCorpus;
+  o.data.seq_len = 32;
+  o.step.batch_size = 4;
+  o.step.max_steps = 8;
+  o.schedule.lr = 3e-3;
+  o.schedule.min_lr = 3e-4;
+  o.schedule.warmup_steps = 2;
+  o.log.quiet = true;
+  return o;
+}
+
+comm::Runtime runtime_of(comm::ProcessGroup& pg, int local_world_size) {
+  comm::Runtime rt;
+  rt.world.rank = pg.rank();
+  rt.world.world_size = pg.size();
+  rt.world.local_world_size = local_world_size;
+  rt.world.launcher = "test";
+  rt.world_group = comm::ProcessGroupPtr(&pg, [](comm::ProcessGroup*) {});
+  return rt;
+}
+
+struct Command {
+  int exit_code = -1;
+  std::string output;  // stdout and stderr
+};
+
+Command run_command(const std::string& cmd) {
+  Command c;
+  FILE* p = popen(("timeout -k 10 300 " + cmd + " 2>&1").c_str(), "r");
+  EXPECT_NE(p, nullptr);
+  std::array<char, 4096> buf{};
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) c.output.append(buf.data(), n);
+  const int status = pclose(p);
+  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  return c;
+}
+
+std::string tiny_flags() {
+  return " --model tiny --data " + kCorpus + " --seq-len 32 --batch-size 2 --max-steps 3 --log-every 1 --lr 1e-3";
+}
+
+}  // namespace
+
+// The global batch of a step is the same set of samples whatever the world
+// size, so runs at 1, 2 and 4 ranks agree step by step.
+TEST(Train, LossesAgreeAcrossWorldSizes) {
+  const std::string dir = testing::temp_dir("train-ws");
+  for (int w : {1, 2, 4}) {
+    testing::run_distributed(w, [&](comm::ProcessGroup& pg) {
+      train::TrainOptions o = tiny_options();
+      o.step.batch_size = 4 / pg.size();
+      auto s = train::train(o, runtime_of(pg, pg.size()));
+      if (pg.rank() == 0) {
+        std::ofstream out(dir + "/losses" + std::to_string(pg.size()));
+        for (const auto& r : s.steps) out << std::setprecision(17) << r.loss << "\n";
+      }
+    });
+  }
+  if (testing::is_worker()) return;  // the comparison runs in the parent
+  auto read = [&](int w) {
+    std::vector<double> v;
+    std::ifstream in(dir + "/losses" + std::to_string(w));
+    double x;
+    while (in >> x) v.push_back(x);
+    return v;
+  };
+  const auto l1 = read(1), l2 = read(2), l4 = read(4);
+  ASSERT_EQ(l1.size(), 8u);
+  ASSERT_EQ(l2.size(), 8u);
+  ASSERT_EQ(l4.size(), 8u);
+  for (size_t i = 0; i < l1.size(); ++i) {
+    EXPECT_NEAR(l2[i], l1[i], 1e-5 * std::abs(l1[i])) << "step " << i;
+    EXPECT_NEAR(l4[i], l1[i], 1e-5 * std::abs(l1[i])) << "step " << i;
+  }
+  EXPECT_LT(l1.back(), l1.front() - 0.5) << "the loss should fall";
+}
+
+TEST(TrainCli, HelpDocumentsTheFlags) {
+  Command c = run_command(kTrainBin + " --help");
+  EXPECT_EQ(c.exit_code, 0);
+  for (const char* flag : {"--model", "--data", "--token-dtype", "--seq-len", "--batch-size", "--grad-accum", "--lr",
+                           "--warmup-steps", "--min-lr", "--weight-decay", "--clip-grad", "--max-steps", "--seed",
+                           "--log-every", "--metrics-file", "--nproc-per-node", "--device", "--sharding", "--wrap",
+                           "--hybrid-shard-size"}) {
+    EXPECT_NE(c.output.find(flag), std::string::npos) << flag;
+  }
+}
+
+// Bad input: one line naming the flag or file and the accepted values, exit
+// code 2, never a stack trace.
+TEST(TrainCli, BadInputIsAOneLineUsageError) {
+  const std::string dir = testing::temp_dir("train-bad");
+  {
+    // token ids beyond the tiny model's 512-token vocabulary
+    std::ofstream bin(dir + "/big.bin", std::ios::binary);
+    for (uint16_t i = 0; i < 200; ++i) {
+      const uint16_t v = i == 150 ? 60000 : i;
+      bin.write(reinterpret_cast<const char*>(&v), 2);
+    }
+  }
+  struct Case {
+    std::string args;
+    std::string expect;
+  };
+  const std::vector<Case> cases = {
+      {"--model nosuch --data " + kCorpus, "nosuch"},
+      {"--model tiny --data /nonexistent/corpus.txt", "/nonexistent/corpus.txt"},
+      {"--model tiny --data " + kCorpus + " --seq-len 100000", "--seq-len"},
+      {"--model tiny --data " + kCorpus + " --batch-size 0", "--batch-size"},
+      {"--model tiny --data " + dir + "/big.bin --seq-len 16", "60000"},
+      {"--model tiny --data " + kCorpus + " --sharding half", "full, grad-op, none, hybrid"},
+      {"--model tiny --data " + kCorpus + " --wrap leaves", "block, size:N, root"},
+      {"--model tiny --data " + kCorpus + " --token-dtype u8", "u16, u32"},
+      {"--model tiny --data " + kCorpus + " --device tpu", "cpu, cuda"},
+      {"--model tiny --data " + kCorpus + " --nproc-per-node 2 --batch-size 0", "--batch-size"},
+      {"--model tiny --data " + kCorpus + " --no-such-flag", "--no-such-flag"},
+  };
+  for (const auto& k : cases) {
+    Command c = run_command(kTrainBin + " " + k.args);
+    EXPECT_EQ(c.exit_code, 2) << k.args << "\n" << c.output;
+    EXPECT_NE(c.output.find(k.expect), std::string::npos) << k.args << "\n" << c.output;
+    EXPECT_EQ(c.output.find("frame #"), std::string::npos) << "stack trace for " << k.args << "\n" << c.output;
+    EXPECT_LE(std::count(c.output.begin(), c.output.end(), '\n'), 2) << k.args << "\n" << c.output;
+  }
+}
+
+// fsdp-train trains with every strategy on 2 and 4 local processes; the
+// metrics file has the documented fields.
+TEST(TrainCli, EveryStrategyOnTwoAndFourProcesses) {
+  const std::string dir = testing::temp_dir("train-cli");
+  for (const std::string s : {"full", "grad-op", "none", "hybrid"}) {
+    for (int n : {2, 4}) {
+      const std::string metrics = dir + "/m-" + s + "-" + std::to_string(n) + ".jsonl";
+      std::string cmd = kTrainBin + tiny_flags() + " --sharding " + s + " --nproc-per-node " + std::to_string(n) +
+                        " --metrics-file " + metrics;
+      if (s == "hybrid") cmd += " --hybrid-shard-size 2";
+      Command c = run_command(cmd);
+      ASSERT_EQ(c.exit_code, 0) << cmd << "\n" << c.output;
+      EXPECT_NE(c.output.find("Batch 2 Loss: "), std::string::npos) << c.output;
+      std::ifstream in(metrics);
+      std::string line;
+      int lines = 0;
+      while (std::getline(in, line)) {
+        auto j = nlohmann::json::parse(line);
+        for (const char* k : {"step", "loss", "lr", "samples_per_s", "tokens_per_s", "step_time_s", "peak_mem_bytes",
+                              "allgather_bytes", "reduce_scatter_bytes", "allreduce_bytes"}) {
+          EXPECT_TRUE(j.contains(k)) << k << " missing in " << line;
+        }
+        EXPECT_EQ(j["world_size"].get<int>(), n);
+        if (s == "none") {
+          EXPECT_EQ(j["allgather_bytes"].get<int64_t>(), 0);
+          EXPECT_GT(j["allreduce_bytes"].get<int64_t>(), 0);
+        } else {
+          EXPECT_GT(j["allgather_bytes"].get<int64_t>(), 0);
+          EXPECT_GT(j["reduce_scatter_bytes"].get<int64_t>(), 0);
+        }
+        ++lines;
+      }
+      EXPECT_EQ(lines, 3) << metrics;
+    }
+  }
+}
+
+// A worker that dies makes the launcher stop the others and report which rank
+// failed and how. Rank 1 is killed with SIGKILL once training has started.
+TEST(TrainCli, LauncherReportsAKilledRank) {
+  const std::string dir = testing::temp_dir("train-kill");
+  const std::string script = dir + "/kill.sh";
+  {
+    std::ofstream sh(script);
+    sh << "set -u\n"
+       << kTrainBin << tiny_flags() << " --max-steps 100000 --nproc-per-node 2 > " << dir << "/log 2>&1 &\n"
+       << "L=$!\n"
+       << "for i in $(seq 1 1200); do grep -q 'Batch 1 Loss' " << dir << "/log && break; sleep 0.1; done\n"
+       << "for p in $(pgrep -P $L); do tr '\\0' '\\n' < /proc/$p/environ | grep -qx RANK=1 && kill -9 $p; done\n"
+       << "wait $L; echo \"launcher exit $?\"\n"
+       << "cat " << dir << "/log\n";
+  }
+  Command c = run_command("bash " + script);
+  EXPECT_NE(c.output.find("launcher exit 137"), std::string::npos) << c.output;
+  EXPECT_NE(c.output.find("rank 1 was killed by signal 9"), std::string::npos) << c.output;
+  // No worker is left behind (the bracket keeps the pattern from matching this shell).
+  EXPECT_EQ(run_command("pgrep -f 'max-steps 10000[0] --nproc-per-node 2'").output.find_first_of("0123456789"),
+            std::string::npos);
+}
+
+}  // namespace fsdp
