@@ -70,9 +70,12 @@ int run(int argc, char** argv) {
                  "Debian's fortunes package (build/data/corpus.jsonl), else the repository's small fallback data/fallback_corpus.jsonl")
       ->capture_default_str();
   app.add_option("--data-format", format, "auto | text | jsonl | bin (auto: by extension and content)")
+      ->check(CLI::IsMember({"auto", "text", "jsonl", "bin"}))
       ->capture_default_str();
   app.add_option("--text-field", o.data.text_field, "JSON-lines field holding each document")->capture_default_str();
-  app.add_option("--token-dtype", token_dtype, "Width of token ids in binary data: u16 | u32")->capture_default_str();
+  app.add_option("--token-dtype", token_dtype, "Width of token ids in binary data: u16 | u32")
+      ->check(CLI::IsMember({"u16", "u32", "uint16", "uint32"}))
+      ->capture_default_str();
   app.add_option("--tokenizer", o.data.tokenizer,
                  "Tokenizer for text data: byte, a SentencePiece .model, or a tiktoken BPE file (Llama 3)")
       ->capture_default_str();
@@ -102,7 +105,7 @@ int run(int argc, char** argv) {
   app.add_option("--nproc-per-node", nproc,
                  "Start N local worker processes and supervise them (ignored under torchrun/srun/PyTorchJob)")
       ->capture_default_str();
-  app.add_option("--device", o.device, "cpu | cuda")->capture_default_str();
+  app.add_option("--device", o.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   app.add_option("--sharding", o.sharding.strategy,
                  "full (FULL_SHARD) | grad-op (SHARD_GRAD_OP) | none (NO_SHARD, DDP) | hybrid (HYBRID_SHARD)")
       ->capture_default_str();

@@ -136,8 +136,9 @@ TEST(TrainCli, BadInputIsAOneLineUsageError) {
       {"--model tiny --data " + dir + "/big.bin --seq-len 16", "60000"},
       {"--model tiny --data " + kCorpus + " --sharding half", "full, grad-op, none, hybrid"},
       {"--model tiny --data " + kCorpus + " --wrap leaves", "block, size:N, root"},
-      {"--model tiny --data " + kCorpus + " --token-dtype u8", "u16, u32"},
-      {"--model tiny --data " + kCorpus + " --device tpu", "cpu, cuda"},
+      {"--model tiny --data " + kCorpus + " --token-dtype u8", "--token-dtype"},
+      {"--model tiny --data " + kCorpus + " --device tpu", "--device"},
+      {"--model tiny --data " + kCorpus + " --device cuda", "CPU-only"},
       {"--model tiny --data " + kCorpus + " --nproc-per-node 2 --batch-size 0", "--batch-size"},
       {"--model tiny --data " + kCorpus + " --no-such-flag", "--no-such-flag"},
   };
