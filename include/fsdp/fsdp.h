@@ -80,10 +80,19 @@ struct WrapPolicy {
   static WrapPolicy root_only() { return {Kind::kRootOnly, {}, 0}; }
 };
 
+// Dtypes of the copies FSDP keeps. The sharded master copy is what the
+// optimizer updates: float32 normally; bfloat16 for pure-bf16 training (with
+// optim::AdamW's Kahan-compensated bf16 mode, so small updates are not lost).
 struct MixedPrecision {
-  at::ScalarType param_dtype = at::kFloat;   // unsharded parameters and activations
+  at::ScalarType param_dtype = at::kFloat;   // unsharded parameters, hence compute and activations
   at::ScalarType reduce_dtype = at::kFloat;  // gradient communication
-  at::ScalarType buffer_dtype = at::kFloat;  // module buffers
+  at::ScalarType buffer_dtype = at::kFloat;  // module buffers (not sharded)
+  at::ScalarType master_dtype = at::kFloat;  // parameter and gradient shards
+
+  // The command line's presets: "fp32", "bf16" (bf16 params, fp32 reduce),
+  // "fp16" (fp16 params, fp32 reduce; use a gradient scaler), "bf16-pure"
+  // (bf16 everywhere, bf16 master shards). UsageError for other names.
+  static MixedPrecision preset(const std::string& name);
 };
 
 struct FsdpOptions {
@@ -96,11 +105,18 @@ struct FsdpOptions {
   bool forward_prefetch = false;
   // At most this many all-gathers issued ahead of use (prefetches). >= 1.
   int limit_all_gathers = 2;
-  // Keep shards, gradient shards and optimizer state in host memory.
+  // Keep parameter and gradient shards (hence optimizer state, which the
+  // optimizer allocates beside them) in host memory — page-locked when CUDA is
+  // present — while unsharded parameters live on `device`. The optimizer step
+  // then runs on the host.
   bool cpu_offload = false;
-  // Units whose inner type is listed recompute their forward in backward.
+  // Activation checkpointing: units whose inner type is listed (or every
+  // non-root unit) keep only their inputs in forward and recompute their
+  // forward in backward. Only units without nested units can be checkpointed.
   std::vector<std::type_index> checkpoint_types;
   bool checkpoint_all_units = false;
+  // Keep the checkpointed units' saved inputs in host memory (GPU runs).
+  bool offload_checkpoint_inputs = false;
   // Parameters on the meta device are materialized shard by shard with this
   // rule (fsdp::nn::init_slice); required when the model was built on meta.
   nn::InitRuleFn init_rule;
@@ -137,6 +153,15 @@ struct UnitInfo {
   std::vector<ParamPlacement> params;
 };
 
+// Where the engine's bytes live (for logs and tests; the optimizer's state
+// lives beside the shards it updates).
+struct MemoryPlacement {
+  std::string what;    // "parameter shards", "gradient shards", "unsharded parameters (resident)", ...
+  std::string device;  // "cpu", "cuda:0"
+  int64_t bytes = 0;
+  bool pinned = false;
+};
+
 struct StepCounters {
   int64_t allgather_bytes = 0;
   int64_t reduce_scatter_bytes = 0;
@@ -171,6 +196,7 @@ class ShardedModel {
 
   // Layout and this rank's placement.
   const std::vector<UnitInfo>& units() const;
+  std::vector<MemoryPlacement> memory_placement() const;
   // Bytes this rank communicated since the last call (and resets them).
   StepCounters take_step_counters();
 

@@ -32,6 +32,10 @@ struct ForwardHolder : torch::CustomClassHolder {
   nn::TensorFn fn;
   std::vector<at::Tensor> params;
   std::vector<bool> input_requires_grad;
+  // Offloaded inputs: host copies, and the devices to bring them back to.
+  bool offload = false;
+  std::vector<at::Tensor> host_inputs;
+  std::vector<at::Device> input_devices;
 };
 
 // Note [Checkpoint recompute]
@@ -45,15 +49,32 @@ struct ForwardHolder : torch::CustomClassHolder {
 struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
   static variable_list forward(AutogradContext* ctx, at::TensorList inputs, at::TensorList params,
                                c10::intrusive_ptr<ForwardHolder> holder) {
-    ctx->save_for_backward(inputs.vec());
-    ctx->saved_data["holder"] = c10::IValue(c10::intrusive_ptr<torch::CustomClassHolder>(holder));
+    if (holder->offload) {
+      // Keep only host copies; device copies are freed with the caller's refs.
+      for (const auto& x : inputs) {
+        holder->input_devices.push_back(x.defined() ? x.device() : at::Device(at::kCPU));
+        holder->host_inputs.push_back(x.defined() ? x.detach().to(at::kCPU) : at::Tensor());
+      }
+    } else {
+      ctx->save_for_backward(inputs.vec());
+    }
+    ctx->saved_data["holder"] = c10::IValue::make_capsule(holder);
     (void)params;  // edges only; the holder keeps the tensors
     return holder->fn(inputs.vec());
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto holder = c10::static_intrusive_pointer_cast<ForwardHolder>(ctx->saved_data["holder"].toCapsule());
-    const variable_list saved = ctx->get_saved_variables();
+    variable_list saved;
+    if (holder->offload) {
+      for (size_t i = 0; i < holder->host_inputs.size(); ++i) {
+        const at::Tensor& h = holder->host_inputs[i];
+        saved.push_back(h.defined() ? h.to(holder->input_devices[i]) : at::Tensor());
+      }
+      holder->host_inputs.clear();
+    } else {
+      saved = ctx->get_saved_variables();
+    }
 
     std::vector<at::Tensor> inputs;
     inputs.reserve(saved.size());
@@ -111,10 +132,11 @@ std::vector<at::Tensor> attach_pre_backward(ShardedUnit& unit, const std::vector
 }
 
 std::vector<at::Tensor> checkpointed_call(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs,
-                                          const std::vector<at::Tensor>& params) {
+                                          const std::vector<at::Tensor>& params, bool offload_inputs) {
   auto holder = c10::make_intrusive<ForwardHolder>();
   holder->fn = fn;
   holder->params = params;
+  holder->offload = offload_inputs;
   for (const auto& x : inputs) holder->input_requires_grad.push_back(x.defined() && x.requires_grad());
   return CheckpointFn::apply(at::TensorList(inputs), at::TensorList(params), holder);
 }

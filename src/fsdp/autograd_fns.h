@@ -20,8 +20,9 @@ std::vector<at::Tensor> attach_pre_backward(ShardedUnit& unit, const std::vector
 // (non-reentrant: the recompute runs inside this function's backward, through
 // the inner forward directly, while the unit is unsharded by its pre-backward
 // hook). `params` are the unit's parameters: passed as inputs so their
-// gradients flow to their AccumulateGrad nodes.
+// gradients flow to their AccumulateGrad nodes. `offload_inputs`: keep the
+// saved inputs in host memory until the recompute (a no-op for CPU tensors).
 std::vector<at::Tensor> checkpointed_call(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs,
-                                          const std::vector<at::Tensor>& params);
+                                          const std::vector<at::Tensor>& params, bool offload_inputs);
 
 }  // namespace fsdp::detail

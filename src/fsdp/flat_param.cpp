@@ -36,9 +36,10 @@ std::pair<int64_t, int64_t> FlatLayout::overlap(size_t p, int64_t begin, int64_t
   return {lo - pp.flat_offset, hi - lo};
 }
 
-FlatParam::FlatParam(std::vector<Source> params, int shard_rank, int shard_size, at::ScalarType param_dtype,
-                     at::Device device, bool single_copy)
-    : shard_rank_(shard_rank), param_dtype_(param_dtype), device_(device), single_copy_(single_copy) {
+FlatParam::FlatParam(std::vector<Source> params, const FlatParamOptions& options)
+    : options_(options),
+      single_copy_(options.replicated && options.shard_dtype == options.param_dtype &&
+                   options.shard_device == options.device) {
   std::vector<ParamPlacement> placements;
   for (auto& s : params) {
     FSDP_CHECK(s.param.requires_grad(), "parameter '", s.name,
@@ -51,11 +52,14 @@ FlatParam::FlatParam(std::vector<Source> params, int shard_rank, int shard_size,
     placements.push_back(std::move(pl));
     params_.push_back(s.param);
   }
-  layout_ = FlatLayout::make(std::move(placements), shard_size);
-  FSDP_ASSERT(!single_copy_ || (shard_size == 1 && param_dtype == at::kFloat));
-  const auto f32 = at::TensorOptions().dtype(at::kFloat).device(device_);
-  shard_ = at::zeros({layout_.shard_numel}, f32);
-  grad_shard_ = at::zeros({layout_.shard_numel}, f32);
+  layout_ = FlatLayout::make(std::move(placements), options_.shard_size);
+  FSDP_ASSERT(!options_.replicated || options_.shard_size == 1);
+  const auto so = at::TensorOptions()
+                      .dtype(options_.shard_dtype)
+                      .device(options_.shard_device)
+                      .pinned_memory(options_.pin_shards);
+  shard_ = at::zeros({layout_.shard_numel}, so);
+  grad_shard_ = at::zeros({layout_.shard_numel}, so);
 }
 
 at::Tensor FlatParam::gather_source_values() const {
@@ -65,7 +69,7 @@ at::Tensor FlatParam::gather_source_values() const {
     FSDP_CHECK(!params_[i].is_meta(), "parameter '", layout_.params[i].name,
                "' is on the meta device; sync_module_states needs materialized parameters on every rank "
                "(or build on meta and give FsdpOptions::init_rule instead)");
-    flat.push_back(params_[i].detach().reshape({-1}).to(at::kFloat));
+    flat.push_back(params_[i].detach().reshape({-1}).to(at::kFloat).cpu());
   }
   if (flat.empty()) return at::zeros({0});
   return at::cat(flat);
@@ -98,7 +102,8 @@ void FlatParam::bind(bool keep_allocated) {
   if (single_copy_) {
     full_ = shard_;
   } else {
-    full_ = at::empty({layout_.padded_numel}, at::TensorOptions().dtype(param_dtype_).device(device_));
+    full_ = at::empty({layout_.padded_numel},
+                      at::TensorOptions().dtype(options_.param_dtype).device(options_.device));
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& pl = layout_.params[i];
@@ -126,7 +131,8 @@ void FlatParam::prepare_full_grad(bool keep) {
     full_grad_ = grad_shard_;
     if (!keep) full_grad_.zero_();
   } else if (!full_grad_.defined()) {
-    full_grad_ = at::zeros({layout_.padded_numel}, at::TensorOptions().dtype(param_dtype_).device(device_));
+    full_grad_ = at::zeros({layout_.padded_numel},
+                           at::TensorOptions().dtype(options_.param_dtype).device(options_.device));
   } else if (!keep) {
     full_grad_.zero_();
   }

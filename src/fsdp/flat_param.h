@@ -6,18 +6,21 @@
 // range [r*n, (r+1)*n), n = Np / S.
 //
 // Tensors owned here:
-//   shard_       (n) fp32   the master copy of this rank's chunk; the optimizer
-//                           updates it in place. Always resident.
-//   grad_shard_  (n) fp32   reduced gradients; valid once a reduction landed
-//                           since the last zero_grad.
+//   shard_       (n) shard dtype (fp32; bf16 for pure-bf16 training)
+//                           the master copy of this rank's chunk; the optimizer
+//                           updates it in place. Always resident, on the shard
+//                           device (host memory with CPU offload, pinned when
+//                           CUDA is present).
+//   grad_shard_  (n) shard dtype, shard device: reduced gradients; valid once
+//                           a reduction landed since the last zero_grad.
 //   full_        (Np) param dtype   the unsharded buffer; the module's
 //                           parameters are views of it. Its bytes exist only
 //                           while unsharded (StorageState below).
 //   full_grad_   (Np) param dtype   unsharded gradients during backward; the
 //                           parameters' .grad are views of it, so
 //                           AccumulateGrad adds in place.
-// NO_SHARD with fp32 parameters keeps a single copy: full_ is shard_ and
-// full_grad_ is grad_shard_.
+// NO_SHARD with parameters in the shard dtype on the shard device keeps a
+// single copy: full_ is shard_ and full_grad_ is grad_shard_.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -51,6 +54,17 @@ enum class StorageState {
   kAllocated,  // full_ has bytes (being filled, or filled)
 };
 
+struct FlatParamOptions {
+  int shard_rank = 0;
+  int shard_size = 1;
+  at::ScalarType param_dtype = at::kFloat;  // full_, full_grad_
+  at::ScalarType shard_dtype = at::kFloat;  // shard_, grad_shard_
+  at::Device device = at::kCPU;             // full_, full_grad_
+  at::Device shard_device = at::kCPU;       // shard_, grad_shard_
+  bool pin_shards = false;                  // page-locked host shards (CPU offload with CUDA)
+  bool replicated = false;                  // NO_SHARD: full_ is never freed
+};
+
 class FlatParam {
  public:
   struct Source {
@@ -60,11 +74,10 @@ class FlatParam {
 
   // `params`: the unit's own parameters in registration order, shared tensors
   // listed once. The module's parameters are not touched until bind().
-  FlatParam(std::vector<Source> params, int shard_rank, int shard_size, at::ScalarType param_dtype,
-            at::Device device, bool single_copy);
+  FlatParam(std::vector<Source> params, const FlatParamOptions& options);
 
   const FlatLayout& layout() const { return layout_; }
-  int64_t shard_offset() const { return shard_rank_ * layout_.shard_numel; }
+  int64_t shard_offset() const { return options_.shard_rank * layout_.shard_numel; }
 
   // Fills shard_ from `flat_source` (the unit's unpadded flat values in any
   // dtype; undefined: take the parameters' own values) or, for parameters on
@@ -82,7 +95,8 @@ class FlatParam {
   at::Tensor& full() { return full_; }
   at::Tensor& full_grad() { return full_grad_; }
   bool single_copy() const { return single_copy_; }
-  at::ScalarType param_dtype() const { return param_dtype_; }
+  at::ScalarType param_dtype() const { return options_.param_dtype; }
+  const FlatParamOptions& options() const { return options_; }
 
   StorageState storage_state() const { return storage_; }
   void alloc_full();
@@ -103,14 +117,12 @@ class FlatParam {
  private:
   FlatLayout layout_;
   std::vector<at::Tensor> params_;
-  int shard_rank_;
-  at::ScalarType param_dtype_;
-  at::Device device_;
+  FlatParamOptions options_;
   bool single_copy_;
   StorageState storage_ = StorageState::kAllocated;
 
-  at::Tensor shard_;       // (n) fp32
-  at::Tensor grad_shard_;  // (n) fp32
+  at::Tensor shard_;       // (n) shard dtype, shard device
+  at::Tensor grad_shard_;  // (n) shard dtype, shard device
   at::Tensor full_;        // (Np) param dtype
   at::Tensor full_grad_;   // (Np) param dtype
 };

@@ -49,6 +49,27 @@ BackwardPrefetch parse_backward_prefetch(const std::string& s) {
   return BackwardPrefetch::kPre;
 }
 
+MixedPrecision MixedPrecision::preset(const std::string& name) {
+  MixedPrecision m;
+  if (name == "fp32") return m;
+  if (name == "bf16") {
+    m.param_dtype = at::kBFloat16;
+    m.buffer_dtype = at::kBFloat16;
+    return m;
+  }
+  if (name == "fp16") {
+    m.param_dtype = at::kHalf;
+    m.buffer_dtype = at::kHalf;
+    return m;
+  }
+  if (name == "bf16-pure") {
+    m.param_dtype = m.reduce_dtype = m.buffer_dtype = m.master_dtype = at::kBFloat16;
+    return m;
+  }
+  FSDP_CHECK(false, "unknown mixed precision '", name, "'; accepted: fp32, bf16, fp16, bf16-pure");
+  return m;
+}
+
 namespace detail {
 
 // At most this many reductions in flight: each holds an unsharded gradient
@@ -78,6 +99,13 @@ ShardedModelImpl::ShardedModelImpl(const std::shared_ptr<nn::UnitBase>& root, co
     FSDP_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf,
                "mixed precision dtypes must be float32, bfloat16 or float16; got ", t);
   }
+  FSDP_CHECK(!(mp.param_dtype == at::kHalf && options_.device.is_cpu() && !compat::cpu_half_matmul()),
+             "float16 parameters on the CPU: this LibTorch (", compat::torch_version(),
+             ") has no float16 matrix product on CPU; use bf16 on CPU (--mixed-precision bf16), or fp16 on a GPU");
+  FSDP_CHECK(mp.master_dtype == at::kFloat || mp.master_dtype == at::kBFloat16,
+             "the master (shard) dtype must be float32 or bfloat16 (pure bf16 training); got ", mp.master_dtype);
+  FSDP_CHECK(!options_.cpu_offload || options_.device.is_cpu() || options_.device.is_cuda(),
+             "CPU offload needs a CPU or CUDA device, got ", options_.device);
 
   if (options_.strategy == ShardingStrategy::kHybridShard) {
     const int s = options_.hybrid_shard_size;
@@ -181,9 +209,15 @@ void ShardedModelImpl::build_units() {
 
   // --- flat parameters, shards, hooks
   const bool no_shard = options_.strategy == ShardingStrategy::kNoShard;
-  const int srank = no_shard ? 0 : shard_group_->rank();
-  const int ssize = no_shard ? 1 : shard_group_->size();
-  const at::ScalarType pdt = options_.mixed_precision.param_dtype;
+  FlatParamOptions fpo;
+  fpo.shard_rank = no_shard ? 0 : shard_group_->rank();
+  fpo.shard_size = no_shard ? 1 : shard_group_->size();
+  fpo.param_dtype = options_.mixed_precision.param_dtype;
+  fpo.shard_dtype = options_.mixed_precision.master_dtype;
+  fpo.device = options_.device;
+  fpo.shard_device = options_.cpu_offload ? at::Device(at::kCPU) : options_.device;
+  fpo.pin_shards = options_.cpu_offload && options_.device.is_cuda();
+  fpo.replicated = no_shard;
   for (size_t k = 0; k < sel.size(); ++k) {
     const size_t i = sel[k];
     const bool ckpt = wants_checkpoint(i);
@@ -194,8 +228,7 @@ void ShardedModelImpl::build_units() {
                    "' is not supported; checkpoint the inner units instead");
       }
     }
-    auto flat = std::make_unique<FlatParam>(std::move(sources[k]), srank, ssize, pdt, options_.device,
-                                            /*single_copy=*/no_shard && pdt == at::kFloat);
+    auto flat = std::make_unique<FlatParam>(std::move(sources[k]), fpo);
     at::Tensor source;
     if (options_.sync_module_states && world_->size() > 1) {
       // Rank 0's values, one unit at a time.
@@ -226,6 +259,17 @@ void ShardedModelImpl::build_units() {
   }
   for (size_t i = 0; i < all.size(); ++i) {
     if (!selected[i]) all[i].second->set_hooks(nullptr);  // folded into the parent: plain call
+  }
+  // Buffers are replicated, not sharded: cast (and with sync_module_states,
+  // broadcast) them in place.
+  for (auto& b : root_module_->named_buffers(/*recurse=*/true)) {
+    at::Tensor t = b.value();
+    FSDP_CHECK(!t.is_meta(), "buffer '", b.key(), "' is on the meta device; buffers are not sharded, so the model "
+               "must create them materialized (or compute them in forward)");
+    at::Tensor moved = t.to(options_.device, t.is_floating_point() ? options_.mixed_precision.buffer_dtype
+                                                                   : t.scalar_type()).contiguous();
+    if (options_.sync_module_states && world_->size() > 1) world_->broadcast(moved, 0)->wait();
+    compat::rebind_data(t, moved);
   }
   prev_pos_.assign(units_.size(), -1);
   fwd_pos_.assign(units_.size(), -1);
@@ -448,6 +492,26 @@ void ShardedModelImpl::load_unit(size_t u, const at::Tensor& full) {
   units_[u]->reshard();
 }
 
+std::vector<MemoryPlacement> ShardedModelImpl::memory_placement() const {
+  auto device_name = [](const at::Tensor& t) { return t.device().str(); };
+  MemoryPlacement shards{"parameter shards", "", 0, false};
+  MemoryPlacement grads{"gradient shards", "", 0, false};
+  MemoryPlacement full{"unsharded parameters (resident now)", options_.device.str(), 0, false};
+  MemoryPlacement full_grads{"unsharded gradients (resident now)", options_.device.str(), 0, false};
+  for (const auto& u : units_) {
+    FlatParam& f = u->flat();
+    shards.device = device_name(f.shard());
+    shards.bytes += f.shard().nbytes();
+    shards.pinned = f.shard().is_pinned();
+    grads.device = device_name(f.grad_shard());
+    grads.bytes += f.grad_shard().nbytes();
+    grads.pinned = f.grad_shard().is_pinned();
+    if (!f.single_copy() && f.storage_state() == StorageState::kAllocated) full.bytes += f.full().nbytes();
+    if (!f.single_copy() && f.has_full_grad()) full_grads.bytes += f.full_grad().nbytes();
+  }
+  return {shards, grads, full, full_grads};
+}
+
 std::string ShardedModelImpl::describe() const {
   std::ostringstream os;
   int64_t total = 0, padded = 0;
@@ -478,6 +542,7 @@ void ShardedModel::set_requires_gradient_sync(bool sync) { impl_->set_requires_g
 double ShardedModel::grad_norm() { return impl_->grad_norm(); }
 double ShardedModel::clip_grad_norm(double max_norm) { return impl_->clip_grad_norm(max_norm); }
 const std::vector<UnitInfo>& ShardedModel::units() const { return impl_->units(); }
+std::vector<MemoryPlacement> ShardedModel::memory_placement() const { return impl_->memory_placement(); }
 StepCounters ShardedModel::take_step_counters() { return impl_->take_step_counters(); }
 at::Tensor ShardedModel::gather_unit(size_t u) { return impl_->gather_unit(u); }
 void ShardedModel::load_unit(size_t u, const at::Tensor& full) { impl_->load_unit(u, full); }

@@ -148,6 +148,7 @@ class ShardedModelImpl {
   double grad_norm();
   double clip_grad_norm(double max_norm);
   const std::vector<UnitInfo>& units() const { return infos_; }
+  std::vector<MemoryPlacement> memory_placement() const;
   StepCounters take_step_counters();
   at::Tensor gather_unit(size_t u);
   void load_unit(size_t u, const at::Tensor& full);

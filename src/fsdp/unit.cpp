@@ -125,7 +125,8 @@ std::vector<at::Tensor> ShardedUnit::run(const nn::TensorFn& fn, const std::vect
   ran_forward_ = true;
 
   const std::vector<at::Tensor> ins = cast_inputs(inputs);
-  std::vector<at::Tensor> outs = checkpoint_ ? checkpointed_call(fn, ins, flat_->params()) : fn(ins);
+  std::vector<at::Tensor> outs =
+      checkpoint_ ? checkpointed_call(fn, ins, flat_->params(), root_->options().offload_checkpoint_inputs) : fn(ins);
 
   if (root_->reshards_after_forward(*this)) reshard();
   root_->on_post_forward(*this);
@@ -194,7 +195,8 @@ void ShardedUnit::post_backward(bool flush) {
       reduce_ = root_->shard_group()->all_reduce(in, comm::ReduceOp::kAvg);
     } else {
       const int64_t n = flat_->layout().shard_numel;
-      if (!grad_valid_ && in.scalar_type() == at::kFloat && flat_->grad_shard().device() == in.device()) {
+      const at::Tensor& gs = flat_->grad_shard();
+      if (!grad_valid_ && in.scalar_type() == gs.scalar_type() && gs.device() == in.device()) {
         reduce_out_ = flat_->grad_shard();  // lands directly: nothing to fold later
         reduce_into_grad_shard_ = true;
       } else {
@@ -228,7 +230,7 @@ void ShardedUnit::finish_reduce() {
       // The reduced tensor was made from g itself (old sum included): replace.
       if (!reduce_out_.is_same(g)) g.copy_(reduce_out_);
     } else if (grad_valid_) {
-      g.add_(reduce_out_.to(at::kFloat));
+      g.add_(reduce_out_.to(g.device(), g.scalar_type()));
     } else {
       g.copy_(reduce_out_);
     }

@@ -14,13 +14,17 @@ AdamW::AdamW(AdamWOptions options) : options_(options) {
   FSDP_CHECK(options_.beta2 >= 0 && options_.beta2 < 1, "AdamW: beta2 must be in [0, 1), got ", options_.beta2);
   FSDP_CHECK(options_.eps > 0, "AdamW: eps must be > 0, got ", options_.eps);
   FSDP_CHECK(options_.weight_decay >= 0, "AdamW: weight_decay must be >= 0, got ", options_.weight_decay);
+  FSDP_CHECK(options_.state_dtype == at::kFloat || options_.state_dtype == at::kBFloat16,
+             "AdamW: state dtype must be float32 or bfloat16, got ", options_.state_dtype);
 }
 
 void AdamW::add(std::string name, at::Tensor param, std::function<at::Tensor()> grad) {
   Slot s;
   s.name = std::move(name);
-  s.exp_avg = at::zeros_like(param, at::TensorOptions().dtype(at::kFloat));
-  s.exp_avg_sq = at::zeros_like(param, at::TensorOptions().dtype(at::kFloat));
+  // Beside the parameter (host memory for CPU-offloaded shards), same layout.
+  s.exp_avg = at::zeros_like(param, at::TensorOptions().dtype(options_.state_dtype));
+  s.exp_avg_sq = at::zeros_like(param, at::TensorOptions().dtype(options_.state_dtype));
+  if (options_.kahan_summation) s.compensation = at::zeros_like(param);
   s.param = std::move(param);
   s.grad = std::move(grad);
   slots_.push_back(std::move(s));
@@ -54,6 +58,22 @@ void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg
   param.addcdiv_(exp_avg, denom, -step_size);
 }
 
+void adamw_update_kahan(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                        at::Tensor& compensation, int64_t step, const AdamWOptions& o) {
+  at::NoGradGuard no_grad;
+  const at::Tensor g = grad.defined() ? grad : at::zeros_like(param);
+  param.mul_(1.0 - o.lr * o.weight_decay);
+  exp_avg.mul_(o.beta1).add_(g, 1.0 - o.beta1);
+  exp_avg_sq.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
+  const double bias1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
+  const double bias2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
+  const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(o.eps);
+  compensation.addcdiv_(exp_avg, denom, -o.lr / bias1);
+  const at::Tensor before = param.clone();
+  param.add_(compensation);
+  compensation.add_(before.sub_(param));  // what rounding kept out of param
+}
+
 void AdamW::step() {
   ++step_;
   for (auto& s : slots_) {
@@ -62,7 +82,11 @@ void AdamW::step() {
       FSDP_ASSERT(g.sizes() == s.param.sizes(), "gradient of '", s.name, "' has shape ", g.sizes(),
                   ", parameter ", s.param.sizes());
     }
-    adamw_update(s.param, g, s.exp_avg, s.exp_avg_sq, step_, options_);
+    if (options_.kahan_summation) {
+      adamw_update_kahan(s.param, g, s.exp_avg, s.exp_avg_sq, s.compensation, step_, options_);
+    } else {
+      adamw_update(s.param, g, s.exp_avg, s.exp_avg_sq, step_, options_);
+    }
   }
 }
 

@@ -6,6 +6,7 @@
 #include <map>
 
 #include "fsdp/optim/adamw.h"
+#include "fsdp/optim/grad_scaler.h"
 #include "toy_models.h"
 
 namespace fsdp::testing {
@@ -13,15 +14,31 @@ namespace {
 
 double rel(double a, double b) { return std::abs(a - b) / std::max(1e-12, std::abs(b)); }
 
-// The reference's flat view of one unit, padded like the shard layout.
-at::Tensor reference_flat(torch::nn::Module& ref, const UnitInfo& u) {
-  std::map<std::string, at::Tensor> by_name;
-  for (auto& p : ref.named_parameters(true)) by_name[p.key()] = p.value();
+// The reference's flat view of one unit (its master values), padded like the shard layout.
+at::Tensor reference_flat(const std::map<std::string, at::Tensor>& masters, const UnitInfo& u) {
   std::vector<at::Tensor> parts;
-  for (const auto& p : u.params) parts.push_back(by_name.at(p.name).detach().reshape({-1}));
+  for (const auto& p : u.params) parts.push_back(masters.at(p.name).detach().reshape({-1}).to(at::kFloat));
   at::Tensor flat = at::zeros({u.padded_numel});
   if (!parts.empty()) flat.narrow(0, 0, u.numel).copy_(at::cat(parts));
   return flat;
+}
+
+// Casts the root's floating inputs to the param dtype, as a sharded unit does.
+struct CastInputs : nn::UnitHooks {
+  explicit CastInputs(at::ScalarType dt) : dt_(dt) {}
+  std::vector<at::Tensor> run(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs) override {
+    std::vector<at::Tensor> in;
+    for (const auto& x : inputs) in.push_back(x.defined() && x.is_floating_point() ? x.to(dt_) : x);
+    return fn(in);
+  }
+  at::ScalarType dt_;
+};
+
+bool all_finite(const std::vector<at::Tensor>& ts) {
+  for (const auto& t : ts) {
+    if (t.defined() && !at::isfinite(t).all().item<bool>()) return false;
+  }
+  return true;
 }
 
 }  // namespace
@@ -31,8 +48,9 @@ ParityReport run_parity(const comm::ProcessGroupPtr& world, const ParityModel& m
   const int r = world->rank();
   EXPECT_EQ(c.global_batch % (W * c.grad_accum), 0) << "global batch must split evenly";
   const int64_t B = c.global_batch / (W * c.grad_accum);
+  const MixedPrecision& mp = c.fsdp.mixed_precision;
 
-  optim::AdamWOptions ao;
+  optim::AdamWOptions ao = c.adamw_extra;
   ao.lr = c.lr;
   ao.weight_decay = c.weight_decay;
 
@@ -44,56 +62,112 @@ ParityReport run_parity(const comm::ProcessGroupPtr& world, const ParityModel& m
   auto sharded = fully_shard(root, world, fo);
   optim::AdamW opt(ao);
   opt.add_shards(sharded->shards());
+  optim::GradScalerOptions gso;
+  gso.init_scale = c.init_scale;
+  gso.backoff_factor = c.backoff;
+  gso.growth_interval = 4;
+  optim::ShardedGradScaler scaler(gso, world);
 
-  // --- reference
+  // --- reference: fp32-initialized masters, a compute copy in the param dtype
   std::shared_ptr<nn::UnitBase> ref = model.build(false, c.seed);
+  std::vector<std::string> names;
+  std::vector<at::Tensor> compute;
+  std::map<std::string, at::Tensor> masters;
+  std::vector<at::Tensor> master_list;
+  const bool cast_compute = mp.param_dtype != at::kFloat;
+  for (auto& p : ref->named_parameters(true)) {
+    names.push_back(p.key());
+    compute.push_back(p.value());
+    // fp32 throughout: the master is the parameter itself.
+    at::Tensor m = cast_compute || mp.master_dtype != at::kFloat ? p.value().detach().to(mp.master_dtype).clone()
+                                                                   : p.value().detach();
+    masters[p.key()] = m;
+    master_list.push_back(m);
+  }
+  if (cast_compute) {
+    at::NoGradGuard ng;
+    for (auto& t : compute) t.set_data(t.to(mp.param_dtype));
+    ref->set_hooks(std::make_shared<CastInputs>(mp.param_dtype));
+  }
   optim::AdamW ref_opt(ao);
-  ref_opt.add_module_parameters(*ref);
-  std::vector<at::Tensor> ref_params;
-  for (auto& p : ref->named_parameters(true)) ref_params.push_back(p.value());
+  std::vector<at::Tensor> master_grads(master_list.size());
+  for (size_t i = 0; i < master_list.size(); ++i) {
+    ref_opt.add(names[i], master_list[i], [&master_grads, i] { return master_grads[i]; });
+  }
+  double ref_scale = c.init_scale;
+  int64_t ref_tracker = 0;
 
   ParityReport rep;
   for (int64_t s = 0; s < c.steps; ++s) {
-    // sharded step
+    // ---- sharded step
     sharded->zero_grad();
     double local = 0;
     for (int64_t a = 0; a < c.grad_accum; ++a) {
       sharded->set_requires_gradient_sync(a == c.grad_accum - 1);
-      at::Tensor loss = model.loss(*root, s, (a * W + r) * B, B) / static_cast<double>(c.grad_accum);
-      loss.backward();
+      at::Tensor loss = model.loss(*root, s, (a * W + r) * B, B).to(at::kFloat) / static_cast<double>(c.grad_accum);
+      (c.loss_scaling ? scaler.scale(loss) : loss).backward();
       local += loss.item<double>();
     }
     at::Tensor lt = at::full({1}, local, at::TensorOptions().dtype(at::kDouble));
     world->all_reduce(lt, comm::ReduceOp::kAvg)->wait();
     const double loss_sharded = lt.item<double>();
-    if (c.clip > 0) sharded->clip_grad_norm(c.clip);
-    opt.step();
+    bool found_inf = false;
+    if (c.loss_scaling) found_inf = scaler.unscale(sharded->shards());
+    if (!found_inf) {
+      if (c.clip > 0) sharded->clip_grad_norm(c.clip);
+      opt.step();
+    }
+    if (c.loss_scaling) scaler.update(found_inf);
 
-    // reference step, same arithmetic order
-    std::vector<at::Tensor> sum(ref_params.size());
+    // ---- reference step, same arithmetic order and precision policy
+    {
+      at::NoGradGuard ng;
+      for (size_t i = 0; i < compute.size(); ++i) {
+        if (cast_compute) compute[i].copy_(master_list[i]);
+      }
+    }
+    std::vector<at::Tensor> sum(compute.size());
     double ref_loss = 0;
     for (int rr = 0; rr < W; ++rr) {
-      for (auto& p : ref_params) p.mutable_grad().reset();
+      for (auto& p : compute) p.mutable_grad().reset();
       double l_rr = 0;
       for (int64_t a = 0; a < c.grad_accum; ++a) {
-        at::Tensor loss = model.loss(*ref, s, (a * W + rr) * B, B) / static_cast<double>(c.grad_accum);
-        loss.backward();
+        at::Tensor loss = model.loss(*ref, s, (a * W + rr) * B, B).to(at::kFloat) / static_cast<double>(c.grad_accum);
+        (c.loss_scaling ? loss * ref_scale : loss).backward();
         l_rr += loss.item<double>();
       }
       ref_loss += l_rr;
-      for (size_t i = 0; i < ref_params.size(); ++i) {
-        at::Tensor g = ref_params[i].grad().defined() ? ref_params[i].grad() : at::zeros_like(ref_params[i]);
-        sum[i] = rr == 0 ? g.clone() : sum[i] + g;
+      for (size_t i = 0; i < compute.size(); ++i) {
+        at::Tensor g = compute[i].grad().defined() ? compute[i].grad() : at::zeros_like(compute[i]);
+        // Rank-order sum in fp32 (the process groups accumulate half types in fp32).
+        at::Tensor gr = g.to(mp.reduce_dtype).to(at::kFloat);
+        sum[i] = rr == 0 ? gr.clone() : sum[i] + gr;
       }
     }
     ref_loss /= W;
-    std::vector<at::Tensor> grads;
-    for (size_t i = 0; i < ref_params.size(); ++i) {
-      ref_params[i].mutable_grad() = sum[i] / static_cast<double>(W);
-      grads.push_back(ref_params[i].grad());
+    for (size_t i = 0; i < compute.size(); ++i) {
+      master_grads[i] = (sum[i] / static_cast<double>(W)).to(mp.reduce_dtype).to(mp.master_dtype);
     }
-    if (c.clip > 0) optim::clip_grad_norm(grads, c.clip);
-    ref_opt.step();
+    bool ref_inf = false;
+    if (c.loss_scaling) {
+      for (auto& g : master_grads) g.mul_(1.0 / ref_scale);
+      ref_inf = !all_finite(master_grads);
+      EXPECT_EQ(ref_inf, found_inf) << "step " << s << ": the sharded run and the reference disagree on inf/nan";
+    }
+    if (!ref_inf) {
+      if (c.clip > 0) optim::clip_grad_norm(master_grads, c.clip);
+      ref_opt.step();
+    }
+    if (c.loss_scaling) {
+      if (ref_inf) {
+        ref_scale *= c.backoff;
+        ref_tracker = 0;
+        ++rep.skipped_steps;
+      } else if (++ref_tracker >= 4) {
+        ref_scale *= 2.0;
+        ref_tracker = 0;
+      }
+    }
 
     rep.losses.push_back(loss_sharded);
     rep.ref_losses.push_back(ref_loss);
@@ -106,12 +180,14 @@ ParityReport run_parity(const comm::ProcessGroupPtr& world, const ParityModel& m
     }
   }
 
-  // Every local shard against the matching slice of the reference.
+  if (c.expect_skipped_steps) EXPECT_GT(rep.skipped_steps, 0) << "no step was skipped";
+
+  // Every local shard against the matching slice of the reference masters.
   const auto& units = sharded->units();
   const auto shards = sharded->shards();
   for (size_t u = 0; u < units.size(); ++u) {
-    at::Tensor want = reference_flat(*ref, units[u]).narrow(0, units[u].shard_offset, units[u].shard_numel);
-    at::Tensor got = shards[u].param;
+    at::Tensor want = reference_flat(masters, units[u]).narrow(0, units[u].shard_offset, units[u].shard_numel);
+    at::Tensor got = shards[u].param.to(at::kFloat).cpu();
     const double diff = (got - want).abs().max().item<double>();
     rep.worst_param_abs = std::max(rep.worst_param_abs, diff);
     if (c.expect_bitwise) {
@@ -122,8 +198,13 @@ ParityReport run_parity(const comm::ProcessGroupPtr& world, const ParityModel& m
     }
   }
   std::cout << "[parity] " << model.name << " " << to_string(fo.strategy) << " W=" << W << " rank " << r
+            << " param=" << mp.param_dtype << " reduce=" << mp.reduce_dtype << " master=" << mp.master_dtype
+            << (fo.checkpoint_all_units || !fo.checkpoint_types.empty() ? " +AC" : "")
+            << (fo.cpu_offload ? " +offload" : "") << " prefetch=" << to_string(fo.backward_prefetch)
+            << (fo.forward_prefetch ? "+fwd" : "") << " limit=" << fo.limit_all_gathers
             << ": worst loss rel diff " << rep.worst_loss_rel << ", worst param abs diff " << rep.worst_param_abs
-            << ", loss " << rep.losses.front() << " -> " << rep.losses.back() << "\n";
+            << ", loss " << rep.losses.front() << " -> " << rep.losses.back() << ", skipped " << rep.skipped_steps
+            << "\n";
   return rep;
 }
 

@@ -8,6 +8,14 @@
 // sums the ranks' gradients in rank order and divides by the world size —
 // what the reduce-scatter does. With fp32 this gives bit-identical results
 // for FULL_SHARD at world size <= 2 (sums of two commute exactly).
+//
+// Under a mixed-precision policy the reference follows the same policy: master
+// weights in the master dtype, a compute copy in the param dtype refreshed
+// from them every step, root inputs cast to the param dtype, gradients
+// accumulated in the param dtype, summed over ranks in the reduce dtype (fp32
+// accumulation, as the process groups do), divided by the world size, and the
+// optimizer on the masters. With a loss scale, both sides scale, unscale, and
+// skip steps with inf/nan gradients.
 #pragma once
 
 #include <functional>
@@ -18,6 +26,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/nn/unit.h"
+#include "fsdp/optim/adamw.h"
 
 namespace fsdp::testing {
 
@@ -40,6 +49,11 @@ struct ParityConfig {
   bool build_on_meta = true; // sharded side materializes shards from meta
   uint64_t seed = 1234;
   FsdpOptions fsdp;
+  optim::AdamWOptions adamw_extra;  // state dtype / Kahan for pure-bf16 runs (lr, weight decay come from above)
+  bool loss_scaling = false;        // fp16: dynamic loss scale on both sides
+  double init_scale = 1024.0;
+  double backoff = 0.5;
+  bool expect_skipped_steps = false;  // the run must skip at least one step
   double loss_rtol = 1e-5;
   double param_atol = 1e-5;
   bool expect_bitwise = false;  // losses and shards identical to the bit
@@ -50,6 +64,7 @@ struct ParityReport {
   std::vector<double> ref_losses;  // reference
   double worst_loss_rel = 0;
   double worst_param_abs = 0;
+  int64_t skipped_steps = 0;  // loss scaling: steps skipped for inf/nan (both sides alike)
 };
 
 // Collective over `world`; records gtest failures with the worst differences.

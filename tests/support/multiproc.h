@@ -20,6 +20,7 @@
 // FSDP_TEST_TEMP_ROOT, plus `env` (LOCAL_WORLD_SIZE=k simulates nodes of k
 // ranks: LOCAL_RANK and GROUP_RANK follow). A worker's collective timeout is
 // FSDP_TEST_COLLECTIVE_TIMEOUT_MS (default 60000) so a bug fails fast.
+// FSDP_TEST_VERBOSE=1 in the parent prints rank 0's output of successful runs.
 #pragma once
 
 #include "fsdp/comm/process_group.h"

@@ -238,7 +238,15 @@ void run_distributed(int world_size, const std::function<void(comm::ProcessGroup
   o.forward_signals = false;  // Ctrl-C kills the test; workers die with it (parent-death signal)
 
   const comm::LaunchResult r = comm::launch_local(o);
-  if (r.ok) return;
+  if (r.ok) {
+    // FSDP_TEST_VERBOSE=1: show what rank 0 printed (measurements, [parity] lines).
+    const char* verbose = std::getenv("FSDP_TEST_VERBOSE");
+    if (verbose != nullptr && std::string(verbose) == "1" && !r.ranks.empty()) {
+      std::cout << "----- rank 0 of run_distributed(world_size=" << world_size << ", call " << call << ") -----\n"
+                << tail_file(r.ranks[0].log_file, 400) << std::flush;
+    }
+    return;
+  }
   std::ostringstream os;
   os << "run_distributed(world_size=" << world_size << ", call " << call << ") failed: " << r.message
      << "\n";

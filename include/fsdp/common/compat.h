@@ -19,6 +19,10 @@ namespace fsdp::compat {
 // "1.13.1" etc., for logs and --version.
 inline const char* torch_version() { return TORCH_VERSION; }
 
+// Whether CPU kernels cover float16 matrix products (LibTorch 1.13's do not:
+// "addmm_impl_cpu_ not implemented for 'Half'"; 2.x's do).
+inline constexpr bool cpu_half_matmul() { return FSDP_TORCH_AT_LEAST(2, 1); }
+
 // ---- storage release / refill (the FSDP1 trick; see DESIGN.md) -------------
 // Releases the bytes of t's storage. Every view of that storage keeps its
 // sizes and strides but has no data until alloc_storage.

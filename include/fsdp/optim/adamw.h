@@ -6,6 +6,13 @@
 // State (exp_avg, exp_avg_sq) has the shape of each parameter — sharded
 // exactly like the shards it updates — and one step count per optimizer.
 //
+// AnyPrecision mode (state_dtype, kahan_summation): for pure-bf16 training,
+// where an update smaller than half a bf16 ulp of the weight is rounded away
+// and weights stagnate (arXiv 2010.06192). The moments may be kept in bf16,
+// and a compensation buffer in the parameter's dtype carries what each
+// rounding lost into the next step (Kahan summation):
+//   c += -lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps);  old = p;  p += c;  c += old - p
+//
 // Rule for missing gradients: a tensor whose gradient is undefined in a step
 // is updated with a zero gradient (moments decay, weight decay applies). A
 // flat shard cannot skip part of itself, so the unsharded reference follows
@@ -32,6 +39,8 @@ struct AdamWOptions {
   double beta2 = 0.999;
   double eps = 1e-8;
   double weight_decay = 0.01;
+  at::ScalarType state_dtype = at::kFloat;  // exp_avg and exp_avg_sq
+  bool kahan_summation = false;             // compensated update (AnyPrecision AdamW)
 };
 
 class AdamW {
@@ -56,8 +65,9 @@ class AdamW {
     std::string name;
     at::Tensor param;
     std::function<at::Tensor()> grad;
-    at::Tensor exp_avg;     // same shape as param, fp32
-    at::Tensor exp_avg_sq;  // same shape as param, fp32
+    at::Tensor exp_avg;       // same shape as param, state dtype
+    at::Tensor exp_avg_sq;    // same shape as param, state dtype
+    at::Tensor compensation;  // same shape and dtype as param; only with kahan_summation
   };
   // For checkpoints: state tensors may be read and overwritten in place.
   std::vector<Slot>& slots() { return slots_; }
@@ -73,6 +83,9 @@ class AdamW {
 // agree bit for bit. `step` is the 1-based step count after increment.
 void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
                   int64_t step, const AdamWOptions& o);
+// The compensated (Kahan) variant; `compensation` has the param's dtype.
+void adamw_update_kahan(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                        at::Tensor& compensation, int64_t step, const AdamWOptions& o);
 
 // Global L2 norm of `grads` (undefined entries count as zeros), computed in
 // float64; scales them in place so the norm is at most max_norm with the
