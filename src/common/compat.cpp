@@ -1,10 +1,54 @@
 #include "fsdp/common/compat.h"
 
+#include <c10/core/Allocator.h>
 #include <c10/core/StorageImpl.h>
+#include <sys/mman.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
 
 namespace fsdp::compat {
+
+namespace {
+
+struct MmapBlock {
+  void* ptr;
+  size_t bytes;
+};
+
+void unmap_block(void* ctx) {
+  auto* b = static_cast<MmapBlock*>(ctx);
+  munmap(b->ptr, b->bytes);
+  delete b;
+}
+
+// Page-aligned (>= the 64 bytes LibTorch expects) anonymous mappings.
+struct MmapAllocator final : c10::Allocator {
+#if FSDP_TORCH_AT_LEAST(2, 3)
+  c10::DataPtr allocate(size_t n) override { return do_allocate(n); }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
+  }
+#else
+  c10::DataPtr allocate(size_t n) const override { return do_allocate(n); }
+#endif
+  static c10::DataPtr do_allocate(size_t n) {
+    if (n == 0) return c10::DataPtr(nullptr, nullptr, &unmap_block, c10::Device(c10::kCPU));
+    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) throw c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                          "mmap of " + std::to_string(n) + " bytes failed (out of memory)");
+    return c10::DataPtr(p, new MmapBlock{p, n}, &unmap_block, c10::Device(c10::kCPU));
+  }
+};
+
+MmapAllocator g_mmap_allocator;  // stateless
+
+}  // namespace
+
+at::Tensor empty_mmap(int64_t numel, at::ScalarType dtype) {
+  const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, &g_mmap_allocator, /*resizable=*/false);
+  return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(storage, 0, {numel}, {1});
+}
 
 void free_storage(const at::Tensor& t) {
   c10::StorageImpl* s = t.storage().unsafeGetStorageImpl();

@@ -1,7 +1,5 @@
 #include "fsdp/common/memory.h"
 
-#include <malloc.h>
-
 #include <fstream>
 #include <string>
 
@@ -27,10 +25,6 @@ bool reset_peak_rss() {
   out << "5";
   out.flush();
   return static_cast<bool>(out);
-}
-
-void configure_host_allocator() {
-  mallopt(M_MMAP_THRESHOLD, 1 << 20);  // a fixed value also turns off the dynamic adjustment
 }
 
 }  // namespace fsdp

@@ -102,8 +102,7 @@ void FlatParam::bind(bool keep_allocated) {
   if (single_copy_) {
     full_ = shard_;
   } else {
-    full_ = at::empty({layout_.padded_numel},
-                      at::TensorOptions().dtype(options_.param_dtype).device(options_.device));
+    full_ = new_full_buffer();
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& pl = layout_.params[i];
@@ -111,6 +110,17 @@ void FlatParam::bind(bool keep_allocated) {
   }
   storage_ = StorageState::kAllocated;
   if (!keep_allocated && !single_copy_) free_full();
+}
+
+// Note [Host buffers from mmap]
+// On the CPU, unsharded buffers (parameters and gradients, one unit's worth
+// each) come from mmap and go back with munmap. Through malloc, glibc raises
+// its mmap threshold to the largest block freed, after which unit-sized
+// buffers are carved from the heap and stay resident once freed (~10% more
+// peak RSS in the 100M-parameter memory test).
+at::Tensor FlatParam::new_full_buffer() const {
+  if (options_.device.is_cpu()) return compat::empty_mmap(layout_.padded_numel, options_.param_dtype);
+  return at::empty({layout_.padded_numel}, at::TensorOptions().dtype(options_.param_dtype).device(options_.device));
 }
 
 void FlatParam::alloc_full() {
@@ -131,8 +141,7 @@ void FlatParam::prepare_full_grad(bool keep) {
     full_grad_ = grad_shard_;
     if (!keep) full_grad_.zero_();
   } else if (!full_grad_.defined()) {
-    full_grad_ = at::zeros({layout_.padded_numel},
-                           at::TensorOptions().dtype(options_.param_dtype).device(options_.device));
+    full_grad_ = new_full_buffer().zero_();
   } else if (!keep) {
     full_grad_.zero_();
   }

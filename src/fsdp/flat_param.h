@@ -115,6 +115,8 @@ class FlatParam {
   const std::vector<at::Tensor>& params() const { return params_; }
 
  private:
+  at::Tensor new_full_buffer() const;
+
   FlatLayout layout_;
   std::vector<at::Tensor> params_;
   FlatParamOptions options_;

@@ -40,6 +40,13 @@ bool storage_allocated(const at::Tensor& t);
 // device. Resets dst's cached AccumulateGrad.
 void rebind_data(const at::Tensor& dst, const at::Tensor& src);
 
+// An empty 1-D tensor of `numel` elements whose storage allocates host memory
+// straight from mmap and returns it with munmap — never from malloc, so a
+// freed unsharded buffer always goes back to the system and the next unit's
+// buffer never lands in a fragmented heap. alloc_storage on it allocates the
+// same way. (The Allocator interface changed in LibTorch 2.x; see compat.cpp.)
+at::Tensor empty_mmap(int64_t numel, at::ScalarType dtype);
+
 // ---- autograd internals ------------------------------------------------------
 // The AccumulateGrad node of leaf `p` (created on first use). The tensor keeps
 // only a weak reference: hold the returned pointer for as long as hooks on it
