@@ -443,32 +443,20 @@ double ShardedModelImpl::clip_grad_norm(double max_norm) {
 }
 
 namespace {
-comm::CommCounters diff(const comm::CommCounters& a, const comm::CommCounters& b) {
-  comm::CommCounters d;
-  d.allgather_bytes = a.allgather_bytes - b.allgather_bytes;
-  d.reduce_scatter_bytes = a.reduce_scatter_bytes - b.reduce_scatter_bytes;
-  d.allreduce_bytes = a.allreduce_bytes - b.allreduce_bytes;
-  d.broadcast_bytes = a.broadcast_bytes - b.broadcast_bytes;
-  return d;
+// Adds what `group` counted since `base` to `s`, and moves `base` to now.
+void take_since(const comm::ProcessGroup& group, comm::CommCounters& base, StepCounters& s) {
+  const comm::CommCounters now = group.counters();
+  s.allgather_bytes += now.allgather_bytes - base.allgather_bytes;
+  s.reduce_scatter_bytes += now.reduce_scatter_bytes - base.reduce_scatter_bytes;
+  s.allreduce_bytes += now.allreduce_bytes - base.allreduce_bytes;
+  base = now;
 }
 }  // namespace
 
 StepCounters ShardedModelImpl::take_step_counters() {
   StepCounters s;
-  const comm::CommCounters now = shard_group_->counters();
-  const comm::CommCounters d = diff(now, counters_base_shard_);
-  counters_base_shard_ = now;
-  s.allgather_bytes += d.allgather_bytes;
-  s.reduce_scatter_bytes += d.reduce_scatter_bytes;
-  s.allreduce_bytes += d.allreduce_bytes;
-  if (replicate_group_) {
-    const comm::CommCounters nr = replicate_group_->counters();
-    const comm::CommCounters dr = diff(nr, counters_base_replicate_);
-    counters_base_replicate_ = nr;
-    s.allgather_bytes += dr.allgather_bytes;
-    s.reduce_scatter_bytes += dr.reduce_scatter_bytes;
-    s.allreduce_bytes += dr.allreduce_bytes;
-  }
+  take_since(*shard_group_, counters_base_shard_, s);
+  if (replicate_group_) take_since(*replicate_group_, counters_base_replicate_, s);
   return s;
 }
 

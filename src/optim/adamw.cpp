@@ -44,17 +44,28 @@ void AdamW::add_module_parameters(torch::nn::Module& module) {
   }
 }
 
-void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
-                  int64_t step, const AdamWOptions& o) {
-  at::NoGradGuard no_grad;
-  const at::Tensor g = grad.defined() ? grad : at::zeros_like(param);
+namespace {
+// Decoupled weight decay, moment updates, and the denominator
+// sqrt(v)/sqrt(1-b2^t) + eps shared by both update rules. Returns the step
+// size lr/(1-b1^t).
+double decay_and_moments(at::Tensor& param, const at::Tensor& g, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                         int64_t step, const AdamWOptions& o, at::Tensor* denom) {
   param.mul_(1.0 - o.lr * o.weight_decay);
   exp_avg.mul_(o.beta1).add_(g, 1.0 - o.beta1);
   exp_avg_sq.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
   const double bias1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
   const double bias2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
-  const double step_size = o.lr / bias1;
-  at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(o.eps);
+  *denom = (exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(o.eps);
+  return o.lr / bias1;
+}
+}  // namespace
+
+void adamw_update(at::Tensor& param, const at::Tensor& grad, at::Tensor& exp_avg, at::Tensor& exp_avg_sq,
+                  int64_t step, const AdamWOptions& o) {
+  at::NoGradGuard no_grad;
+  const at::Tensor g = grad.defined() ? grad : at::zeros_like(param);
+  at::Tensor denom;
+  const double step_size = decay_and_moments(param, g, exp_avg, exp_avg_sq, step, o, &denom);
   param.addcdiv_(exp_avg, denom, -step_size);
 }
 
@@ -62,13 +73,9 @@ void adamw_update_kahan(at::Tensor& param, const at::Tensor& grad, at::Tensor& e
                         at::Tensor& compensation, int64_t step, const AdamWOptions& o) {
   at::NoGradGuard no_grad;
   const at::Tensor g = grad.defined() ? grad : at::zeros_like(param);
-  param.mul_(1.0 - o.lr * o.weight_decay);
-  exp_avg.mul_(o.beta1).add_(g, 1.0 - o.beta1);
-  exp_avg_sq.mul_(o.beta2).addcmul_(g, g, 1.0 - o.beta2);
-  const double bias1 = 1.0 - std::pow(o.beta1, static_cast<double>(step));
-  const double bias2 = 1.0 - std::pow(o.beta2, static_cast<double>(step));
-  const at::Tensor denom = (exp_avg_sq.sqrt() / std::sqrt(bias2)).add_(o.eps);
-  compensation.addcdiv_(exp_avg, denom, -o.lr / bias1);
+  at::Tensor denom;
+  const double step_size = decay_and_moments(param, g, exp_avg, exp_avg_sq, step, o, &denom);
+  compensation.addcdiv_(exp_avg, denom, -step_size);
   const at::Tensor before = param.clone();
   param.add_(compensation);
   compensation.add_(before.sub_(param));  // what rounding kept out of param
