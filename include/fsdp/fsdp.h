@@ -219,6 +219,34 @@ class ShardedModel {
   std::unique_ptr<detail::ShardedModelImpl> impl_;
 };
 
+// The layout fully_shard would build for `rank` of `world_size` processes,
+// and that rank's memory, from the model's structure alone: no process group,
+// works on the meta device (a 70B model is planned in milliseconds), does not
+// modify the model.
+struct ShardingPlan {
+  std::vector<UnitInfo> units;  // what ShardedModel::units() would report on `rank`
+  int shard_size = 1;           // ranks sharing one copy of the parameters (1 for NO_SHARD)
+  int replicas = 1;             // world_size / shard_size
+  int64_t parameters = 0;       // unpadded total
+  // Resident on every rank for the whole run (host memory with CPU offload):
+  int64_t param_shard_bytes = 0;  // master shards, master dtype
+  int64_t grad_shard_bytes = 0;   // reduced gradient shards, master dtype
+  int64_t optimizer_bytes = 0;    // AdamW exp_avg + exp_avg_sq beside the shards
+  // Unsharded buffers on the compute device while a step runs (param dtype):
+  int64_t largest_unit_bytes = 0;   // the largest unit's parameters
+  int64_t step_unsharded_bytes = 0; // upper bound held at once by the schedule:
+      // FULL_SHARD/HYBRID: the root's parameters and gradients, plus
+      //   (1 + limit_all_gathers) units' parameters and 3 units' gradients
+      //   (one collecting, two reductions in flight), at the largest unit's size;
+      // SHARD_GRAD_OP: every unit's parameters plus 3 units' gradients;
+      // NO_SHARD: every unit's parameters and gradients unless they are the
+      //   master copy itself (fp32, no offload).
+  // Not included: activations, communication scratch, LibTorch's own memory.
+  std::string describe() const;
+};
+ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_size, int rank,
+                           const FsdpOptions& options, at::ScalarType optimizer_state_dtype = at::kFloat);
+
 // Shards `root` over `world` (every rank calls it with the same model and
 // options). HYBRID_SHARD builds shard and replicate subgroups of `world`.
 // The returned object must outlive every forward/backward of the model.

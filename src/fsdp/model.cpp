@@ -72,9 +72,6 @@ MixedPrecision MixedPrecision::preset(const std::string& name) {
 
 namespace detail {
 
-// At most this many reductions in flight: each holds an unsharded gradient
-// buffer, so this bounds backward's gradient memory to ~2 units.
-constexpr size_t kMaxInflightReduces = 2;
 
 namespace {
 
@@ -128,14 +125,27 @@ ShardedModelImpl::~ShardedModelImpl() {
   for (auto& m : unit_modules_) m->set_hooks(nullptr);
 }
 
-void ShardedModelImpl::build_units() {
-  auto all = nn::find_units(root_module_);
-  FSDP_ASSERT(!all.empty() && all[0].first.empty() && all[0].second == root_module_);
+UnitInfo unit_info(const PlannedUnit& pu, const FlatLayout& layout, int64_t shard_offset) {
+  UnitInfo info;
+  info.name = pu.name;
+  info.type_name = pu.module->inner_type_name();
+  info.numel = layout.numel;
+  info.padded_numel = layout.padded_numel;
+  info.shard_numel = layout.shard_numel;
+  info.shard_offset = shard_offset;
+  info.checkpointed = pu.checkpoint;
+  info.params = layout.params;
+  return info;
+}
+
+std::vector<PlannedUnit> plan_units(const std::shared_ptr<nn::UnitBase>& root, const FsdpOptions& options) {
+  auto all = nn::find_units(root);
+  FSDP_ASSERT(!all.empty() && all[0].first.empty() && all[0].second == root);
 
   // --- which boundaries become units -----------------------------------------
   std::vector<bool> selected(all.size(), false);
   selected[0] = true;
-  const WrapPolicy& wp = options_.wrap;
+  const WrapPolicy& wp = options.wrap;
   auto params_under = [&](size_t i) {
     std::vector<std::string> names;
     for (auto& p : all[i].second->named_parameters(/*recurse=*/true)) {
@@ -154,7 +164,7 @@ void ShardedModelImpl::build_units() {
     // Children before parents (reverse pre-order): a boundary becomes a unit
     // once its not-yet-wrapped parameters reach min_num_params.
     std::unordered_map<std::string, int64_t> numel_of;
-    for (auto& p : root_module_->named_parameters(true)) numel_of[p.key()] = p.value().numel();
+    for (auto& p : root->named_parameters(true)) numel_of[p.key()] = p.value().numel();
     std::unordered_set<std::string> claimed;
     for (size_t i = all.size() - 1; i >= 1; --i) {
       int64_t free_numel = 0;
@@ -168,19 +178,17 @@ void ShardedModelImpl::build_units() {
       }
     }
   }
-
   // --- parameter ownership: the innermost selected unit whose name prefixes it
-  std::vector<size_t> sel;
+  std::vector<PlannedUnit> plan;
   for (size_t i = 0; i < all.size(); ++i) {
-    if (selected[i]) sel.push_back(i);
+    if (selected[i]) plan.push_back({all[i].first, all[i].second, {}, false});
   }
-  std::vector<std::vector<detail::FlatParam::Source>> sources(sel.size());
   std::unordered_map<const c10::TensorImpl*, size_t> owner_of;  // shared tensors: listed once
-  for (auto& p : root_module_->named_parameters(/*recurse=*/true)) {
+  for (auto& p : root->named_parameters(/*recurse=*/true)) {
     size_t best = 0;  // the root matches every name
     size_t best_len = 0;
-    for (size_t k = 1; k < sel.size(); ++k) {
-      const std::string& un = all[sel[k]].first;
+    for (size_t k = 1; k < plan.size(); ++k) {
+      const std::string& un = plan[k].name;
       if (is_prefix_of(un, p.key()) && un.size() > best_len) {
         best = k;
         best_len = un.size();
@@ -190,22 +198,32 @@ void ShardedModelImpl::build_units() {
     auto it = owner_of.find(impl);
     if (it != owner_of.end()) {
       FSDP_CHECK(it->second == best || it->second == 0,
-                 "parameter '", p.key(), "' is shared between unit '", all[sel[it->second]].first, "' and unit '",
-                 all[sel[best]].first, "'; shared parameters must belong to one unit — wrap both users in a common "
+                 "parameter '", p.key(), "' is shared between unit '", plan[it->second].name, "' and unit '",
+                 plan[best].name, "'; shared parameters must belong to one unit — wrap both users in a common "
                  "unit, or leave them to the root");
       continue;  // tied: the first name owns the storage
     }
     owner_of[impl] = best;
-    sources[best].push_back({p.key(), p.value()});
+    plan[best].sources.push_back({p.key(), p.value()});
   }
 
   // --- checkpointing: leaf units only (the recompute must not re-enter units)
-  auto wants_checkpoint = [&](size_t i) {
-    if (i == 0) return false;
-    if (options_.checkpoint_all_units) return true;
-    const auto& t = options_.checkpoint_types;
-    return std::find(t.begin(), t.end(), all[i].second->inner_type()) != t.end();
-  };
+  for (size_t k = 1; k < plan.size(); ++k) {
+    const auto& t = options.checkpoint_types;
+    plan[k].checkpoint = options.checkpoint_all_units ||
+                         std::find(t.begin(), t.end(), plan[k].module->inner_type()) != t.end();
+    if (!plan[k].checkpoint) continue;
+    for (size_t j = 0; j < plan.size(); ++j) {
+      FSDP_CHECK(j == k || !is_prefix_of(plan[k].name, plan[j].name), "activation checkpointing of unit '",
+                 plan[k].name, "' which contains unit '", plan[j].name,
+                 "' is not supported; checkpoint the inner units instead");
+    }
+  }
+  return plan;
+}
+
+void ShardedModelImpl::build_units() {
+  std::vector<PlannedUnit> plan = plan_units(root_module_, options_);
 
   // --- flat parameters, shards, hooks
   const bool no_shard = options_.strategy == ShardingStrategy::kNoShard;
@@ -218,17 +236,10 @@ void ShardedModelImpl::build_units() {
   fpo.shard_device = options_.cpu_offload ? at::Device(at::kCPU) : options_.device;
   fpo.pin_shards = options_.cpu_offload && options_.device.is_cuda();
   fpo.replicated = no_shard;
-  for (size_t k = 0; k < sel.size(); ++k) {
-    const size_t i = sel[k];
-    const bool ckpt = wants_checkpoint(i);
-    if (ckpt) {
-      for (size_t j = 0; j < sel.size(); ++j) {
-        FSDP_CHECK(j == k || !is_prefix_of(all[i].first, all[sel[j]].first),
-                   "activation checkpointing of unit '", all[i].first, "' which contains unit '", all[sel[j]].first,
-                   "' is not supported; checkpoint the inner units instead");
-      }
-    }
-    auto flat = std::make_unique<FlatParam>(std::move(sources[k]), fpo);
+  for (auto& u : nn::find_units(root_module_)) u.second->set_hooks(nullptr);  // folded units: plain call
+  for (size_t k = 0; k < plan.size(); ++k) {
+    PlannedUnit& pu = plan[k];
+    auto flat = std::make_unique<FlatParam>(std::move(pu.sources), fpo);
     at::Tensor source;
     if (options_.sync_module_states && world_->size() > 1) {
       // Rank 0's values, one unit at a time.
@@ -239,26 +250,14 @@ void ShardedModelImpl::build_units() {
     flat->init_shard(source, options_.init_rule, options_.seed);
     flat->bind(/*keep_allocated=*/no_shard);
 
-    UnitInfo info;
-    info.name = all[i].first;
-    info.type_name = all[i].second->inner_type_name();
-    info.numel = flat->layout().numel;
-    info.padded_numel = flat->layout().padded_numel;
-    info.shard_numel = flat->layout().shard_numel;
-    info.shard_offset = flat->shard_offset();
-    info.checkpointed = ckpt;
-    info.params = flat->layout().params;
-    infos_.push_back(info);
-
-    auto unit = std::make_shared<ShardedUnit>(this, k, all[i].first, info.type_name, k == 0, ckpt, std::move(flat));
+    infos_.push_back(unit_info(pu, flat->layout(), flat->shard_offset()));
+    auto unit = std::make_shared<ShardedUnit>(this, k, pu.name, infos_.back().type_name, k == 0, pu.checkpoint,
+                                              std::move(flat));
     unit->register_grad_hooks();
     unit->begin_iteration();
-    all[i].second->set_hooks(unit);
-    unit_modules_.push_back(all[i].second);
+    pu.module->set_hooks(unit);
+    unit_modules_.push_back(pu.module);
     units_.push_back(std::move(unit));
-  }
-  for (size_t i = 0; i < all.size(); ++i) {
-    if (!selected[i]) all[i].second->set_hooks(nullptr);  // folded into the parent: plain call
   }
   // Buffers are replicated, not sharded: cast (and with sync_module_states,
   // broadcast) them in place.
@@ -519,6 +518,86 @@ std::string ShardedModelImpl::describe() const {
 }
 
 }  // namespace detail
+
+// ---- planning -------------------------------------------------------------------
+
+ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_size, int rank,
+                           const FsdpOptions& options, at::ScalarType optimizer_state_dtype) {
+  FSDP_CHECK(root != nullptr, "plan_sharding: the root module is null");
+  FSDP_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "plan_sharding: rank ", rank,
+             " is outside world size ", world_size);
+  ShardingPlan plan;
+  switch (options.strategy) {
+    case ShardingStrategy::kNoShard: plan.shard_size = 1; break;
+    case ShardingStrategy::kHybridShard:
+      FSDP_CHECK(options.hybrid_shard_size >= 1 && world_size % options.hybrid_shard_size == 0,
+                 "HYBRID_SHARD: hybrid_shard_size ", options.hybrid_shard_size, " must divide the world size ",
+                 world_size);
+      plan.shard_size = options.hybrid_shard_size;
+      break;
+    default: plan.shard_size = world_size;
+  }
+  plan.replicas = world_size / plan.shard_size;
+  const int shard_rank = rank % plan.shard_size;
+  const MixedPrecision& mp = options.mixed_precision;
+  const int64_t master = static_cast<int64_t>(c10::elementSize(mp.master_dtype));
+  const int64_t pbytes = static_cast<int64_t>(c10::elementSize(mp.param_dtype));
+  const int64_t sbytes = static_cast<int64_t>(c10::elementSize(optimizer_state_dtype));
+
+  int64_t largest = 0, all_padded = 0, root_padded = 0;
+  for (const auto& pu : detail::plan_units(root, options)) {
+    std::vector<ParamPlacement> ps;
+    for (const auto& src : pu.sources) {
+      ParamPlacement pl;
+      pl.name = src.name;
+      pl.shape = src.param.sizes().vec();
+      pl.numel = src.param.numel();
+      ps.push_back(pl);
+    }
+    const detail::FlatLayout layout = detail::FlatLayout::make(std::move(ps), plan.shard_size);
+    plan.units.push_back(detail::unit_info(pu, layout, shard_rank * layout.shard_numel));
+    plan.parameters += layout.numel;
+    plan.param_shard_bytes += layout.shard_numel * master;
+    plan.optimizer_bytes += 2 * layout.shard_numel * sbytes;
+    all_padded += layout.padded_numel;
+    if (pu.name.empty()) {
+      root_padded = layout.padded_numel;
+    } else {
+      largest = std::max(largest, layout.padded_numel);
+    }
+  }
+  plan.grad_shard_bytes = plan.param_shard_bytes;
+  plan.largest_unit_bytes = std::max(largest, root_padded) * pbytes;
+  const int64_t grads_in_flight = (1 + static_cast<int64_t>(detail::kMaxInflightReduces)) * largest * pbytes;
+  switch (options.strategy) {
+    case ShardingStrategy::kFullShard:
+    case ShardingStrategy::kHybridShard:
+      plan.step_unsharded_bytes = 2 * root_padded * pbytes + (1 + options.limit_all_gathers) * largest * pbytes +
+                                  grads_in_flight;
+      break;
+    case ShardingStrategy::kShardGradOp:
+      plan.step_unsharded_bytes = all_padded * pbytes + grads_in_flight;
+      break;
+    case ShardingStrategy::kNoShard: {
+      const bool single = mp.param_dtype == mp.master_dtype && !options.cpu_offload;
+      plan.step_unsharded_bytes = single ? 0 : 2 * all_padded * pbytes;
+      break;
+    }
+  }
+  return plan;
+}
+
+std::string ShardingPlan::describe() const {
+  auto mib = [](int64_t b) { return detail::cat(b / (1 << 20), " MiB"); };
+  std::ostringstream os;
+  os << units.size() << " units, " << parameters << " parameters; shard group " << shard_size << " x " << replicas
+     << " replica" << (replicas == 1 ? "" : "s") << "\n"
+     << "  per rank, resident: parameter shards " << mib(param_shard_bytes) << ", gradient shards "
+     << mib(grad_shard_bytes) << ", optimizer state " << mib(optimizer_bytes) << "\n"
+     << "  per rank, during a step: largest unit " << mib(largest_unit_bytes) << " unsharded, at most "
+     << mib(step_unsharded_bytes) << " of unsharded parameters and gradients\n";
+  return os.str();
+}
 
 // ---- ShardedModel --------------------------------------------------------------
 

@@ -29,6 +29,25 @@ namespace fsdp::detail {
 
 class ShardedModelImpl;
 
+// At most this many reductions in flight: each holds an unsharded gradient
+// buffer, so this bounds backward's gradient memory to ~3 units (one
+// collecting, two reducing).
+constexpr size_t kMaxInflightReduces = 2;
+
+// A boundary the wrap policy made a unit, with the parameters it owns
+// (registration order; a shared tensor listed once, under its first name).
+struct PlannedUnit {
+  std::string name;  // "" for the root
+  std::shared_ptr<nn::UnitBase> module;
+  std::vector<FlatParam::Source> sources;
+  bool checkpoint = false;
+};
+
+// The wrap policy and parameter ownership, without touching the model (so
+// also for a model on the meta device). Root first, then pre-order.
+std::vector<PlannedUnit> plan_units(const std::shared_ptr<nn::UnitBase>& root, const FsdpOptions& options);
+UnitInfo unit_info(const PlannedUnit& pu, const FlatLayout& layout, int64_t shard_offset);
+
 // Whether this rank holds the unsharded parameters.
 enum class ShardState {
   kSharded,     // only shard_ is resident; full_ has no bytes

@@ -1,0 +1,64 @@
+// plan_sharding: the layout fully_shard builds, predicted from the model's
+// structure alone.
+#include <gtest/gtest.h>
+
+#include <chrono>
+
+#include "fsdp/comm/rendezvous.h"
+#include "fsdp/fsdp.h"
+#include "fsdp/models/llama.h"
+#include "fsdp/models/registry.h"
+#include "support/multiproc.h"
+#include "toy_models.h"
+
+namespace fsdp {
+
+TEST(Plan, EqualsWhatFullyShardBuildsOnEveryRank) {
+  testing::run_distributed(4, [&](comm::ProcessGroup& pg) {
+    for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kHybridShard, ShardingStrategy::kNoShard}) {
+      FsdpOptions o;
+      o.strategy = s;
+      o.hybrid_shard_size = 2;
+      o.init_rule = testing::toy_init_rule;
+      const ShardingPlan plan = plan_sharding(testing::make_toy(testing::ToyConfig{}, true, 1).ptr(), pg.size(),
+                                              pg.rank(), o);
+      auto model = testing::make_toy(testing::ToyConfig{}, true, 1);
+      auto sharded = fully_shard(model.ptr(), comm::ProcessGroupPtr(&pg, [](comm::ProcessGroup*) {}), o);
+      ASSERT_EQ(plan.units.size(), sharded->units().size());
+      for (size_t u = 0; u < plan.units.size(); ++u) {
+        const UnitInfo& a = plan.units[u];
+        const UnitInfo& b = sharded->units()[u];
+        EXPECT_EQ(a.name, b.name);
+        EXPECT_EQ(a.padded_numel, b.padded_numel);
+        EXPECT_EQ(a.shard_numel, b.shard_numel);
+        EXPECT_EQ(a.shard_offset, b.shard_offset) << to_string(s) << " unit " << a.name;
+        ASSERT_EQ(a.params.size(), b.params.size());
+        for (size_t p = 0; p < a.params.size(); ++p) EXPECT_EQ(a.params[p].flat_offset, b.params[p].flat_offset);
+      }
+      for (const auto& m : sharded->memory_placement()) {
+        if (m.what == "parameter shards") EXPECT_EQ(m.bytes, plan.param_shard_bytes) << to_string(s);
+      }
+    }
+  });
+}
+
+TEST(Plan, Llama2_70bOnTheMetaDeviceInMilliseconds) {
+  const models::LlamaConfig cfg = models::resolve_model_config("llama2-70b");
+  const auto t0 = std::chrono::steady_clock::now();
+  auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
+  nn::Unit<models::LlamaForCausalLMImpl> root(impl);
+  FsdpOptions o;
+  o.wrap = WrapPolicy::by_type({models::llama_block_type()});
+  o.mixed_precision = MixedPrecision::preset("bf16");
+  const ShardingPlan plan = plan_sharding(root.ptr(), 64, 0, o);
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::cout << "[plan] llama2-70b on 64 ranks, bf16 params, fp32 masters (" << seconds << " s):\n" << plan.describe();
+  EXPECT_EQ(plan.parameters, cfg.num_parameters());
+  EXPECT_EQ(plan.units.size(), static_cast<size_t>(cfg.num_hidden_layers + 1));
+  // fp32 master shards: 4 bytes per parameter over 64 ranks (plus padding).
+  EXPECT_NEAR(static_cast<double>(plan.param_shard_bytes), 4.0 * cfg.num_parameters() / 64, 64.0 * 4 * 81);
+  EXPECT_EQ(plan.optimizer_bytes, 2 * plan.param_shard_bytes);
+  EXPECT_LT(seconds, 5.0);
+}
+
+}  // namespace fsdp
