@@ -12,6 +12,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/main.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
@@ -144,7 +145,7 @@ int worker(const Args& args) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  try {
+  return fsdp::run_main("bench_comm", [&] {
     const Args args = parse(argc, argv);
     if (std::getenv("RANK") != nullptr) return worker(args);
     fsdp::comm::LaunchOptions o;
@@ -154,11 +155,5 @@ int main(int argc, char** argv) {
     const fsdp::comm::LaunchResult result = fsdp::comm::launch_local(o);
     if (!result.ok) std::fprintf(stderr, "bench_comm: %s\n", result.message.c_str());
     return result.exit_code;
-  } catch (const fsdp::UsageError& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 2;
-  } catch (const std::exception& e) {
-    std::fprintf(stderr, "%s\n", e.what());
-    return 1;
-  }
+  });
 }

@@ -29,6 +29,7 @@
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/main.h"
 #include "fsdp/common/memory.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/llama.h"
@@ -100,7 +101,7 @@ Args parse(int argc, char** argv) {
   Args a;
   for (int i = 1; i < argc; ++i) {
     const std::string k = argv[i];
-    FSDP_CHECK(i + 1 < argc, "bench_options: ", k, " needs a value");
+    FSDP_CHECK(i + 1 < argc, k, " needs a value");
     const std::string v = argv[++i];
     if (k == "--model") a.model = v;
     else if (k == "--nproc") a.nproc = std::stoi(v);
@@ -111,7 +112,7 @@ Args parse(int argc, char** argv) {
     else if (k == "--only") a.only = split(v);
     else if (k == "--config") a.config = v;
     else if (k == "--out") a.out = v;
-    else FSDP_CHECK(false, "bench_options: unknown flag ", k);
+    else FSDP_CHECK(false, "unknown flag ", k, "; flags: --model --nproc --seq-len --batch-size --steps --warmup --only");
   }
   return a;
 }
@@ -194,7 +195,7 @@ int run(int argc, char** argv) {
                "--config", c.name, "--out", out.string()};
     lo.nproc = a.nproc;
     const auto r = fsdp::comm::launch_local(lo);
-    FSDP_CHECK(r.ok, "bench_options: configuration '", c.name, "' failed: ", r.message);
+    FSDP_CHECK(r.ok, "configuration '", c.name, "' failed: ", r.message);
   }
   struct Row {
     std::string name;
@@ -211,7 +212,7 @@ int run(int argc, char** argv) {
     rows.push_back(r);
   }
   std::filesystem::remove(out);
-  FSDP_CHECK(!rows.empty() && rows[0].name == "full fp32", "bench_options: the reference run is missing");
+  FSDP_CHECK(!rows.empty() && rows[0].name == "full fp32", "the reference run (full fp32) produced no result");
   const Row ref = rows[0];
   std::cout << fmt::format("| {:<20} | {:>10} | {:>6} | {:>14} | {:>6} | {:>14} | {:>6} |\n", "configuration",
                            "samples/s", "x", "peak RSS/rank", "x", "bytes/step", "x");
@@ -228,14 +229,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const fsdp::UsageError& e) {
-    std::cerr << "bench_options: error: " << e.what() << "\n";
-    return 2;
-  } catch (const std::exception& e) {
-    std::cerr << "bench_options: failed: " << e.what() << "\n";
-    return 1;
-  }
-}
+int main(int argc, char** argv) { return fsdp::run_main("bench_options", [&] { return run(argc, argv); }); }
