@@ -83,6 +83,11 @@ struct WrapPolicy {
 // Dtypes of the copies FSDP keeps. The sharded master copy is what the
 // optimizer updates: float32 normally; bfloat16 for pure-bf16 training (with
 // optim::AdamW's Kahan-compensated bf16 mode, so small updates are not lost).
+// The command line's wrap policies: "block" (every boundary whose inner type
+// is `block_type`), "size:N" (size-based, N parameters), "root" (one unit),
+// "all" (every boundary). UsageError naming --wrap for anything else.
+WrapPolicy parse_wrap_policy(const std::string& spec, std::type_index block_type);
+
 struct MixedPrecision {
   at::ScalarType param_dtype = at::kFloat;   // unsharded parameters, hence compute and activations
   at::ScalarType reduce_dtype = at::kFloat;  // gradient communication

@@ -1,5 +1,7 @@
 #include "fsdp/common/memory.h"
 
+#include <cmath>
+#include <cstdio>
 #include <fstream>
 #include <string>
 
@@ -25,6 +27,24 @@ bool reset_peak_rss() {
   out << "5";
   out.flush();
   return static_cast<bool>(out);
+}
+
+std::string format_bytes(int64_t bytes) {
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(bytes);
+  int u = 0;
+  while (std::abs(v) >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  char buf[32];
+  if (u == 0) {
+    std::snprintf(buf, sizeof(buf), "%lld B", static_cast<long long>(bytes));
+  } else {
+    std::snprintf(buf, sizeof(buf), std::abs(v) < 10 ? "%.2f %s" : std::abs(v) < 100 ? "%.1f %s" : "%.0f %s", v,
+                  kUnits[u]);
+  }
+  return buf;
 }
 
 }  // namespace fsdp

@@ -9,6 +9,7 @@
 
 #include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/memory.h"
 #include "fsdp/state.h"
 
 namespace fsdp {
@@ -47,6 +48,27 @@ BackwardPrefetch parse_backward_prefetch(const std::string& s) {
   if (s == "post" || s == "BACKWARD_POST") return BackwardPrefetch::kPost;
   FSDP_CHECK(false, "unknown backward prefetch '", s, "'; accepted: pre, post, none");
   return BackwardPrefetch::kPre;
+}
+
+WrapPolicy parse_wrap_policy(const std::string& spec, std::type_index block_type) {
+  if (spec == "block") return WrapPolicy::by_type({block_type});
+  if (spec == "root") return WrapPolicy::root_only();
+  if (spec == "all") return WrapPolicy::every_unit();
+  if (spec.rfind("size:", 0) == 0) {
+    const std::string num = spec.substr(5);
+    size_t used = 0;
+    int64_t n = 0;
+    try {
+      n = std::stoll(num, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    FSDP_CHECK(!num.empty() && used == num.size() && n >= 1, "--wrap ", spec,
+               ": the minimum parameter count after 'size:' must be a positive integer, e.g. size:1000000");
+    return WrapPolicy::size_based(n);
+  }
+  FSDP_CHECK(false, "--wrap '", spec, "' is not one of: block, size:N, root, all");
+  return {};
 }
 
 MixedPrecision MixedPrecision::preset(const std::string& name) {
@@ -588,7 +610,7 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
 }
 
 std::string ShardingPlan::describe() const {
-  auto mib = [](int64_t b) { return detail::cat(b / (1 << 20), " MiB"); };
+  auto mib = [](int64_t b) { return format_bytes(b); };
   std::ostringstream os;
   os << units.size() << " units, " << parameters << " parameters; shard group " << shard_size << " x " << replicas
      << " replica" << (replicas == 1 ? "" : "s") << "\n"

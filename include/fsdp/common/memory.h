@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace fsdp {
 
@@ -12,6 +13,9 @@ int64_t peak_rss_bytes();
 // Resets the peak to the current RSS (writes 5 to /proc/self/clear_refs).
 // Returns false where the kernel does not allow it.
 bool reset_peak_rss();
+
+// "512 B", "3.2 KiB", "4.11 GiB": three significant digits, binary units.
+std::string format_bytes(int64_t bytes);
 
 
 }  // namespace fsdp
