@@ -157,7 +157,6 @@ int run(int argc, char** argv) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  fsdp::configure_host_allocator();
   try {
     return run(argc, argv);
   } catch (const fsdp::UsageError& e) {
