@@ -7,12 +7,20 @@
 // srun every process is a worker already and --nproc-per-node is ignored.
 //
 // Exit codes: 0 success, 2 bad usage (flags, files, shapes), 1 other failures.
+// SIGTERM/SIGINT: every rank finishes its current step, a checkpoint is saved
+// (with --checkpoint-dir) and the exit code is 0; without --checkpoint-dir the
+// run stops after the step, nothing is saved, and the exit code is 128 + the
+// signal (143 for SIGTERM) so that a supervisor does not take it for a finished
+// run. A second signal kills the process at once.
 #include <CLI/CLI.hpp>
 
+#include <signal.h>
+#include <unistd.h>
+
+#include <atomic>
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
-#include <unistd.h>
 
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
@@ -28,6 +36,26 @@ namespace {
 constexpr int kExitFailure = 1;
 constexpr int kExitUsage = 2;
 
+// The one piece of process-wide mutable state in fsdp-train: the signal that
+// asked this worker to stop (0: none), written by the handler, read once per
+// step through TrainOptions::stop_requested.
+std::atomic<int> g_stop_signal{0};
+static_assert(std::atomic<int>::is_always_lock_free, "signal handler needs lock-free atomics");
+
+extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
+
+// SIGTERM (preemption: Kubernetes, Slurm, torchrun's agent) and SIGINT stop
+// after the current step. SA_RESETHAND: a second signal takes the default
+// action (the process dies).
+void install_stop_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_stop_signal;
+  sigemptyset(&sa.sa_mask);
+  sa.sa_flags = SA_RESETHAND;
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
 std::string self_exe(const char* argv0) {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -40,6 +68,16 @@ std::string self_exe(const char* argv0) {
 std::string embedded_corpus() {
   if (std::ifstream(FSDP_EMBEDDED_CORPUS).good()) return FSDP_EMBEDDED_CORPUS;
   return FSDP_FALLBACK_CORPUS;
+}
+
+// The validation split scripts/prepare_data.sh writes beside a corpus:
+// corpus.jsonl -> corpus.val.jsonl.
+std::string validation_split(const std::string& train) {
+  const std::string ext = ".jsonl";
+  if (train.size() > ext.size() && train.compare(train.size() - ext.size(), ext.size(), ext) == 0) {
+    return train.substr(0, train.size() - ext.size()) + ".val.jsonl";
+  }
+  return train + ".val.jsonl";
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -118,6 +156,48 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_flag("--sync-module-states", o.sharding.sync_module_states,
                "Broadcast rank 0's initial parameters before sharding");
+  auto* ckpt = app.add_option_group("Checkpoints", "Sharded checkpoints: save, resume, keep");
+  ckpt->add_option("--checkpoint-dir", o.checkpoint.dir,
+                   "Directory for sharded checkpoints (step_NNNNNNNN/, one file per shard + manifest.json); saving "
+                   "and --resume use the same one. Every rank must see it (a shared file system on several nodes)");
+  ckpt->add_option("--checkpoint-every", o.checkpoint.every,
+                   "Save a checkpoint every N steps (0: only at the end and when stopped by SIGTERM/SIGINT)")
+      ->capture_default_str();
+  ckpt->add_option("--keep-last", o.checkpoint.keep_last,
+                   "Keep only the newest K complete checkpoints; older ones are deleted after a newer one is "
+                   "complete (0: keep all)")
+      ->capture_default_str();
+  ckpt->add_flag("--resume", o.checkpoint.resume,
+                 "Continue from the newest complete, valid checkpoint in --checkpoint-dir (damaged ones are "
+                 "skipped; none yet: start from scratch or --init-from). World size, sharding and wrap may differ");
+  auto* hf = app.add_option_group("Hugging Face", "Hugging Face safetensors interchange");
+  hf->add_option("--init-from", o.hf.init_from,
+                 "Start from a Hugging Face Llama/Mistral directory (config.json + model.safetensors or "
+                 "model.safetensors.index.json); its config.json is the model unless --model is given. Ignored "
+                 "when --resume finds a checkpoint");
+  hf->add_option("--export-hf", o.hf.export_dir,
+                 "At the end, write the weights as Hugging Face safetensors + config.json into this directory "
+                 "(replaced atomically; it must be new, empty or a previous export)");
+  hf->add_option("--export-dtype", o.hf.export_dtype, "Exported weight dtype: float32 (exact) | bfloat16 | float16")
+      ->check(CLI::IsMember({"float32", "bfloat16", "float16", "fp32", "bf16", "fp16"}))
+      ->capture_default_str();
+  hf->add_option("--export-shard-size", o.hf.export_shard_size,
+                 "Split exported weights into files of at most this size, with model.safetensors.index.json "
+                 "(5GB, 500MB, 2GiB, bytes; 0: one file)")
+      ->capture_default_str();
+  auto* ev = app.add_option_group("Evaluation", "Held-out loss");
+  ev->add_option("--val-data", o.eval.val_data,
+                 "Validation data (same formats, --data-format, --text-field and --tokenizer as --data); "
+                 "'embedded': the validation split beside the embedded corpus");
+  ev->add_option("--eval-every", o.eval.every,
+                 "Evaluate every N steps and after the last; logs 'Eval Loss: X' (0: never)")
+      ->capture_default_str();
+  ev->add_option("--eval-windows", o.eval.max_windows,
+                 "Periodic evaluation uses only the first N windows of --val-data (0: all)")
+      ->capture_default_str();
+  ev->add_flag("--eval-only", o.eval.only,
+               "Evaluate the weights from --init-from or --resume on all of --val-data (exact mean loss over every "
+               "target token), print 'Eval Loss: X', and exit");
   app.set_version_flag("--version", std::string("fsdp-train 0.1.0 (LibTorch ") + fsdp::compat::torch_version() + ")");
 
   try {
@@ -134,6 +214,9 @@ int run(int argc, char** argv) {
   o.data.token_dtype = fsdp::data::parse_token_dtype(token_dtype);
   o.data.format = fsdp::data::parse_data_format(format);
   if (o.data.path == "embedded") o.data.path = embedded_corpus();
+  if (o.eval.val_data == "embedded") o.eval.val_data = validation_split(o.data.path);
+  // --init-from DIR without --model: the model is DIR's config.json.
+  if (!o.hf.init_from.empty() && app.count("--model") == 0) o.model = o.hf.init_from;
   FSDP_CHECK(nproc >= 1, "--nproc-per-node must be >= 1, got ", nproc);
 
   const fsdp::comm::WorldInfo world = fsdp::comm::detect_world();
@@ -149,8 +232,11 @@ int run(int argc, char** argv) {
     return r.exit_code;
   }
 
+  install_stop_handlers();
+  o.stop_requested = [] { return g_stop_signal.load(); };
   const fsdp::comm::Runtime rt = fsdp::comm::init_process_group(world);
-  fsdp::train::train(o, rt);
+  const fsdp::train::TrainSummary s = fsdp::train::train(o, rt);
+  if (s.stop_reason != 0 && o.checkpoint.dir.empty()) return 128 + s.stop_reason;  // stopped, nothing saved
   return 0;
 }
 

@@ -1,13 +1,16 @@
 #!/usr/bin/env bash
-# Builds fsdp-train's default corpus from Debian's `fortunes` package: nothing is
-# downloaded. Deterministic: the same package version gives byte-identical output.
+# Builds fsdp-train's default corpus from Debian's `fortunes` package, and a
+# SentencePiece tokenizer trained on it: nothing is downloaded. Deterministic: the
+# same package versions give byte-identical output.
 #
-#   scripts/prepare_data.sh [--src DIR] [--out PATH] [--val-every N]
+#   scripts/prepare_data.sh [--src DIR] [--out PATH] [--val-every N] [--vocab-size V] [--no-tokenizer]
 #
-#   --src DIR       fortune files (default /usr/share/games/fortunes)
-#   --out PATH      training split, JSON lines (default build/data/corpus.jsonl);
-#                   the validation split goes beside it as <name>.val.jsonl
-#   --val-every N   every N-th document goes to the validation split (default 20)
+#   --src DIR        fortune files (default /usr/share/games/fortunes)
+#   --out PATH       training split, JSON lines (default build/data/corpus.jsonl);
+#                    the validation split goes beside it as <name>.val.jsonl
+#   --val-every N    every N-th document goes to the validation split (default 20)
+#   --vocab-size V   SentencePiece vocabulary, written beside --out as tokenizer.model (default 512)
+#   --no-tokenizer   do not train the tokenizer
 #
 # Conversion:
 #  - Files: the regular files directly inside DIR, sorted by name (byte order);
@@ -22,6 +25,15 @@
 #    validation split when k % N == N - 1, otherwise to training.
 #  - Output: one JSON object per line, {"text": "..."}, UTF-8, keys as written.
 #
+# Tokenizer (Debian's spm_train): Llama 2's SentencePiece recipe scaled down — BPE,
+# byte fallback (every byte has a piece, so no text is ever <unk>), identity
+# normalization, whitespace kept, digits split, unk/bos/eos = 0/1/2 — trained on the
+# training split's non-empty lines, one thread, no sampling (deterministic). The
+# default 512 pieces fill the `tiny` and `small` presets' vocabulary (V = 512):
+# 256 byte pieces + 3 specials + 253 learned merges, which take ~1.7x fewer tokens
+# than bytes on this corpus. --vocab-size is a soft limit (--hard_vocab_limit=false):
+# a tiny corpus gets fewer pieces instead of an error.
+#
 # Without the fortunes package (apt-get install fortunes, see scripts/deps.sh) the
 # repository's small corpus data/fallback_corpus.jsonl (+ .val.jsonl) can be used.
 set -euo pipefail
@@ -30,14 +42,18 @@ cd "$(dirname "$0")/.."
 SRC=/usr/share/games/fortunes
 OUT=build/data/corpus.jsonl
 VAL_EVERY=20
+VOCAB=512
+TOKENIZER=1
 
-usage() { sed -n '5,11p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+usage() { sed -n '6,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
 
 while (($# > 0)); do
   case "$1" in
     --src) SRC=${2:?--src needs a directory}; shift 2 ;;
     --out) OUT=${2:?--out needs a path}; shift 2 ;;
     --val-every) VAL_EVERY=${2:?--val-every needs a number}; shift 2 ;;
+    --vocab-size) VOCAB=${2:?--vocab-size needs a number}; shift 2 ;;
+    --no-tokenizer) TOKENIZER=0; shift ;;
     -h|--help) usage ;;
     *) echo "prepare_data.sh: unknown argument '$1'" >&2; usage ;;
   esac
@@ -53,7 +69,16 @@ if ! [[ "$VAL_EVERY" =~ ^[0-9]+$ ]] || ((VAL_EVERY < 2)); then
   echo "prepare_data.sh: --val-every must be an integer >= 2, got '$VAL_EVERY'" >&2
   exit 2
 fi
+if ! [[ "$VOCAB" =~ ^[0-9]+$ ]] || ((VOCAB < 300)); then
+  echo "prepare_data.sh: --vocab-size must be an integer >= 300 (256 byte pieces + specials + merges), got '$VOCAB'" >&2
+  exit 2
+fi
 command -v python3 >/dev/null || { echo "prepare_data.sh: python3 is required (scripts/deps.sh installs it)" >&2; exit 2; }
+if ((TOKENIZER)) && ! command -v spm_train >/dev/null; then
+  echo "prepare_data.sh: spm_train is required to train the tokenizer — install Debian's sentencepiece package" \
+       "(apt-get install sentencepiece; scripts/deps.sh does it) or pass --no-tokenizer" >&2
+  exit 2
+fi
 
 case "$OUT" in
   *.jsonl) VAL="${OUT%.jsonl}.val.jsonl" ;;
@@ -122,3 +147,27 @@ print(f"prepare_data.sh: {len(names)} fortune files from {src}, {len(docs)} docu
 print(f"  train {out_path}: {n_train} documents, {b_train} bytes of text, {os.path.getsize(out_path)} bytes on disk")
 print(f"  val   {val_path}: {n_val} documents, {b_val} bytes of text, {os.path.getsize(val_path)} bytes on disk")
 PY
+
+((TOKENIZER)) || exit 0
+# The tokenizer, trained in a scratch directory with relative paths (the model
+# records its trainer flags, so the same paths everywhere give identical bytes),
+# then moved into place.
+TOK="$(dirname "$OUT")/tokenizer.model"
+WORK=$(mktemp -d "$(dirname "$OUT")/.spm.XXXXXX")
+trap 'rm -rf "$WORK"' EXIT
+python3 - "$OUT" "$WORK/input.txt" <<'PY'
+import json, sys
+with open(sys.argv[1], encoding="utf-8") as f, open(sys.argv[2], "w", encoding="utf-8", newline="\n") as out:
+    for line in f:
+        for text_line in json.loads(line)["text"].split("\n"):
+            if text_line.strip():
+                out.write(text_line + "\n")
+PY
+(cd "$WORK" && spm_train --input=input.txt --model_prefix=tokenizer --vocab_size="$VOCAB" --model_type=bpe \
+   --byte_fallback=true --character_coverage=1.0 --normalization_rule_name=identity \
+   --remove_extra_whitespaces=false --split_digits=true --unk_id=0 --bos_id=1 --eos_id=2 --pad_id=-1 \
+   --hard_vocab_limit=false --num_threads=1 --input_sentence_size=0 --shuffle_input_sentence=false \
+   --random_seed=1 --minloglevel=2 > spm_train.log 2>&1) ||
+  { echo "prepare_data.sh: spm_train failed:" >&2; cat "$WORK/spm_train.log" >&2; exit 1; }
+mv -f "$WORK/tokenizer.model" "$TOK"
+echo "  tokenizer $TOK: SentencePiece BPE, $(wc -l < "$WORK/tokenizer.vocab") pieces (byte fallback), trained on $(wc -l < "$WORK/input.txt") lines"

@@ -126,6 +126,12 @@ void check_reduction(const ProcessGroup& pg, const char* op, const at::Tensor& t
 
 }  // namespace
 
+// The logical buffer of a collective, or 0 in a group of one rank, where
+// nothing crosses the wire.
+int64_t ProcessGroup::wire_bytes(const at::Tensor& t) const {
+  return size_ > 1 ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
+}
+
 WorkPtr ProcessGroup::all_gather(const at::Tensor& out, const at::Tensor& in) {
   static constexpr const char* kOp = "all_gather";
   check_tensor(*this, kOp, "out", out);
@@ -143,7 +149,7 @@ WorkPtr ProcessGroup::all_gather(const at::Tensor& out, const at::Tensor& in) {
   }
   {
     std::lock_guard<std::mutex> lock(counters_->mu);
-    counters_->c.allgather_bytes += out.numel() * out.element_size();
+    counters_->c.allgather_bytes += wire_bytes(out);
     counters_->c.allgather_calls += 1;
   }
   return do_all_gather(out, in);
@@ -164,7 +170,7 @@ WorkPtr ProcessGroup::reduce_scatter(const at::Tensor& out, const at::Tensor& in
              "buffer");
   {
     std::lock_guard<std::mutex> lock(counters_->mu);
-    counters_->c.reduce_scatter_bytes += in.numel() * in.element_size();
+    counters_->c.reduce_scatter_bytes += wire_bytes(in);
     counters_->c.reduce_scatter_calls += 1;
   }
   return do_reduce_scatter(out, in, op);
@@ -176,7 +182,7 @@ WorkPtr ProcessGroup::all_reduce(const at::Tensor& t, ReduceOp op) {
   check_reduction(*this, kOp, t, op);
   {
     std::lock_guard<std::mutex> lock(counters_->mu);
-    counters_->c.allreduce_bytes += t.numel() * t.element_size();
+    counters_->c.allreduce_bytes += wire_bytes(t);
     counters_->c.allreduce_calls += 1;
   }
   return do_all_reduce(t, op);
@@ -189,7 +195,7 @@ WorkPtr ProcessGroup::broadcast(const at::Tensor& t, int root) {
              " is not a rank of this group of size ", size_, " (ranks are group-local)");
   {
     std::lock_guard<std::mutex> lock(counters_->mu);
-    counters_->c.broadcast_bytes += t.numel() * t.element_size();
+    counters_->c.broadcast_bytes += wire_bytes(t);
     counters_->c.broadcast_calls += 1;
   }
   return do_broadcast(t, root);

@@ -247,6 +247,14 @@ at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor
                                 at::Reduction::Mean, kIgnoreIndex);
 }
 
+at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, LossReduction reduction) {
+  if (reduction == LossReduction::kMean) return loss(tokens, targets);
+  check_batch(cfg_, tokens, &targets);
+  const at::Tensor logits = logits_unchecked(tokens).to(at::kFloat);  // (B, T, V) fp32
+  return at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab_size}), targets.reshape({-1}), /*weight=*/{},
+                                at::Reduction::Sum, kIgnoreIndex);
+}
+
 void LlamaForCausalLMImpl::set_attention_kernel(AttentionKernel kernel) {
   for (const auto& block : model_->layers()) block->impl_ptr()->self_attn().set_kernel(kernel);
 }

@@ -10,6 +10,10 @@
 #include <fstream>
 #include <iostream>
 
+#include <unistd.h>
+
+#include "fsdp/checkpoint/hf.h"
+#include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
 #include "fsdp/data/loader.h"
@@ -55,6 +59,38 @@ WrapPolicy parse_wrap(const std::string& s) {
   return {};
 }
 
+std::string signal_name(int code) {
+  switch (code) {
+    case 15: return "SIGTERM";
+    case 2: return "SIGINT";
+    default: return "stop request " + std::to_string(code);
+  }
+}
+
+std::string megabytes(int64_t bytes) { return fmt::format("{:.1f} MB", static_cast<double>(bytes) / 1e6); }
+
+// The model config an --init-from run uses: --model when it names the same
+// directory (or was not given: the CLI then sets it to the directory).
+models::LlamaConfig init_config(const TrainOptions& o) {
+  const models::LlamaConfig cfg = models::resolve_model_config(o.model);
+  if (o.hf.init_from.empty()) return cfg;
+  const models::LlamaConfig from = models::resolve_model_config(o.hf.init_from);
+  const std::string diff = checkpoint::config_mismatch(cfg, from);
+  FSDP_CHECK(diff.empty(), "--model ", o.model, " and --init-from ", o.hf.init_from, "/config.json describe different "
+             "models (", diff, "); leave out --model to take the config from ", o.hf.init_from);
+  return cfg;
+}
+
+std::shared_ptr<const data::TokenDataset> load_data(const TrainOptions& o, const std::string& path,
+                                              const data::Tokenizer* tokenizer) {
+  data::DatasetOptions dopt;
+  dopt.path = path;
+  dopt.format = o.data.format;
+  dopt.text_field = o.data.text_field;
+  dopt.token_dtype = o.data.token_dtype;
+  return data::load_dataset(dopt, tokenizer);
+}
+
 }  // namespace
 
 void validate_options(const TrainOptions& o) {
@@ -79,7 +115,46 @@ void validate_options(const TrainOptions& o) {
   parse_wrap(o.sharding.wrap);
   FSDP_CHECK(o.sharding.hybrid_shard_size >= 0, "--hybrid-shard-size must be >= 1 (or 0 for LOCAL_WORLD_SIZE), got ",
              o.sharding.hybrid_shard_size);
-  const models::LlamaConfig cfg = models::resolve_model_config(o.model);
+  FSDP_CHECK(o.checkpoint.every >= 0, "--checkpoint-every must be >= 0 (0: only at the end), got ", o.checkpoint.every);
+  FSDP_CHECK(o.checkpoint.keep_last >= 0, "--keep-last must be >= 0 (0: keep all), got ", o.checkpoint.keep_last);
+  if (o.checkpoint.dir.empty()) {
+    FSDP_CHECK(!o.checkpoint.resume, "--resume needs --checkpoint-dir DIR (the directory checkpoints are saved to "
+               "and resumed from)");
+    FSDP_CHECK(o.checkpoint.every == 0, "--checkpoint-every needs --checkpoint-dir DIR");
+    FSDP_CHECK(o.checkpoint.keep_last == 0, "--keep-last needs --checkpoint-dir DIR");
+  } else {
+    std::error_code ec;
+    FSDP_CHECK(!std::filesystem::exists(o.checkpoint.dir, ec) || std::filesystem::is_directory(o.checkpoint.dir, ec),
+               "--checkpoint-dir ", o.checkpoint.dir, " exists and is not a directory");
+    // A new run would overwrite (and --keep-last delete) another run's checkpoints.
+    const auto existing = checkpoint::list_checkpoints(o.checkpoint.dir);
+    FSDP_CHECK(o.checkpoint.resume || existing.empty(), "--checkpoint-dir ", o.checkpoint.dir, " already holds ",
+               existing.size(), " checkpoint", existing.size() == 1 ? "" : "s", " (newest ",
+               existing.empty() ? "" : std::filesystem::path(existing.front().path).filename().string(),
+               "); add --resume to continue from it, or choose another directory");
+  }
+  if (!o.hf.init_from.empty()) {
+    checkpoint::find_hf_weights(o.hf.init_from);
+    FSDP_CHECK(std::filesystem::exists(std::filesystem::path(o.hf.init_from) / "config.json"), "--init-from ",
+               o.hf.init_from, " has no config.json (a Hugging Face model directory has config.json and "
+               "*.safetensors)");
+  }
+  if (!o.hf.export_dir.empty()) {
+    checkpoint::check_export_dir(o.hf.export_dir);
+    checkpoint::parse_export_dtype(o.hf.export_dtype);
+    checkpoint::parse_byte_size(o.hf.export_shard_size, "--export-shard-size");
+  }
+  FSDP_CHECK(o.eval.every >= 0, "--eval-every must be >= 0 (0: no periodic evaluation), got ", o.eval.every);
+  FSDP_CHECK(o.eval.max_windows >= 0, "--eval-windows must be >= 0 (0: all), got ", o.eval.max_windows);
+  if (o.eval.val_data.empty()) {
+    FSDP_CHECK(o.eval.every == 0, "--eval-every needs --val-data PATH");
+    FSDP_CHECK(!o.eval.only, "--eval-only needs --val-data PATH");
+  } else {
+    FSDP_CHECK(std::filesystem::exists(o.eval.val_data), "--val-data ", o.eval.val_data, ": no such file or directory");
+  }
+  FSDP_CHECK(!o.eval.only || !o.hf.init_from.empty() || o.checkpoint.resume,
+             "--eval-only evaluates existing weights: give --init-from DIR or --resume with --checkpoint-dir DIR");
+  const models::LlamaConfig cfg = init_config(o);
   FSDP_CHECK(o.data.seq_len <= cfg.max_position_embeddings, "--seq-len ", o.data.seq_len, " is longer than model '",
              cfg.name, "' supports (max_position_embeddings = ", cfg.max_position_embeddings,
              "); use --seq-len <= ", cfg.max_position_embeddings);
@@ -99,20 +174,25 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   auto say = [&](const std::string& line) {
     if (lead && !o.log.quiet) std::cout << timestamp() << " I [fsdp-train] " << line << std::endl;
   };
+  auto warn = [&](const std::string& line) {
+    if (lead && !o.log.quiet) std::cout << timestamp() << " W [fsdp-train] " << line << std::endl;
+  };
+  // Progress bars for long checkpoint I/O: rank 0, and only on a terminal.
+  const bool progress = lead && !o.log.quiet && isatty(STDERR_FILENO) == 1;
 
   // --- model configuration and data
-  const models::LlamaConfig cfg = models::resolve_model_config(o.model);
+  const models::LlamaConfig cfg = init_config(o);
   std::unique_ptr<data::Tokenizer> tokenizer = data::make_tokenizer(o.data.tokenizer);
   FSDP_CHECK(tokenizer->vocab_size() <= cfg.vocab_size, "tokenizer ", tokenizer->name(), " has ",
              tokenizer->vocab_size(), " tokens but model '", cfg.name, "' has vocab_size ", cfg.vocab_size,
              "; choose a model with a large enough vocabulary or another tokenizer");
-  data::DatasetOptions dopt;
-  dopt.path = o.data.path;
-  dopt.format = o.data.format;
-  dopt.text_field = o.data.text_field;
-  dopt.token_dtype = o.data.token_dtype;
-  auto dataset = data::load_dataset(dopt, tokenizer.get());
+  std::shared_ptr<const data::TokenDataset> dataset = load_data(o, o.data.path, tokenizer.get());
   dataset->validate(cfg.vocab_size);
+  std::shared_ptr<const data::TokenDataset> val_dataset;
+  if (!o.eval.val_data.empty()) {
+    val_dataset = load_data(o, o.eval.val_data, tokenizer.get());
+    val_dataset->validate(cfg.vocab_size);
+  }
 
   data::SamplerOptions sopt;
   sopt.seq_len = o.data.seq_len;
@@ -123,9 +203,6 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   sopt.seed = o.step.seed;
   sopt.shuffle = o.data.shuffle;
   auto sampler = std::make_shared<const data::BatchSampler>(dataset, sopt);
-  data::LoaderOptions lopt;
-  lopt.queue_depth = o.data.prefetch;
-  data::BackgroundLoader loader(sampler, /*start_step=*/0, lopt);
 
   // --- model, built on the meta device; each rank materializes its shards
   auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), o.step.seed);
@@ -146,8 +223,9 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   optim::LrSchedule sched = o.schedule;
   sched.max_steps = o.step.max_steps;
 
-  // Scalars the trainer reduces (loss) go through their own group, so the
-  // FSDP byte counts in the metrics are the engine's alone.
+  // Scalars the trainer reduces (loss, the stop flag, checkpoint agreement) go
+  // through their own group, so the FSDP byte counts in the metrics are the
+  // engine's alone.
   comm::ProcessGroupPtr scalars = W > 1 ? world->new_group([&] {
     std::vector<int> all(static_cast<size_t>(W));
     for (int i = 0; i < W; ++i) all[static_cast<size_t>(i)] = i;
@@ -170,10 +248,152 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     FSDP_CHECK(metrics.good(), "--metrics-file ", o.log.metrics_file, ": cannot open for appending");
   }
 
+  // --- where the weights come from: a checkpoint, a Hugging Face directory, or the seed
+  const nlohmann::json model_config = nlohmann::json::parse(cfg.to_hf_config_json());
+  int64_t start_step = 0;
+  if (!o.checkpoint.dir.empty() && lead) {
+    for (const auto& name : checkpoint::remove_stale_temporaries(o.checkpoint.dir)) {
+      say(fmt::format("removed {}/{}, left by an interrupted save", o.checkpoint.dir, name));
+    }
+  }
+  bool resumed = false;
+  if (o.checkpoint.resume) {
+    checkpoint::LoadOptions lo;
+    lo.progress = progress;
+    const checkpoint::LoadResult r = checkpoint::load_latest_checkpoint(o.checkpoint.dir, *sharded, &opt, *scalars, lo);
+    for (const auto& why : r.rejected) warn(why + "; trying the previous checkpoint");
+    if (r.loaded) {
+      resumed = true;
+      const models::LlamaConfig saved = models::parse_hf_config(r.manifest.at("model_config").dump(), r.path);
+      const std::string diff = checkpoint::config_mismatch(cfg, saved);
+      FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " was saved from another model (", diff,
+                 "); resume with the model it was saved with or use another --checkpoint-dir");
+      const nlohmann::json& ts = r.trainer_state;
+      start_step = ts.at("step").get<int64_t>();
+      summary.resumed_from = r.path;
+      say(fmt::format("Resumed from {} (step {}): {} in {:.2f} s, {:.2f} GB/s", r.path, start_step,
+                      megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
+      auto differs = [&](const char* key, const nlohmann::json& now, const char* flag) {
+        if (ts.contains(key) && ts[key] != now) {
+          warn(fmt::format("the checkpoint was saved with {} {} (now {}): the data order from step {} on differs "
+                           "from the saved run's", flag, ts[key].dump(), now.dump(), start_step));
+        }
+      };
+      differs("global_batch_size", G, "a global batch of");
+      differs("seq_len", o.data.seq_len, "--seq-len");
+      differs("seed", o.step.seed, "--seed");
+      differs("shuffle", o.data.shuffle, "shuffle =");
+      differs("data", o.data.path, "--data");
+    } else {
+      say(fmt::format("no checkpoint in {} yet: starting from {}", o.checkpoint.dir,
+                      o.hf.init_from.empty() ? "scratch" : o.hf.init_from));
+    }
+  }
+  if (!resumed && !o.hf.init_from.empty()) {
+    const checkpoint::HfImportResult r = checkpoint::import_hf(o.hf.init_from, *sharded, cfg, *scalars, progress);
+    say(fmt::format("Initialized from {} ({} file{}): {} in {:.2f} s, {:.2f} GB/s{}", o.hf.init_from, r.files.size(),
+                    r.files.size() == 1 ? "" : "s", megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s(),
+                    r.ignored.empty() ? "" : fmt::format(" (ignored: {})", fmt::join(r.ignored, ", "))));
+  }
+  FSDP_CHECK(!o.eval.only || resumed || !o.hf.init_from.empty(), "--eval-only --resume: there is no checkpoint in ",
+             o.checkpoint.dir, " to evaluate; give --init-from DIR or a --checkpoint-dir that holds one");
+
+  // --- evaluation: exact mean over every target of the windows (sampler.h, EvalWindows)
+  auto evaluate = [&](int64_t completed, int64_t max_windows) {
+    const auto t0 = Clock::now();
+    data::EvalWindows windows(val_dataset, o.data.seq_len, W, rank, max_windows);
+    at::NoGradGuard no_grad;
+    double sum = 0.0;
+    const int64_t batches = windows.num_batches(o.step.batch_size);
+    for (int64_t b = 0; b < batches; ++b) {
+      const data::Batch batch = windows.batch(b, o.step.batch_size);
+      sum += root(batch.inputs, batch.targets, models::LossReduction::kSum).item<double>();
+    }
+    at::Tensor t = at::full({1}, sum, at::TensorOptions().dtype(at::kDouble));
+    scalars->all_reduce(t, comm::ReduceOp::kSum)->wait();
+    EvalRecord rec;
+    rec.step = completed;
+    rec.targets = windows.total_targets();
+    rec.loss = t.item<double>() / static_cast<double>(rec.targets);
+    say(fmt::format("Eval Loss: {:.5f} (step {}, {} tokens, {:.2f} s)", rec.loss, completed, rec.targets,
+                    seconds_since(t0)));
+    if (metrics.is_open()) {
+      nlohmann::json j = {{"eval_loss", rec.loss}, {"eval_tokens", rec.targets}};
+      if (!o.eval.only) j["step"] = completed;
+      metrics << j.dump() << "\n" << std::flush;
+    }
+    summary.evals.push_back(rec);
+    sharded->take_step_counters();  // evaluation's all-gathers are not a step's
+  };
+
+  auto trainer_state = [&](int64_t completed) {
+    return nlohmann::json{{"step", completed},
+                          {"samples_seen", completed * G},
+                          {"epochs", sampler->epochs_after(completed)},
+                          {"seed", o.step.seed},
+                          {"global_batch_size", G},
+                          {"batch_size", o.step.batch_size},
+                          {"grad_accum", o.step.grad_accum},
+                          {"world_size", W},
+                          {"seq_len", o.data.seq_len},
+                          {"shuffle", o.data.shuffle},
+                          {"data", o.data.path},
+                          {"tokenizer", o.data.tokenizer},
+                          {"schedule",
+                           {{"lr", sched.lr},
+                            {"min_lr", sched.min_lr},
+                            {"warmup_steps", sched.warmup_steps},
+                            {"max_steps", sched.max_steps}}},
+                          // Training draws no random numbers: parameters are initialized from (seed, name)
+                          // and the data order is a pure function of (seed, step), so seed and step are the
+                          // whole RNG state.
+                          {"rng", "none consumed: seed and step determine initialization and data order"}};
+  };
+  auto save = [&](int64_t completed) {
+    checkpoint::SaveOptions so;
+    so.keep_last = o.checkpoint.keep_last;
+    so.progress = progress;
+    const checkpoint::SaveResult r = checkpoint::save_checkpoint(o.checkpoint.dir, completed, *sharded, &opt,
+                                                                 model_config, trainer_state(completed), *scalars, so);
+    say(fmt::format("Saved checkpoint {} in {:.2f} s: {}, {:.2f} GB/s ({})", checkpoint::checkpoint_name(completed),
+                    r.io.seconds, megabytes(r.io.bytes), r.io.gb_per_s(), o.checkpoint.dir));
+    for (const auto& p : r.pruned) say(fmt::format("removed old checkpoint {} (--keep-last {})", p, o.checkpoint.keep_last));
+    summary.last_checkpoint = r.path;
+  };
+  auto export_weights = [&] {
+    if (o.hf.export_dir.empty()) return;
+    checkpoint::HfExportOptions eo;
+    eo.dtype = checkpoint::parse_export_dtype(o.hf.export_dtype);
+    eo.max_shard_bytes = checkpoint::parse_byte_size(o.hf.export_shard_size, "--export-shard-size");
+    eo.progress = progress;
+    if (tokenizer->bos_id() >= 0) eo.extra_config["bos_token_id"] = tokenizer->bos_id();
+    if (tokenizer->eos_id() >= 0) eo.extra_config["eos_token_id"] = tokenizer->eos_id();
+    if (tokenizer->name().rfind("sentencepiece:", 0) == 0) eo.extra_files.emplace_back(o.data.tokenizer, "tokenizer.model");
+    const checkpoint::HfExportResult r = checkpoint::export_hf(o.hf.export_dir, *sharded, cfg, *scalars, eo);
+    say(fmt::format("Exported Hugging Face weights ({}) to {} in {:.2f} s: {}, {:.2f} GB/s ({})", o.hf.export_dtype,
+                    r.dir, r.io.seconds, megabytes(r.io.bytes), r.io.gb_per_s(), fmt::join(r.files, ", ")));
+  };
+
+  summary.start_step = start_step;
+  summary.end_step = start_step;
+  if (o.eval.only) {
+    evaluate(start_step, /*max_windows=*/0);
+    export_weights();
+    return summary;
+  }
+  if (start_step >= o.step.max_steps) {
+    say(fmt::format("the checkpoint is at step {}, --max-steps is {}: nothing to train", start_step, o.step.max_steps));
+  }
+
+  data::LoaderOptions lopt;
+  lopt.queue_depth = o.data.prefetch;
+  data::BackgroundLoader loader(sampler, /*start_step=*/start_step, lopt);
+
   sharded->take_step_counters();
   auto interval_start = Clock::now();
   int64_t interval_steps = 0;
-  for (int64_t step = 0; step < o.step.max_steps; ++step) {
+  int64_t saved_at = resumed ? start_step : -1;
+  for (int64_t step = start_step; step < o.step.max_steps; ++step) {
     const auto t0 = Clock::now();
     const double lr = sched.at(step);
     opt.set_lr(lr);
@@ -189,11 +409,16 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     const double norm = o.step.clip_grad > 0 ? sharded->clip_grad_norm(o.step.clip_grad) : sharded->grad_norm();
     opt.step();
 
-    at::Tensor lt = at::full({1}, local, at::TensorOptions().dtype(at::kDouble));
-    scalars->all_reduce(lt, comm::ReduceOp::kAvg)->wait();
+    // One all-reduce for the loss (sum, then / W: the same bits as an average)
+    // and the stop flag (any rank's request stops every rank after this step).
+    const int stop_local = o.stop_requested ? o.stop_requested() : 0;
+    at::Tensor lt = at::tensor({local, static_cast<double>(stop_local)}, at::TensorOptions().dtype(at::kDouble));
+    scalars->all_reduce(lt, comm::ReduceOp::kSum)->wait();
+    const double loss_sum = lt[0].item<double>();
+    const bool stop = lt[1].item<double>() > 0;
     StepRecord rec;
     rec.step = step;
-    rec.loss = lt.item<double>();
+    rec.loss = W > 1 ? loss_sum / static_cast<double>(W) : loss_sum;
     rec.lr = lr;
     rec.grad_norm = norm;
     rec.step_time_s = seconds_since(t0);
@@ -202,7 +427,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     FSDP_CHECK(std::isfinite(rec.loss), "the loss became ", rec.loss, " at step ", step, " (lr ", lr,
                "); lower --lr or raise --warmup-steps, or clip harder with --clip-grad");
     ++interval_steps;
-    const bool log_now = (step % o.log.log_every == 0) || step == o.step.max_steps - 1;
+    const bool log_now = (step % o.log.log_every == 0) || step == o.step.max_steps - 1 || stop;
     if (log_now) {
       const double dt = seconds_since(interval_start);
       rec.samples_per_s = static_cast<double>(G * interval_steps) / dt;
@@ -228,8 +453,38 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
       interval_steps = 0;
     }
     summary.steps.push_back(rec);
+    const int64_t completed = step + 1;
+    summary.end_step = completed;
+    const bool last = completed == o.step.max_steps;
+    // Evaluation and checkpoint time is left out of the next Speed figure.
+    const auto extra_start = Clock::now();
+    if (val_dataset && o.eval.every > 0 && (completed % o.eval.every == 0 || last)) {
+      evaluate(completed, o.eval.max_windows);
+    }
+    if (!o.checkpoint.dir.empty() && ((o.checkpoint.every > 0 && completed % o.checkpoint.every == 0) || last || stop)) {
+      save(completed);
+      saved_at = completed;
+    }
+    interval_start += Clock::now() - extra_start;
+    if (stop) {
+      // The reason every rank reports: the largest request (e.g. the signal number).
+      at::Tensor why = at::full({1}, static_cast<double>(stop_local), at::TensorOptions().dtype(at::kDouble));
+      scalars->all_reduce(why, comm::ReduceOp::kMax)->wait();
+      summary.stop_reason = std::max(1, static_cast<int>(why.item<double>()));
+      break;
+    }
   }
   loader.stop();
+  if (summary.stop_reason != 0) {
+    say(fmt::format("stopped by {} after {} steps: {}", signal_name(summary.stop_reason), summary.end_step,
+                    o.checkpoint.dir.empty()
+                        ? "no --checkpoint-dir, so the training state was NOT saved"
+                        : fmt::format("checkpoint {} saved; continue with --resume --checkpoint-dir {}",
+                                      checkpoint::checkpoint_name(summary.end_step), o.checkpoint.dir)));
+    return summary;
+  }
+  if (!o.checkpoint.dir.empty() && saved_at != summary.end_step) save(summary.end_step);  // resumed at the end
+  export_weights();
   return summary;
 }
 

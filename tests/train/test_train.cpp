@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 
 #include <array>
+#include <filesystem>
 #include <cstdio>
 #include <fstream>
 #include <sstream>
@@ -13,12 +14,15 @@
 #include "fsdp/common/error.h"
 #include "fsdp/train/trainer.h"
 #include "support/multiproc.h"
+#include "train_test_util.h"
 
 namespace fsdp {
 namespace {
 
-const std::string kCorpus = std::string(FSDP_SOURCE_DIR) + "/data/fallback_corpus.jsonl";
-const std::string kTrainBin = FSDP_TRAIN_BIN;
+using testing::Command;
+using testing::kCorpus;
+using testing::kTrainBin;
+using testing::run_command;
 
 train::TrainOptions tiny_options() {
   train::TrainOptions o;
@@ -42,23 +46,6 @@ comm::Runtime runtime_of(comm::ProcessGroup& pg, int local_world_size) {
   rt.world.launcher = "test";
   rt.world_group = comm::ProcessGroupPtr(&pg, [](comm::ProcessGroup*) {});
   return rt;
-}
-
-struct Command {
-  int exit_code = -1;
-  std::string output;  // stdout and stderr
-};
-
-Command run_command(const std::string& cmd) {
-  Command c;
-  FILE* p = popen(("timeout -k 10 300 " + cmd + " 2>&1").c_str(), "r");
-  EXPECT_NE(p, nullptr);
-  std::array<char, 4096> buf{};
-  size_t n;
-  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) c.output.append(buf.data(), n);
-  const int status = pclose(p);
-  c.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
-  return c;
 }
 
 std::string tiny_flags() {
@@ -107,7 +94,9 @@ TEST(TrainCli, HelpDocumentsTheFlags) {
   for (const char* flag : {"--model", "--data", "--token-dtype", "--seq-len", "--batch-size", "--grad-accum", "--lr",
                            "--warmup-steps", "--min-lr", "--weight-decay", "--clip-grad", "--max-steps", "--seed",
                            "--log-every", "--metrics-file", "--nproc-per-node", "--device", "--sharding", "--wrap",
-                           "--hybrid-shard-size"}) {
+                           "--hybrid-shard-size", "--checkpoint-dir", "--checkpoint-every", "--keep-last",
+                           "--resume", "--init-from", "--export-hf", "--export-dtype", "--export-shard-size",
+                           "--val-data", "--eval-every", "--eval-windows", "--eval-only"}) {
     EXPECT_NE(c.output.find(flag), std::string::npos) << flag;
   }
 }
@@ -124,6 +113,10 @@ TEST(TrainCli, BadInputIsAOneLineUsageError) {
       bin.write(reinterpret_cast<const char*>(&v), 2);
     }
   }
+  std::filesystem::create_directories(dir + "/ckpt/step_00000010");  // another run's checkpoint
+  std::ofstream(dir + "/ckpt/step_00000010/manifest.json") << "{}";
+  std::filesystem::create_directories(dir + "/foreign");
+  std::ofstream(dir + "/foreign/notes.txt") << "not an export";
   struct Case {
     std::string args;
     std::string expect;
@@ -141,6 +134,17 @@ TEST(TrainCli, BadInputIsAOneLineUsageError) {
       {"--model tiny --data " + kCorpus + " --device cuda", "CPU-only"},
       {"--model tiny --data " + kCorpus + " --nproc-per-node 2 --batch-size 0", "--batch-size"},
       {"--model tiny --data " + kCorpus + " --no-such-flag", "--no-such-flag"},
+      {"--model tiny --data " + kCorpus + " --resume", "--resume needs --checkpoint-dir"},
+      {"--model tiny --data " + kCorpus + " --checkpoint-every 5", "--checkpoint-every needs --checkpoint-dir"},
+      {"--model tiny --data " + kCorpus + " --eval-every 5", "--eval-every needs --val-data"},
+      {"--model tiny --data " + kCorpus + " --val-data /nonexistent/val.jsonl --eval-every 5", "/nonexistent/val.jsonl"},
+      {"--model tiny --data " + kCorpus + " --val-data " + kCorpus + " --eval-only", "--eval-only evaluates existing weights"},
+      {"--model tiny --data " + kCorpus + " --init-from /nonexistent/hf", "/nonexistent/hf"},
+      {"--model tiny --data " + kCorpus + " --export-hf " + dir + "/foreign", "notes.txt"},
+      {"--model tiny --data " + kCorpus + " --export-hf " + dir + "/new --export-shard-size 5XB", "--export-shard-size"},
+      {"--model tiny --data " + kCorpus + " --export-hf " + dir + "/new --export-dtype int8", "--export-dtype"},
+      {"--model tiny --data " + kCorpus + " --checkpoint-dir " + dir + "/big.bin", "is not a directory"},
+      {"--model tiny --data " + kCorpus + " --checkpoint-dir " + dir + "/ckpt", "add --resume"},
   };
   for (const auto& k : cases) {
     Command c = run_command(kTrainBin + " " + k.args);

@@ -35,7 +35,8 @@ const char* to_string(ReduceOp op);
 
 // Bytes moved by this rank's calls, counted on the full logical buffer of each
 // collective (the all-gather output, the reduce-scatter input, the all-reduce
-// tensor, the broadcast tensor), in the tensors' own dtype.
+// tensor, the broadcast tensor), in the tensors' own dtype. A group of one
+// rank counts calls but no bytes: nothing crosses the wire.
 struct CommCounters {
   int64_t allgather_bytes = 0;
   int64_t reduce_scatter_bytes = 0;
@@ -115,6 +116,8 @@ class ProcessGroup {
   virtual WorkPtr do_broadcast(const at::Tensor& t, int root) = 0;
 
  private:
+  int64_t wire_bytes(const at::Tensor& t) const;
+
   int rank_;
   int size_;
   std::string name_;

@@ -64,6 +64,9 @@ namespace fsdp::models {
 // Targets equal to this are left out of the loss (HF / torch convention).
 inline constexpr int64_t kIgnoreIndex = -100;
 
+// Reduction of LlamaForCausalLMImpl::loss over the non-ignored targets.
+enum class LossReduction { kMean, kSum };
+
 // How attention is computed. Results agree to rounding.
 enum class AttentionKernel {
   kAuto,   // kSdpa where compat::sdpa_available() (LibTorch >= 2.0), else kEager
@@ -176,6 +179,14 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // The same loss through the module's call: a root fsdp::nn::Unit around this
   // model then covers the whole step (logits and loss) in one forward.
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets) { return loss(tokens, targets); }
+
+  // The same cross-entropy with another reduction: kSum is the sum over the
+  // non-ignored targets (0 when all are ignored), for exact means over many
+  // batches (evaluation: sum of sums / number of targets). kMean is loss().
+  at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, LossReduction reduction);
+  at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets, LossReduction reduction) {
+    return loss(tokens, targets, reduction);
+  }
 
   const LlamaConfig& config() const { return cfg_; }
   LlamaModelImpl& model() { return *model_; }

@@ -1,0 +1,103 @@
+// Hugging Face interchange for Llama-family models: a model directory of
+// config.json + safetensors weights, as transformers' save_pretrained writes it.
+//
+// Semantics are Hugging Face's (models/llama.h): the same tensor names
+// (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...,
+// lm_head.weight), the same layouts (a Linear weight is (out, in)), the same
+// rotary convention (rotate_half: no permutation of q/k rows), and tied
+// embeddings write no lm_head.weight.
+//
+// Export (rank 0 writes; every rank takes part): each unit is gathered in turn
+// (ShardedModel::gather_unit), so no rank ever holds more than one unit's full
+// parameters. Files go to a temporary directory beside DIR that replaces DIR
+// when complete (Note [Checkpoint commit] in sharded.h): a crash never leaves a
+// half-written DIR. Above `max_shard_bytes` the weights are split as
+// transformers does: model-00001-of-0000N.safetensors + model.safetensors.index.json
+// ({"metadata": {"total_size"}, "weight_map": {name: file}}).
+//
+// Import: each rank reads only the bytes of its own shards. The files are
+// memory-mapped; for each parameter, the overlap of its flat range with the
+// rank's shard range is one contiguous element range of the parameter's
+// row-major data, hence one contiguous byte range of the file. F32, BF16, F16
+// (and F64) are converted to the shards' dtype.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <vector>
+
+#include "fsdp/checkpoint/sharded.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/fsdp.h"
+#include "fsdp/models/llama_config.h"
+
+namespace fsdp::checkpoint {
+
+// "5GB" (10^9), "500MB", "100kB", "2GiB" (2^30), "1MiB", "1234" (bytes); "0": no limit.
+// UsageError naming `flag` for anything else.
+int64_t parse_byte_size(const std::string& text, const std::string& flag);
+
+// "float32" | "fp32" -> kFloat, "bfloat16" | "bf16" -> kBFloat16, "float16" | "fp16" -> kHalf.
+at::ScalarType parse_export_dtype(const std::string& s);
+// Hugging Face's torch_dtype name: "float32", "bfloat16", "float16".
+std::string hf_dtype_name(at::ScalarType t);
+
+struct HfExportOptions {
+  at::ScalarType dtype = at::kFloat;        // float32 (exact), bfloat16 or float16
+  int64_t max_shard_bytes = 5'000'000'000;  // transformers' default "5GB"; <= 0: one file
+  // Merged into config.json (e.g. bos_token_id, eos_token_id).
+  nlohmann::json extra_config = nlohmann::json::object();
+  // Copied into DIR: (source path, file name), e.g. the tokenizer.model.
+  std::vector<std::pair<std::string, std::string>> extra_files;
+  bool progress = false;  // progress bar on stderr (rank 0; the caller checks isatty)
+};
+
+struct HfExportResult {
+  std::string dir;
+  std::vector<std::string> files;  // file names written (weights, index, config)
+  IoStats io;                      // bytes rank 0 wrote (the same on every rank)
+};
+
+// Names an export writes; anything else in an existing DIR makes export refuse
+// (a user's files are never replaced).
+bool is_hf_export_file(const std::string& file_name);
+// UsageError unless `dir` is absent, empty, or holds only files an export writes.
+void check_export_dir(const std::string& dir, const std::string& flag = "--export-hf");
+
+// Collective over `group` (every rank of the model's world); rank 0 writes DIR.
+HfExportResult export_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
+                         comm::ProcessGroup& group, const HfExportOptions& options = {});
+
+// The weights of a Hugging Face model directory: model.safetensors.index.json's
+// weight_map, else model.safetensors, else the only *.safetensors file.
+// UsageError naming the directory when there are none.
+struct HfWeights {
+  std::vector<std::string> files;                  // paths
+  std::map<std::string, std::string> weight_map;   // tensor name -> path (empty: read headers)
+};
+HfWeights find_hf_weights(const std::string& dir);
+
+struct HfImportResult {
+  std::vector<std::string> files;    // safetensors files opened
+  std::vector<std::string> ignored;  // tensors in the files that the model does not use (tied lm_head.weight, rotary inv_freq)
+  IoStats io;                        // bytes read, summed over ranks
+};
+
+// Loads DIR's weights into the model's shards (every element; padding zeroed).
+// UsageError (the same on every rank): a parameter missing from the files; a
+// shape mismatch (naming the tensor and both shapes); tensors the model does
+// not have (other than those listed under `ignored`); a malformed file.
+// Collective over `group` (for the byte count only).
+HfImportResult import_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
+                         comm::ProcessGroup& group, bool progress = false);
+
+// "" when `a` and `b` describe the same architecture (every field that changes
+// shapes or results; max_position_embeddings and initializer_range may differ),
+// else "<field> <a> vs <b>" for the first difference.
+std::string config_mismatch(const models::LlamaConfig& a, const models::LlamaConfig& b);
+
+}  // namespace fsdp::checkpoint

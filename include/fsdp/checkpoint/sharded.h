@@ -1,0 +1,177 @@
+// Sharded checkpoints: every rank writes its own shards, in parallel, into one
+// directory per checkpoint; loading re-cuts the shards for any world size,
+// sharding strategy or wrap policy.
+//
+// Layout of --checkpoint-dir:
+//   step_00000100/                      a complete checkpoint: the state after 100 optimizer steps
+//     manifest.json                     the layout (below); written last, by rank 0
+//     manifest.crc32c                   CRC-32C of manifest.json, 8 hex digits
+//     shard-00000-of-00002.bin          shard 0's sections (raw little-endian, back to back)
+//     shard-00001-of-00002.bin
+//   .tmp-step_00000200/                 a save in progress (or left by a crash): never a checkpoint
+//   .old-step_*, .del-step_*            a checkpoint being replaced or deleted (crash leftovers)
+// Only `step_<8+ digits>` directories holding manifest.json are checkpoints.
+// Temporary directories from crashed saves are removed by
+// remove_stale_temporaries() (the trainer calls it at start-up).
+//
+// Atomicity (Note [Checkpoint commit]): every rank writes and fsyncs its file
+// inside .tmp-step_N; the ranks exchange their files' sizes and checksums;
+// rank 0 writes and fsyncs manifest.json, fsyncs the directory, renames it to
+// step_N (atomically replacing an older step_N, if any, with renameat2's
+// RENAME_EXCHANGE) and fsyncs --checkpoint-dir. A crash at any point leaves the
+// previous checkpoints untouched and at most a temporary directory. With
+// keep_last K, older complete checkpoints are deleted only after the new one
+// was renamed into place (each is first renamed to .del-step_N, so a crash
+// never leaves a half-deleted step_N).
+//
+// Who writes: one file per shard of the padded flat parameters. Shard groups
+// of size S give S files; HYBRID_SHARD's replicas hold identical shards, so
+// only replicate rank 0 (the first shard group) writes; NO_SHARD writes one
+// file, from rank 0. A file holds, for each unit in order, the sections
+//   param       the unit's local shard (shard dtype: F32, or BF16 with bf16 master weights)
+//   exp_avg     AdamW first moment (state dtype)
+//   exp_avg_sq  AdamW second moment
+//   compensation  Kahan compensation buffer (only when the optimizer has one)
+// each `shard_numel` elements of the padded flat index space, starting at
+// flat index shard_index * shard_numel (padding included; it is zero).
+//
+// manifest.json (format "fsdp-cpp/sharded-checkpoint", version 1):
+//   { "format", "version", "step",
+//     "model_config": {Hugging Face config.json fields},
+//     "world_size", "shard_group_size", "replicate_group_size", "strategy",
+//     "optimizer": {"type": "AdamW", "step": t, "options": {...}},
+//     "trainer_state": {... what the caller passed: step, seed, data position, schedule ...},
+//     "units": [ {"name", "numel", "padded_numel", "shard_numel",
+//                 "params": [ {"name", "shape", "flat_offset", "numel"} ]} ],
+//     "checksum": {"algorithm": "crc32c", "block_size": 1048576},
+//     "files": [ {"name", "size", "crc32c": "8 hex digits", "shard_index",
+//                 "block_crc32c": base64 of the little-endian uint32 CRC-32C of
+//                                 each block_size bytes of the file (the last may be short),
+//                 "sections": [ {"unit", "kind", "dtype", "flat_begin", "numel", "offset"} ]} ] }
+//
+// Loading (Note [Resharding on load]): for every parameter, the part that
+// falls in this rank's new shard range is one contiguous element range; in the
+// saved layout it is one contiguous range of the same parameter, spread over
+// the saved shard files in at most a few contiguous byte ranges. Each rank
+// reads only those byte ranges (widened to whole checksum blocks, which it
+// verifies), converting dtypes if the saved and current dtypes differ.
+// Parameters are matched by name and shape, so the wrap policy, the strategy
+// and the world size may all change between save and load.
+//
+// Damage (a missing or truncated file, a checksum mismatch, an unreadable
+// manifest) throws DamagedCheckpoint naming the checkpoint and the file on
+// every rank (the ranks agree before returning); load_latest_checkpoint then
+// falls back to the next older checkpoint. A checkpoint of another model
+// (parameter names or shapes differ) is a UsageError naming the parameter and
+// both shapes.
+//
+// Every function that takes a ProcessGroup is collective over it: call it on
+// every rank of the job (all ranks of the model's world), in the same order.
+// --checkpoint-dir must be one directory visible to every rank (a shared file
+// system on several nodes), like PyTorch's distributed checkpoint.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "fsdp/comm/process_group.h"
+#include "fsdp/common/error.h"
+#include "fsdp/fsdp.h"
+#include "fsdp/optim/adamw.h"
+
+namespace fsdp::checkpoint {
+
+// A checkpoint that cannot be used: names the checkpoint and the file.
+class DamagedCheckpoint : public Failure {
+ public:
+  DamagedCheckpoint(const std::string& checkpoint, const std::string& file, const std::string& why);
+  const std::string& checkpoint() const { return checkpoint_; }
+  const std::string& file() const { return file_; }
+
+ private:
+  std::string checkpoint_;
+  std::string file_;
+};
+
+// "step_00000100"
+std::string checkpoint_name(int64_t step);
+
+struct CheckpointInfo {
+  int64_t step = 0;
+  std::string path;
+};
+// Complete checkpoints in `dir` (step_N directories holding manifest.json),
+// newest first; empty if `dir` does not exist.
+std::vector<CheckpointInfo> list_checkpoints(const std::string& dir);
+
+// Removes what interrupted saves left in `dir` (.tmp-*, .old-*, .del-*
+// directories); never a complete checkpoint. Returns the names removed. Call
+// on one rank while no save is running.
+std::vector<std::string> remove_stale_temporaries(const std::string& dir);
+
+struct IoStats {
+  int64_t bytes = 0;     // read or written, summed over all ranks
+  double seconds = 0;    // wall time of the whole collective operation
+  double gb_per_s() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
+};
+
+struct SaveOptions {
+  // > 0: afterwards keep only the newest K complete checkpoints up to this
+  // step (this one included); checkpoints of later steps are not touched.
+  int keep_last = 0;
+  bool progress = false;          // progress bar on stderr for long saves (the caller checks isatty, rank 0)
+  int64_t block_size = 1 << 20;   // checksum granularity, bytes
+};
+
+struct SaveResult {
+  std::string path;                 // the complete checkpoint
+  IoStats io;
+  std::vector<std::string> pruned;  // checkpoints deleted by keep_last
+};
+
+// Saves the model's shards and the optimizer's state (optimizer may be null:
+// parameters only) as checkpoint `step` in `dir` (created if missing). The
+// manifest records `model_config` and `trainer_state` as given. Collective
+// over `group`, whose rank 0 commits; group must span the model's world.
+// Requires: no forward/backward in progress. Throws Failure (on every rank)
+// if any rank fails; the previous checkpoints are then untouched.
+SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& model, optim::AdamW* optimizer,
+                           const nlohmann::json& model_config, const nlohmann::json& trainer_state,
+                           comm::ProcessGroup& group, const SaveOptions& options = {});
+
+struct LoadOptions {
+  bool progress = false;  // progress bar on stderr for long loads
+};
+
+struct LoadResult {
+  bool loaded = false;
+  int64_t step = -1;
+  std::string path;
+  nlohmann::json manifest;       // model_config, trainer_state, ...
+  nlohmann::json trainer_state;
+  IoStats io;
+  // Newer checkpoints skipped as damaged, one line each ("step_00000020: file
+  // shard-00001-of-00002.bin: ..."), the same on every rank.
+  std::vector<std::string> rejected;
+};
+
+// Loads checkpoint directory `path` into the model's shards (every element,
+// padding zeroed) and the optimizer's state and step count (optimizer may be
+// null). Collective. DamagedCheckpoint / UsageError as described above.
+LoadResult load_checkpoint(const std::string& path, ShardedModel& model, optim::AdamW* optimizer,
+                           comm::ProcessGroup& group, const LoadOptions& options = {});
+
+// The newest complete checkpoint in `dir` that loads without damage; damaged
+// ones are skipped (listed in `rejected`). loaded == false when `dir` holds no
+// checkpoint. Throws Failure when there are checkpoints but every one is damaged
+// (the model's state is then unspecified). Collective.
+LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model, optim::AdamW* optimizer,
+                                  comm::ProcessGroup& group, const LoadOptions& options = {});
+
+// Strings from every rank, indexed by rank (collective over `group`).
+std::vector<std::string> all_gather_strings(comm::ProcessGroup& group, const std::string& mine);
+
+}  // namespace fsdp::checkpoint

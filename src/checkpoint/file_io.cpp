@@ -1,0 +1,185 @@
+#include "file_io.h"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+
+#include "fsdp/common/error.h"
+
+namespace fsdp::checkpoint::io {
+namespace {
+
+[[noreturn]] void fail_errno(const char* op, const std::string& path) {
+  const int e = errno;
+  FSDP_FAIL("checkpoint I/O: ", op, " ", path, " failed: ", std::strerror(e),
+            e == ENOSPC ? " — the disk is full; free space or choose another --checkpoint-dir" : "");
+}
+
+}  // namespace
+
+File::~File() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+File::File(File&& o) noexcept : fd_(o.fd_), path_(std::move(o.path_)) { o.fd_ = -1; }
+
+File& File::operator=(File&& o) noexcept {
+  if (this != &o) {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = o.fd_;
+    path_ = std::move(o.path_);
+    o.fd_ = -1;
+  }
+  return *this;
+}
+
+File File::create(const std::string& path) {
+  File f;
+  f.path_ = path;
+  f.fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (f.fd_ < 0) fail_errno("create", path);
+  return f;
+}
+
+File File::open_read(const std::string& path) {
+  File f;
+  f.path_ = path;
+  f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (f.fd_ < 0) fail_errno("open", path);
+  return f;
+}
+
+void File::write_all(const void* data, size_t n) {
+  const char* p = static_cast<const char*>(data);
+  while (n > 0) {
+    const ssize_t w = ::write(fd_, p, n);
+    if (w < 0) {
+      if (errno == EINTR) continue;
+      fail_errno("write", path_);
+    }
+    p += w;
+    n -= static_cast<size_t>(w);
+  }
+}
+
+void File::pread_all(void* out, size_t n, int64_t offset) const {
+  char* p = static_cast<char*>(out);
+  size_t done = 0;
+  while (done < n) {
+    const ssize_t r = ::pread(fd_, p + done, n - done, static_cast<off_t>(offset + static_cast<int64_t>(done)));
+    if (r < 0) {
+      if (errno == EINTR) continue;
+      fail_errno("read", path_);
+    }
+    if (r == 0) {
+      FSDP_FAIL("checkpoint I/O: ", path_, " is truncated: needed bytes [", offset, ", ",
+                offset + static_cast<int64_t>(n), ") but the file ends at ", offset + static_cast<int64_t>(done));
+    }
+    done += static_cast<size_t>(r);
+  }
+}
+
+void File::sync() {
+  if (::fsync(fd_) != 0) fail_errno("fsync", path_);
+}
+
+void File::close() {
+  if (fd_ < 0) return;
+  const int fd = fd_;
+  fd_ = -1;
+  if (::close(fd) != 0) fail_errno("close", path_);
+}
+
+int64_t File::size() const {
+  struct stat st {};
+  if (::fstat(fd_, &st) != 0) fail_errno("stat", path_);
+  return static_cast<int64_t>(st.st_size);
+}
+
+MappedFile::MappedFile(const std::string& path) : path_(path) {
+  File f = File::open_read(path);
+  size_ = static_cast<size_t>(f.size());
+  if (size_ == 0) return;
+  void* p = ::mmap(nullptr, size_, PROT_READ, MAP_PRIVATE, f.fd_, 0);
+  if (p == MAP_FAILED) fail_errno("mmap", path);
+  data_ = static_cast<const uint8_t*>(p);  // the mapping outlives the descriptor
+}
+
+MappedFile::~MappedFile() {
+  if (data_ != nullptr) ::munmap(const_cast<uint8_t*>(data_), size_);
+}
+
+void fsync_dir(const std::string& dir) {
+  const int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (fd < 0) fail_errno("open directory", dir);
+  const int rc = ::fsync(fd);
+  ::close(fd);
+  if (rc != 0) fail_errno("fsync directory", dir);
+}
+
+void rename_path(const std::string& from, const std::string& to) {
+  if (std::rename(from.c_str(), to.c_str()) != 0) fail_errno(("rename to " + to + ":").c_str(), from);
+}
+
+namespace {
+// renameat2(RENAME_EXCHANGE) swaps two paths atomically (Linux >= 3.15).
+bool exchange_paths(const std::string& a, const std::string& b) {
+#ifdef RENAME_EXCHANGE
+  return ::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0;
+#else
+  (void)a;
+  (void)b;
+  return false;
+#endif
+}
+}  // namespace
+
+void replace_directory(const std::string& tmp, const std::string& final) {
+  namespace fs = std::filesystem;
+  const fs::path f(final);
+  const std::string parent = f.parent_path().empty() ? "." : f.parent_path().string();
+  std::error_code ec;
+  if (fs::exists(f, ec)) {
+    const std::string old = (f.parent_path() / (".old-" + f.filename().string())).string();
+    fs::remove_all(old, ec);
+    if (exchange_paths(tmp, final)) {
+      rename_path(tmp, old);  // tmp now holds the previous contents
+    } else {
+      rename_path(final, old);
+      rename_path(tmp, final);
+    }
+    fsync_dir(parent);
+    fs::remove_all(old, ec);
+  } else {
+    rename_path(tmp, final);
+  }
+  fsync_dir(parent);
+}
+
+void write_text_file(const std::string& path, const std::string& text) {
+  File f = File::create(path);
+  f.write_all(text.data(), text.size());
+  f.sync();
+  f.close();
+}
+
+std::string read_text_file(const std::string& path) {
+  File f = File::open_read(path);
+  const int64_t n = f.size();
+  std::string s(static_cast<size_t>(n), '\0');
+  if (n > 0) f.pread_all(s.data(), static_cast<size_t>(n), 0);
+  return s;
+}
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace fsdp::checkpoint::io

@@ -1,0 +1,409 @@
+#include "fsdp/checkpoint/hf.h"
+
+#include <algorithm>
+#include <cctype>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <regex>
+#include <set>
+
+#include "file_io.h"
+#include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/common/error.h"
+#include "progress.h"
+
+namespace fsdp::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kIndexName = "model.safetensors.index.json";
+constexpr const char* kSingleName = "model.safetensors";
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string o = "[";
+  for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
+  return o + "]";
+}
+
+std::string strip_rank_tag(const std::string& m) {
+  if (m.rfind("[rank ", 0) == 0) {
+    const size_t e = m.find("] ");
+    if (e != std::string::npos) return m.substr(e + 2);
+  }
+  return m;
+}
+
+// Weights dropped on import without complaint.
+bool ignorable(const std::string& name, const models::LlamaConfig& cfg) {
+  if (cfg.tie_word_embeddings && name == "lm_head.weight") return true;  // the tied head: embed_tokens
+  static const std::regex kInvFreq(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
+  return std::regex_match(name, kInvFreq);  // a buffer older transformers versions saved
+}
+
+std::string shard_name(size_t i, size_t n) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, n);
+  return buf;
+}
+
+}  // namespace
+
+int64_t parse_byte_size(const std::string& text, const std::string& flag) {
+  static const std::regex kSize(R"(\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*)");
+  std::smatch m;
+  FSDP_CHECK(std::regex_match(text, m, kSize), flag, " '", text,
+             "' is not a size; write e.g. 5GB, 500MB, 2GiB or a number of bytes (0: no limit)");
+  const double v = std::stod(m[1].str());
+  std::string unit = m[2].str();
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
+  static const std::map<std::string, double> kUnits = {
+      {"", 1},        {"b", 1},          {"kb", 1e3},          {"mb", 1e6},         {"gb", 1e9},
+      {"tb", 1e12},   {"kib", 1024.0},   {"mib", 1048576.0},   {"gib", 1073741824.0}, {"tib", 1099511627776.0},
+      {"k", 1e3},     {"m", 1e6},        {"g", 1e9}};
+  auto it = kUnits.find(unit);
+  FSDP_CHECK(it != kUnits.end(), flag, " '", text, "': unknown unit '", m[2].str(),
+             "'; use B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)");
+  return static_cast<int64_t>(std::llround(v * it->second));
+}
+
+at::ScalarType parse_export_dtype(const std::string& s) {
+  if (s == "float32" || s == "fp32" || s == "f32") return at::kFloat;
+  if (s == "bfloat16" || s == "bf16") return at::kBFloat16;
+  if (s == "float16" || s == "fp16" || s == "f16") return at::kHalf;
+  FSDP_CHECK(false, "--export-dtype '", s, "' is not one of: float32, bfloat16, float16");
+  return at::kFloat;
+}
+
+std::string hf_dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "float32";
+    case at::kBFloat16: return "bfloat16";
+    case at::kHalf: return "float16";
+    default: break;
+  }
+  FSDP_CHECK(false, "cannot export weights as ", t, "; use float32, bfloat16 or float16");
+  return "";
+}
+
+bool is_hf_export_file(const std::string& n) {
+  static const std::regex kShard(R"(model-\d{5}-of-\d{5}\.safetensors)");
+  return n == "config.json" || n == kSingleName || n == kIndexName || n == "tokenizer.model" ||
+         std::regex_match(n, kShard);
+}
+
+void check_export_dir(const std::string& dir, const std::string& flag) {
+  FSDP_CHECK(!dir.empty(), flag, " needs a directory");
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return;
+  FSDP_CHECK(fs::is_directory(dir, ec), flag, " ", dir, " exists and is not a directory; choose a new directory");
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    FSDP_CHECK(e.is_regular_file(ec) && is_hf_export_file(n), flag, " ", dir, " holds '", n,
+               "', which an export does not write; an export replaces the whole directory, so choose a new or "
+               "empty directory (files there are never deleted)");
+  }
+}
+
+std::string config_mismatch(const models::LlamaConfig& a, const models::LlamaConfig& b) {
+  auto diff = [](const char* field, const auto& x, const auto& y) -> std::string {
+    if (x == y) return "";
+    std::ostringstream os;
+    os << field << " " << x << " vs " << y;
+    return os.str();
+  };
+  for (const std::string& d :
+       {diff("hidden_size", a.hidden_size, b.hidden_size),
+        diff("intermediate_size", a.intermediate_size, b.intermediate_size),
+        diff("num_attention_heads", a.num_attention_heads, b.num_attention_heads),
+        diff("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads),
+        diff("head_dim", a.dh(), b.dh()), diff("num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers),
+        diff("vocab_size", a.vocab_size, b.vocab_size), diff("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps),
+        diff("rope_theta", a.rope_theta, b.rope_theta),
+        diff("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings),
+        diff("rope_scaling", std::string(a.rope_scaling.has_value() ? "llama3" : "none"),
+             std::string(b.rope_scaling.has_value() ? "llama3" : "none"))}) {
+    if (!d.empty()) return d;
+  }
+  if (a.rope_scaling && b.rope_scaling) {
+    const auto& x = *a.rope_scaling;
+    const auto& y = *b.rope_scaling;
+    for (const std::string& d :
+         {diff("rope_scaling.factor", x.factor, y.factor),
+          diff("rope_scaling.low_freq_factor", x.low_freq_factor, y.low_freq_factor),
+          diff("rope_scaling.high_freq_factor", x.high_freq_factor, y.high_freq_factor),
+          diff("rope_scaling.original_max_position_embeddings", x.original_max_position_embeddings,
+               y.original_max_position_embeddings)}) {
+      if (!d.empty()) return d;
+    }
+  }
+  return "";
+}
+
+// ---- export ---------------------------------------------------------------------------
+
+HfExportResult export_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
+                         comm::ProcessGroup& group, const HfExportOptions& options) {
+  const double t0 = io::now_seconds();
+  const bool lead = group.rank() == 0;
+  const std::string dtype = safetensors_dtype(options.dtype);
+  const int64_t esize = safetensors_dtype_size(dtype);
+  fs::path final = fs::path(dir).lexically_normal();
+  if (final.filename().empty()) final = final.parent_path();  // "out/" -> "out"
+  const fs::path parent = final.has_parent_path() ? final.parent_path() : fs::path(".");
+  const fs::path tmp = parent / (".tmp-" + final.filename().string());
+  const auto& units = model.units();
+
+  // The plan: tensors in unit order, split into files at max_shard_bytes.
+  std::vector<std::vector<SafetensorsSpec>> files(1);
+  std::map<std::string, size_t> file_of;
+  int64_t in_file = 0;
+  int64_t total = 0;
+  for (const auto& u : units) {
+    for (const auto& p : u.params) {
+      const int64_t n = p.numel * esize;
+      if (options.max_shard_bytes > 0 && in_file > 0 && in_file + n > options.max_shard_bytes) {
+        files.emplace_back();
+        in_file = 0;
+      }
+      files.back().push_back({p.name, dtype, p.shape});
+      file_of[p.name] = files.size() - 1;
+      in_file += n;
+      total += n;
+    }
+  }
+  const bool sharded = files.size() > 1;
+  std::vector<std::string> names;
+  for (size_t i = 0; i < files.size(); ++i) names.push_back(sharded ? shard_name(i, files.size()) : kSingleName);
+
+  HfExportResult result;
+  result.dir = final.string();
+  std::string error;
+  std::vector<std::unique_ptr<SafetensorsWriter>> writers(files.size());
+  std::vector<size_t> remaining(files.size());
+  for (size_t i = 0; i < files.size(); ++i) remaining[i] = files[i].size();
+  int64_t bytes = 0;
+  auto guarded = [&](const std::function<void()>& fn) {
+    if (!lead || !error.empty()) return;
+    try {
+      fn();
+    } catch (const std::exception& e) {
+      error = strip_rank_tag(e.what());
+    }
+  };
+  guarded([&] {
+    check_export_dir(final.string());
+    fs::create_directories(parent);
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+    fs::create_directory(tmp);
+  });
+  io::Progress progress("exporting " + final.filename().string(), total, options.progress && lead);
+  const std::map<std::string, std::string> metadata = {{"format", "pt"}};
+  for (size_t u = 0; u < units.size(); ++u) {
+    const at::Tensor full = model.gather_unit(u);  // collective over the shard group: every rank
+    guarded([&] {
+      for (const auto& p : units[u].params) {
+        const size_t f = file_of.at(p.name);
+        if (!writers[f]) writers[f] = std::make_unique<SafetensorsWriter>((tmp / names[f]).string(), files[f], metadata);
+        writers[f]->write(p.name, full.narrow(0, p.flat_offset, p.numel));
+        progress.add(p.numel * esize);
+        if (--remaining[f] == 0) {
+          writers[f]->finish();
+          bytes += writers[f]->file_size();
+          writers[f].reset();
+        }
+      }
+    });
+  }
+  progress.finish();
+  guarded([&] {
+    if (sharded) {
+      nlohmann::json index = {{"metadata", {{"total_size", total}}}, {"weight_map", nlohmann::json::object()}};
+      for (const auto& [name, f] : file_of) index["weight_map"][name] = names[f];
+      const std::string text = index.dump(2) + "\n";
+      io::write_text_file((tmp / kIndexName).string(), text);
+      bytes += static_cast<int64_t>(text.size());
+    }
+    nlohmann::ordered_json config = nlohmann::ordered_json::parse(cfg.to_hf_config_json());
+    config["torch_dtype"] = hf_dtype_name(options.dtype);
+    for (auto it = options.extra_config.begin(); it != options.extra_config.end(); ++it) config[it.key()] = it.value();
+    const std::string text = config.dump(2) + "\n";
+    io::write_text_file((tmp / "config.json").string(), text);
+    bytes += static_cast<int64_t>(text.size());
+    for (const auto& [src, name] : options.extra_files) {
+      FSDP_CHECK(is_hf_export_file(name), "cannot export extra file '", name, "'");
+      const std::string content = io::read_text_file(src);
+      io::write_text_file((tmp / name).string(), content);
+      bytes += static_cast<int64_t>(content.size());
+    }
+    io::fsync_dir(tmp.string());
+    io::replace_directory(tmp.string(), final.string());
+  });
+  if (lead && !error.empty()) {
+    std::error_code ec;
+    fs::remove_all(tmp, ec);
+  }
+  // Everyone learns whether rank 0 succeeded.
+  const std::vector<std::string> all = all_gather_strings(group, error);
+  if (!all[0].empty()) FSDP_FAIL("exporting Hugging Face weights to ", final.string(), " failed: ", all[0]);
+  result.files = names;
+  if (sharded) result.files.push_back(kIndexName);
+  result.files.push_back("config.json");
+  for (const auto& e : options.extra_files) result.files.push_back(e.second);
+  at::Tensor written = at::full({1}, static_cast<double>(bytes), at::kDouble);  // rank 0's bytes, for everyone
+  if (group.size() > 1) group.all_reduce(written, comm::ReduceOp::kSum)->wait();
+  result.io.bytes = static_cast<int64_t>(written.item<double>());
+  result.io.seconds = io::now_seconds() - t0;
+  return result;
+}
+
+// ---- import ---------------------------------------------------------------------------
+
+HfWeights find_hf_weights(const std::string& dir) {
+  HfWeights w;
+  const fs::path d(dir);
+  std::error_code ec;
+  FSDP_CHECK(fs::is_directory(d, ec), "--init-from ", dir, " is not a directory; give a Hugging Face model directory "
+             "(config.json and *.safetensors)");
+  if (fs::exists(d / kIndexName, ec)) {
+    const std::string path = (d / kIndexName).string();
+    nlohmann::json index;
+    try {
+      index = nlohmann::json::parse(io::read_text_file(path));
+    } catch (const std::exception& e) {
+      FSDP_CHECK(false, path, " is not valid JSON (", e.what(), ")");
+    }
+    FSDP_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), path, " has no 'weight_map' object");
+    std::set<std::string> files;
+    for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {
+      FSDP_CHECK(it.value().is_string(), path, ": weight_map['", it.key(), "'] is not a file name");
+      const std::string f = it.value().get<std::string>();
+      FSDP_CHECK(f.find('/') == std::string::npos, path, ": weight_map['", it.key(), "'] = '", f,
+                 "' is not a file name in the directory");
+      const std::string p = (d / f).string();
+      w.weight_map[it.key()] = p;
+      files.insert(p);
+    }
+    for (const auto& f : files) {
+      FSDP_CHECK(fs::exists(f, ec), path, " lists ", f, ", which does not exist");
+      w.files.push_back(f);
+    }
+    return w;
+  }
+  if (fs::exists(d / kSingleName, ec)) {
+    w.files.push_back((d / kSingleName).string());
+    return w;
+  }
+  std::vector<std::string> found;
+  for (const auto& e : fs::directory_iterator(d, ec)) {
+    if (e.path().extension() == ".safetensors") found.push_back(e.path().string());
+  }
+  FSDP_CHECK(found.size() == 1, "--init-from ", dir, ": found ", found.size(), " *.safetensors files and no ",
+             kIndexName, "; expected ", kSingleName, " or an index (a Hugging Face model directory; PyTorch .bin "
+             "checkpoints are not supported — convert them with transformers' save_pretrained(safe_serialization=True))");
+  w.files = found;
+  return w;
+}
+
+HfImportResult import_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
+                         comm::ProcessGroup& group, bool progress_bar) {
+  const double t0 = io::now_seconds();
+  HfImportResult result;
+  const HfWeights weights = find_hf_weights(dir);
+  result.files = weights.files;
+
+  // Open every file (headers only; data pages are touched only where read).
+  std::vector<std::unique_ptr<SafetensorsFile>> files;
+  std::map<std::string, std::pair<const SafetensorsFile*, const SafetensorsEntry*>> where;
+  for (const auto& path : weights.files) {
+    files.push_back(std::make_unique<SafetensorsFile>(path));
+    for (const auto& e : files.back()->entries()) {
+      auto it = weights.weight_map.find(e.name);
+      if (!weights.weight_map.empty() && (it == weights.weight_map.end() || it->second != path)) continue;
+      FSDP_CHECK(where.count(e.name) == 0, "tensor '", e.name, "' appears in both ", where[e.name].first->path(),
+                 " and ", path);
+      where[e.name] = {files.back().get(), &e};
+    }
+  }
+  // Names and shapes: the same checks on every rank.
+  std::set<std::string> wanted;
+  const auto& units = model.units();
+  for (const auto& u : units) {
+    for (const auto& p : u.params) {
+      wanted.insert(p.name);
+      auto it = where.find(p.name);
+      FSDP_CHECK(it != where.end(), "--init-from ", dir, ": tensor '", p.name, "' ", shape_str(p.shape),
+                 " is missing from the checkpoint", p.name == "lm_head.weight" ? " (the checkpoint's model may tie "
+                 "its embeddings: set tie_word_embeddings in config.json)" : "");
+      FSDP_CHECK(it->second.second->shape == p.shape, "--init-from ", dir, ": tensor '", p.name, "' has shape ",
+                 shape_str(it->second.second->shape), " in ", it->second.first->path(), " but ", shape_str(p.shape),
+                 " in the model; use the config.json that belongs to the weights");
+    }
+  }
+  std::vector<std::string> unexpected;
+  for (const auto& [name, fe] : where) {
+    if (wanted.count(name)) continue;
+    if (ignorable(name, cfg)) {
+      result.ignored.push_back(name);
+    } else {
+      unexpected.push_back(name);
+    }
+  }
+  if (!unexpected.empty()) {
+    std::string list;
+    for (size_t i = 0; i < std::min<size_t>(unexpected.size(), 5); ++i) list += (i ? ", " : "") + unexpected[i];
+    FSDP_CHECK(false, "--init-from ", dir, ": ", unexpected.size(), " tensors are not parameters of a ", cfg.model_type,
+               " model with this config (", list, unexpected.size() > 5 ? ", ..." : "",
+               "); the checkpoint is of another architecture");
+  }
+
+  // This rank's bytes.
+  const std::vector<ShardRef> shards = model.shards();
+  int64_t planned = 0;
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (const auto& p : units[u].params) {
+      const int64_t lo = std::max(units[u].shard_offset, p.flat_offset);
+      const int64_t hi = std::min(units[u].shard_offset + units[u].shard_numel, p.flat_offset + p.numel);
+      if (lo < hi) planned += (hi - lo) * safetensors_dtype_size(where.at(p.name).second->dtype);
+    }
+  }
+  io::Progress progress("loading " + dir, planned, progress_bar);
+  at::NoGradGuard no_grad;
+  int64_t bytes = 0;
+  std::vector<float> buffer;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const UnitInfo& ui = units[u];
+    at::Tensor shard = shards[u].param;
+    shard.zero_();  // padding
+    const bool direct = shard.scalar_type() == at::kFloat && shard.is_contiguous() && shard.device().is_cpu();
+    for (const auto& p : ui.params) {
+      const int64_t lo = std::max(ui.shard_offset, p.flat_offset);
+      const int64_t hi = std::min(ui.shard_offset + ui.shard_numel, p.flat_offset + p.numel);
+      if (lo >= hi) continue;
+      const auto& [file, entry] = where.at(p.name);
+      const int64_t n = hi - lo;
+      if (direct) {
+        file->read_as_float(*entry, lo - p.flat_offset, n, shard.data_ptr<float>() + (lo - ui.shard_offset));
+      } else {
+        buffer.resize(static_cast<size_t>(n));
+        file->read_as_float(*entry, lo - p.flat_offset, n, buffer.data());
+        shard.narrow(0, lo - ui.shard_offset, n).copy_(at::from_blob(buffer.data(), {n}, at::kFloat));
+      }
+      const int64_t b = n * safetensors_dtype_size(entry->dtype);
+      bytes += b;
+      progress.add(b);
+    }
+  }
+  progress.finish();
+  at::Tensor t = at::full({1}, static_cast<double>(bytes), at::kDouble);
+  if (group.size() > 1) group.all_reduce(t, comm::ReduceOp::kSum)->wait();
+  result.io.bytes = static_cast<int64_t>(t.item<double>());
+  result.io.seconds = io::now_seconds() - t0;
+  return result;
+}
+
+}  // namespace fsdp::checkpoint

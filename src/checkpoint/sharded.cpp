@@ -1,0 +1,956 @@
+#include "fsdp/checkpoint/sharded.h"
+
+#include <algorithm>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <regex>
+#include <set>
+#include <type_traits>
+
+#include "file_io.h"
+#include "fsdp/checkpoint/crc32c.h"
+#include "progress.h"
+
+namespace fsdp::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kFormat = "fsdp-cpp/sharded-checkpoint";
+constexpr int kVersion = 1;
+constexpr const char* kManifest = "manifest.json";
+constexpr const char* kManifestCrc = "manifest.crc32c";
+constexpr int64_t kIoChunk = 16 << 20;  // bytes per write()/pread() call
+
+// ---- small encodings ----------------------------------------------------------------
+
+// "[rank 1/2] text" -> "text" (messages are re-thrown on other ranks, which add their own tag).
+std::string strip_rank_tag(const std::string& m) {
+  if (m.rfind("[rank ", 0) == 0) {
+    const size_t e = m.find("] ");
+    if (e != std::string::npos) return m.substr(e + 2);
+  }
+  return m;
+}
+
+std::string hex32(uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof(buf), "%08x", v);
+  return buf;
+}
+
+constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
+
+std::string base64_encode(const std::vector<uint32_t>& words) {
+  std::string bytes(words.size() * 4, '\0');
+  if (!words.empty()) std::memcpy(bytes.data(), words.data(), bytes.size());  // little-endian host
+  std::string out;
+  out.reserve((bytes.size() + 2) / 3 * 4);
+  size_t i = 0;
+  for (; i + 2 < bytes.size(); i += 3) {
+    const uint32_t v = (uint8_t(bytes[i]) << 16) | (uint8_t(bytes[i + 1]) << 8) | uint8_t(bytes[i + 2]);
+    out += kB64[v >> 18];
+    out += kB64[(v >> 12) & 63];
+    out += kB64[(v >> 6) & 63];
+    out += kB64[v & 63];
+  }
+  if (i < bytes.size()) {
+    uint32_t v = uint8_t(bytes[i]) << 16;
+    if (i + 1 < bytes.size()) v |= uint8_t(bytes[i + 1]) << 8;
+    out += kB64[v >> 18];
+    out += kB64[(v >> 12) & 63];
+    out += i + 1 < bytes.size() ? kB64[(v >> 6) & 63] : '=';
+    out += '=';
+  }
+  return out;
+}
+
+// Returns false on malformed input.
+bool base64_decode(const std::string& s, std::vector<uint32_t>* words) {
+  if (s.size() % 4 != 0) return false;
+  std::string bytes;
+  auto val = [](char c) -> int {
+    if (c >= 'A' && c <= 'Z') return c - 'A';
+    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
+    if (c >= '0' && c <= '9') return c - '0' + 52;
+    if (c == '+') return 62;
+    if (c == '/') return 63;
+    return -1;
+  };
+  for (size_t i = 0; i < s.size(); i += 4) {
+    int v[4];
+    int pad = 0;
+    for (int k = 0; k < 4; ++k) {
+      if (s[i + k] == '=') {
+        v[k] = 0;
+        ++pad;
+      } else {
+        v[k] = val(s[i + k]);
+        if (v[k] < 0 || pad > 0) return false;
+      }
+    }
+    const uint32_t x = (uint32_t(v[0]) << 18) | (uint32_t(v[1]) << 12) | (uint32_t(v[2]) << 6) | uint32_t(v[3]);
+    bytes += char(x >> 16);
+    if (pad < 2) bytes += char((x >> 8) & 0xFF);
+    if (pad < 1) bytes += char(x & 0xFF);
+  }
+  if (bytes.size() % 4 != 0) return false;
+  words->resize(bytes.size() / 4);
+  if (!bytes.empty()) std::memcpy(words->data(), bytes.data(), bytes.size());
+  return true;
+}
+
+std::string shape_str(const std::vector<int64_t>& s) {
+  std::string o = "[";
+  for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
+  return o + "]";
+}
+
+std::string dtype_name(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "F32";
+    case at::kBFloat16: return "BF16";
+    case at::kHalf: return "F16";
+    case at::kDouble: return "F64";
+    default: break;
+  }
+  FSDP_ASSERT(false, "checkpoint state tensor of unsupported dtype ", t);
+  return "";
+}
+
+at::ScalarType dtype_of(const std::string& s) {
+  if (s == "F32") return at::kFloat;
+  if (s == "BF16") return at::kBFloat16;
+  if (s == "F16") return at::kHalf;
+  if (s == "F64") return at::kDouble;
+  return at::ScalarType::Undefined;
+}
+
+// ---- the state to save: per unit, named 1-D tensors of shard_numel elements ----------
+
+template <class S, class = void>
+struct HasCompensation : std::false_type {};
+template <class S>
+struct HasCompensation<S, std::void_t<decltype(std::declval<S&>().compensation)>> : std::true_type {};
+
+// The optimizer's per-slot state by kind. (Kahan compensation exists only in
+// optimizer versions that have it, and only when enabled.)
+template <class S>
+void add_optimizer_kinds(S& slot, std::vector<std::pair<std::string, at::Tensor>>* out) {
+  out->emplace_back("exp_avg", slot.exp_avg);
+  out->emplace_back("exp_avg_sq", slot.exp_avg_sq);
+  if constexpr (HasCompensation<S>::value) {
+    if (slot.compensation.defined()) out->emplace_back("compensation", slot.compensation);
+  }
+}
+
+struct UnitState {
+  std::vector<std::pair<std::string, at::Tensor>> kinds;  // "param" first
+};
+
+std::vector<UnitState> collect_state(ShardedModel& model, optim::AdamW* opt) {
+  const std::vector<ShardRef> shards = model.shards();
+  const auto& units = model.units();
+  FSDP_ASSERT(shards.size() == units.size(), shards.size(), " shards for ", units.size(), " units");
+  std::vector<UnitState> out(units.size());
+  for (size_t u = 0; u < units.size(); ++u) out[u].kinds.emplace_back("param", shards[u].param);
+  if (opt != nullptr) {
+    auto& slots = opt->slots();
+    FSDP_CHECK(slots.size() == units.size(),
+               "checkpoint: the optimizer holds ", slots.size(), " tensors but the model has ", units.size(),
+               " units; build the optimizer with add_shards(model.shards()) and nothing else");
+    for (size_t u = 0; u < units.size(); ++u) {
+      FSDP_CHECK(slots[u].param.is_same(shards[u].param) ||
+                     slots[u].param.data_ptr() == shards[u].param.data_ptr(),
+                 "checkpoint: optimizer tensor ", u, " ('", slots[u].name, "') is not the shard of unit '",
+                 units[u].name, "'; build the optimizer with add_shards(model.shards())");
+      add_optimizer_kinds(slots[u], &out[u].kinds);
+    }
+  }
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (const auto& [kind, t] : out[u].kinds) {
+      FSDP_ASSERT(t.dim() == 1 && t.numel() == units[u].shard_numel, "unit ", u, " ", kind, " has shape ",
+                  t.sizes(), ", expected (", units[u].shard_numel, ")");
+    }
+  }
+  return out;
+}
+
+// Shards of the padded flat index space: S of them, this rank holds index k.
+struct ShardPosition {
+  int64_t count = 1;  // S
+  int64_t index = 0;  // k
+  bool writer = false;
+};
+
+ShardPosition shard_position(const ShardedModel& model, const comm::ProcessGroup& group) {
+  ShardPosition p;
+  for (const auto& u : model.units()) {
+    if (u.shard_numel > 0) {
+      p.count = u.padded_numel / u.shard_numel;
+      p.index = u.shard_offset / u.shard_numel;
+      break;
+    }
+  }
+  const ShardingStrategy s = model.options().strategy;
+  if (s == ShardingStrategy::kHybridShard && model.replicate_group()) {
+    p.writer = model.replicate_group()->rank() == 0;
+  } else if (p.count == 1) {
+    p.writer = group.rank() == 0;  // replicated (NO_SHARD, or a world of one)
+  } else {
+    p.writer = true;
+  }
+  return p;
+}
+
+std::string shard_file_name(int64_t index, int64_t count) {
+  char buf[64];
+  std::snprintf(buf, sizeof(buf), "shard-%05lld-of-%05lld.bin", static_cast<long long>(index),
+                static_cast<long long>(count));
+  return buf;
+}
+
+// Streams bytes into a file, computing the whole-file and per-block CRC-32C.
+class ChecksummedWriter {
+ public:
+  ChecksummedWriter(const std::string& path, int64_t block_size) : file_(io::File::create(path)), block_(block_size) {}
+
+  void write(const uint8_t* p, int64_t n) {
+    file_.write_all(p, static_cast<size_t>(n));
+    crc_ = crc32c_extend(crc_, p, static_cast<size_t>(n));
+    while (n > 0) {
+      const int64_t take = std::min(n, block_ - in_block_);
+      block_crc_ = crc32c_extend(block_crc_, p, static_cast<size_t>(take));
+      in_block_ += take;
+      p += take;
+      n -= take;
+      size_ += take;
+      if (in_block_ == block_) flush_block();
+    }
+  }
+
+  void finish() {
+    if (in_block_ > 0) flush_block();
+    file_.sync();
+    file_.close();
+  }
+
+  int64_t size() const { return size_; }
+  uint32_t crc() const { return crc_; }
+  const std::vector<uint32_t>& blocks() const { return blocks_; }
+
+ private:
+  void flush_block() {
+    blocks_.push_back(block_crc_);
+    block_crc_ = 0;
+    in_block_ = 0;
+  }
+
+  io::File file_;
+  int64_t block_;
+  int64_t size_ = 0;
+  int64_t in_block_ = 0;
+  uint32_t crc_ = 0;
+  uint32_t block_crc_ = 0;
+  std::vector<uint32_t> blocks_;
+};
+
+nlohmann::json write_shard_file(const std::string& path, const std::vector<UnitState>& state,
+                                const std::vector<UnitInfo>& units, const ShardPosition& pos, int64_t block_size,
+                                io::Progress& progress) {
+  ChecksummedWriter w(path, block_size);
+  nlohmann::json sections = nlohmann::json::array();
+  for (size_t u = 0; u < state.size(); ++u) {
+    for (const auto& [kind, tensor] : state[u].kinds) {
+      const at::Tensor t = tensor.device().is_cpu() ? tensor.contiguous() : tensor.to(at::kCPU).contiguous();
+      sections.push_back({{"unit", u},
+                          {"kind", kind},
+                          {"dtype", dtype_name(t.scalar_type())},
+                          {"flat_begin", pos.index * units[u].shard_numel},
+                          {"numel", t.numel()},
+                          {"offset", w.size()}});
+      const auto* p = static_cast<const uint8_t*>(t.data_ptr());
+      const int64_t n = t.numel() * static_cast<int64_t>(t.element_size());
+      for (int64_t i = 0; i < n; i += kIoChunk) {
+        const int64_t c = std::min(kIoChunk, n - i);
+        w.write(p + i, c);
+        progress.add(c);
+      }
+    }
+  }
+  w.finish();
+  return {{"name", fs::path(path).filename().string()},
+          {"size", w.size()},
+          {"crc32c", hex32(w.crc())},
+          {"shard_index", pos.index},
+          {"block_crc32c", base64_encode(w.blocks())},
+          {"sections", sections}};
+}
+
+// Throws Failure on every rank if any rank's `error` is non-empty; a barrier otherwise.
+void agree(comm::ProcessGroup& group, const std::string& error, const std::string& what) {
+  const std::vector<std::string> all = all_gather_strings(group, error);
+  std::string msg;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty()) msg += detail::cat(msg.empty() ? "" : "; ", "rank ", r, ": ", all[r]);
+  }
+  if (!msg.empty()) FSDP_FAIL(what, " failed: ", msg);
+}
+
+// ---- manifest -----------------------------------------------------------------------
+
+struct SavedSection {
+  int64_t unit = 0;
+  std::string kind;
+  at::ScalarType dtype = at::kFloat;
+  int64_t elem_size = 4;
+  int64_t flat_begin = 0;
+  int64_t numel = 0;
+  int64_t offset = 0;
+};
+
+struct SavedFile {
+  std::string name;
+  std::string path;
+  int64_t size = 0;
+  std::vector<uint32_t> blocks;
+  std::vector<SavedSection> sections;
+};
+
+struct SavedParam {
+  int64_t unit = 0;
+  std::vector<int64_t> shape;
+  int64_t flat_offset = 0;
+  int64_t numel = 0;
+};
+
+struct Manifest {
+  nlohmann::json json;
+  int64_t step = 0;
+  int64_t block_size = 0;
+  std::vector<SavedFile> files;
+  std::map<std::string, SavedParam> params;
+  std::set<std::string> kinds;
+};
+
+Manifest read_manifest(const fs::path& dir) {
+  const std::string name = dir.filename().string();
+  auto damaged = [&](const std::string& file, const auto&... why) {
+    throw DamagedCheckpoint(name, file, detail::cat(why...));
+  };
+  Manifest m;
+  std::string text;
+  std::string crc_text;
+  try {
+    text = io::read_text_file((dir / kManifest).string());
+  } catch (const std::exception& e) {
+    damaged(kManifest, "cannot be read (", e.what(), ")");
+  }
+  try {
+    crc_text = io::read_text_file((dir / kManifestCrc).string());
+  } catch (const std::exception& e) {
+    damaged(kManifestCrc, "cannot be read (", e.what(), ")");
+  }
+  while (!crc_text.empty() && std::isspace(static_cast<unsigned char>(crc_text.back()))) crc_text.pop_back();
+  const std::string actual = hex32(crc32c(text.data(), text.size()));
+  if (crc_text != actual) damaged(kManifest, "checksum mismatch: CRC-32C ", actual, ", manifest.crc32c says ", crc_text);
+  try {
+    m.json = nlohmann::json::parse(text);
+    const auto& j = m.json;
+    if (j.at("format").get<std::string>() != kFormat) damaged(kManifest, "format is not ", kFormat);
+    if (j.at("version").get<int>() != kVersion) {
+      damaged(kManifest, "version ", j.at("version").get<int>(), " is not supported (this build reads ", kVersion, ")");
+    }
+    m.step = j.at("step").get<int64_t>();
+    m.block_size = j.at("checksum").at("block_size").get<int64_t>();
+    if (j.at("checksum").at("algorithm").get<std::string>() != "crc32c" || m.block_size <= 0) {
+      damaged(kManifest, "unsupported checksum ", j.at("checksum").dump());
+    }
+    const nlohmann::json& saved_units = j.at("units");
+    for (size_t ui = 0; ui < saved_units.size(); ++ui) {
+      for (const auto& p : saved_units[ui].at("params")) {
+        SavedParam sp;
+        sp.unit = static_cast<int64_t>(ui);
+        sp.shape = p.at("shape").get<std::vector<int64_t>>();
+        sp.flat_offset = p.at("flat_offset").get<int64_t>();
+        sp.numel = p.at("numel").get<int64_t>();
+        m.params[p.at("name").get<std::string>()] = sp;
+      }
+    }
+    for (const auto& f : j.at("files")) {
+      SavedFile sf;
+      sf.name = f.at("name").get<std::string>();
+      if (sf.name.find('/') != std::string::npos || sf.name.empty() || sf.name[0] == '.') {
+        damaged(kManifest, "bad file name '", sf.name, "'");
+      }
+      sf.path = (dir / sf.name).string();
+      sf.size = f.at("size").get<int64_t>();
+      if (!base64_decode(f.at("block_crc32c").get<std::string>(), &sf.blocks) ||
+          static_cast<int64_t>(sf.blocks.size()) != (sf.size + m.block_size - 1) / m.block_size) {
+        damaged(kManifest, "block checksums of ", sf.name, " are malformed");
+      }
+      for (const auto& s : f.at("sections")) {
+        SavedSection ss;
+        ss.unit = s.at("unit").get<int64_t>();
+        ss.kind = s.at("kind").get<std::string>();
+        ss.dtype = dtype_of(s.at("dtype").get<std::string>());
+        if (ss.dtype == at::ScalarType::Undefined) damaged(kManifest, "unknown dtype in ", s.dump());
+        ss.elem_size = static_cast<int64_t>(c10::elementSize(ss.dtype));
+        ss.flat_begin = s.at("flat_begin").get<int64_t>();
+        ss.numel = s.at("numel").get<int64_t>();
+        ss.offset = s.at("offset").get<int64_t>();
+        if (ss.offset < 0 || ss.numel < 0 || ss.offset + ss.numel * ss.elem_size > sf.size) {
+          damaged(kManifest, "section ", s.dump(), " lies outside ", sf.name, " (", sf.size, " bytes)");
+        }
+        m.kinds.insert(ss.kind);
+        sf.sections.push_back(ss);
+      }
+      m.files.push_back(std::move(sf));
+    }
+  } catch (const DamagedCheckpoint&) {
+    throw;
+  } catch (const std::exception& e) {
+    damaged(kManifest, "is malformed (", e.what(), ")");
+  }
+  return m;
+}
+
+// Every parameter of the model must be in the checkpoint with the same shape,
+// and the checkpoint must hold no other parameters.
+void check_compatible(const Manifest& m, const std::vector<UnitInfo>& units, const std::string& name) {
+  std::set<std::string> seen;
+  for (const auto& u : units) {
+    for (const auto& p : u.params) {
+      seen.insert(p.name);
+      auto it = m.params.find(p.name);
+      FSDP_CHECK(it != m.params.end(), "checkpoint ", name, " holds a different model: it has no parameter '", p.name,
+                 "' ", shape_str(p.shape), "; resume with the model it was saved with (its config is in ", name, "/",
+                 kManifest, ") or use another --checkpoint-dir");
+      FSDP_CHECK(it->second.shape == p.shape, "checkpoint ", name, " holds a different model: parameter '", p.name,
+                 "' has shape ", shape_str(it->second.shape), " there but ", shape_str(p.shape),
+                 " in this model; resume with the model it was saved with (its config is in ", name, "/", kManifest,
+                 ") or use another --checkpoint-dir");
+    }
+  }
+  for (const auto& [pname, sp] : m.params) {
+    FSDP_CHECK(seen.count(pname) == 1, "checkpoint ", name, " holds a different model: its parameter '", pname, "' ",
+               shape_str(sp.shape), " is not in this model; resume with the model it was saved with or use another "
+               "--checkpoint-dir");
+  }
+}
+
+// One contiguous byte range of a saved file going to one contiguous element
+// range of a local state tensor.
+struct ReadRequest {
+  size_t file = 0;
+  int64_t byte_offset = 0;
+  int64_t count = 0;  // elements
+  at::ScalarType src_dtype = at::kFloat;
+  int64_t src_elem = 4;
+  at::Tensor dst;     // 1-D local state tensor
+  int64_t dst_offset = 0;
+};
+
+// Note [Resharding on load]. The saved and the current layouts share only
+// parameter names and shapes. A parameter p (numel n) sits at flat offset f in
+// its current unit and at f' in its saved unit. This rank's new shard covers
+// [a, b) of the current unit's padded flat index space, so it needs p's
+// elements [max(a, f), min(b, f + n)) - f: one contiguous range of p's
+// row-major data, found at the same offsets from f' in the saved unit. Each
+// saved file holds a contiguous range [k S', (k+1) S') of each saved unit's
+// padded flat index space (one section per kind), so the range splits into at
+// most ceil(size / S') + 1 byte ranges, one per file it touches. Consecutive
+// parameters of one unit are consecutive in both layouts, so their ranges
+// merge: with an unchanged layout each rank reads exactly one range per unit,
+// kind and file. Padding (flat indices >= numel) is never read; it is zeroed.
+std::vector<ReadRequest> plan_reads(const Manifest& m, const std::vector<UnitInfo>& units,
+                                    const std::vector<UnitState>& state) {
+  // (saved unit, kind) -> sections in files
+  struct Where {
+    size_t file;
+    const SavedSection* section;
+  };
+  std::map<std::pair<int64_t, std::string>, std::vector<Where>> index;
+  for (size_t f = 0; f < m.files.size(); ++f) {
+    for (const auto& s : m.files[f].sections) index[{s.unit, s.kind}].push_back({f, &s});
+  }
+  std::vector<ReadRequest> out;
+  for (size_t u = 0; u < units.size(); ++u) {
+    const UnitInfo& ui = units[u];
+    const int64_t lo_shard = ui.shard_offset;
+    const int64_t hi_shard = ui.shard_offset + ui.shard_numel;
+    // Kind by kind, parameter by parameter: consecutive parameters are
+    // consecutive in the saved files too, so their requests merge.
+    for (const auto& [kind, dst] : state[u].kinds) {
+      for (const auto& p : ui.params) {
+        const int64_t lo = std::max(lo_shard, p.flat_offset);
+        const int64_t hi = std::min(hi_shard, p.flat_offset + p.numel);
+        if (lo >= hi) continue;
+        const SavedParam& sp = m.params.at(p.name);
+        // param-local [x, y) -> saved flat [sfo + x, sfo + y)
+        const int64_t s_lo = sp.flat_offset + (lo - p.flat_offset);
+        const int64_t s_hi = sp.flat_offset + (hi - p.flat_offset);
+        auto it = index.find({sp.unit, kind});
+        if (it == index.end()) continue;  // a kind the checkpoint lacks stays zero
+        for (const Where& w : it->second) {
+          const SavedSection& s = *w.section;
+          const int64_t a = std::max(s_lo, s.flat_begin);
+          const int64_t b = std::min(s_hi, s.flat_begin + s.numel);
+          if (a >= b) continue;
+          ReadRequest r;
+          r.file = w.file;
+          r.byte_offset = s.offset + (a - s.flat_begin) * s.elem_size;
+          r.count = b - a;
+          r.src_dtype = s.dtype;
+          r.src_elem = s.elem_size;
+          r.dst = dst;
+          r.dst_offset = (lo - lo_shard) + (a - s_lo);
+          if (!out.empty()) {
+            ReadRequest& q = out.back();
+            if (q.file == r.file && q.dst.is_same(r.dst) && q.src_dtype == r.src_dtype &&
+                q.byte_offset + q.count * q.src_elem == r.byte_offset && q.dst_offset + q.count == r.dst_offset) {
+              q.count += r.count;
+              continue;
+            }
+          }
+          out.push_back(r);
+        }
+      }
+    }
+  }
+  return out;
+}
+
+// Reads what `reads` need of one file: the requests' byte ranges widened to
+// whole checksum blocks, merged where they touch, in windows of at most 64 MiB
+// (each byte is read once), every block verified against the manifest before
+// its bytes are used. Returns the bytes read.
+int64_t read_file_ranges(const std::vector<const ReadRequest*>& reads, const SavedFile& f, int64_t block_size,
+                         const std::string& checkpoint, std::vector<uint8_t>& buffer, io::Progress& progress) {
+  io::File file;
+  try {
+    file = io::File::open_read(f.path);
+  } catch (const std::exception& e) {
+    throw DamagedCheckpoint(checkpoint, f.name, e.what());
+  }
+  const int64_t window_blocks = std::max<int64_t>(1, (64 << 20) / block_size);
+  auto first_block = [&](const ReadRequest* r) { return r->byte_offset / block_size; };
+  auto end_block = [&](const ReadRequest* r) {
+    return (r->byte_offset + r->count * r->src_elem + block_size - 1) / block_size;
+  };
+  int64_t bytes = 0;
+  at::NoGradGuard no_grad;
+  size_t i = 0;
+  while (i < reads.size()) {
+    // A span: requests whose block ranges overlap or touch.
+    int64_t b0 = first_block(reads[i]);
+    int64_t b1 = end_block(reads[i]);
+    size_t j = i + 1;
+    while (j < reads.size() && first_block(reads[j]) <= b1) b1 = std::max(b1, end_block(reads[j++]));
+    for (int64_t wb = b0; wb < b1; wb += window_blocks) {
+      const int64_t bn = std::min(window_blocks, b1 - wb);
+      const int64_t off = wb * block_size;
+      const int64_t len = std::min(bn * block_size, f.size - off);
+      buffer.resize(static_cast<size_t>(len));
+      try {
+        file.pread_all(buffer.data(), static_cast<size_t>(len), off);
+      } catch (const std::exception& e) {
+        throw DamagedCheckpoint(checkpoint, f.name, strip_rank_tag(e.what()));
+      }
+      for (int64_t k = 0; k < bn; ++k) {
+        const int64_t bo = k * block_size;
+        const int64_t bl = std::min(block_size, len - bo);
+        const uint32_t c = crc32c(buffer.data() + bo, static_cast<size_t>(bl));
+        const uint32_t want = f.blocks[static_cast<size_t>(wb + k)];
+        if (c != want) {
+          throw DamagedCheckpoint(checkpoint, f.name,
+                                  detail::cat("checksum mismatch in bytes [", off + bo, ", ", off + bo + bl,
+                                              "): CRC-32C ", hex32(c), ", manifest says ", hex32(want)));
+        }
+      }
+      // Copy out every request's part of this window.
+      for (size_t q = i; q < j; ++q) {
+        const ReadRequest& r = *reads[q];
+        const int64_t begin = r.byte_offset;
+        const int64_t end = r.byte_offset + r.count * r.src_elem;
+        const int64_t from = std::max(begin, off);
+        const int64_t to = std::min(end, off + len);
+        if (from >= to) continue;
+        const int64_t first_elem = (from - begin) / r.src_elem;
+        const int64_t n_elem = (to - from) / r.src_elem;
+        const at::Tensor src =
+            at::from_blob(buffer.data() + (from - off), {n_elem}, at::TensorOptions().dtype(r.src_dtype));
+        r.dst.narrow(0, r.dst_offset + first_elem, n_elem).copy_(src);
+      }
+      bytes += len;
+      progress.add(len);
+    }
+    i = j;
+  }
+  return bytes;
+}
+
+struct Status {
+  std::string kind;  // "", "damaged", "usage", "failure"
+  std::string file;
+  std::string message;
+};
+
+std::string encode_status(const Status& s) {
+  if (s.kind.empty()) return "";
+  return nlohmann::json{{"kind", s.kind}, {"file", s.file}, {"message", s.message}}.dump();
+}
+
+}  // namespace
+
+// ---- public --------------------------------------------------------------------------
+
+DamagedCheckpoint::DamagedCheckpoint(const std::string& checkpoint, const std::string& file, const std::string& why)
+    : Failure(detail::cat("checkpoint ", checkpoint, " is damaged: file ", file, ": ", why)),
+      checkpoint_(checkpoint),
+      file_(file) {}
+
+std::string checkpoint_name(int64_t step) {
+  char buf[32];
+  std::snprintf(buf, sizeof(buf), "step_%08lld", static_cast<long long>(step));
+  return buf;
+}
+
+std::vector<CheckpointInfo> list_checkpoints(const std::string& dir) {
+  std::vector<CheckpointInfo> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  static const std::regex kName("step_([0-9]{8,})");
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    std::smatch m;
+    const std::string name = e.path().filename().string();
+    if (!std::regex_match(name, m, kName) || !e.is_directory(ec)) continue;
+    if (!fs::exists(e.path() / kManifest, ec)) continue;
+    out.push_back({std::stoll(m[1].str()), e.path().string()});
+  }
+  std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step > b.step; });
+  return out;
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
+  std::vector<std::string> removed;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return removed;
+  std::vector<fs::path> doomed;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    for (const char* prefix : {".tmp-step_", ".old-step_", ".del-step_"}) {
+      if (name.rfind(prefix, 0) == 0 && e.is_directory(ec)) doomed.push_back(e.path());
+    }
+  }
+  std::sort(doomed.begin(), doomed.end());
+  for (const auto& p : doomed) {
+    fs::remove_all(p, ec);
+    FSDP_CHECK(!ec, "cannot remove the stale temporary checkpoint directory ", p.string(), ": ", ec.message(),
+               "; remove it by hand");
+    removed.push_back(p.filename().string());
+  }
+  return removed;
+}
+
+std::vector<std::string> all_gather_strings(comm::ProcessGroup& group, const std::string& mine) {
+  const int w = group.size();
+  if (w == 1) return {mine};
+  at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
+  at::Tensor lens = at::empty({w}, at::kLong);
+  group.all_gather(lens, len)->wait();
+  int64_t max_len = 1;
+  for (int r = 0; r < w; ++r) max_len = std::max(max_len, lens[r].item<int64_t>());
+  at::Tensor in = at::zeros({max_len}, at::kByte);
+  if (!mine.empty()) std::memcpy(in.data_ptr(), mine.data(), mine.size());
+  at::Tensor out = at::empty({max_len * w}, at::kByte);
+  group.all_gather(out, in)->wait();
+  std::vector<std::string> all(static_cast<size_t>(w));
+  const auto* p = static_cast<const char*>(out.data_ptr());
+  for (int r = 0; r < w; ++r) all[static_cast<size_t>(r)].assign(p + r * max_len, static_cast<size_t>(lens[r].item<int64_t>()));
+  return all;
+}
+
+SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& model, optim::AdamW* optimizer,
+                           const nlohmann::json& model_config, const nlohmann::json& trainer_state,
+                           comm::ProcessGroup& group, const SaveOptions& options) {
+  FSDP_CHECK(step >= 0, "checkpoint step must be >= 0, got ", step);
+  FSDP_CHECK(options.block_size >= 64 && options.block_size % 64 == 0,
+             "checkpoint block size must be a positive multiple of 64 bytes, got ", options.block_size);
+  const double t0 = io::now_seconds();
+  const std::string name = checkpoint_name(step);
+  const fs::path root(dir);
+  const fs::path tmp = root / (".tmp-" + name);
+  const fs::path final = root / name;
+  const bool lead = group.rank() == 0;
+
+  // 1. Rank 0 prepares an empty temporary directory.
+  std::string error;
+  if (lead) {
+    try {
+      fs::create_directories(root);
+      std::error_code ec;
+      fs::remove_all(tmp, ec);  // left by a crashed save of the same step
+      fs::create_directory(tmp);
+    } catch (const std::exception& e) {
+      error = strip_rank_tag(e.what());
+    }
+  }
+  agree(group, error, "saving checkpoint " + final.string() + ": creating " + tmp.string());
+
+  // 2. Every writer writes its shard file.
+  const std::vector<UnitState> state = collect_state(model, optimizer);
+  const ShardPosition pos = shard_position(model, group);
+  nlohmann::json record;
+  error.clear();
+  if (pos.writer) {
+    int64_t total = 0;
+    for (const auto& u : state) {
+      for (const auto& k : u.kinds) total += k.second.numel() * static_cast<int64_t>(k.second.element_size());
+    }
+    io::Progress progress("saving " + name, total, options.progress);
+    try {
+      record = write_shard_file((tmp / shard_file_name(pos.index, pos.count)).string(), state, model.units(), pos,
+                                options.block_size, progress);
+    } catch (const std::exception& e) {
+      error = strip_rank_tag(e.what());
+    }
+    progress.finish();
+  }
+  const std::vector<std::string> records = all_gather_strings(group, error.empty() ? record.dump() : "!" + error);
+  std::string failures;
+  for (size_t r = 0; r < records.size(); ++r) {
+    if (!records[r].empty() && records[r][0] == '!') {
+      failures += detail::cat(failures.empty() ? "" : "; ", "rank ", r, ": ", records[r].substr(1));
+    }
+  }
+  if (!failures.empty()) {
+    if (lead) {
+      std::error_code ec;
+      fs::remove_all(tmp, ec);
+    }
+    FSDP_FAIL("saving checkpoint ", final.string(), " failed (the previous checkpoints are untouched): ", failures);
+  }
+
+  // 3. Rank 0 writes the manifest and commits.
+  //
+  // Note [Checkpoint commit]. A checkpoint becomes visible by one rename of its
+  // directory, after (a) every writer wrote and fsynced its file inside
+  // .tmp-step_N, (b) the ranks exchanged sizes and checksums (all_gather: no
+  // rank reaches the commit before every file is durable), (c) rank 0 wrote and
+  // fsynced manifest.json and manifest.crc32c and fsynced the directory. The
+  // parent is fsynced after the rename, so a power loss after save_checkpoint
+  // returns cannot undo it. A crash before the rename leaves only .tmp-step_N,
+  // which no reader takes for a checkpoint (list_checkpoints wants step_N with
+  // a manifest) and remove_stale_temporaries deletes; a crash after it leaves a
+  // complete checkpoint. An existing step_N (a run that fell back to an older
+  // step and reached N again) is swapped out atomically (replace_directory).
+  int64_t bytes = 0;
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& r : records) {
+    if (r.empty() || r == "null") continue;
+    nlohmann::json f = nlohmann::json::parse(r);
+    bytes += f.at("size").get<int64_t>();
+    files.push_back(std::move(f));
+  }
+  std::sort(files.begin(), files.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+    return a.at("shard_index").get<int64_t>() < b.at("shard_index").get<int64_t>();
+  });
+  SaveResult result;
+  result.path = final.string();
+  error.clear();
+  if (lead) {
+    try {
+      nlohmann::json units = nlohmann::json::array();
+      for (const auto& u : model.units()) {
+        nlohmann::json params = nlohmann::json::array();
+        for (const auto& p : u.params) {
+          params.push_back({{"name", p.name}, {"shape", p.shape}, {"flat_offset", p.flat_offset}, {"numel", p.numel}});
+        }
+        units.push_back({{"name", u.name},
+                         {"numel", u.numel},
+                         {"padded_numel", u.padded_numel},
+                         {"shard_numel", u.shard_numel},
+                         {"params", params}});
+      }
+      nlohmann::json opt = nullptr;
+      if (optimizer != nullptr) {
+        const auto& o = optimizer->options();
+        opt = {{"type", "AdamW"},
+               {"step", optimizer->step_count()},
+               {"options",
+                {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}}}};
+      }
+      const ShardPosition p0 = shard_position(model, group);
+      const int64_t replicas = model.replicate_group() ? model.replicate_group()->size()
+                                                       : (p0.count == 1 ? group.size() : 1);
+      nlohmann::json m = {{"format", kFormat},
+                          {"version", kVersion},
+                          {"step", step},
+                          {"model_config", model_config},
+                          {"world_size", group.size()},
+                          {"shard_group_size", p0.count},
+                          {"replicate_group_size", replicas},
+                          {"strategy", to_string(model.options().strategy)},
+                          {"optimizer", opt},
+                          {"trainer_state", trainer_state},
+                          {"units", units},
+                          {"checksum", {{"algorithm", "crc32c"}, {"block_size", options.block_size}}},
+                          {"files", files}};
+      const std::string text = m.dump(1) + "\n";
+      io::write_text_file((tmp / kManifest).string(), text);
+      io::write_text_file((tmp / kManifestCrc).string(), hex32(crc32c(text.data(), text.size())) + "\n");
+      bytes += static_cast<int64_t>(text.size()) + 9;
+      io::fsync_dir(tmp.string());
+      io::replace_directory(tmp.string(), final.string());
+      // keep_last: delete the oldest complete checkpoints, only now that the new one is complete.
+      // Only checkpoints older than this one count: newer ones can only be
+      // leftovers of a run this one fell back from (damaged); they are left alone.
+      if (options.keep_last > 0) {
+        std::vector<CheckpointInfo> all;
+        for (const auto& c : list_checkpoints(dir)) {
+          if (c.step <= step) all.push_back(c);
+        }
+        for (size_t i = static_cast<size_t>(options.keep_last); i < all.size(); ++i) {
+          const fs::path doomed(all[i].path);
+          const fs::path del = root / (".del-" + doomed.filename().string());
+          io::rename_path(doomed.string(), del.string());
+          io::fsync_dir(root.string());
+          std::error_code ec;
+          fs::remove_all(del, ec);
+          result.pruned.push_back(doomed.filename().string());
+        }
+      }
+    } catch (const std::exception& e) {
+      error = strip_rank_tag(e.what());
+    }
+  }
+  agree(group, error, "saving checkpoint " + final.string());
+  result.io.bytes = bytes;
+  result.io.seconds = io::now_seconds() - t0;
+  return result;
+}
+
+LoadResult load_checkpoint(const std::string& path, ShardedModel& model, optim::AdamW* optimizer,
+                           comm::ProcessGroup& group, const LoadOptions& options) {
+  const double t0 = io::now_seconds();
+  const fs::path dir(path);
+  const std::string name = dir.filename().string();
+  LoadResult result;
+  result.path = path;
+  Status status;
+  int64_t bytes_read = 0;
+  Manifest m;
+  try {
+    m = read_manifest(dir);
+    const auto& units = model.units();
+    check_compatible(m, units, name);
+    std::vector<UnitState> state = collect_state(model, optimizer);
+    for (const char* k : {"exp_avg", "exp_avg_sq"}) {
+      FSDP_CHECK(optimizer == nullptr || m.kinds.count(k) == 1, "checkpoint ", path,
+                 " holds no optimizer state (", k, "); it cannot resume training");
+    }
+    // Every file: present, with the size the manifest records.
+    for (size_t f = 0; f < m.files.size(); ++f) {
+      std::error_code ec;
+      const auto size = fs::file_size(m.files[f].path, ec);
+      if (ec) throw DamagedCheckpoint(name, m.files[f].name, "cannot be read: " + ec.message());
+      if (static_cast<int64_t>(size) != m.files[f].size) {
+        throw DamagedCheckpoint(name, m.files[f].name,
+                                detail::cat("has ", size, " bytes, the manifest says ", m.files[f].size,
+                                            static_cast<int64_t>(size) < m.files[f].size ? " (truncated)" : ""));
+      }
+    }
+    {
+      at::NoGradGuard no_grad;
+      for (auto& u : state) {
+        for (auto& k : u.kinds) k.second.zero_();  // padding and kinds the checkpoint lacks (compensation)
+      }
+    }
+    const std::vector<ReadRequest> reads = plan_reads(m, units, state);
+    std::vector<std::vector<const ReadRequest*>> by_file(m.files.size());
+    for (const auto& r : reads) by_file[r.file].push_back(&r);
+    int64_t planned = 0;
+    for (auto& v : by_file) {
+      std::sort(v.begin(), v.end(), [](const ReadRequest* a, const ReadRequest* b) { return a->byte_offset < b->byte_offset; });
+      for (const auto* r : v) planned += r->count * r->src_elem;
+    }
+    io::Progress progress("loading " + name, planned, options.progress);
+    std::vector<uint8_t> buffer;
+    for (size_t f = 0; f < m.files.size(); ++f) {
+      if (!by_file[f].empty()) bytes_read += read_file_ranges(by_file[f], m.files[f], m.block_size, name, buffer, progress);
+    }
+    progress.finish();
+  } catch (const DamagedCheckpoint& e) {
+    status = {"damaged", e.file(), strip_rank_tag(e.what())};
+  } catch (const UsageError& e) {
+    status = {"usage", "", strip_rank_tag(e.what())};
+  } catch (const std::exception& e) {
+    status = {"failure", "", strip_rank_tag(e.what())};
+  }
+
+  // The ranks agree: the first usage error, else the first damage, else the first failure.
+  const std::vector<std::string> all = all_gather_strings(group, encode_status(status));
+  for (const char* kind : {"usage", "damaged", "failure"}) {
+    for (size_t r = 0; r < all.size(); ++r) {
+      if (all[r].empty()) continue;
+      const nlohmann::json s = nlohmann::json::parse(all[r]);
+      if (s.at("kind").get<std::string>() != kind) continue;
+      const std::string msg = s.at("message").get<std::string>();
+      if (std::string(kind) == "usage") detail::throw_usage(msg);  // the same on every rank: the layout is
+      if (std::string(kind) == "damaged") {
+        const std::string prefix = detail::cat("checkpoint ", name, " is damaged: file ", s.at("file").get<std::string>(), ": ");
+        const std::string why = msg.rfind(prefix, 0) == 0 ? msg.substr(prefix.size()) : msg;
+        throw DamagedCheckpoint(name, s.at("file").get<std::string>(), detail::cat(why, " (found by rank ", r, ")"));
+      }
+      FSDP_FAIL("loading checkpoint ", path, " failed on rank ", r, ": ", msg);
+    }
+  }
+  at::Tensor total = at::full({1}, static_cast<double>(bytes_read), at::kDouble);
+  if (group.size() > 1) group.all_reduce(total, comm::ReduceOp::kSum)->wait();
+
+  const auto& j = m.json;
+  if (optimizer != nullptr && j.contains("optimizer") && j["optimizer"].is_object()) {
+    optimizer->set_step_count(j["optimizer"].at("step").get<int64_t>());
+  }
+  result.loaded = true;
+  result.step = m.step;
+  result.manifest = j;
+  result.trainer_state = j.value("trainer_state", nlohmann::json::object());
+  result.io.bytes = static_cast<int64_t>(total.item<double>());
+  result.io.seconds = io::now_seconds() - t0;
+  return result;
+}
+
+LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model, optim::AdamW* optimizer,
+                                  comm::ProcessGroup& group, const LoadOptions& options) {
+  // Rank 0's view of the directory decides, so every rank tries the same ones.
+  nlohmann::json mine = nlohmann::json::array();
+  if (group.rank() == 0) {
+    for (const auto& c : list_checkpoints(dir)) mine.push_back(c.path);
+  }
+  const std::vector<std::string> all = all_gather_strings(group, mine.dump());
+  const std::vector<std::string> candidates = nlohmann::json::parse(all[0]).get<std::vector<std::string>>();
+  std::vector<std::string> rejected;
+  for (const auto& c : candidates) {
+    try {
+      LoadResult r = load_checkpoint(c, model, optimizer, group, options);
+      r.rejected = rejected;
+      return r;
+    } catch (const DamagedCheckpoint& e) {
+      rejected.push_back(e.what());
+    }
+  }
+  LoadResult none;
+  if (!rejected.empty()) {
+    std::string msg;
+    for (const auto& r : rejected) msg += "\n  " + r;
+    FSDP_FAIL("every checkpoint in ", dir, " is damaged:", msg,
+              "\nmove the damaged checkpoints out of the directory to start from scratch");
+  }
+  return none;
+}
+
+}  // namespace fsdp::checkpoint

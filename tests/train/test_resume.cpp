@@ -1,0 +1,238 @@
+// The trainer with checkpoints and evaluation, in process: an exact resume,
+// a resume at other world sizes, and --eval-only against a direct computation.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iomanip>
+
+#include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/data/dataset.h"
+#include "fsdp/data/tokenizer.h"
+#include "fsdp/models/llama.h"
+#include "fsdp/models/registry.h"
+#include "fsdp/train/trainer.h"
+#include "support/multiproc.h"
+
+namespace fsdp {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kCorpus = std::string(FSDP_SOURCE_DIR) + "/data/fallback_corpus.jsonl";
+const std::string kValCorpus = std::string(FSDP_SOURCE_DIR) + "/data/fallback_corpus.val.jsonl";
+
+train::TrainOptions options(int world, int64_t max_steps) {
+  train::TrainOptions o;
+  o.model = "tiny";
+  o.data.path = kCorpus;
+  o.data.seq_len = 32;
+  o.step.batch_size = 4 / world;  // global batch 4 at every world size
+  o.step.max_steps = max_steps;
+  o.schedule.lr = 3e-3;
+  o.schedule.min_lr = 3e-4;
+  o.schedule.warmup_steps = 2;
+  o.log.quiet = true;
+  return o;
+}
+
+comm::Runtime runtime_of(comm::ProcessGroup& pg) {
+  comm::Runtime rt;
+  rt.world.rank = pg.rank();
+  rt.world.world_size = pg.size();
+  rt.world.local_world_size = pg.size();
+  rt.world.launcher = "test";
+  rt.world_group = comm::ProcessGroupPtr(&pg, [](comm::ProcessGroup*) {});
+  return rt;
+}
+
+// A stop request after `n` polls (one poll per step): what SIGTERM does.
+std::function<int()> stop_after(int n) {
+  auto polls = std::make_shared<int>(0);
+  return [polls, n] { return ++*polls >= n ? 15 : 0; };
+}
+
+void write_losses(const std::string& path, const train::TrainSummary& s) {
+  std::ofstream out(path, std::ios::app);
+  for (const auto& r : s.steps) out << r.step << " " << std::setprecision(17) << r.loss << "\n";
+}
+
+std::map<int64_t, double> read_losses(const std::string& path) {
+  std::map<int64_t, double> m;
+  std::ifstream in(path);
+  int64_t step;
+  double loss;
+  while (in >> step >> loss) m[step] = loss;
+  return m;
+}
+
+}  // namespace
+
+// 20 steps straight vs 10 steps, a stop (as on SIGTERM: a checkpoint is
+// saved), a resume and 10 more: bit-identical losses (CPU, fp32).
+TEST(Resume, IsBitExact) {
+  const std::string dir = testing::temp_dir("resume-exact");
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    auto straight = train::train(options(2, 20), runtime_of(pg));
+    ASSERT_EQ(straight.steps.size(), 20u);
+
+    auto o = options(2, 20);
+    o.checkpoint.dir = dir + "/ckpt";
+    o.checkpoint.resume = true;  // nothing there yet: from scratch
+    o.stop_requested = stop_after(10);
+    auto first = train::train(o, runtime_of(pg));
+    EXPECT_EQ(first.start_step, 0);
+    EXPECT_EQ(first.end_step, 10);
+    EXPECT_EQ(first.stop_reason, 15);
+    EXPECT_EQ(first.last_checkpoint, dir + "/ckpt/step_00000010");
+
+    o.stop_requested = nullptr;
+    auto second = train::train(o, runtime_of(pg));
+    EXPECT_EQ(second.start_step, 10);
+    EXPECT_EQ(second.resumed_from, dir + "/ckpt/step_00000010");
+    ASSERT_EQ(second.steps.size(), 10u);
+    for (size_t i = 0; i < 10; ++i) {
+      EXPECT_EQ(first.steps[i].loss, straight.steps[i].loss) << "step " << i;
+      EXPECT_EQ(second.steps[i].step, static_cast<int64_t>(10 + i));
+      EXPECT_EQ(second.steps[i].loss, straight.steps[10 + i].loss) << "step " << 10 + i;
+      EXPECT_EQ(second.steps[i].lr, straight.steps[10 + i].lr) << "step " << 10 + i;
+    }
+    EXPECT_EQ(second.last_checkpoint, dir + "/ckpt/step_00000020");
+  });
+}
+
+// 10 steps on 4 ranks, then 5 more on 2 ranks and on 1: the same losses as 15
+// straight steps on 4 ranks, within fp32 rounding (the global batch is the
+// same set of samples at every world size).
+TEST(Resume, AtOtherWorldSizes) {
+  const std::string dir = testing::temp_dir("resume-ws");
+  testing::run_distributed(4, [&](comm::ProcessGroup& pg) {
+    auto straight = train::train(options(4, 15), runtime_of(pg));
+    if (pg.rank() == 0) write_losses(dir + "/straight", straight);
+    auto o = options(4, 15);
+    o.checkpoint.dir = dir + "/ckpt";
+    o.stop_requested = stop_after(10);
+    auto first = train::train(o, runtime_of(pg));
+    EXPECT_EQ(first.end_step, 10);
+  });
+  if (!testing::is_worker()) {
+    for (const char* to : {"/ckpt2", "/ckpt1"}) fs::copy(dir + "/ckpt", dir + to, fs::copy_options::recursive);
+  }
+  for (int w : {2, 1}) {
+    testing::run_distributed(w, [&](comm::ProcessGroup& pg) {
+      auto o = options(w, 15);
+      o.checkpoint.dir = dir + "/ckpt" + std::to_string(w);
+      o.checkpoint.resume = true;
+      auto s = train::train(o, runtime_of(pg));
+      EXPECT_EQ(s.start_step, 10);
+      EXPECT_EQ(s.steps.size(), 5u);
+      if (pg.rank() == 0) write_losses(dir + "/resumed" + std::to_string(w), s);
+    });
+  }
+  if (testing::is_worker()) return;
+  const auto straight = read_losses(dir + "/straight");
+  ASSERT_EQ(straight.size(), 15u);
+  for (int w : {2, 1}) {
+    const auto resumed = read_losses(dir + "/resumed" + std::to_string(w));
+    ASSERT_EQ(resumed.size(), 5u) << w;
+    for (const auto& [step, loss] : resumed) {
+      EXPECT_NEAR(loss, straight.at(step), 1e-5 * std::abs(straight.at(step))) << "world " << w << " step " << step;
+    }
+  }
+}
+
+// The summed loss the evaluation uses: mean x number of targets; 0 when every
+// target is ignored (the mean would be NaN).
+TEST(Eval, SummedLossIsTheMeanTimesTheTargets) {
+  const auto cfg = *models::llama_preset("tiny");
+  models::LlamaForCausalLMImpl model(cfg, at::TensorOptions(), 3);
+  at::NoGradGuard g;
+  const at::Tensor in = at::randint(0, 256, {2, 8}, at::kLong);
+  at::Tensor tg = at::randint(0, 256, {2, 8}, at::kLong);
+  tg.index_put_({1, at::indexing::Slice(3, at::indexing::None)}, models::kIgnoreIndex);  // 11 targets
+  const double mean = model.loss(in, tg).item<double>();
+  const double sum = model.loss(in, tg, models::LossReduction::kSum).item<double>();
+  EXPECT_NEAR(sum, mean * 11, 1e-5 * sum);
+  EXPECT_EQ(model.loss(in, tg, models::LossReduction::kMean).item<double>(), mean);
+  EXPECT_EQ(model.loss(in, at::full({2, 8}, models::kIgnoreIndex, at::kLong), models::LossReduction::kSum).item<double>(), 0.0);
+}
+
+// --eval-only over the whole validation set equals a direct single-process
+// computation on the same weights (an unsharded model, every window of the
+// token stream, summed cross-entropy / number of targets), at 1 and 2 ranks.
+TEST(Eval, EvalOnlyMatchesADirectComputation) {
+  const std::string dir = testing::temp_dir("eval-only");
+  testing::run_distributed(1, [&](comm::ProcessGroup& pg) {
+    auto o = options(1, 3);
+    o.hf.export_dir = dir + "/hf";
+    o.eval.val_data = kValCorpus;
+    o.eval.every = 3;  // periodic evaluation also works (after the last step)
+    auto s = train::train(o, runtime_of(pg));
+    ASSERT_EQ(s.evals.size(), 1u);
+    EXPECT_EQ(s.evals[0].step, 3);
+  });
+  // The direct computation, in the parent (it has no process group).
+  double direct = 0;
+  int64_t n_targets = 0;
+  if (!testing::is_worker()) {
+    const auto cfg = models::resolve_model_config(dir + "/hf");
+    models::LlamaForCausalLMImpl model(cfg, at::TensorOptions(), 0);
+    checkpoint::SafetensorsFile f(dir + "/hf/model.safetensors");
+    at::NoGradGuard g;
+    for (auto& p : model.named_parameters()) p.value().copy_(f.tensor(p.key()));
+    auto tok = data::make_tokenizer("byte");
+    data::DatasetOptions dopt;
+    dopt.path = kValCorpus;
+    const auto ds = data::load_dataset(dopt, tok.get());
+    const int64_t n = ds->size();
+    std::vector<int32_t> t(static_cast<size_t>(n));
+    ds->read(0, n, t.data());
+    const int64_t T = 32;
+    double sum = 0;
+    for (int64_t start = 0; start + 1 < n; start += T) {
+      const int64_t len = std::min(T, n - 1 - start);
+      at::Tensor in = at::empty({1, len}, at::kLong), tg = at::empty({1, len}, at::kLong);
+      for (int64_t i = 0; i < len; ++i) {
+        in[0][i] = t[static_cast<size_t>(start + i)];
+        tg[0][i] = t[static_cast<size_t>(start + i + 1)];
+      }
+      const at::Tensor logits = model.forward(in).reshape({len, cfg.vocab_size});
+      sum += at::cross_entropy_loss(logits, tg.reshape({len}), {}, at::Reduction::Sum).item<double>();
+      n_targets += len;
+    }
+    EXPECT_EQ(n_targets, n - 1);
+    direct = sum / static_cast<double>(n_targets);
+  }
+  for (int w : {1, 2}) {
+    testing::run_distributed(w, [&](comm::ProcessGroup& pg) {
+      auto o = options(w, 3);
+      o.model = dir + "/hf";
+      o.hf.init_from = dir + "/hf";
+      o.eval.val_data = kValCorpus;
+      o.eval.only = true;
+      o.step.batch_size = 3;  // windows do not divide evenly: padding rows and a partial last window
+      o.log.metrics_file = dir + "/metrics" + std::to_string(w) + ".jsonl";
+      auto s = train::train(o, runtime_of(pg));
+      ASSERT_EQ(s.evals.size(), 1u);
+      EXPECT_TRUE(s.steps.empty());
+      if (pg.rank() == 0) {
+        std::ofstream(dir + "/eval" + std::to_string(w)) << std::setprecision(17) << s.evals[0].loss << " "
+                                                         << s.evals[0].targets;
+      }
+    });
+  }
+  if (testing::is_worker()) return;
+  for (int w : {1, 2}) {
+    double loss = 0;
+    int64_t targets = 0;
+    std::ifstream(dir + "/eval" + std::to_string(w)) >> loss >> targets;
+    EXPECT_EQ(targets, n_targets) << w;
+    EXPECT_NEAR(loss, direct, 1e-6 * direct) << "world " << w;
+    std::ifstream m(dir + "/metrics" + std::to_string(w) + ".jsonl");
+    std::string line;
+    std::getline(m, line);
+    EXPECT_NE(line.find("\"eval_loss\":"), std::string::npos) << line;
+  }
+}
+
+}  // namespace fsdp

@@ -1,0 +1,305 @@
+// fsdp-train end to end with checkpoints, preemption, Hugging Face files,
+// evaluation and torchrun: the binary, real processes, signals sent from the
+// test scripts (the product has no test hooks).
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+#include <regex>
+#include <set>
+
+#include "support/multiproc.h"
+#include "train_test_util.h"
+
+namespace fsdp {
+namespace {
+
+namespace fs = std::filesystem;
+using testing::Command;
+using testing::count;
+using testing::kCorpus;
+using testing::kTrainBin;
+using testing::kValCorpus;
+using testing::read_file;
+using testing::run_command;
+
+std::string flags(int max_steps) {
+  return kTrainBin + " --model tiny --data " + kCorpus + " --seq-len 32 --batch-size 2 --lr 1e-3 --log-every 1" +
+         " --max-steps " + std::to_string(max_steps);
+}
+
+std::vector<nlohmann::json> read_metrics(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  std::string line;
+  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+// Shell snippet: the pid of the worker with RANK=<rank> among processes whose
+// command line matches <pattern> (the launcher and torchrun have no RANK).
+std::string find_rank_fn() {
+  return "rank_pid() { for p in $(pgrep -f \"$1\"); do tr '\\0' '\\n' < /proc/$p/environ 2>/dev/null | "
+         "grep -qx \"RANK=$2\" && { echo $p; return; }; done; }\n";
+}
+
+// Waits (up to 60 s) for a file or directory.
+std::string wait_for(const std::string& path) {
+  return "for i in $(seq 1 600); do [ -e " + path + " ] && break; sleep 0.1; done\n";
+}
+
+// No process of this test is left behind.
+void expect_no_leftovers(const std::string& marker) {
+  // The bracket keeps the pattern from matching the shell that runs pgrep.
+  Command c = run_command("pgrep -f '[" + marker.substr(0, 1) + "]" + marker.substr(1) + "' || true");
+  EXPECT_EQ(c.output.find_first_of("0123456789"), std::string::npos) << "left behind: " << c.output;
+}
+
+}  // namespace
+
+// SIGTERM to ONE worker (signals reach ranks at different times): every rank
+// finishes the step, a checkpoint is saved, the job exits 0, and --resume
+// continues from that step. Without --checkpoint-dir, SIGTERM to the launcher
+// stops the run after the step with exit code 143 and says nothing was saved.
+TEST(TrainCli, SigtermSavesACheckpointAndResumeContinues) {
+  const std::string dir = testing::temp_dir("cli-sigterm");
+  const std::string marker = "max-steps 400 --nproc-per-node 2 --checkpoint-dir " + dir;
+  {
+    std::ofstream sh(dir + "/run.sh");
+    sh << "set -u\n" << find_rank_fn()
+       << flags(400) << " --nproc-per-node 2 --checkpoint-dir " << dir << "/ckpt > " << dir << "/log 2>&1 &\n"
+       << "L=$!\n"
+       << "for i in $(seq 1 600); do grep -q 'Batch 3 Loss' " << dir << "/log && break; sleep 0.1; done\n"
+       << "kill -TERM $(rank_pid '" << marker << "' 1)\n"
+       << "wait $L; echo \"launcher exit $?\"\n";
+  }
+  Command c = run_command("bash " + dir + "/run.sh", 120);
+  const std::string log = read_file(dir + "/log");
+  EXPECT_NE(c.output.find("launcher exit 0"), std::string::npos) << c.output << log;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("stopped by SIGTERM after (\\d+) steps"))) << log;
+  const int n = std::stoi(m[1].str());
+  EXPECT_GE(n, 4);
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08d", n);
+  EXPECT_TRUE(fs::exists(dir + "/ckpt/" + name + "/manifest.json")) << log;
+  EXPECT_NE(log.find(std::string("Saved checkpoint ") + name), std::string::npos) << log;
+  expect_no_leftovers(marker);
+
+  // Resume on one process, for 2 more steps.
+  Command r = run_command(flags(n + 2) + " --checkpoint-dir " + dir + "/ckpt --resume", 120);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("Resumed from " + dir + "/ckpt/" + name + " (step " + std::to_string(n) + ")"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Batch " + std::to_string(n) + " Loss"), std::string::npos) << r.output;
+  EXPECT_EQ(r.output.find("Batch " + std::to_string(n - 1) + " Loss"), std::string::npos) << r.output;
+
+  // No --checkpoint-dir: exit 143, nothing saved, said so.
+  {
+    std::ofstream sh(dir + "/run2.sh");
+    sh << "set -u\n"
+       << flags(400) << " --nproc-per-node 2 > " << dir << "/log2 2>&1 &\n"
+       << "L=$!\n"
+       << "for i in $(seq 1 600); do grep -q 'Batch 2 Loss' " << dir << "/log2 && break; sleep 0.1; done\n"
+       << "kill -TERM $L\n"
+       << "wait $L; echo \"launcher exit $?\"\n";
+  }
+  Command c2 = run_command("bash " + dir + "/run2.sh", 120);
+  const std::string log2 = read_file(dir + "/log2");
+  EXPECT_NE(c2.output.find("launcher exit 143"), std::string::npos) << c2.output << log2;
+  EXPECT_NE(log2.find("the training state was NOT saved"), std::string::npos) << log2;
+}
+
+// A worker SIGKILLed in the middle of a save (frozen with SIGSTOP while the
+// temporary directory exists and the checkpoint is not yet complete, then
+// killed): the half-written directory is never taken for a checkpoint; the
+// resume removes it and continues from the previous complete checkpoint.
+TEST(TrainCli, CrashDuringASaveKeepsThePreviousCheckpoint) {
+  const std::string dir = testing::temp_dir("cli-crash");
+  const std::string ck = dir + "/ckpt";
+  const std::string marker = "max-steps 100000 --nproc-per-node 2 --checkpoint-dir " + ck;
+  {
+    std::ofstream sh(dir + "/run.sh");
+    sh << "set -u\nshopt -s nullglob\n" << find_rank_fn()
+       << flags(100000) << " --nproc-per-node 2 --checkpoint-dir " << ck << " --checkpoint-every 1 > " << dir
+       << "/log 2>&1 &\n"
+       << "L=$!\n"
+       << "for i in $(seq 1 600); do grep -q 'Batch 2 Loss' " << dir << "/log && break; sleep 0.1; done\n"
+       << "R1=$(rank_pid '" << marker << "' 1)\n"
+       << "for attempt in $(seq 1 100); do\n"
+       << "  t=()\n"
+       << "  while ((${#t[@]} == 0)); do t=(" << ck << "/.tmp-step_*); done\n"  // busy-wait for a save to start
+       << "  kill -STOP $R1\n"
+       << "  n=${t[0]##*.tmp-}\n"
+       << "  sleep 0.5\n"
+       << "  if [ -d " << ck << "/$n ]; then kill -CONT $R1; sleep 0.05; continue; fi\n"  // it had finished: next save
+       << "  kill -KILL $R1; echo \"killed during $n\"; break\n"
+       << "done\n"
+       << "wait $L; echo \"launcher exit $?\"\n";
+  }
+  Command c = run_command("bash " + dir + "/run.sh", 200);
+  const std::string log = read_file(dir + "/log");
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(c.output, m, std::regex("killed during step_(\\d+)"))) << c.output << log;
+  const int n = std::stoi(m[1].str());
+  EXPECT_NE(c.output.find("launcher exit 137"), std::string::npos) << c.output << log;
+  char tmp[64], prev[32];
+  std::snprintf(tmp, sizeof(tmp), ".tmp-step_%08d", n);
+  std::snprintf(prev, sizeof(prev), "step_%08d", n - 1);
+  EXPECT_TRUE(fs::exists(ck + "/" + tmp)) << "the interrupted save's directory";
+  EXPECT_FALSE(fs::exists(ck + "/" + std::string(tmp).substr(5))) << "an incomplete checkpoint became visible";
+  expect_no_leftovers(marker);
+
+  Command r = run_command(flags(n + 1) + " --nproc-per-node 2 --checkpoint-dir " + ck + " --resume", 120);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("removed " + ck + "/" + tmp + ", left by an interrupted save"), std::string::npos)
+      << r.output;
+  EXPECT_NE(r.output.find("Resumed from " + ck + "/" + prev), std::string::npos) << r.output;
+  EXPECT_FALSE(fs::exists(ck + "/" + tmp));
+  char last[32];
+  std::snprintf(last, sizeof(last), "step_%08d", n + 1);
+  EXPECT_TRUE(fs::exists(ck + "/" + last + "/manifest.json"));
+}
+
+// --keep-last prunes; a corrupted file in the newest checkpoint is reported by
+// name and the resume falls back to the previous one.
+TEST(TrainCli, KeepLastAndADamagedCheckpoint) {
+  const std::string dir = testing::temp_dir("cli-damage");
+  const std::string ck = dir + "/ckpt";
+  Command c = run_command(flags(6) + " --nproc-per-node 2 --checkpoint-dir " + ck +
+                          " --checkpoint-every 2 --keep-last 2", 120);
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.output.find("removed old checkpoint step_00000002 (--keep-last 2)"), std::string::npos) << c.output;
+  EXPECT_FALSE(fs::exists(ck + "/step_00000002"));
+  EXPECT_TRUE(fs::exists(ck + "/step_00000004/manifest.json"));
+  EXPECT_TRUE(fs::exists(ck + "/step_00000006/manifest.json"));
+  // Flip one byte in the middle of rank 1's file of the newest checkpoint.
+  const std::string victim = ck + "/step_00000006/shard-00001-of-00002.bin";
+  {
+    std::fstream f(victim, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(1000);
+    char b;
+    f.get(b);
+    f.seekp(1000);
+    f.put(static_cast<char>(b ^ 1));
+  }
+  Command r = run_command(flags(8) + " --checkpoint-dir " + ck + " --resume --checkpoint-every 2 --keep-last 2", 120);
+  EXPECT_EQ(r.exit_code, 0) << r.output;
+  EXPECT_NE(r.output.find("checkpoint step_00000006 is damaged: file shard-00001-of-00002.bin: checksum mismatch"),
+            std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("trying the previous checkpoint"), std::string::npos) << r.output;
+  EXPECT_NE(r.output.find("Resumed from " + ck + "/step_00000004 (step 4)"), std::string::npos) << r.output;
+  // Training went on and replaced the damaged checkpoint with a good one.
+  EXPECT_NE(r.output.find("Saved checkpoint step_00000006"), std::string::npos) << r.output;
+  EXPECT_TRUE(fs::exists(ck + "/step_00000008/manifest.json"));
+  EXPECT_FALSE(fs::exists(ck + "/step_00000004"));
+  Command again = run_command(flags(8) + " --checkpoint-dir " + ck + " --resume --eval-only --val-data " + kValCorpus, 120);
+  EXPECT_EQ(again.exit_code, 0) << again.output;
+  EXPECT_NE(again.output.find("Resumed from " + ck + "/step_00000008 (step 8)"), std::string::npos) << again.output;
+  EXPECT_EQ(again.output.find("damaged"), std::string::npos) << again.output;
+}
+
+// Export to Hugging Face files (several, with an index), start from them on
+// another world size, evaluate, export again in bfloat16; --model that
+// disagrees with the directory's config.json is a usage error.
+TEST(TrainCli, HuggingFaceExportInitFromAndEvalOnly) {
+  const std::string dir = testing::temp_dir("cli-hf");
+  Command c = run_command(flags(3) + " --nproc-per-node 2 --export-hf " + dir + "/hf --export-shard-size 1MB", 120);
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  EXPECT_NE(c.output.find("Exported Hugging Face weights (float32) to " + dir + "/hf"), std::string::npos) << c.output;
+  const auto index = nlohmann::json::parse(read_file(dir + "/hf/model.safetensors.index.json"));
+  std::set<std::string> files;
+  for (const auto& [name, file] : index["weight_map"].items()) files.insert(file.get<std::string>());
+  EXPECT_GE(files.size(), 3u);  // 3.7 MB in files of at most 1 MB
+  for (const auto& f : files) EXPECT_LE(fs::file_size(dir + "/hf/" + f), 1'000'000u) << f;
+  const auto config = nlohmann::json::parse(read_file(dir + "/hf/config.json"));
+  EXPECT_EQ(config["torch_dtype"], "float32");
+  EXPECT_EQ(config["eos_token_id"], 257);
+
+  std::vector<double> losses;
+  for (const char* procs : {" --nproc-per-node 2", ""}) {
+    const std::string metrics = dir + "/eval" + std::to_string(std::string(procs).size()) + ".jsonl";
+    Command e = run_command(kTrainBin + " --init-from " + dir + "/hf --data " + kCorpus + " --val-data " + kValCorpus +
+                                " --seq-len 32 --batch-size 3 --eval-only --metrics-file " + metrics + procs, 120);
+    ASSERT_EQ(e.exit_code, 0) << e.output;
+    EXPECT_NE(e.output.find("Initialized from " + dir + "/hf (" + std::to_string(files.size()) + " files)"),
+              std::string::npos) << e.output;
+    EXPECT_EQ(count(e.output, "Eval Loss: "), 1u) << e.output;
+    const auto m = read_metrics(metrics);
+    ASSERT_EQ(m.size(), 1u);
+    losses.push_back(m[0]["eval_loss"].get<double>());
+  }
+  EXPECT_NEAR(losses[0], losses[1], 1e-6 * losses[1]);
+
+  // Fine-tune from the export, evaluating periodically, export bf16.
+  Command f = run_command(kTrainBin + " --init-from " + dir + "/hf --data " + kCorpus + " --val-data " + kValCorpus +
+                              " --seq-len 32 --batch-size 2 --max-steps 2 --eval-every 1 --eval-windows 4 "
+                              "--export-hf " + dir + "/hf-bf16 --export-dtype bfloat16 --metrics-file " + dir + "/ft.jsonl", 120);
+  ASSERT_EQ(f.exit_code, 0) << f.output;
+  EXPECT_EQ(count(f.output, "Eval Loss: "), 2u) << f.output;
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/hf-bf16/config.json"))["torch_dtype"], "bfloat16");
+  int evals = 0;
+  for (const auto& j : read_metrics(dir + "/ft.jsonl")) evals += j.contains("eval_loss") && j.contains("step");
+  EXPECT_EQ(evals, 2);
+
+  Command bad = run_command(kTrainBin + " --init-from " + dir + "/hf --model small --data " + kCorpus, 60);
+  EXPECT_EQ(bad.exit_code, 2) << bad.output;
+  EXPECT_NE(bad.output.find("describe different models"), std::string::npos) << bad.output;
+}
+
+// torchrun (Debian's python3-torch 1.13: underscore flags, and --no_python needs
+// --redirects 1 --tee 1 on Python 3.11): an elastic restart after a worker is
+// SIGKILLed resumes from the newest checkpoint and finishes the run.
+TEST(TrainCli, TorchrunElasticRestartResumesFromTheNewestCheckpoint) {
+  if (run_command("sh -c 'command -v torchrun'").exit_code != 0) {
+    GTEST_SKIP() << "torchrun not found: install Debian's python3-torch (scripts/deps.sh does) to run this test";
+  }
+  const std::string dir = testing::temp_dir("cli-torchrun");
+  const std::string ck = dir + "/ckpt";
+  const std::string marker = "max-steps 40 --checkpoint-dir " + ck;
+  {
+    std::ofstream sh(dir + "/run.sh");
+    sh << "set -u\n" << find_rank_fn()
+       << "torchrun --no_python --redirects 1 --tee 1 --standalone --nnodes 1 --nproc_per_node 2 --max_restarts 1 "
+       << "--log_dir " << dir << "/torchrun-logs " << flags(40) << " --checkpoint-dir " << ck
+       << " --checkpoint-every 5 --resume --metrics-file " << dir << "/m.jsonl > " << dir << "/log 2>&1 &\n"
+       << "T=$!\n"
+       << wait_for(ck + "/step_00000010")
+       << "kill -KILL $(rank_pid '" << marker << "' 1)\n"
+       << "wait $T; echo \"torchrun exit $?\"\n";
+  }
+  Command c = run_command("bash " + dir + "/run.sh", 240);
+  const std::string log = read_file(dir + "/log");
+  EXPECT_NE(c.output.find("torchrun exit 0"), std::string::npos) << c.output << log;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("Resumed from " + ck + "/step_(\\d+) \\(step (\\d+)\\)"))) << log;
+  const int resumed = std::stoi(m[2].str());
+  EXPECT_GE(resumed, 10);
+  EXPECT_EQ(resumed % 5, 0);
+  EXPECT_EQ(count(log, "2 ranks (torchrun)"), 2u) << "one start and one restart\n" << log;
+  EXPECT_TRUE(fs::exists(ck + "/step_00000040/manifest.json"));
+  // The metrics: the first attempt's steps, then the restart's from the checkpoint's step to the end.
+  const auto metrics = read_metrics(dir + "/m.jsonl");
+  std::vector<int64_t> steps;
+  for (const auto& j : metrics) steps.push_back(j["step"].get<int64_t>());
+  // The restart starts at the last record of the resumed step.
+  size_t restart = steps.size();
+  for (size_t i = 0; i < steps.size(); ++i) {
+    if (steps[i] == resumed) restart = i;
+  }
+  ASSERT_LT(restart, steps.size()) << "no record of step " << resumed;
+  EXPECT_EQ(steps.back(), 39);
+  EXPECT_EQ(steps.size() - restart, static_cast<size_t>(40 - resumed));
+  for (size_t i = restart + 1; i < steps.size(); ++i) EXPECT_EQ(steps[i], steps[i - 1] + 1);
+  // The first attempt ran past the checkpoint; its record of the resumed step
+  // has the same loss as the restart's (exact resume).
+  size_t first = restart;
+  for (size_t i = 0; i < restart; ++i) {
+    if (steps[i] == resumed) first = i;
+  }
+  if (first < restart) EXPECT_EQ(metrics[first]["loss"], metrics[restart]["loss"]);
+  expect_no_leftovers(marker);
+}
+
+}  // namespace fsdp
