@@ -26,6 +26,7 @@
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/main.h"
 #include "fsdp/common/memory.h"
 #include "fsdp/data/dataset.h"
 #include "fsdp/models/registry.h"
@@ -33,8 +34,8 @@
 
 namespace {
 
-constexpr int kExitFailure = 1;
-constexpr int kExitUsage = 2;
+using fsdp::kExitFailure;
+using fsdp::kExitUsage;
 
 // The one piece of process-wide mutable state in fsdp-train: the signal that
 // asked this worker to stop (0: none), written by the handler, read once per
@@ -149,13 +150,44 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--wrap", o.sharding.wrap,
                  "Units: block (one per decoder layer) | size:N (a block becomes a unit once it holds N parameters "
-                 "not yet wrapped) | root (the whole model as one unit)")
+                 "not yet wrapped) | root (the whole model as one unit) | all (every marked boundary)")
       ->capture_default_str();
   app.add_option("--hybrid-shard-size", o.sharding.hybrid_shard_size,
                  "HYBRID: ranks per shard group (default: LOCAL_WORLD_SIZE, i.e. one node)")
       ->capture_default_str();
   app.add_flag("--sync-module-states", o.sharding.sync_module_states,
                "Broadcast rank 0's initial parameters before sharding");
+  auto* mem = app.add_option_group("Memory and precision", "Mixed precision, activation checkpointing, offload, prefetch");
+  mem->add_option("--mixed-precision", o.sharding.mixed_precision,
+                  "fp32 | bf16 (bf16 parameters and compute, fp32 reduction and master weights) | fp16 (fp16 "
+                  "parameters with dynamic loss scaling; GPU only with this LibTorch) | bf16-pure (bf16 everywhere, "
+                  "Kahan-compensated AdamW with bf16 moments)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "bf16-pure"}))
+      ->capture_default_str();
+  mem->add_option("--reduce-dtype", o.sharding.reduce_dtype,
+                  "Gradient communication dtype: fp32 | bf16 | fp16 (default: the --mixed-precision preset's)")
+      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  mem->add_flag("--activation-checkpointing", o.sharding.activation_checkpointing,
+                "Keep only each decoder layer's input in forward and recompute the layer in backward");
+  mem->add_flag("--offload-activations", o.sharding.offload_activations,
+                "With --activation-checkpointing: keep those saved inputs in host memory (GPU runs)");
+  mem->add_flag("--cpu-offload", o.sharding.cpu_offload,
+                "Parameter and gradient shards and optimizer state in host memory; the optimizer steps there");
+  mem->add_option("--backward-prefetch", o.sharding.backward_prefetch,
+                  "pre (gather the next unit before computing this one's gradients) | post (after) | none")
+      ->check(CLI::IsMember({"pre", "post", "none"}))
+      ->capture_default_str();
+  mem->add_flag("--forward-prefetch", o.sharding.forward_prefetch,
+                "Gather the next unit's parameters while the current one computes forward");
+  mem->add_option("--limit-all-gathers", o.sharding.limit_all_gathers,
+                  "At most N all-gathers issued ahead of use (rate limiter)")
+      ->capture_default_str();
+  mem->add_option("--loss-scaling", o.sharding.loss_scaling,
+                  "Dynamic loss scaling: auto (on for fp16) | on | off. Steps with inf/nan gradients are skipped on "
+                  "every rank and the scale halves; it doubles after 2000 clean steps; saved in checkpoints")
+      ->check(CLI::IsMember({"auto", "on", "off"}))
+      ->capture_default_str();
+  mem->add_option("--initial-loss-scale", o.sharding.initial_loss_scale, "Starting loss scale")->capture_default_str();
   auto* ckpt = app.add_option_group("Checkpoints", "Sharded checkpoints: save, resume, keep");
   ckpt->add_option("--checkpoint-dir", o.checkpoint.dir,
                    "Directory for sharded checkpoints (step_NNNNNNNN/, one file per shard + manifest.json); saving "
@@ -222,7 +254,7 @@ int run(int argc, char** argv) {
   const fsdp::comm::WorldInfo world = fsdp::comm::detect_world();
   const bool is_worker = world.launcher != "single";
   if (nproc > 1 && !is_worker) {
-    fsdp::train::validate_options(o);  // fail once, before starting anything
+    fsdp::train::validate_options(o, nproc);  // fail once, before starting anything
     fsdp::comm::LaunchOptions lo;
     lo.argv.push_back(self_exe(argv[0]));
     for (int i = 1; i < argc; ++i) lo.argv.emplace_back(argv[i]);
@@ -242,14 +274,4 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
-  try {
-    return run(argc, argv);
-  } catch (const fsdp::UsageError& e) {
-    std::cerr << "fsdp-train: error: " << e.what() << "\n";
-    return kExitUsage;
-  } catch (const std::exception& e) {
-    std::cerr << "fsdp-train: failed: " << e.what() << "\n";
-    return kExitFailure;
-  }
-}
+int main(int argc, char** argv) { return fsdp::run_main("fsdp-train", [&] { return run(argc, argv); }); }

@@ -135,8 +135,8 @@ struct FsdpOptions {
 // The optimizer's view of one unit's shard.
 struct ShardRef {
   std::string unit_name;  // "" for the root
-  at::Tensor param;       // (n) fp32, the local shard; updated in place by the optimizer
-  at::Tensor grad;        // (n) fp32, reduced gradient (zeros when none arrived)
+  at::Tensor param;       // (n) master dtype, the local shard; updated in place by the optimizer
+  at::Tensor grad;        // (n) master dtype, reduced gradient (zeros when none arrived)
 };
 
 // Per-parameter placement, for checkpoints and HF export.
@@ -206,9 +206,11 @@ class ShardedModel {
   StepCounters take_step_counters();
 
   // Full (unpadded) flat parameter of unit `u`, gathered to every rank of the
-  // shard group, in fp32. Collective over the shard group.
+  // shard group, in the master dtype (fp32; bf16 for pure-bf16 training).
+  // Collective over the shard group.
   at::Tensor gather_unit(size_t u);
-  // Writes `full` (the unit's unpadded flat values, fp32) into this rank's shard.
+  // Writes `full` (the unit's unpadded flat values, any float dtype) into this
+  // rank's shard.
   void load_unit(size_t u, const at::Tensor& full);
 
   const comm::ProcessGroupPtr& shard_group() const;
@@ -223,6 +225,11 @@ class ShardedModel {
   explicit ShardedModel(std::unique_ptr<detail::ShardedModelImpl> impl);
   std::unique_ptr<detail::ShardedModelImpl> impl_;
 };
+
+// The checks fully_shard makes of its options, without a process group (for
+// command lines that validate before starting workers). world_size <= 0:
+// unknown. UsageError naming the problem and the fix.
+void check_options(const FsdpOptions& options, int world_size);
 
 // The layout fully_shard would build for `rank` of `world_size` processes,
 // and that rank's memory, from the model's structure alone: no process group,

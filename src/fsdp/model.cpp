@@ -92,6 +92,32 @@ MixedPrecision MixedPrecision::preset(const std::string& name) {
   return m;
 }
 
+void check_options(const FsdpOptions& o, int world_size) {
+  FSDP_CHECK(o.limit_all_gathers >= 1, "limit_all_gathers must be >= 1, got ", o.limit_all_gathers);
+  const MixedPrecision& mp = o.mixed_precision;
+  for (at::ScalarType t : {mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype}) {
+    FSDP_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf,
+               "mixed precision dtypes must be float32, bfloat16 or float16; got ", t);
+  }
+  FSDP_CHECK(!(mp.param_dtype == at::kHalf && o.device.is_cpu() && !compat::cpu_half_matmul()),
+             "float16 parameters on the CPU: this LibTorch (", compat::torch_version(),
+             ") has no float16 matrix product on CPU; use bf16 on CPU (--mixed-precision bf16), or fp16 on a GPU");
+  FSDP_CHECK(mp.master_dtype == at::kFloat || mp.master_dtype == at::kBFloat16,
+             "the master (shard) dtype must be float32 or bfloat16 (pure bf16 training); got ", mp.master_dtype);
+  FSDP_CHECK(!o.cpu_offload || o.device.is_cpu() || o.device.is_cuda(), "CPU offload needs a CPU or CUDA device, got ",
+             o.device);
+  FSDP_CHECK(!o.offload_checkpoint_inputs || o.checkpoint_all_units || !o.checkpoint_types.empty(),
+             "offloading checkpointed inputs needs activation checkpointing (--activation-checkpointing)");
+  if (o.strategy == ShardingStrategy::kHybridShard) {
+    const int s = o.hybrid_shard_size;
+    FSDP_CHECK(s >= 1, "HYBRID_SHARD needs a shard-group size >= 1 (--hybrid-shard-size, default LOCAL_WORLD_SIZE); "
+               "got ", s);
+    FSDP_CHECK(world_size <= 0 || world_size % s == 0, "world size ", world_size,
+               " is not a multiple of the hybrid shard size ", s,
+               "; choose a --hybrid-shard-size that divides the world size");
+  }
+}
+
 namespace detail {
 
 
@@ -109,30 +135,12 @@ ShardedModelImpl::ShardedModelImpl(const std::shared_ptr<nn::UnitBase>& root, co
     : options_(options), root_module_(root), world_(world) {
   FSDP_CHECK(root != nullptr, "fully_shard: the root module is null");
   FSDP_CHECK(world != nullptr, "fully_shard: the process group is null; create one with comm::init_process_group");
-  FSDP_CHECK(options_.limit_all_gathers >= 1, "limit_all_gathers must be >= 1, got ", options_.limit_all_gathers);
   FSDP_CHECK(root->hooks() == nullptr,
              "this model is already sharded (its root unit has hooks); call fully_shard once per model");
-
-  const MixedPrecision& mp = options_.mixed_precision;
-  for (at::ScalarType t : {mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype}) {
-    FSDP_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf,
-               "mixed precision dtypes must be float32, bfloat16 or float16; got ", t);
-  }
-  FSDP_CHECK(!(mp.param_dtype == at::kHalf && options_.device.is_cpu() && !compat::cpu_half_matmul()),
-             "float16 parameters on the CPU: this LibTorch (", compat::torch_version(),
-             ") has no float16 matrix product on CPU; use bf16 on CPU (--mixed-precision bf16), or fp16 on a GPU");
-  FSDP_CHECK(mp.master_dtype == at::kFloat || mp.master_dtype == at::kBFloat16,
-             "the master (shard) dtype must be float32 or bfloat16 (pure bf16 training); got ", mp.master_dtype);
-  FSDP_CHECK(!options_.cpu_offload || options_.device.is_cpu() || options_.device.is_cuda(),
-             "CPU offload needs a CPU or CUDA device, got ", options_.device);
+  check_options(options_, world->size());
 
   if (options_.strategy == ShardingStrategy::kHybridShard) {
-    const int s = options_.hybrid_shard_size;
-    FSDP_CHECK(s >= 1, "HYBRID_SHARD needs FsdpOptions::hybrid_shard_size >= 1 (ranks per shard group; the "
-               "trainer uses LOCAL_WORLD_SIZE or --hybrid-shard-size); got ", s);
-    FSDP_CHECK(world->size() % s == 0, "world size ", world->size(), " is not a multiple of the hybrid shard size ",
-               s, "; choose a --hybrid-shard-size that divides the world size");
-    comm::HybridGroups g = comm::make_hybrid_groups(*world, s);
+    comm::HybridGroups g = comm::make_hybrid_groups(*world, options_.hybrid_shard_size);
     shard_group_ = g.shard;
     replicate_group_ = g.replicate->size() > 1 ? g.replicate : nullptr;
   } else {

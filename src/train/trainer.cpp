@@ -20,6 +20,7 @@
 #include "fsdp/data/sampler.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/models/llama.h"
+#include "fsdp/optim/grad_scaler.h"
 #include "fsdp/models/registry.h"
 
 namespace fsdp::train {
@@ -40,24 +41,6 @@ std::string timestamp() {
   return buf;
 }
 
-WrapPolicy parse_wrap(const std::string& s) {
-  if (s == "block") return WrapPolicy::by_type({models::llama_block_type()});
-  if (s == "root") return WrapPolicy::root_only();
-  if (s.rfind("size:", 0) == 0) {
-    int64_t n = 0;
-    try {
-      size_t used = 0;
-      n = std::stoll(s.substr(5), &used);
-      FSDP_CHECK(used == s.size() - 5, "");
-    } catch (const std::exception&) {
-      FSDP_CHECK(false, "--wrap ", s, ": the minimum parameter count after 'size:' must be an integer, e.g. size:1000000");
-    }
-    FSDP_CHECK(n >= 1, "--wrap ", s, ": the minimum parameter count must be >= 1");
-    return WrapPolicy::size_based(n);
-  }
-  FSDP_CHECK(false, "--wrap '", s, "' is not one of: block, size:N, root");
-  return {};
-}
 
 std::string signal_name(int code) {
   switch (code) {
@@ -91,9 +74,39 @@ std::shared_ptr<const data::TokenDataset> load_data(const TrainOptions& o, const
   return data::load_dataset(dopt, tokenizer);
 }
 
+at::ScalarType parse_dtype(const std::string& s, const char* flag) {
+  if (s == "fp32") return at::kFloat;
+  if (s == "bf16") return at::kBFloat16;
+  if (s == "fp16") return at::kHalf;
+  FSDP_CHECK(false, flag, " '", s, "' is not one of: fp32, bf16, fp16");
+  return at::kFloat;
+}
+
+// The engine's options from the command line's (hybrid size 0: the caller
+// fills in LOCAL_WORLD_SIZE).
+FsdpOptions engine_options(const TrainOptions& o, int world_size) {
+  const ShardingOptions& s = o.sharding;
+  FsdpOptions fo;
+  fo.strategy = parse_sharding_strategy(s.strategy);
+  fo.wrap = parse_wrap_policy(s.wrap, models::llama_block_type());
+  fo.hybrid_shard_size = s.hybrid_shard_size;
+  fo.sync_module_states = s.sync_module_states;
+  fo.mixed_precision = MixedPrecision::preset(s.mixed_precision);
+  if (!s.reduce_dtype.empty()) fo.mixed_precision.reduce_dtype = parse_dtype(s.reduce_dtype, "--reduce-dtype");
+  if (s.activation_checkpointing) fo.checkpoint_types = {models::llama_block_type()};
+  fo.offload_checkpoint_inputs = s.offload_activations;
+  fo.cpu_offload = s.cpu_offload;
+  fo.backward_prefetch = parse_backward_prefetch(s.backward_prefetch);
+  fo.forward_prefetch = s.forward_prefetch;
+  fo.limit_all_gathers = s.limit_all_gathers;
+  fo.device = at::Device(o.device == "cuda" ? at::kCUDA : at::kCPU);
+  check_options(fo, world_size);
+  return fo;
+}
+
 }  // namespace
 
-void validate_options(const TrainOptions& o) {
+void validate_options(const TrainOptions& o, int world_size) {
   FSDP_CHECK(o.device == "cpu" || o.device == "cuda", "--device '", o.device, "' is not one of: cpu, cuda");
   FSDP_CHECK(o.device == "cpu", "--device cuda needs a CUDA build of fsdp-cpp (cmake -DFSDP_WITH_CUDA=ON "
              "-DFSDP_WITH_NCCL=ON against a CUDA LibTorch) and a GPU; this build is CPU-only — use --device cpu");
@@ -112,7 +125,10 @@ void validate_options(const TrainOptions& o) {
   sched.validate();
   FSDP_CHECK(o.adamw.weight_decay >= 0, "--weight-decay must be >= 0, got ", o.adamw.weight_decay);
   parse_sharding_strategy(o.sharding.strategy);
-  parse_wrap(o.sharding.wrap);
+  engine_options(o, world_size);  // every sharding, memory and precision flag parses
+  FSDP_CHECK(o.sharding.loss_scaling == "auto" || o.sharding.loss_scaling == "on" || o.sharding.loss_scaling == "off",
+             "--loss-scaling '", o.sharding.loss_scaling, "' is not one of: auto, on, off");
+  FSDP_CHECK(o.sharding.initial_loss_scale > 0, "--initial-loss-scale must be > 0, got ", o.sharding.initial_loss_scale);
   FSDP_CHECK(o.sharding.hybrid_shard_size >= 0, "--hybrid-shard-size must be >= 1 (or 0 for LOCAL_WORLD_SIZE), got ",
              o.sharding.hybrid_shard_size);
   FSDP_CHECK(o.checkpoint.every >= 0, "--checkpoint-every must be >= 0 (0: only at the end), got ", o.checkpoint.every);
@@ -166,7 +182,7 @@ void validate_options(const TrainOptions& o) {
 }
 
 TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
-  validate_options(o);
+  validate_options(o, rt.world_group->size());
   const comm::ProcessGroupPtr& world = rt.world_group;
   const int rank = world->rank();
   const int W = world->size();
@@ -208,16 +224,18 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), o.step.seed);
   nn::Unit<models::LlamaForCausalLMImpl> root(impl);
 
-  FsdpOptions fo;
-  fo.strategy = parse_sharding_strategy(o.sharding.strategy);
-  fo.wrap = parse_wrap(o.sharding.wrap);
-  fo.hybrid_shard_size = o.sharding.hybrid_shard_size > 0 ? o.sharding.hybrid_shard_size : rt.world.local_world_size;
-  fo.sync_module_states = o.sharding.sync_module_states;
+  FsdpOptions fo = engine_options(o, W);
+  if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = rt.world.local_world_size;
   fo.init_rule = models::llama_init_rule(cfg);
   fo.seed = o.step.seed;
   auto sharded = fully_shard(root.ptr(), world, fo);
 
   optim::AdamWOptions aopt = o.adamw;
+  if (fo.mixed_precision.master_dtype == at::kBFloat16) {
+    // Pure bf16: AnyPrecision AdamW (bf16 moments, Kahan-compensated updates).
+    aopt.state_dtype = at::kBFloat16;
+    aopt.kahan_summation = true;
+  }
   optim::AdamW opt(aopt);
   opt.add_shards(sharded->shards());
   optim::LrSchedule sched = o.schedule;
@@ -232,6 +250,16 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     return all;
   }(), "trainer") : world;
 
+  // fp16: dynamic loss scaling over the sharded gradients; every rank skips
+  // the same steps (grad_scaler.h).
+  std::unique_ptr<optim::ShardedGradScaler> scaler;
+  const std::string& ls = o.sharding.loss_scaling;
+  if (ls == "on" || (ls == "auto" && fo.mixed_precision.param_dtype == at::kHalf)) {
+    optim::GradScalerOptions gso;
+    gso.init_scale = o.sharding.initial_loss_scale;
+    scaler = std::make_unique<optim::ShardedGradScaler>(gso, scalars);
+  }
+
   TrainSummary summary;
   summary.parameters = cfg.num_parameters();
   summary.plan = sharded->describe();
@@ -241,6 +269,19 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   say(fmt::format("data {}, {} windows of {} tokens per epoch", dataset->describe(), sampler->samples_per_epoch(),
                   o.data.seq_len));
   if (lead && !o.log.quiet) std::cout << summary.plan << std::flush;
+  {
+    // Where this rank's bytes live (CPU offload moves shards and optimizer state to host memory).
+    std::string where;
+    for (const auto& m : sharded->memory_placement()) {
+      if (m.bytes == 0) continue;
+      where += fmt::format("{}{} {} on {}{}", where.empty() ? "" : ", ", m.what, format_bytes(m.bytes), m.device,
+                           m.pinned ? " (pinned)" : "");
+    }
+    int64_t state = 0;
+    for (const auto& slot : opt.slots()) state += slot.exp_avg.nbytes() + slot.exp_avg_sq.nbytes();
+    const std::string state_device = opt.slots().empty() ? "-" : opt.slots().front().exp_avg.device().str();
+    say(fmt::format("memory per rank: {}, optimizer state {} on {}", where, format_bytes(state), state_device));
+  }
 
   std::ofstream metrics;
   if (lead && !o.log.metrics_file.empty()) {
@@ -270,6 +311,10 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
                  "); resume with the model it was saved with or use another --checkpoint-dir");
       const nlohmann::json& ts = r.trainer_state;
       start_step = ts.at("step").get<int64_t>();
+      if (scaler && ts.contains("grad_scaler")) {
+        scaler->set_state(ts["grad_scaler"].at("scale").get<double>(),
+                          ts["grad_scaler"].at("growth_tracker").get<int64_t>());
+      }
       summary.resumed_from = r.path;
       say(fmt::format("Resumed from {} (step {}): {} in {:.2f} s, {:.2f} GB/s", r.path, start_step,
                       megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
@@ -327,7 +372,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   };
 
   auto trainer_state = [&](int64_t completed) {
-    return nlohmann::json{{"step", completed},
+    nlohmann::json ts{{"step", completed},
                           {"samples_seen", completed * G},
                           {"epochs", sampler->epochs_after(completed)},
                           {"seed", o.step.seed},
@@ -348,6 +393,12 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
                           // and the data order is a pure function of (seed, step), so seed and step are the
                           // whole RNG state.
                           {"rng", "none consumed: seed and step determine initialization and data order"}};
+    if (scaler) {
+      ts["grad_scaler"] = {{"scale", scaler->scale_value()},
+                           {"growth_tracker", scaler->growth_tracker()},
+                           {"skipped_steps", scaler->skipped_steps()}};
+    }
+    return ts;
   };
   auto save = [&](int64_t completed) {
     checkpoint::SaveOptions so;
@@ -403,11 +454,19 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
       data::Batch batch = loader.next();
       sharded->set_requires_gradient_sync(a == o.step.grad_accum - 1);
       at::Tensor loss = root(batch.inputs, batch.targets) / static_cast<double>(o.step.grad_accum);
-      loss.backward();
+      (scaler ? scaler->scale(loss) : loss).backward();
       local += loss.item<double>();
     }
-    const double norm = o.step.clip_grad > 0 ? sharded->clip_grad_norm(o.step.clip_grad) : sharded->grad_norm();
-    opt.step();
+    const double loss_scale = scaler ? scaler->scale_value() : 0.0;
+    const bool skipped = scaler && scaler->unscale(sharded->shards());
+    double norm = 0.0;
+    if (!skipped) {
+      norm = o.step.clip_grad > 0 ? sharded->clip_grad_norm(o.step.clip_grad) : sharded->grad_norm();
+      opt.step();
+    } else {
+      warn(fmt::format("step {}: inf/nan gradients at loss scale {}: step skipped on every rank", step, loss_scale));
+    }
+    if (scaler) scaler->update(skipped);
 
     // One all-reduce for the loss (sum, then / W: the same bits as an average)
     // and the stop flag (any rank's request stops every rank after this step).
@@ -421,6 +480,8 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     rec.loss = W > 1 ? loss_sum / static_cast<double>(W) : loss_sum;
     rec.lr = lr;
     rec.grad_norm = norm;
+    rec.loss_scale = loss_scale;
+    rec.skipped = skipped;
     rec.step_time_s = seconds_since(t0);
     rec.comm = sharded->take_step_counters();
     rec.peak_mem_bytes = peak_rss_bytes();
@@ -447,6 +508,10 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
                             {"reduce_scatter_bytes", rec.comm.reduce_scatter_bytes},
                             {"allreduce_bytes", rec.comm.allreduce_bytes},
                             {"world_size", W}};
+        if (scaler) {
+          j["loss_scale"] = loss_scale;
+          j["skipped"] = skipped;
+        }
         metrics << j.dump() << "\n" << std::flush;
       }
       interval_start = Clock::now();

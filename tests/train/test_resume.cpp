@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <cmath>
 #include <fstream>
 #include <iomanip>
 
@@ -98,6 +99,42 @@ TEST(Resume, IsBitExact) {
       EXPECT_EQ(second.steps[i].lr, straight.steps[10 + i].lr) << "step " << 10 + i;
     }
     EXPECT_EQ(second.last_checkpoint, dir + "/ckpt/step_00000020");
+  });
+}
+
+// The loss scale is part of the saved state: a run whose first scale overflows
+// (so it skips steps and backs off) continues after a resume with exactly the
+// scales, skips and losses of the uninterrupted run. bf16 + --loss-scaling on
+// drives the fp16 recipe's scaler on this CPU (no fp16 matmul here).
+TEST(Resume, RestoresTheLossScale) {
+  const std::string dir = testing::temp_dir("resume-scale");
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    auto scaled = [](int64_t steps) {
+      auto o = options(2, steps);
+      o.sharding.mixed_precision = "bf16";
+      o.sharding.loss_scaling = "on";
+      o.sharding.initial_loss_scale = std::ldexp(1.0, 131);  // beyond fp32: the first ~9 steps overflow
+      return o;
+    };
+    auto straight = train::train(scaled(16), runtime_of(pg));
+    auto o = scaled(16);
+    o.checkpoint.dir = dir + "/ckpt";
+    o.checkpoint.resume = true;
+    o.stop_requested = stop_after(4);
+    auto first = train::train(o, runtime_of(pg));
+    o.stop_requested = nullptr;
+    auto second = train::train(o, runtime_of(pg));
+    ASSERT_EQ(second.steps.size(), 12u);
+    int64_t skipped = 0;
+    for (const auto& r : straight.steps) skipped += r.skipped ? 1 : 0;
+    EXPECT_GE(skipped, 5) << "the initial scale should overflow for several steps";
+    EXPECT_LT(skipped, 16) << "the scale should come down to a finite range";
+    for (size_t i = 0; i < 12; ++i) {
+      const auto& want = straight.steps[4 + i];
+      EXPECT_EQ(second.steps[i].loss_scale, want.loss_scale) << "step " << want.step;
+      EXPECT_EQ(second.steps[i].skipped, want.skipped) << "step " << want.step;
+      EXPECT_EQ(second.steps[i].loss, want.loss) << "step " << want.step;
+    }
   });
 }
 

@@ -96,7 +96,10 @@ TEST(TrainCli, HelpDocumentsTheFlags) {
                            "--log-every", "--metrics-file", "--nproc-per-node", "--device", "--sharding", "--wrap",
                            "--hybrid-shard-size", "--checkpoint-dir", "--checkpoint-every", "--keep-last",
                            "--resume", "--init-from", "--export-hf", "--export-dtype", "--export-shard-size",
-                           "--val-data", "--eval-every", "--eval-windows", "--eval-only"}) {
+                           "--val-data", "--eval-every", "--eval-windows", "--eval-only", "--mixed-precision",
+                           "--reduce-dtype", "--activation-checkpointing", "--offload-activations", "--cpu-offload",
+                           "--backward-prefetch", "--forward-prefetch", "--limit-all-gathers", "--loss-scaling",
+                           "--initial-loss-scale"}) {
     EXPECT_NE(c.output.find(flag), std::string::npos) << flag;
   }
 }
@@ -129,6 +132,16 @@ TEST(TrainCli, BadInputIsAOneLineUsageError) {
       {"--model tiny --data " + dir + "/big.bin --seq-len 16", "60000"},
       {"--model tiny --data " + kCorpus + " --sharding half", "full, grad-op, none, hybrid"},
       {"--model tiny --data " + kCorpus + " --wrap leaves", "block, size:N, root"},
+      {"--model tiny --data " + kCorpus + " --mixed-precision fp8", "--mixed-precision"},
+      {"--model tiny --data " + kCorpus + " --mixed-precision fp16", "use bf16 on CPU"},
+      {"--model tiny --data " + kCorpus + " --mixed-precision fp16 --nproc-per-node 2", "use bf16 on CPU"},
+      {"--model tiny --data " + kCorpus + " --reduce-dtype fp64", "--reduce-dtype"},
+      {"--model tiny --data " + kCorpus + " --backward-prefetch later", "--backward-prefetch"},
+      {"--model tiny --data " + kCorpus + " --limit-all-gathers 0", "limit_all_gathers must be >= 1"},
+      {"--model tiny --data " + kCorpus + " --offload-activations", "--activation-checkpointing"},
+      {"--model tiny --data " + kCorpus + " --initial-loss-scale -1", "--initial-loss-scale"},
+      {"--model tiny --data " + kCorpus + " --sharding hybrid --hybrid-shard-size 3 --nproc-per-node 2",
+       "not a multiple of the hybrid shard size 3"},
       {"--model tiny --data " + kCorpus + " --token-dtype u8", "--token-dtype"},
       {"--model tiny --data " + kCorpus + " --device tpu", "--device"},
       {"--model tiny --data " + kCorpus + " --device cuda", "CPU-only"},
@@ -190,6 +203,34 @@ TEST(TrainCli, EveryStrategyOnTwoAndFourProcesses) {
       EXPECT_EQ(lines, 3) << metrics;
     }
   }
+}
+
+// The memory and precision flags, combined, on 2 processes; bf16 parameters
+// halve the all-gather bytes of the same run in fp32 (the reduction stays fp32).
+TEST(TrainCli, MemoryAndPrecisionFlagsOnTwoProcesses) {
+  const std::string dir = testing::temp_dir("train-mem");
+  auto bytes = [&](const std::string& metrics, const char* key) {
+    std::ifstream in(metrics);
+    std::string line;
+    std::getline(in, line);
+    return nlohmann::json::parse(line)[key].get<int64_t>();
+  };
+  const std::vector<std::pair<std::string, std::string>> runs = {
+      {"fp32", ""},
+      {"bf16", " --mixed-precision bf16 --activation-checkpointing --offload-activations --cpu-offload "
+               "--backward-prefetch post --forward-prefetch --limit-all-gathers 1"},
+      {"pure", " --mixed-precision bf16-pure --sharding grad-op --backward-prefetch none"},
+  };
+  for (const auto& [name, flags] : runs) {
+    const std::string cmd = kTrainBin + tiny_flags() + " --nproc-per-node 2 --metrics-file " + dir + "/" + name +
+                            ".jsonl" + flags;
+    Command c = run_command(cmd);
+    ASSERT_EQ(c.exit_code, 0) << cmd << "\n" << c.output;
+    EXPECT_NE(c.output.find("Batch 2 Loss: "), std::string::npos) << c.output;
+    EXPECT_NE(c.output.find("memory per rank: parameter shards"), std::string::npos) << c.output;
+  }
+  EXPECT_EQ(2 * bytes(dir + "/bf16.jsonl", "allgather_bytes"), bytes(dir + "/fp32.jsonl", "allgather_bytes"));
+  EXPECT_EQ(bytes(dir + "/bf16.jsonl", "reduce_scatter_bytes"), bytes(dir + "/fp32.jsonl", "reduce_scatter_bytes"));
 }
 
 // A worker that dies makes the launcher stop the others and report which rank

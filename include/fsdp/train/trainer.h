@@ -52,9 +52,21 @@ struct LogOptions {
 // FSDP choices as the command line names them.
 struct ShardingOptions {
   std::string strategy = "full";  // full | grad-op | none | hybrid
-  std::string wrap = "block";     // block | size:N | root
+  std::string wrap = "block";     // block | size:N | root | all
   int hybrid_shard_size = 0;      // 0: LOCAL_WORLD_SIZE
   bool sync_module_states = false;
+  // Memory and precision (FsdpOptions): presets of MixedPrecision::preset.
+  std::string mixed_precision = "fp32";  // fp32 | bf16 | fp16 | bf16-pure
+  std::string reduce_dtype;              // "": the preset's; else fp32 | bf16 | fp16
+  bool activation_checkpointing = false; // every decoder layer
+  bool offload_activations = false;      // checkpointed layers' saved inputs in host memory
+  bool cpu_offload = false;
+  std::string backward_prefetch = "pre"; // pre | post | none
+  bool forward_prefetch = false;
+  int limit_all_gathers = 2;
+  // Dynamic loss scaling (grad_scaler.h): "auto" = on for fp16 only.
+  std::string loss_scaling = "auto";  // auto | on | off
+  double initial_loss_scale = 65536.0;
 };
 
 // Sharded checkpoints (checkpoint/sharded.h) in one directory that serves for
@@ -111,6 +123,8 @@ struct EvalRecord {
 struct StepRecord {
   int64_t step = 0;
   double loss = 0;
+  double loss_scale = 0;  // fp16: the dynamic loss scale used this step (0 otherwise)
+  bool skipped = false;   // fp16: inf/nan gradients, no optimizer step
   double lr = 0;
   double grad_norm = 0;
   double step_time_s = 0;
@@ -135,7 +149,9 @@ struct TrainSummary {
 // Cheap checks that need no process group (flags, files exist, the model
 // resolves, shapes fit): run before launching workers so bad input fails
 // once, fast, with exit code 2.
-void validate_options(const TrainOptions& options);
+// world_size: the number of processes when known before they start (the
+// local launcher), else 0.
+void validate_options(const TrainOptions& options, int world_size = 0);
 
 // Trains on the given runtime (every rank calls it). Throws UsageError for bad
 // input, Failure for runtime failures.
