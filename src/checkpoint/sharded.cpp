@@ -10,6 +10,7 @@
 
 #include "file_io.h"
 #include "fsdp/checkpoint/crc32c.h"
+#include "fsdp/common/encoding.h"
 #include "progress.h"
 
 namespace fsdp::checkpoint {
@@ -41,64 +42,19 @@ std::string hex32(uint32_t v) {
   return buf;
 }
 
-constexpr char kB64[] = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789+/";
-
-std::string base64_encode(const std::vector<uint32_t>& words) {
+// Per-block checksums travel in the manifest as base64 of their little-endian bytes.
+std::string encode_words(const std::vector<uint32_t>& words) {
   std::string bytes(words.size() * 4, '\0');
   if (!words.empty()) std::memcpy(bytes.data(), words.data(), bytes.size());  // little-endian host
-  std::string out;
-  out.reserve((bytes.size() + 2) / 3 * 4);
-  size_t i = 0;
-  for (; i + 2 < bytes.size(); i += 3) {
-    const uint32_t v = (uint8_t(bytes[i]) << 16) | (uint8_t(bytes[i + 1]) << 8) | uint8_t(bytes[i + 2]);
-    out += kB64[v >> 18];
-    out += kB64[(v >> 12) & 63];
-    out += kB64[(v >> 6) & 63];
-    out += kB64[v & 63];
-  }
-  if (i < bytes.size()) {
-    uint32_t v = uint8_t(bytes[i]) << 16;
-    if (i + 1 < bytes.size()) v |= uint8_t(bytes[i + 1]) << 8;
-    out += kB64[v >> 18];
-    out += kB64[(v >> 12) & 63];
-    out += i + 1 < bytes.size() ? kB64[(v >> 6) & 63] : '=';
-    out += '=';
-  }
-  return out;
+  return base64_encode(bytes);
 }
 
 // Returns false on malformed input.
-bool base64_decode(const std::string& s, std::vector<uint32_t>* words) {
-  if (s.size() % 4 != 0) return false;
-  std::string bytes;
-  auto val = [](char c) -> int {
-    if (c >= 'A' && c <= 'Z') return c - 'A';
-    if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-    if (c >= '0' && c <= '9') return c - '0' + 52;
-    if (c == '+') return 62;
-    if (c == '/') return 63;
-    return -1;
-  };
-  for (size_t i = 0; i < s.size(); i += 4) {
-    int v[4];
-    int pad = 0;
-    for (int k = 0; k < 4; ++k) {
-      if (s[i + k] == '=') {
-        v[k] = 0;
-        ++pad;
-      } else {
-        v[k] = val(s[i + k]);
-        if (v[k] < 0 || pad > 0) return false;
-      }
-    }
-    const uint32_t x = (uint32_t(v[0]) << 18) | (uint32_t(v[1]) << 12) | (uint32_t(v[2]) << 6) | uint32_t(v[3]);
-    bytes += char(x >> 16);
-    if (pad < 2) bytes += char((x >> 8) & 0xFF);
-    if (pad < 1) bytes += char(x & 0xFF);
-  }
-  if (bytes.size() % 4 != 0) return false;
-  words->resize(bytes.size() / 4);
-  if (!bytes.empty()) std::memcpy(words->data(), bytes.data(), bytes.size());
+bool decode_words(const std::string& s, std::vector<uint32_t>* words) {
+  const std::optional<std::string> bytes = base64_decode(s);
+  if (!bytes || bytes->size() % 4 != 0) return false;
+  words->resize(bytes->size() / 4);
+  if (!bytes->empty()) std::memcpy(words->data(), bytes->data(), bytes->size());
   return true;
 }
 
@@ -285,7 +241,7 @@ nlohmann::json write_shard_file(const std::string& path, const std::vector<UnitS
           {"size", w.size()},
           {"crc32c", hex32(w.crc())},
           {"shard_index", pos.index},
-          {"block_crc32c", base64_encode(w.blocks())},
+          {"block_crc32c", encode_words(w.blocks())},
           {"sections", sections}};
 }
 
@@ -387,7 +343,7 @@ Manifest read_manifest(const fs::path& dir) {
       }
       sf.path = (dir / sf.name).string();
       sf.size = f.at("size").get<int64_t>();
-      if (!base64_decode(f.at("block_crc32c").get<std::string>(), &sf.blocks) ||
+      if (!decode_words(f.at("block_crc32c").get<std::string>(), &sf.blocks) ||
           static_cast<int64_t>(sf.blocks.size()) != (sf.size + m.block_size - 1) / m.block_size) {
         damaged(kManifest, "block checksums of ", sf.name, " are malformed");
       }

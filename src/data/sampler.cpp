@@ -1,6 +1,7 @@
 // The global-batch rule, the window permutation and evaluation windows.
 #include "fsdp/data/sampler.h"
 
+#include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
 #include "fsdp/data/dataset.h"
 
@@ -9,12 +10,6 @@
 namespace fsdp::data {
 namespace {
 
-uint64_t splitmix64(uint64_t x) {
-  x += 0x9E3779B97F4A7C15ull;
-  x = (x ^ (x >> 30)) * 0xBF58476D1CE4E5B9ull;
-  x = (x ^ (x >> 27)) * 0x94D049BB133111EBull;
-  return x ^ (x >> 31);
-}
 
 // Copies window rows: inputs t[start .. start+len), targets t[start+1 .. start+len].
 void fill_row(const TokenDataset& data, int64_t start, int64_t len, std::vector<int32_t>& buf, int64_t* in,

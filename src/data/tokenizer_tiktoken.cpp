@@ -1,4 +1,5 @@
 // tiktoken-format byte-level BPE (Llama 3), native.
+#include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
 #include "fsdp/data/pretokenize.h"
 #include "fsdp/data/tokenizer.h"
@@ -23,33 +24,6 @@ const char* const kNamedSpecials[] = {
     "<|eot_id|>",          "<|python_tag|>",
 };
 
-int b64_value(char c) {
-  if (c >= 'A' && c <= 'Z') return c - 'A';
-  if (c >= 'a' && c <= 'z') return c - 'a' + 26;
-  if (c >= '0' && c <= '9') return c - '0' + 52;
-  if (c == '+') return 62;
-  if (c == '/') return 63;
-  return -1;
-}
-
-// Standard base64 with optional '=' padding; false on a malformed string.
-bool b64_decode(std::string_view in, std::string& out) {
-  out.clear();
-  while (!in.empty() && in.back() == '=') in.remove_suffix(1);
-  uint32_t acc = 0;
-  int bits = 0;
-  for (char c : in) {
-    const int v = b64_value(c);
-    if (v < 0) return false;
-    acc = (acc << 6) | static_cast<uint32_t>(v);
-    bits += 6;
-    if (bits >= 8) {
-      bits -= 8;
-      out.push_back(static_cast<char>((acc >> bits) & 0xFF));
-    }
-  }
-  return bits < 6;  // 2 or 4 leftover bits are padding; 6 means a lone character
-}
 
 std::string hex_byte(int b) {
   static const char* digits = "0123456789ABCDEF";
@@ -87,7 +61,9 @@ TiktokenTokenizer::TiktokenTokenizer(const std::string& path) : path_(path) {
     const std::string_view tok = line.substr(0, sp), rank_s = line.substr(sp + 1);
     if (rank_s.empty() || rank_s.size() > 10 || rank_s.find_first_not_of("0123456789") != std::string_view::npos)
       bad("the rank is not a non-negative integer");
-    if (!b64_decode(tok, bytes) || bytes.empty()) bad("the token is not valid non-empty base64");
+    const std::optional<std::string> decoded = base64_decode(tok);
+    if (!decoded || decoded->empty()) bad("the token is not valid non-empty base64");
+    bytes = *decoded;
     entries.emplace_back(bytes, std::stoll(std::string(rank_s)));
     lines.push_back(line_no);
   }

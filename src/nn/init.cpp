@@ -4,26 +4,11 @@
 
 #include <cmath>
 
+#include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
 
 namespace fsdp::nn {
 namespace {
-
-uint64_t fnv1a(const std::string& s) {
-  uint64_t h = 1469598103934665603ull;
-  for (unsigned char c : s) {
-    h ^= c;
-    h *= 1099511628211ull;
-  }
-  return h;
-}
-
-inline uint64_t splitmix64(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Uniform in the open interval (0, 1) from 32 random bits.
 inline double unit_open(uint32_t bits) { return (static_cast<double>(bits) + 0.5) * (1.0 / 4294967296.0); }
@@ -41,7 +26,7 @@ void init_slice(const at::Tensor& out, const InitRule& rule, uint64_t seed, cons
     case InitRule::Kind::kConstant: out.fill_(rule.a); return;
     default: break;
   }
-  const uint64_t key = splitmix64(seed ^ fnv1a(name));
+  const uint64_t key = splitmix64(seed ^ fnv1a64(name));
   at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kDouble));
   double* v = host.data_ptr<double>();
   const bool normal = rule.kind == InitRule::Kind::kNormal;

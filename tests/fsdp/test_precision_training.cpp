@@ -12,6 +12,7 @@
 
 #include <fstream>
 
+#include "fsdp/common/encoding.h"
 #include "fsdp/data/dataset.h"
 #include "fsdp/data/sampler.h"
 #include "fsdp/data/tokenizer.h"
@@ -24,12 +25,6 @@
 namespace fsdp {
 namespace {
 
-uint64_t mix(uint64_t x) {
-  x += 0x9e3779b97f4a7c15ull;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ull;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebull;
-  return x ^ (x >> 31);
-}
 
 // Symbol s is followed by one of 4 successors (s*7+k*13+1) mod 64 with
 // probabilities 0.55, 0.25, 0.15, 0.05.
@@ -37,7 +32,7 @@ std::vector<int32_t> markov_tokens(int64_t n, uint64_t seed) {
   std::vector<int32_t> t(static_cast<size_t>(n));
   int32_t s = 0;
   for (int64_t i = 0; i < n; ++i) {
-    const double u = static_cast<double>(mix(seed ^ mix(static_cast<uint64_t>(i))) >> 11) * 0x1.0p-53;
+    const double u = static_cast<double>(splitmix64(seed ^ splitmix64(static_cast<uint64_t>(i))) >> 11) * 0x1.0p-53;
     const int k = u < 0.55 ? 0 : u < 0.80 ? 1 : u < 0.95 ? 2 : 3;
     s = (s * 7 + k * 13 + 1) % 64;
     t[static_cast<size_t>(i)] = s;
