@@ -6,10 +6,12 @@
 //   fsdp-inspect --model llama3.1-70b --world-size 64 --sharding full --mixed-precision bf16
 #include <CLI/CLI.hpp>
 
+#include <fstream>
 #include <iostream>
 
 #include <fmt/format.h>
 
+#include "fsdp/common/error.h"
 #include "fsdp/common/main.h"
 #include "fsdp/common/memory.h"
 #include "fsdp/fsdp.h"
@@ -30,6 +32,7 @@ int run(int argc, char** argv) {
   bool offload = false;
   bool units = false;
   bool ckpt = false;
+  std::string hf_config_out;
 
   CLI::App app{"fsdp-inspect: the FSDP sharding plan and per-rank memory of a model, without running it."};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -45,6 +48,8 @@ int run(int argc, char** argv) {
   app.add_flag("--cpu-offload", offload, "Shards and optimizer state in host memory");
   app.add_flag("--activation-checkpointing", ckpt, "Checkpoint every decoder layer");
   app.add_flag("--units", units, "List every unit");
+  app.add_option("--write-hf-config", hf_config_out,
+                 "Also write the model's Hugging Face config.json to this file (e.g. for a transformers baseline)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -54,6 +59,11 @@ int run(int argc, char** argv) {
   }
 
   const fsdp::models::LlamaConfig cfg = fsdp::models::resolve_model_config(model);
+  if (!hf_config_out.empty()) {
+    std::ofstream out(hf_config_out);
+    out << cfg.to_hf_config_json() << "\n";
+    FSDP_CHECK(out.good(), "--write-hf-config ", hf_config_out, ": cannot write the file");
+  }
   auto impl =
       std::make_shared<fsdp::models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
   fsdp::nn::Unit<fsdp::models::LlamaForCausalLMImpl> root(impl);

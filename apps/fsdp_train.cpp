@@ -25,6 +25,7 @@
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/compat.h"
+#include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/main.h"
 #include "fsdp/common/memory.h"
@@ -266,7 +267,13 @@ int run(int argc, char** argv) {
 
   install_stop_handlers();
   o.stop_requested = [] { return g_stop_signal.load(); };
-  const fsdp::comm::Runtime rt = fsdp::comm::init_process_group(world);
+  fsdp::comm::InitOptions init;
+  if (o.device == "cuda") {
+    // NCCL on cuda:<local rank>, made current before any CUDA work.
+    fsdp::set_current_device(fsdp::worker_device(o.device, world.local_rank));
+    init.backend = "nccl";
+  }
+  const fsdp::comm::Runtime rt = fsdp::comm::init_process_group(world, init);
   const fsdp::train::TrainSummary s = fsdp::train::train(o, rt);
   if (s.stop_reason != 0 && o.checkpoint.dir.empty()) return 128 + s.stop_reason;  // stopped, nothing saved
   return 0;

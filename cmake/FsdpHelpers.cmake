@@ -59,3 +59,23 @@ function(fsdp_area dir)
     add_subdirectory(${dir})
   endif()
 endfunction()
+
+# FSDP_WITH_CUDA: sets FSDP_CUDA_INCLUDES, the include directories that the
+# sources reading FSDP_WITH_CUDA add privately. A CUDA LibTorch brings its
+# CUDA headers through the torch target; a CPU-only LibTorch (Debian's) ships
+# c10/cuda headers without the generated c10/cuda/impl/cuda_cmake_macros.h, so
+# a stand-in is written here: enough to compile the CUDA paths as a check, not
+# to link or run them (there is no libc10_cuda to link).
+function(fsdp_find_cuda)
+  find_package(CUDAToolkit REQUIRED)
+  set(includes ${CUDAToolkit_INCLUDE_DIRS})
+  find_file(FSDP_C10_CUDA_MACROS c10/cuda/impl/cuda_cmake_macros.h PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
+  if(NOT FSDP_C10_CUDA_MACROS)
+    set(shim ${CMAKE_BINARY_DIR}/cuda-compile-check)
+    file(WRITE ${shim}/c10/cuda/impl/cuda_cmake_macros.h
+         "#pragma once\n// Stand-in written by fsdp-cpp's CMake for compile checks against a CPU-only LibTorch.\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
+    list(APPEND includes ${shim})
+    message(STATUS "fsdp: LibTorch has no CUDA build: CUDA sources compile as a check only (they cannot link)")
+  endif()
+  set(FSDP_CUDA_INCLUDES ${includes} PARENT_SCOPE)
+endfunction()

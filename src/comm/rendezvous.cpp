@@ -342,16 +342,18 @@ Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
     }
   }
   auto pg_store = c10::make_intrusive<c10d::PrefixStore>("fsdp/pg/world", rt.store);
+  GlooTransportOptions t;
+  t.master_addr = world.master_addr;
+  t.socket_ifname = world.gloo_socket_ifname;
+  t.single_node = world.local_world_size == world.world_size;
   if (options.backend == "gloo") {
-    GlooTransportOptions t;
-    t.master_addr = world.master_addr;
-    t.socket_ifname = world.gloo_socket_ifname;
-    t.single_node = world.local_world_size == world.world_size;
     rt.world_group = make_gloo_group(pg_store, world.rank, world.world_size, "world",
                                      options.timeout, t);
   } else {
     rt.world_group = make_nccl_group(pg_store, world.rank, world.world_size, "world",
                                      options.timeout, world.local_rank);
+    auto cpu_store = c10::make_intrusive<c10d::PrefixStore>("fsdp/pg/cpu", rt.store);
+    rt.cpu_group = make_gloo_group(cpu_store, world.rank, world.world_size, "cpu", options.timeout, t);
   }
   return rt;
 }

@@ -14,6 +14,7 @@
 
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/checkpoint/sharded.h"
+#include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
 #include "fsdp/data/loader.h"
@@ -108,8 +109,9 @@ FsdpOptions engine_options(const TrainOptions& o, int world_size) {
 
 void validate_options(const TrainOptions& o, int world_size) {
   FSDP_CHECK(o.device == "cpu" || o.device == "cuda", "--device '", o.device, "' is not one of: cpu, cuda");
-  FSDP_CHECK(o.device == "cpu", "--device cuda needs a CUDA build of fsdp-cpp (cmake -DFSDP_WITH_CUDA=ON "
-             "-DFSDP_WITH_NCCL=ON against a CUDA LibTorch) and a GPU; this build is CPU-only — use --device cpu");
+  FSDP_CHECK(o.device == "cpu" || cuda_built(), "--device cuda needs a CUDA build of fsdp-cpp (scripts/gpu.sh, or "
+             "cmake -DFSDP_WITH_CUDA=ON -DFSDP_WITH_NCCL=ON against a CUDA LibTorch) and a GPU; this build is "
+             "CPU-only — use --device cpu");
   FSDP_CHECK(o.step.batch_size >= 1, "--batch-size must be >= 1, got ", o.step.batch_size);
   FSDP_CHECK(o.step.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.step.grad_accum);
   FSDP_CHECK(o.step.max_steps >= 1, "--max-steps must be >= 1, got ", o.step.max_steps);
@@ -187,6 +189,12 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   const int rank = world->rank();
   const int W = world->size();
   const bool lead = rank == 0;
+  // cuda:<local rank> (the NCCL world group's device) or the CPU.
+  const at::Device device = worker_device(o.device, rt.world.local_rank);
+  FSDP_CHECK(world->device().type() == device.type(), "--device ", o.device, " but the world process group (",
+             world->backend(), ") runs on ", world->device().str(), "; start the workers with the backend for ",
+             o.device, " (gloo for cpu, nccl for cuda)");
+  set_current_device(device);
   auto say = [&](const std::string& line) {
     if (lead && !o.log.quiet) std::cout << timestamp() << " I [fsdp-train] " << line << std::endl;
   };
@@ -225,6 +233,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   nn::Unit<models::LlamaForCausalLMImpl> root(impl);
 
   FsdpOptions fo = engine_options(o, W);
+  fo.device = device;
   if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = rt.world.local_world_size;
   fo.init_rule = models::llama_init_rule(cfg);
   fo.seed = o.step.seed;
@@ -244,7 +253,8 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   // Scalars the trainer reduces (loss, the stop flag, checkpoint agreement) go
   // through their own group, so the FSDP byte counts in the metrics are the
   // engine's alone.
-  comm::ProcessGroupPtr scalars = W > 1 ? world->new_group([&] {
+  // Host-side tensors: with NCCL the runtime's Gloo cpu_group carries them.
+  comm::ProcessGroupPtr scalars = rt.cpu_group ? rt.cpu_group : W > 1 ? world->new_group([&] {
     std::vector<int> all(static_cast<size_t>(W));
     for (int i = 0; i < W; ++i) all[static_cast<size_t>(i)] = i;
     return all;
@@ -352,7 +362,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     const int64_t batches = windows.num_batches(o.step.batch_size);
     for (int64_t b = 0; b < batches; ++b) {
       const data::Batch batch = windows.batch(b, o.step.batch_size);
-      sum += root(batch.inputs, batch.targets, models::LossReduction::kSum).item<double>();
+      sum += root(batch.inputs.to(device), batch.targets.to(device), models::LossReduction::kSum).item<double>();
     }
     at::Tensor t = at::full({1}, sum, at::TensorOptions().dtype(at::kDouble));
     scalars->all_reduce(t, comm::ReduceOp::kSum)->wait();
@@ -453,7 +463,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     for (int64_t a = 0; a < o.step.grad_accum; ++a) {
       data::Batch batch = loader.next();
       sharded->set_requires_gradient_sync(a == o.step.grad_accum - 1);
-      at::Tensor loss = root(batch.inputs, batch.targets) / static_cast<double>(o.step.grad_accum);
+      at::Tensor loss = root(batch.inputs.to(device), batch.targets.to(device)) / static_cast<double>(o.step.grad_accum);
       (scaler ? scaler->scale(loss) : loss).backward();
       local += loss.item<double>();
     }
@@ -482,9 +492,10 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     rec.grad_norm = norm;
     rec.loss_scale = loss_scale;
     rec.skipped = skipped;
+    synchronize(device);  // the optimizer's kernels belong to this step's time
     rec.step_time_s = seconds_since(t0);
     rec.comm = sharded->take_step_counters();
-    rec.peak_mem_bytes = peak_rss_bytes();
+    rec.peak_mem_bytes = peak_memory_bytes(device);
     FSDP_CHECK(std::isfinite(rec.loss), "the loss became ", rec.loss, " at step ", step, " (lr ", lr,
                "); lower --lr or raise --warmup-steps, or clip harder with --clip-grad");
     ++interval_steps;

@@ -88,12 +88,18 @@ struct Runtime {
   // store for a single process.
   c10::intrusive_ptr<c10d::Store> store;
   ProcessGroupPtr world_group;  // name "world"
+  // A Gloo group over the same ranks (name "cpu") for host-side agreement —
+  // loss and stop flags, checkpoint coordination — when world_group runs on
+  // NCCL and takes CUDA tensors only. Null with the gloo backend: world_group
+  // (or a new_group of it) already takes CPU tensors.
+  ProcessGroupPtr cpu_group;
 };
 
 // Connects (or, on rank 0 without an agent store, hosts) the TCPStore at
 // master_addr:master_port, builds the world group and calls
 // fsdp::set_rank_tag(rank, world_size). A world of size 1 without a master
-// address uses no network. NCCL uses cuda:<local_rank>.
+// address uses no network. NCCL uses cuda:<local_rank> and also builds
+// cpu_group (Gloo).
 Runtime init_process_group(const WorldInfo& world, const InitOptions& options = {});
 
 }  // namespace fsdp::comm

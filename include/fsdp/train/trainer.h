@@ -130,7 +130,7 @@ struct StepRecord {
   double step_time_s = 0;
   double samples_per_s = 0;
   double tokens_per_s = 0;
-  int64_t peak_mem_bytes = 0;
+  int64_t peak_mem_bytes = 0;  // CPU: peak resident set of the process; CUDA: caching allocator peak on the device
   StepCounters comm;
 };
 

@@ -1,0 +1,191 @@
+#!/usr/bin/env python3
+"""PyTorch baselines for bench/gpu/run.sh: Hugging Face LlamaForCausalLM under
+PyTorch FSDP, set up the way the published FSDP fine-tuning recipes do it.
+
+  --impl fsdp1: torch.distributed.fsdp.FullyShardedDataParallel, FULL_SHARD,
+                transformer_auto_wrap_policy on LlamaDecoderLayer, bf16
+                MixedPrecision (param, reduce and buffer dtype), limit_all_gathers,
+                activation checkpointing by apply_activation_checkpointing
+                (non-reentrant checkpoint_wrapper on each decoder layer).
+  --impl fsdp2: fully_shard on each decoder layer and on the root, with
+                MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16).
+Both: torch.optim.AdamW (its default implementation), the model's own loss
+(labels = input ids), attention through SDPA.
+
+Runs in one process (world size 1) unless started by torchrun. Tokens come
+from --tokens (raw little-endian uint32 ids, the file run.sh writes for
+fsdp-train too), read in the same order. Prints one JSON line:
+  {"impl", "tokens_per_s", "step_time_s", "peak_mem_bytes", "losses", ...}
+tokens_per_s and step_time_s cover the --steps measured steps after --warmup;
+peak_mem_bytes is torch.cuda.max_memory_allocated() over the whole run (CPU:
+the process's peak resident set).
+"""
+import argparse
+import array
+import functools
+import json
+import os
+import resource
+import socket
+import sys
+import time
+
+
+def parse_args():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--impl", choices=["fsdp1", "fsdp2"], required=True)
+    p.add_argument("--config", required=True, help="Hugging Face config.json of the model")
+    p.add_argument("--tokens", required=True, help="raw little-endian uint32 token ids")
+    p.add_argument("--seq-len", type=int, default=2048)
+    p.add_argument("--batch-size", type=int, default=1, help="per rank")
+    p.add_argument("--steps", type=int, default=10)
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
+    p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
+    p.add_argument("--row", default="", help="row name for run.sh's table")
+    return p.parse_args()
+
+
+def fail(msg):
+    print(f"hf_fsdp.py: error: {msg}", file=sys.stderr)
+    sys.exit(2)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main():
+    a = parse_args()
+    try:
+        import torch
+        import torch.distributed as dist
+        from transformers import LlamaConfig, LlamaForCausalLM
+        from transformers.models.llama.modeling_llama import LlamaDecoderLayer
+    except ImportError as e:
+        fail(f"{e}: this baseline needs PyTorch 2.x and Hugging Face transformers (present on the GPU machine)")
+    if a.device == "cuda" and not torch.cuda.is_available():
+        fail("--device cuda but torch.cuda.is_available() is False")
+    for k, v in (("MASTER_ADDR", "127.0.0.1"), ("MASTER_PORT", str(free_port())), ("RANK", "0"),
+                 ("WORLD_SIZE", "1"), ("LOCAL_RANK", "0")):
+        os.environ.setdefault(k, v)
+    local_rank = int(os.environ["LOCAL_RANK"])
+    if a.device == "cuda":
+        torch.cuda.set_device(local_rank)
+        device = torch.device("cuda", local_rank)
+    else:
+        device = torch.device("cpu")
+    dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+
+    with open(a.config) as f:
+        cfg_dict = json.load(f)
+    config = LlamaConfig(**cfg_dict)
+    config.use_cache = False
+    try:
+        config._attn_implementation = "sdpa"
+    except AttributeError:
+        pass
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config)
+    n_params = sum(p.numel() for p in model.parameters())
+    bf16 = torch.bfloat16 if a.precision == "bf16" else torch.float32
+
+    if a.activation_checkpointing:
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import (
+            CheckpointImpl, apply_activation_checkpointing, checkpoint_wrapper)
+        apply_activation_checkpointing(
+            model,
+            checkpoint_wrapper_fn=functools.partial(checkpoint_wrapper, checkpoint_impl=CheckpointImpl.NO_REENTRANT),
+            check_fn=lambda m: isinstance(m, LlamaDecoderLayer))
+
+    if a.impl == "fsdp1":
+        from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+        from torch.distributed.fsdp import MixedPrecision, ShardingStrategy
+        from torch.distributed.fsdp.wrap import transformer_auto_wrap_policy
+        policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={LlamaDecoderLayer})
+        model = FSDP(model,
+                     auto_wrap_policy=policy,
+                     sharding_strategy=ShardingStrategy.FULL_SHARD,
+                     mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16),
+                     device_id=device if a.device == "cuda" else None,
+                     limit_all_gathers=True,
+                     use_orig_params=False)
+    else:
+        try:
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # PyTorch >= 2.6
+        except ImportError:
+            try:
+                from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard  # 2.4, 2.5
+            except ImportError:
+                fail(f"FSDP2 (fully_shard) is not in PyTorch {torch.__version__}; it needs 2.4 or later")
+        model.to(device)
+        mp = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)
+        for layer in model.model.layers:
+            fully_shard(layer, mp_policy=mp)
+        fully_shard(model, mp_policy=mp)
+
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1)
+
+    tokens = array.array("I")
+    with open(a.tokens, "rb") as f:
+        tokens.frombytes(f.read())
+    if sys.byteorder != "little":
+        tokens.byteswap()
+    window = a.seq_len
+    per_step = a.batch_size * world
+    need = (a.warmup + a.steps) * per_step * window
+    if len(tokens) < need:
+        fail(f"--tokens {a.tokens} holds {len(tokens)} tokens, the run needs {need}; write a larger file")
+    data = torch.tensor(tokens[:need], dtype=torch.long).view(a.warmup + a.steps, world, a.batch_size, window)
+
+    if a.device == "cuda":
+        torch.cuda.reset_peak_memory_stats(device)
+    losses = []
+    seconds = 0.0
+    for step in range(a.warmup + a.steps):
+        if a.device == "cuda":
+            torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        x = data[step, rank].to(device, non_blocking=True)
+        out = model(input_ids=x, labels=x)
+        out.loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        loss = out.loss.detach().float()
+        dist.all_reduce(loss)
+        losses.append(loss.item() / world)  # .item() waits for the step
+        if a.device == "cuda":
+            torch.cuda.synchronize(device)
+        if step >= a.warmup:
+            seconds += time.perf_counter() - t0
+    if a.device == "cuda":
+        peak = torch.cuda.max_memory_allocated(device)
+    else:
+        peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    if rank == 0:
+        print(json.dumps({
+            "row": a.row or a.impl,
+            "kind": "llama",
+            "ckpt": a.activation_checkpointing,
+            "impl": a.impl,
+            "torch": torch.__version__,
+            "parameters": n_params,
+            "world_size": world,
+            "seq_len": a.seq_len,
+            "batch_size": a.batch_size,
+            "activation_checkpointing": a.activation_checkpointing,
+            "tokens_per_s": a.steps * per_step * window / seconds,
+            "step_time_s": seconds / a.steps,
+            "peak_mem_bytes": peak,
+            "losses": losses,
+        }), flush=True)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

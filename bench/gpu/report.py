@@ -1,0 +1,129 @@
+#!/usr/bin/env python3
+"""Turns the JSON lines bench/gpu/run.sh collected into its table: tokens/s,
+MFU and peak memory of fsdp-train (a) against PyTorch FSDP (b) and FSDP2 (c)
+per activation-checkpointing setting, and the tutorial MLP with and without
+CPU offload.
+
+MFU = tokens/s x flops per token / the matmul rate measured in the same run.
+Flops per token = 6 N + 12 L H Q T (PaLM, appendix B): N counts the weights of
+every matrix product a token goes through — attention and MLP projections of
+each layer and the output head (counted even when it shares the embedding's
+weight; the embedding lookup itself and the norms are not products) — L
+layers, H heads, Q head dimension, T the sequence length."""
+import argparse
+import json
+import sys
+
+
+def flops_per_token(cfg, seq_len):
+    d = cfg["hidden_size"]
+    h = cfg["num_attention_heads"]
+    q = cfg.get("head_dim") or d // h
+    kv = cfg.get("num_key_value_heads") or h
+    f = cfg["intermediate_size"]
+    layers = cfg["num_hidden_layers"]
+    per_layer = d * h * q + 2 * d * kv * q + h * q * d + 3 * d * f
+    n = layers * per_layer + d * cfg["vocab_size"]
+    return 6 * n + 12 * layers * h * q * seq_len, n
+
+
+def load(path):
+    rows = []
+    with open(path) as f:
+        for line in f:
+            line = line.strip()
+            if line:
+                rows.append(json.loads(line))
+    return rows
+
+
+def gib(b):
+    return f"{b / 2**30:.2f} GiB"
+
+
+def train_row(a):
+    """One result line from fsdp-train's --metrics-file (log every step)."""
+    steps = [r for r in load(a.metrics) if "loss" in r and "step" in r]
+    measured = [r for r in steps if r["step"] >= a.warmup]
+    if not measured:
+        raise SystemExit(f"report.py: {a.metrics} has no step at or after the warm-up ({a.warmup} steps)")
+    seconds = sum(r["step_time_s"] for r in measured)
+    tokens = len(measured) * a.batch_size * a.seq_len * measured[0]["world_size"]
+    print(json.dumps({"row": a.row, "kind": "llama", "ckpt": a.ckpt, "batch_size": a.batch_size,
+                      "tokens_per_s": tokens / seconds, "step_time_s": seconds / len(measured),
+                      "peak_mem_bytes": max(r["peak_mem_bytes"] for r in steps),
+                      "losses": [r["loss"] for r in steps]}))
+    return 0
+
+
+def table(a):
+    with open(a.config) as f:
+        cfg = json.load(f)
+    with open(a.peak) as f:
+        peak = json.loads(f.read())
+    fpt, n = flops_per_token(cfg, a.seq_len)
+    rows = load(a.results)
+    print(f"matmul rate: {peak['tflops']:.4g} TFLOP/s ({peak['dtype']}, {peak['device']}); "
+          f"{fpt / 1e9:.2f} GFLOP per token (N = {n / 1e6:.1f}M in matrix products, T = {a.seq_len})")
+    print()
+    print("| run | act. ckpt | batch | tokens/s | MFU | peak memory | (a) / this, tokens/s | (a) / this, memory |")
+    print("|---|---|---|---|---|---|---|---|")
+    missing = 0
+    for ckpt in (False, True):
+        group = [r for r in rows if r.get("kind") == "llama" and r["ckpt"] == ckpt]
+        ours = next((r for r in group if r["row"].startswith("(a)") and "error" not in r), None)
+        for r in group:
+            if "error" in r:
+                missing += 1
+                print(f"| {r['row']} | {'on' if ckpt else 'off'} | - | not run: {r['error']} | | | | |")
+                continue
+            tps = r["tokens_per_s"]
+            mfu = tps * fpt / (peak["tflops"] * 1e12)
+            rel_t = rel_m = "-"
+            if ours is not None and r is not ours:
+                rel_t = f"{ours['tokens_per_s'] / tps:.2f}x"
+                rel_m = f"{ours['peak_mem_bytes'] / r['peak_mem_bytes']:.2f}x"
+            print(f"| {r['row']} | {'on' if ckpt else 'off'} | {r['batch_size']} | {tps:,.0f} | {100 * mfu:.1f}% | "
+                  f"{gib(r['peak_mem_bytes'])} | {rel_t} | {rel_m} |")
+    mlp = [r for r in rows if r.get("kind") == "mlp"]
+    if mlp:
+        print()
+        print("| tutorial MLP | step time | peak memory | x on-device, time | x on-device, memory |")
+        print("|---|---|---|---|---|")
+        base = next((r for r in mlp if r.get("config") == "on-device" and "error" not in r), None)
+        for r in mlp:
+            if "error" in r:
+                missing += 1
+                print(f"| {r['row']} | not run: {r['error']} | | | |")
+                continue
+            rt = f"{r['step_time_s'] / base['step_time_s']:.2f}" if base else "-"
+            rm = f"{r['peak_mem_bytes'] / base['peak_mem_bytes']:.2f}" if base else "-"
+            print(f"| {r['config']} ({r['layers']} x {r['width']}, batch {r['batch_size']}, {r['precision']}) | "
+                  f"{r['step_time_s']:.3f} s | {gib(r['peak_mem_bytes'])} | {rt} | {rm} |")
+    if missing:
+        print()
+        print(f"{missing} run(s) did not produce a result")
+    return 1 if missing else 0
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    r = sub.add_parser("train-row", help="summarize an fsdp-train --metrics-file into one result line")
+    r.add_argument("--metrics", required=True)
+    r.add_argument("--row", required=True)
+    r.add_argument("--ckpt", action="store_true")
+    r.add_argument("--batch-size", type=int, required=True)
+    r.add_argument("--seq-len", type=int, required=True)
+    r.add_argument("--warmup", type=int, required=True)
+    t = sub.add_parser("table", help="print the result table")
+    t.add_argument("--results", required=True, help="JSON lines: one per run")
+    t.add_argument("--config", required=True, help="the model's Hugging Face config.json")
+    t.add_argument("--seq-len", type=int, required=True)
+    t.add_argument("--peak", required=True, help="matmul_peak.py's JSON line")
+    a = p.parse_args()
+    return train_row(a) if a.cmd == "train-row" else table(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,44 @@
+// Device queries the trainer and the benchmarks need, the same calls on a
+// CPU-only build and a CUDA build (cmake -DFSDP_WITH_CUDA=ON against a CUDA
+// LibTorch). On a CPU build every CUDA query answers "none" and every CUDA
+// request throws fsdp::UsageError saying how to get a CUDA build.
+#pragma once
+
+#include <c10/core/Device.h>
+
+#include <cstdint>
+#include <string>
+
+namespace fsdp {
+
+// Whether this build has the CUDA paths (FSDP_WITH_CUDA).
+bool cuda_built();
+// CUDA devices this process can see; 0 on a CPU build or without a driver.
+int cuda_device_count();
+
+// The device a worker trains on: CPU, or cuda:<local_rank>. Throws
+// fsdp::UsageError when `kind` is "cuda" and the build or the machine has no
+// CUDA device for that local rank (the message names the counts).
+c10::Device worker_device(const std::string& kind, int local_rank);
+
+// Makes `d` the current CUDA device of this thread (kernels, the caching
+// allocator, NCCL communicators all follow it). CPU: nothing.
+void set_current_device(const c10::Device& d);
+
+// Blocks the host until every kernel queued on `d` has finished, so host
+// timers measure the device's work. CPU: nothing (work is already done).
+void synchronize(const c10::Device& d);
+
+// Peak bytes held since start or the last reset_peak_memory: on CUDA the
+// caching allocator's peak of allocated bytes on `d` (what the model, its
+// activations and buffers used, without the allocator's cached slack); on CPU
+// the process's peak resident set (VmHWM). -1 if unavailable.
+int64_t peak_memory_bytes(const c10::Device& d);
+// Bytes the CUDA caching allocator holds from the driver now (allocated plus
+// cached); CPU: current resident set.
+int64_t reserved_memory_bytes(const c10::Device& d);
+// Starts a new peak window. Returns false where the platform cannot (CPU
+// kernels that refuse /proc/self/clear_refs).
+bool reset_peak_memory(const c10::Device& d);
+
+}  // namespace fsdp

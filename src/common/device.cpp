@@ -1,0 +1,101 @@
+// Built with FSDP_WITH_CUDA=1 (a per-source definition, see CMakeLists.txt) in
+// CUDA builds. The c10::cuda calls below have the same form in LibTorch 1.13
+// and 2.x (getDeviceStats takes int in 1.13 and DeviceIndex in 2.x; both
+// accept the cast below), so they need no compat.h entry.
+#include "fsdp/common/device.h"
+
+#include "fsdp/common/error.h"
+#include "fsdp/common/memory.h"
+
+#if defined(FSDP_WITH_CUDA)
+#include <c10/cuda/CUDACachingAllocator.h>
+#include <c10/cuda/CUDAFunctions.h>
+#include <c10/cuda/CUDAGuard.h>
+#endif
+
+namespace fsdp {
+
+namespace {
+#if defined(FSDP_WITH_CUDA)
+c10::DeviceIndex index_of(const c10::Device& d) {
+  return d.has_index() ? d.index() : c10::cuda::current_device();
+}
+// Index 0 of every StatArray is the aggregate over the small and large pools
+// (StatType::AGGREGATE in both LibTorch lines).
+constexpr size_t kAggregate = 0;
+#endif
+}  // namespace
+
+bool cuda_built() {
+#if defined(FSDP_WITH_CUDA)
+  return true;
+#else
+  return false;
+#endif
+}
+
+int cuda_device_count() {
+#if defined(FSDP_WITH_CUDA)
+  return static_cast<int>(c10::cuda::device_count());
+#else
+  return 0;
+#endif
+}
+
+c10::Device worker_device(const std::string& kind, int local_rank) {
+  FSDP_CHECK(kind == "cpu" || kind == "cuda", "--device '", kind, "' is not one of: cpu, cuda");
+  if (kind == "cpu") return c10::Device(c10::kCPU);
+  FSDP_CHECK(cuda_built(), "--device cuda needs a CUDA build of fsdp-cpp (scripts/gpu.sh, or cmake "
+             "-DFSDP_WITH_CUDA=ON -DFSDP_WITH_NCCL=ON against a CUDA LibTorch); this build is CPU-only — "
+             "use --device cpu");
+  const int n = cuda_device_count();
+  FSDP_CHECK(local_rank < n, "--device cuda: local rank ", local_rank, " needs CUDA device ", local_rank,
+             " but this process sees ", n, " device", n == 1 ? "" : "s",
+             " (CUDA_VISIBLE_DEVICES?); start at most ", n, " processes per node");
+  return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));
+}
+
+void set_current_device(const c10::Device& d) {
+  if (!d.is_cuda()) return;
+#if defined(FSDP_WITH_CUDA)
+  c10::cuda::set_device(index_of(d));
+#endif
+}
+
+void synchronize(const c10::Device& d) {
+  if (!d.is_cuda()) return;
+#if defined(FSDP_WITH_CUDA)
+  c10::cuda::CUDAGuard guard(index_of(d));
+  c10::cuda::device_synchronize();
+#endif
+}
+
+int64_t peak_memory_bytes(const c10::Device& d) {
+#if defined(FSDP_WITH_CUDA)
+  if (d.is_cuda()) {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(index_of(d)).allocated_bytes[kAggregate].peak;
+  }
+#endif
+  return d.is_cpu() ? peak_rss_bytes() : -1;
+}
+
+int64_t reserved_memory_bytes(const c10::Device& d) {
+#if defined(FSDP_WITH_CUDA)
+  if (d.is_cuda()) {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(index_of(d)).reserved_bytes[kAggregate].current;
+  }
+#endif
+  return d.is_cpu() ? current_rss_bytes() : -1;
+}
+
+bool reset_peak_memory(const c10::Device& d) {
+#if defined(FSDP_WITH_CUDA)
+  if (d.is_cuda()) {
+    c10::cuda::CUDACachingAllocator::resetPeakStats(index_of(d));
+    return true;
+  }
+#endif
+  return d.is_cpu() && reset_peak_rss();
+}
+
+}  // namespace fsdp
