@@ -17,12 +17,7 @@ BUILD_DIR=${FSDP_GPU_BUILD_DIR:-build-gpu}
 build_only=0
 if [[ ${1:-} == --build-only ]]; then build_only=1; shift; fi
 
-# The Python with PyTorch: $PYTHON, else python3, else Debian's /usr/bin/python3
-# (a pyenv or virtualenv python3 first on PATH may lack it).
-PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c 'import torch' 2> /dev/null && /usr/bin/python3 -c 'import torch' 2> /dev/null; then
-  PYTHON=/usr/bin/python3
-fi
+PYTHON=$(scripts/torch-python.sh)  # the Python that imports torch
 die() { echo "scripts/gpu.sh: $*" >&2; exit 2; }
 command -v nvcc > /dev/null || [[ -x ${CUDA_HOME:-/usr/local/cuda}/bin/nvcc ]] || die "no nvcc: set CUDA_HOME to the CUDA toolkit"
 torch_cmake=$("$PYTHON" -c 'import torch, torch.utils; print(torch.utils.cmake_prefix_path)' 2>/dev/null) ||

@@ -41,12 +41,7 @@ while [[ $# -gt 0 ]]; do
     *) echo "bench/gpu/run.sh: unknown argument '$1' (see the header of bench/gpu/run.sh)" >&2; exit 2 ;;
   esac
 done
-# The Python with PyTorch: $PYTHON, else python3, else Debian's /usr/bin/python3
-# (a pyenv or virtualenv python3 first on PATH may lack it).
-PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c 'import torch' 2> /dev/null && /usr/bin/python3 -c 'import torch' 2> /dev/null; then
-  PYTHON=/usr/bin/python3
-fi
+PYTHON=$(scripts/torch-python.sh)  # the Python that imports torch
 wants() { [[ ",$only," == *",$1,"* ]]; }
 
 if [[ $dry -eq 1 ]]; then

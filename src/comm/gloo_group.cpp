@@ -511,35 +511,13 @@ void GlooProcessGroup::barrier(std::chrono::milliseconds timeout) {
 
 std::shared_ptr<ProcessGroup> GlooProcessGroup::new_group(const std::vector<int>& ranks,
                                                           const std::string& tag) {
-  std::ostringstream list;
-  int my_index = -1;
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    FSDP_CHECK(ranks[i] >= 0 && ranks[i] < size(), "new_group('", tag, "') on group '", name(),
-               "': rank ", ranks[i], " is not a rank of this group of size ", size());
-    FSDP_CHECK(i == 0 || ranks[i] > ranks[i - 1], "new_group('", tag, "') on group '", name(),
-               "': ranks must be strictly increasing, got ", ranks[i - 1], " then ", ranks[i]);
-    if (ranks[i] == rank()) my_index = static_cast<int>(i);
-    list << (i ? "," : "") << ranks[i];
-  }
-  FSDP_CHECK(!ranks.empty(), "new_group('", tag, "') on group '", name(), "': ranks is empty");
-  FSDP_CHECK(!tag.empty() && tag.find('/') == std::string::npos, "new_group on group '", name(),
-             "': tag '", tag, "' must be non-empty and contain no '/'");
-  FSDP_CHECK(my_index >= 0, "new_group('", tag, "') on group '", name(), "': rank ", rank(),
-             " is not in ranks [", list.str(), "] — only members may call new_group");
-  const int new_size = static_cast<int>(ranks.size());
-  if (new_size == 1) {
+  const NewGroupPlan plan = plan_new_group(ranks, tag);
+  if (plan.size == 1) {
     return std::make_shared<GlooProcessGroup>(c10::intrusive_ptr<c10d::Store>(), 0, 1, tag,
                                               timeout(), nullptr);
   }
-  int count;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    count = new_group_count_[tag + "/" + list.str()]++;
-  }
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      detail::cat("group/", tag, "/", list.str(), "/", count), store_);
-  return std::make_shared<GlooProcessGroup>(std::move(store), my_index, new_size, tag, timeout(),
-                                            device_);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(plan.store_prefix, store_);
+  return std::make_shared<GlooProcessGroup>(std::move(store), plan.rank, plan.size, tag, timeout(), device_);
 }
 
 ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -16,7 +16,6 @@
 #include <condition_variable>
 #include <deque>
 #include <functional>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -60,8 +59,7 @@ class GlooProcessGroup final : public ProcessGroup {
   std::unique_ptr<GlooLane> gather_lane_;            // all_gather, broadcast
   std::unique_ptr<GlooLane> reduce_lane_;            // reduce_scatter, all_reduce
   int64_t barrier_generation_ = 0;
-  std::map<std::string, int> new_group_count_;  // keeps repeated new_group keys apart
-  std::mutex mu_;                               // guards the two members above
+  std::mutex mu_;  // guards barrier_generation_
 };
 
 }  // namespace fsdp::comm

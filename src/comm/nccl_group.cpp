@@ -372,30 +372,9 @@ void NcclProcessGroup::barrier(std::chrono::milliseconds timeout) {
 
 std::shared_ptr<ProcessGroup> NcclProcessGroup::new_group(const std::vector<int>& ranks,
                                                           const std::string& tag) {
-  std::ostringstream list;
-  int my_index = -1;
-  FSDP_CHECK(!ranks.empty(), "new_group('", tag, "') on group '", name(), "': ranks is empty");
-  for (size_t i = 0; i < ranks.size(); ++i) {
-    FSDP_CHECK(ranks[i] >= 0 && ranks[i] < size(), "new_group('", tag, "') on group '", name(),
-               "': rank ", ranks[i], " is not a rank of this group of size ", size());
-    FSDP_CHECK(i == 0 || ranks[i] > ranks[i - 1], "new_group('", tag, "') on group '", name(),
-               "': ranks must be strictly increasing, got ", ranks[i - 1], " then ", ranks[i]);
-    if (ranks[i] == rank()) my_index = static_cast<int>(i);
-    list << (i ? "," : "") << ranks[i];
-  }
-  FSDP_CHECK(!tag.empty() && tag.find('/') == std::string::npos, "new_group on group '", name(),
-             "': tag '", tag, "' must be non-empty and contain no '/'");
-  FSDP_CHECK(my_index >= 0, "new_group('", tag, "') on group '", name(), "': rank ", rank(),
-             " is not in ranks [", list.str(), "] — only members may call new_group");
-  int count;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    count = new_group_count_[tag + "/" + list.str()]++;
-  }
-  auto store = c10::make_intrusive<c10d::PrefixStore>(
-      detail::cat("group/", tag, "/", list.str(), "/", count), store_);
-  return std::make_shared<NcclProcessGroup>(std::move(store), my_index, static_cast<int>(ranks.size()),
-                                            tag, timeout(), device_index_);
+  const NewGroupPlan plan = plan_new_group(ranks, tag);
+  auto store = c10::make_intrusive<c10d::PrefixStore>(plan.store_prefix, store_);
+  return std::make_shared<NcclProcessGroup>(std::move(store), plan.rank, plan.size, tag, timeout(), device_index_);
 }
 
 bool nccl_available() { return true; }

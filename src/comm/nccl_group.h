@@ -24,7 +24,6 @@
 
 #include <condition_variable>
 #include <deque>
-#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -67,11 +66,10 @@ class NcclProcessGroup final : public ProcessGroup {
   int device_index_;
   std::unique_ptr<Lane> gather_;
   std::unique_ptr<Lane> reduce_;
-  std::map<std::string, int> new_group_count_;
   int64_t barrier_generation_ = 0;
 
   std::shared_ptr<Health> health_;
-  std::mutex mu_;  // guards the members below and new_group_count_, barrier_generation_
+  std::mutex mu_;  // guards the members below and barrier_generation_
   std::condition_variable cv_;
   std::deque<std::shared_ptr<InFlight>> in_flight_;
   bool aborted_ = false;

@@ -4,6 +4,7 @@
 #include "fsdp/common/error.h"
 
 #include <mutex>
+#include <sstream>
 
 namespace fsdp::comm {
 
@@ -128,6 +129,30 @@ void check_reduction(const ProcessGroup& pg, const char* op, const at::Tensor& t
 
 // The logical buffer of a collective, or 0 in a group of one rank, where
 // nothing crosses the wire.
+ProcessGroup::NewGroupPlan ProcessGroup::plan_new_group(const std::vector<int>& ranks, const std::string& tag) {
+  FSDP_CHECK(!ranks.empty(), "new_group('", tag, "') on group '", name(), "': ranks is empty");
+  std::ostringstream list;
+  int my_index = -1;
+  for (size_t i = 0; i < ranks.size(); ++i) {
+    FSDP_CHECK(ranks[i] >= 0 && ranks[i] < size(), "new_group('", tag, "') on group '", name(),
+               "': rank ", ranks[i], " is not a rank of this group of size ", size());
+    FSDP_CHECK(i == 0 || ranks[i] > ranks[i - 1], "new_group('", tag, "') on group '", name(),
+               "': ranks must be strictly increasing, got ", ranks[i - 1], " then ", ranks[i]);
+    if (ranks[i] == rank()) my_index = static_cast<int>(i);
+    list << (i ? "," : "") << ranks[i];
+  }
+  FSDP_CHECK(!tag.empty() && tag.find('/') == std::string::npos, "new_group on group '", name(),
+             "': tag '", tag, "' must be non-empty and contain no '/'");
+  FSDP_CHECK(my_index >= 0, "new_group('", tag, "') on group '", name(), "': rank ", rank(),
+             " is not in ranks [", list.str(), "] — only members may call new_group");
+  int count;
+  {
+    std::lock_guard<std::mutex> lock(new_group_mu_);
+    count = new_group_count_[tag + "/" + list.str()]++;
+  }
+  return {my_index, static_cast<int>(ranks.size()), detail::cat("group/", tag, "/", list.str(), "/", count)};
+}
+
 int64_t ProcessGroup::wire_bytes(const at::Tensor& t) const {
   return size_ > 1 ? t.numel() * static_cast<int64_t>(t.element_size()) : 0;
 }

@@ -108,10 +108,7 @@ FsdpOptions engine_options(const TrainOptions& o, int world_size) {
 }  // namespace
 
 void validate_options(const TrainOptions& o, int world_size) {
-  FSDP_CHECK(o.device == "cpu" || o.device == "cuda", "--device '", o.device, "' is not one of: cpu, cuda");
-  FSDP_CHECK(o.device == "cpu" || cuda_built(), "--device cuda needs a CUDA build of fsdp-cpp (scripts/gpu.sh, or "
-             "cmake -DFSDP_WITH_CUDA=ON -DFSDP_WITH_NCCL=ON against a CUDA LibTorch) and a GPU; this build is "
-             "CPU-only — use --device cpu");
+  worker_device(o.device, /*local_rank=*/0);  // a known --device, a build that has it, at least one device
   FSDP_CHECK(o.step.batch_size >= 1, "--batch-size must be >= 1, got ", o.step.batch_size);
   FSDP_CHECK(o.step.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.step.grad_accum);
   FSDP_CHECK(o.step.max_steps >= 1, "--max-steps must be >= 1, got ", o.step.max_steps);

@@ -1,25 +1,14 @@
 // The device layer on this build: CPU always; CUDA where the build has it.
 #include <gtest/gtest.h>
 
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
+#include "support/errors.h"
 
-namespace {
-
-std::string usage_error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const fsdp::UsageError& e) {
-    return e.what();
-  }
-  return "";
-}
-
-}  // namespace
+using fsdp::testing::usage_error_of;
 
 TEST(Device, CpuWorkersTrainOnTheCpu) {
   EXPECT_EQ(fsdp::worker_device("cpu", 0), c10::Device(c10::kCPU));

@@ -9,6 +9,8 @@
 #include <functional>
 #include <string>
 
+#include "support/errors.h"
+
 namespace fsdp::data::testing {
 
 // The repository's data/ folder (the fallback corpus), from the build.
@@ -43,21 +45,6 @@ inline void write_file(const std::string& path, const std::string& content) {
   out << content;
 }
 
-// Runs `fn`, expects it to throw E, and returns the message ("" if it did not throw).
-template <class E>
-std::string error_of(const std::function<void()>& fn) {
-  try {
-    fn();
-  } catch (const E& e) {
-    return e.what();
-  }
-  ADD_FAILURE() << "expected an exception";
-  return "";
-}
-
-// gtest matcher-free substring check with a readable failure.
-#define EXPECT_CONTAINS(haystack, needle)                                                     \
-  EXPECT_NE(std::string(haystack).find(needle), std::string::npos)                            \
-      << "expected to find \"" << (needle) << "\" in:\n  " << (haystack)
+using fsdp::testing::error_of;
 
 }  // namespace fsdp::data::testing

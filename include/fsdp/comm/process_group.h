@@ -20,7 +20,9 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -115,6 +117,18 @@ class ProcessGroup {
   virtual WorkPtr do_all_reduce(const at::Tensor& t, ReduceOp op) = 0;
   virtual WorkPtr do_broadcast(const at::Tensor& t, int root) = 0;
 
+  // For new_group implementations: checks `ranks` and `tag` against new_group's
+  // contract (throws fsdp::UsageError naming this group) and says where the new
+  // group stands.
+  struct NewGroupPlan {
+    int rank;  // this rank's index in `ranks`
+    int size;  // ranks.size()
+    // "group/<tag>/<r0,r1,...>/<n>": n counts earlier calls with the same tag and
+    // ranks, so each call's rendezvous keys are its own.
+    std::string store_prefix;
+  };
+  NewGroupPlan plan_new_group(const std::vector<int>& ranks, const std::string& tag);
+
  private:
   int64_t wire_bytes(const at::Tensor& t) const;
 
@@ -124,6 +138,8 @@ class ProcessGroup {
   std::chrono::milliseconds timeout_;
   struct Counters;
   std::shared_ptr<Counters> counters_;
+  std::mutex new_group_mu_;
+  std::map<std::string, int> new_group_count_;  // "<tag>/<ranks>" -> plan_new_group calls so far
 };
 
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
