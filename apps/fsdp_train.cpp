@@ -24,7 +24,7 @@
 
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
-#include "fsdp/common/compat.h"
+#include "fsdp/common/internals.h"
 #include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/main.h"
@@ -231,7 +231,7 @@ int run(int argc, char** argv) {
   ev->add_flag("--eval-only", o.eval.only,
                "Evaluate the weights from --init-from or --resume on all of --val-data (exact mean loss over every "
                "target token), print 'Eval Loss: X', and exit");
-  app.set_version_flag("--version", std::string("fsdp-train 0.1.0 (LibTorch ") + fsdp::compat::torch_version() + ")");
+  app.set_version_flag("--version", std::string("fsdp-train 0.1.0 (LibTorch ") + fsdp::internals::torch_version() + ")");
 
   try {
     app.parse(argc, argv);

@@ -13,16 +13,6 @@ function(fsdp_find_gloo)
   endif()
 endfunction()
 
-function(fsdp_find_nccl)
-  find_path(NCCL_INCLUDE_DIR nccl.h HINTS $ENV{NCCL_HOME}/include /usr/local/cuda/include /usr/include)
-  find_library(NCCL_LIBRARY nccl HINTS $ENV{NCCL_HOME}/lib /usr/local/cuda/lib64 /usr/local/cuda/lib /usr/lib/x86_64-linux-gnu)
-  find_package(CUDAToolkit REQUIRED)
-  if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
-    message(FATAL_ERROR "FSDP_WITH_NCCL=ON but nccl.h / libnccl were not found; set NCCL_HOME")
-  endif()
-  set(FSDP_NCCL_INCLUDE ${NCCL_INCLUDE_DIR} PARENT_SCOPE)
-  set(FSDP_NCCL_LIBS ${NCCL_LIBRARY} CUDA::cudart PARENT_SCOPE)
-endfunction()
 
 # fsdp_add_test(NAME SOURCES a.cpp ... LIBS fsdp_libs... [TIMEOUT s] [LABELS l...])
 # One gtest binary; each TEST becomes its own CTest test so `ctest -j` spreads them.
@@ -58,24 +48,4 @@ function(fsdp_area dir)
   if(NOT FSDP_AREAS OR dir IN_LIST FSDP_AREAS)
     add_subdirectory(${dir})
   endif()
-endfunction()
-
-# FSDP_WITH_CUDA: sets FSDP_CUDA_INCLUDES, the include directories that the
-# sources reading FSDP_WITH_CUDA add privately. A CUDA LibTorch brings its
-# CUDA headers through the torch target; a CPU-only LibTorch (Debian's) ships
-# c10/cuda headers without the generated c10/cuda/impl/cuda_cmake_macros.h, so
-# a stand-in is written here: enough to compile the CUDA paths as a check, not
-# to link or run them (there is no libc10_cuda to link).
-function(fsdp_find_cuda)
-  find_package(CUDAToolkit REQUIRED)
-  set(includes ${CUDAToolkit_INCLUDE_DIRS})
-  find_file(FSDP_C10_CUDA_MACROS c10/cuda/impl/cuda_cmake_macros.h PATHS ${TORCH_INCLUDE_DIRS} NO_DEFAULT_PATH)
-  if(NOT FSDP_C10_CUDA_MACROS)
-    set(shim ${CMAKE_BINARY_DIR}/cuda-compile-check)
-    file(WRITE ${shim}/c10/cuda/impl/cuda_cmake_macros.h
-         "#pragma once\n// Stand-in written by fsdp-cpp's CMake for compile checks against a CPU-only LibTorch.\n#define C10_CUDA_BUILD_SHARED_LIBS\n")
-    list(APPEND includes ${shim})
-    message(STATUS "fsdp: LibTorch has no CUDA build: CUDA sources compile as a check only (they cannot link)")
-  endif()
-  set(FSDP_CUDA_INCLUDES ${includes} PARENT_SCOPE)
 endfunction()

@@ -1,37 +1,40 @@
 #!/usr/bin/env bash
-# Installs fsdp-cpp's build and test dependencies from Debian 12's archive.
-# Idempotent: packages already present are not touched and apt is not called.
+# Installs every dependency of the build, the demo and the whole test suite:
+#  - Debian 12 packages (compilers, header-only libraries, the deployment test beds), with
+#    apt only for those missing (nothing is touched when all are present);
+#  - the project's Python environment (scripts/venv.sh): PyTorch 2.x, whose LibTorch we build
+#    on, and the reference systems the tests compare against.
+# Prints nothing when everything is already there.
 set -euo pipefail
+cd "$(dirname "$0")/.."
 
 PACKAGES=(
   build-essential cmake ninja-build pkg-config
-  libtorch-dev libgloo-dev
-  libopenblas0-pthread
-  nlohmann-json3-dev libcli11-dev libfmt-dev
+  python3 python3-venv
+  nlohmann-json3-dev libcli11-dev libgtest-dev
+  # SentencePiece: the demo's tokenizer is trained with spm_train at setup; the C++ tokenizer
+  # loads libsentencepiece at run time.
   libsentencepiece-dev sentencepiece
-  libgtest-dev
-  python3 python3-yaml
-  fortunes
-  # torchrun (PyTorch's elastic launcher) for the torchrun test and for users who
-  # launch fsdp-train with it: ~34 MB download, ~200 MB installed, well under a
-  # minute to install on a fresh machine.
-  python3-torch
+  fortunes # the embedded corpus (scripts/prepare_data.sh)
+  # Deployment test beds, run for real by tests/deploy: etcd for torchrun's etcd rendezvous
+  # (the PyTorchJob's), and a private one-node Slurm with munge for the sbatch script.
+  etcd-server slurm-wlm munge
 )
 
 missing=()
 for p in "${PACKAGES[@]}"; do
-  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+  dpkg-query -W -f='${Status}' "$p" 2> /dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if ((${#missing[@]} == 0)); then
-  exit 0
+if ((${#missing[@]} > 0)); then
+  SUDO=""
+  if [[ $(id -u) -ne 0 ]]; then
+    command -v sudo > /dev/null || { echo "deps.sh: need root (or sudo) to install: ${missing[*]}" >&2; exit 2; }
+    SUDO="sudo"
+  fi
+  echo "deps.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" > /dev/null
 fi
 
-SUDO=""
-if [[ $(id -u) -ne 0 ]]; then
-  command -v sudo >/dev/null || { echo "deps.sh: need root (or sudo) to install: ${missing[*]}" >&2; exit 2; }
-  SUDO="sudo"
-fi
-echo "deps.sh: installing ${missing[*]}"
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+scripts/venv.sh > /dev/null

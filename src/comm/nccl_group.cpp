@@ -2,15 +2,22 @@
 #include "comm/nccl_group.h"
 
 #include "fsdp/comm/backends.h"
-#include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
 
+#include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <cstring>
 
 namespace fsdp::comm {
+
+namespace {
+// The caller's current CUDA stream on `device`: collectives are ordered after it.
+cudaStream_t current_stream(int device) {
+  return c10::cuda::getCurrentCUDAStream(static_cast<c10::DeviceIndex>(device)).stream();
+}
+}  // namespace
 
 // Note [NCCL lanes]
 // NCCL runs the operations of one communicator in issue order, and requires
@@ -148,7 +155,7 @@ class NcclWork final : public Work {
     throw_if_failed();
     DeviceGuard guard(device_);
     // Sync by event, not by host: the caller's stream waits for the collective.
-    auto* stream = static_cast<cudaStream_t>(compat::current_cuda_stream(device_));
+    auto* stream = current_stream(device_);
     cuda_check(cudaStreamWaitEvent(stream, op_->done, 0), "cudaStreamWaitEvent");
   }
 
@@ -305,7 +312,7 @@ WorkPtr NcclProcessGroup::enqueue(Lane& lane, const std::string& what, std::vect
   DeviceGuard guard(device_index_);
   auto op = std::make_shared<InFlight>();
   op->what = detail::cat(what.substr(0, what.find(' ')), " #", lane.issued++, what.substr(what.find(' ')));
-  auto* current = static_cast<cudaStream_t>(compat::current_cuda_stream(device_index_));
+  auto* current = current_stream(device_index_);
   cudaEvent_t ready = nullptr;
   cuda_check(cudaEventCreateWithFlags(&ready, cudaEventDisableTiming), "cudaEventCreate");
   cuda_check(cudaEventRecord(ready, current), "cudaEventRecord");

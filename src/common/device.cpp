@@ -1,7 +1,5 @@
 // Built with FSDP_WITH_CUDA=1 (a per-source definition, see CMakeLists.txt) in
-// CUDA builds. The c10::cuda calls below have the same form in LibTorch 1.13
-// and 2.x (getDeviceStats takes int in 1.13 and DeviceIndex in 2.x; both
-// accept the cast below), so they need no compat.h entry.
+// CUDA builds; the one place besides the NCCL group where CPU and CUDA builds differ.
 #include "fsdp/common/device.h"
 
 #include "fsdp/common/error.h"

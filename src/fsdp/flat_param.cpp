@@ -2,7 +2,7 @@
 
 #include <unordered_set>
 
-#include "fsdp/common/compat.h"
+#include "fsdp/common/internals.h"
 #include "fsdp/common/error.h"
 
 namespace fsdp::detail {
@@ -106,7 +106,7 @@ void FlatParam::bind(bool keep_allocated) {
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& pl = layout_.params[i];
-    compat::rebind_data(params_[i], full_.narrow(0, pl.flat_offset, pl.numel).view(pl.shape));
+    internals::rebind_data(params_[i], full_.narrow(0, pl.flat_offset, pl.numel).view(pl.shape));
   }
   storage_ = StorageState::kAllocated;
   if (!keep_allocated && !single_copy_) free_full();
@@ -119,20 +119,20 @@ void FlatParam::bind(bool keep_allocated) {
 // buffers are carved from the heap and stay resident once freed (~10% more
 // peak RSS in the 100M-parameter memory test).
 at::Tensor FlatParam::new_full_buffer() const {
-  if (options_.device.is_cpu()) return compat::empty_mmap(layout_.padded_numel, options_.param_dtype);
+  if (options_.device.is_cpu()) return internals::empty_mmap(layout_.padded_numel, options_.param_dtype);
   return at::empty({layout_.padded_numel}, at::TensorOptions().dtype(options_.param_dtype).device(options_.device));
 }
 
 void FlatParam::alloc_full() {
   FSDP_ASSERT(storage_ == StorageState::kFreed);
-  compat::alloc_storage(full_, static_cast<size_t>(layout_.padded_numel) * full_.element_size());
+  internals::alloc_storage(full_, static_cast<size_t>(layout_.padded_numel) * full_.element_size());
   storage_ = StorageState::kAllocated;
 }
 
 void FlatParam::free_full() {
   FSDP_ASSERT(!single_copy_, "the single-copy buffer is never freed");
   if (storage_ == StorageState::kFreed) return;
-  compat::free_storage(full_);
+  internals::free_storage(full_);
   storage_ = StorageState::kFreed;
 }
 

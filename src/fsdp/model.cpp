@@ -7,7 +7,7 @@
 #include <unordered_map>
 #include <unordered_set>
 
-#include "fsdp/common/compat.h"
+#include "fsdp/common/internals.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
 #include "fsdp/state.h"
@@ -99,9 +99,6 @@ void check_options(const FsdpOptions& o, int world_size) {
     FSDP_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf,
                "mixed precision dtypes must be float32, bfloat16 or float16; got ", t);
   }
-  FSDP_CHECK(!(mp.param_dtype == at::kHalf && o.device.is_cpu() && !compat::cpu_half_matmul()),
-             "float16 parameters on the CPU: this LibTorch (", compat::torch_version(),
-             ") has no float16 matrix product on CPU; use bf16 on CPU (--mixed-precision bf16), or fp16 on a GPU");
   FSDP_CHECK(mp.master_dtype == at::kFloat || mp.master_dtype == at::kBFloat16,
              "the master (shard) dtype must be float32 or bfloat16 (pure bf16 training); got ", mp.master_dtype);
   FSDP_CHECK(!o.cpu_offload || o.device.is_cpu() || o.device.is_cuda(), "CPU offload needs a CPU or CUDA device, got ",
@@ -298,7 +295,7 @@ void ShardedModelImpl::build_units() {
     at::Tensor moved = t.to(options_.device, t.is_floating_point() ? options_.mixed_precision.buffer_dtype
                                                                    : t.scalar_type()).contiguous();
     if (options_.sync_module_states && world_->size() > 1) world_->broadcast(moved, 0)->wait();
-    compat::rebind_data(t, moved);
+    internals::rebind_data(t, moved);
   }
   prev_pos_.assign(units_.size(), -1);
   fwd_pos_.assign(units_.size(), -1);
@@ -370,7 +367,7 @@ void ShardedModelImpl::note_consumed(ShardedUnit& u) {
 
 void ShardedModelImpl::on_pre_backward(ShardedUnit& u) {
   if (!callback_queued_) {
-    compat::queue_backward_callback([this] { end_of_backward(); });
+    internals::queue_backward_callback([this] { end_of_backward(); });
     callback_queued_ = true;
     in_backward_ = true;
   }

@@ -3,7 +3,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "fsdp/autograd_fns.h"
-#include "fsdp/common/compat.h"
+#include "fsdp/common/internals.h"
 #include "fsdp/common/error.h"
 #include "fsdp/state.h"
 
@@ -32,9 +32,9 @@ ShardedUnit::ShardedUnit(ShardedModelImpl* root, size_t index, std::string name,
 void ShardedUnit::register_grad_hooks() {
   accumulators_.clear();
   for (const auto& p : flat_->params()) {
-    auto acc = compat::grad_accumulator(p);
+    auto acc = internals::grad_accumulator(p);
     FSDP_ASSERT(acc != nullptr, "no AccumulateGrad for a parameter of unit '", name_, "'");
-    compat::add_post_hook(*acc, [this] { on_grad_ready(); });
+    internals::add_post_hook(*acc, [this] { on_grad_ready(); });
     accumulators_.push_back(std::move(acc));
   }
 }

@@ -3,7 +3,6 @@
 #include <cmath>
 #include <limits>
 
-#include "fsdp/common/compat.h"
 #include "fsdp/common/error.h"
 
 namespace fsdp::models {
@@ -30,15 +29,6 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
   if (n_rep == 1) return x;
   const int64_t B = x.size(0), Hkv = x.size(1), T = x.size(2), Dh = x.size(3);
   return x.unsqueeze(2).expand({B, Hkv, n_rep, T, Dh}).reshape({B, Hkv * n_rep, T, Dh});
-}
-
-bool resolve_sdpa(AttentionKernel k) {
-  switch (k) {
-    case AttentionKernel::kAuto: return compat::sdpa_available();
-    case AttentionKernel::kEager: return false;
-    case AttentionKernel::kSdpa: return true;
-  }
-  return false;
 }
 
 // Validates a batch with at most one host sync. See LlamaForCausalLMImpl::forward / loss.
@@ -140,12 +130,7 @@ LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& cfg, const at::TensorO
   o_proj_ = register_module("o_proj", Linear(n_heads_ * head_dim_, D, /*bias=*/false, options));
 }
 
-void LlamaAttentionImpl::set_kernel(AttentionKernel kernel) {
-  FSDP_CHECK(kernel != AttentionKernel::kSdpa || compat::sdpa_available(),
-             "AttentionKernel::kSdpa needs LibTorch >= 2.0 (this build uses ", compat::torch_version(),
-             ") — use kAuto or kEager");
-  kernel_ = kernel;
-}
+void LlamaAttentionImpl::set_kernel(AttentionKernel kernel) { kernel_ = kernel; }
 
 at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const int64_t B = x.size(0), T = x.size(1);
@@ -155,13 +140,16 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   at::Tensor v = v_proj_(x).view({B, T, Hkv, Dh}).transpose(1, 2);  // (B, Hkv, T, Dh)
   q = apply_rotary(q, cos, sin);
   k = apply_rotary(k, cos, sin);
-  k = repeat_kv(k, H / Hkv);  // (B, H, T, Dh)
-  v = repeat_kv(v, H / Hkv);  // (B, H, T, Dh)
 
   at::Tensor out;  // (B, H, T, Dh)
-  if (resolve_sdpa(kernel_)) {
-    out = compat::causal_sdpa(q, k, v);
+  if (kernel_ == AttentionKernel::kSdpa) {
+    // Query head h reads kv head h / (H / Hkv) inside the kernel (enable_gqa):
+    // no repeated copy of k and v. Default scale 1/sqrt(Dh).
+    out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
+                                           /*scale=*/std::nullopt, /*enable_gqa=*/Hkv != H);
   } else {
+    k = repeat_kv(k, H / Hkv);  // (B, H, T, Dh)
+    v = repeat_kv(v, H / Hkv);  // (B, H, T, Dh)
     // HF "eager": scores in the activation dtype, softmax in fp32, cast back.
     at::Tensor scores = at::matmul(q, k.transpose(2, 3)) * std::pow(static_cast<double>(Dh), -0.5);  // (B, H, T, T)
     const at::Tensor future = at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);

@@ -1,6 +1,7 @@
 #include "fsdp/train/trainer.h"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
 #include <chrono>

@@ -254,7 +254,7 @@ TEST(Rendezvous, SingleProcessInitNeedsNoNetwork) {
   rt.world_group->all_reduce(t, ReduceOp::kAvg)->wait();
   EXPECT_TRUE(t.equal(at::arange(5, at::kFloat)));
   rt.world_group->barrier(std::chrono::milliseconds(100));
-  rt.store->set("k", {1, 2});
+  rt.store->set("k", std::vector<uint8_t>{1, 2});
   EXPECT_EQ(rt.store->get("k"), (std::vector<uint8_t>{1, 2}));
 
   InitOptions nccl;

@@ -6,7 +6,7 @@
 
 #include "flat_param.h"
 #include "fsdp/comm/rendezvous.h"
-#include "fsdp/common/compat.h"
+#include "fsdp/common/internals.h"
 #include "fsdp/common/error.h"
 #include "fsdp/fsdp.h"
 #include "toy_models.h"
@@ -114,7 +114,7 @@ TEST(Engine, ParametersBecomeViewsAndValuesSurviveSharding) {
     EXPECT_TRUE(w1.requires_grad());
     // FULL_SHARD at world size 1 still frees the unsharded bytes between uses.
     if (strategy != ShardingStrategy::kNoShard) {
-      EXPECT_FALSE(compat::storage_allocated(w1)) << to_string(strategy);
+      EXPECT_FALSE(internals::storage_allocated(w1)) << to_string(strategy);
     }
   }
 }

@@ -25,7 +25,6 @@
 #include <map>
 #include <sstream>
 
-#include "fsdp/common/compat.h"
 #include "fsdp/models/llama.h"
 
 namespace {
@@ -233,9 +232,7 @@ const Tolerance kFp32{1e-5, 1e-5, 0};
 const Tolerance kBf16{0.1, 0.1, 0.05};
 
 std::vector<AttentionKernel> kernels() {
-  std::vector<AttentionKernel> k{AttentionKernel::kEager};
-  if (fsdp::compat::sdpa_available()) k.push_back(AttentionKernel::kSdpa);
-  return k;
+  return {AttentionKernel::kEager, AttentionKernel::kSdpa};
 }
 
 }  // namespace

@@ -7,7 +7,6 @@
 #include <cstdio>
 #include <fstream>
 
-#include "fsdp/common/compat.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/registry.h"
 #include "models_test_util.h"
@@ -344,11 +343,6 @@ TEST(Llama, BadBatchesAreUsageErrors) {
 
   msg = usage_error_of([&] { m->loss(random_tokens(2, 8, 64, 0), random_tokens(2, 7, 64, 0)); });
   EXPECT_NE(msg.find("shape"), std::string::npos) << msg;
-
-  if (!fsdp::compat::sdpa_available()) {
-    msg = usage_error_of([&] { m->set_attention_kernel(AttentionKernel::kSdpa); });
-    EXPECT_NE(msg.find("2.0"), std::string::npos) << msg;
-  }
 
   LlamaConfig bad = small_cfg();
   bad.num_key_value_heads = 3;

@@ -133,8 +133,6 @@ TEST(TrainCli, BadInputIsAOneLineUsageError) {
       {"--model tiny --data " + kCorpus + " --sharding half", "full, grad-op, none, hybrid"},
       {"--model tiny --data " + kCorpus + " --wrap leaves", "block, size:N, root"},
       {"--model tiny --data " + kCorpus + " --mixed-precision fp8", "--mixed-precision"},
-      {"--model tiny --data " + kCorpus + " --mixed-precision fp16", "use bf16 on CPU"},
-      {"--model tiny --data " + kCorpus + " --mixed-precision fp16 --nproc-per-node 2", "use bf16 on CPU"},
       {"--model tiny --data " + kCorpus + " --reduce-dtype fp64", "--reduce-dtype"},
       {"--model tiny --data " + kCorpus + " --backward-prefetch later", "--backward-prefetch"},
       {"--model tiny --data " + kCorpus + " --limit-all-gathers 0", "limit_all_gathers must be >= 1"},

@@ -69,9 +69,9 @@ enum class LossReduction { kMean, kSum };
 
 // How attention is computed. Results agree to rounding.
 enum class AttentionKernel {
-  kAuto,   // kSdpa where compat::sdpa_available() (LibTorch >= 2.0), else kEager
+  kSdpa,   // at::scaled_dot_product_attention(is_causal, enable_gqa): fused (flash) kernels on
+           // CPU and GPU, no (T, T) score matrix kept for backward; the default
   kEager,  // matmul, causal mask, softmax in fp32, matmul (HF "eager"); the reference
-  kSdpa,   // at::scaled_dot_product_attention(is_causal); UsageError on LibTorch 1.13
 };
 
 class LlamaAttentionImpl : public torch::nn::Module {
@@ -88,7 +88,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   int64_t n_heads_;     // H
   int64_t n_kv_heads_;  // Hkv
   int64_t head_dim_;    // Dh
-  AttentionKernel kernel_ = AttentionKernel::kAuto;
+  AttentionKernel kernel_ = AttentionKernel::kSdpa;
   Linear q_proj_{nullptr};  // weight (H*Dh, D)
   Linear k_proj_{nullptr};  // weight (Hkv*Dh, D)
   Linear v_proj_{nullptr};  // weight (Hkv*Dh, D)

@@ -1,4 +1,4 @@
-#include "fsdp/common/compat.h"
+#include "fsdp/common/internals.h"
 
 #include <c10/core/Allocator.h>
 #include <c10/core/StorageImpl.h>
@@ -6,7 +6,7 @@
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
 
-namespace fsdp::compat {
+namespace fsdp::internals {
 
 namespace {
 
@@ -23,20 +23,15 @@ void unmap_block(void* ctx) {
 
 // Page-aligned (>= the 64 bytes LibTorch expects) anonymous mappings.
 struct MmapAllocator final : c10::Allocator {
-#if FSDP_TORCH_AT_LEAST(2, 3)
-  c10::DataPtr allocate(size_t n) override { return do_allocate(n); }
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    default_copy_data(dest, src, count);
-  }
-#else
-  c10::DataPtr allocate(size_t n) const override { return do_allocate(n); }
-#endif
-  static c10::DataPtr do_allocate(size_t n) {
+  c10::DataPtr allocate(size_t n) override {
     if (n == 0) return c10::DataPtr(nullptr, nullptr, &unmap_block, c10::Device(c10::kCPU));
     void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) throw c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
                                           "mmap of " + std::to_string(n) + " bytes failed (out of memory)");
     return c10::DataPtr(p, new MmapBlock{p, n}, &unmap_block, c10::Device(c10::kCPU));
+  }
+  void copy_data(void* dest, const void* src, std::size_t count) const override {
+    default_copy_data(dest, src, count);
   }
 };
 
@@ -98,4 +93,4 @@ void queue_backward_callback(std::function<void()> fn) {
   torch::autograd::Engine::get_default_engine().queue_callback(std::move(fn));
 }
 
-}  // namespace fsdp::compat
+}  // namespace fsdp::internals

@@ -1,0 +1,100 @@
+# LibTorch from the project's Python environment (scripts/venv.sh), as an imported target `torch`.
+#
+# TorchConfig.cmake is not used: PyPI's Linux wheel is a CUDA build, and its CMake config stops
+# ("uses CUDA but I cannot find the CUDA libraries") on any machine without a CUDA toolkit — a
+# laptop building for the CPU. The wheel carries everything else itself: headers, libtorch_cpu,
+# and for the CUDA build libtorch_cuda with the CUDA runtime headers and libraries and NCCL in its
+# nvidia-* packages. Our sources are plain C++ (no .cu files), so no nvcc is needed either.
+#
+# Inputs (cache variables):
+#   FSDP_PYTHON     the environment's interpreter (scripts/build.sh passes it), used only to
+#                   locate the torch package (without importing it: that takes seconds)
+#   FSDP_TORCH_DIR  or the torch package directory itself (site-packages/torch)
+# Outputs: target `torch`; FSDP_TORCH_DIR, FSDP_TORCH_VERSION; with FSDP_WITH_CUDA the CUDA
+# libraries on `torch`, and fsdp_find_nccl() finds the wheel's NCCL.
+
+set(FSDP_PYTHON "" CACHE FILEPATH "Python of the project's environment (scripts/venv.sh prints it)")
+set(FSDP_TORCH_DIR "" CACHE PATH "The torch package directory (site-packages/torch); found from FSDP_PYTHON when empty")
+
+function(fsdp_find_torch)
+  set(dir "${FSDP_TORCH_DIR}")
+  if(NOT dir)
+    if(NOT FSDP_PYTHON)
+      message(FATAL_ERROR "fsdp: no LibTorch given. Build with scripts/build.sh (it creates the project's Python "
+                          "environment with the pinned PyTorch), or pass -DFSDP_PYTHON=<python with torch 2.x> "
+                          "or -DFSDP_TORCH_DIR=<site-packages/torch>.")
+    endif()
+    execute_process(
+      COMMAND "${FSDP_PYTHON}" -c
+              "import importlib.util, os; s = importlib.util.find_spec('torch'); print(os.path.dirname(s.origin) if s else '')"
+      OUTPUT_VARIABLE dir ERROR_VARIABLE err RESULT_VARIABLE rc OUTPUT_STRIP_TRAILING_WHITESPACE)
+    if(NOT rc EQUAL 0 OR NOT dir)
+      message(FATAL_ERROR "fsdp: ${FSDP_PYTHON} has no torch package (${err}). Run scripts/venv.sh and pass "
+                          "-DFSDP_PYTHON=<its path>/bin/python.")
+    endif()
+  endif()
+  set(version_h "${dir}/include/torch/headeronly/version.h")  # 2.x's; 1.x had include/torch/version.h
+  if(NOT EXISTS "${version_h}" OR NOT EXISTS "${dir}/lib/libtorch_cpu.so")
+    message(FATAL_ERROR "fsdp: ${dir} is not a torch 2.x package with LibTorch (no "
+                        "include/torch/headeronly/version.h or lib/libtorch_cpu.so); fsdp-cpp needs LibTorch "
+                        "2.x (scripts/venv.sh installs the pinned one).")
+  endif()
+  file(STRINGS "${version_h}" major REGEX "#define TORCH_VERSION_MAJOR ")
+  file(STRINGS "${version_h}" minor REGEX "#define TORCH_VERSION_MINOR ")
+  string(REGEX REPLACE ".* ([0-9]+).*" "\\1" major "${major}")
+  string(REGEX REPLACE ".* ([0-9]+).*" "\\1" minor "${minor}")
+  set(version "${major}.${minor}")
+  if(major LESS 2)
+    message(FATAL_ERROR "fsdp: LibTorch ${version} at ${dir}: fsdp-cpp needs LibTorch 2.x (scripts/venv.sh "
+                        "installs the pinned one).")
+  endif()
+
+  add_library(torch INTERFACE IMPORTED GLOBAL)
+  # The fmt that c10's headers include is the wheel's own (torch/include/fmt), used header-only
+  # everywhere so that every translation unit sees one definition.
+  set_target_properties(torch PROPERTIES
+    INTERFACE_INCLUDE_DIRECTORIES "${dir}/include;${dir}/include/torch/csrc/api/include"
+    INTERFACE_COMPILE_DEFINITIONS "FMT_HEADER_ONLY=1"
+    INTERFACE_LINK_LIBRARIES "${dir}/lib/libtorch_cpu.so;${dir}/lib/libc10.so")
+  if(FSDP_WITH_CUDA)
+    set(nvidia "${dir}/../nvidia")
+    find_path(FSDP_CUDA_RUNTIME_INCLUDE cuda_runtime_api.h
+              PATHS "${nvidia}/cu13/include" "${nvidia}/cuda_runtime/include" $ENV{CUDA_HOME}/include
+                    /usr/local/cuda/include NO_DEFAULT_PATH)
+    find_library(FSDP_CUDART_LIBRARY NAMES cudart libcudart.so.13 libcudart.so.12
+                 PATHS "${nvidia}/cu13/lib" "${nvidia}/cuda_runtime/lib" $ENV{CUDA_HOME}/lib64 /usr/local/cuda/lib64
+                 NO_DEFAULT_PATH)
+    if(NOT EXISTS "${dir}/lib/libtorch_cuda.so" OR NOT FSDP_CUDA_RUNTIME_INCLUDE OR NOT FSDP_CUDART_LIBRARY)
+      message(FATAL_ERROR "fsdp: FSDP_WITH_CUDA=ON needs a CUDA build of LibTorch with the CUDA runtime "
+                          "(libtorch_cuda.so: ${dir}/lib; cuda_runtime_api.h: ${FSDP_CUDA_RUNTIME_INCLUDE}; "
+                          "libcudart: ${FSDP_CUDART_LIBRARY}).")
+    endif()
+    # libtorch_cuda registers the CUDA kernels from static initializers: nothing references it by
+    # symbol, so it must be linked even where --as-needed would drop it.
+    set_property(TARGET torch APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES "${FSDP_CUDA_RUNTIME_INCLUDE}")
+    set_property(TARGET torch APPEND PROPERTY INTERFACE_LINK_LIBRARIES
+      "-Wl,--no-as-needed" "${dir}/lib/libtorch_cuda.so" "-Wl,--as-needed" "${dir}/lib/libc10_cuda.so"
+      "${FSDP_CUDART_LIBRARY}")
+  endif()
+  set(FSDP_TORCH_DIR "${dir}" CACHE PATH "The torch package directory (site-packages/torch)" FORCE)
+  set(FSDP_TORCH_VERSION "${version}" PARENT_SCOPE)
+  message(STATUS "fsdp: LibTorch ${version} from ${dir}")
+endfunction()
+
+# NCCL from the wheel's nvidia-nccl package (or NCCL_HOME / a CUDA toolkit).
+function(fsdp_find_nccl)
+  set(nvidia "${FSDP_TORCH_DIR}/../nvidia")
+  find_path(NCCL_INCLUDE_DIR nccl.h
+            PATHS "${nvidia}/nccl/include" $ENV{NCCL_HOME}/include $ENV{CUDA_HOME}/include /usr/local/cuda/include
+            NO_DEFAULT_PATH)
+  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
+               PATHS "${nvidia}/nccl/lib" $ENV{NCCL_HOME}/lib $ENV{CUDA_HOME}/lib64 /usr/local/cuda/lib64
+               NO_DEFAULT_PATH)
+  if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
+    message(FATAL_ERROR "fsdp: FSDP_WITH_NCCL=ON but nccl.h / libnccl were not found (looked in the wheel's "
+                        "${nvidia}/nccl, NCCL_HOME, CUDA_HOME); set NCCL_HOME")
+  endif()
+  set(FSDP_NCCL_INCLUDE ${NCCL_INCLUDE_DIR} PARENT_SCOPE)
+  set(FSDP_NCCL_LIBS ${NCCL_LIBRARY} PARENT_SCOPE)
+  message(STATUS "fsdp: NCCL ${NCCL_LIBRARY}")
+endfunction()

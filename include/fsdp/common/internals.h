@@ -1,0 +1,60 @@
+// The LibTorch internals the engine relies on, behind one small interface: storage
+// release and refill (the FSDP1 trick, DESIGN.md), rebinding a parameter to a view
+// of a flat buffer, and the autograd hooks FSDP needs (AccumulateGrad post-hooks,
+// end-of-backward callbacks). Each is checked by a unit test (tests/fsdp,
+// tests/common); if a LibTorch release changes one of these internals, this file
+// and internals.cpp are the only code to touch.
+#pragma once
+
+#include <ATen/ATen.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/function_hook.h>
+#include <torch/headeronly/version.h>
+
+#include <functional>
+#include <memory>
+
+namespace fsdp::internals {
+
+// "2.11.0" etc., for logs and --version.
+inline const char* torch_version() { return TORCH_VERSION; }
+
+// ---- storage release / refill (the FSDP1 trick; see DESIGN.md) -------------
+// Releases the bytes of t's storage. Every view of that storage keeps its
+// sizes and strides but has no data until alloc_storage.
+void free_storage(const at::Tensor& t);
+// Gives t's storage `nbytes` fresh, uninitialized bytes from its own
+// allocator. Views made earlier (and tensors autograd saved) see the new bytes.
+void alloc_storage(const at::Tensor& t, size_t nbytes);
+// Whether t's storage currently holds bytes.
+bool storage_allocated(const at::Tensor& t);
+
+// Makes `dst` describe `src`'s data (storage, sizes, strides, dtype, device)
+// while keeping its identity: the same TensorImpl, autograd metadata
+// (requires_grad) and version counter, so modules and optimizers holding `dst`
+// see the change. Unlike Tensor::set_data it also takes a tensor off the meta
+// device. Resets dst's cached AccumulateGrad.
+void rebind_data(const at::Tensor& dst, const at::Tensor& src);
+
+// An empty 1-D tensor of `numel` elements whose storage allocates host memory
+// straight from mmap and returns it with munmap — never from malloc, so a
+// freed unsharded buffer always goes back to the system and the next unit's
+// buffer never lands in a fragmented heap. alloc_storage on it allocates the
+// same way.
+at::Tensor empty_mmap(int64_t numel, at::ScalarType dtype);
+
+// ---- autograd internals ------------------------------------------------------
+// The AccumulateGrad node of leaf `p` (created on first use). The tensor keeps
+// only a weak reference: hold the returned pointer for as long as hooks on it
+// must live.
+std::shared_ptr<torch::autograd::Node> grad_accumulator(const at::Tensor& p);
+// Forget a cached AccumulateGrad (after set_data changed the metadata).
+void reset_grad_accumulator(const at::Tensor& p);
+// Runs `hook` after the node ran (for AccumulateGrad: after the gradient was
+// accumulated into .grad).
+void add_post_hook(torch::autograd::Node& node, std::function<void()> hook);
+// Runs `fn` once the current backward pass has finished. Only valid while a
+// backward pass is running (from inside a backward function or hook).
+void queue_backward_callback(std::function<void()> fn);
+
+}  // namespace fsdp::internals
