@@ -209,8 +209,9 @@ int run(int argc, char** argv) {
                  "model.safetensors.index.json); its config.json is the model unless --model is given. Ignored "
                  "when --resume finds a checkpoint");
   hf->add_option("--export-hf", o.hf.export_dir,
-                 "At the end, write the weights as Hugging Face safetensors + config.json into this directory "
-                 "(replaced atomically; it must be new, empty or a previous export)");
+                 "At the end, write the weights as Hugging Face safetensors + config.json (transformers 5's form; "
+                 "bos/eos ids from --init-from's config, else from the tokenizer) into this directory (replaced "
+                 "atomically; it must be new, empty or a previous export)");
   hf->add_option("--export-dtype", o.hf.export_dtype, "Exported weight dtype: float32 (exact) | bfloat16 | float16")
       ->check(CLI::IsMember({"float32", "bfloat16", "float16", "fp32", "bf16", "fp16"}))
       ->capture_default_str();

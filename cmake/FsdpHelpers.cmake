@@ -1,19 +1,5 @@
 # Build helpers shared by every directory.
 
-# Gloo: Debian ships libgloo with a CMake config; the LibTorch inside a PyTorch
-# wheel carries Gloo's headers and symbols itself, so nothing extra is linked.
-function(fsdp_find_gloo)
-  find_package(Gloo CONFIG QUIET)
-  if(TARGET gloo)
-    set(FSDP_GLOO_LIBS gloo PARENT_SCOPE)
-    message(STATUS "fsdp: Gloo from its CMake package")
-  else()
-    set(FSDP_GLOO_LIBS "" PARENT_SCOPE)
-    message(STATUS "fsdp: Gloo expected inside LibTorch")
-  endif()
-endfunction()
-
-
 # fsdp_add_test(NAME SOURCES a.cpp ... LIBS fsdp_libs... [TIMEOUT s] [LABELS l...])
 # One gtest binary; each TEST becomes its own CTest test so `ctest -j` spreads them.
 function(fsdp_add_test name)
@@ -25,9 +11,45 @@ function(fsdp_add_test name)
   target_link_libraries(${name} PRIVATE ${T_LIBS} fsdp_test_support GTest::gtest)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_precompile_headers(${name} REUSE_FROM fsdp_pch)
+  # An empty LABELS value would vanish from the list and shift every later property.
+  set(labels)
+  if(T_LABELS)
+    set(labels LABELS "${T_LABELS}")
+  endif()
   gtest_discover_tests(${name}
     DISCOVERY_TIMEOUT 60
-    PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}")
+    PROPERTIES TIMEOUT ${T_TIMEOUT} ${labels}
+               ENVIRONMENT "FSDP_PYTHON=${FSDP_PYTHON}"
+               ENVIRONMENT_MODIFICATION "PATH=path_list_prepend:${FSDP_VENV_BIN}")
+endfunction()
+
+# The project's Python environment (scripts/venv.sh) for tests: the reference systems
+# (transformers, PyTorch FSDP2, tokenizers...) and torchrun. Every test gets its bin/ first
+# on PATH and FSDP_PYTHON naming its interpreter.
+function(fsdp_test_python)
+  if(NOT FSDP_PYTHON)
+    message(FATAL_ERROR "fsdp: the tests need the project's Python environment: configure with "
+                        "-DFSDP_PYTHON=<venv>/bin/python (scripts/build.sh does), or -DFSDP_BUILD_TESTS=OFF")
+  endif()
+  get_filename_component(bin "${FSDP_PYTHON}" DIRECTORY)
+  set(FSDP_VENV_BIN "${bin}" PARENT_SCOPE)
+endfunction()
+
+# fsdp_add_python_test(NAME SCRIPT file.py [ARGS ...] [TIMEOUT s] [LABELS ...] [PROCESSORS n])
+# A test script run by the environment's Python; exit 0 passes. Under CI=true nothing may skip:
+# a script has no skip code (SKIP_RETURN_CODE is not set), so a missing prerequisite fails.
+function(fsdp_add_python_test name)
+  cmake_parse_arguments(T "" "SCRIPT;TIMEOUT;PROCESSORS" "ARGS;LABELS" ${ARGN})
+  if(NOT T_TIMEOUT)
+    set(T_TIMEOUT 300)
+  endif()
+  if(NOT T_PROCESSORS)
+    set(T_PROCESSORS 1)
+  endif()
+  add_test(NAME ${name} COMMAND ${FSDP_PYTHON} ${T_SCRIPT} ${T_ARGS})
+  set_tests_properties(${name} PROPERTIES TIMEOUT ${T_TIMEOUT} LABELS "${T_LABELS}" PROCESSORS ${T_PROCESSORS}
+                       ENVIRONMENT "FSDP_PYTHON=${FSDP_PYTHON};PYTHONDONTWRITEBYTECODE=1"
+                       ENVIRONMENT_MODIFICATION "PATH=path_list_prepend:${FSDP_VENV_BIN}")
 endfunction()
 
 # fsdp_add_library(NAME SOURCES a.cpp ... [DEPS other_fsdp_libs...])

@@ -61,7 +61,7 @@ function(fsdp_find_torch)
     find_path(FSDP_CUDA_RUNTIME_INCLUDE cuda_runtime_api.h
               PATHS "${nvidia}/cu13/include" "${nvidia}/cuda_runtime/include" $ENV{CUDA_HOME}/include
                     /usr/local/cuda/include NO_DEFAULT_PATH)
-    find_library(FSDP_CUDART_LIBRARY NAMES cudart libcudart.so.13 libcudart.so.12
+    find_library(FSDP_CUDART_LIBRARY NAMES libcudart.so.13 cudart NAMES_PER_DIR
                  PATHS "${nvidia}/cu13/lib" "${nvidia}/cuda_runtime/lib" $ENV{CUDA_HOME}/lib64 /usr/local/cuda/lib64
                  NO_DEFAULT_PATH)
     if(NOT EXISTS "${dir}/lib/libtorch_cuda.so" OR NOT FSDP_CUDA_RUNTIME_INCLUDE OR NOT FSDP_CUDART_LIBRARY)
@@ -87,7 +87,7 @@ function(fsdp_find_nccl)
   find_path(NCCL_INCLUDE_DIR nccl.h
             PATHS "${nvidia}/nccl/include" $ENV{NCCL_HOME}/include $ENV{CUDA_HOME}/include /usr/local/cuda/include
             NO_DEFAULT_PATH)
-  find_library(NCCL_LIBRARY NAMES nccl libnccl.so.2
+  find_library(NCCL_LIBRARY NAMES libnccl.so.2 nccl NAMES_PER_DIR
                PATHS "${nvidia}/nccl/lib" $ENV{NCCL_HOME}/lib $ENV{CUDA_HOME}/lib64 /usr/local/cuda/lib64
                NO_DEFAULT_PATH)
   if(NOT NCCL_INCLUDE_DIR OR NOT NCCL_LIBRARY)
@@ -96,5 +96,5 @@ function(fsdp_find_nccl)
   endif()
   set(FSDP_NCCL_INCLUDE ${NCCL_INCLUDE_DIR} PARENT_SCOPE)
   set(FSDP_NCCL_LIBS ${NCCL_LIBRARY} PARENT_SCOPE)
-  message(STATUS "fsdp: NCCL ${NCCL_LIBRARY}")
+  message(STATUS "fsdp: NCCL ${NCCL_LIBRARY} (${NCCL_INCLUDE_DIR}/nccl.h)")
 endfunction()

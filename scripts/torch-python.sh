@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Prints the Python interpreter to use with PyTorch: $PYTHON, else python3,
-# else Debian's /usr/bin/python3 when only that one imports torch (a pyenv or
-# virtualenv python3 first on PATH may lack it). Prints python3 when none
-# does; the caller reports the failed import.
-PYTHON=${PYTHON:-python3}
-if ! "$PYTHON" -c 'import torch' 2> /dev/null && /usr/bin/python3 -c 'import torch' 2> /dev/null; then
-  PYTHON=/usr/bin/python3
+# Prints the Python interpreter to use with PyTorch: $PYTHON if set; else the
+# project's environment when it exists (scripts/venv.sh, never created here:
+# a GPU machine brings its own PyTorch); else python3.
+if [[ -n "${PYTHON:-}" ]]; then
+  echo "$PYTHON"
+  exit 0
 fi
-echo "$PYTHON"
+cd "$(dirname "$0")/.."
+venv=$(FSDP_VENV_PROBE=1 scripts/venv.sh 2> /dev/null) && [[ -x "$venv/bin/python" ]] && { echo "$venv/bin/python"; exit 0; }
+echo python3

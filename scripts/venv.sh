@@ -30,6 +30,8 @@ if [[ -f "$MARKER" ]] && cmp -s "$MARKER" "$REQUIREMENTS"; then
   echo "$VENV"
   exit 0
 fi
+# FSDP_VENV_PROBE=1: only say whether the environment exists (exit 1 if not); create nothing.
+[[ -z "${FSDP_VENV_PROBE:-}" ]] || exit 1
 
 mkdir -p "$(dirname "$VENV")"
 exec 9> "$VENV.lock"

@@ -1,28 +1,26 @@
-// Collective bandwidth of the Gloo process group against c10d's ProcessGroupGloo,
-// measured in the same run on the same store (DESIGN.md: benchmarks print ratios
-// against a reference measured in the same run). Not part of the test suite.
+// Collective bandwidth of the CPU process group (our TCP transport). Not part of
+// the test suite. bench/comm/run.sh runs it beside PyTorch's own gloo backend
+// (bench/comm/torch_gloo.py, same sizes, same timing rule) and prints the ratio
+// (DESIGN.md: benchmarks print ratios against a reference measured in the same run).
 //
 //   bench_comm [--nproc N] [--iters K] [--mib a,b,c]
 //
 // Without RANK in the environment it launches itself N times (default 2) on
-// 127.0.0.1 through comm::launch_local; rank 0 prints the table.
+// 127.0.0.1 through comm::launch_local, as fsdp-train does; rank 0 prints one
+// line per measurement:
+//   RESULT <op> <MiB> <seconds per call> <GB/s>
 // GB/s is the full logical buffer (the all-gather output, the reduce-scatter
-// input) divided by the time per call.
+// input, the all-reduce tensor) over the time per call: one warm-up call, a
+// barrier, then K calls each waited; the slowest rank's time.
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/main.h"
 
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
-#include <torch/csrc/distributed/c10d/ProcessGroupGloo.hpp>
-
-#include <unistd.h>
-
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <filesystem>
 #include <functional>
 #include <string>
@@ -36,7 +34,7 @@ using fsdp::comm::ReduceOp;
 
 struct Args {
   int nproc = 2;
-  int iters = 5;
+  int iters = 10;
   std::vector<int64_t> mib = {1, 16, 64};
 };
 
@@ -62,6 +60,8 @@ Args parse(int argc, char** argv) {
       FSDP_CHECK(false, "bench_comm: unknown flag ", arg, " (use --nproc, --iters, --mib)");
     }
   }
+  FSDP_CHECK(a.nproc >= 2 && a.iters >= 1 && !a.mib.empty(), "bench_comm: needs --nproc >= 2, --iters >= 1 and "
+             "at least one --mib size, got --nproc ", a.nproc, " --iters ", a.iters);
   return a;
 }
 
@@ -82,59 +82,28 @@ int worker(const Args& args) {
   fsdp::comm::Runtime rt = fsdp::comm::init_process_group(world);
   ProcessGroup& pg = *rt.world_group;
   const int w = pg.size();
-  const int r = pg.rank();
-
-  auto ref_store = c10::make_intrusive<c10d::PrefixStore>("bench/c10d", rt.store);
-  auto ref_opts = c10d::ProcessGroupGloo::Options::create(std::chrono::minutes(5));
-  ref_opts->devices.push_back(c10d::ProcessGroupGloo::createDeviceForHostname("127.0.0.1"));
-  ref_opts->threads = 2;
-  c10d::ProcessGroupGloo ref(ref_store, r, w, ref_opts);
-
-  if (r == 0) {
-    std::printf("%d processes, fp32, %d iterations; GB/s of the full buffer (higher is better)\n", w,
+  if (pg.rank() == 0) {
+    std::printf("bench_comm: %s group, %d processes, fp32, %d calls per size\n", pg.backend().c_str(), w,
                 args.iters);
-    std::printf("%-16s %8s %12s %12s %8s\n", "op", "MiB", "fsdp GB/s", "c10d GB/s", "ratio");
   }
   for (int64_t mib : args.mib) {
     const int64_t total = mib * (1 << 20) / 4 / w * w;  // elements, a multiple of w
     const int64_t n = total / w;
-    const double gb = total * 4 / 1e9;
+    const double gb = static_cast<double>(total) * 4 / 1e9;
     at::Tensor full = at::randn({total});
     at::Tensor shard = at::randn({n});
     at::Tensor out_shard = at::empty({n});
-    at::Tensor scratch = at::empty({total});
+    at::Tensor reduced = at::randn({total});
 
     const double ag = time_per_call(pg, args.iters, [&] { pg.all_gather(full, shard)->wait(); });
-    std::vector<std::vector<at::Tensor>> ref_out(1);
-    for (int q = 0; q < w; ++q) ref_out[0].push_back(full.narrow(0, q * n, n));
-    std::vector<at::Tensor> ref_in{shard};
-    const double ag_ref =
-        time_per_call(pg, args.iters, [&] { ref.allgather(ref_out, ref_in)->wait(); });
-
-    const double rs = time_per_call(pg, args.iters, [&] {
-      pg.reduce_scatter(out_shard, full, ReduceOp::kSum)->wait();
-    });
-    // c10d 1.13 has no Gloo reduce_scatter: alltoall_base + local sum (what we do
-    // through libgloo directly), and a full all_reduce (the naive substitute).
-    std::vector<int64_t> counts;
-    const double rs_ref = time_per_call(pg, args.iters, [&] {
-      ref.alltoall_base(scratch, full, counts, counts)->wait();
-      out_shard.copy_(scratch.narrow(0, 0, n));
-      for (int q = 1; q < w; ++q) out_shard.add_(scratch.narrow(0, q * n, n));
-    });
-    std::vector<at::Tensor> ref_ar{scratch};
-    const double ar_ref = time_per_call(pg, args.iters, [&] { ref.allreduce(ref_ar)->wait(); });
-    const double ar = time_per_call(pg, args.iters, [&] { pg.all_reduce(scratch, ReduceOp::kSum)->wait(); });
-
-    if (r == 0) {
-      auto row = [&](const char* op, double ours, double theirs) {
-        std::printf("%-16s %8lld %12.2f %12.2f %8.2f\n", op, static_cast<long long>(mib), gb / ours,
-                    gb / theirs, theirs / ours);
-      };
-      row("all_gather", ag, ag_ref);
-      row("reduce_scatter", rs, rs_ref);
-      row("rs vs allreduce", rs, ar_ref);
-      row("all_reduce", ar, ar_ref);
+    const double rs =
+        time_per_call(pg, args.iters, [&] { pg.reduce_scatter(out_shard, full, ReduceOp::kSum)->wait(); });
+    const double ar = time_per_call(pg, args.iters, [&] { pg.all_reduce(reduced, ReduceOp::kSum)->wait(); });
+    if (pg.rank() == 0) {
+      const std::pair<const char*, double> rows[] = {{"all_gather", ag}, {"reduce_scatter", rs}, {"all_reduce", ar}};
+      for (const auto& [op, s] : rows) {
+        std::printf("RESULT %s %lld %.6f %.3f\n", op, static_cast<long long>(mib), s, gb / s);
+      }
       std::fflush(stdout);
     }
   }

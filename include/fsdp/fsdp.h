@@ -128,7 +128,7 @@ struct FsdpOptions {
   uint64_t seed = 0;
   // Broadcast rank 0's parameter values before sharding (materialized models).
   bool sync_module_states = false;
-  // Device the unsharded parameters live on (CPU for Gloo).
+  // Device the unsharded parameters live on (CPU for the tcp group).
   at::Device device = at::kCPU;
 };
 

@@ -228,8 +228,10 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
       io::write_text_file((tmp / kIndexName).string(), text);
       bytes += static_cast<int64_t>(text.size());
     }
-    nlohmann::ordered_json config = nlohmann::ordered_json::parse(cfg.to_hf_config_json());
-    config["torch_dtype"] = hf_dtype_name(options.dtype);
+    // Sorted keys, as transformers 5 writes them; "dtype" is its name for the
+    // weights' dtype (transformers 4 wrote "torch_dtype", which 5 still reads).
+    nlohmann::json config = nlohmann::json::parse(cfg.to_hf_config_json());
+    config["dtype"] = hf_dtype_name(options.dtype);
     for (auto it = options.extra_config.begin(); it != options.extra_config.end(); ++it) config[it.key()] = it.value();
     const std::string text = config.dump(2) + "\n";
     io::write_text_file((tmp / "config.json").string(), text);

@@ -373,8 +373,12 @@ void NcclProcessGroup::barrier(std::chrono::milliseconds timeout) {
     std::lock_guard<std::mutex> lock(mu_);
     generation = barrier_generation_++;
   }
+  // Before, not after, the barrier: see Note [Leaving a barrier] (tcp_group.cpp).
+  if (generation > 1) {
+    store_->deleteKey(detail::cat("barrier/", generation - 2, "/arrive/", rank()));
+    if (rank() != 0) store_->deleteKey(detail::cat("barrier/", generation - 2, "/leave/", rank()));
+  }
   store_barrier(*store_, detail::cat("barrier/", generation), rank(), size(), name(), timeout);
-  if (generation > 0) store_->deleteKey(detail::cat("barrier/", generation - 1, "/", rank()));
 }
 
 std::shared_ptr<ProcessGroup> NcclProcessGroup::new_group(const std::vector<int>& ranks,

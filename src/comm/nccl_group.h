@@ -2,13 +2,13 @@
 //
 // See Note [NCCL lanes]: one communicator and one stream per lane (gather:
 // all_gather, broadcast; reduce: reduce_scatter, all_reduce), so lanes may
-// interleave differently on different ranks without deadlocking, as with Gloo.
+// interleave differently on different ranks without deadlocking, as with the TCP group.
 // Completion is a cudaEvent; Work::wait() makes the caller's current stream
 // wait on it — never a host sync. A watchdog thread releases the tensors of
 // finished collectives and aborts the communicators when one runs past the
 // group's timeout; later waits then throw fsdp::Failure naming group and op.
 //
-// Differences from the Gloo group (contract in process_group.h):
+// Differences from the TCP group (contract in process_group.h):
 //  - reduce_scatter / all_reduce sums follow NCCL's ring/tree order, not rank
 //    order (deterministic for a fixed topology, not bit-equal to a rank-order
 //    reference), and bf16/fp16 accumulate in NCCL's own way: reduce in fp32

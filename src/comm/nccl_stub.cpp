@@ -10,7 +10,7 @@ ProcessGroupPtr make_nccl_group(const c10::intrusive_ptr<c10d::Store>&, int, int
                                 const std::string& name, std::chrono::milliseconds, int) {
   FSDP_CHECK(false, "process group '", name,
              "': backend nccl is not available in this build — reconfigure with "
-             "cmake -DFSDP_WITH_NCCL=ON (and a CUDA LibTorch), or use the gloo backend");
+             "cmake -DFSDP_WITH_NCCL=ON (and a CUDA LibTorch), or use the tcp backend (CPU)");
   return nullptr;
 }
 

@@ -300,7 +300,7 @@ WorldInfo detect_world(const GetEnv& getenv) {
   } else if (env.has("SLURM_PROCID")) {
     w = from_slurm(env);
   }
-  if (const auto ifname = env.get("GLOO_SOCKET_IFNAME")) w.gloo_socket_ifname = first_of_list(*ifname);
+  if (const auto ifname = env.get("GLOO_SOCKET_IFNAME")) w.socket_ifname = first_of_list(*ifname);
   return w;
 }
 
@@ -314,8 +314,10 @@ WorldInfo detect_world() {
 
 Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
   set_rank_tag(world.rank, world.world_size);
-  FSDP_CHECK(options.backend == "gloo" || options.backend == "nccl", "unknown backend '",
-             options.backend, "' — use gloo (CPU) or nccl (CUDA)");
+  // "gloo" is what PyTorch users type for the CPU backend: it names our TCP group.
+  const bool cpu = options.backend == "tcp" || options.backend == "gloo";
+  FSDP_CHECK(cpu || options.backend == "nccl", "unknown backend '", options.backend,
+             "' — use tcp (CPU; \"gloo\" is accepted as an alias) or nccl (CUDA)");
   Runtime rt;
   rt.world = world;
   if (world.world_size == 1 && world.master_addr.empty()) {
@@ -342,18 +344,17 @@ Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
     }
   }
   auto pg_store = c10::make_intrusive<c10d::PrefixStore>("fsdp/pg/world", rt.store);
-  GlooTransportOptions t;
+  TcpTransportOptions t;
   t.master_addr = world.master_addr;
-  t.socket_ifname = world.gloo_socket_ifname;
+  t.socket_ifname = world.socket_ifname;
   t.single_node = world.local_world_size == world.world_size;
-  if (options.backend == "gloo") {
-    rt.world_group = make_gloo_group(pg_store, world.rank, world.world_size, "world",
-                                     options.timeout, t);
+  if (cpu) {
+    rt.world_group = make_tcp_group(pg_store, world.rank, world.world_size, "world", options.timeout, t);
   } else {
     rt.world_group = make_nccl_group(pg_store, world.rank, world.world_size, "world",
                                      options.timeout, world.local_rank);
     auto cpu_store = c10::make_intrusive<c10d::PrefixStore>("fsdp/pg/cpu", rt.store);
-    rt.cpu_group = make_gloo_group(cpu_store, world.rank, world.world_size, "cpu", options.timeout, t);
+    rt.cpu_group = make_tcp_group(cpu_store, world.rank, world.world_size, "cpu", options.timeout, t);
   }
   return rt;
 }

@@ -53,6 +53,19 @@ void LlamaConfig::validate() const {
     FSDP_CHECK(s.original_max_position_embeddings > 0, who, "rope_scaling.original_max_position_embeddings = ",
                s.original_max_position_embeddings, " must be positive (Llama 3.1: 8192)");
   }
+  if (sliding_window) {
+    FSDP_CHECK(model_type == "mistral", who, "sliding_window = ", *sliding_window, " is set for model_type '",
+               model_type, "', which has no sliding window — remove it (only Mistral configs have one)");
+    // Full causal attention equals sliding-window attention exactly while
+    // T <= window, and forward refuses T > max_position_embeddings.
+    FSDP_CHECK(*sliding_window >= max_position_embeddings, who, "sliding_window = ", *sliding_window,
+               " is shorter than max_position_embeddings = ", max_position_embeddings,
+               ": sliding-window attention is not implemented (attention here is fully causal, which equals it "
+               "only for sequences of at most ", *sliding_window, " tokens) — set max_position_embeddings to ",
+               *sliding_window, " in config.json (exact for every sequence the model then accepts), or set "
+               "sliding_window to null to train with full attention (a different model beyond ",
+               *sliding_window, " tokens)");
+  }
 }
 
 std::string LlamaConfig::summary() const {
@@ -74,33 +87,52 @@ std::string LlamaConfig::summary() const {
 }
 
 std::string LlamaConfig::to_hf_config_json() const {
-  nlohmann::ordered_json j;
-  j["architectures"] = {model_type == "mistral" ? "MistralForCausalLM" : "LlamaForCausalLM"};
-  j["model_type"] = model_type;
-  j["hidden_size"] = hidden_size;
-  j["intermediate_size"] = intermediate_size;
-  j["num_attention_heads"] = num_attention_heads;
-  j["num_key_value_heads"] = num_key_value_heads;
-  j["head_dim"] = dh();
-  j["num_hidden_layers"] = num_hidden_layers;
-  j["vocab_size"] = vocab_size;
-  j["max_position_embeddings"] = max_position_embeddings;
-  j["rms_norm_eps"] = rms_norm_eps;
-  j["rope_theta"] = rope_theta;
-  if (rope_scaling) {
-    j["rope_scaling"] = {{"rope_type", "llama3"},
-                         {"factor", rope_scaling->factor},
-                         {"low_freq_factor", rope_scaling->low_freq_factor},
-                         {"high_freq_factor", rope_scaling->high_freq_factor},
-                         {"original_max_position_embeddings", rope_scaling->original_max_position_embeddings}};
-  } else {
-    j["rope_scaling"] = nullptr;
+  // nlohmann::json keeps keys sorted, as transformers' save_pretrained writes
+  // them (json.dumps(sort_keys=True)). The keys are those transformers 5
+  // writes for LlamaConfig / MistralConfig, less "transformers_version" (we
+  // are not transformers) and "dtype" (the exporter knows the weights' dtype).
+  nlohmann::json j;
+  const bool mistral = model_type == "mistral";
+  j["architectures"] = {mistral ? "MistralForCausalLM" : "LlamaForCausalLM"};
+  if (!mistral) {  // MistralConfig has no such keys (its projections never have biases)
+    j["attention_bias"] = false;
+    j["mlp_bias"] = false;
+    j["pretraining_tp"] = 1;
   }
-  j["tie_word_embeddings"] = tie_word_embeddings;
-  j["initializer_range"] = initializer_range;
+  j["attention_dropout"] = 0.0;
+  j["bos_token_id"] = bos_token_id ? nlohmann::json(*bos_token_id) : nlohmann::json(nullptr);
+  if (eos_token_id.empty()) {
+    j["eos_token_id"] = nullptr;
+  } else if (eos_token_id.size() == 1) {
+    j["eos_token_id"] = eos_token_id[0];
+  } else {
+    j["eos_token_id"] = eos_token_id;
+  }
+  j["head_dim"] = dh();
   j["hidden_act"] = "silu";
-  j["attention_bias"] = false;
-  j["mlp_bias"] = false;
+  j["hidden_size"] = hidden_size;
+  j["initializer_range"] = initializer_range;
+  j["intermediate_size"] = intermediate_size;
+  j["max_position_embeddings"] = max_position_embeddings;
+  j["model_type"] = model_type;
+  j["num_attention_heads"] = num_attention_heads;
+  j["num_hidden_layers"] = num_hidden_layers;
+  j["num_key_value_heads"] = num_key_value_heads;
+  // The reader refuses any other pad id (registry.h: padding_idx is not implemented).
+  j["pad_token_id"] = nullptr;
+  j["rms_norm_eps"] = rms_norm_eps;
+  nlohmann::json rope = {{"rope_theta", rope_theta}, {"rope_type", rope_scaling ? "llama3" : "default"}};
+  if (rope_scaling) {
+    rope["factor"] = rope_scaling->factor;
+    rope["low_freq_factor"] = rope_scaling->low_freq_factor;
+    rope["high_freq_factor"] = rope_scaling->high_freq_factor;
+    rope["original_max_position_embeddings"] = rope_scaling->original_max_position_embeddings;
+  }
+  j["rope_parameters"] = rope;
+  if (mistral) j["sliding_window"] = sliding_window ? nlohmann::json(*sliding_window) : nlohmann::json(nullptr);
+  j["tie_word_embeddings"] = tie_word_embeddings;
+  j["use_cache"] = true;
+  j["vocab_size"] = vocab_size;
   return j.dump(2) + "\n";
 }
 

@@ -2,7 +2,9 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
+#include <iterator>
 #include <filesystem>
 #include <fstream>
 #include <sstream>
@@ -124,7 +126,200 @@ class Fields {
   std::string prefix_;
 };
 
+// Note [config.json keys]
+// parse_hf_config never guesses. Every top-level key of a llama / mistral
+// config.json is in exactly one of three groups:
+//  - read: the parser implements what transformers does with it, or refuses a
+//    value that would need math this build does not have (a UsageError naming
+//    the key, its value and what to do);
+//  - kHarmlessKeys below: keys that change neither outputs nor gradients of
+//    LlamaForCausalLM / MistralForCausalLM in transformers 4.x or 5.x
+//    (bookkeeping, storage dtype, inference and generation settings);
+//  - anything else: refused. A key we do not know may be a new transformers
+//    feature that changes the model; ignoring it would train a different model
+//    than the checkpoint's without a word, which costs far more than the edit
+//    the message asks for (delete the key once it is known to be harmless
+//    there, or ask for it to be listed here).
+constexpr const char* kHarmlessKeys[] = {
+    // Bookkeeping that transformers and conversion scripts write.
+    "_name_or_path", "_commit_hash", "architectures", "transformers_version", "tokenizer_class",
+    // The stored weights' dtype: import converts to the training dtype.
+    "dtype", "torch_dtype",
+    // Inference only: the KV cache.
+    "use_cache",
+    // Which attention kernel transformers runs (each computes the same attention),
+    // and a training-memory switch older configs carry.
+    "_attn_implementation", "attn_implementation", "_attn_implementation_autoset", "gradient_checkpointing",
+    // transformers 4.x split the matmuls into this many slices (the same math);
+    // 5.x ignores it.
+    "pretraining_tp",
+    // LLaMA-1 conversions; transformers never reads it.
+    "max_sequence_length",
+    // PretrainedConfig settings that LlamaForCausalLM / MistralForCausalLM
+    // do not use for training math: output selection, task heads' labels.
+    "output_attentions", "output_hidden_states", "return_dict", "torchscript", "use_bfloat16", "tf_legacy_loss",
+    "is_decoder", "is_encoder_decoder", "add_cross_attention", "tie_encoder_decoder", "cross_attention_hidden_size",
+    "chunk_size_feed_forward", "id2label", "label2id", "num_labels", "problem_type", "finetuning_task", "prefix",
+    "task_specific_params",
+    // Generation defaults that older configs carry (GenerationConfig's business).
+    "max_length", "min_length", "do_sample", "early_stopping", "num_beams", "num_beam_groups", "diversity_penalty",
+    "temperature", "top_k", "top_p", "typical_p", "repetition_penalty", "length_penalty", "no_repeat_ngram_size",
+    "encoder_no_repeat_ngram_size", "bad_words_ids", "num_return_sequences", "output_scores",
+    "return_dict_in_generate", "forced_bos_token_id", "forced_eos_token_id", "remove_invalid_values",
+    "exponential_decay_length_penalty", "suppress_tokens", "begin_suppress_tokens", "sep_token_id",
+    "decoder_start_token_id",
+};
+
+// Keys parse_hf_config reads, for both model types; Mistral adds sliding_window.
+constexpr const char* kReadKeys[] = {
+    "model_type", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
+    "num_hidden_layers", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
+    "rope_parameters", "partial_rotary_factor", "tie_word_embeddings", "initializer_range", "hidden_act",
+    "attention_bias", "mlp_bias", "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
+    "pruned_heads",
+};
+
+template <size_t N>
+bool listed(const char* const (&keys)[N], const std::string& key) {
+  return std::find(std::begin(keys), std::end(keys), key) != std::end(keys);
+}
+
+// A JSON value for an error message, cut short.
+std::string shown(const json& v) {
+  std::string s = v.dump();
+  return s.size() > 80 ? s.substr(0, 77) + "..." : s;
+}
+
+void refuse_unknown_keys(const json& j, const Fields& f, const std::string& model_type) {
+  for (auto it = j.begin(); it != j.end(); ++it) {
+    const std::string& key = it.key();
+    if (listed(kReadKeys, key) || listed(kHarmlessKeys, key)) continue;
+    if (key == "sliding_window" && model_type == "mistral") continue;
+    FSDP_CHECK(key != "quantization_config", f.where(), "quantization_config is set: quantized checkpoints are not "
+               "supported — use the model's unquantized (bf16/fp16/fp32) weights");
+    FSDP_CHECK(false, f.where(), "key '", key, "' = ", shown(it.value()), " is not one this reader knows for "
+               "model_type \"", model_type, "\"; it may change the model's math, so the config is refused rather "
+               "than guessed at — if transformers ignores it for this model, delete it from config.json; "
+               "otherwise this model is not supported yet (see README, Hugging Face)");
+  }
+}
+
+// The rotary embedding a config.json describes, resolved as transformers 5
+// does (RotaryEmbeddingConfigMixin.convert_rope_params_to_dict and
+// standardize_rope_params): the dict is "rope_scaling" (transformers 4) when
+// set and non-empty, else "rope_parameters" (transformers 5); rope_theta comes
+// from that dict, else from the top level, else 10000; rope_type ("type" is
+// its older spelling) defaults to "default"; llama3's
+// original_max_position_embeddings defaults to max_position_embeddings. Where
+// transformers would silently prefer one of two disagreeing values, this
+// refuses instead.
+struct Rope {
+  double theta = 10000.0;
+  std::optional<RopeScaling> scaling;
+};
+
+std::string describe(const Rope& r) {
+  std::ostringstream os;
+  os << "rope_theta " << r.theta;
+  if (r.scaling) {
+    os << ", llama3 factor " << r.scaling->factor << " low_freq_factor " << r.scaling->low_freq_factor
+       << " high_freq_factor " << r.scaling->high_freq_factor << " original_max_position_embeddings "
+       << r.scaling->original_max_position_embeddings;
+  } else {
+    os << ", rope_type default";
+  }
+  return os.str();
+}
+
+bool same(const Rope& a, const Rope& b) {
+  if (a.theta != b.theta || a.scaling.has_value() != b.scaling.has_value()) return false;
+  if (!a.scaling) return true;
+  const RopeScaling& x = *a.scaling;
+  const RopeScaling& y = *b.scaling;
+  return x.factor == y.factor && x.low_freq_factor == y.low_freq_factor && x.high_freq_factor == y.high_freq_factor &&
+         x.original_max_position_embeddings == y.original_max_position_embeddings;
+}
+
+Rope read_rope_dict(const json& d, const std::string& key, const std::string& origin, std::optional<double> top_theta,
+                    int64_t max_position_embeddings) {
+  const Fields s(d, origin, key + ".");
+  const std::string rope_type = s.string_or("rope_type", "");
+  const std::string old_type = s.string_or("type", "");
+  FSDP_CHECK(rope_type.empty() || old_type.empty() || rope_type == old_type, s.where(), key, ".rope_type '", rope_type,
+             "' and ", key, ".type '", old_type, "' disagree — keep one of them");
+  const std::string type = !rope_type.empty() ? rope_type : (!old_type.empty() ? old_type : "default");
+  FSDP_CHECK(type == "default" || type == "llama3", s.where(), key, ".rope_type '", type,
+             "' is not supported — only \"default\" (plain RoPE) and \"llama3\" (Llama 3.1/3.2) are implemented; "
+             "other types (linear, dynamic, yarn, longrope, ...) place positions differently, so this model cannot "
+             "be trained here yet");
+  for (auto it = d.begin(); it != d.end(); ++it) {
+    const std::string& k = it.key();
+    const bool common = k == "rope_type" || k == "type" || k == "rope_theta" || k == "partial_rotary_factor";
+    const bool llama3 = k == "factor" || k == "low_freq_factor" || k == "high_freq_factor" ||
+                        k == "original_max_position_embeddings";
+    FSDP_CHECK(common || (llama3 && type == "llama3"), s.where(), "key '", key, ".", k, "' = ", shown(it.value()),
+               " is not a parameter of rope_type \"", type, "\" — delete it (transformers ignores it with a "
+               "warning) or fix rope_type");
+  }
+  const double partial = s.double_or("partial_rotary_factor", 1.0);
+  FSDP_CHECK(partial == 1.0, s.where(), key, ".partial_rotary_factor = ", partial,
+             " is not supported — partial rotary embeddings are not implemented (Llama and Mistral rotate all of "
+             "head_dim: 1.0)");
+  Rope r;
+  if (const json* t = s.find("rope_theta")) {
+    r.theta = s.to_double("rope_theta", *t);
+    FSDP_CHECK(!top_theta || *top_theta == r.theta, s.where(), "rope_theta = ", *top_theta, " at the top level but ",
+               r.theta, " in ", key, " — transformers would use ", key, "'s; make them agree or delete one");
+  } else {
+    r.theta = top_theta.value_or(10000.0);
+  }
+  if (type == "llama3") {
+    RopeScaling l;
+    l.factor = s.req_double("factor");
+    l.low_freq_factor = s.req_double("low_freq_factor");
+    l.high_freq_factor = s.req_double("high_freq_factor");
+    l.original_max_position_embeddings = s.int_or("original_max_position_embeddings", max_position_embeddings);
+    r.scaling = l;
+  }
+  return r;
+}
+
+Rope read_rope(const Fields& f, const std::string& origin, int64_t max_position_embeddings) {
+  std::optional<double> top_theta;
+  if (const json* t = f.find("rope_theta")) top_theta = f.to_double("rope_theta", *t);
+  const double partial = f.double_or("partial_rotary_factor", 1.0);
+  FSDP_CHECK(partial == 1.0, f.where(), "partial_rotary_factor = ", partial,
+             " is not supported — partial rotary embeddings are not implemented (Llama and Mistral rotate all of "
+             "head_dim: 1.0)");
+  // transformers treats null and {} alike: not set.
+  auto dict = [&](const char* key) -> const json* {
+    const json* d = f.find(key);
+    if (d == nullptr) return nullptr;
+    FSDP_CHECK(d->is_object(), f.where(), "field '", key, "' must be an object or null, got ", shown(*d));
+    return d->empty() ? nullptr : d;
+  };
+  const json* scaling = dict("rope_scaling");
+  const json* parameters = dict("rope_parameters");
+  Rope r;
+  r.theta = top_theta.value_or(10000.0);
+  if (parameters != nullptr) {
+    r = read_rope_dict(*parameters, "rope_parameters", origin, top_theta, max_position_embeddings);
+  }
+  if (scaling != nullptr) {
+    const Rope s = read_rope_dict(*scaling, "rope_scaling", origin, top_theta, max_position_embeddings);
+    FSDP_CHECK(parameters == nullptr || same(s, r), f.where(), "rope_scaling (transformers 4 form: ", describe(s),
+               ") and rope_parameters (transformers 5 form: ", describe(r),
+               ") disagree — transformers would use rope_scaling; keep the one that is right and delete the other");
+    r = s;
+  }
+  return r;
+}
+
 }  // namespace
+
+std::vector<std::string> harmless_hf_config_keys() {
+  return std::vector<std::string>(std::begin(kHarmlessKeys), std::end(kHarmlessKeys));
+}
 
 std::vector<std::string> list_model_presets() {
   std::vector<std::string> names;
@@ -156,6 +351,7 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
   FSDP_CHECK(mt.is_string() && (mt.get<std::string>() == "llama" || mt.get<std::string>() == "mistral"), f.where(),
              "model_type ", mt.dump(), " is not supported — this build reads \"llama\" and \"mistral\" configs");
   c.model_type = mt.get<std::string>();
+  refuse_unknown_keys(j, f, c.model_type);  // Note [config.json keys]
 
   c.hidden_size = f.req_int("hidden_size");
   c.intermediate_size = f.req_int("intermediate_size");
@@ -166,7 +362,6 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
   c.rms_norm_eps = f.req_double("rms_norm_eps");
   c.num_key_value_heads = f.int_or("num_key_value_heads", c.num_attention_heads);
   c.head_dim = f.int_or("head_dim", 0);
-  c.rope_theta = f.double_or("rope_theta", 10000.0);
   c.tie_word_embeddings = f.bool_or("tie_word_embeddings", false);
   c.initializer_range = f.double_or("initializer_range", 0.02);
 
@@ -174,25 +369,44 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
              "attention_bias = true is not supported (Llama/Mistral projections have no bias)");
   FSDP_CHECK(!f.bool_or("mlp_bias", false), f.where(), "mlp_bias = true is not supported (Llama MLPs have no bias)");
   const std::string act = f.string_or("hidden_act", "silu");
-  FSDP_CHECK(act == "silu", f.where(), "hidden_act '", act, "' is not supported (Llama's SwiGLU uses \"silu\")");
+  // transformers' ACT2FN maps "swish" to the same SiLU.
+  FSDP_CHECK(act == "silu" || act == "swish", f.where(), "hidden_act '", act,
+             "' is not supported (Llama's SwiGLU uses \"silu\")");
+  // Dropout would make training differ from transformers' model.train(); inference ignores it.
+  const double dropout = f.double_or("attention_dropout", 0.0);
+  FSDP_CHECK(dropout == 0.0, f.where(), "attention_dropout = ", dropout,
+             " is not supported — attention dropout is not implemented; set it to 0.0 (Llama and Mistral use 0.0)");
 
-  if (const json* rs = f.find("rope_scaling")) {
-    FSDP_CHECK(rs->is_object(), f.where(), "field 'rope_scaling' must be an object or null, got ", rs->dump());
-    const Fields s(*rs, origin, "rope_scaling.");
-    // "type" is the older spelling of "rope_type" (as transformers accepts).
-    std::string type = s.string_or("rope_type", s.string_or("type", "default"));
-    if (type == "llama3") {
-      RopeScaling r;
-      r.factor = s.req_double("factor");
-      r.low_freq_factor = s.req_double("low_freq_factor");
-      r.high_freq_factor = s.req_double("high_freq_factor");
-      r.original_max_position_embeddings = s.req_int("original_max_position_embeddings");
-      c.rope_scaling = r;
+  const Rope rope = read_rope(f, origin, c.max_position_embeddings);
+  c.rope_theta = rope.theta;
+  c.rope_scaling = rope.scaling;
+
+  if (c.model_type == "mistral") {
+    if (const json* w = f.find("sliding_window")) c.sliding_window = f.to_int("sliding_window", *w);
+  }
+
+  // Configs saved with every PretrainedConfig attribute carry "pruned_heads": {}.
+  if (const json* v = f.find("pruned_heads")) {
+    FSDP_CHECK(v->is_object() && v->empty(), f.where(), "pruned_heads = ", shown(*v),
+               " is not supported (pruned attention heads change the model) — use an unpruned checkpoint");
+  }
+
+  // Special token ids: kept for exports (llama_config.h), not used in the math.
+  if (const json* v = f.find("bos_token_id")) c.bos_token_id = f.to_int("bos_token_id", *v);
+  if (const json* v = f.find("eos_token_id")) {
+    if (v->is_array()) {
+      for (const json& e : *v) c.eos_token_id.push_back(f.to_int("eos_token_id", e));
     } else {
-      FSDP_CHECK(type == "default", f.where(), "rope_scaling type '", type,
-                 "' is not supported — only \"llama3\" (Llama 3.1/3.2) and \"default\"; set rope_scaling to null "
-                 "for plain RoPE");
+      c.eos_token_id.push_back(f.to_int("eos_token_id", *v));
     }
+  }
+  // transformers builds the embedding with padding_idx = pad_token_id, which
+  // gives that row no gradient; our embedding does not, so training would differ.
+  if (const json* v = f.find("pad_token_id")) {
+    FSDP_CHECK(false, f.where(), "pad_token_id = ", shown(*v), " is not supported: transformers gives embedding row ",
+               shown(*v), " no gradient (nn.Embedding padding_idx), which is not implemented here — set "
+               "\"pad_token_id\": null in config.json to train every row (outputs are unchanged; only that row's "
+               "training differs from transformers')");
   }
   c.validate();
   return c;

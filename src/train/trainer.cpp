@@ -4,12 +4,14 @@
 #include <fmt/ranges.h>
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <optional>
 
 #include <unistd.h>
 
@@ -57,13 +59,25 @@ std::string megabytes(int64_t bytes) { return fmt::format("{:.1f} MB", static_ca
 // The model config an --init-from run uses: --model when it names the same
 // directory (or was not given: the CLI then sets it to the directory).
 models::LlamaConfig init_config(const TrainOptions& o) {
-  const models::LlamaConfig cfg = models::resolve_model_config(o.model);
+  models::LlamaConfig cfg = models::resolve_model_config(o.model);
   if (o.hf.init_from.empty()) return cfg;
   const models::LlamaConfig from = models::resolve_model_config(o.hf.init_from);
   const std::string diff = checkpoint::config_mismatch(cfg, from);
   FSDP_CHECK(diff.empty(), "--model ", o.model, " and --init-from ", o.hf.init_from, "/config.json describe different "
              "models (", diff, "); leave out --model to take the config from ", o.hf.init_from);
+  // The special token ids name tokens of the vocabulary the weights were
+  // trained with, whatever --model says; --export-hf writes them back.
+  cfg.bos_token_id = from.bos_token_id;
+  cfg.eos_token_id = from.eos_token_id;
   return cfg;
+}
+
+// "bos 1, eos 2" / "bos null, eos [128001, 128009]" for logs.
+std::string token_ids_text(std::optional<int64_t> bos, const std::vector<int64_t>& eos) {
+  const std::string e = eos.empty()       ? std::string("null")
+                        : eos.size() == 1 ? std::to_string(eos[0])
+                                          : fmt::format("[{}]", fmt::join(eos, ", "));
+  return fmt::format("bos {}, eos {}", bos ? std::to_string(*bos) : std::string("null"), e);
 }
 
 std::shared_ptr<const data::TokenDataset> load_data(const TrainOptions& o, const std::string& path,
@@ -191,7 +205,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   const at::Device device = worker_device(o.device, rt.world.local_rank);
   FSDP_CHECK(world->device().type() == device.type(), "--device ", o.device, " but the world process group (",
              world->backend(), ") runs on ", world->device().str(), "; start the workers with the backend for ",
-             o.device, " (gloo for cpu, nccl for cuda)");
+             o.device, " (tcp for cpu, nccl for cuda)");
   set_current_device(device);
   auto say = [&](const std::string& line) {
     if (lead && !o.log.quiet) std::cout << timestamp() << " I [fsdp-train] " << line << std::endl;
@@ -208,6 +222,22 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   FSDP_CHECK(tokenizer->vocab_size() <= cfg.vocab_size, "tokenizer ", tokenizer->name(), " has ",
              tokenizer->vocab_size(), " tokens but model '", cfg.name, "' has vocab_size ", cfg.vocab_size,
              "; choose a model with a large enough vocabulary or another tokenizer");
+  const std::optional<int64_t> tokenizer_bos =
+      tokenizer->bos_id() >= 0 ? std::optional<int64_t>(tokenizer->bos_id()) : std::nullopt;
+  const std::vector<int64_t> tokenizer_eos =
+      tokenizer->eos_id() >= 0 ? std::vector<int64_t>{tokenizer->eos_id()} : std::vector<int64_t>{};
+  if (!o.hf.init_from.empty() && (cfg.bos_token_id.has_value() || !cfg.eos_token_id.empty())) {
+    const bool bos_differs = cfg.bos_token_id && tokenizer_bos && *cfg.bos_token_id != *tokenizer_bos;
+    const bool eos_differs = !cfg.eos_token_id.empty() && !tokenizer_eos.empty() &&
+                             std::find(cfg.eos_token_id.begin(), cfg.eos_token_id.end(), tokenizer_eos[0]) ==
+                                 cfg.eos_token_id.end();
+    if (bos_differs || eos_differs) {
+      warn(fmt::format("--tokenizer {} uses {} but {}/config.json says {}; training uses the tokenizer's ids, "
+                       "--export-hf keeps the config's (they belong to the weights' vocabulary)",
+                       o.data.tokenizer, token_ids_text(tokenizer_bos, tokenizer_eos), o.hf.init_from,
+                       token_ids_text(cfg.bos_token_id, cfg.eos_token_id)));
+    }
+  }
   std::shared_ptr<const data::TokenDataset> dataset = load_data(o, o.data.path, tokenizer.get());
   dataset->validate(cfg.vocab_size);
   std::shared_ptr<const data::TokenDataset> val_dataset;
@@ -251,7 +281,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   // Scalars the trainer reduces (loss, the stop flag, checkpoint agreement) go
   // through their own group, so the FSDP byte counts in the metrics are the
   // engine's alone.
-  // Host-side tensors: with NCCL the runtime's Gloo cpu_group carries them.
+  // Host-side tensors: with NCCL the runtime's TCP cpu_group carries them.
   comm::ProcessGroupPtr scalars = rt.cpu_group ? rt.cpu_group : W > 1 ? world->new_group([&] {
     std::vector<int> all(static_cast<size_t>(W));
     for (int i = 0; i < W; ++i) all[static_cast<size_t>(i)] = i;
@@ -425,8 +455,14 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     eo.dtype = checkpoint::parse_export_dtype(o.hf.export_dtype);
     eo.max_shard_bytes = checkpoint::parse_byte_size(o.hf.export_shard_size, "--export-shard-size");
     eo.progress = progress;
-    if (tokenizer->bos_id() >= 0) eo.extra_config["bos_token_id"] = tokenizer->bos_id();
-    if (tokenizer->eos_id() >= 0) eo.extra_config["eos_token_id"] = tokenizer->eos_id();
+    // Special token ids (README, Hugging Face): with --init-from, its
+    // config.json's (cfg carries them, see init_config); otherwise the
+    // tokenizer the model was trained with, null where it has none.
+    if (o.hf.init_from.empty()) {
+      eo.extra_config["bos_token_id"] = tokenizer_bos ? nlohmann::json(*tokenizer_bos) : nlohmann::json(nullptr);
+      eo.extra_config["eos_token_id"] =
+          tokenizer_eos.empty() ? nlohmann::json(nullptr) : nlohmann::json(tokenizer_eos[0]);
+    }
     if (tokenizer->name().rfind("sentencepiece:", 0) == 0) eo.extra_files.emplace_back(o.data.tokenizer, "tokenizer.model");
     const checkpoint::HfExportResult r = checkpoint::export_hf(o.hf.export_dir, *sharded, cfg, *scalars, eo);
     say(fmt::format("Exported Hugging Face weights ({}) to {} in {:.2f} s: {}, {:.2f} GB/s ({})", o.hf.export_dtype,

@@ -4,8 +4,8 @@
 // shape mismatches, bf16 export, sharded files with an index.
 //
 // (No transformers here: the semantics are checked against the names and
-// layouts of models/llama.h, whose golden test compares with an independent
-// implementation of Hugging Face's LlamaForCausalLM.)
+// layouts of models/llama.h; tests/hf compares with transformers itself, in
+// both directions.)
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -68,7 +68,7 @@ TEST(HuggingFace, ExportImportRoundTripAcrossWorldSizes) {
     EXPECT_TRUE(fs::exists(dir + "/hf1/model.safetensors"));
     const auto index = read_json(dir + "/hf/model.safetensors.index.json");
     const auto cfg = read_json(dir + "/hf/config.json");
-    EXPECT_EQ(cfg["torch_dtype"], "float32");
+    EXPECT_EQ(cfg["dtype"], "float32");
     EXPECT_EQ(cfg["architectures"][0], "LlamaForCausalLM");
     EXPECT_EQ(index["weight_map"].size(), 3u + 2u * 9u);  // embed, norm, lm_head + 9 per layer
     std::set<std::string> names;
@@ -195,21 +195,37 @@ TEST(HuggingFace, TiedEmbeddings) {
   });
 }
 
-// config.json round-trips Llama 3's rope scaling and Mistral's model type;
-// a trailing slash on the directory is fine.
+// config.json round-trips Llama 3's rope scaling (in transformers 5's
+// rope_parameters), the special token ids, and Mistral's model type and
+// sliding window; a trailing slash on the directory is fine.
 TEST(HuggingFace, ConfigRoundTrip) {
   const std::string dir = testing::temp_dir("hf-config");
   testing::run_distributed(1, [&](comm::ProcessGroup& pg) {
     auto cfg = testing::small_config(true);
     cfg.rope_scaling = models::RopeScaling{32.0, 1.0, 4.0, 8192};
     cfg.rope_theta = 500000.0;
+    cfg.bos_token_id = 5;
+    cfg.eos_token_id = {6, 7};
     auto m = make_sharded_llama(pg, "full", "block", 7, cfg);
     checkpoint::export_hf(dir + "/llama3/", *m.sharded, m.cfg, pg);
     const auto back = models::resolve_model_config(dir + "/llama3");
     EXPECT_EQ(checkpoint::config_mismatch(back, cfg), "");
     ASSERT_TRUE(back.rope_scaling.has_value());
     EXPECT_EQ(back.rope_scaling->factor, 32.0);
-    EXPECT_EQ(read_json(dir + "/llama3/config.json")["rope_scaling"]["rope_type"], "llama3");
+    EXPECT_EQ(back.bos_token_id, 5);
+    EXPECT_EQ(back.eos_token_id, (std::vector<int64_t>{6, 7}));
+    const auto written = read_json(dir + "/llama3/config.json");
+    EXPECT_EQ(written["rope_parameters"]["rope_type"], "llama3");
+    EXPECT_EQ(written["rope_parameters"]["rope_theta"], 500000.0);
+    EXPECT_FALSE(written.contains("rope_scaling"));
+    EXPECT_FALSE(written.contains("torch_dtype"));
+    EXPECT_EQ(written["dtype"], "float32");
+    // extra_config replaces the model's ids (the trainer's tokenizer ids for runs without --init-from).
+    checkpoint::HfExportOptions eo;
+    eo.extra_config = {{"bos_token_id", 256}, {"eos_token_id", 257}};
+    checkpoint::export_hf(dir + "/llama3-tok", *m.sharded, m.cfg, pg, eo);
+    EXPECT_EQ(read_json(dir + "/llama3-tok/config.json")["eos_token_id"], 257);
+    EXPECT_EQ(models::resolve_model_config(dir + "/llama3-tok").bos_token_id, 256);
     auto other = cfg;
     other.rope_scaling->factor = 8.0;
     EXPECT_EQ(checkpoint::config_mismatch(other, cfg), "rope_scaling.factor 8 vs 32");
@@ -217,7 +233,13 @@ TEST(HuggingFace, ConfigRoundTrip) {
     auto mistral = make_sharded_llama(pg, "full", "block", 7, cfg);
     checkpoint::export_hf(dir + "/mistral", *mistral.sharded, mistral.cfg, pg);
     EXPECT_EQ(read_json(dir + "/mistral/config.json")["architectures"][0], "MistralForCausalLM");
+    EXPECT_TRUE(read_json(dir + "/mistral/config.json")["sliding_window"].is_null());
     EXPECT_EQ(models::resolve_model_config(dir + "/mistral").model_type, "mistral");
+    cfg.sliding_window = cfg.max_position_embeddings;  // no shorter than any sequence the model accepts
+    auto windowed = make_sharded_llama(pg, "full", "block", 7, cfg);
+    checkpoint::export_hf(dir + "/mistral-window", *windowed.sharded, windowed.cfg, pg);
+    EXPECT_EQ(read_json(dir + "/mistral-window/config.json")["sliding_window"], cfg.max_position_embeddings);
+    EXPECT_EQ(models::resolve_model_config(dir + "/mistral-window").sliding_window, cfg.max_position_embeddings);
   });
 }
 
@@ -232,7 +254,7 @@ TEST(HuggingFace, ShapeMismatchBf16AndForeignFiles) {
     eo.extra_config = {{"eos_token_id", 2}};
     checkpoint::export_hf(dir + "/bf16", *m.sharded, m.cfg, pg, eo);
     const auto cfg = read_json(dir + "/bf16/config.json");
-    EXPECT_EQ(cfg["torch_dtype"], "bfloat16");
+    EXPECT_EQ(cfg["dtype"], "bfloat16");
     EXPECT_EQ(cfg["eos_token_id"], 2);
     const auto state = testing::full_state(m);
     checkpoint::SafetensorsFile f(dir + "/bf16/model.safetensors");
@@ -242,7 +264,7 @@ TEST(HuggingFace, ShapeMismatchBf16AndForeignFiles) {
     }
     // Re-export over an earlier export: allowed, replaced whole.
     checkpoint::export_hf(dir + "/bf16", *m.sharded, m.cfg, pg);
-    EXPECT_EQ(read_json(dir + "/bf16/config.json")["torch_dtype"], "float32");
+    EXPECT_EQ(read_json(dir + "/bf16/config.json")["dtype"], "float32");
 
     auto cfg2 = testing::small_config();
     cfg2.intermediate_size = 80;

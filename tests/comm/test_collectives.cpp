@@ -1,4 +1,4 @@
-// Every collective on 1-4 real processes (Gloo over 127.0.0.1), against results
+// Every collective on 1-4 real processes (the TCP group over 127.0.0.1), against results
 // each rank computes locally from every rank's deterministic input. Sizes that
 // do not divide evenly; fp32, bf16 and integer types; bit-exact where the
 // contract promises it (reduce_scatter and all_reduce sum in rank order).
@@ -7,6 +7,8 @@
 #include "comm/comm_test_util.h"
 #include "fsdp/comm/process_group.h"
 #include "support/multiproc.h"
+
+#include <thread>
 
 namespace fsdp::comm {
 namespace {
@@ -17,6 +19,9 @@ using test::label;
 using test::rank_order_reduce;
 
 constexpr int64_t kLarge = (1 << 20) + 3;  // ~1M elements, odd
+// Elements per 1 MiB segment of the pipelined reduce (tcp_group.cpp), by element size.
+constexpr int64_t kSeg4 = (1 << 20) / 4;
+constexpr int64_t kSeg2 = (1 << 20) / 2;
 
 void check_all_gather(ProcessGroup& pg) {
   const int w = pg.size();
@@ -132,6 +137,179 @@ void check_broadcast(ProcessGroup& pg) {
   }
 }
 
+// Sizes on and around the 1 MiB segments the reduce lane pipelines in, in
+// every reduced dtype width, and all_reduce sizes that need padding.
+void check_segment_boundaries(ProcessGroup& pg) {
+  const int w = pg.size();
+  const int r = pg.rank();
+  struct Case {
+    at::ScalarType dtype;
+    int64_t n;
+  };
+  for (const Case& c : {Case{at::kFloat, kSeg4 - 1}, Case{at::kFloat, kSeg4}, Case{at::kFloat, kSeg4 + 1},
+                        Case{at::kFloat, 2 * kSeg4 + 1}, Case{at::kBFloat16, kSeg2 + 1}, Case{at::kHalf, kSeg2},
+                        Case{at::kDouble, (1 << 20) / 8 + 3}, Case{at::kLong, (1 << 20) / 8 - 1}}) {
+    const std::string what = label(c.dtype, c.n, w, r);
+    const uint64_t seed = 500 + c.n;
+    const at::Tensor in = input(r, w * c.n, c.dtype, seed);
+    const at::Tensor out = at::empty({c.n}, in.options());
+    pg.reduce_scatter(out, in, ReduceOp::kSum)->wait();
+    std::vector<at::Tensor> contributions;
+    for (int q = 0; q < w; ++q) {
+      contributions.push_back(input(q, w * c.n, c.dtype, seed).narrow(0, r * c.n, c.n));
+    }
+    EXPECT_TRUE(bits_equal(out, rank_order_reduce(contributions, ReduceOp::kSum))) << "reduce_scatter " << what;
+
+    // all_reduce of w*n + 1 elements: chunks of n + 1, the last one padded.
+    const int64_t m = w * c.n + 1;
+    const at::Tensor t = input(r, m, c.dtype, seed + 1);
+    pg.all_reduce(t, ReduceOp::kSum)->wait();
+    std::vector<at::Tensor> all;
+    for (int q = 0; q < w; ++q) all.push_back(input(q, m, c.dtype, seed + 1));
+    EXPECT_TRUE(bits_equal(t, rank_order_reduce(all, ReduceOp::kSum))) << "all_reduce " << what;
+  }
+}
+
+// bf16/fp16 sums are accumulated in fp32 and rounded once: equal to the local
+// rank-order fp32 reference, and (from 3 ranks) different from summing in the
+// half type step by step. The first and last element of every chunk carry a
+// case where the two differ: 1 + (w-1) * half an ulp of 1, which step-by-step
+// rounds back to 1 at every step. The last ones sit in a chunk's second segment.
+void check_half_precision_sums(ProcessGroup& pg) {
+  const int w = pg.size();
+  const int r = pg.rank();
+  for (auto dtype : {at::kBFloat16, at::kHalf}) {
+    const double half_ulp = dtype == at::kBFloat16 ? 1.0 / 256 : 1.0 / 2048;  // at 1.0
+    const int64_t n = kSeg2 + 5;
+    // Rank q's input of `len` elements in chunks of `chunk`.
+    auto contribution = [&](int q, int64_t len, int64_t chunk, uint64_t seed) {
+      at::Tensor t = input(q, len, dtype, seed);
+      for (int64_t start = 0; start < len; start += chunk) {
+        t[start] = q == 0 ? 1.0 : half_ulp;
+        t[start + chunk - 1] = q == 0 ? 1.0 : half_ulp;
+      }
+      return t;
+    };
+    std::vector<at::Tensor> inputs, chunks;
+    for (int q = 0; q < w; ++q) inputs.push_back(contribution(q, w * n, n, 900));
+    // reduce_scatter: chunk r of everyone's input.
+    const at::Tensor out = at::empty({n}, inputs[0].options());
+    pg.reduce_scatter(out, inputs[static_cast<size_t>(r)], ReduceOp::kSum)->wait();
+    for (int q = 0; q < w; ++q) chunks.push_back(inputs[static_cast<size_t>(q)].narrow(0, r * n, n));
+    const at::Tensor expected = rank_order_reduce(chunks, ReduceOp::kSum);
+    EXPECT_TRUE(bits_equal(out, expected)) << "reduce_scatter " << label(dtype, n, w, r);
+    // all_reduce, whose chunks (n/w each) put the crafted elements on ranks 0 and w-1.
+    const at::Tensor t = contribution(r, n, n, 901);
+    pg.all_reduce(t, ReduceOp::kSum)->wait();
+    std::vector<at::Tensor> all;
+    for (int q = 0; q < w; ++q) all.push_back(contribution(q, n, n, 901));
+    EXPECT_TRUE(bits_equal(t, rank_order_reduce(all, ReduceOp::kSum)))
+        << "all_reduce " << label(dtype, n, w, r);
+    if (w >= 3) {
+      at::Tensor naive = all[0].clone();
+      for (int q = 1; q < w; ++q) naive.add_(all[static_cast<size_t>(q)]);  // rounds at every step
+      for (int64_t i : {int64_t{0}, n - 1}) {
+        EXPECT_EQ(naive[i].item<double>(), 1.0);
+        EXPECT_GT(t[i].item<double>(), 1.0) << "element " << i << " summed in the half type";
+        EXPECT_GT(out[i].item<double>(), 1.0) << "element " << i << " summed in the half type";
+      }
+    }
+  }
+}
+
+// Many collectives back to back on both lanes at once: one thread issues only
+// gather-lane work, another only reduce-lane work, neither waits until all are
+// issued; then every result is checked.
+void check_back_to_back_on_both_lanes(ProcessGroup& pg) {
+  const int w = pg.size();
+  const int r = pg.rank();
+  constexpr int kOps = 60;
+  const at::ScalarType dtypes[] = {at::kFloat, at::kBFloat16, at::kHalf, at::kLong};
+  auto size_of = [](int i) { return int64_t{1} + (int64_t{i} * 7919) % 40000; };
+  std::vector<at::Tensor> gather_out(kOps), bcast(kOps), rs_out(kOps), ar(kOps);
+  std::vector<WorkPtr> gather_works(kOps), reduce_works(kOps);
+  std::thread gather_thread([&] {
+    for (int i = 0; i < kOps; ++i) {
+      const auto dtype = dtypes[i % 4];
+      const int64_t n = size_of(i);
+      if (i % 3 == 2) {
+        bcast[i] = input(r, n, dtype, 3000 + i);
+        gather_works[i] = pg.broadcast(bcast[i], i % w);
+      } else if (i % 3 == 1) {  // in place
+        gather_out[i] = at::zeros({w * n}, at::TensorOptions().dtype(dtype));
+        gather_out[i].narrow(0, r * n, n).copy_(input(r, n, dtype, 3000 + i));
+        gather_works[i] = pg.all_gather(gather_out[i], gather_out[i].narrow(0, r * n, n));
+      } else {
+        gather_out[i] = at::empty({w * n}, at::TensorOptions().dtype(dtype));
+        gather_works[i] = pg.all_gather(gather_out[i], input(r, n, dtype, 3000 + i));
+      }
+    }
+  });
+  std::thread reduce_thread([&] {
+    for (int i = 0; i < kOps; ++i) {
+      const auto dtype = dtypes[(i + 1) % 4];
+      const int64_t n = size_of(i + kOps);
+      if (i % 2 == 0) {
+        rs_out[i] = at::empty({n}, at::TensorOptions().dtype(dtype));
+        reduce_works[i] = pg.reduce_scatter(rs_out[i], input(r, w * n, dtype, 4000 + i), ReduceOp::kSum);
+      } else {
+        ar[i] = input(r, n, dtype, 4000 + i);
+        reduce_works[i] = pg.all_reduce(ar[i], ReduceOp::kSum);
+      }
+    }
+  });
+  gather_thread.join();
+  reduce_thread.join();
+  for (int i = kOps - 1; i >= 0; --i) {
+    reduce_works[i]->wait();
+    gather_works[kOps - 1 - i]->wait();
+  }
+  for (int i = 0; i < kOps; ++i) {
+    const auto dtype = dtypes[i % 4];
+    const int64_t n = size_of(i);
+    if (i % 3 == 2) {
+      EXPECT_TRUE(bits_equal(bcast[i], input(i % w, n, dtype, 3000 + i))) << "broadcast " << i;
+    } else {
+      std::vector<at::Tensor> all;
+      for (int q = 0; q < w; ++q) all.push_back(input(q, n, dtype, 3000 + i));
+      EXPECT_TRUE(bits_equal(gather_out[i], at::cat(all))) << "all_gather " << i;
+    }
+    const auto rdtype = dtypes[(i + 1) % 4];
+    const int64_t rn = size_of(i + kOps);
+    std::vector<at::Tensor> contributions;
+    for (int q = 0; q < w; ++q) {
+      contributions.push_back(i % 2 == 0 ? input(q, w * rn, rdtype, 4000 + i).narrow(0, r * rn, rn)
+                                         : input(q, rn, rdtype, 4000 + i));
+    }
+    EXPECT_TRUE(bits_equal(i % 2 == 0 ? rs_out[i] : ar[i], rank_order_reduce(contributions, ReduceOp::kSum)))
+        << (i % 2 == 0 ? "reduce_scatter " : "all_reduce ") << i;
+  }
+}
+
+// Collectives write through raw views: the version counters of the tensors
+// they write stay put (FSDP refills parameter buffers this way; a bump would
+// invalidate tensors autograd saved).
+void check_version_counters(ProcessGroup& pg) {
+  const int w = pg.size();
+  const int r = pg.rank();
+  const int64_t n = 1001;
+  const at::Tensor flat = at::zeros({w * n});
+  const at::Tensor shard = at::zeros({n});
+  const at::Tensor padded = at::zeros({w * n + 1});  // all_reduce with padding
+  const auto v_flat = flat._version();
+  const auto v_shard = shard._version();
+  const auto v_padded = padded._version();
+  pg.all_gather(flat, input(r, n, at::kFloat, 1))->wait();
+  pg.all_gather(flat, flat.narrow(0, r * n, n))->wait();
+  pg.broadcast(flat, 0)->wait();
+  pg.reduce_scatter(shard, input(r, w * n, at::kFloat, 2), ReduceOp::kSum)->wait();
+  pg.all_reduce(flat, ReduceOp::kSum)->wait();
+  pg.all_reduce(padded, ReduceOp::kAvg)->wait();
+  EXPECT_EQ(flat._version(), v_flat);
+  EXPECT_EQ(shard._version(), v_shard);
+  EXPECT_EQ(padded._version(), v_padded);
+}
+
 // All-gathers and reduce-scatters issued before waiting on any: the two lanes
 // run concurrently, each in issue order, and waits may come in any order.
 void check_async_overlap(ProcessGroup& pg) {
@@ -191,6 +369,22 @@ void check_everything(ProcessGroup& pg) {
   {
     SCOPED_TRACE("broadcast");
     check_broadcast(pg);
+  }
+  {
+    SCOPED_TRACE("segment boundaries");
+    check_segment_boundaries(pg);
+  }
+  {
+    SCOPED_TRACE("half-precision sums");
+    check_half_precision_sums(pg);
+  }
+  {
+    SCOPED_TRACE("back to back on both lanes");
+    check_back_to_back_on_both_lanes(pg);
+  }
+  {
+    SCOPED_TRACE("version counters");
+    check_version_counters(pg);
   }
   if (pg.size() > 1) {
     SCOPED_TRACE("async overlap");

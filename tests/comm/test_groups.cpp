@@ -12,6 +12,7 @@
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <cstdlib>
+#include <iostream>
 #include <thread>
 
 namespace fsdp::comm {
@@ -180,13 +181,80 @@ TEST(Groups, PeerExitIsAClearFailure) {
       std::chrono::seconds(120), {{"FSDP_TEST_COLLECTIVE_TIMEOUT_MS", "3000"}});
 }
 
+// A peer that dies in the middle of a collective: the survivors fail at once
+// (their collective timeout is two minutes, the harness gives up after one),
+// naming the rank that left, directly or through the first survivor's failure.
+TEST(Groups, PeerExitMidCollectiveFailsFastNamingIt) {
+  testing::run_distributed(
+      3,
+      [](ProcessGroup& pg) {
+        const int r = pg.rank();
+        const at::Tensor warm = at::ones({1000}, at::kFloat);
+        pg.all_reduce(warm, ReduceOp::kSum)->wait();  // connected and working
+        const at::Tensor big = input(r, int64_t{4} << 20, at::kFloat, 3);  // 16 MiB
+        auto work = pg.all_reduce(big, ReduceOp::kSum);
+        if (r == 2) std::_Exit(0);  // its lane thread is moving bytes: gone mid-collective
+        try {
+          work->wait();
+          ADD_FAILURE() << "all_reduce completed without rank 2";
+        } catch (const Failure& e) {
+          std::cout << "message: " << e.what() << std::endl;  // FSDP_TEST_VERBOSE=1 shows rank 0's
+          EXPECT_HAS(e.what(), "[rank " + std::to_string(r) +
+                                   "/3] all_reduce #1 (Float[4194304], sum) on group 'world'");
+          EXPECT_HAS(e.what(), "rank 2 closed its connection");
+          EXPECT_HAS(e.what(), "it exited or crashed; see rank 2's log");
+        }
+        // The lane is broken: later work fails at once with the first error.
+        try {
+          pg.all_reduce(warm, ReduceOp::kSum)->wait();
+          ADD_FAILURE() << "all_reduce ran on a failed lane";
+        } catch (const Failure& e) {
+          EXPECT_HAS(e.what(), "all_reduce #2 (Float[1000], sum) on group 'world' was not run: "
+                               "the reduce lane failed earlier");
+          EXPECT_HAS(e.what(), "rank 2 closed its connection");
+        }
+      },
+      std::chrono::seconds(60), {{"FSDP_TEST_COLLECTIVE_TIMEOUT_MS", "120000"}});
+}
+
+// Rank 2 skips a reduce_scatter: ranks 0 and 1 time out naming rank 2 and the
+// bytes that arrived from it (none). The gather lane is not affected: all three
+// then all-gather normally.
+TEST(Groups, CollectiveTimeoutNamesTheMissingRank) {
+  testing::run_distributed(
+      3,
+      [](ProcessGroup& pg) {
+        const int r = pg.rank();
+        if (r != 2) {
+          const at::Tensor in = at::ones({3 * 1000}, at::kFloat);
+          const at::Tensor out = at::empty({1000}, at::kFloat);
+          try {
+            pg.reduce_scatter(out, in, ReduceOp::kSum)->wait();
+            ADD_FAILURE() << "reduce_scatter completed without rank 2";
+          } catch (const Failure& e) {
+            std::cout << "message: " << e.what() << std::endl;  // FSDP_TEST_VERBOSE=1 shows rank 0's
+            // Rank r's own timeout, or the other survivor's recorded first (same words).
+            EXPECT_HAS(e.what(), "reduce_scatter #0 (Float[3000], sum) on group 'world'");
+            EXPECT_HAS(e.what(),
+                       "timed out after 1500 ms: missing bytes from rank 2 (0 of 4000 bytes arrived)");
+            EXPECT_HAS(e.what(), "another rank did not run the matching collective");
+          }
+        }
+        pg.barrier(milliseconds(30000));  // rank 2 waits here (its collectives time out too)
+        const at::Tensor gathered = at::empty({3}, at::kLong);
+        pg.all_gather(gathered, at::full({1}, r, at::kLong))->wait();
+        EXPECT_TRUE(gathered.equal(at::tensor({0, 1, 2}, at::kLong)));
+      },
+      std::chrono::seconds(120), {{"FSDP_TEST_COLLECTIVE_TIMEOUT_MS", "1500"}});
+}
+
 ProcessGroupPtr single() {
-  return make_gloo_group(c10::make_intrusive<c10d::HashStore>(), 0, 1, "solo", milliseconds(1000), {});
+  return make_tcp_group(c10::make_intrusive<c10d::HashStore>(), 0, 1, "solo", milliseconds(1000), {});
 }
 
 TEST(Groups, SizeOneSemanticsAndCounters) {
   auto pg = single();
-  EXPECT_EQ(pg->backend(), "gloo");
+  EXPECT_EQ(pg->backend(), "tcp");
   EXPECT_EQ(pg->device(), at::Device(at::kCPU));
   const at::Tensor in = at::arange(6, at::kBFloat16);
   const at::Tensor out = at::empty({6}, at::kBFloat16);

@@ -74,7 +74,7 @@ TEST(Rendezvous, TorchrunUsesTheAgentStoreWithAttemptPrefix) {
   EXPECT_TRUE(w.agent_store);
   EXPECT_EQ(w.store_prefix, "/worker/attempt_2");
   EXPECT_EQ(w.launcher, "torchrun");
-  EXPECT_EQ(w.gloo_socket_ifname, "eth1");
+  EXPECT_EQ(w.socket_ifname, "eth1");
 }
 
 TEST(Rendezvous, OurLauncherNamesItselfAndNonAgentTorchrunHasNoPrefix) {
@@ -249,7 +249,7 @@ TEST(Rendezvous, SingleProcessInitNeedsNoNetwork) {
   ASSERT_TRUE(rt.world_group);
   EXPECT_EQ(rt.world_group->size(), 1);
   EXPECT_EQ(rt.world_group->name(), "world");
-  EXPECT_EQ(rt.world_group->backend(), "gloo");
+  EXPECT_EQ(rt.world_group->backend(), "tcp");
   auto t = at::arange(5, at::kFloat);
   rt.world_group->all_reduce(t, ReduceOp::kAvg)->wait();
   EXPECT_TRUE(t.equal(at::arange(5, at::kFloat)));
@@ -270,6 +270,10 @@ TEST(Rendezvous, SingleProcessInitNeedsNoNetwork) {
   InitOptions bad;
   bad.backend = "mpi";
   EXPECT_THROW(init_process_group(detect({}), bad), UsageError);
+  // "gloo", what PyTorch users type, is an alias of the CPU backend.
+  InitOptions gloo;
+  gloo.backend = "gloo";
+  EXPECT_EQ(init_process_group(detect({}), gloo).world_group->backend(), "tcp");
 }
 
 int free_port() {
@@ -313,6 +317,36 @@ TEST(Rendezvous, PlainEnvRankZeroHostsTheStore) {
     ASSERT_EQ(errors[r], "") << "rank " << r;
     EXPECT_TRUE(results[r].equal(at::full({3}, 3.0f)));
   }
+}
+
+// A process started with WORLD_SIZE=3 joins a 2-rank job (rank 0 hosts the
+// store): both fail at connection with a usage error naming both sizes,
+// instead of hanging or asserting.
+TEST(Rendezvous, WorldSizeMismatchIsAnErrorOnBothRanks) {
+  const std::string port = std::to_string(free_port());
+  std::vector<std::string> errors(2);
+  auto rank_main = [&](int r) {
+    try {
+      const WorldInfo w = detect({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port},
+                                  {"RANK", std::to_string(r)}, {"WORLD_SIZE", r == 0 ? "2" : "3"}});
+      InitOptions o;
+      o.timeout = std::chrono::seconds(30);
+      o.store_timeout = std::chrono::seconds(30);
+      init_process_group(w, o);
+      ADD_FAILURE() << "rank " << r << " connected despite the mismatch";
+    } catch (const UsageError& e) {
+      errors[r] = e.what();
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "rank " << r << ": not a usage error: " << e.what();
+    }
+  };
+  std::thread t0(rank_main, 0), t1(rank_main, 1);
+  t0.join();
+  t1.join();
+  EXPECT_HAS(errors[0], "group 'world' (gather lane, rank 0 of 2): rank 1 has a world size of 3 but this rank has 2");
+  EXPECT_HAS(errors[1], "group 'world' (gather lane, rank 1 of 3): rank 0 at 127.0.0.1:");
+  EXPECT_HAS(errors[1], "has a world size of 2 but this rank has 3");
+  EXPECT_HAS(errors[1], "same WORLD_SIZE");
 }
 
 TEST(Rendezvous, UnreachableStoreFailsClearly) {

@@ -1,7 +1,7 @@
 """Strict validation of Kubernetes manifests without a cluster.
 
-Schema: the object models of the official Kubernetes Python client (Debian's
-python3-kubernetes, generated from the Kubernetes OpenAPI spec: every field's
+Schema: the object models of the official Kubernetes Python client (the
+`kubernetes` package of the project's Python environment, generated from the Kubernetes OpenAPI spec: every field's
 JSON name and type, and which fields are required) for core and apps objects,
 and the Kubeflow training operator's PyTorchJob v1 Go types, transcribed below
 (pkg/apis/kubeflow.org/v1/pytorch_types.go and common_types.go), for the
@@ -76,24 +76,44 @@ ENUMS = {
 _required_cache = {}
 
 
+def _normalize_type(t):
+    """The client's type names in one spelling: newer clients (pydantic models) write
+    'List[X]' and 'Dict[str, X]' where older ones wrote 'list[X]' and 'dict(str, X)'."""
+    t = t.strip()
+    if t.startswith("List[") and t.endswith("]"):
+        return f"list[{_normalize_type(t[5:-1])}]"
+    if t.startswith("Dict[") and t.endswith("]"):
+        key, value = t[5:-1].split(",", 1)
+        return f"dict({key.strip()}, {_normalize_type(value)})"
+    return t
+
+
 def _client_fields(name):
     """JSON name -> (type, python attribute) of a Kubernetes client model."""
     cls = getattr(k8s_models, name)
-    return {json: (cls.openapi_types[attr], attr) for attr, json in cls.attribute_map.items()}
+    return {json: (_normalize_type(cls.openapi_types[attr]), attr) for attr, json in cls.attribute_map.items()}
 
 
 def _client_required(name):
-    """JSON names of the required fields: their setters reject None."""
+    """JSON names of the required fields: pydantic models (newer clients) say so in
+    model_fields; older clients' setters reject None for them."""
     if name not in _required_cache:
         cls = getattr(k8s_models, name)
-        inst = cls.__new__(cls)
-        inst.local_vars_configuration = Configuration()
         required = set()
-        for attr, json in cls.attribute_map.items():
-            try:
-                setattr(inst, attr, None)
-            except ValueError:
-                required.add(json)
+        if hasattr(cls, "model_fields"):
+            # attribute_map's keys are the fields' aliases where they have one ('_exec' for var_exec).
+            by_attr = {f.alias or name: f for name, f in cls.model_fields.items()}
+            for attr, json in cls.attribute_map.items():
+                if by_attr[attr].is_required():
+                    required.add(json)
+        else:
+            inst = cls.__new__(cls)
+            inst.local_vars_configuration = Configuration()
+            for attr, json in cls.attribute_map.items():
+                try:
+                    setattr(inst, attr, None)
+                except ValueError:
+                    required.add(json)
         _required_cache[name] = required
     return _required_cache[name]
 
@@ -141,6 +161,10 @@ def _check_type(value, type_name, path, errors, owner=None, field=None):
     if type_name == "int":
         if not _is_int(value):
             errors.append(f"{path}: expected an integer, got {type(value).__name__} {value!r}")
+        return
+    if type_name == "float":
+        if not (_is_int(value) or isinstance(value, float)):
+            errors.append(f"{path}: expected a number, got {type(value).__name__} {value!r}")
         return
     if type_name == "bool":
         if not isinstance(value, bool):

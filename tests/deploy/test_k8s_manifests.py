@@ -40,7 +40,7 @@ try:
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     import k8s_validate
 except ImportError as e:
-    sys.exit(f"FAIL: {e} — install Debian's python3-yaml and python3-kubernetes (scripts/deps.sh lists them) "
+    sys.exit(f"FAIL: {e} — pyyaml and kubernetes belong in the project's Python environment (scripts/venv.sh installs them) "
              f"for {sys.executable}")
 
 SRC = Path(sys.argv[1]).resolve()

@@ -28,8 +28,8 @@ a second), the pod exits 0, and torchrun itself was never signalled (it would
 SIGKILL the workers 30 s later) — with a control run showing that a bare
 torchrun as PID 1 does get signalled, so that check is not vacuous.
 
-Exit 0 pass, 1 fail, 77 skip when torchrun (python3-torch), etcd
-(etcd-server) or python-etcd (python3-etcd) is not installed.
+Exit 0 pass, 1 fail, 77 skip when torchrun (the project's Python environment), etcd
+(etcd-server) or python-etcd is not installed.
 """
 
 import json
@@ -102,13 +102,13 @@ def preconditions():
     torchrun = shutil.which("torchrun")
     etcd = shutil.which("etcd")
     if not torchrun:
-        return None, None, "torchrun not found (Debian: python3-torch)"
+        return None, None, "torchrun not found on PATH (the project's Python environment has it: scripts/venv.sh)"
     if not etcd:
         return None, None, "etcd not found (Debian: etcd-server)"
     shebang = Path(torchrun).read_text(errors="replace").splitlines()[0]
     python = shebang[2:].strip().split()[0] if shebang.startswith("#!") else sys.executable
     if subprocess.run([python, "-c", "import etcd"], capture_output=True).returncode != 0:
-        return None, None, f"torchrun's Python ({python}) cannot import etcd (Debian: python3-etcd)"
+        return None, None, f"torchrun's Python ({python}) cannot import etcd (python-etcd, in the project's Python environment: scripts/venv.sh)"
     return torchrun, etcd, None
 
 

@@ -19,7 +19,7 @@ using fsdp::models::LlamaConfig;
 using fsdp::models::LlamaForCausalLM;
 using fsdp::models::testing::usage_error_of;
 
-// The golden test's shape: D=32, L=2, H=4, Hkv=2, Dh=8, F=64, V=64.
+// A small GQA shape: D=32, L=2, H=4, Hkv=2, Dh=8, F=64, V=64.
 LlamaConfig small_cfg(bool tied = false) {
   LlamaConfig c;
   c.name = "test-small";

@@ -1,4 +1,4 @@
-// Multi-process test harness: run a test body as the ranks of a real Gloo world.
+// Multi-process test harness: run a test body as the ranks of a real (TCP) world group.
 //
 //   TEST(Collectives, AllGather) {
 //     for (int w : {1, 2, 3, 4}) {
@@ -36,7 +36,7 @@ namespace fsdp::testing {
 bool is_worker();
 
 // Parent: re-executes this test binary `world_size` times running only the
-// current gtest test, as ranks of one Gloo world group on 127.0.0.1, waits up
+// current gtest test, as ranks of one TCP world group on 127.0.0.1, waits up
 // to `timeout`, and records a gtest failure that prints every failed rank's
 // captured output (last ~100 lines each) if any rank fails, crashes or hangs.
 // Worker: runs body(world_group) for the matching call only, then lets gtest

@@ -214,7 +214,7 @@ TEST(TrainCli, HuggingFaceExportInitFromAndEvalOnly) {
   EXPECT_GE(files.size(), 3u);  // 3.7 MB in files of at most 1 MB
   for (const auto& f : files) EXPECT_LE(fs::file_size(dir + "/hf/" + f), 1'000'000u) << f;
   const auto config = nlohmann::json::parse(read_file(dir + "/hf/config.json"));
-  EXPECT_EQ(config["torch_dtype"], "float32");
+  EXPECT_EQ(config["dtype"], "float32");
   EXPECT_EQ(config["eos_token_id"], 257);
 
   std::vector<double> losses;
@@ -238,7 +238,7 @@ TEST(TrainCli, HuggingFaceExportInitFromAndEvalOnly) {
                               "--export-hf " + dir + "/hf-bf16 --export-dtype bfloat16 --metrics-file " + dir + "/ft.jsonl", 120);
   ASSERT_EQ(f.exit_code, 0) << f.output;
   EXPECT_EQ(count(f.output, "Eval Loss: "), 2u) << f.output;
-  EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/hf-bf16/config.json"))["torch_dtype"], "bfloat16");
+  EXPECT_EQ(nlohmann::json::parse(read_file(dir + "/hf-bf16/config.json"))["dtype"], "bfloat16");
   int evals = 0;
   for (const auto& j : read_metrics(dir + "/ft.jsonl")) evals += j.contains("eval_loss") && j.contains("step");
   EXPECT_EQ(evals, 2);
@@ -248,13 +248,12 @@ TEST(TrainCli, HuggingFaceExportInitFromAndEvalOnly) {
   EXPECT_NE(bad.output.find("describe different models"), std::string::npos) << bad.output;
 }
 
-// torchrun (Debian's python3-torch 1.13: underscore flags, and --no_python needs
-// --redirects 1 --tee 1 on Python 3.11): an elastic restart after a worker is
-// SIGKILLed resumes from the newest checkpoint and finishes the run.
+// torchrun (the project's Python environment, first on the tests' PATH): an
+// elastic restart after a worker is SIGKILLed resumes from the newest
+// checkpoint and finishes the run.
 TEST(TrainCli, TorchrunElasticRestartResumesFromTheNewestCheckpoint) {
-  if (run_command("sh -c 'command -v torchrun'").exit_code != 0) {
-    GTEST_SKIP() << "torchrun not found: install Debian's python3-torch (scripts/deps.sh does) to run this test";
-  }
+  ASSERT_EQ(run_command("sh -c 'command -v torchrun'").exit_code, 0)
+      << "torchrun not found on PATH: it comes with the project's Python environment (scripts/venv.sh)";
   const std::string dir = testing::temp_dir("cli-torchrun");
   const std::string ck = dir + "/ckpt";
   const std::string marker = "max-steps 40 --checkpoint-dir " + ck;

@@ -7,6 +7,10 @@
 // rotary convention (rotate_half: no permutation of q/k rows), and tied
 // embeddings write no lm_head.weight.
 //
+// config.json is written in the form transformers 5 writes (sorted keys,
+// "rope_parameters", "dtype"; LlamaConfig::to_hf_config_json), with the
+// model config's special token ids unless `extra_config` replaces them.
+//
 // Export (rank 0 writes; every rank takes part): each unit is gathered in turn
 // (ShardedModel::gather_unit), so no rank ever holds more than one unit's full
 // parameters. Files go to a temporary directory beside DIR that replaces DIR
@@ -43,13 +47,14 @@ int64_t parse_byte_size(const std::string& text, const std::string& flag);
 
 // "float32" | "fp32" -> kFloat, "bfloat16" | "bf16" -> kBFloat16, "float16" | "fp16" -> kHalf.
 at::ScalarType parse_export_dtype(const std::string& s);
-// Hugging Face's torch_dtype name: "float32", "bfloat16", "float16".
+// Hugging Face's dtype name (config.json "dtype"): "float32", "bfloat16", "float16".
 std::string hf_dtype_name(at::ScalarType t);
 
 struct HfExportOptions {
   at::ScalarType dtype = at::kFloat;        // float32 (exact), bfloat16 or float16
   int64_t max_shard_bytes = 5'000'000'000;  // transformers' default "5GB"; <= 0: one file
-  // Merged into config.json (e.g. bos_token_id, eos_token_id).
+  // Merged into config.json over the model config's keys (e.g. the training
+  // tokenizer's bos_token_id / eos_token_id).
   nlohmann::json extra_config = nlohmann::json::object();
   // Copied into DIR: (source path, file name), e.g. the tokenizer.model.
   std::vector<std::pair<std::string, std::string>> extra_files;
@@ -96,7 +101,9 @@ HfImportResult import_hf(const std::string& dir, ShardedModel& model, const mode
                          comm::ProcessGroup& group, bool progress = false);
 
 // "" when `a` and `b` describe the same architecture (every field that changes
-// shapes or results; max_position_embeddings and initializer_range may differ),
+// shapes or results; max_position_embeddings, initializer_range, special token
+// ids and an accepted sliding_window, which is never shorter than
+// max_position_embeddings, may differ),
 // else "<field> <a> vs <b>" for the first difference.
 std::string config_mismatch(const models::LlamaConfig& a, const models::LlamaConfig& b);
 

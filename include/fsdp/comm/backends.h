@@ -12,12 +12,13 @@
 
 namespace fsdp::comm {
 
-// How a Gloo group finds the address its peers connect to.
-struct GlooTransportOptions {
+// How a TCP group picks the address its peers connect to. The rules are c10d
+// Gloo's, so GLOO_SOCKET_IFNAME keeps the meaning PyTorch users know.
+struct TcpTransportOptions {
   // MASTER_ADDR of the job. Loopback ("127.0.0.1", "localhost", "::1") or empty:
-  // bind to 127.0.0.1. Otherwise the interface named by `socket_ifname` if set,
-  // else the address this host's name resolves to (as c10d's
-  // createDeviceForHostname does).
+  // listen on 127.0.0.1. Otherwise the interface named by `socket_ifname` if set
+  // (its first IPv4 address, else its IPv6 one), else the address this host's
+  // name resolves to, if a socket can bind it (as c10d's createDeviceForHostname).
   std::string master_addr;
   // First entry of GLOO_SOCKET_IFNAME (PyTorch's variable), "" if unset.
   std::string socket_ifname;
@@ -26,22 +27,33 @@ struct GlooTransportOptions {
   bool single_node = true;
 };
 
-// A Gloo group of `size` ranks. Blocks until every rank connected (each lane's
-// full mesh) or `timeout` passed. `store`'s keys must be private to this group
-// (wrap it in a c10d::PrefixStore); the group keeps a reference to it for
-// barrier() and new_group(). Size 1 never touches the network nor the store.
-// Throws fsdp::Failure if the peers cannot be reached.
-// Gloo specifics: reduce_scatter and all_reduce sum in rank order 0..W-1
+// The CPU process group (backend() == "tcp"): `size` ranks over our own TCP
+// transport, no third-party communication library. Blocks until every rank
+// connected (one full mesh of connections per lane) or `timeout` passed.
+// `store`'s keys must be private to this group (wrap it in a
+// c10d::PrefixStore); the group keeps a reference to it for barrier() and
+// new_group(). Size 1 never touches the network nor the store.
+// Connecting: each rank listens on an ephemeral port of the address chosen by
+// `transport` and publishes it in `store`; a handshake checks group, lane, rank
+// and world size on both ends. Throws fsdp::UsageError when a peer was started
+// with another world size (naming both), fsdp::Failure when a peer cannot be
+// reached in time (naming it).
+// Results: reduce_scatter and all_reduce sum in rank order 0..W-1
 // (bit-identical to a local rank-order sum; bf16/fp16 accumulate in fp32 and
-// round once), so results do not depend on timing. Memory: the reduce lane
-// keeps one scratch buffer as large as the largest reduce_scatter / all_reduce
-// input seen so far, released with the group; all_reduce also allocates
-// numel/W (+ padding when W does not divide numel) per call.
-// A collective that fails or times out breaks its lane: later collectives on
-// that lane fail at once with the first error.
-ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-                                const std::string& name, std::chrono::milliseconds timeout,
-                                const GlooTransportOptions& transport);
+// round once), so results do not depend on timing; all_reduce leaves identical
+// bits on every rank. Memory: the reduce lane keeps grow-only scratch buffers,
+// released with the group: one as large as the largest reduce_scatter /
+// all_reduce input seen so far, one as large as the largest all_reduce input
+// whose numel W does not divide (a padded copy), and two of at most 2 MiB
+// (one pipeline segment, and its fp32 accumulator for bf16/fp16 sums).
+// Failures: a peer that closes its connection (exit, crash) fails the waiting
+// collective at once, naming that rank; a timeout names the ranks whose bytes
+// are missing and how many arrived. A collective that fails breaks its lane:
+// later collectives on that lane fail at once with the first error, and the
+// lane's connections close, so the peers fail at once too.
+ProcessGroupPtr make_tcp_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                               const std::string& name, std::chrono::milliseconds timeout,
+                               const TcpTransportOptions& transport);
 
 // True when this build has the NCCL group (cmake -DFSDP_WITH_NCCL=ON).
 bool nccl_available();
@@ -52,10 +64,12 @@ ProcessGroupPtr make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store, in
                                 const std::string& name, std::chrono::milliseconds timeout,
                                 int device_index);
 
-// Store-based barrier shared by the backends: rank r sets <prefix>/<r>, then
-// waits until all `size` keys exist. On timeout throws fsdp::Failure naming
-// `group` and the ranks whose keys are missing. Polls with check(): c10d 1.13's
-// wait() leaves the connection out of step after a timeout.
+// Store-based barrier shared by the backends: rank r sets <prefix>/arrive/<r>,
+// then waits until all `size` such keys exist. On timeout throws fsdp::Failure
+// naming `group` and the ranks whose keys are missing. Rank 0 returns only
+// after every other rank is through and done with the store (it sets
+// <prefix>/leave/<r>), so a store hosted by rank 0 may go away as soon as rank
+// 0's last barrier returns.
 void store_barrier(c10d::Store& store, const std::string& prefix, int rank, int size,
                    const std::string& group, std::chrono::milliseconds timeout);
 

@@ -12,7 +12,7 @@
 //
 // Lifetimes. A Work handle holds references to its tensors until it completes;
 // the caller must not read an output, nor write an input, before wait().
-// With Gloo, wait() blocks the calling thread; with NCCL it makes the caller's
+// On the CPU (tcp) group, wait() blocks the calling thread; with NCCL it makes the caller's
 // current CUDA stream wait on the collective's event (no host sync).
 #pragma once
 
@@ -53,7 +53,7 @@ struct CommCounters {
 class Work {
  public:
   virtual ~Work() = default;
-  // Blocks (Gloo) or orders the current stream after the collective (NCCL).
+  // Blocks (tcp) or orders the current stream after the collective (NCCL).
   // Rethrows the collective's failure as fsdp::Failure naming group and operation.
   virtual void wait() = 0;
   // True once the collective finished (successfully or not). Never blocks.
@@ -72,7 +72,7 @@ class ProcessGroup {
   int size() const { return size_; }
   // Human-readable name used in errors ("world", "shard", "replicate", ...).
   const std::string& name() const { return name_; }
-  // The device collectives expect tensors on (CPU for Gloo, cuda:N for NCCL).
+  // The device collectives expect tensors on (CPU for tcp, cuda:N for NCCL).
   virtual at::Device device() const = 0;
   virtual std::string backend() const = 0;
 

@@ -51,7 +51,7 @@ struct WorldInfo {
   bool agent_store = false;  // true: connect as a client even on rank 0
   std::string store_prefix;  // key prefix for every key this job uses ("" for none)
   std::string launcher = "single";  // "torchrun", "fsdp-train", "env", "slurm", "single"
-  std::string gloo_socket_ifname;   // first entry of GLOO_SOCKET_IFNAME, or ""
+  std::string socket_ifname;        // first entry of GLOO_SOCKET_IFNAME, or ""
 };
 
 // Returns the variable's value, or nullopt when it is unset.
@@ -75,7 +75,9 @@ std::vector<int> expand_slurm_tasks_per_node(const std::string& spec,
 int slurm_default_port(int64_t job_id);
 
 struct InitOptions {
-  std::string backend = "gloo";  // "gloo" | "nccl"
+  // "tcp": the CPU process group (backends.h: make_tcp_group); "gloo" is
+  // accepted as its alias, the name PyTorch users know. "nccl": CUDA.
+  std::string backend = "tcp";
   // Default timeout of every collective on the world group and its sub-groups.
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
   // Connecting to the store and meeting the peers.
@@ -88,9 +90,9 @@ struct Runtime {
   // store for a single process.
   c10::intrusive_ptr<c10d::Store> store;
   ProcessGroupPtr world_group;  // name "world"
-  // A Gloo group over the same ranks (name "cpu") for host-side agreement —
+  // A TCP group over the same ranks (name "cpu") for host-side agreement —
   // loss and stop flags, checkpoint coordination — when world_group runs on
-  // NCCL and takes CUDA tensors only. Null with the gloo backend: world_group
+  // NCCL and takes CUDA tensors only. Null with the tcp backend: world_group
   // (or a new_group of it) already takes CPU tensors.
   ProcessGroupPtr cpu_group;
 };
@@ -99,7 +101,7 @@ struct Runtime {
 // master_addr:master_port, builds the world group and calls
 // fsdp::set_rank_tag(rank, world_size). A world of size 1 without a master
 // address uses no network. NCCL uses cuda:<local_rank> and also builds
-// cpu_group (Gloo).
+// cpu_group (TCP).
 Runtime init_process_group(const WorldInfo& world, const InitOptions& options = {});
 
 }  // namespace fsdp::comm

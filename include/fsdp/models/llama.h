@@ -24,7 +24,7 @@
 // lm_head.weight). A checkpoint loader meeting `lm_head.weight` for a tied model
 // should check it equals the embedding or ignore it.
 //
-// Semantics (see tests/models/golden/make_golden.py for an independent reference):
+// Semantics (checked against transformers itself: tests/hf/test_transformers.py):
 //   h = embed(tokens)
 //   per layer: h = h + o(attn(rope(q(n1(h))), rope(k(n1(h))), v(n1(h))))
 //              h = h + down(silu(gate(n2(h))) * up(n2(h)))

@@ -18,6 +18,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <vector>
 
 namespace fsdp::models {
 
@@ -36,10 +37,7 @@ struct RopeScaling {
 struct LlamaConfig {
   // Where the config came from: a preset name or a config.json path (for logs).
   std::string name;
-  // "llama" or "mistral" (HF model_type). Both use the same architecture here;
-  // Mistral's sliding_window attention is NOT implemented (full causal attention
-  // is used), which only differs from Mistral for sequences longer than its
-  // window (4096 for v0.1).
+  // "llama" or "mistral" (HF model_type). Both use the same architecture here.
   std::string model_type = "llama";
 
   int64_t hidden_size = 0;              // D
@@ -52,11 +50,23 @@ struct LlamaConfig {
   int64_t max_position_embeddings = 0;  // longest T accepted by forward
   double rms_norm_eps = 1e-5;
   double rope_theta = 10000.0;
-  std::optional<RopeScaling> rope_scaling;  // nullopt: plain RoPE
+  std::optional<RopeScaling> rope_scaling;  // nullopt: plain RoPE (rope_type "default")
   // true: the output head is the embedding matrix (lm_head.weight is not a
   // separate parameter; see llama.h).
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;  // std of the normal init of every Linear and the embedding
+  // Mistral's sliding_window. Sliding-window attention is not implemented:
+  // attention is fully causal, which equals it exactly while T <= window, so
+  // validate() accepts only nullopt (no window) or a window that is at least
+  // max_position_embeddings (the longest T forward accepts). Llama has none.
+  std::optional<int64_t> sliding_window;
+
+  // Special token ids of the model's vocabulary, as its config.json gives them.
+  // They do not change the math; they are kept so that an export describes the
+  // vocabulary the weights were trained with. nullopt / empty: unknown
+  // (exported as null). eos may be several ids (Llama 3.x instruct models).
+  std::optional<int64_t> bos_token_id;
+  std::vector<int64_t> eos_token_id;
 
   // Dh: head_dim if set, else hidden_size / num_attention_heads.
   int64_t dh() const { return head_dim > 0 ? head_dim : (num_attention_heads > 0 ? hidden_size / num_attention_heads : 0); }
@@ -72,14 +82,17 @@ struct LlamaConfig {
 
   // Throws UsageError naming the offending field, its value and a fix when the
   // config cannot describe a model (non-positive sizes, H % Hkv != 0, odd Dh,
-  // D % H != 0 with head_dim unset, bad rope_scaling, ...).
+  // D % H != 0 with head_dim unset, bad rope_scaling, a sliding window shorter
+  // than max_position_embeddings, ...).
   void validate() const;
 
   // One line for logs: "llama3.1-8b: D=4096 L=32 H=32 Hkv=8 Dh=128 F=14336 V=128256 ... 8.03B params".
   std::string summary() const;
 
-  // The config as a Hugging Face config.json text (architectures, model_type and
-  // every field above), for writing next to an exported checkpoint.
+  // The config as a Hugging Face config.json text in the form transformers 5
+  // writes (keys sorted; rope_theta and the llama3 scaling inside
+  // "rope_parameters"; unknown token ids as null; no "dtype": the exporter adds
+  // the weights' dtype). registry.h's parse_hf_config reads it back.
   std::string to_hf_config_json() const;
 };
 

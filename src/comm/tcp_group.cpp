@@ -1,0 +1,510 @@
+#include "comm/tcp_group.h"
+
+#include "fsdp/common/error.h"
+
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
+
+#include <condition_variable>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <sstream>
+#include <thread>
+
+namespace fsdp::comm {
+
+// Note [TCP lanes]
+// Each group owns two tcp::Mesh'es ("lanes"), each with a worker thread that
+// drains a FIFO of work: the gather lane runs all_gather and broadcast, the
+// reduce lane reduce_scatter and all_reduce. A lane runs one collective at a
+// time and every rank issues the same sequence per lane, so each connection's
+// byte stream lines up without tags (Note [TCP transport]). Lanes share
+// nothing but the listen address, so they progress independently (the CPU
+// analogue of NCCL's streams). After a failure the lane closes its
+// connections, so the peers waiting on it fail at once instead of at their
+// timeout, and refuses further work with the first error: a lost peer costs
+// one failure, not one timeout per queued collective.
+//
+// Note [Reduce-scatter by alltoall]
+// reduce_scatter = alltoall (chunk j of `in` goes to rank j) + a local sum of
+// the W received chunks in rank order 0..W-1, in fp32 for bf16/fp16 with one
+// final rounding. Same bytes on the wire as a ring reduce-scatter,
+// bit-identical to a reference that sums per-rank contributions in rank
+// order, and `in` is only read. The sum is pipelined in 1 MiB segments: each
+// peer's chunk arrives in order on its connection, and segment s is summed as
+// soon as its bytes arrived from every peer, while later segments are still on
+// the wire. all_reduce = the same reduce-scatter over W padded chunks +
+// all-gather of the reduced chunks, pipelined segment by segment: identical
+// bits on every rank, half-precision sums accumulated in fp32, and half the
+// wire bytes of upcasting to fp32 first.
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// A view of `t`'s bytes with no autograd metadata and its own version counter:
+// the lanes write through it so the caller's tensors keep their version (a
+// collective refilling an FSDP flat buffer must not invalidate saved tensors).
+at::Tensor raw(const at::Tensor& t) {
+  return at::from_blob(t.data_ptr(), {t.numel()}, at::TensorOptions().dtype(t.scalar_type()));
+}
+
+bool is_half(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
+
+size_t nbytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
+
+std::string desc(const at::Tensor& t) { return detail::cat(t.scalar_type(), "[", t.numel(), "]"); }
+
+}  // namespace
+
+// One unit of queued work. The closure holds the tensors until it has run.
+class TcpWork final : public Work {
+ public:
+  using Fn = std::function<void(TcpLane&)>;
+  TcpWork(std::string what, Fn fn) : what_(std::move(what)), fn_(std::move(fn)) {}
+
+  void wait() override {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return done_; });
+    if (!error_.empty()) detail::throw_failure(error_);
+  }
+  bool completed() override {
+    std::lock_guard<std::mutex> lock(mu_);
+    return done_;
+  }
+
+  const std::string& what() const { return what_; }
+  Fn take_fn() { return std::move(fn_); }
+  void finish(std::string error) {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      done_ = true;
+      error_ = std::move(error);
+    }
+    cv_.notify_all();
+  }
+
+ private:
+  std::string what_;  // "all_gather #3 (Float[4096])", for errors
+  Fn fn_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  bool done_ = false;
+  std::string error_;  // empty: success
+};
+
+class TcpLane {
+ public:
+  TcpLane(std::string group, std::string lane, std::unique_ptr<tcp::Mesh> mesh,
+          std::chrono::milliseconds timeout)
+      : group_(std::move(group)),
+        lane_(std::move(lane)),
+        mesh_(std::move(mesh)),
+        timeout_(timeout),
+        thread_([this] { loop(); }) {}
+
+  ~TcpLane() {
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    thread_.join();
+  }
+
+  WorkPtr enqueue(const std::string& op, const std::string& desc, TcpWork::Fn fn) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto work = std::make_shared<TcpWork>(detail::cat(op, " #", issued_, " (", desc, ")"), std::move(fn));
+    ++issued_;
+    queue_.push_back(work);
+    cv_.notify_all();
+    return work;
+  }
+
+  // Lane thread only, below.
+  tcp::Mesh& mesh() { return *mesh_; }
+  // The running collective's deadline: the group's timeout from its start.
+  Clock::time_point deadline() const { return deadline_; }
+  // Grow-only scratch buffers, kept between collectives: a fresh allocation of
+  // many MiB costs a page fault per 4 KiB on first touch, which measured as
+  // much as the sum itself.
+  enum Scratch { kReceive, kPadded, kSegment, kAccumulator, kScratchSlots };
+  // At least `numel` elements of `dtype` in `slot`; contents undefined.
+  at::Tensor scratch(Scratch slot, int64_t numel, at::ScalarType dtype) {
+    at::Tensor& s = scratch_[slot];
+    const auto bytes = static_cast<int64_t>(numel * c10::elementSize(dtype));
+    if (!s.defined() || s.numel() < bytes) {
+      s = at::Tensor();  // release the old buffer before allocating the new one
+      s = at::empty({bytes}, at::kByte);
+    }
+    return at::from_blob(s.data_ptr(), {numel}, at::TensorOptions().dtype(dtype));
+  }
+
+ private:
+  void loop() {
+    for (;;) {
+      std::shared_ptr<TcpWork> work;
+      {
+        std::unique_lock<std::mutex> lock(mu_);
+        cv_.wait(lock, [&] { return stop_ || !queue_.empty(); });
+        if (queue_.empty()) return;  // stop_ and drained
+        work = std::move(queue_.front());
+        queue_.pop_front();
+      }
+      TcpWork::Fn fn = work->take_fn();
+      if (!broken_.empty()) {
+        work->finish(detail::cat(work->what(), " on group '", group_, "' was not run: the ", lane_,
+                                 " lane failed earlier (", broken_, ")"));
+        continue;
+      }
+      std::string error;
+      try {
+        deadline_ = Clock::now() + timeout_;
+        fn(*this);
+      } catch (const tcp::TransportError& e) {
+        error = describe_failure(work->what(), e.kind() == tcp::TransportError::Kind::kTimeout, e.what());
+      } catch (const std::exception& e) {
+        error = describe_failure(work->what(), false, e.what());
+      }
+      if (!error.empty()) {
+        mesh_->close(error);  // peers waiting on this rank fail now, not at their timeout
+        broken_ = error;
+      }
+      fn = nullptr;  // drop tensor references before signalling completion
+      work->finish(std::move(error));
+    }
+  }
+
+  std::string describe_failure(const std::string& what, bool timed_out, const std::string& cause) const {
+    const std::string head = detail::cat(what, " on group '", group_, "' (rank ", mesh_->rank(), " of ",
+                                         mesh_->size(), ", ", lane_, " lane) ");
+    if (timed_out) {
+      return detail::cat(head, "timed out after ", timeout_.count(), " ms: ", cause,
+                         " — another rank did not run the matching collective: it exited, crashed, hung, "
+                         "or issued a different sequence of collectives; see the other ranks' logs");
+    }
+    return detail::cat(head, "failed: ", cause);
+  }
+
+  const std::string group_;
+  const std::string lane_;
+  const std::unique_ptr<tcp::Mesh> mesh_;
+  const std::chrono::milliseconds timeout_;
+  Clock::time_point deadline_;  // lane thread only
+  at::Tensor scratch_[kScratchSlots];  // lane thread only
+  std::string broken_;          // lane thread only: first failure
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<TcpWork>> queue_;
+  int64_t issued_ = 0;
+  bool stop_ = false;
+  std::thread thread_;  // last: starts after every other member exists
+};
+
+namespace {
+
+std::unique_ptr<TcpLane> connect_lane(const c10::intrusive_ptr<c10d::Store>& store,
+                                      const tcp::ListenAddress& address,
+                                      const std::string& group, const std::string& lane, int rank,
+                                      int size, std::chrono::milliseconds timeout) {
+  return std::make_unique<TcpLane>(group, lane,
+                                   tcp::Mesh::connect(store, address, group, lane, rank, size, timeout),
+                                   timeout);
+}
+
+// Segment size of the pipelined reduce: small enough that a segment is still
+// in cache when it is summed, large enough to amortise the per-segment waits.
+constexpr size_t kSegmentBytes = size_t{1} << 20;
+
+// out (n elements) = op over parts[0..w) (each n elements, rank order).
+// `acc_scratch` is fp32 of >= n elements, used for bf16/fp16 sums.
+// See Note [Reduce-scatter by alltoall].
+void reduce_parts(const std::vector<at::Tensor>& parts, at::Tensor out, ReduceOp op,
+                  const at::Tensor& acc_scratch) {
+  const size_t w = parts.size();
+  if (op == ReduceOp::kMax) {  // exact in any precision
+    at::maximum_out(out, parts[0], parts[1]);
+    for (size_t i = 2; i < w; ++i) at::maximum_out(out, out, parts[i]);
+    return;
+  }
+  if (!is_half(out.scalar_type())) {
+    at::add_out(out, parts[0], parts[1]);  // == copy of parts[0], then += parts[1]
+    for (size_t i = 2; i < w; ++i) out.add_(parts[i]);
+    if (op == ReduceOp::kAvg) out.div_(static_cast<int64_t>(w));
+    return;
+  }
+  at::Tensor acc = acc_scratch.narrow(0, 0, out.numel());
+  acc.copy_(parts[0]);
+  for (size_t i = 1; i < w; ++i) acc.add_(parts[i]);  // fp32 += half: computed in fp32
+  if (op == ReduceOp::kAvg) acc.div_(static_cast<int64_t>(w));
+  out.copy_(acc);  // the one rounding
+}
+
+// Chunk j of `send` (w chunks of n = out.numel()) goes to rank j; `out` = op
+// over the chunks every rank sent us, in rank order; our own contribution is
+// read in place from `send`. The peers' chunks land in the lane's scratch.
+// With `gather` (all_reduce), `out` is chunk rank() of `send` itself, and the
+// reduce becomes an all-reduce in place in `send`: each reduced segment is
+// written over our (consumed) contribution and sent to every peer as soon as
+// it is ready, and the peers' reduced segments land in their chunks of `send`.
+// That is safe: a peer's reduced segment s can only arrive after that peer
+// received our segment s of its chunk, so our send of that region is complete
+// by then. Reduce-scatter and all-gather overlap. Per connection the order is:
+// the whole reduce-scatter chunk, then the all-gather segments in order — the
+// same on both ends, as Note [TCP transport] requires.
+void alltoall_reduce(TcpLane& lane, const at::Tensor& send, const at::Tensor& out, ReduceOp op,
+                     bool gather) {
+  tcp::Mesh& mesh = lane.mesh();
+  const int w = mesh.size();
+  const int me = mesh.rank();
+  const int64_t n = out.numel();
+  const size_t elem = send.element_size();
+  const size_t chunk = static_cast<size_t>(n) * elem;
+  const int64_t seg = std::max<int64_t>(1, static_cast<int64_t>(kSegmentBytes / elem));
+  const int64_t segments = (n + seg - 1) / seg;
+  at::Tensor recv = lane.scratch(TcpLane::kReceive, send.numel(), send.scalar_type());
+  at::Tensor acc = is_half(out.scalar_type()) && op != ReduceOp::kMax
+                       ? lane.scratch(TcpLane::kAccumulator, std::min(n, seg), at::kFloat)
+                       : at::Tensor();
+  // In place (gather), summing straight into `out` would overwrite our
+  // contribution before rank order reads it: sum into a segment, then copy.
+  at::Tensor seg_out =
+      gather ? lane.scratch(TcpLane::kSegment, std::min(n, seg), out.scalar_type()) : at::Tensor();
+  const at::Tensor send_raw = raw(send);
+  const at::Tensor out_raw = raw(out);
+  auto* send_ptr = static_cast<char*>(send.data_ptr());  // written only with `gather`
+  const auto* out_ptr = static_cast<const char*>(out.data_ptr());
+  auto* recv_ptr = static_cast<char*>(recv.data_ptr());
+  auto peer_to = [&](int i) { return (me + i) % w; };  // staggered: not everyone serves rank 0 first
+  auto peer_from = [&](int i) { return (me + w - i) % w; };
+
+  mesh.begin_op();
+  std::vector<uint64_t> base(static_cast<size_t>(w), 0);
+  for (int q = 0; q < w; ++q) {
+    if (q != me) base[static_cast<size_t>(q)] = mesh.received(q);
+  }
+  for (int i = 1; i < w; ++i) {
+    mesh.post_send(peer_to(i), send_ptr + peer_to(i) * chunk, chunk);
+    mesh.post_recv(peer_from(i), recv_ptr + peer_from(i) * chunk, chunk);
+  }
+  std::vector<at::Tensor> parts(static_cast<size_t>(w));
+  for (int64_t s = 0; s < segments; ++s) {
+    const int64_t off = s * seg;
+    const int64_t len = std::min(seg, n - off);
+    const uint64_t need = static_cast<uint64_t>(off + len) * elem;  // bytes of each peer's chunk
+    mesh.wait_until(
+        [&] {
+          for (int q = 0; q < w; ++q) {
+            if (q != me && mesh.received(q) - base[static_cast<size_t>(q)] < need) return false;
+          }
+          return true;
+        },
+        lane.deadline());
+    for (int q = 0; q < w; ++q) {
+      parts[static_cast<size_t>(q)] = q == me ? send_raw.narrow(0, me * n + off, len)
+                                              : recv.narrow(0, q * n + off, len);
+    }
+    if (!gather) {
+      reduce_parts(parts, out_raw.narrow(0, off, len), op, acc);
+      continue;
+    }
+    reduce_parts(parts, seg_out.narrow(0, 0, len), op, acc);
+    out_raw.narrow(0, off, len).copy_(seg_out.narrow(0, 0, len));
+    for (int i = 1; i < w; ++i) {
+      mesh.post_send(peer_to(i), out_ptr + off * elem, len * elem);
+      mesh.post_recv(peer_from(i), send_ptr + peer_from(i) * chunk + off * elem, len * elem);
+    }
+  }
+  mesh.wait_all(lane.deadline());
+}
+
+}  // namespace
+
+TcpProcessGroup::TcpProcessGroup(c10::intrusive_ptr<c10d::Store> store, int rank, int size,
+                                 std::string name, std::chrono::milliseconds timeout,
+                                 std::shared_ptr<const tcp::ListenAddress> address)
+    : ProcessGroup(rank, size, std::move(name), timeout),
+      store_(std::move(store)),
+      address_(std::move(address)) {
+  if (size == 1) return;
+  FSDP_ASSERT(address_ != nullptr && store_, "group '", this->name(), "' of size ", size,
+              " needs an address and a store");
+  gather_lane_ = connect_lane(store_, *address_, this->name(), "gather", rank, size, timeout);
+  reduce_lane_ = connect_lane(store_, *address_, this->name(), "reduce", rank, size, timeout);
+}
+
+TcpProcessGroup::~TcpProcessGroup() = default;  // each lane drains, joins its thread, closes its mesh
+
+WorkPtr TcpProcessGroup::do_all_gather(const at::Tensor& out, const at::Tensor& in) {
+  if (in.numel() == 0) return completed_work();
+  const size_t n = nbytes(in);
+  auto* chunk = static_cast<char*>(out.data_ptr()) + static_cast<size_t>(rank()) * n;
+  const bool in_place = in.data_ptr() == chunk;
+  if (size() == 1) {
+    if (!in_place) std::memcpy(chunk, in.data_ptr(), n);
+    return completed_work();
+  }
+  return gather_lane_->enqueue("all_gather", desc(in), [out, in, in_place](TcpLane& lane) {
+    tcp::Mesh& mesh = lane.mesh();
+    const int w = mesh.size();
+    const int me = mesh.rank();
+    const size_t bytes = nbytes(in);
+    auto* base = static_cast<char*>(out.data_ptr());
+    const void* mine = in_place ? base + me * bytes : in.data_ptr();
+    mesh.begin_op();
+    for (int i = 1; i < w; ++i) {
+      const int to = (me + i) % w;
+      const int from = (me + w - i) % w;
+      mesh.post_send(to, mine, bytes);
+      mesh.post_recv(from, base + from * bytes, bytes);
+    }
+    if (!in_place) std::memcpy(base + me * bytes, in.data_ptr(), bytes);
+    mesh.wait_all(lane.deadline());
+  });
+}
+
+WorkPtr TcpProcessGroup::do_broadcast(const at::Tensor& t, int root) {
+  if (t.numel() == 0 || size() == 1) return completed_work();
+  const std::string what = detail::cat(desc(t), " from root ", root);
+  return gather_lane_->enqueue("broadcast", what, [t, root](TcpLane& lane) {
+    tcp::Mesh& mesh = lane.mesh();
+    mesh.begin_op();
+    if (mesh.rank() == root) {
+      for (int i = 1; i < mesh.size(); ++i) mesh.post_send((root + i) % mesh.size(), t.data_ptr(), nbytes(t));
+    } else {
+      mesh.post_recv(root, t.data_ptr(), nbytes(t));
+    }
+    mesh.wait_all(lane.deadline());
+  });
+}
+
+WorkPtr TcpProcessGroup::do_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) {
+  if (out.numel() == 0) return completed_work();
+  if (size() == 1) {  // op over one contribution is the contribution (x / 1 == x)
+    std::memcpy(out.data_ptr(), in.data_ptr(), nbytes(out));
+    return completed_work();
+  }
+  return reduce_lane_->enqueue("reduce_scatter", detail::cat(desc(in), ", ", to_string(op)),
+                               [out, in, op](TcpLane& lane) {
+                                 alltoall_reduce(lane, in, out, op, /*gather=*/false);
+                               });
+}
+
+WorkPtr TcpProcessGroup::do_all_reduce(const at::Tensor& t, ReduceOp op) {
+  if (t.numel() == 0 || size() == 1) return completed_work();
+  const int w = size();
+  const int me = rank();
+  return reduce_lane_->enqueue("all_reduce", detail::cat(desc(t), ", ", to_string(op)),
+                               [t, op, w, me](TcpLane& lane) {
+    const int64_t n = t.numel();
+    const int64_t c = (n + w - 1) / w;  // chunk per rank; the tail of the last ones is padding
+    const at::Tensor t_raw = raw(t);
+    if (c * w == n) {  // in place in t
+      alltoall_reduce(lane, t_raw, t_raw.narrow(0, me * c, c), op, /*gather=*/true);
+      return;
+    }
+    at::Tensor send = lane.scratch(TcpLane::kPadded, c * w, t.scalar_type());
+    send.narrow(0, 0, n).copy_(t_raw);
+    send.narrow(0, n, c * w - n).zero_();
+    alltoall_reduce(lane, send, send.narrow(0, me * c, c), op, /*gather=*/true);
+    t_raw.copy_(send.narrow(0, 0, n));
+  });
+}
+
+void TcpProcessGroup::barrier(std::chrono::milliseconds timeout) {
+  if (size() == 1) return;
+  int64_t generation;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    generation = barrier_generation_++;
+  }
+  // Having passed barrier generation-1, everyone has passed generation-2: its keys are dead.
+  // Deleted before, not after, this barrier: see Note [Leaving a barrier].
+  if (generation > 1) {
+    store_->deleteKey(detail::cat("barrier/", generation - 2, "/arrive/", rank()));
+    if (rank() != 0) store_->deleteKey(detail::cat("barrier/", generation - 2, "/leave/", rank()));
+  }
+  store_barrier(*store_, detail::cat("barrier/", generation), rank(), size(), name(), timeout);
+}
+
+std::shared_ptr<ProcessGroup> TcpProcessGroup::new_group(const std::vector<int>& ranks,
+                                                         const std::string& tag) {
+  const NewGroupPlan plan = plan_new_group(ranks, tag);
+  if (plan.size == 1) {
+    return std::make_shared<TcpProcessGroup>(c10::intrusive_ptr<c10d::Store>(), 0, 1, tag, timeout(), nullptr);
+  }
+  auto store = c10::make_intrusive<c10d::PrefixStore>(plan.store_prefix, store_);
+  return std::make_shared<TcpProcessGroup>(std::move(store), plan.rank, plan.size, tag, timeout(), address_);
+}
+
+ProcessGroupPtr make_tcp_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                               const std::string& name, std::chrono::milliseconds timeout,
+                               const TcpTransportOptions& transport) {
+  FSDP_CHECK(size >= 1 && rank >= 0 && rank < size, "make_tcp_group('", name, "'): rank ", rank,
+             " must be in [0, ", size, ")");
+  if (size == 1) return std::make_shared<TcpProcessGroup>(store, 0, 1, name, timeout, nullptr);
+  FSDP_CHECK(store, "make_tcp_group('", name, "'): a group of ", size, " ranks needs a store");
+  return std::make_shared<TcpProcessGroup>(
+      store, rank, size, name, timeout,
+      std::make_shared<const tcp::ListenAddress>(tcp::choose_listen_address(transport)));
+}
+
+void store_barrier(c10d::Store& store, const std::string& prefix, int rank, int size,
+                   const std::string& group, std::chrono::milliseconds timeout) {
+  // Note [Leaving a barrier]
+  // The last barrier of a job is often a process's last use of the store, and
+  // the store may live in rank 0 (plain env, Slurm): once rank 0 is through, it
+  // may exit and take the store with it. So nobody may still need the store
+  // when rank 0 leaves: every other rank, once through, sets leave/<r> (a set
+  // needs no reply), and rank 0 leaves only after all of those. Waits block in
+  // the store rather than poll check(): a poller can sleep through the moment
+  // everyone arrived. c10d 2.x's TCPStore cancels a timed-out wait cleanly
+  // (1.13's left the connection out of step).
+  const auto deadline = Clock::now() + timeout;
+  auto keys_of = [&](const char* phase, int first) {
+    std::vector<std::string> keys;
+    for (int r = first; r < size; ++r) keys.push_back(detail::cat(prefix, "/", phase, "/", r));
+    return keys;
+  };
+  // Waits for `keys` (ranks first..size-1); on timeout returns the ranks still missing.
+  auto wait_for = [&](const std::vector<std::string>& keys, int first) -> std::string {
+    const auto left = std::max(std::chrono::milliseconds(1),
+                               std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()));
+    try {
+      store.wait(keys, left);
+      return "";
+    } catch (const std::exception&) {
+      // Timed out (or the store failed: check() below tells).
+    }
+    std::ostringstream missing;
+    int n_missing = 0;
+    try {
+      for (size_t i = 0; i < keys.size(); ++i) {
+        if (!store.check({keys[i]})) missing << (n_missing++ ? ", " : "") << first + static_cast<int>(i);
+      }
+    } catch (const std::exception& e) {
+      FSDP_FAIL("barrier on group '", group, "': the rendezvous store failed: ", e.what(),
+                " — the process hosting it (rank 0 or the launcher) exited or crashed; see its log");
+    }
+    if (n_missing == 0) return "";  // the last one arrived just as the wait gave up
+    return detail::cat(n_missing == 1 ? "rank " : "ranks ", missing.str());
+  };
+
+  store.set(detail::cat(prefix, "/arrive/", rank), std::vector<uint8_t>{1});
+  const std::string absent = wait_for(keys_of("arrive", 0), 0);
+  if (!absent.empty()) {
+    FSDP_FAIL("barrier on group '", group, "' timed out after ", timeout.count(), " ms: ", absent,
+              " did not arrive — they are slower, hung, crashed or skipped the barrier; see their logs");
+  }
+  if (rank != 0) {
+    store.set(detail::cat(prefix, "/leave/", rank), std::vector<uint8_t>{1});
+    return;
+  }
+  const std::string stuck = wait_for(keys_of("leave", 1), 1);
+  if (!stuck.empty()) {
+    FSDP_FAIL("barrier on group '", group, "' timed out after ", timeout.count(), " ms: ", stuck,
+              " arrived but did not leave — they crashed inside the barrier; see their logs");
+  }
+}
+
+}  // namespace fsdp::comm
