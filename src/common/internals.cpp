@@ -3,46 +3,98 @@
 #include <c10/core/Allocator.h>
 #include <c10/core/StorageImpl.h>
 #include <sys/mman.h>
+
+#include <map>
+#include <mutex>
+#include <vector>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/variable.h>
 
 namespace fsdp::internals {
 
-namespace {
+// Page-aligned (>= the 64 bytes LibTorch expects) anonymous mappings, cached by
+// size up to a byte budget. The allocator object lives inside the shared state:
+// storages keep a raw pointer to it, and every block keeps the state alive.
+struct HostBufferPool::State final : c10::Allocator {
+  explicit State(size_t max_cached) : max_cached_bytes(max_cached) {}
+  ~State() override {
+    for (auto& [bytes, ptrs] : free)
+      for (void* p : ptrs) munmap(p, bytes);
+  }
 
-struct MmapBlock {
-  void* ptr;
-  size_t bytes;
-};
+  struct Block {
+    void* ptr;
+    size_t bytes;
+    std::shared_ptr<State> pool;
+  };
 
-void unmap_block(void* ctx) {
-  auto* b = static_cast<MmapBlock*>(ctx);
-  munmap(b->ptr, b->bytes);
-  delete b;
-}
+  static void release(void* ctx) {
+    std::unique_ptr<Block> b(static_cast<Block*>(ctx));
+    State& s = *b->pool;
+    {
+      std::lock_guard<std::mutex> lock(s.mu);
+      if (s.cached + b->bytes <= s.max_cached_bytes) {
+        s.free[b->bytes].push_back(b->ptr);
+        s.cached += b->bytes;
+        return;
+      }
+    }
+    munmap(b->ptr, b->bytes);
+  }
 
-// Page-aligned (>= the 64 bytes LibTorch expects) anonymous mappings.
-struct MmapAllocator final : c10::Allocator {
   c10::DataPtr allocate(size_t n) override {
-    if (n == 0) return c10::DataPtr(nullptr, nullptr, &unmap_block, c10::Device(c10::kCPU));
-    void* p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-    if (p == MAP_FAILED) throw c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                                          "mmap of " + std::to_string(n) + " bytes failed (out of memory)");
-    return c10::DataPtr(p, new MmapBlock{p, n}, &unmap_block, c10::Device(c10::kCPU));
+    if (n == 0) return c10::DataPtr(nullptr, c10::Device(c10::kCPU));
+    void* p = nullptr;
+    {
+      std::lock_guard<std::mutex> lock(mu);
+      auto it = free.find(n);
+      if (it != free.end() && !it->second.empty()) {
+        p = it->second.back();
+        it->second.pop_back();
+        cached -= n;
+      }
+    }
+    if (p == nullptr) {
+      p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+      if (p == MAP_FAILED) throw c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                            "mmap of " + std::to_string(n) + " bytes failed (out of memory)");
+      std::lock_guard<std::mutex> lock(mu);
+      ++mapped;
+    }
+    return c10::DataPtr(p, new Block{p, n, self.lock()}, &State::release, c10::Device(c10::kCPU));
   }
   void copy_data(void* dest, const void* src, std::size_t count) const override {
     default_copy_data(dest, src, count);
   }
+
+  const size_t max_cached_bytes;
+  std::weak_ptr<State> self;
+  mutable std::mutex mu;
+  std::map<size_t, std::vector<void*>> free;  // bytes -> released blocks of that size
+  size_t cached = 0;
+  int64_t mapped = 0;
 };
 
-MmapAllocator g_mmap_allocator;  // stateless
+HostBufferPool::HostBufferPool(size_t max_cached_bytes) : state_(std::make_shared<State>(max_cached_bytes)) {
+  state_->self = state_;
+}
 
-}  // namespace
+HostBufferPool::~HostBufferPool() = default;
 
-at::Tensor empty_mmap(int64_t numel, at::ScalarType dtype) {
+at::Tensor HostBufferPool::empty(int64_t numel, at::ScalarType dtype) {
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, &g_mmap_allocator, /*resizable=*/false);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, state_.get(), /*resizable=*/false);
   return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(storage, 0, {numel}, {1});
+}
+
+size_t HostBufferPool::cached_bytes() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->cached;
+}
+
+int64_t HostBufferPool::blocks_mapped() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->mapped;
 }
 
 void free_storage(const at::Tensor& t) {

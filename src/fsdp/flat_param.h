@@ -29,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/common/internals.h"
 #include "fsdp/fsdp.h"
 
 namespace fsdp::detail {
@@ -63,6 +64,9 @@ struct FlatParamOptions {
   at::Device shard_device = at::kCPU;       // shard_, grad_shard_
   bool pin_shards = false;                  // page-locked host shards (CPU offload with CUDA)
   bool replicated = false;                  // NO_SHARD: full_ is never freed
+  // Host memory for full_ and full_grad_ on the CPU (shared by every unit of a
+  // model; see Note [Host buffers from mmap]). Null: LibTorch's allocator.
+  std::shared_ptr<internals::HostBufferPool> host_pool;
 };
 
 class FlatParam {

@@ -253,16 +253,41 @@ void ShardedModelImpl::build_units() {
   std::vector<PlannedUnit> plan = plan_units(root_module_, options_);
 
   // --- flat parameters, shards, hooks
-  const bool no_shard = options_.strategy == ShardingStrategy::kNoShard;
   FlatParamOptions fpo;
-  fpo.shard_rank = no_shard ? 0 : shard_group_->rank();
-  fpo.shard_size = no_shard ? 1 : shard_group_->size();
   fpo.param_dtype = options_.mixed_precision.param_dtype;
   fpo.shard_dtype = options_.mixed_precision.master_dtype;
   fpo.device = options_.device;
   fpo.shard_device = options_.cpu_offload ? at::Device(at::kCPU) : options_.device;
   fpo.pin_shards = options_.cpu_offload && options_.device.is_cuda();
-  fpo.replicated = no_shard;
+  // Note [One-rank shard groups]
+  // A shard group of one rank holds every parameter in its shard. When that
+  // shard can be the parameters themselves (same dtype, same device), sharding
+  // would only copy it into a buffer and free the buffer again, twice a step:
+  // the unit is laid out as NO_SHARD's single copy instead — nothing gathered,
+  // freed or copied, no extra memory — as PyTorch FSDP does at world size 1.
+  // Gradients are still averaged over the replicas (HYBRID). With a bf16 compute
+  // copy or CPU offload the strategy stands: keeping the compute copy resident
+  // would cost memory the user asked not to spend.
+  replicated_ = options_.strategy == ShardingStrategy::kNoShard ||
+                (shard_group_->size() == 1 && fpo.param_dtype == fpo.shard_dtype && fpo.shard_device == fpo.device);
+  fpo.shard_rank = replicated_ ? 0 : shard_group_->rank();
+  fpo.shard_size = replicated_ ? 1 : shard_group_->size();
+  fpo.replicated = replicated_;
+  if (options_.device.is_cpu()) {
+    // Cache up to two blocks of the largest non-root unit: what the next unit
+    // takes while the previous one is being released (Note [Host buffers from
+    // mmap]). The root's block is larger than that in language models
+    // (embeddings) and is not kept between steps.
+    int64_t largest = 0;
+    for (size_t k = 1; k < plan.size(); ++k) {
+      int64_t numel = 0;
+      for (const auto& s : plan[k].sources) numel += s.param.numel();
+      largest = std::max(largest, (numel + fpo.shard_size - 1) / fpo.shard_size * fpo.shard_size);
+    }
+    host_pool_ = std::make_shared<internals::HostBufferPool>(
+        static_cast<size_t>(2 * largest) * c10::elementSize(fpo.param_dtype));
+    fpo.host_pool = host_pool_;
+  }
   for (auto& u : nn::find_units(root_module_)) u.second->set_hooks(nullptr);  // folded units: plain call
   for (size_t k = 0; k < plan.size(); ++k) {
     PlannedUnit& pu = plan[k];
@@ -275,7 +300,7 @@ void ShardedModelImpl::build_units() {
       world_->broadcast(source, 0)->wait();
     }
     flat->init_shard(source, options_.init_rule, options_.seed);
-    flat->bind(/*keep_allocated=*/no_shard);
+    flat->bind(/*keep_allocated=*/replicated_);
 
     infos_.push_back(unit_info(pu, flat->layout(), flat->shard_offset()));
     auto unit = std::make_shared<ShardedUnit>(this, k, pu.name, infos_.back().type_name, k == 0, pu.checkpoint,
@@ -304,7 +329,7 @@ void ShardedModelImpl::build_units() {
 // ---- iteration bookkeeping --------------------------------------------------
 
 bool ShardedModelImpl::reshards_after_forward(const ShardedUnit& u) const {
-  if (u.is_root()) return false;  // needed again at once by backward
+  if (u.is_root() || replicated_) return false;  // root: needed again at once by backward
   return options_.strategy == ShardingStrategy::kFullShard || options_.strategy == ShardingStrategy::kHybridShard;
 }
 
@@ -447,7 +472,7 @@ double ShardedModelImpl::grad_norm() {
     u->ensure_grad_valid();
     local += u->flat().grad_shard().to(at::kDouble).pow(2).sum().item<double>();
   }
-  if (options_.strategy != ShardingStrategy::kNoShard && shard_group_->size() > 1) {
+  if (!replicated_ && shard_group_->size() > 1) {
     // Shards are disjoint within the shard group; replicas (HYBRID) hold the
     // same shards and are not summed again.
     at::Tensor t = at::full({1}, local, at::TensorOptions().dtype(at::kDouble));
@@ -490,7 +515,7 @@ at::Tensor ShardedModelImpl::gather_unit(size_t u) {
   assert_idle("gather_unit");
   FSDP_CHECK(u < units_.size(), "gather_unit: unit ", u, " out of range (", units_.size(), " units)");
   FlatParam& f = units_[u]->flat();
-  if (options_.strategy == ShardingStrategy::kNoShard) return f.shard().narrow(0, 0, f.layout().numel).clone();
+  if (replicated_) return f.shard().narrow(0, 0, f.layout().numel).clone();
   at::Tensor full = at::empty({f.layout().padded_numel}, f.shard().options());
   shard_group_->all_gather(full, f.shard())->wait();
   return full.narrow(0, 0, f.layout().numel);
@@ -596,6 +621,12 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
   plan.grad_shard_bytes = plan.param_shard_bytes;
   plan.largest_unit_bytes = std::max(largest, root_padded) * pbytes;
   const int64_t grads_in_flight = (1 + static_cast<int64_t>(detail::kMaxInflightReduces)) * largest * pbytes;
+  // See Note [One-rank shard groups]: such groups keep the single copy of NO_SHARD.
+  const bool single_copy = mp.param_dtype == mp.master_dtype && !options.cpu_offload;
+  if (plan.shard_size == 1 && single_copy) {
+    plan.step_unsharded_bytes = 0;
+    return plan;
+  }
   switch (options.strategy) {
     case ShardingStrategy::kFullShard:
     case ShardingStrategy::kHybridShard:
@@ -605,11 +636,9 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
     case ShardingStrategy::kShardGradOp:
       plan.step_unsharded_bytes = all_padded * pbytes + grads_in_flight;
       break;
-    case ShardingStrategy::kNoShard: {
-      const bool single = mp.param_dtype == mp.master_dtype && !options.cpu_offload;
-      plan.step_unsharded_bytes = single ? 0 : 2 * all_padded * pbytes;
+    case ShardingStrategy::kNoShard:
+      plan.step_unsharded_bytes = 2 * all_padded * pbytes;
       break;
-    }
   }
   return plan;
 }

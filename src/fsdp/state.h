@@ -157,7 +157,11 @@ class ShardedModelImpl {
   void end_of_backward();
 
   bool reshards_after_forward(const ShardedUnit& u) const;
-  bool reshards_after_backward() const { return options_.strategy != ShardingStrategy::kNoShard; }
+  bool reshards_after_backward() const { return !replicated_; }
+  // Every unit keeps all its parameters resident and reduces with an all-reduce:
+  // NO_SHARD, or a shard group of one rank whose shard can serve as the
+  // parameters themselves. See Note [One-rank shard groups].
+  bool replicated() const { return replicated_; }
   bool sync_grads() const { return sync_grads_; }
 
   // Public API (ShardedModel forwards here).
@@ -191,6 +195,8 @@ class ShardedModelImpl {
   std::vector<std::shared_ptr<nn::UnitBase>> unit_modules_;
   std::vector<UnitInfo> infos_;
 
+  bool replicated_ = false;
+  std::shared_ptr<internals::HostBufferPool> host_pool_;  // CPU: unsharded buffers
   bool sync_grads_ = true;
   bool in_backward_ = false;
   bool callback_queued_ = false;

@@ -53,8 +53,7 @@ void ShardedUnit::check_state_for(const char* what, ShardState expected) const {
 
 void ShardedUnit::unshard() {
   if (state_ != ShardState::kSharded) return;
-  const bool no_shard = root_->options().strategy == ShardingStrategy::kNoShard;
-  if (no_shard) {
+  if (root_->replicated()) {
     // Replicated: the "gather" is a cast of the master copy (none when it is
     // the single fp32 copy).
     if (!flat_->single_copy()) {
@@ -87,7 +86,7 @@ void ShardedUnit::reshard() {
   if (state_ == ShardState::kSharded) return;
   // Never free bytes a collective is still writing.
   if (state_ == ShardState::kUnsharding) wait_for_unshard();
-  if (root_->options().strategy != ShardingStrategy::kNoShard) flat_->free_full();
+  if (!root_->replicated()) flat_->free_full();
   state_ = ShardState::kSharded;
 }
 
@@ -190,7 +189,7 @@ void ShardedUnit::post_backward(bool flush) {
     if (in.scalar_type() != o.mixed_precision.reduce_dtype) in = in.to(o.mixed_precision.reduce_dtype);
     reduce_in_ = in;
     reduce_into_grad_shard_ = false;
-    if (o.strategy == ShardingStrategy::kNoShard) {
+    if (root_->replicated()) {
       reduce_out_ = in;
       reduce_ = root_->shard_group()->all_reduce(in, comm::ReduceOp::kAvg);
     } else {

@@ -112,10 +112,25 @@ TEST(Engine, ParametersBecomeViewsAndValuesSurviveSharding) {
     auto w1 = model->impl().blocks[0]->impl().w1;
     EXPECT_EQ(w1.sizes(), (std::vector<int64_t>{c.f, c.d}));
     EXPECT_TRUE(w1.requires_grad());
-    // FULL_SHARD at world size 1 still frees the unsharded bytes between uses.
-    if (strategy != ShardingStrategy::kNoShard) {
-      EXPECT_FALSE(internals::storage_allocated(w1)) << to_string(strategy);
-    }
+    // One rank, fp32: every strategy keeps the single copy (Note [One-rank shard
+    // groups]): the parameters are views of the shards themselves.
+    EXPECT_TRUE(internals::storage_allocated(w1)) << to_string(strategy);
+    bool in_a_shard = false;
+    for (const auto& s : sharded->shards()) in_a_shard |= w1.storage().is_alias_of(s.param.storage());
+    EXPECT_TRUE(in_a_shard) << to_string(strategy) << ": w1 is not a view of a shard";
+  }
+  // With a bf16 compute copy the strategy stands: FULL_SHARD at world size 1
+  // still frees the unsharded bytes between uses.
+  for (auto strategy : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp}) {
+    auto model = testing::make_toy(c, false, 5);
+    FsdpOptions o;
+    o.strategy = strategy;
+    o.mixed_precision = MixedPrecision::preset("bf16");
+    auto sharded = fully_shard(model.ptr(), pg, o);
+    model->forward(x, y).backward();
+    auto w1 = model->impl().blocks[0]->impl().w1;
+    EXPECT_EQ(w1.scalar_type(), at::kBFloat16);
+    EXPECT_FALSE(internals::storage_allocated(w1)) << to_string(strategy);
   }
 }
 

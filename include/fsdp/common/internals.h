@@ -36,12 +36,34 @@ bool storage_allocated(const at::Tensor& t);
 // device. Resets dst's cached AccumulateGrad.
 void rebind_data(const at::Tensor& dst, const at::Tensor& src);
 
-// An empty 1-D tensor of `numel` elements whose storage allocates host memory
-// straight from mmap and returns it with munmap — never from malloc, so a
-// freed unsharded buffer always goes back to the system and the next unit's
-// buffer never lands in a fragmented heap. alloc_storage on it allocates the
-// same way.
-at::Tensor empty_mmap(int64_t numel, at::ScalarType dtype);
+// Host memory for unsharded buffers: blocks straight from mmap — never from
+// malloc, whose dynamic threshold would leave freed unit-sized blocks resident
+// in a fragmented heap — with a bounded cache of released blocks reused by
+// size. Units of equal size (every decoder layer) then reuse each other's
+// pages instead of faulting in (and zeroing) fresh ones for every unit, twice a
+// step; at most `max_cached_bytes` is kept beyond what is in use, the rest goes
+// back to the system at once. Thread-safe: a block may be released on any
+// thread (collective lanes drop their tensors there). Blocks hold the pool's
+// state alive, so tensors may outlive the pool object.
+class HostBufferPool {
+ public:
+  explicit HostBufferPool(size_t max_cached_bytes);
+  ~HostBufferPool();
+  HostBufferPool(const HostBufferPool&) = delete;
+  HostBufferPool& operator=(const HostBufferPool&) = delete;
+
+  // An empty 1-D tensor of `numel` elements on this pool's memory; its storage
+  // allocates from the pool again after free_storage / alloc_storage.
+  at::Tensor empty(int64_t numel, at::ScalarType dtype);
+  // Bytes held in the cache now (released, not in use).
+  size_t cached_bytes() const;
+  // Blocks obtained from the system so far (a measure of page faults avoided).
+  int64_t blocks_mapped() const;
+
+ private:
+  struct State;
+  std::shared_ptr<State> state_;
+};
 
 // ---- autograd internals ------------------------------------------------------
 // The AccumulateGrad node of leaf `p` (created on first use). The tensor keeps
