@@ -111,6 +111,8 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   std::vector<at::Tensor> run_eval(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs);
   void check_state_for(const char* what, ShardState expected) const;
   std::vector<at::Tensor> cast_inputs(const std::vector<at::Tensor>& inputs) const;
+  // Whether pre_backward keeps what full_grad holds (else zeros).
+  bool keep_full_grad() const;
 
   ShardedModelImpl* root_;  // not owned; outlives every unit
   size_t index_;
@@ -133,6 +135,7 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   bool prefetched_ = false;     // unsharded ahead of use by a prefetch
   int pending_grads_ = 0;
   bool holds_unsharded_grads_ = false;
+  at::Tensor accumulated_;      // (Np) reduce dtype: unsynchronized gradients, when wider than full_grad's
   bool grad_valid_ = false;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps hooks alive
 

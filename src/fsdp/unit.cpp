@@ -151,10 +151,7 @@ void ShardedUnit::pre_backward() {
   if (grad_state_ != GradState::kIdle) return;  // once per iteration
   root_->on_pre_backward(*this);                // queues the end-of-backward callback, prefetches
   wait_for_unshard();
-  // Keep what is already in full_grad when gradients are being accumulated
-  // unsharded (no_sync), or in the single fp32 copy when no zero_grad came.
-  const bool keep = holds_unsharded_grads_ || (flat_->single_copy() && grad_valid_);
-  flat_->prepare_full_grad(keep);
+  flat_->prepare_full_grad(keep_full_grad());
   pending_grads_ = static_cast<int>(flat_->params().size());
   grad_state_ = GradState::kCollecting;
 }
@@ -177,16 +174,34 @@ void ShardedUnit::post_backward(bool flush) {
     // Ran forward (or holds no_sync gradients) but no gradient flowed this
     // time: contribute zeros, so every rank issues the same collectives.
     FSDP_ASSERT(flush);
-    flat_->prepare_full_grad(/*keep=*/holds_unsharded_grads_ || (flat_->single_copy() && grad_valid_));
+    flat_->prepare_full_grad(keep_full_grad());
   }
   const FsdpOptions& o = root_->options();
+  const at::ScalarType reduce_dtype = o.mixed_precision.reduce_dtype;
+  // See Note [Accumulating without synchronization].
+  const bool accumulate_wider = c10::elementSize(reduce_dtype) > flat_->full_grad().element_size();
 
   if (!root_->sync_grads()) {
-    holds_unsharded_grads_ = true;  // kept in full_grad until a synced backward
+    holds_unsharded_grads_ = true;  // until a synced backward
+    if (accumulate_wider) {
+      at::NoGradGuard no_grad;
+      if (accumulated_.defined()) {
+        accumulated_.add_(flat_->full_grad());  // computed in the wider dtype
+      } else {
+        accumulated_ = flat_->full_grad().to(reduce_dtype);
+      }
+      flat_->release_full_grad();
+    }
     grad_state_ = GradState::kDone;
   } else {
     at::Tensor in = flat_->full_grad();
-    if (in.scalar_type() != o.mixed_precision.reduce_dtype) in = in.to(o.mixed_precision.reduce_dtype);
+    if (accumulated_.defined()) {
+      at::NoGradGuard no_grad;
+      in = accumulated_.add_(in);
+      accumulated_ = at::Tensor();  // reduce_in_ keeps it until the reduction is done
+    } else if (in.scalar_type() != reduce_dtype) {
+      in = in.to(reduce_dtype);
+    }
     reduce_in_ = in;
     reduce_into_grad_shard_ = false;
     if (root_->replicated()) {
@@ -240,6 +255,20 @@ void ShardedUnit::finish_reduce() {
   reduce_out_ = at::Tensor();
   flat_->release_full_grad();
   grad_state_ = GradState::kDone;
+}
+
+// Note [Accumulating without synchronization]
+// Backward passes without gradient synchronization (gradient accumulation)
+// keep the unit's gradients unsharded until the synchronized one. When the
+// reduction dtype is wider than the parameters' (bf16 compute, fp32 reduction)
+// each pass's gradient is added into a buffer of the reduction dtype and its
+// own buffer freed, so the micro-batches are summed in fp32 rather than
+// rounded to bf16 after each one — what PyTorch FSDP2 does. Otherwise they
+// accumulate in place in full_grad (AccumulateGrad adds into the .grad views).
+bool ShardedUnit::keep_full_grad() const {
+  // full_grad still holds unsynchronized gradients, or is the single fp32 copy
+  // that holds gradients no zero_grad cleared.
+  return (holds_unsharded_grads_ && !accumulated_.defined()) || (flat_->single_copy() && grad_valid_);
 }
 
 void ShardedUnit::ensure_grad_valid() {

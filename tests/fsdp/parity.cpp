@@ -128,17 +128,29 @@ ParityReport run_parity(const comm::ProcessGroupPtr& world, const ParityModel& m
     }
     std::vector<at::Tensor> sum(compute.size());
     double ref_loss = 0;
+    // Micro-batches accumulate in the reduction dtype when it is wider than the
+    // compute dtype (the engine's Note [Accumulating without synchronization]),
+    // else in the parameters' .grad as autograd adds them.
+    const bool accumulate_wider = c10::elementSize(mp.reduce_dtype) > c10::elementSize(mp.param_dtype);
     for (int rr = 0; rr < W; ++rr) {
       for (auto& p : compute) p.mutable_grad().reset();
+      std::vector<at::Tensor> acc(compute.size());
       double l_rr = 0;
       for (int64_t a = 0; a < c.grad_accum; ++a) {
         at::Tensor loss = model.loss(*ref, s, (a * W + rr) * B, B).to(at::kFloat) / static_cast<double>(c.grad_accum);
         (c.loss_scaling ? loss * ref_scale : loss).backward();
         l_rr += loss.item<double>();
+        if (!accumulate_wider) continue;
+        for (size_t i = 0; i < compute.size(); ++i) {
+          at::Tensor g = compute[i].grad().defined() ? compute[i].grad() : at::zeros_like(compute[i]);
+          acc[i] = a == 0 ? g.to(mp.reduce_dtype) : acc[i] + g;
+          compute[i].mutable_grad().reset();
+        }
       }
       ref_loss += l_rr;
       for (size_t i = 0; i < compute.size(); ++i) {
-        at::Tensor g = compute[i].grad().defined() ? compute[i].grad() : at::zeros_like(compute[i]);
+        at::Tensor g = accumulate_wider ? acc[i]
+                       : compute[i].grad().defined() ? compute[i].grad() : at::zeros_like(compute[i]);
         // Rank-order sum in fp32 (the process groups accumulate half types in fp32).
         at::Tensor gr = g.to(mp.reduce_dtype).to(at::kFloat);
         sum[i] = rr == 0 ? gr.clone() : sum[i] + gr;
