@@ -105,8 +105,10 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   o.data.path = "embedded";
   app.add_option("--data", o.data.path,
-                 "Training data: plain text, JSON lines (field --text-field), a binary file of little-endian token "
-                 "ids, or a directory of .bin shards; 'embedded': the corpus scripts/prepare_data.sh builds from "
+                 "Training data: plain text, JSON lines (field --text-field), either optionally gzip-compressed "
+                 "(.json.gz), a binary file of little-endian token ids, a directory of such files, or a pattern "
+                 "such as 'c4/en/c4-train.*.json.gz' (files in name order); 'embedded': the corpus "
+                 "scripts/prepare_data.sh builds from "
                  "Debian's fortunes package (build/data/corpus.jsonl), else the repository's small fallback data/fallback_corpus.jsonl")
       ->capture_default_str();
   app.add_option("--data-format", format, "auto | text | jsonl | bin (auto: by extension and content)")
@@ -117,7 +119,9 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"u16", "u32", "uint16", "uint32"}))
       ->capture_default_str();
   app.add_option("--tokenizer", o.data.tokenizer,
-                 "Tokenizer for text data: byte, a SentencePiece .model, or a tiktoken BPE file (Llama 3)")
+                 "Tokenizer for text data: byte, a Hugging Face tokenizer.json (Llama 3, Qwen2/2.5/3, SmolLM2, "
+                 "Llama 2, Mistral, TinyLlama), a SentencePiece .model, a tiktoken BPE file (Llama 3), or a model "
+                 "directory holding tokenizer.json or tokenizer.model")
       ->capture_default_str();
   app.add_option("--seq-len", o.data.seq_len, "Tokens per sample (T)")->capture_default_str();
   app.add_option("--batch-size", o.step.batch_size, "Samples per rank per micro-batch (B)")->capture_default_str();
@@ -134,7 +138,10 @@ int run(int argc, char** argv) {
   app.add_option("--beta2", o.adamw.beta2, "AdamW beta2")->capture_default_str();
   app.add_option("--clip-grad", o.step.clip_grad, "Clip the global gradient norm to this (0: off)")
       ->capture_default_str();
-  app.add_option("--max-steps", o.step.max_steps, "Optimizer steps; the cosine decay ends here")
+  app.add_option("--max-steps", o.step.max_steps,
+                 "Optimizer steps; the cosine decay ends here. 0 with --resume --checkpoint-dir DIR --export-hf OUT: "
+                 "convert DIR's newest checkpoint to Hugging Face files (no data needed; the model is the "
+                 "checkpoint's) and exit")
       ->capture_default_str();
   app.add_option("--seed", o.step.seed, "Seed for initialization and data order")->capture_default_str();
   app.add_flag("!--no-shuffle", o.data.shuffle, "Read windows in order instead of a seeded shuffle per epoch");
@@ -205,13 +212,14 @@ int run(int argc, char** argv) {
                  "skipped; none yet: start from scratch or --init-from). World size, sharding and wrap may differ");
   auto* hf = app.add_option_group("Hugging Face", "Hugging Face safetensors interchange");
   hf->add_option("--init-from", o.hf.init_from,
-                 "Start from a Hugging Face Llama/Mistral directory (config.json + model.safetensors or "
+                 "Start from a Hugging Face Llama/Mistral/Qwen2/Qwen3 directory (config.json + model.safetensors or "
                  "model.safetensors.index.json); its config.json is the model unless --model is given. Ignored "
                  "when --resume finds a checkpoint");
   hf->add_option("--export-hf", o.hf.export_dir,
                  "At the end, write the weights as Hugging Face safetensors + config.json (transformers 5's form; "
                  "bos/eos ids from --init-from's config, else from the tokenizer) into this directory (replaced "
-                 "atomically; it must be new, empty or a previous export)");
+                 "atomically; it must be new, empty or a previous export), with --init-from's tokenizer and "
+                 "generation_config.json files copied as they are");
   hf->add_option("--export-dtype", o.hf.export_dtype, "Exported weight dtype: float32 (exact) | bfloat16 | float16")
       ->check(CLI::IsMember({"float32", "bfloat16", "float16", "fp32", "bf16", "fp16"}))
       ->capture_default_str();
@@ -251,6 +259,9 @@ int run(int argc, char** argv) {
   if (o.eval.val_data == "embedded") o.eval.val_data = validation_split(o.data.path);
   // --init-from DIR without --model: the model is DIR's config.json.
   if (!o.hf.init_from.empty() && app.count("--model") == 0) o.model = o.hf.init_from;
+  // Converting a checkpoint (--max-steps 0) without --model: the checkpoint's
+  // model (an empty model spec; train/trainer.h).
+  if (o.step.max_steps == 0 && app.count("--model") == 0) o.model.clear();
   FSDP_CHECK(nproc >= 1, "--nproc-per-node must be >= 1, got ", nproc);
 
   const fsdp::comm::WorldInfo world = fsdp::comm::detect_world();

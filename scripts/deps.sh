@@ -12,6 +12,7 @@ PACKAGES=(
   build-essential cmake ninja-build pkg-config
   python3 python3-venv
   nlohmann-json3-dev libcli11-dev libgtest-dev
+  zlib1g-dev # gzip-compressed data files (c4's .json.gz), read by the data layer
   # SentencePiece: the demo's tokenizer is trained with spm_train at setup; the C++ tokenizer
   # loads libsentencepiece at run time.
   libsentencepiece-dev sentencepiece

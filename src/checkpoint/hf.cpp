@@ -89,10 +89,29 @@ std::string hf_dtype_name(at::ScalarType t) {
   return "";
 }
 
+const std::vector<std::string>& hf_side_file_names() {
+  static const std::vector<std::string> kNames = {
+      "tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+      "added_tokens.json",   "vocab.json",            "merges.txt",              "chat_template.jinja",
+      "chat_template.json",  "generation_config.json"};
+  return kNames;
+}
+
+std::vector<std::pair<std::string, std::string>> find_hf_side_files(const std::string& dir) {
+  std::vector<std::pair<std::string, std::string>> out;
+  std::error_code ec;
+  for (const std::string& name : hf_side_file_names()) {
+    const fs::path p = fs::path(dir) / name;
+    if (fs::is_regular_file(p, ec)) out.emplace_back(fs::absolute(p, ec).string(), name);
+  }
+  return out;
+}
+
 bool is_hf_export_file(const std::string& n) {
   static const std::regex kShard(R"(model-\d{5}-of-\d{5}\.safetensors)");
-  return n == "config.json" || n == kSingleName || n == kIndexName || n == "tokenizer.model" ||
-         std::regex_match(n, kShard);
+  const auto& side = hf_side_file_names();
+  return n == "config.json" || n == kSingleName || n == kIndexName ||
+         std::find(side.begin(), side.end(), n) != side.end() || std::regex_match(n, kShard);
 }
 
 void check_export_dir(const std::string& dir, const std::string& flag) {
@@ -108,15 +127,30 @@ void check_export_dir(const std::string& dir, const std::string& flag) {
   }
 }
 
+namespace {
+
+// A window that never cuts a sequence the config accepts (W >= its
+// max_position_embeddings) is no window.
+std::string effective_window(const models::LlamaConfig& c, int64_t layer) {
+  const std::optional<int64_t> w = c.layer_window(layer);
+  return w && *w < c.max_position_embeddings ? std::to_string(*w) : std::string("none");
+}
+
+std::string optional_id(const std::optional<int64_t>& v) { return v ? std::to_string(*v) : std::string("none"); }
+
+}  // namespace
+
 std::string config_mismatch(const models::LlamaConfig& a, const models::LlamaConfig& b) {
   auto diff = [](const char* field, const auto& x, const auto& y) -> std::string {
     if (x == y) return "";
     std::ostringstream os;
-    os << field << " " << x << " vs " << y;
+    os << std::boolalpha << field << " " << x << " vs " << y;
     return os.str();
   };
   for (const std::string& d :
-       {diff("hidden_size", a.hidden_size, b.hidden_size),
+       {diff("model_type", a.model_type, b.model_type), diff("attention_bias", a.attention_bias, b.attention_bias),
+        diff("pad_token_id", optional_id(a.pad_token_id), optional_id(b.pad_token_id)),
+        diff("hidden_size", a.hidden_size, b.hidden_size),
         diff("intermediate_size", a.intermediate_size, b.intermediate_size),
         diff("num_attention_heads", a.num_attention_heads, b.num_attention_heads),
         diff("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads),
@@ -139,6 +173,11 @@ std::string config_mismatch(const models::LlamaConfig& a, const models::LlamaCon
                y.original_max_position_embeddings)}) {
       if (!d.empty()) return d;
     }
+  }
+  for (int64_t i = 0; i < a.num_hidden_layers; ++i) {
+    const std::string d = diff(("sliding window of layer " + std::to_string(i)).c_str(), effective_window(a, i),
+                               effective_window(b, i));
+    if (!d.empty()) return d;
   }
   return "";
 }

@@ -271,12 +271,11 @@ std::vector<std::string> worker_env(const LaunchOptions& o, int rank, int lws, i
   env["FSDP_LAUNCHER"] = "fsdp-train";
   // Share the cores among the local workers unless the user chose: N workers
   // each using every core oversubscribe the machine (torchrun sets
-  // OMP_NUM_THREADS=1 for the same reason). OpenBLAS keeps its own pool.
+  // OMP_NUM_THREADS=1 for the same reason). LibTorch's CPU kernels and its
+  // BLAS (MKL) use the OpenMP pool this sizes.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const std::string per_worker = std::to_string(std::max(1u, cores / static_cast<unsigned>(lws)));
-  for (const char* k : {"OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS"}) {
-    if (!env.count(k)) env[k] = per_worker;
-  }
+  if (!env.count("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = per_worker;
   for (const auto& [k, v] : o.env) {
     if (k != "LOCAL_WORLD_SIZE") env[k] = v;  // honoured through `lws`, with LOCAL_RANK to match
   }

@@ -1,10 +1,12 @@
 // Token datasets: text and JSON lines tokenized at load, binary shards mmapped.
 #include "fsdp/data/dataset.h"
 
+#include "data_file.h"
 #include "fsdp/common/error.h"
 #include "fsdp/data/tokenizer.h"
 
 #include <fcntl.h>
+#include <fnmatch.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -33,8 +35,15 @@ size_t dtype_bytes(TokenDtype d) { return d == TokenDtype::kUint16 ? 2 : 4; }
 
 class MemoryDataset final : public TokenDataset {
  public:
-  MemoryDataset(std::vector<int32_t> tokens, std::string name, std::string kind, int64_t documents)
-      : tokens_(std::move(tokens)), name_(std::move(name)), kind_(std::move(kind)), documents_(documents) {}
+  // files: (index of the file's first token, the file) in stream order; empty for
+  // tokens that come from no file (make_token_dataset).
+  MemoryDataset(std::vector<int32_t> tokens, std::string name, std::string kind, int64_t documents,
+                std::vector<std::pair<int64_t, std::string>> files = {})
+      : tokens_(std::move(tokens)),
+        name_(std::move(name)),
+        kind_(std::move(kind)),
+        documents_(documents),
+        files_(std::move(files)) {}
 
   int64_t size() const override { return static_cast<int64_t>(tokens_.size()); }
   void read(int64_t begin, int64_t count, int32_t* out) const override {
@@ -43,11 +52,16 @@ class MemoryDataset final : public TokenDataset {
     std::copy_n(tokens_.data() + begin, count, out);
   }
   std::string locate(int64_t pos) const override {
-    return detail::cat("file ", name_, ", token ", pos, " after tokenization");
+    if (files_.size() <= 1) return detail::cat("file ", name_, ", token ", pos, " after tokenization");
+    const auto it = std::upper_bound(files_.begin(), files_.end(), pos,
+                                     [](int64_t p, const auto& f) { return p < f.first; });
+    const auto& f = *std::prev(it);
+    return detail::cat("file ", f.second, ", token ", pos - f.first, " of the file after tokenization");
   }
   std::string describe() const override {
     std::string s = detail::cat(kind_, " ", name_, ": ", size(), " tokens");
     if (documents_ >= 0) s += detail::cat(" in ", documents_, " documents");
+    if (files_.size() > 1) s += detail::cat(" from ", files_.size(), " files");
     return s;
   }
 
@@ -55,6 +69,7 @@ class MemoryDataset final : public TokenDataset {
   std::vector<int32_t> tokens_;
   std::string name_, kind_;
   int64_t documents_;  // -1: not made of documents
+  std::vector<std::pair<int64_t, std::string>> files_;
 };
 
 // --- memory-mapped binary shards ----------------------------------------------------
@@ -169,21 +184,117 @@ class MappedDataset final : public TokenDataset {
   std::vector<int64_t> starts_;  // starts_[f]: global index of file f's first token; back(): N
 };
 
-// --- loading ----------------------------------------------------------------------
+// --- which files -------------------------------------------------------------------
 
-std::string read_whole_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  FSDP_CHECK(in.good(), "cannot open data file '", path, "': ", errno_text(), " — check the path and permissions");
-  std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  if (in.bad()) FSDP_FAIL("error reading data file '", path, "': ", errno_text());
-  return content;
+struct DataFile {
+  std::string path;
+  DataFormat format;  // resolved: never kAuto
+};
+
+// The last path component holds a wildcard: the path is a pattern over one directory.
+bool is_pattern(const std::string& path) {
+  return fs::path(path).filename().string().find_first_of("*?[") != std::string::npos;
 }
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The format a file name stands for ("x.json.gz" -> kJsonl); kAuto when it names none.
+// `.gz` is dropped first: compressed and plain files are read alike (Note [gzip data
+// files] in data_file.h), except binary token files, which are memory-mapped.
+DataFormat format_of_name(const std::string& name) {
+  const std::string base = ends_with(name, ".gz") ? name.substr(0, name.size() - 3) : name;
+  if (ends_with(base, ".bin")) return DataFormat::kBinary;
+  if (ends_with(base, ".jsonl") || ends_with(base, ".json") || ends_with(base, ".ndjson")) return DataFormat::kJsonl;
+  if (ends_with(base, ".txt")) return DataFormat::kText;
+  return DataFormat::kAuto;
+}
+
+// The regular files of `dir` whose names `keep` accepts, in byte order of their names;
+// hidden files (".name") are never data.
+template <class Keep>
+std::vector<std::string> list_dir(const std::string& dir, Keep keep) {
+  std::vector<std::string> names;
+  std::error_code ec;
+  for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    std::error_code ec2;
+    if (name.empty() || name[0] == '.' || !it->is_regular_file(ec2)) continue;
+    if (keep(name)) names.push_back(name);
+  }
+  FSDP_CHECK(!ec, "cannot list data directory '", dir, "': ", ec.message());
+  std::sort(names.begin(), names.end());
+  std::vector<std::string> paths;
+  for (const auto& n : names) paths.push_back((fs::path(dir) / n).string());
+  return paths;
+}
+
+std::vector<DataFile> resolve_files(const DatasetOptions& o) {
+  FSDP_CHECK(!o.path.empty(), "no data path given — set the dataset path (a text, JSON-lines or .bin file, a "
+                              "directory of them, or a pattern such as c4/en/c4-train.*.json.gz)");
+  std::error_code ec;
+  std::vector<DataFile> files;
+  // A file's format: the one asked for, else its name's, else plain text.
+  auto single = [&](const std::string& p) {
+    DataFormat f = o.format != DataFormat::kAuto ? o.format : format_of_name(fs::path(p).filename().string());
+    if (f == DataFormat::kAuto) f = DataFormat::kText;
+    FSDP_CHECK(!(f == DataFormat::kBinary && ends_with(p, ".gz")), "data file '", p, "' is a compressed binary ",
+               "token file, which cannot be memory-mapped — decompress it (gunzip) first");
+    files.push_back({p, f});
+  };
+  if (fs::is_directory(o.path, ec)) {
+    if (o.format == DataFormat::kText || o.format == DataFormat::kJsonl) {
+      for (const auto& p : list_dir(o.path, [](const std::string&) { return true; })) files.push_back({p, o.format});
+      FSDP_CHECK(!files.empty(), "data directory '", o.path, "' has no files");
+      return files;
+    }
+    // Binary shards when there are any (other files ignored); otherwise the text and
+    // JSON-lines files, each read in the format of its name.
+    for (const auto& p : list_dir(o.path, [](const std::string& n) { return ends_with(n, ".bin"); }))
+      files.push_back({p, DataFormat::kBinary});
+    if (!files.empty() || o.format == DataFormat::kBinary) {
+      FSDP_CHECK(!files.empty(), "data directory '", o.path, "' has no *.bin files — give a directory of ",
+                 "pre-tokenized .bin shards, or a single data file");
+      return files;
+    }
+    for (const auto& p : list_dir(o.path, [](const std::string& n) {
+           const DataFormat f = format_of_name(n);
+           return f == DataFormat::kText || f == DataFormat::kJsonl;
+         })) {
+      files.push_back({p, format_of_name(fs::path(p).filename().string())});
+    }
+    FSDP_CHECK(!files.empty(), "data directory '", o.path, "' has no data files: no *.bin files and no ",
+               "*.jsonl, *.json, *.ndjson or *.txt files (each optionally .gz) — give a directory of data files, or ",
+               "name the files with --data-format text or jsonl");
+    return files;
+  }
+  if (fs::exists(o.path, ec)) {
+    single(o.path);
+    return files;
+  }
+  FSDP_CHECK(is_pattern(o.path), "data path '", o.path, "' does not exist — check the path",
+             " (run scripts/prepare_data.sh to build the default corpus)");
+  // A pattern: fnmatch over the names in its directory (no wildcards in the directory).
+  const fs::path pattern(o.path);
+  const std::string dir = pattern.has_parent_path() ? pattern.parent_path().string() : std::string(".");
+  const std::string glob = pattern.filename().string();
+  FSDP_CHECK(fs::is_directory(dir, ec), "data pattern '", o.path, "': directory '", dir, "' does not exist — ",
+             "wildcards are allowed only in the last path component");
+  for (const auto& p : list_dir(dir, [&](const std::string& n) { return ::fnmatch(glob.c_str(), n.c_str(), 0) == 0; }))
+    single(p);
+  FSDP_CHECK(!files.empty(), "data pattern '", o.path, "' matches no file in '", dir, "' — check the pattern");
+  return files;
+}
+
+// --- loading ----------------------------------------------------------------------
 
 void check_tokenizer(const Tokenizer* tokenizer, const std::string& path, const char* kind) {
   FSDP_CHECK(tokenizer != nullptr, "data file '", path, "' is ", kind, ", which needs a tokenizer — pass one ",
              "(e.g. make_tokenizer(\"byte\")) or give pre-tokenized .bin data");
   FSDP_CHECK(tokenizer->eos_id() >= 0, "tokenizer ", tokenizer->name(), " has no EOS token, which packing ",
-             "documents needs (EOS goes between them) — use a model trained with an EOS piece");
+             "documents needs (EOS goes between them) — use a model trained with an EOS piece, or for a ",
+             "tokenizer.json put its tokenizer_config.json (eos_token) beside it");
 }
 
 void append_document(const Tokenizer& tok, std::string_view text, bool add_bos, std::vector<int32_t>& out) {
@@ -193,85 +304,72 @@ void append_document(const Tokenizer& tok, std::string_view text, bool add_bos, 
   out.push_back(tok.eos_id());
 }
 
-std::shared_ptr<const TokenDataset> load_text(const DatasetOptions& o, const Tokenizer* tok) {
-  check_tokenizer(tok, o.path, "plain text");
-  FSDP_CHECK(!o.add_bos || tok->bos_id() >= 0, "add_bos is set but tokenizer ", tok->name(), " has no BOS token");
-  const std::string text = read_whole_file(o.path);
-  FSDP_CHECK(!text.empty(), "data file '", o.path, "' is empty — give a file with text in it");
-  std::vector<int32_t> tokens;
-  append_document(*tok, text, o.add_bos, tokens);
-  tokens.shrink_to_fit();
-  return std::make_shared<MemoryDataset>(std::move(tokens), o.path, "text", 1);
+// A plain text file (after decompression) is one document.
+int64_t load_text_file(const DatasetOptions& o, const std::string& path, const Tokenizer& tok,
+                       std::vector<int32_t>& tokens) {
+  DataFileReader in(path);
+  const std::string text = in.read_all();
+  FSDP_CHECK(!text.empty(), "data file '", path, "' is empty — give a file with text in it");
+  append_document(tok, text, o.add_bos, tokens);
+  return 1;
 }
 
-std::shared_ptr<const TokenDataset> load_jsonl(const DatasetOptions& o, const Tokenizer* tok) {
-  check_tokenizer(tok, o.path, "JSON lines");
-  FSDP_CHECK(!o.add_bos || tok->bos_id() >= 0, "add_bos is set but tokenizer ", tok->name(), " has no BOS token");
-  FSDP_CHECK(!o.text_field.empty(), "text_field is empty — name the JSON field holding each document (default \"text\")");
-  std::ifstream in(o.path, std::ios::binary);
-  FSDP_CHECK(in.good(), "cannot open data file '", o.path, "': ", errno_text(), " — check the path and permissions");
-  std::vector<int32_t> tokens;
+int64_t load_jsonl_file(const DatasetOptions& o, const std::string& path, const Tokenizer& tok,
+                        std::vector<int32_t>& tokens) {
+  DataFileReader in(path);
   std::string line;
   int64_t line_no = 0, documents = 0, nonblank = 0;
-  while (std::getline(in, line)) {
+  while (in.next_line(line)) {
     ++line_no;
-    if (!line.empty() && line.back() == '\r') line.pop_back();
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     ++nonblank;
     nlohmann::json j;
     try {
       j = nlohmann::json::parse(line);
     } catch (const nlohmann::json::parse_error& e) {
-      FSDP_CHECK(false, "data file '", o.path, "' line ", line_no, " is not valid JSON (", e.what(),
+      FSDP_CHECK(false, "data file '", path, "' line ", line_no, " is not valid JSON (", e.what(),
                  ") — each line must be one object such as {\"", o.text_field, "\": \"...\"}");
     }
-    FSDP_CHECK(j.is_object(), "data file '", o.path, "' line ", line_no, " is JSON but not an object — each ",
+    FSDP_CHECK(j.is_object(), "data file '", path, "' line ", line_no, " is JSON but not an object — each ",
                "line must be one object such as {\"", o.text_field, "\": \"...\"}");
     const auto it = j.find(o.text_field);
     if (it == j.end() || !it->is_string()) {
       std::string keys;
       for (const auto& [k, v] : j.items()) keys += (keys.empty() ? "" : ", ") + ("\"" + k + "\"");
-      FSDP_CHECK(false, "data file '", o.path, "' line ", line_no, ": ",
+      FSDP_CHECK(false, "data file '", path, "' line ", line_no, ": ",
                  it == j.end() ? "no field \"" : "field \"", o.text_field,
                  it == j.end() ? "\"" : "\" is not a string", " (fields: ", keys.empty() ? "none" : keys,
                  ") — set text_field to the field holding the text");
     }
     const auto& text = it->get_ref<const std::string&>();
     if (text.empty()) continue;
-    append_document(*tok, text, o.add_bos, tokens);
+    append_document(tok, text, o.add_bos, tokens);
     ++documents;
   }
-  if (in.bad()) FSDP_FAIL("error reading data file '", o.path, "' after line ", line_no, ": ", errno_text());
-  FSDP_CHECK(documents > 0, "data file '", o.path, "' has no documents (", line_no, " lines, ", nonblank,
+  FSDP_CHECK(documents > 0, "data file '", path, "' has no documents (", line_no, " lines, ", nonblank,
              " non-blank, none with a non-empty \"", o.text_field, "\") — give a non-empty JSON lines file");
-  tokens.shrink_to_fit();
-  return std::make_shared<MemoryDataset>(std::move(tokens), o.path, "jsonl", documents);
+  return documents;
 }
 
-std::shared_ptr<const TokenDataset> load_binary(const DatasetOptions& o) {
-  std::vector<std::string> paths;
-  if (fs::is_directory(o.path)) {
-    std::error_code ec;
-    for (fs::directory_iterator it(o.path, ec), end; !ec && it != end; it.increment(ec)) {
-      if (it->path().extension() == ".bin" && it->is_regular_file()) paths.push_back(it->path().string());
-    }
-    FSDP_CHECK(!ec, "cannot list data directory '", o.path, "': ", ec.message());
-    FSDP_CHECK(!paths.empty(), "data directory '", o.path, "' has no *.bin files — give a directory of ",
-               "pre-tokenized .bin shards, or a single data file");
-    std::sort(paths.begin(), paths.end());  // byte order: shard_000.bin, shard_001.bin, ...
-  } else {
-    paths.push_back(o.path);
+std::shared_ptr<const TokenDataset> load_text_sources(const DatasetOptions& o, const std::vector<DataFile>& files,
+                                                      const Tokenizer* tok) {
+  bool any_text = false, any_jsonl = false;
+  for (const auto& f : files) (f.format == DataFormat::kText ? any_text : any_jsonl) = true;
+  check_tokenizer(tok, files.front().path, any_jsonl ? "JSON lines" : "plain text");
+  FSDP_CHECK(!o.add_bos || tok->bos_id() >= 0, "add_bos is set but tokenizer ", tok->name(), " has no BOS token");
+  FSDP_CHECK(!any_jsonl || !o.text_field.empty(),
+             "text_field is empty — name the JSON field holding each document (default \"text\")");
+  std::vector<int32_t> tokens;
+  std::vector<std::pair<int64_t, std::string>> starts;
+  int64_t documents = 0;
+  for (const auto& f : files) {
+    starts.emplace_back(static_cast<int64_t>(tokens.size()), f.path);
+    documents += f.format == DataFormat::kText ? load_text_file(o, f.path, *tok, tokens)
+                                               : load_jsonl_file(o, f.path, *tok, tokens);
   }
-  return std::make_shared<MappedDataset>(paths, o.token_dtype, o.path);
-}
-
-DataFormat resolve_format(const DatasetOptions& o) {
-  if (o.format != DataFormat::kAuto) return o.format;
-  if (fs::is_directory(o.path)) return DataFormat::kBinary;
-  const std::string ext = fs::path(o.path).extension().string();
-  if (ext == ".bin") return DataFormat::kBinary;
-  if (ext == ".jsonl" || ext == ".json" || ext == ".ndjson") return DataFormat::kJsonl;
-  return DataFormat::kText;
+  tokens.shrink_to_fit();
+  const std::string kind = any_text && any_jsonl ? "text+jsonl" : any_text ? "text" : "jsonl";
+  return std::make_shared<MemoryDataset>(std::move(tokens), o.path, kind, documents, std::move(starts));
 }
 
 }  // namespace
@@ -330,23 +428,24 @@ void TokenDataset::validate(int64_t vocab_size) const {
   }
 }
 
+std::vector<std::string> data_files(const DatasetOptions& options) {
+  std::vector<std::string> out;
+  for (const auto& f : resolve_files(options)) out.push_back(f.path);
+  return out;
+}
+
 std::shared_ptr<const TokenDataset> load_dataset(const DatasetOptions& options, const Tokenizer* tokenizer) {
-  FSDP_CHECK(!options.path.empty(), "no data path given — set the dataset path (a text, .jsonl or .bin file, "
-                                    "or a directory of .bin shards)");
-  std::error_code ec;
-  FSDP_CHECK(fs::exists(options.path, ec), "data path '", options.path, "' does not exist — check the path",
-             " (run scripts/prepare_data.sh to build the default corpus)");
-  const DataFormat format = resolve_format(options);
-  FSDP_CHECK(format == DataFormat::kBinary || !fs::is_directory(options.path), "data path '", options.path,
-             "' is a directory but format is ", to_string(format), " — directories hold .bin shards (format bin)");
-  switch (format) {
-    case DataFormat::kText: return load_text(options, tokenizer);
-    case DataFormat::kJsonl: return load_jsonl(options, tokenizer);
-    case DataFormat::kBinary: return load_binary(options);
-    case DataFormat::kAuto: break;
+  const std::vector<DataFile> files = resolve_files(options);
+  const bool binary = files.front().format == DataFormat::kBinary;
+  for (const auto& f : files) {
+    FSDP_CHECK((f.format == DataFormat::kBinary) == binary, "data path '", options.path, "' mixes binary token ",
+               "files (", binary ? files.front().path : f.path, ") with text (", binary ? f.path : files.front().path,
+               ") — give one kind");
   }
-  FSDP_ASSERT(false, "unresolved data format");
-  return nullptr;
+  if (!binary) return load_text_sources(options, files, tokenizer);
+  std::vector<std::string> paths;
+  for (const auto& f : files) paths.push_back(f.path);
+  return std::make_shared<MappedDataset>(paths, options.token_dtype, options.path);
 }
 
 std::shared_ptr<const TokenDataset> make_token_dataset(std::vector<int32_t> tokens, std::string name) {

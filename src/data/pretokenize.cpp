@@ -133,7 +133,8 @@ uint32_t fold(uint32_t cp) {
 
 class Scanner {
  public:
-  explicit Scanner(std::string_view s) : s_(s) {}
+  // max_numbers: the bound of alternative 3 (Llama 3: \p{N}{1,3}; Qwen2: \p{N}, i.e. 1).
+  Scanner(std::string_view s, int max_numbers) : s_(s), max_numbers_(max_numbers) {}
 
   // End of the piece that starts at i (i < size).
   size_t match(size_t i) const {
@@ -160,8 +161,8 @@ class Scanner {
       int l2 = 0;
       if (classify(decode_utf8(s_, i1, l2)) == Cls::kLetter) return skip(i1 + l2, Cls::kLetter, -1);
     }
-    // 3: one to three numbers.
-    if (k == Cls::kNumber) return skip(i1, Cls::kNumber, 2);
+    // 3: one to max_numbers_ numbers.
+    if (k == Cls::kNumber) return skip(i1, Cls::kNumber, max_numbers_ - 1);
     // 4: optional space, "other" run, CR/LF run.
     size_t j = n;  // start of the "other" run, n: none
     if (k == Cls::kOther) {
@@ -211,13 +212,73 @@ class Scanner {
   }
 
   std::string_view s_;
+  int max_numbers_;
 };
 
-}  // namespace
+// GPT-2's regex (the ByteLevel pre-tokenizer's, use_regex = true):
+//
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+//
+// At position i, c the code point there (contractions are case-sensitive here):
+//  1 contractions                 c is U+0027 and s, t, m, d or re, ve, ll follow.
+//  2-4  ?X+ for X = letter, number, "other": c of class X: its run; c == U+0020 and
+//                                 a code point of class X follows: the space and the run.
+//  5 \s+(?!\S)                    the whole whitespace run if it ends the text, else the
+//                                 run minus its last code point (needs a run of >= 2).
+//  6 \s+                          the whole run (a single whitespace before non-space).
+class Gpt2Scanner {
+ public:
+  explicit Gpt2Scanner(std::string_view s) : s_(s) {}
 
-std::vector<std::string_view> llama3_pretokenize(std::string_view text) {
+  size_t match(size_t i) const {
+    const size_t n = s_.size();
+    int len = 0;
+    const uint32_t c = decode_utf8(s_, i, len);
+    const size_t i1 = i + len;
+    if (c == '\'' && i1 < n) {
+      const char c2 = s_[i1];
+      if (c2 == 's' || c2 == 't' || c2 == 'm' || c2 == 'd') return i1 + 1;
+      if (i1 + 1 < n) {
+        const char c3 = s_[i1 + 1];
+        if ((c2 == 'r' && c3 == 'e') || (c2 == 'v' && c3 == 'e') || (c2 == 'l' && c3 == 'l')) return i1 + 2;
+      }
+    }
+    const Cls k = classify(c);
+    if (k != Cls::kSpace) return run(i1, k);
+    if (c == ' ' && i1 < n) {
+      int l2 = 0;
+      const Cls k2 = classify(decode_utf8(s_, i1, l2));
+      if (k2 != Cls::kSpace) return run(i1 + l2, k2);
+    }
+    size_t e = i, last_start = i;
+    int count = 0;
+    while (e < n) {
+      int l = 0;
+      if (classify(decode_utf8(s_, e, l)) != Cls::kSpace) break;
+      last_start = e;
+      e += l;
+      ++count;
+    }
+    if (e == n || count < 2) return e;  // 5 at the end of the text, or 6
+    return last_start;                  // 5: the lookahead sees the last whitespace
+  }
+
+ private:
+  size_t run(size_t pos, Cls cls) const {
+    while (pos < s_.size()) {
+      int l = 0;
+      if (classify(decode_utf8(s_, pos, l)) != cls) break;
+      pos += l;
+    }
+    return pos;
+  }
+
+  std::string_view s_;
+};
+
+template <class S>
+std::vector<std::string_view> scan(std::string_view text, const S& scanner) {
   std::vector<std::string_view> pieces;
-  const Scanner scanner(text);
   size_t i = 0;
   while (i < text.size()) {
     const size_t end = scanner.match(i);
@@ -227,5 +288,11 @@ std::vector<std::string_view> llama3_pretokenize(std::string_view text) {
   }
   return pieces;
 }
+
+}  // namespace
+
+std::vector<std::string_view> llama3_pretokenize(std::string_view text) { return scan(text, Scanner(text, 3)); }
+std::vector<std::string_view> qwen2_pretokenize(std::string_view text) { return scan(text, Scanner(text, 1)); }
+std::vector<std::string_view> gpt2_pretokenize(std::string_view text) { return scan(text, Gpt2Scanner(text)); }
 
 }  // namespace fsdp::data

@@ -57,25 +57,52 @@ bool looks_like_tiktoken_file(const std::string& path) {
   return head[i] == '\n' || (head[i] == '\r' && i + 1 < head.size() && head[i + 1] == '\n');
 }
 
+namespace {
+
+// A tokenizer.json: the first non-blank byte is '{' (none of the other formats can
+// start so: a SentencePiece model is a protobuf whose first byte is a field tag, a
+// tiktoken file starts with base64).
+bool looks_like_json_object(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  FSDP_CHECK(in.good(), "cannot open tokenizer file '", path, "': ", std::strerror(errno),
+             " — check the path given as the tokenizer");
+  char c = 0;
+  while (in.get(c)) {
+    if (c != ' ' && c != '\t' && c != '\r' && c != '\n') return c == '{';
+  }
+  return false;
+}
+
+}  // namespace
+
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
-  FSDP_CHECK(!spec.empty(), "empty tokenizer spec — use \"byte\", or the path of a SentencePiece "
-                            "model or a tiktoken BPE file (Llama 3's tokenizer.model)");
+  FSDP_CHECK(!spec.empty(), "empty tokenizer spec — use \"byte\", or the path of a tokenizer.json, a SentencePiece "
+                            "model or a tiktoken BPE file (Llama 3's tokenizer.model), or a model directory");
   if (spec == "byte") return std::make_unique<ByteTokenizer>();
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto status = fs::status(spec, ec);
-  FSDP_CHECK(fs::exists(status), "tokenizer '", spec, "' is neither \"byte\" nor an existing file — ",
-             "give \"byte\", or the path of a SentencePiece model or a tiktoken BPE file");
-  FSDP_CHECK(!fs::is_directory(status), "tokenizer '", spec, "' is a directory — give the ",
-             "tokenizer file inside it (e.g. ", (fs::path(spec) / "tokenizer.model").string(), ")");
-  FSDP_CHECK(fs::file_size(spec, ec) > 0 || ec, "tokenizer file '", spec, "' is empty — give a SentencePiece ",
-             "model or a tiktoken BPE file");
-  if (fs::path(spec).extension() == ".json") {
-    FSDP_CHECK(false, "tokenizer '", spec, "' looks like a Hugging Face tokenizer.json, which is not ",
-               "supported — use the model's tokenizer.model (SentencePiece or tiktoken) instead");
+  FSDP_CHECK(fs::exists(status), "tokenizer '", spec, "' is neither \"byte\" nor an existing file or directory — ",
+             "give \"byte\", or the path of a tokenizer.json, a SentencePiece model or a tiktoken BPE file");
+  std::string file = spec;
+  if (fs::is_directory(status)) {
+    // A model directory: the Hugging Face tokenizer.json first (transformers' fast
+    // tokenizer, the reference), else the tokenizer.model beside it.
+    const fs::path dir(spec);
+    if (fs::exists(dir / "tokenizer.json", ec)) {
+      file = (dir / "tokenizer.json").string();
+    } else if (fs::exists(dir / "tokenizer.model", ec)) {
+      file = (dir / "tokenizer.model").string();
+    } else {
+      FSDP_CHECK(false, "tokenizer directory '", spec, "' has neither tokenizer.json nor tokenizer.model — give the ",
+                 "tokenizer file itself, or the model directory that holds one");
+    }
   }
-  if (looks_like_tiktoken_file(spec)) return std::make_unique<TiktokenTokenizer>(spec);
-  return std::make_unique<SentencePieceTokenizer>(spec);
+  FSDP_CHECK(fs::file_size(file, ec) > 0 || ec, "tokenizer file '", file, "' is empty — give a tokenizer.json, a ",
+             "SentencePiece model or a tiktoken BPE file");
+  if (looks_like_json_object(file)) return std::make_unique<HfTokenizer>(file);
+  if (looks_like_tiktoken_file(file)) return std::make_unique<TiktokenTokenizer>(file);
+  return std::make_unique<SentencePieceTokenizer>(file);
 }
 
 }  // namespace fsdp::data

@@ -13,12 +13,20 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool bias, con
 
 at::Tensor LinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight_, bias_); }
 
-EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, const at::TensorOptions& options) {
+EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, const at::TensorOptions& options,
+                             std::optional<int64_t> padding_idx)
+    : padding_idx_(padding_idx) {
   FSDP_ASSERT(num_embeddings > 0 && embedding_dim > 0, "Embedding(", num_embeddings, ", ", embedding_dim, ")");
+  FSDP_ASSERT(!padding_idx || (*padding_idx >= 0 && *padding_idx < num_embeddings), "Embedding padding_idx ",
+              *padding_idx, " outside [0, ", num_embeddings, ")");
   weight_ = register_parameter("weight", at::empty({num_embeddings, embedding_dim}, options));
 }
 
-at::Tensor EmbeddingImpl::forward(const at::Tensor& tokens) { return at::embedding(weight_, tokens); }
+at::Tensor EmbeddingImpl::forward(const at::Tensor& tokens) {
+  // ATen's embedding takes -1 for "no padding row" (torch.nn.functional
+  // turns a negative padding_idx into a row number before it gets here).
+  return at::embedding(weight_, tokens, padding_idx_.value_or(-1));
+}
 
 RMSNormImpl::RMSNormImpl(int64_t dim, double eps, const at::TensorOptions& options) : eps_(eps) {
   FSDP_ASSERT(dim > 0, "RMSNorm(", dim, ")");

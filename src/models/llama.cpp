@@ -109,6 +109,15 @@ at::Tensor llama_rope_inv_freq(const LlamaConfig& cfg) {
   return at::where(is_medium_freq, smoothed_inv_freq, inv_freq_llama);
 }
 
+at::Tensor sliding_window_mask(int64_t seq_len, int64_t window, at::Device device) {
+  const at::Tensor pos = at::arange(seq_len, at::TensorOptions().dtype(at::kLong).device(device));
+  const at::Tensor i = pos.unsqueeze(1);  // (T, 1) query
+  const at::Tensor j = pos.unsqueeze(0);  // (1, T) key
+  // transformers' and_masks(sliding_window_overlay(W), causal_mask_function):
+  // kv_idx > q_idx - W and kv_idx <= q_idx.
+  return j.le(i).logical_and(j.gt(i - window));  // (T, T) bool
+}
+
 std::pair<at::Tensor, at::Tensor> llama_rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len,
                                                      at::ScalarType dtype, at::Device device) {
   const at::Tensor f32 = inv_freq.to(device, at::kFloat);
@@ -121,39 +130,68 @@ std::pair<at::Tensor, at::Tensor> llama_rope_cos_sin(const at::Tensor& inv_freq,
 // ---------------------------------------------------------------------------
 // Modules
 
-LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& cfg, const at::TensorOptions& options)
-    : n_heads_(cfg.num_attention_heads), n_kv_heads_(cfg.num_key_value_heads), head_dim_(cfg.dh()) {
+LlamaAttentionImpl::LlamaAttentionImpl(const LlamaConfig& cfg, const at::TensorOptions& options, int64_t layer)
+    : n_heads_(cfg.num_attention_heads),
+      n_kv_heads_(cfg.num_key_value_heads),
+      head_dim_(cfg.dh()),
+      window_(cfg.layer_window(layer)) {
   const int64_t D = cfg.hidden_size;
-  q_proj_ = register_module("q_proj", Linear(D, n_heads_ * head_dim_, /*bias=*/false, options));
-  k_proj_ = register_module("k_proj", Linear(D, n_kv_heads_ * head_dim_, /*bias=*/false, options));
-  v_proj_ = register_module("v_proj", Linear(D, n_kv_heads_ * head_dim_, /*bias=*/false, options));
-  o_proj_ = register_module("o_proj", Linear(n_heads_ * head_dim_, D, /*bias=*/false, options));
+  // Registration order = HF's named_parameters order (q, k, v, o, then qwen3's norms).
+  q_proj_ = register_module("q_proj", Linear(D, n_heads_ * head_dim_, cfg.qkv_bias(), options));
+  k_proj_ = register_module("k_proj", Linear(D, n_kv_heads_ * head_dim_, cfg.qkv_bias(), options));
+  v_proj_ = register_module("v_proj", Linear(D, n_kv_heads_ * head_dim_, cfg.qkv_bias(), options));
+  o_proj_ = register_module("o_proj", Linear(n_heads_ * head_dim_, D, cfg.o_bias(), options));
+  if (cfg.qk_norm()) {
+    q_norm_ = register_module("q_norm", RMSNorm(head_dim_, cfg.rms_norm_eps, options));
+    k_norm_ = register_module("k_norm", RMSNorm(head_dim_, cfg.rms_norm_eps, options));
+  }
 }
 
 void LlamaAttentionImpl::set_kernel(AttentionKernel kernel) { kernel_ = kernel; }
 
-at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                       const AttentionMasks& masks) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t H = n_heads_, Hkv = n_kv_heads_, Dh = head_dim_;
-  at::Tensor q = q_proj_(x).view({B, T, H, Dh}).transpose(1, 2);    // (B, H, T, Dh)
-  at::Tensor k = k_proj_(x).view({B, T, Hkv, Dh}).transpose(1, 2);  // (B, Hkv, T, Dh)
+  at::Tensor q = q_proj_(x).view({B, T, H, Dh});    // (B, T, H, Dh)
+  at::Tensor k = k_proj_(x).view({B, T, Hkv, Dh});  // (B, T, Hkv, Dh)
+  if (q_norm_) {  // qwen3: RMSNorm over Dh of every head, before RoPE
+    q = q_norm_(q);
+    k = k_norm_(k);
+  }
+  q = q.transpose(1, 2);                                            // (B, H, T, Dh)
+  k = k.transpose(1, 2);                                            // (B, Hkv, T, Dh)
   at::Tensor v = v_proj_(x).view({B, T, Hkv, Dh}).transpose(1, 2);  // (B, Hkv, T, Dh)
   q = apply_rotary(q, cos, sin);
   k = apply_rotary(k, cos, sin);
 
+  // Note [Sliding-window mask]: the band where the window can cut.
+  const bool banded = window_.has_value() && T >= *window_;
+  if (banded) {
+    FSDP_ASSERT(masks.sliding.defined() && masks.sliding.dim() == 2 && masks.sliding.size(0) == T &&
+                    masks.sliding.size(1) == T,
+                "layer with window ", *window_, " at T=", T, " needs the (T, T) sliding-window mask");
+  }
   at::Tensor out;  // (B, H, T, Dh)
-  if (kernel_ == AttentionKernel::kSdpa) {
+  if (kernel_ == AttentionKernel::kSdpa && !banded) {
     // Query head h reads kv head h / (H / Hkv) inside the kernel (enable_gqa):
     // no repeated copy of k and v. Default scale 1/sqrt(Dh).
     out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
                                            /*scale=*/std::nullopt, /*enable_gqa=*/Hkv != H);
+  } else if (kernel_ == AttentionKernel::kSdpa) {
+    // With a mask: repeated k and v, as transformers (Note [Sliding-window mask]).
+    out = at::scaled_dot_product_attention(q, repeat_kv(k, H / Hkv), repeat_kv(v, H / Hkv), masks.sliding,
+                                           /*dropout_p=*/0.0, /*is_causal=*/false, /*scale=*/std::nullopt,
+                                           /*enable_gqa=*/false);
   } else {
     k = repeat_kv(k, H / Hkv);  // (B, H, T, Dh)
     v = repeat_kv(v, H / Hkv);  // (B, H, T, Dh)
     // HF "eager": scores in the activation dtype, softmax in fp32, cast back.
     at::Tensor scores = at::matmul(q, k.transpose(2, 3)) * std::pow(static_cast<double>(Dh), -0.5);  // (B, H, T, T)
-    const at::Tensor future = at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
-    scores = scores.masked_fill(future, -std::numeric_limits<double>::infinity());
+    const at::Tensor hidden =  // (T, T) bool, true where the key is not visible
+        banded ? masks.sliding.logical_not()
+               : at::ones({T, T}, at::TensorOptions().dtype(at::kBool).device(x.device())).triu(1);
+    scores = scores.masked_fill(hidden, -std::numeric_limits<double>::infinity());
     const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
     out = at::matmul(probs, v);
   }
@@ -169,26 +207,30 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& cfg, const at::TensorOptions& opti
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) { return down_proj_(at::silu(gate_proj_(x)) * up_proj_(x)); }
 
-LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& cfg, const at::TensorOptions& options) {
+LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& cfg, const at::TensorOptions& options,
+                                             int64_t layer) {
   // Registration order = HF's named_parameters order.
-  self_attn_ = register_module("self_attn", LlamaAttention(cfg, options));
+  self_attn_ = register_module("self_attn", LlamaAttention(cfg, options, layer));
   mlp_ = register_module("mlp", LlamaMLP(cfg, options));
   input_layernorm_ = register_module("input_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, options));
   post_attention_layernorm_ =
       register_module("post_attention_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, options));
 }
 
-at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const at::Tensor h = x + self_attn_->forward(input_layernorm_(x), cos, sin);
+at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                          const AttentionMasks& masks) {
+  const at::Tensor h = x + self_attn_->forward(input_layernorm_(x), cos, sin, masks);
   return h + mlp_(post_attention_layernorm_(h));
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& cfg, const at::TensorOptions& options) {
-  embed_tokens_ = register_module("embed_tokens", Embedding(cfg.vocab_size, cfg.hidden_size, options));
+  embed_tokens_ =
+      register_module("embed_tokens", Embedding(cfg.vocab_size, cfg.hidden_size, options, cfg.pad_token_id));
   layers_ = register_module("layers", torch::nn::ModuleList());
   blocks_.reserve(cfg.num_hidden_layers);
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
-    LlamaBlock block(std::make_shared<LlamaDecoderLayerImpl>(cfg, options));
+    if (cfg.layer_window(i)) window_ = cfg.layer_window(i);  // one W for every sliding layer
+    LlamaBlock block(std::make_shared<LlamaDecoderLayerImpl>(cfg, options, i));
     layers_->push_back(block.ptr());
     blocks_.push_back(std::move(block));
   }
@@ -199,8 +241,12 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& cfg, const at::TensorOptions& 
 at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens) {
   at::Tensor h = embed_tokens_(tokens);  // (B, T, D)
   // Once per forward, shared by every layer; (T, Dh) each.
-  auto [cos, sin] = llama_rope_cos_sin(inv_freq_, tokens.size(1), h.scalar_type(), h.device());
-  for (auto& block : blocks_) h = block(h, cos, sin);
+  const int64_t T = tokens.size(1);
+  auto [cos, sin] = llama_rope_cos_sin(inv_freq_, T, h.scalar_type(), h.device());
+  // Once per forward, shared by every sliding layer (Note [Sliding-window mask]).
+  AttentionMasks masks;
+  if (window_ && T >= *window_) masks.sliding = sliding_window_mask(T, *window_, h.device());
+  for (auto& block : blocks_) h = block(h, cos, sin, masks);
   return norm_(h);
 }
 
@@ -253,10 +299,16 @@ LlamaForCausalLM build_llama(const LlamaConfig& cfg, const at::TensorOptions& op
 
 nn::InitRuleFn llama_init_rule(const LlamaConfig& cfg) {
   const double stddev = cfg.initializer_range;
-  return [stddev](const std::string& name) -> nn::InitRule {
+  // transformers zeroes the padding row of the embedding (nn.Embedding's
+  // padding_idx); tied, the output head shares it.
+  const int64_t D = cfg.hidden_size;
+  const int64_t pad_begin = cfg.pad_token_id ? *cfg.pad_token_id * D : 0;
+  const int64_t pad_end = cfg.pad_token_id ? pad_begin + D : 0;
+  return [stddev, pad_begin, pad_end](const std::string& name) -> nn::InitRule {
     if (ends_with(name, "norm.weight")) return nn::InitRule::ones();
-    if (ends_with(name, "_proj.weight") || ends_with(name, "embed_tokens.weight") ||
-        ends_with(name, "lm_head.weight")) {
+    if (ends_with(name, "_proj.bias")) return nn::InitRule::zeros();
+    if (ends_with(name, "embed_tokens.weight")) return nn::InitRule::normal(stddev).with_zeros(pad_begin, pad_end);
+    if (ends_with(name, "_proj.weight") || ends_with(name, "lm_head.weight")) {
       return nn::InitRule::normal(stddev);
     }
     FSDP_ASSERT(false, "llama_init_rule: no rule for parameter '", name, "'");

@@ -9,10 +9,20 @@
 
 namespace fsdp::models {
 
+std::optional<int64_t> LlamaConfig::layer_window(int64_t layer) const {
+  if (model_type == "mistral") return sliding_window;
+  if (per_layer_attention() && layer >= 0 && layer < static_cast<int64_t>(layer_types.size()) &&
+      layer_types[static_cast<size_t>(layer)] == "sliding_attention") {
+    return sliding_window;
+  }
+  return std::nullopt;
+}
+
 int64_t LlamaConfig::num_parameters() const {
   const int64_t D = hidden_size, F = intermediate_size, H = num_attention_heads, Hkv = num_key_value_heads;
   const int64_t Dh = dh(), L = num_hidden_layers, V = vocab_size;
-  const int64_t attention = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D;
+  const int64_t attention = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + (qkv_bias() ? (H + 2 * Hkv) * Dh : 0) +
+                            (o_bias() ? D : 0) + (qk_norm() ? 2 * Dh : 0);
   const int64_t mlp = 3 * D * F;
   const int64_t norms = 2 * D;
   return V * D + L * (attention + mlp + norms) + D + (tie_word_embeddings ? 0 : V * D);
@@ -30,8 +40,8 @@ void LlamaConfig::validate() const {
   positive("num_hidden_layers", num_hidden_layers);
   positive("vocab_size", vocab_size);
   positive("max_position_embeddings", max_position_embeddings);
-  FSDP_CHECK(model_type == "llama" || model_type == "mistral", who, "model_type '", model_type,
-             "' is not supported — use \"llama\" or \"mistral\"");
+  FSDP_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3", who,
+             "model_type '", model_type, "' is not supported — use \"llama\", \"mistral\", \"qwen2\" or \"qwen3\"");
   FSDP_CHECK(head_dim >= 0, who, "head_dim = ", head_dim, " must be positive (or 0 for hidden_size / num_attention_heads)");
   if (head_dim == 0) {
     FSDP_CHECK(hidden_size % num_attention_heads == 0, who, "hidden_size (D=", hidden_size,
@@ -54,17 +64,33 @@ void LlamaConfig::validate() const {
                s.original_max_position_embeddings, " must be positive (Llama 3.1: 8192)");
   }
   if (sliding_window) {
-    FSDP_CHECK(model_type == "mistral", who, "sliding_window = ", *sliding_window, " is set for model_type '",
-               model_type, "', which has no sliding window — remove it (only Mistral configs have one)");
-    // Full causal attention equals sliding-window attention exactly while
-    // T <= window, and forward refuses T > max_position_embeddings.
-    FSDP_CHECK(*sliding_window >= max_position_embeddings, who, "sliding_window = ", *sliding_window,
-               " is shorter than max_position_embeddings = ", max_position_embeddings,
-               ": sliding-window attention is not implemented (attention here is fully causal, which equals it "
-               "only for sequences of at most ", *sliding_window, " tokens) — set max_position_embeddings to ",
-               *sliding_window, " in config.json (exact for every sequence the model then accepts), or set "
-               "sliding_window to null to train with full attention (a different model beyond ",
-               *sliding_window, " tokens)");
+    FSDP_CHECK(model_type != "llama", who, "sliding_window = ", *sliding_window, " is set for model_type 'llama', "
+               "which has no sliding window — remove it (Mistral, Qwen2 and Qwen3 configs have one)");
+    FSDP_CHECK(*sliding_window > 0, who, "sliding_window = ", *sliding_window,
+               " must be positive (the number of keys a query sees, itself included), or null for full attention");
+  }
+  if (per_layer_attention()) {
+    FSDP_CHECK(static_cast<int64_t>(layer_types.size()) == num_hidden_layers, who, "layer_types has ",
+               layer_types.size(), " entries but num_hidden_layers = ", num_hidden_layers,
+               " — give one \"full_attention\" or \"sliding_attention\" per layer (or leave layer_types out)");
+    for (size_t i = 0; i < layer_types.size(); ++i) {
+      const std::string& t = layer_types[i];
+      FSDP_CHECK(t == "full_attention" || t == "sliding_attention", who, "layer_types[", i, "] = '", t,
+                 "' is not supported — only \"full_attention\" and \"sliding_attention\" are implemented");
+      FSDP_CHECK(t == "full_attention" || sliding_window.has_value(), who, "layer_types[", i,
+                 "] is \"sliding_attention\" but there is no window (use_sliding_window false or sliding_window "
+                 "null) — set use_sliding_window and sliding_window, or make the layer \"full_attention\"");
+    }
+  } else {
+    FSDP_CHECK(layer_types.empty(), who, "layer_types is set for model_type '", model_type,
+               "', which attends alike in every layer — remove it");
+  }
+  FSDP_CHECK(!attention_bias || model_type == "qwen3", who, "attention_bias = true is only implemented for qwen3 "
+             "(Llama and Mistral projections here have no bias; Qwen2's q/k/v biases are always on)");
+  if (pad_token_id) {
+    FSDP_CHECK(*pad_token_id >= 0 && *pad_token_id < vocab_size, who, "pad_token_id = ", *pad_token_id,
+               " is not a row of the embedding [0, vocab_size=", vocab_size,
+               ") — use the id of the padding token, or null if the model has none");
   }
 }
 
@@ -77,11 +103,20 @@ std::string LlamaConfig::summary() const {
     std::snprintf(params, sizeof(params), "%.2fM", n / 1e6);
   }
   std::ostringstream os;
-  os << (name.empty() ? "llama" : name) << ": D=" << hidden_size << " L=" << num_hidden_layers
+  os << (name.empty() ? model_type : name) << ": " << (model_type == "llama" ? "" : model_type + " ")
+     << "D=" << hidden_size << " L=" << num_hidden_layers
      << " H=" << num_attention_heads << " Hkv=" << num_key_value_heads << " Dh=" << dh() << " F=" << intermediate_size
      << " V=" << vocab_size << " max_pos=" << max_position_embeddings << " rope_theta=" << rope_theta;
   if (rope_scaling) os << " rope_scaling=llama3(factor=" << rope_scaling->factor << ")";
   if (tie_word_embeddings) os << " tied";
+  if (qkv_bias()) os << (o_bias() ? " qkvo_bias" : " qkv_bias");
+  if (qk_norm()) os << " qk_norm";
+  if (sliding_window) {
+    int64_t sliding = 0;
+    for (int64_t i = 0; i < num_hidden_layers; ++i) sliding += layer_window(i).has_value() ? 1 : 0;
+    os << " window=" << *sliding_window << " (" << sliding << "/" << num_hidden_layers << " layers)";
+  }
+  if (pad_token_id) os << " pad=" << *pad_token_id;
   os << " " << params << " params";
   return os.str();
 }
@@ -89,16 +124,22 @@ std::string LlamaConfig::summary() const {
 std::string LlamaConfig::to_hf_config_json() const {
   // nlohmann::json keeps keys sorted, as transformers' save_pretrained writes
   // them (json.dumps(sort_keys=True)). The keys are those transformers 5
-  // writes for LlamaConfig / MistralConfig, less "transformers_version" (we
-  // are not transformers) and "dtype" (the exporter knows the weights' dtype).
+  // writes for LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config, less
+  // "transformers_version" (we are not transformers) and "dtype" (the
+  // exporter knows the weights' dtype).
   nlohmann::json j;
-  const bool mistral = model_type == "mistral";
-  j["architectures"] = {mistral ? "MistralForCausalLM" : "LlamaForCausalLM"};
-  if (!mistral) {  // MistralConfig has no such keys (its projections never have biases)
+  const bool llama = model_type == "llama";
+  const bool qwen = per_layer_attention();
+  j["architectures"] = {model_type == "mistral" ? "MistralForCausalLM"
+                        : model_type == "qwen2"  ? "Qwen2ForCausalLM"
+                        : model_type == "qwen3"  ? "Qwen3ForCausalLM"
+                                                 : "LlamaForCausalLM"};
+  if (llama) {  // only LlamaConfig has these keys
     j["attention_bias"] = false;
     j["mlp_bias"] = false;
     j["pretraining_tp"] = 1;
   }
+  if (model_type == "qwen3") j["attention_bias"] = attention_bias;
   j["attention_dropout"] = 0.0;
   j["bos_token_id"] = bos_token_id ? nlohmann::json(*bos_token_id) : nlohmann::json(nullptr);
   if (eos_token_id.empty()) {
@@ -108,18 +149,26 @@ std::string LlamaConfig::to_hf_config_json() const {
   } else {
     j["eos_token_id"] = eos_token_id;
   }
-  j["head_dim"] = dh();
+  // Qwen2Config has no head_dim field (transformers reads one from
+  // config.json, else uses D / H): written only when it differs, so that
+  // transformers reads back the attributes of the source config.
+  if (model_type != "qwen2" || dh() * num_attention_heads != hidden_size) j["head_dim"] = dh();
   j["hidden_act"] = "silu";
   j["hidden_size"] = hidden_size;
   j["initializer_range"] = initializer_range;
   j["intermediate_size"] = intermediate_size;
+  if (qwen) {
+    j["layer_types"] = layer_types;
+    j["max_window_layers"] = max_window_layers;
+    // transformers keeps sliding_window only when use_sliding_window is true.
+    j["use_sliding_window"] = sliding_window.has_value();
+  }
   j["max_position_embeddings"] = max_position_embeddings;
   j["model_type"] = model_type;
   j["num_attention_heads"] = num_attention_heads;
   j["num_hidden_layers"] = num_hidden_layers;
   j["num_key_value_heads"] = num_key_value_heads;
-  // The reader refuses any other pad id (registry.h: padding_idx is not implemented).
-  j["pad_token_id"] = nullptr;
+  j["pad_token_id"] = pad_token_id ? nlohmann::json(*pad_token_id) : nlohmann::json(nullptr);
   j["rms_norm_eps"] = rms_norm_eps;
   nlohmann::json rope = {{"rope_theta", rope_theta}, {"rope_type", rope_scaling ? "llama3" : "default"}};
   if (rope_scaling) {
@@ -129,7 +178,7 @@ std::string LlamaConfig::to_hf_config_json() const {
     rope["original_max_position_embeddings"] = rope_scaling->original_max_position_embeddings;
   }
   j["rope_parameters"] = rope;
-  if (mistral) j["sliding_window"] = sliding_window ? nlohmann::json(*sliding_window) : nlohmann::json(nullptr);
+  if (!llama) j["sliding_window"] = sliding_window ? nlohmann::json(*sliding_window) : nlohmann::json(nullptr);
   j["tie_word_embeddings"] = tie_word_embeddings;
   j["use_cache"] = true;
   j["vocab_size"] = vocab_size;

@@ -42,7 +42,25 @@ LlamaConfig make(const std::string& name, const Shape& s, double theta, std::opt
   return c;
 }
 
-// The published shapes (Hugging Face config.json of each checkpoint).
+// Qwen2/Qwen3 presets: rms_norm_eps 1e-6, rope_theta 1e6, tied embeddings,
+// use_sliding_window false (so no window and every layer "full_attention",
+// as transformers reads those configs), max_window_layers as published.
+LlamaConfig qwen(const std::string& name, const std::string& model_type, const Shape& s, int64_t head_dim,
+                 int64_t max_window_layers) {
+  LlamaConfig c = make(name, s, 1000000.0, std::nullopt, /*tied=*/true, head_dim, model_type);
+  c.rms_norm_eps = 1e-6;
+  c.max_window_layers = max_window_layers;
+  c.layer_types.assign(static_cast<size_t>(s.L), "full_attention");
+  return c;
+}
+
+LlamaConfig with_sliding_window(LlamaConfig c, int64_t window) {
+  c.sliding_window = window;
+  return c;
+}
+
+// The published shapes (Hugging Face config.json of each checkpoint; registry.h
+// names the repositories).
 std::vector<LlamaConfig> presets() {
   const RopeScaling llama31{8.0, 1.0, 4.0, 8192};
   const RopeScaling llama32{32.0, 1.0, 4.0, 8192};
@@ -55,7 +73,11 @@ std::vector<LlamaConfig> presets() {
       make("llama3.1-70b", {8192,  28672, 64, 8,  80, 128256, 131072}, 500000.0, llama31, false),
       make("llama3.2-1b",  {2048,  8192,  32, 8,  16, 128256, 131072}, 500000.0, llama32, true, 64),
       make("llama3.2-3b",  {3072,  8192,  24, 8,  28, 128256, 131072}, 500000.0, llama32, true, 128),
-      make("mistral-7b",   {4096,  14336, 32, 8,  32, 32000,  32768},  10000.0, std::nullopt, false, 0, "mistral"),
+      with_sliding_window(  // Mistral-7B-v0.1 attends to the last 4096 tokens
+          make("mistral-7b", {4096, 14336, 32, 8, 32, 32000, 32768}, 10000.0, std::nullopt, false, 0, "mistral"), 4096),
+      make("mathstral-7b", {4096,  14336, 32, 8,  32, 32768,  32768},  1000000.0, std::nullopt, false, 0, "mistral"),
+      qwen("qwen2.5-0.5b", "qwen2", {896, 4864, 14, 2, 24, 151936, 32768}, /*head_dim=*/0, /*max_window_layers=*/24),
+      qwen("qwen3-0.6b",   "qwen3", {1024, 3072, 16, 8, 28, 151936, 40960}, /*head_dim=*/128, /*max_window_layers=*/28),
       make("tiny",         {128,   384,   4,  2,  4,  512,    1024},   10000.0, std::nullopt, false),
       make("small",        {512,   1536,  8,  4,  8,  512,    2048},   10000.0, std::nullopt, false),
   };
@@ -127,19 +149,23 @@ class Fields {
 };
 
 // Note [config.json keys]
-// parse_hf_config never guesses. Every top-level key of a llama / mistral
-// config.json is in exactly one of three groups:
+// parse_hf_config never guesses. Every top-level key of a llama / mistral /
+// qwen2 / qwen3 config.json is in exactly one of three groups:
 //  - read: the parser implements what transformers does with it, or refuses a
 //    value that would need math this build does not have (a UsageError naming
 //    the key, its value and what to do);
 //  - kHarmlessKeys below: keys that change neither outputs nor gradients of
-//    LlamaForCausalLM / MistralForCausalLM in transformers 4.x or 5.x
-//    (bookkeeping, storage dtype, inference and generation settings);
+//    LlamaForCausalLM / MistralForCausalLM / Qwen2ForCausalLM /
+//    Qwen3ForCausalLM in transformers 4.x or 5.x (bookkeeping, storage dtype,
+//    inference and generation settings);
 //  - anything else: refused. A key we do not know may be a new transformers
 //    feature that changes the model; ignoring it would train a different model
 //    than the checkpoint's without a word, which costs far more than the edit
 //    the message asks for (delete the key once it is known to be harmless
 //    there, or ask for it to be listed here).
+// Which keys are read depends on model_type: transformers' config classes
+// differ (e.g. Qwen2Config has no attention_bias — its q/k/v biases are always
+// on — so a qwen2 config carrying one is refused as unknown).
 constexpr const char* kHarmlessKeys[] = {
     // Bookkeeping that transformers and conversion scripts write.
     "_name_or_path", "_commit_hash", "architectures", "transformers_version", "tokenizer_class",
@@ -170,14 +196,24 @@ constexpr const char* kHarmlessKeys[] = {
     "decoder_start_token_id",
 };
 
-// Keys parse_hf_config reads, for both model types; Mistral adds sliding_window.
+// Keys parse_hf_config reads for every model type.
 constexpr const char* kReadKeys[] = {
     "model_type", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads", "head_dim",
     "num_hidden_layers", "vocab_size", "max_position_embeddings", "rms_norm_eps", "rope_theta", "rope_scaling",
     "rope_parameters", "partial_rotary_factor", "tie_word_embeddings", "initializer_range", "hidden_act",
-    "attention_bias", "mlp_bias", "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id",
-    "pruned_heads",
+    "attention_dropout", "bos_token_id", "eos_token_id", "pad_token_id", "pruned_heads",
 };
+// And per model type, the keys of its transformers config class.
+constexpr const char* kLlamaKeys[] = {"attention_bias", "mlp_bias"};
+// MistralConfig has neither bias key (its projections never have biases);
+// older readers accepted them as false, and still do.
+constexpr const char* kMistralKeys[] = {"attention_bias", "mlp_bias", "sliding_window"};
+// use_mrope: Qwen2.5 configs carry "use_mrope": false; transformers' Qwen2
+// never reads it (multimodal rope belongs to Qwen2-VL, another model_type).
+constexpr const char* kQwen2Keys[] = {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
+                                      "use_mrope"};
+constexpr const char* kQwen3Keys[] = {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
+                                      "attention_bias"};
 
 template <size_t N>
 bool listed(const char* const (&keys)[N], const std::string& key) {
@@ -190,11 +226,18 @@ std::string shown(const json& v) {
   return s.size() > 80 ? s.substr(0, 77) + "..." : s;
 }
 
+bool read_for(const std::string& model_type, const std::string& key) {
+  if (model_type == "llama") return listed(kLlamaKeys, key);
+  if (model_type == "mistral") return listed(kMistralKeys, key);
+  if (model_type == "qwen2") return listed(kQwen2Keys, key);
+  if (model_type == "qwen3") return listed(kQwen3Keys, key);
+  return false;
+}
+
 void refuse_unknown_keys(const json& j, const Fields& f, const std::string& model_type) {
   for (auto it = j.begin(); it != j.end(); ++it) {
     const std::string& key = it.key();
-    if (listed(kReadKeys, key) || listed(kHarmlessKeys, key)) continue;
-    if (key == "sliding_window" && model_type == "mistral") continue;
+    if (listed(kReadKeys, key) || listed(kHarmlessKeys, key) || read_for(model_type, key)) continue;
     FSDP_CHECK(key != "quantization_config", f.where(), "quantization_config is set: quantized checkpoints are not "
                "supported — use the model's unquantized (bf16/fp16/fp32) weights");
     FSDP_CHECK(false, f.where(), "key '", key, "' = ", shown(it.value()), " is not one this reader knows for "
@@ -348,9 +391,12 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
   LlamaConfig c;
   c.name = origin;
   const json& mt = f.required("model_type");
-  FSDP_CHECK(mt.is_string() && (mt.get<std::string>() == "llama" || mt.get<std::string>() == "mistral"), f.where(),
-             "model_type ", mt.dump(), " is not supported — this build reads \"llama\" and \"mistral\" configs");
-  c.model_type = mt.get<std::string>();
+  const std::string type = mt.is_string() ? mt.get<std::string>() : "";
+  FSDP_CHECK(type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3", f.where(), "model_type ",
+             mt.dump(), " is not supported — this build reads \"llama\", \"mistral\", \"qwen2\" and \"qwen3\" "
+             "configs");
+  c.model_type = type;
+  const bool qwen = type == "qwen2" || type == "qwen3";
   refuse_unknown_keys(j, f, c.model_type);  // Note [config.json keys]
 
   c.hidden_size = f.req_int("hidden_size");
@@ -361,13 +407,18 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
   c.max_position_embeddings = f.req_int("max_position_embeddings");
   c.rms_norm_eps = f.req_double("rms_norm_eps");
   c.num_key_value_heads = f.int_or("num_key_value_heads", c.num_attention_heads);
-  c.head_dim = f.int_or("head_dim", 0);
+  // Qwen3Config's head_dim defaults to 128, the others' to D / H.
+  c.head_dim = f.int_or("head_dim", type == "qwen3" ? 128 : 0);
   c.tie_word_embeddings = f.bool_or("tie_word_embeddings", false);
   c.initializer_range = f.double_or("initializer_range", 0.02);
 
-  FSDP_CHECK(!f.bool_or("attention_bias", false), f.where(),
-             "attention_bias = true is not supported (Llama/Mistral projections have no bias)");
-  FSDP_CHECK(!f.bool_or("mlp_bias", false), f.where(), "mlp_bias = true is not supported (Llama MLPs have no bias)");
+  if (type == "qwen3") {
+    c.attention_bias = f.bool_or("attention_bias", false);  // q, k, v and o biases
+  } else {
+    FSDP_CHECK(!f.bool_or("attention_bias", false), f.where(),
+               "attention_bias = true is not supported (Llama/Mistral projections have no bias)");
+    FSDP_CHECK(!f.bool_or("mlp_bias", false), f.where(), "mlp_bias = true is not supported (Llama MLPs have no bias)");
+  }
   const std::string act = f.string_or("hidden_act", "silu");
   // transformers' ACT2FN maps "swish" to the same SiLU.
   FSDP_CHECK(act == "silu" || act == "swish", f.where(), "hidden_act '", act,
@@ -381,8 +432,36 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
   c.rope_theta = rope.theta;
   c.rope_scaling = rope.scaling;
 
-  if (c.model_type == "mistral") {
-    if (const json* w = f.find("sliding_window")) c.sliding_window = f.to_int("sliding_window", *w);
+  // The attention window, as transformers 5's config classes resolve it.
+  // MistralConfig and Qwen2Config/Qwen3Config default sliding_window to 4096
+  // when the key is absent (null: no window). Qwen keeps it only with
+  // use_sliding_window, and then slides the layers layer_types names, by
+  // default layers i >= max_window_layers.
+  if (type == "mistral" || qwen) {
+    const bool given = j.contains("sliding_window");
+    const json* w = f.find("sliding_window");
+    std::optional<int64_t> window;
+    if (w != nullptr) {
+      window = f.to_int("sliding_window", *w);
+    } else if (!given) {
+      window = 4096;
+    }
+    if (qwen && !f.bool_or("use_sliding_window", false)) window = std::nullopt;
+    c.sliding_window = window;
+  }
+  if (qwen) {
+    c.max_window_layers = f.int_or("max_window_layers", 28);
+    if (const json* lt = f.find("layer_types")) {
+      FSDP_CHECK(lt->is_array(), f.where(), "field 'layer_types' must be a list of strings or null, got ", shown(*lt));
+      for (const json& e : *lt) {
+        FSDP_CHECK(e.is_string(), f.where(), "field 'layer_types' must be a list of strings, got ", shown(*lt));
+        c.layer_types.push_back(e.get<std::string>());
+      }
+    } else {
+      for (int64_t i = 0; i < c.num_hidden_layers; ++i) {
+        c.layer_types.push_back(c.sliding_window && i >= c.max_window_layers ? "sliding_attention" : "full_attention");
+      }
+    }
   }
 
   // Configs saved with every PretrainedConfig attribute carry "pruned_heads": {}.
@@ -400,14 +479,9 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
       c.eos_token_id.push_back(f.to_int("eos_token_id", *v));
     }
   }
-  // transformers builds the embedding with padding_idx = pad_token_id, which
-  // gives that row no gradient; our embedding does not, so training would differ.
-  if (const json* v = f.find("pad_token_id")) {
-    FSDP_CHECK(false, f.where(), "pad_token_id = ", shown(*v), " is not supported: transformers gives embedding row ",
-               shown(*v), " no gradient (nn.Embedding padding_idx), which is not implemented here — set "
-               "\"pad_token_id\": null in config.json to train every row (outputs are unchanged; only that row's "
-               "training differs from transformers')");
-  }
+  // transformers builds the embedding with padding_idx = pad_token_id: that
+  // row gets no gradient (layers.h, EmbeddingImpl). validate() checks the range.
+  if (const json* v = f.find("pad_token_id")) c.pad_token_id = f.to_int("pad_token_id", *v);
   c.validate();
   return c;
 }

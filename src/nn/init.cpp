@@ -1,5 +1,7 @@
 #include "fsdp/nn/init.h"
 
+#include <algorithm>
+
 #include <torch/nn/module.h>
 
 #include <cmath>
@@ -15,9 +17,25 @@ inline double unit_open(uint32_t bits) { return (static_cast<double>(bits) + 0.5
 
 }  // namespace
 
+namespace {
+void fill_slice(const at::Tensor& out, const InitRule& rule, uint64_t seed, const std::string& name, int64_t first);
+}  // namespace
+
 void init_slice(const at::Tensor& out, const InitRule& rule, uint64_t seed, const std::string& name,
                 int64_t first) {
   FSDP_ASSERT(out.is_contiguous(), "init_slice needs a contiguous tensor");
+  fill_slice(out, rule, seed, name, first);
+  // The zero range's overlap with this slice.
+  const int64_t lo = std::max(rule.zero_begin, first);
+  const int64_t hi = std::min(rule.zero_end, first + out.numel());
+  if (hi > lo) {
+    at::NoGradGuard no_grad;
+    out.view({out.numel()}).narrow(0, lo - first, hi - lo).zero_();
+  }
+}
+
+namespace {
+void fill_slice(const at::Tensor& out, const InitRule& rule, uint64_t seed, const std::string& name, int64_t first) {
   const int64_t n = out.numel();
   if (n == 0) return;
   switch (rule.kind) {
@@ -46,6 +64,7 @@ void init_slice(const at::Tensor& out, const InitRule& rule, uint64_t seed, cons
   at::NoGradGuard no_grad;
   out.view({n}).copy_(host);
 }
+}  // namespace
 
 void init_module(torch::nn::Module& module, const InitRuleFn& rules, uint64_t seed) {
   at::NoGradGuard no_grad;

@@ -87,6 +87,9 @@ std::shared_ptr<const data::TokenDataset> load_data(const TrainOptions& o, const
   dopt.format = o.data.format;
   dopt.text_field = o.data.text_field;
   dopt.token_dtype = o.data.token_dtype;
+  // BOS before every document where the tokenizer's own files say so (a tokenizer.json
+  // template "<s> $A"); EOS after every document in any case.
+  dopt.add_bos = tokenizer != nullptr && tokenizer->adds_bos();
   return data::load_dataset(dopt, tokenizer);
 }
 
@@ -120,20 +123,221 @@ FsdpOptions engine_options(const TrainOptions& o, int world_size) {
   return fo;
 }
 
+// Note [Export extras]
+// What --export-hf writes beside the weights and the model's config.json:
+//  - "extra_config": the special token ids when there is no --init-from (the
+//    tokenizer's; with --init-from its config.json's travel in the model
+//    config, see init_config);
+//  - "extra_files": [[absolute source path, file name], ...] copied as they
+//    are: the --init-from directory's tokenizer and generation files
+//    (checkpoint::find_hf_side_files), then the files of the run's own
+//    --tokenizer, which replace those of the same name (the model was trained
+//    with it): a model directory's tokenizer files; a tokenizer.json (also
+//    under another name) as tokenizer.json, with the tokenizer files beside a
+//    file named tokenizer.json; a SentencePiece model as tokenizer.model.
+//    A tiktoken file (its format is not transformers') and "byte" add none.
+// The same JSON goes into every checkpoint's trainer_state ("hf_export"), so a
+// conversion of the checkpoint (Note [Checkpoint conversion]) writes what the
+// run's own --export-hf would have written.
+nlohmann::json export_extras(const TrainOptions& o, const data::Tokenizer& tokenizer,
+                             const std::optional<int64_t>& bos, const std::vector<int64_t>& eos) {
+  namespace fs = std::filesystem;
+  nlohmann::json config = nlohmann::json::object();
+  if (o.hf.init_from.empty()) {
+    config["bos_token_id"] = bos ? nlohmann::json(*bos) : nlohmann::json(nullptr);
+    config["eos_token_id"] = eos.empty() ? nlohmann::json(nullptr) : nlohmann::json(eos[0]);
+  }
+  std::vector<std::pair<std::string, std::string>> files;
+  if (!o.hf.init_from.empty()) files = checkpoint::find_hf_side_files(o.hf.init_from);
+  auto own = [&](const std::string& path, const std::string& name) {
+    files.erase(std::remove_if(files.begin(), files.end(), [&](const auto& f) { return f.second == name; }),
+                files.end());
+    files.emplace_back(path, name);
+  };
+  // A directory's tokenizer files; its generation_config.json belongs to a model, not to the tokenizer.
+  auto own_directory = [&](const fs::path& dir) {
+    for (const auto& [path, name] : checkpoint::find_hf_side_files(dir.string())) {
+      if (name != "generation_config.json") own(path, name);
+    }
+  };
+  std::error_code ec;
+  const fs::path spec = o.data.tokenizer;
+  const std::string kind = tokenizer.name().substr(0, tokenizer.name().find(':'));
+  if (spec != "byte" && fs::is_directory(spec, ec)) {
+    own_directory(spec);
+  } else if (kind == "hf" || spec.filename() == "tokenizer.json") {
+    if (spec.filename() == "tokenizer.json") own_directory(fs::absolute(spec, ec).parent_path());
+    own(fs::absolute(spec, ec).string(), "tokenizer.json");
+  } else if (kind == "sentencepiece") {
+    own(fs::absolute(spec, ec).string(), "tokenizer.model");
+  }
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& [path, name] : files) list.push_back({path, name});
+  return {{"extra_config", config}, {"extra_files", list}};
+}
+
+// The export options of --export-hf with the extras above. Carried files that
+// no longer exist (a conversion long after the run) are left out, each named
+// through `warn`.
+checkpoint::HfExportOptions export_options(const TrainOptions& o, const nlohmann::json& extras, bool progress,
+                                           const std::function<void(const std::string&)>& warn) {
+  checkpoint::HfExportOptions eo;
+  eo.dtype = checkpoint::parse_export_dtype(o.hf.export_dtype);
+  eo.max_shard_bytes = checkpoint::parse_byte_size(o.hf.export_shard_size, "--export-shard-size");
+  eo.progress = progress;
+  if (extras.contains("extra_config")) eo.extra_config = extras["extra_config"];
+  if (extras.contains("extra_files")) {
+    for (const auto& f : extras["extra_files"]) {
+      const std::string path = f.at(0).get<std::string>();
+      const std::string name = f.at(1).get<std::string>();
+      if (std::filesystem::is_regular_file(path)) {
+        eo.extra_files.emplace_back(path, name);
+      } else {
+        warn(fmt::format("{} (the run's {}) no longer exists: the export has no {}; copy it there by hand", path,
+                         name, name));
+      }
+    }
+  }
+  return eo;
+}
+
+// The model config of the newest checkpoint in `dir` whose manifest parses
+// (checkpoints of one directory hold one model: resume refuses another).
+models::LlamaConfig checkpoint_model_config(const std::string& dir) {
+  const auto list = checkpoint::list_checkpoints(dir);
+  FSDP_CHECK(!list.empty(), "--checkpoint-dir ", dir, " holds no checkpoint (step_NNNNNNNN/ with manifest.json) to "
+             "convert; --max-steps 0 converts an existing checkpoint — point --checkpoint-dir at the run's "
+             "directory");
+  std::string why;
+  for (const auto& c : list) {
+    const std::string path = (std::filesystem::path(c.path) / "manifest.json").string();
+    try {
+      std::ifstream in(path);
+      const nlohmann::json manifest = nlohmann::json::parse(in);
+      return models::parse_hf_config(manifest.at("model_config").dump(), c.path);
+    } catch (const nlohmann::json::exception& e) {
+      why += fmt::format("; {}: {}", path, e.what());
+    }
+  }
+  FSDP_FAIL("no checkpoint in ", dir, " has a readable manifest", why);
+}
+
+// The config a conversion exports: the checkpoint's, which --model (when
+// given: non-empty) must agree with.
+models::LlamaConfig conversion_config(const TrainOptions& o) {
+  models::LlamaConfig cfg = checkpoint_model_config(o.checkpoint.dir);
+  if (!o.model.empty()) {
+    const models::LlamaConfig named = models::resolve_model_config(o.model);
+    const std::string diff = checkpoint::config_mismatch(named, cfg);
+    FSDP_CHECK(diff.empty(), "--model ", o.model, " and the checkpoints in ", o.checkpoint.dir,
+               " describe different models (", diff, "); leave out --model to convert the checkpoint's model");
+  }
+  return cfg;
+}
+
+// Note [Checkpoint conversion]
+// --max-steps 0 with --resume --checkpoint-dir CK --export-hf OUT: load the
+// newest valid checkpoint of CK (its parameters only: no optimizer state, no
+// data, no tokenizer) into the model its manifest describes, and export it
+// exactly as the run's --export-hf would have (Note [Export extras]). Any
+// world size, sharding or wrap: the checkpoint is re-cut on load and the
+// export gathers whole units, so the files do not depend on them.
+void validate_conversion(const TrainOptions& o, int world_size) {
+  worker_device(o.device, /*local_rank=*/0);
+  const char* what = "--max-steps 0 converts a checkpoint to Hugging Face files without training";
+  std::string missing;
+  for (const auto& [absent, flag] : {std::pair<bool, const char*>{!o.checkpoint.resume, "--resume"},
+                                     {o.checkpoint.dir.empty(), "--checkpoint-dir DIR"},
+                                     {o.hf.export_dir.empty(), "--export-hf OUT"}}) {
+    if (absent) missing += std::string(missing.empty() ? "" : ", ") + flag;
+  }
+  FSDP_CHECK(missing.empty(), what, ": it needs --resume --checkpoint-dir DIR --export-hf OUT (missing: ", missing,
+             "); or give --max-steps >= 1 to train");
+  FSDP_CHECK(o.hf.init_from.empty(), what, ": the weights come from the checkpoint, so --init-from ",
+             o.hf.init_from, " has no use — leave it out (the run's --init-from files are carried over from the "
+             "checkpoint's record)");
+  FSDP_CHECK(!o.eval.only, what, "; --eval-only evaluates instead: give it --max-steps >= 1 or leave it out");
+  FSDP_CHECK(std::filesystem::is_directory(o.checkpoint.dir), "--checkpoint-dir ", o.checkpoint.dir,
+             " is not a directory holding checkpoints");
+  checkpoint::check_export_dir(o.hf.export_dir);
+  checkpoint::parse_export_dtype(o.hf.export_dtype);
+  checkpoint::parse_byte_size(o.hf.export_shard_size, "--export-shard-size");
+  engine_options(o, world_size);
+  conversion_config(o);
+}
+
+TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) {
+  const comm::ProcessGroupPtr& world = rt.world_group;
+  const int W = world->size();
+  const bool lead = world->rank() == 0;
+  const at::Device device = worker_device(o.device, rt.world.local_rank);
+  set_current_device(device);
+  auto say = [&](const std::string& line) {
+    if (lead && !o.log.quiet) std::cout << timestamp() << " I [fsdp-train] " << line << std::endl;
+  };
+  auto warn = [&](const std::string& line) {
+    if (lead && !o.log.quiet) std::cout << timestamp() << " W [fsdp-train] " << line << std::endl;
+  };
+  const bool progress = lead && !o.log.quiet && isatty(STDERR_FILENO) == 1;
+
+  const models::LlamaConfig cfg = conversion_config(o);
+  auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), o.step.seed);
+  nn::Unit<models::LlamaForCausalLMImpl> root(impl);
+  FsdpOptions fo = engine_options(o, W);
+  fo.device = device;
+  if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = rt.world.local_world_size;
+  fo.init_rule = models::llama_init_rule(cfg);
+  fo.seed = o.step.seed;
+  auto sharded = fully_shard(root.ptr(), world, fo);
+  comm::ProcessGroupPtr group = rt.cpu_group ? rt.cpu_group : world;
+
+  checkpoint::LoadOptions lo;
+  lo.progress = progress;
+  const checkpoint::LoadResult r =
+      checkpoint::load_latest_checkpoint(o.checkpoint.dir, *sharded, /*optimizer=*/nullptr, *group, lo);
+  for (const auto& why : r.rejected) warn(why + "; trying the previous checkpoint");
+  FSDP_CHECK(r.loaded, "--checkpoint-dir ", o.checkpoint.dir, " holds no checkpoint to convert");
+  const std::string diff =
+      checkpoint::config_mismatch(cfg, models::parse_hf_config(r.manifest.at("model_config").dump(), r.path));
+  FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " holds another model than the newest checkpoint's (", diff,
+             "); convert it from a directory of its own");
+  say(fmt::format("Loaded checkpoint {} (step {}, {}): {} in {:.2f} s, {:.2f} GB/s", r.path, r.step, cfg.summary(),
+                  megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
+  const nlohmann::json extras =
+      r.trainer_state.contains("hf_export") ? r.trainer_state["hf_export"] : nlohmann::json::object();
+  const checkpoint::HfExportOptions eo = export_options(o, extras, progress, warn);
+  const checkpoint::HfExportResult e = checkpoint::export_hf(o.hf.export_dir, *sharded, cfg, *group, eo);
+  say(fmt::format("Exported Hugging Face weights ({}) to {} in {:.2f} s: {}, {:.2f} GB/s ({})", o.hf.export_dtype,
+                  e.dir, e.io.seconds, megabytes(e.io.bytes), e.io.gb_per_s(), fmt::join(e.files, ", ")));
+  TrainSummary summary;
+  summary.parameters = cfg.num_parameters();
+  summary.plan = sharded->describe();
+  summary.start_step = r.step;
+  summary.end_step = r.step;
+  summary.resumed_from = r.path;
+  return summary;
+}
+
 }  // namespace
 
 void validate_options(const TrainOptions& o, int world_size) {
+  if (o.step.max_steps == 0) {  // Note [Checkpoint conversion]: no data, no training flags
+    validate_conversion(o, world_size);
+    return;
+  }
   worker_device(o.device, /*local_rank=*/0);  // a known --device, a build that has it, at least one device
   FSDP_CHECK(o.step.batch_size >= 1, "--batch-size must be >= 1, got ", o.step.batch_size);
   FSDP_CHECK(o.step.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.step.grad_accum);
-  FSDP_CHECK(o.step.max_steps >= 1, "--max-steps must be >= 1, got ", o.step.max_steps);
+  FSDP_CHECK(o.step.max_steps >= 1, "--max-steps must be >= 1 (or 0 with --resume --checkpoint-dir DIR --export-hf "
+             "OUT: convert the newest checkpoint to Hugging Face files), got ", o.step.max_steps);
   FSDP_CHECK(o.step.clip_grad >= 0, "--clip-grad must be >= 0 (0 disables clipping), got ", o.step.clip_grad);
   FSDP_CHECK(o.log.log_every >= 1, "--log-every must be >= 1, got ", o.log.log_every);
   FSDP_CHECK(o.data.seq_len >= 1, "--seq-len must be >= 1, got ", o.data.seq_len);
   FSDP_CHECK(o.data.prefetch >= 1, "the loader's prefetch depth must be >= 1, got ", o.data.prefetch);
   FSDP_CHECK(!o.data.path.empty(), "--data is required: a text file, a JSON-lines file, a binary token file or a "
              "directory of .bin shards");
-  FSDP_CHECK(std::filesystem::exists(o.data.path), "--data ", o.data.path, ": no such file or directory");
+  // A file, a directory or a pattern (c4/en/c4-train.*.json.gz); data_files names what is missing.
+  FSDP_CHECK(!data::data_files({o.data.path, o.data.format}).empty(), "--data ", o.data.path, ": no data files");
   optim::LrSchedule sched = o.schedule;
   sched.max_steps = o.step.max_steps;
   sched.validate();
@@ -180,7 +384,8 @@ void validate_options(const TrainOptions& o, int world_size) {
     FSDP_CHECK(o.eval.every == 0, "--eval-every needs --val-data PATH");
     FSDP_CHECK(!o.eval.only, "--eval-only needs --val-data PATH");
   } else {
-    FSDP_CHECK(std::filesystem::exists(o.eval.val_data), "--val-data ", o.eval.val_data, ": no such file or directory");
+    FSDP_CHECK(!data::data_files({o.eval.val_data, o.data.format}).empty(), "--val-data ", o.eval.val_data,
+               ": no data files");
   }
   FSDP_CHECK(!o.eval.only || !o.hf.init_from.empty() || o.checkpoint.resume,
              "--eval-only evaluates existing weights: give --init-from DIR or --resume with --checkpoint-dir DIR");
@@ -197,6 +402,7 @@ void validate_options(const TrainOptions& o, int world_size) {
 
 TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   validate_options(o, rt.world_group->size());
+  if (o.step.max_steps == 0) return convert_checkpoint(o, rt);
   const comm::ProcessGroupPtr& world = rt.world_group;
   const int rank = world->rank();
   const int W = world->size();
@@ -329,6 +535,8 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
 
   // --- where the weights come from: a checkpoint, a Hugging Face directory, or the seed
   const nlohmann::json model_config = nlohmann::json::parse(cfg.to_hf_config_json());
+  // Note [Export extras]: what --export-hf adds, recorded in every checkpoint.
+  const nlohmann::json hf_extras = export_extras(o, *tokenizer, tokenizer_bos, tokenizer_eos);
   int64_t start_step = 0;
   if (!o.checkpoint.dir.empty() && lead) {
     for (const auto& name : checkpoint::remove_stale_temporaries(o.checkpoint.dir)) {
@@ -430,7 +638,8 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
                           // Training draws no random numbers: parameters are initialized from (seed, name)
                           // and the data order is a pure function of (seed, step), so seed and step are the
                           // whole RNG state.
-                          {"rng", "none consumed: seed and step determine initialization and data order"}};
+                          {"rng", "none consumed: seed and step determine initialization and data order"},
+                          {"hf_export", hf_extras}};
     if (scaler) {
       ts["grad_scaler"] = {{"scale", scaler->scale_value()},
                            {"growth_tracker", scaler->growth_tracker()},
@@ -451,19 +660,11 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   };
   auto export_weights = [&] {
     if (o.hf.export_dir.empty()) return;
-    checkpoint::HfExportOptions eo;
-    eo.dtype = checkpoint::parse_export_dtype(o.hf.export_dtype);
-    eo.max_shard_bytes = checkpoint::parse_byte_size(o.hf.export_shard_size, "--export-shard-size");
-    eo.progress = progress;
     // Special token ids (README, Hugging Face): with --init-from, its
     // config.json's (cfg carries them, see init_config); otherwise the
-    // tokenizer the model was trained with, null where it has none.
-    if (o.hf.init_from.empty()) {
-      eo.extra_config["bos_token_id"] = tokenizer_bos ? nlohmann::json(*tokenizer_bos) : nlohmann::json(nullptr);
-      eo.extra_config["eos_token_id"] =
-          tokenizer_eos.empty() ? nlohmann::json(nullptr) : nlohmann::json(tokenizer_eos[0]);
-    }
-    if (tokenizer->name().rfind("sentencepiece:", 0) == 0) eo.extra_files.emplace_back(o.data.tokenizer, "tokenizer.model");
+    // tokenizer the model was trained with, null where it has none. Files:
+    // Note [Export extras].
+    const checkpoint::HfExportOptions eo = export_options(o, hf_extras, progress, warn);
     const checkpoint::HfExportResult r = checkpoint::export_hf(o.hf.export_dir, *sharded, cfg, *scalars, eo);
     say(fmt::format("Exported Hugging Face weights ({}) to {} in {:.2f} s: {}, {:.2f} GB/s ({})", o.hf.export_dtype,
                     r.dir, r.io.seconds, megabytes(r.io.bytes), r.io.gb_per_s(), fmt::join(r.files, ", ")));

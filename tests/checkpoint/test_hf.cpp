@@ -243,6 +243,88 @@ TEST(HuggingFace, ConfigRoundTrip) {
   });
 }
 
+// Qwen2 (q/k/v biases) and Qwen3 (q/k norms, attention_bias, a sliding
+// layer) exported at world size 2 after training steps and imported at world
+// size 1 (HF names: q_proj.bias, q_norm.weight, ...): bit-identical logits; the
+// config reads back as the same model; side files (tokenizer, generation
+// config) are copied byte for byte; config_mismatch names what changes the math.
+TEST(HuggingFace, QwenRoundTripSideFilesAndMismatches) {
+  const std::string dir = testing::temp_dir("hf-qwen");
+  const std::map<std::string, std::string> one_thread{{"OMP_NUM_THREADS", "1"}};
+  auto qwen = [](const std::string& type) {
+    auto c = testing::small_config(type == "qwen2");
+    c.model_type = type;
+    c.layer_types = {"full_attention", "sliding_attention"};
+    c.sliding_window = 5;
+    c.max_window_layers = 1;
+    c.attention_bias = type == "qwen3";
+    if (type == "qwen3") c.head_dim = 12;
+    c.pad_token_id = 3;
+    return c;
+  };
+  const std::string side = std::string("{\"bytes\": \"") + "\u00e9\u4e2d" + "\"}\n\x01\x02";
+  if (!testing::is_worker()) {
+    fs::create_directories(dir + "/src");
+    std::ofstream(dir + "/src/tokenizer.json", std::ios::binary) << side;
+    std::ofstream(dir + "/src/generation_config.json", std::ios::binary) << "{\"max_new_tokens\": 7}\n";
+  }
+  for (const std::string type : {"qwen2", "qwen3"}) {
+    const auto cfg = qwen(type);
+    testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+      auto m = make_sharded_llama(pg, "full", "block", 7, cfg);
+      for (int s = 0; s < 2; ++s) m.train_step(token_batch(1, 12, m.cfg.vocab_size, 10 * s + pg.rank()));
+      const at::Tensor logits = m.logits(inputs());
+      if (pg.rank() == 0) checkpoint::save_safetensors(dir + "/" + type + ".logits.safetensors", {{"logits", logits}});
+      checkpoint::HfExportOptions eo;
+      eo.extra_files = checkpoint::find_hf_side_files(dir + "/src");
+      checkpoint::export_hf(dir + "/" + type, *m.sharded, m.cfg, pg, eo);
+    }, std::chrono::seconds(180), one_thread);
+    if (!testing::is_worker()) {  // workers must still reach every run_distributed call
+      checkpoint::SafetensorsFile f(dir + "/" + type + "/model.safetensors");
+      EXPECT_NE(f.find("model.layers.1.self_attn.q_proj.bias"), nullptr) << type;
+      EXPECT_EQ(f.find("model.layers.1.self_attn.o_proj.bias") != nullptr, type == "qwen3");
+      EXPECT_EQ(f.find("model.layers.0.self_attn.k_norm.weight") != nullptr, type == "qwen3");
+      std::ifstream in(dir + "/" + type + "/tokenizer.json", std::ios::binary);
+      EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), side);
+      EXPECT_TRUE(fs::exists(dir + "/" + type + "/generation_config.json"));
+      const auto back = models::resolve_model_config(dir + "/" + type);
+      EXPECT_EQ(checkpoint::config_mismatch(back, cfg), "") << type;
+      EXPECT_EQ(back.layer_types, cfg.layer_types);
+      EXPECT_EQ(back.pad_token_id, 3);
+    }
+    testing::run_distributed(1, [&](comm::ProcessGroup& pg) {
+      auto m = make_sharded_llama(pg, "full", "block", /*seed=*/123, cfg);
+      checkpoint::import_hf(dir + "/" + type, *m.sharded, m.cfg, pg);
+      const at::Tensor ref = checkpoint::SafetensorsFile(dir + "/" + type + ".logits.safetensors").tensor("logits");
+      const at::Tensor got = m.logits(inputs());
+      EXPECT_TRUE(at::equal(got, ref)) << type << ": max |diff| " << (got - ref).abs().max().item<double>();
+    }, std::chrono::seconds(180), one_thread);
+  }
+  if (testing::is_worker()) return;
+  const auto q3 = qwen("qwen3");
+  auto other = q3;
+  other.pad_token_id.reset();
+  EXPECT_EQ(checkpoint::config_mismatch(other, q3), "pad_token_id none vs 3");
+  other = q3;
+  other.layer_types = {"sliding_attention", "sliding_attention"};
+  EXPECT_EQ(checkpoint::config_mismatch(other, q3), "sliding window of layer 0 5 vs none");
+  other = q3;
+  other.sliding_window = q3.max_position_embeddings;  // never cuts: the same model as full attention
+  other.layer_types = {"full_attention", "full_attention"};
+  auto wide = other;
+  wide.layer_types = {"sliding_attention", "sliding_attention"};
+  EXPECT_EQ(checkpoint::config_mismatch(other, wide), "");
+  other = q3;
+  other.attention_bias = false;
+  EXPECT_EQ(checkpoint::config_mismatch(other, q3), "attention_bias false vs true");
+  EXPECT_EQ(checkpoint::config_mismatch(qwen("qwen2"), q3).rfind("model_type qwen2 vs qwen3", 0), 0u);
+  for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
+                           "generation_config.json", "vocab.json", "merges.txt", "chat_template.jinja"}) {
+    EXPECT_TRUE(checkpoint::is_hf_export_file(name)) << name;
+  }
+  EXPECT_FALSE(checkpoint::is_hf_export_file("README.md"));
+}
+
 // Shapes that differ name the tensor and both shapes; bf16 export rounds to
 // nearest even like torch; an export never replaces a directory holding other files.
 TEST(HuggingFace, ShapeMismatchBf16AndForeignFiles) {

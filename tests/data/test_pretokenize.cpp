@@ -109,3 +109,20 @@ TEST(Unicode, Classes) {
   EXPECT_EQ(decode_utf8("\xF4\x90\x80\x80", 0, len), kInvalidCodePoint);  // above U+10FFFF
   EXPECT_EQ(len, 1);
 }
+
+// Qwen2's regex: the Llama 3 one with every number its own piece.
+TEST(Pretokenize, Qwen2SplitsEveryNumber) {
+  std::vector<std::string> got;
+  for (auto p : qwen2_pretokenize("x1234 56, y")) got.emplace_back(p);
+  EXPECT_EQ(got, (Pieces{"x", "1", "2", "3", "4", " ", "5", "6", ",", " y"}));
+}
+
+// GPT-2's regex (ByteLevel use_regex), checked against the tokenizers library's
+// ByteLevel pre-tokenizer: case-sensitive contractions, a space only before a
+// letter, number or "other" run.
+TEST(Pretokenize, Gpt2Regex) {
+  std::vector<std::string> got;
+  for (auto p : gpt2_pretokenize("I'm  don'T 'S hello123 x\u00a0y   end")) got.emplace_back(p);
+  EXPECT_EQ(got, (Pieces{"I", "'m", " ", " don", "'", "T", " '", "S", " hello", "123", " x", "\u00a0", "y", "  ",
+                         " end"}));
+}

@@ -46,8 +46,8 @@ TEST(MakeTokenizer, ByteAndErrors) {
   auto msg = error_of<fsdp::UsageError>([&] { make_tokenizer(dir.file("nope.model")); });
   EXPECT_CONTAINS(msg, "nope.model");
   EXPECT_CONTAINS(msg, "neither \"byte\" nor an existing file");
-  msg = error_of<fsdp::UsageError>([&] { make_tokenizer(dir.path()); });
-  EXPECT_CONTAINS(msg, "is a directory");
+  msg = error_of<fsdp::UsageError>([&] { make_tokenizer(dir.path()); });  // a model directory without one
+  EXPECT_CONTAINS(msg, "has neither tokenizer.json nor tokenizer.model");
   msg = error_of<fsdp::UsageError>([&] { make_tokenizer(""); });
   EXPECT_CONTAINS(msg, "empty tokenizer spec");
   write_file(dir.file("tokenizer.json"), "{}");

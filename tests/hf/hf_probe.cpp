@@ -16,11 +16,19 @@
 //         <p>.<k>.loss                (1)        LlamaForCausalLM::loss (mean cross-entropy)
 //         <p>.<k>.grad.<HF name>      the loss's gradient of each parameter: the
 //                                     engine's reduced gradient shard (world size 1)
-//   hf_probe rope SPEC OUT
+//   hf_probe config SPEC OUT
 //       SPEC: a preset, a config.json or a directory holding one. No weights.
+//       Metadata besides "config": "num_parameters" (LlamaConfig::num_parameters),
+//       "planned_parameters" (fsdp::plan_sharding's count of the meta-built
+//       model, what fsdp-inspect reports) and "parameters" (JSON {name: shape}
+//       of the meta-built model, in registration order).
 //   hf_probe export DIR OUTDIR DTYPE
 //       import_hf(DIR), then checkpoint::export_hf(OUTDIR) in DTYPE
 //       (float32 | bfloat16 | float16): the library path of --export-hf.
+//   hf_probe checkpoint CKDIR BATCH OUT
+//       The newest checkpoint of CKDIR (fsdp-train --checkpoint-dir), loaded as
+//       --resume loads it into the model its manifest names; OUT holds
+//       "fp32.sdpa.logits" (B, T, V) for BATCH's tokens.
 // Every OUT also holds "inv_freq" (Dh/2) and the metadata "config": the config
 // as read, in its export form (LlamaConfig::to_hf_config_json).
 //
@@ -28,6 +36,7 @@
 // something is refused (a UsageError: e.g. a config key); 1 on failures.
 #include <ATen/ATen.h>
 
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <memory>
@@ -38,6 +47,7 @@
 
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/checkpoint/sharded.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/main.h"
@@ -51,8 +61,8 @@ namespace {
 using namespace fsdp;  // NOLINT: a test program
 
 constexpr const char* kUsage =
-    "usage: hf_probe model DIR BATCH OUT [PRECISIONS [KERNELS]] | hf_probe rope SPEC OUT | "
-    "hf_probe export DIR OUTDIR DTYPE";
+    "usage: hf_probe model DIR BATCH OUT [PRECISIONS [KERNELS]] | hf_probe config SPEC OUT | "
+    "hf_probe export DIR OUTDIR DTYPE | hf_probe checkpoint CKDIR BATCH OUT";
 
 std::vector<std::string> split(const std::string& s) {
   std::vector<std::string> out;
@@ -79,9 +89,9 @@ struct Loaded {
   std::shared_ptr<ShardedModel> sharded;
 };
 
-Loaded load(const std::string& dir, const std::string& precision, const comm::ProcessGroupPtr& world) {
+Loaded build(const models::LlamaConfig& cfg, const std::string& precision, const comm::ProcessGroupPtr& world) {
   Loaded m;
-  m.cfg = models::resolve_model_config(dir);
+  m.cfg = cfg;
   m.impl = std::make_shared<models::LlamaForCausalLMImpl>(m.cfg, at::TensorOptions().device(at::kMeta), /*seed=*/0);
   m.root = std::make_shared<nn::UnitImpl<models::LlamaForCausalLMImpl>>(m.impl);
   FsdpOptions fo;
@@ -90,6 +100,11 @@ Loaded load(const std::string& dir, const std::string& precision, const comm::Pr
   fo.mixed_precision = MixedPrecision::preset(precision);
   fo.init_rule = models::llama_init_rule(m.cfg);
   m.sharded = fully_shard(m.root, world, fo);
+  return m;
+}
+
+Loaded load(const std::string& dir, const std::string& precision, const comm::ProcessGroupPtr& world) {
+  Loaded m = build(models::resolve_model_config(dir), precision, world);
   checkpoint::import_hf(dir, *m.sharded, m.cfg, *world);
   return m;
 }
@@ -152,10 +167,38 @@ int run_model(const std::vector<std::string>& args, const comm::ProcessGroupPtr&
   return 0;
 }
 
-int run_rope(const std::vector<std::string>& args) {
+int run_config(const std::vector<std::string>& args) {
   FSDP_CHECK(args.size() == 2, kUsage);
   const models::LlamaConfig cfg = models::resolve_model_config(args[0]);
-  checkpoint::save_safetensors(args[1], {{"inv_freq", models::llama_rope_inv_freq(cfg)}}, metadata_of(cfg));
+  auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
+  nn::Unit<models::LlamaForCausalLMImpl> root(impl);
+  FsdpOptions fo;
+  fo.wrap = WrapPolicy::by_type({models::llama_block_type()});
+  const ShardingPlan plan = plan_sharding(root.ptr(), /*world_size=*/8, /*rank=*/0, fo);
+  nlohmann::ordered_json shapes = nlohmann::ordered_json::object();
+  for (const auto& p : impl->named_parameters()) shapes[p.key()] = p.value().sizes().vec();
+  std::map<std::string, std::string> meta = metadata_of(cfg);
+  meta["num_parameters"] = std::to_string(cfg.num_parameters());
+  meta["planned_parameters"] = std::to_string(plan.parameters);
+  meta["parameters"] = shapes.dump();
+  checkpoint::save_safetensors(args[1], {{"inv_freq", models::llama_rope_inv_freq(cfg)}}, meta);
+  return 0;
+}
+
+int run_checkpoint(const std::vector<std::string>& args, const comm::ProcessGroupPtr& world) {
+  FSDP_CHECK(args.size() == 3, kUsage);
+  const auto list = checkpoint::list_checkpoints(args[0]);
+  FSDP_CHECK(!list.empty(), "no checkpoint in ", args[0]);
+  std::ifstream in(list.front().path + "/manifest.json");
+  const nlohmann::json manifest = nlohmann::json::parse(in);
+  Loaded m = build(models::parse_hf_config(manifest.at("model_config").dump(), list.front().path), "fp32", world);
+  const checkpoint::LoadResult r = checkpoint::load_latest_checkpoint(args[0], *m.sharded, nullptr, *world);
+  FSDP_CHECK(r.loaded && r.path == list.front().path, "checkpoint ", list.front().path, " did not load");
+  const checkpoint::SafetensorsFile batch(args[1]);
+  at::NoGradGuard no_grad;
+  const at::Tensor logits = m.root->forward(batch.tensor("tokens")).to(at::kFloat).clone();
+  checkpoint::save_safetensors(
+      args[2], {{"fp32.sdpa.logits", logits}, {"inv_freq", models::llama_rope_inv_freq(m.cfg)}}, metadata_of(m.cfg));
   return 0;
 }
 
@@ -173,11 +216,12 @@ int run(int argc, char** argv) {
   FSDP_CHECK(argc >= 2, kUsage);
   const std::string mode = argv[1];
   const std::vector<std::string> args(argv + 2, argv + argc);
-  if (mode == "rope") return run_rope(args);
+  if (mode == "config") return run_config(args);
   // One process, no launcher: rank 0 of 1, no network.
   const comm::Runtime rt = comm::init_process_group(comm::WorldInfo{});
   if (mode == "model") return run_model(args, rt.world_group);
   if (mode == "export") return run_export(args, rt.world_group);
+  if (mode == "checkpoint") return run_checkpoint(args, rt.world_group);
   FSDP_CHECK(false, "unknown mode '", mode, "'; ", kUsage);
   return 2;
 }

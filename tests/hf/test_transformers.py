@@ -8,12 +8,22 @@ side is hf_probe (tests/hf/hf_probe.cpp), which loads a directory exactly as
 `fsdp-train --init-from DIR` does, and the fsdp-train CLI itself.
 
 Families (tiny, random, weights rescaled so every layer matters):
-  llama2   Llama-2 style: MHA, untied lm_head, rope_theta left at its default
-  llama3   Llama-3.x style: GQA, tied embeddings, head_dim != D / H, "llama3"
-           rope scaling whose frequencies fall in all three of its bands,
-           eos_token_id a list (as Llama 3.x instruct models have)
-  mistral  GQA, rope_theta 1e6, sliding_window = max_position_embeddings (the
-           longest window-free case; sliding-window attention is not implemented)
+  llama2      Llama-2 style: MHA, untied lm_head, rope_theta left at its default
+  llama3      Llama-3.x style: GQA, tied embeddings, head_dim != D / H, "llama3"
+              rope scaling whose frequencies fall in all three of its bands,
+              eos_token_id a list (as Llama 3.x instruct models have)
+  mistral     GQA, rope_theta 1e6, sliding_window = max_position_embeddings
+              (a window that never cuts: the plain causal path)
+  mistral-swa sliding_window 5 < T = 16 in every layer: query i sees keys
+              i-4 .. i (transformers' mask), through SDPA with a banded mask
+  llama-pad   pad_token_id set to a token the batch holds: that embedding row
+              gets no gradient on both sides (checked exactly, and shown to get
+              one when the same model is read without its pad id)
+  qwen2       q/k/v biases, tied, use_sliding_window with max_window_layers 1:
+              layer 0 full attention, layer 1 a window of 7 < T
+  qwen3       q_norm/k_norm, head_dim 24 != D / H, attention_bias (q, k, v and
+              o biases), layer 1 sliding with a window of T (the banded path,
+              which cuts nothing there), untied
 
 Parts (one ctest test each; `python3 test_transformers.py PART --probe ... --train ... --work DIR`):
   parity  logits, loss and the gradient of every parameter (HF names) for a fixed
@@ -26,11 +36,21 @@ Parts (one ctest test each; `python3 test_transformers.py PART --probe ... --tra
           rope_parameters) read alike by transformers and by us; rope inverse
           frequencies of published configs and of our presets equal transformers';
           configs transformers writes for what we lack are refused (exit 2, the
-          key named).
+          key named); windows, layer_types and pad ids read as transformers
+          reads them; our presets against the published configs they stand
+          for: rope, parameter names and shapes, and parameter counts (ours,
+          fsdp::plan_sharding's, transformers' model built on the meta device).
   export  our exports (checkpoint::export_hf through hf_probe, and the real
           `fsdp-train --init-from ... --export-hf`) read by transformers'
-          from_pretrained: the same config (rope, tie, bos/eos, dtype), the same
-          weights, the same logits.
+          from_pretrained: the same config (rope, tie, bos/eos, pad, windows,
+          dtype), the same weights, the same logits; the --init-from
+          directory's tokenizer and generation files (the --tokenizer
+          directory's tokenizer files taking precedence) carried over byte for
+          byte and read back by AutoTokenizer / GenerationConfig; and the one-command
+          conversion of a sharded checkpoint (`fsdp-train --resume
+          --checkpoint-dir CK --export-hf OUT --max-steps 0`, no data, at world
+          sizes other than the training run's) read by from_pretrained with the
+          logits of the checkpointed model.
 
 Tolerances (see TOLERANCE, per precision and attention kernel): a tensor passes
 when max|ours - theirs| <= tol * max|theirs| (its own scale). Prints the worst
@@ -57,6 +77,8 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM  # noqa: E402
 from transformers import MistralConfig, MistralForCausalLM  # noqa: E402
+from transformers import Qwen2Config, Qwen2ForCausalLM, Qwen3Config, Qwen3ForCausalLM  # noqa: E402
+from transformers import GenerationConfig  # noqa: E402
 
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
@@ -88,6 +110,8 @@ INV_FREQ_TOLERANCE = 2e-7
 VOCAB = 320  # > 258: the byte tokenizer of the fsdp-train run fits
 BATCH, SEQ = 2, 16
 IGNORED = (1, 5)  # (row, position) of the target left out of the loss
+SWA_WINDOW = 5     # mistral-swa: a window that cuts most of each row at T = 16
+QWEN2_WINDOW = 7   # qwen2's sliding layer
 
 FAILURES = []
 
@@ -105,6 +129,21 @@ def check(cond, msg):
 
 # ---------------------------------------------------------------------------
 # Models written by transformers
+
+
+def batch_tokens():
+    """The (tokens, targets) every parity family is run on (seeded)."""
+    g = torch.Generator().manual_seed(5)
+    seq = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g, dtype=torch.int64)
+    tokens = seq[:, :-1].contiguous()
+    targets = seq[:, 1:].contiguous()
+    targets[IGNORED] = -100
+    return tokens, targets
+
+
+# llama-pad's pad id: a token of the batch (row 0, position 3), so its embedding
+# row would get a gradient if padding_idx were not honoured.
+PAD_ID = int(batch_tokens()[0][0, 3])
 
 
 def family_config(family):
@@ -129,11 +168,34 @@ def family_config(family):
                              max_position_embeddings=128, sliding_window=128, tie_word_embeddings=False,
                              rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
                              bos_token_id=1, eos_token_id=2, **common)
+    if family == "mistral-swa":
+        return MistralConfig(intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
+                             max_position_embeddings=128, sliding_window=SWA_WINDOW, tie_word_embeddings=False,
+                             rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
+                             bos_token_id=1, eos_token_id=2, **common)
+    if family == "llama-pad":
+        return LlamaConfig(intermediate_size=128, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=256, tie_word_embeddings=False, bos_token_id=1,
+                           eos_token_id=2, **dict(common, pad_token_id=PAD_ID))
+    if family == "qwen2":
+        return Qwen2Config(intermediate_size=160, num_attention_heads=4, num_key_value_heads=2,
+                           max_position_embeddings=256, tie_word_embeddings=True, use_sliding_window=True,
+                           sliding_window=QWEN2_WINDOW, max_window_layers=1,
+                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                           bos_token_id=0, eos_token_id=0, **dict(common, rms_norm_eps=1e-6))
+    if family == "qwen3":
+        return Qwen3Config(intermediate_size=128, num_attention_heads=4, num_key_value_heads=2, head_dim=24,
+                           max_position_embeddings=256, tie_word_embeddings=False, attention_bias=True,
+                           use_sliding_window=True, sliding_window=SEQ, max_window_layers=1,
+                           rope_parameters={"rope_type": "default", "rope_theta": 1000000.0},
+                           bos_token_id=0, eos_token_id=1, **dict(common, rms_norm_eps=1e-6))
     raise ValueError(family)
 
 
-FAMILIES = ["llama2", "llama3", "mistral"]
-SEEDS = {"llama2": 11, "llama3": 12, "mistral": 13}
+FAMILIES = ["llama2", "llama3", "mistral", "mistral-swa", "llama-pad", "qwen2", "qwen3"]
+SEEDS = {"llama2": 11, "llama3": 12, "mistral": 13, "mistral-swa": 14, "llama-pad": 15, "qwen2": 16, "qwen3": 17}
+MODEL_CLASS = {"llama": LlamaForCausalLM, "mistral": MistralForCausalLM, "qwen2": Qwen2ForCausalLM,
+               "qwen3": Qwen3ForCausalLM}
 
 
 def write_family(family, directory):
@@ -142,14 +204,15 @@ def write_family(family, directory):
     nearly uniform and logits nearly zero, which would hide errors)."""
     torch.manual_seed(SEEDS[family])
     config = family_config(family)
-    cls = MistralForCausalLM if family == "mistral" else LlamaForCausalLM
-    model = cls(config)
+    model = MODEL_CLASS[config.model_type](config)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if name.endswith("norm.weight"):
                 p.copy_(1.0 + 0.1 * torch.randn_like(p))
             elif name == "model.embed_tokens.weight":
                 p.normal_(0.0, 0.3)
+            elif name.endswith(".bias"):  # Qwen's projection biases (transformers initializes them to 0)
+                p.normal_(0.0, 0.5)
             else:  # a Linear (out, in)
                 p.normal_(0.0, 1.0 / math.sqrt(p.shape[1]))
     model.save_pretrained(directory)
@@ -157,21 +220,18 @@ def write_family(family, directory):
 
 
 def token_batch(path):
-    g = torch.Generator().manual_seed(5)
-    seq = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g, dtype=torch.int64)
-    tokens = seq[:, :-1].contiguous()
-    targets = seq[:, 1:].contiguous()
-    targets[IGNORED] = -100
+    tokens, targets = batch_tokens()
     save_file({"tokens": tokens, "targets": targets}, path)
     return tokens, targets
 
 
-def hf_forward_backward(directory, precision, attn, tokens, targets):
+def hf_forward_backward(directory, precision, attn, tokens, targets, **overrides):
     # bf16: from_pretrained(dtype=bfloat16) rounds the fp32 weights to bf16, as our
     # bf16 mixed precision does, and keeps the rotary inv_freq in fp32, as
     # transformers' rotary code intends (model.bfloat16() would round that buffer too).
+    # overrides: config attributes replaced on load (the pad control).
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation=attn)
+    model = AutoModelForCausalLM.from_pretrained(directory, dtype=dtype, attn_implementation=attn, **overrides)
     model.train()  # attention_dropout is 0: the same math as eval, as in training
     # shift_labels: our targets are already shifted (transformers' loss then uses them as they are).
     out = model(input_ids=tokens, labels=targets, shift_labels=targets)
@@ -258,6 +318,10 @@ def part_parity(args):
               "%s: we read rope %s, transformers %s" % (family, our_config["rope_parameters"],
                                                         hf_config.rope_parameters))
         check(our_config["tie_word_embeddings"] == hf_config.tie_word_embeddings, family + ": tie_word_embeddings")
+        # Attention windows and the pad row, as transformers resolves them.
+        for key in ["sliding_window", "layer_types", "pad_token_id", "attention_bias"]:
+            check(our_config.get(key) == getattr(hf_config, key, None), "%s: we read %s = %r, transformers %r" % (
+                family, key, our_config.get(key), getattr(hf_config, key, None)))
         hf_inv_freq = AutoModelForCausalLM.from_config(hf_config).model.rotary_emb.inv_freq
         compare(family, "inv_freq", ours["inv_freq"], hf_inv_freq, INV_FREQ_TOLERANCE, Worst())
         for precision in ["fp32", "bf16"]:
@@ -279,41 +343,72 @@ def part_parity(args):
                 loss_rel = abs(our_loss - loss.item()) / abs(loss.item())
                 check(loss_rel <= LOSS_TOLERANCE[precision], "%s loss: ours %.9g, transformers %.9g (relative %.3g)" % (
                     label, our_loss, loss.item(), loss_rel))
-                print("[parity] %-7s %s %-5s loss ours %.7f transformers %.7f (rel %.2g) | %s (tolerance %g)" % (
+                print("[parity] %-11s %s %-5s loss ours %.7f transformers %.7f (rel %.2g) | %s (tolerance %g)" % (
                     family, precision, attn, our_loss, loss.item(), loss_rel, worst.text(), tol), flush=True)
+                if family == "llama-pad":
+                    check_pad_row(label, directory, our_grads, grads, precision, attn, tokens, targets)
             # Context for the tolerances: transformers against itself, SDPA vs eager.
             own = Worst()
             for name, g in theirs["eager"][2].items():
                 d = (theirs["sdpa"][2][name] - g).abs().max().item()
                 own.add("grad " + name, d / g.abs().max().item(), d)
-            print("[parity] %-7s %s       transformers' own SDPA vs eager: %s" % (family, precision, own.text()))
-        print("[parity] %-7s hf_probe ran in %.1f s" % (family, seconds))
+            print("[parity] %-11s %s       transformers' own SDPA vs eager: %s" % (family, precision, own.text()))
+        print("[parity] %-11s hf_probe ran in %.1f s" % (family, seconds))
 
     # The comparison has teeth: the Llama-3 model read without its rope_parameters
     # (what the reader did before it knew transformers 5's form: rope_theta 10000,
-    # no llama3 scaling) is far outside the tolerances.
-    src = os.path.join(args.work, "llama3")
-    blind = os.path.join(args.work, "llama3-rope-ignored")
+    # no llama3 scaling), and the Mistral model read without its window (what
+    # the reader did before sliding-window attention: full causal attention),
+    # are far outside the tolerances.
+    negative_control(args, batch, tokens, targets, "llama3", "without its rope_parameters",
+                     lambda d: d.update(rope_parameters={"rope_type": "default"}))
+    negative_control(args, batch, tokens, targets, "mistral-swa", "without its sliding_window",
+                     lambda d: d.update(sliding_window=None))
+
+
+def check_pad_row(label, directory, our_grads, grads, precision, attn, tokens, targets):
+    """llama-pad: the pad token's embedding row has no gradient on either side,
+    and would have one were padding_idx ignored (the same model read with
+    pad_token_id None), so the check can fail."""
+    name = "model.embed_tokens.weight"
+    ours = our_grads[name][PAD_ID].abs().max().item()
+    theirs = grads[name][PAD_ID].abs().max().item()
+    free = hf_forward_backward(directory, precision, attn, tokens, targets, pad_token_id=None)[2][name]
+    unpadded = free[PAD_ID].abs().max().item()
+    check(ours == 0.0 and theirs == 0.0, "%s: the pad row %d has gradient max |g| %.3g ours, %.3g transformers'" % (
+        label, PAD_ID, ours, theirs))
+    check(unpadded > 0.0, "%s: token %d is in the batch but its row gets no gradient even without pad_token_id: "
+          "the pad check cannot fail" % (label, PAD_ID))
+    print("[parity] %-11s %s %-5s pad row %d: max |grad| ours %g, transformers %g; %.3g without pad_token_id" % (
+        "llama-pad", precision, attn, PAD_ID, ours, theirs, unpadded))
+
+
+def negative_control(args, batch, tokens, targets, family, what, edit):
+    """Our logits with `family`'s config edited, against transformers' on the
+    unedited model: must be outside the tolerance."""
+    src = os.path.join(args.work, family)
+    blind = os.path.join(args.work, family + "-control")
     os.makedirs(blind)
     with open(os.path.join(src, "config.json")) as f:
         d = json.load(f)
-    d["rope_parameters"] = {"rope_type": "default"}
+    edit(d)
     with open(os.path.join(blind, "config.json"), "w") as f:
         json.dump(d, f)
     os.symlink(os.path.join(src, "model.safetensors"), os.path.join(blind, "model.safetensors"))
-    out = os.path.join(args.work, "llama3-rope-ignored.probe.safetensors")
+    out = os.path.join(args.work, family + "-control.probe.safetensors")
     run([args.probe, "model", blind, batch, out, "fp32,bf16", "sdpa"])
-    if os.path.exists(out):
-        ours, _ = probe_outputs(out)
-        for precision in ["fp32", "bf16"]:
-            logits = hf_forward_backward(src, precision, "sdpa", tokens, targets)[0]
-            d = (ours[precision + ".sdpa.logits"].double() - logits.double()).abs().max().item()
-            rel = d / logits.abs().max().item()
-            tol = TOLERANCE[(precision, "sdpa")]
-            check(rel > tol, "negative control: ignoring the llama3 rope moved %s logits by only %.3g of their "
-                  "max (tolerance %g): the comparison is too weak" % (precision, rel, tol))
-            print("[parity] control: llama3 without its rope_parameters, %s: logits |diff| %.3g, %.3g of their max "
-                  "(%.0fx the tolerance)" % (precision, d, rel, rel / tol))
+    if not os.path.exists(out):
+        return
+    ours, _ = probe_outputs(out)
+    for precision in ["fp32", "bf16"]:
+        logits = hf_forward_backward(src, precision, "sdpa", tokens, targets)[0]
+        d = (ours[precision + ".sdpa.logits"].double() - logits.double()).abs().max().item()
+        rel = d / logits.abs().max().item()
+        tol = TOLERANCE[(precision, "sdpa")]
+        check(rel > tol, "negative control: %s %s moved %s logits by only %.3g of their max (tolerance %g): the "
+              "comparison is too weak" % (family, what, precision, rel, tol))
+        print("[parity] control: %s %s, %s: logits |diff| %.3g, %.3g of their max (%.0fx the tolerance)" % (
+            family, what, precision, d, rel, rel / tol))
 
 
 # As published on the Hugging Face Hub (transformers 4 form).
@@ -349,9 +444,39 @@ PUBLISHED = {
         num_key_value_heads=8, rms_norm_eps=1e-05, rope_theta=1000000.0, sliding_window=None,
         tie_word_embeddings=False, torch_dtype="bfloat16", transformers_version="4.42.0.dev0", use_cache=True,
         vocab_size=32768),
+    "Mistral-7B-v0.1": dict(
+        architectures=["MistralForCausalLM"], bos_token_id=1, eos_token_id=2, hidden_act="silu", hidden_size=4096,
+        initializer_range=0.02, intermediate_size=14336, max_position_embeddings=32768, model_type="mistral",
+        num_attention_heads=32, num_hidden_layers=32, num_key_value_heads=8, rms_norm_eps=1e-05,
+        rope_theta=10000.0, sliding_window=4096, tie_word_embeddings=False, torch_dtype="bfloat16",
+        transformers_version="4.34.0.dev0", use_cache=True, vocab_size=32000),
+    # Mathstral-7B-v0.1: the Mistral-7B-v0.3 architecture (values as in copies of
+    # mistralai/Mathstral-7B-v0.1's config.json).
+    "Mathstral-7B-v0.1": dict(
+        architectures=["MistralForCausalLM"], attention_dropout=0.0, bos_token_id=1, eos_token_id=2,
+        hidden_act="silu", hidden_size=4096, initializer_range=0.02, intermediate_size=14336,
+        max_position_embeddings=32768, model_type="mistral", num_attention_heads=32, num_hidden_layers=32,
+        num_key_value_heads=8, rms_norm_eps=1e-05, rope_theta=1000000.0, sliding_window=None,
+        tie_word_embeddings=False, transformers_version="4.41.2", use_cache=True, vocab_size=32768),
+    "Qwen2.5-0.5B": dict(
+        architectures=["Qwen2ForCausalLM"], attention_dropout=0.0, bos_token_id=151643, eos_token_id=151643,
+        hidden_act="silu", hidden_size=896, initializer_range=0.02, intermediate_size=4864,
+        max_position_embeddings=32768, max_window_layers=24, model_type="qwen2", num_attention_heads=14,
+        num_hidden_layers=24, num_key_value_heads=2, rms_norm_eps=1e-06, rope_theta=1000000.0,
+        sliding_window=32768, tie_word_embeddings=True, torch_dtype="bfloat16", transformers_version="4.40.1",
+        use_cache=True, use_mrope=False, use_sliding_window=False, vocab_size=151936),
+    "Qwen3-0.6B": dict(
+        architectures=["Qwen3ForCausalLM"], attention_bias=False, attention_dropout=0.0, bos_token_id=151643,
+        eos_token_id=151645, head_dim=128, hidden_act="silu", hidden_size=1024, initializer_range=0.02,
+        intermediate_size=3072, max_position_embeddings=40960, max_window_layers=28, model_type="qwen3",
+        num_attention_heads=16, num_hidden_layers=28, num_key_value_heads=8, rms_norm_eps=1e-06, rope_scaling=None,
+        rope_theta=1000000, sliding_window=None, tie_word_embeddings=True, torch_dtype="bfloat16",
+        transformers_version="4.51.0", use_cache=True, use_sliding_window=False, vocab_size=151936),
 }
-# Our presets and the published config each stands for (same shapes and rope).
-PRESET_OF = {"llama2-7b": "Llama-2-7b-hf", "llama3.1-8b": "Llama-3.1-8B", "llama3.2-1b": "Llama-3.2-1B-Instruct"}
+# Our presets and the published config each stands for (same shapes, rope and windows).
+PRESET_OF = {"llama2-7b": "Llama-2-7b-hf", "llama3.1-8b": "Llama-3.1-8B", "llama3.2-1b": "Llama-3.2-1B-Instruct",
+             "mistral-7b": "Mistral-7B-v0.1", "mathstral-7b": "Mathstral-7B-v0.1", "qwen2.5-0.5b": "Qwen2.5-0.5B",
+             "qwen3-0.6b": "Qwen3-0.6B"}
 
 
 def write_config(directory, config_dict):
@@ -365,22 +490,41 @@ def hf_inv_freq(directory):
     config = AutoConfig.from_pretrained(directory)
     if config.model_type == "mistral":
         from transformers.models.mistral.modeling_mistral import MistralRotaryEmbedding as Rotary
+    elif config.model_type == "qwen2":
+        from transformers.models.qwen2.modeling_qwen2 import Qwen2RotaryEmbedding as Rotary
+    elif config.model_type == "qwen3":
+        from transformers.models.qwen3.modeling_qwen3 import Qwen3RotaryEmbedding as Rotary
     else:
         from transformers.models.llama.modeling_llama import LlamaRotaryEmbedding as Rotary
     return config, Rotary(config).inv_freq
 
 
+def hf_meta_parameters(directory):
+    """{name: shape} of transformers' model for a config.json, built on the meta
+    device (no memory), tied parameters once (named_parameters' own rule)."""
+    config = AutoConfig.from_pretrained(directory)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config)
+    return {name: list(p.shape) for name, p in model.named_parameters()}
+
+
 def probe_rope(args, spec, name):
-    out = os.path.join(args.work, name + ".rope.safetensors")
-    rc, _, _ = run([args.probe, "rope", spec, out])
+    """hf_probe config: (tensors, our config as exported, all metadata)."""
+    out = os.path.join(args.work, name + ".config.safetensors")
+    rc, _, _ = run([args.probe, "config", spec, out])
     if rc != 0:
         return None, None
     return probe_outputs(out)
 
 
+def probe_meta(path):
+    with safe_open(path, "pt") as f:
+        return f.metadata()
+
+
 def expect_refused(args, name, config_dict, needle):
     directory = write_config(os.path.join(args.work, "refused-" + name), config_dict)
-    rc, text, _ = run([args.probe, "rope", directory, os.path.join(args.work, name + ".x")], expect_rc=None)
+    rc, text, _ = run([args.probe, "config", directory, os.path.join(args.work, name + ".x")], expect_rc=None)
     ok = check(rc == 2 and needle in text, "%s: expected exit 2 naming %r, got exit %d: %s" % (
         name, needle, rc, text.strip()))
     if ok:
@@ -435,19 +579,37 @@ def part_config(args):
         ours, cfg = probe_rope(args, preset, "preset-" + preset)
         if ours is None:
             continue
-        _, freq = hf_inv_freq(os.path.join(args.work, name))
+        directory = os.path.join(args.work, name)
+        _, freq = hf_inv_freq(directory)
         w = Worst()
         compare(preset, "inv_freq", ours["inv_freq"], freq, INV_FREQ_TOLERANCE, w)
-        print("[config] preset %-15s vs transformers on %s: inv_freq worst |diff| %.3g" % (preset, name, w.abs))
+        # Parameter names, shapes and counts: transformers' model of the
+        # published config (meta device) against our preset's model, its
+        # analytic count and the sharding planner's (fsdp-inspect's) count.
+        meta = probe_meta(os.path.join(args.work, "preset-" + preset + ".config.safetensors"))
+        ours_shapes = json.loads(meta["parameters"])
+        theirs_shapes = hf_meta_parameters(directory)
+        check(ours_shapes == theirs_shapes, "preset %s: parameters differ from transformers' %s: ours only %s, "
+              "theirs only %s, shapes differ %s" % (
+                  preset, name, sorted(set(ours_shapes) - set(theirs_shapes))[:4],
+                  sorted(set(theirs_shapes) - set(ours_shapes))[:4],
+                  [k for k in ours_shapes if k in theirs_shapes and ours_shapes[k] != theirs_shapes[k]][:4]))
+        count = sum(math.prod(s) for s in theirs_shapes.values())
+        check(int(meta["num_parameters"]) == count and int(meta["planned_parameters"]) == count,
+              "preset %s: %s parameters (planner: %s), transformers' %s: %d" % (
+                  preset, meta["num_parameters"], meta["planned_parameters"], name, count))
+        print("[config] preset %-13s vs transformers on %-21s inv_freq worst |diff| %.3g; %d parameters "
+              "(ours, planner's, transformers'), %d tensors alike" % (preset, name + ":", w.abs, count,
+                                                                       len(theirs_shapes)))
 
     # 3. What transformers writes for features we lack is refused, naming the key.
-    def saved(name, mistral=False, **kw):
+    def saved(name, mistral=False, cls=None, **kw):
         """The config.json transformers' save_pretrained writes for these settings."""
         directory = os.path.join(args.work, "hf-" + name)
         base = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_attention_heads=4,
                     num_key_value_heads=2, num_hidden_layers=1, max_position_embeddings=64)
         base.update(kw)
-        (MistralConfig if mistral else LlamaConfig)(**base).save_pretrained(directory)
+        (cls or (MistralConfig if mistral else LlamaConfig))(**base).save_pretrained(directory)
         with open(os.path.join(directory, "config.json")) as f:
             return json.load(f)
 
@@ -456,17 +618,50 @@ def part_config(args):
         d = saved(rope_type, rope_parameters=dict({"rope_type": rope_type, "rope_theta": 10000.0}, **extra))
         expect_refused(args, "rope-" + rope_type, d, "rope_type '%s' is not supported" % rope_type)
     expect_refused(args, "attention_dropout", saved("dropout", attention_dropout=0.1), "attention_dropout = 0.1")
-    expect_refused(args, "pad_token_id", saved("pad", pad_token_id=0), "pad_token_id = 0")
+    # nn.Embedding(64, ..., padding_idx=64) fails in transformers as well.
+    expect_refused(args, "pad_token_id", saved("pad", pad_token_id=64), "pad_token_id = 64 is not a row")
     expect_refused(args, "attention_bias", saved("bias", attention_bias=True), "attention_bias")
-    # MistralConfig's default sliding_window (4096) is shorter than this max_position_embeddings.
-    expect_refused(args, "sliding_window", saved("window", mistral=True, max_position_embeddings=8192),
-                   "sliding_window = 4096 is shorter than max_position_embeddings = 8192")
+    # Qwen2Config has no attention_bias (its q/k/v biases are always on): transformers keeps the key and ignores it.
+    expect_refused(args, "qwen2-attention_bias", saved("q2bias", cls=Qwen2Config, attention_bias=True),
+                   "key 'attention_bias' = true is not one this reader knows for model_type \"qwen2\"")
+    # A sliding layer without a window: transformers' own forward fails on it.
+    expect_refused(args, "qwen3-layer_types", saved("q3lt", cls=Qwen3Config, layer_types=["sliding_attention"]),
+                   "layer_types[0] is \"sliding_attention\" but there is no window")
     d = saved("unknown")
     d["some_future_key"] = True
     expect_refused(args, "unknown-key", d, "key 'some_future_key' = true is not one this reader knows")
-    # Mistral-7B-v0.1 as published: window 4096 < 32768.
-    v01 = dict(PUBLISHED["Mistral-7B-v0.3"], rope_theta=10000.0, sliding_window=4096, vocab_size=32000)
-    expect_refused(args, "Mistral-7B-v0.1", v01, "sliding_window = 4096")
+
+    # 4. Windows and pad ids are read as transformers reads them.
+    cases = [("mistral-default-window", saved("window", mistral=True, max_position_embeddings=8192)),
+             ("mistral-no-key", {k: v for k, v in saved("window", mistral=True).items() if k != "sliding_window"}),
+             ("qwen2-max_window_layers", saved("q2w", cls=Qwen2Config, num_hidden_layers=3, use_sliding_window=True,
+                                               sliding_window=8, max_window_layers=1)),
+             ("qwen2-no-layer_types", {k: v for k, v in saved("q2w", cls=Qwen2Config, num_hidden_layers=3,
+                                                              use_sliding_window=True, sliding_window=8,
+                                                              max_window_layers=2).items() if k != "layer_types"}),
+             ("qwen2-window-off", saved("q2off", cls=Qwen2Config, sliding_window=8)),
+             ("qwen3-pad", saved("q3pad", cls=Qwen3Config, pad_token_id=3))]
+    for name, d in cases:
+        directory = write_config(os.path.join(args.work, "read-" + name), d)
+        hf = AutoConfig.from_pretrained(directory)
+        _, cfg = probe_rope(args, directory, "read-" + name)
+        if cfg is None:
+            continue
+        got = {k: cfg.get(k) for k in ["sliding_window", "layer_types", "pad_token_id", "head_dim"]}
+        want = {k: getattr(hf, k, None) for k in got}
+        if hf.model_type == "qwen2":  # Qwen2Config has no head_dim field: D / H on both sides, not written
+            got["head_dim"] = cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+            want["head_dim"] = getattr(hf, "head_dim", hf.hidden_size // hf.num_attention_heads)
+        check(got == want, "%s: we read %s, transformers %s" % (name, got, want))
+        print("[config] read %-24s %s" % (name, got))
+    for name in ["Mistral-7B-v0.1", "Qwen2.5-0.5B"]:
+        _, cfg = probe_rope(args, os.path.join(args.work, name), "window-" + name)
+        hf = AutoConfig.from_pretrained(os.path.join(args.work, name))
+        if cfg is not None:
+            check(cfg.get("sliding_window") == hf.sliding_window, "%s: window %s, transformers %s" % (
+                name, cfg.get("sliding_window"), hf.sliding_window))
+            print("[config] %s read with sliding_window %s (transformers: %s)" % (name, cfg.get("sliding_window"),
+                                                                                 hf.sliding_window))
 
 
 # config.json keys that may differ between a source and our export of it.
@@ -511,8 +706,10 @@ def part_export(args):
                 check(torch.equal(theirs[name], ours[name]), "%s export: %s differs" % (family, name))
         d = (hf_logits(out, tokens) - hf_logits(src, tokens)).abs().max().item()
         check(d == 0.0, "%s export: transformers' logits differ by %.3g from the source's" % (family, d))
-        print("[export] %-7s float32: transformers reads rope %s, tie %s, bos %s, eos %s; logits max |diff| %.3g" % (
-            family, exp["rope_parameters"], exp["tie_word_embeddings"], exp["bos_token_id"], exp["eos_token_id"], d))
+        print("[export] %-11s float32: transformers reads rope %s, tie %s, bos %s, eos %s, pad %s, window %s; "
+              "logits max |diff| %.3g" % (family, exp["rope_parameters"], exp["tie_word_embeddings"],
+                                          exp["bos_token_id"], exp["eos_token_id"], exp.get("pad_token_id"),
+                                          exp.get("sliding_window"), d))
 
     # 2. bfloat16 export: transformers reads dtype bfloat16 and gets the source's weights rounded to bf16.
     src = os.path.join(args.work, "llama3")
@@ -526,7 +723,7 @@ def part_export(args):
         for name, t in load_file(os.path.join(out, "model.safetensors")).items():
             check(t.dtype == torch.bfloat16 and torch.equal(t, theirs[name].bfloat16()),
                   "llama3 bf16 export: %s is not the source rounded to bf16" % name)
-        print("[export] llama3  bfloat16: from_pretrained dtype %s, weights = source rounded to bf16" % model.dtype)
+        print("[export] llama3      bfloat16: from_pretrained dtype %s, weights = source rounded to bf16" % model.dtype)
 
     # 3. The real CLI: fine-tune the Llama-3 model two steps with the byte tokenizer,
     #    export, read with transformers; its logits match ours on the exported files.
@@ -563,6 +760,115 @@ def part_export(args):
               "rope %s, tie %s, bos %s, eos %s; logits vs ours max |diff| %.3g (%.3g relative)" % (
                   seconds, moved, exp["rope_parameters"], exp["tie_word_embeddings"], exp["bos_token_id"],
                   exp["eos_token_id"], w.abs, w.rel))
+
+    # 4. Qwen3 through the CLI at 2 ranks with activation checkpointing (its
+    #    sliding layer runs the banded path inside the engine's units), with
+    #    tokenizer and generation files in the --init-from directory, saving a
+    #    sharded checkpoint; then the one-command conversion of that checkpoint
+    #    at world sizes 1 and 3, with no --data.
+    part_export_conversion(args, corpus, tokens, batch)
+
+
+def write_tokenizer_files(directory, vocab=VOCAB, max_new_tokens=7):
+    """What a published model directory carries beside its weights: a tokenizer
+    (tokenizer.json + tokenizer_config.json, as transformers 5 saves it, and a
+    special_tokens_map.json as older repositories have), generation_config.json,
+    and a tokenizer.model (bytes that stand in for a SentencePiece model: the
+    export copies it byte for byte and nothing here parses it)."""
+    os.makedirs(directory, exist_ok=True)
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+    tok = Tokenizer(models.BPE(unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(vocab_size=vocab, special_tokens=["<unk>", "<s>", "</s>", "<pad>"],
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False)
+    tok.train_from_iterator(["the quick brown fox jumps over the lazy dog %d times" % i for i in range(100)], trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>", unk_token="<unk>",
+                                   pad_token="<pad>")
+    fast.save_pretrained(directory)
+    with open(os.path.join(directory, "special_tokens_map.json"), "w") as f:
+        json.dump({"bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>", "pad_token": "<pad>"}, f, indent=2)
+    with open(os.path.join(directory, "tokenizer.model"), "wb") as f:
+        f.write(bytes(range(256)) * 4)
+    GenerationConfig(bos_token_id=0, eos_token_id=1, max_new_tokens=max_new_tokens, do_sample=True, temperature=0.6,
+                     top_p=0.9).save_pretrained(directory)
+    return sorted(n for n in os.listdir(directory) if n not in ("config.json", "model.safetensors"))
+
+
+def check_carried(label, sources, out):
+    """The files {name: source directory} are in `out`, byte for byte, and
+    transformers reads the tokenizer and generation config from `out` as from
+    their sources."""
+    for name, src in sources.items():
+        with open(os.path.join(src, name), "rb") as a:
+            want = a.read()
+        path = os.path.join(out, name)
+        got = open(path, "rb").read() if os.path.exists(path) else None
+        check(got == want, "%s: %s %s" % (label, name, "differs from the source's" if got is not None else "missing"))
+    from transformers import AutoTokenizer
+    text = "the quick brown fox 7 times"
+    ids_src = AutoTokenizer.from_pretrained(sources["tokenizer.json"])(text)["input_ids"]
+    ids_out = AutoTokenizer.from_pretrained(out)(text)["input_ids"]
+    check(ids_src == ids_out, "%s: AutoTokenizer gives %s from the export, %s from the source" % (
+        label, ids_out, ids_src))
+    gen_src = GenerationConfig.from_pretrained(sources["generation_config.json"]).to_dict()
+    gen_out = GenerationConfig.from_pretrained(out).to_dict()
+    check(gen_src == gen_out, "%s: generation config %s vs the source's %s" % (label, gen_out, gen_src))
+    return ids_out
+
+
+def part_export_conversion(args, corpus, tokens, batch):
+    # The --init-from directory has one tokenizer and generation config; the run
+    # tokenizes with another tokenizer directory (--tokenizer, read by our
+    # tokenizer.json reader), whose tokenizer files win in the export while the
+    # model's generation_config.json stays.
+    src = write_family("qwen3", os.path.join(args.work, "qwen3"))
+    write_tokenizer_files(src)
+    tok = os.path.join(args.work, "qwen3-run-tokenizer")
+    names = write_tokenizer_files(tok, vocab=300, max_new_tokens=99)
+    sources = {name: (src if name == "generation_config.json" else tok) for name in names}
+    ck = os.path.join(args.work, "qwen3-ck")
+    run_out = os.path.join(args.work, "qwen3-cli")
+    rc, text, seconds = run([args.train, "--init-from", src, "--tokenizer", tok, "--data", corpus, "--seq-len",
+                             str(SEQ), "--batch-size", "2", "--max-steps", "2", "--lr", "1e-3", "--log-every", "1",
+                             "--nproc-per-node", "2", "--activation-checkpointing", "--checkpoint-dir", ck,
+                             "--export-hf", run_out], timeout=180)
+    if rc != 0:
+        return
+    compare_configs("qwen3 fsdp-train export", src, run_out, "float32")
+    ids = check_carried("qwen3 fsdp-train export", sources, run_out)
+    print("[export] fsdp-train --init-from qwen3 --tokenizer DIR --nproc-per-node 2 --activation-checkpointing "
+          "(%.1f s): carried %s; AutoTokenizer on the export: %s" % (
+              seconds, ", ".join("%s (%s)" % (n, "--init-from" if d == src else "--tokenizer")
+                                 for n, d in sorted(sources.items())), ids))
+
+    # The checkpointed model's logits, as --resume would load it.
+    probe = os.path.join(args.work, "qwen3-ck.probe.safetensors")
+    run([args.probe, "checkpoint", ck, batch, probe])
+    if not os.path.exists(probe):
+        return
+    ours = load_file(probe)["fp32.sdpa.logits"]
+    reference = load_file(os.path.join(run_out, "model.safetensors"))
+    for procs in ["1", "3"]:
+        out = os.path.join(args.work, "qwen3-converted-%s" % procs)
+        rc, text, seconds = run([args.train, "--resume", "--checkpoint-dir", ck, "--export-hf", out,
+                                 "--max-steps", "0", "--nproc-per-node", procs], timeout=120)
+        if rc != 0:
+            continue
+        label = "conversion at %s rank%s" % (procs, "" if procs == "1" else "s")
+        exp = compare_configs(label, src, out, "float32")
+        check_carried(label, sources, out)
+        converted = load_file(os.path.join(out, "model.safetensors"))
+        check(sorted(converted) == sorted(reference) and all(torch.equal(converted[n], reference[n])
+                                                              for n in reference),
+              "%s: the weights differ from the training run's own --export-hf" % label)
+        with open(os.path.join(out, "config.json")) as a, open(os.path.join(run_out, "config.json")) as b:
+            check(a.read() == b.read(), "%s: config.json differs from the training run's export" % label)
+        w = Worst()
+        compare(label, "logits", ours, hf_logits(out, tokens), TOLERANCE[("fp32", "sdpa")], w)
+        print("[export] %s (--max-steps 0, no --data, %.1f s): weights and config.json = the run's export; "
+              "from_pretrained logits vs the checkpointed model's max |diff| %.3g; bos %s eos %s window %s" % (
+                  label, seconds, w.abs, exp["bos_token_id"], exp["eos_token_id"], exp["sliding_window"]))
 
 
 def main():

@@ -155,6 +155,12 @@ TEST(Presets, ParameterCountsMatchThePublishedModels) {
       {"llama2-7b", 6738415616LL},     {"llama2-13b", 13015864320LL},  {"llama2-70b", 68976648192LL},
       {"llama3.1-8b", 8030261248LL},   {"llama3.1-70b", 70553706496LL}, {"llama3.2-1b", 1235814400LL},
       {"llama3.2-3b", 3212749824LL},   {"mistral-7b", 7241732096LL},
+      // Mathstral-7B-v0.1 has Mistral-7B-v0.3's shapes (V = 32768): 7.25B.
+      {"mathstral-7b", 7248023552LL},
+      // Qwen2.5-0.5B: "0.49B, 0.36B non-embedding" (its model card), tied;
+      // Qwen3-0.6B: "0.6B, 0.44B non-embedding", tied. Both also equal
+      // transformers' own count of the published config (tests/hf, config part).
+      {"qwen2.5-0.5b", 494032768LL},   {"qwen3-0.6b", 596049920LL},
   };
   for (const auto& [name, count] : published) {
     auto cfg = llama_preset(name);
@@ -167,8 +173,10 @@ TEST(Presets, ParameterCountsMatchThePublishedModels) {
 }
 
 TEST(Presets, ListAndDetails) {
-  const std::vector<std::string> expected = {"llama2-7b",   "llama2-13b",  "llama2-70b", "llama3.1-8b", "llama3.1-70b",
-                                             "llama3.2-1b", "llama3.2-3b", "mistral-7b", "tiny",        "small"};
+  const std::vector<std::string> expected = {"llama2-7b",    "llama2-13b",   "llama2-70b",   "llama3.1-8b",
+                                             "llama3.1-70b", "llama3.2-1b",  "llama3.2-3b",  "mistral-7b",
+                                             "mathstral-7b", "qwen2.5-0.5b", "qwen3-0.6b",   "tiny",
+                                             "small"};
   EXPECT_EQ(fsdp::models::list_model_presets(), expected);
   EXPECT_FALSE(llama_preset("llama9").has_value());
   const LlamaConfig l1 = *llama_preset("llama3.2-1b");
@@ -182,6 +190,24 @@ TEST(Presets, ListAndDetails) {
   EXPECT_FALSE(llama_preset("llama2-70b")->rope_scaling.has_value());
   EXPECT_EQ(llama_preset("llama2-70b")->num_key_value_heads, 8);
   EXPECT_EQ(llama_preset("mistral-7b")->model_type, "mistral");
+  EXPECT_EQ(llama_preset("mistral-7b")->sliding_window, 4096);
+  const LlamaConfig math = *llama_preset("mathstral-7b");
+  EXPECT_EQ(math.model_type, "mistral");
+  EXPECT_EQ(math.vocab_size, 32768);
+  EXPECT_EQ(math.rope_theta, 1e6);
+  EXPECT_FALSE(math.sliding_window.has_value());
+  const LlamaConfig q2 = *llama_preset("qwen2.5-0.5b");
+  EXPECT_EQ(q2.model_type, "qwen2");
+  EXPECT_TRUE(q2.qkv_bias() && !q2.o_bias() && !q2.qk_norm());
+  EXPECT_EQ(q2.dh(), 64);
+  EXPECT_EQ(q2.rms_norm_eps, 1e-6);
+  EXPECT_EQ(q2.layer_types, std::vector<std::string>(24, "full_attention"));
+  EXPECT_EQ(q2.max_window_layers, 24);
+  const LlamaConfig q3 = *llama_preset("qwen3-0.6b");
+  EXPECT_EQ(q3.model_type, "qwen3");
+  EXPECT_TRUE(!q3.qkv_bias() && !q3.o_bias() && q3.qk_norm());
+  EXPECT_EQ(q3.dh(), 128);  // != D / H = 64
+  EXPECT_TRUE(q3.tie_word_embeddings);
   EXPECT_EQ(resolve_model_config("tiny").name, "tiny");
 }
 
@@ -196,12 +222,21 @@ TEST_F(ConfigFiles, Llama31ConfigJsonEqualsThePreset) {
 }
 
 TEST_F(ConfigFiles, MistralAndLlama2ConfigsUseDefaults) {
-  // Mistral-7B-v0.1's own config has sliding_window 4096 < max_position_embeddings
-  // (refused, see RefusalsNameTheKeyAndItsValue); with no window it is the preset.
+  // Mistral-7B-v0.1's own config, the mistral-7b preset: a window of 4096 in
+  // every layer; absent, the key means MistralConfig's default, 4096 as well.
+  // With no window ("sliding_window": null) it is another model.
+  const LlamaConfig v01 = resolve_model_config(write("mistral-v01.json", kMistral7B));
+  expect_same_model(v01, *llama_preset("mistral-7b"));
+  EXPECT_EQ(v01.sliding_window, 4096);
+  EXPECT_EQ(v01.layer_window(0), 4096);
+  EXPECT_EQ(v01.layer_window(31), 4096);
+  EXPECT_EQ(v01.num_parameters(), 7241732096LL);
+  std::string absent = kMistral7B;
+  absent.erase(absent.find("\"sliding_window\": 4096,"), 23);
+  EXPECT_EQ(resolve_model_config(write("mistral-absent.json", absent)).sliding_window, 4096);
   std::string no_window = kMistral7B;
   no_window.replace(no_window.find("\"sliding_window\": 4096"), 22, "\"sliding_window\": null");
   const LlamaConfig mistral = resolve_model_config(write("mistral.json", no_window));
-  expect_same_model(mistral, *llama_preset("mistral-7b"));
   EXPECT_EQ(mistral.num_parameters(), 7241732096LL);
   EXPECT_FALSE(mistral.sliding_window.has_value());
   EXPECT_EQ(mistral.bos_token_id, 1);
@@ -432,7 +467,9 @@ TEST(HfConfigForms, RefusalsNameTheKeyAndItsValue) {
        // transformers would take rope_scaling, with rope_theta from the top level (absent: 10000).
        "rope_scaling (transformers 4 form: rope_theta 10000, llama3 factor 8"},
       {"attention dropout", "\"attention_dropout\": 0.0", "\"attention_dropout\": 0.1", "attention_dropout = 0.1"},
-      {"a pad token", "\"pad_token_id\": null", "\"pad_token_id\": 0", "pad_token_id = 0 is not supported"},
+      {"a pad token outside the vocabulary", "\"pad_token_id\": null", "\"pad_token_id\": 128256",
+       "pad_token_id = 128256 is not a row of the embedding [0, vocab_size=128256)"},
+      {"a negative pad token", "\"pad_token_id\": null", "\"pad_token_id\": -1", "pad_token_id = -1 is not a row"},
       {"attention bias", "\"attention_bias\": false", "\"attention_bias\": true", "attention_bias = true"},
       {"mlp bias", "\"mlp_bias\": false", "\"mlp_bias\": true", "mlp_bias = true"},
       {"another activation", "\"hidden_act\": \"silu\"", "\"hidden_act\": \"gelu\"", "hidden_act 'gelu'"},
@@ -459,11 +496,14 @@ TEST(HfConfigForms, RefusalsNameTheKeyAndItsValue) {
   const std::string unknown = refusal(edited(base, "\"use_cache\": true", "\"use_cache\": true, \"new_thing\": 1"));
   EXPECT_NE(unknown.find("delete it from config.json"), std::string::npos) << unknown;
 
-  // Mistral-7B-v0.1 as published: sliding_window 4096 < max_position_embeddings 32768.
-  const std::string window = refusal(kMistral7B);
-  EXPECT_NE(window.find("sliding_window = 4096 is shorter than max_position_embeddings = 32768"), std::string::npos)
-      << window;
-  EXPECT_NE(window.find("set max_position_embeddings to 4096"), std::string::npos) << window;
+  // A window must be positive; layer_types belongs to Qwen.
+  const std::string zero = refusal(edited(kMistral7B, "\"sliding_window\": 4096", "\"sliding_window\": 0"));
+  EXPECT_NE(zero.find("sliding_window = 0 must be positive"), std::string::npos) << zero;
+  const std::string mistral_layers =
+      refusal(edited(kMistral7B, "\"use_cache\": true", "\"use_cache\": true, \"layer_types\": []"));
+  EXPECT_NE(mistral_layers.find("key 'layer_types' = [] is not one this reader knows for model_type \"mistral\""),
+            std::string::npos)
+      << mistral_layers;
 }
 
 // Keys listed as harmless are accepted, whatever their value.
@@ -517,14 +557,183 @@ TEST(HfConfigForms, ExportFormIsTransformers5s) {
   c.eos_token_id = {7};
   EXPECT_EQ(nlohmann::json::parse(c.to_hf_config_json())["eos_token_id"], 7);
 
-  // Mistral: sliding_window kept (null or a window), no Llama-only keys.
+  // Mistral: sliding_window kept (a window or null), no Llama-only keys.
   LlamaConfig m = *llama_preset("mistral-7b");
   nlohmann::json mj = nlohmann::json::parse(m.to_hf_config_json());
-  EXPECT_TRUE(mj.contains("sliding_window") && mj["sliding_window"].is_null());
+  EXPECT_EQ(mj["sliding_window"], 4096);
+  EXPECT_TRUE(nlohmann::json::parse(llama_preset("mathstral-7b")->to_hf_config_json())["sliding_window"].is_null());
   EXPECT_FALSE(mj.contains("attention_bias"));
   EXPECT_FALSE(mj.contains("pretraining_tp"));
   m.sliding_window = 32768;
   mj = nlohmann::json::parse(m.to_hf_config_json());
   EXPECT_EQ(mj["sliding_window"], 32768);
   EXPECT_EQ(fsdp::models::parse_hf_config(m.to_hf_config_json(), "m").sliding_window, 32768);
+}
+
+namespace {
+
+// As published with Qwen/Qwen2.5-0.5B (transformers 4 form).
+const char* kQwen25_05B = R"({
+  "architectures": ["Qwen2ForCausalLM"],
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151643,
+  "hidden_act": "silu",
+  "hidden_size": 896,
+  "initializer_range": 0.02,
+  "intermediate_size": 4864,
+  "max_position_embeddings": 32768,
+  "max_window_layers": 24,
+  "model_type": "qwen2",
+  "num_attention_heads": 14,
+  "num_hidden_layers": 24,
+  "num_key_value_heads": 2,
+  "rms_norm_eps": 1e-06,
+  "rope_theta": 1000000.0,
+  "sliding_window": 32768,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.40.1",
+  "use_cache": true,
+  "use_mrope": false,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+// As published with Qwen/Qwen3-0.6B.
+const char* kQwen3_06B = R"({
+  "architectures": ["Qwen3ForCausalLM"],
+  "attention_bias": false,
+  "attention_dropout": 0.0,
+  "bos_token_id": 151643,
+  "eos_token_id": 151645,
+  "head_dim": 128,
+  "hidden_act": "silu",
+  "hidden_size": 1024,
+  "initializer_range": 0.02,
+  "intermediate_size": 3072,
+  "max_position_embeddings": 40960,
+  "max_window_layers": 28,
+  "model_type": "qwen3",
+  "num_attention_heads": 16,
+  "num_hidden_layers": 28,
+  "num_key_value_heads": 8,
+  "rms_norm_eps": 1e-06,
+  "rope_scaling": null,
+  "rope_theta": 1000000,
+  "sliding_window": null,
+  "tie_word_embeddings": true,
+  "torch_dtype": "bfloat16",
+  "transformers_version": "4.51.0",
+  "use_cache": true,
+  "use_sliding_window": false,
+  "vocab_size": 151936
+})";
+
+void expect_same_qwen(const LlamaConfig& a, const LlamaConfig& b) {
+  expect_same_model(a, b);
+  EXPECT_EQ(a.layer_types, b.layer_types);
+  EXPECT_EQ(a.sliding_window, b.sliding_window);
+  EXPECT_EQ(a.attention_bias, b.attention_bias);
+  EXPECT_EQ(a.max_window_layers, b.max_window_layers);
+  EXPECT_EQ(a.pad_token_id, b.pad_token_id);
+}
+
+}  // namespace
+
+// The published Qwen configs are the presets; use_sliding_window false drops
+// the window (as transformers does) and every layer attends fully.
+TEST(QwenConfigs, PublishedConfigsAreThePresets) {
+  const LlamaConfig q2 = fsdp::models::parse_hf_config(kQwen25_05B, "qwen2.5.json");
+  expect_same_qwen(q2, *llama_preset("qwen2.5-0.5b"));
+  EXPECT_FALSE(q2.sliding_window.has_value());
+  EXPECT_EQ(q2.bos_token_id, 151643);
+  const LlamaConfig q3 = fsdp::models::parse_hf_config(kQwen3_06B, "qwen3.json");
+  expect_same_qwen(q3, *llama_preset("qwen3-0.6b"));
+  EXPECT_EQ(q3.eos_token_id, std::vector<int64_t>{151645});
+  // Qwen3Config's head_dim default is 128, not D / H.
+  std::string no_head_dim = kQwen3_06B;
+  no_head_dim.erase(no_head_dim.find("\"head_dim\": 128,"), 16);
+  EXPECT_EQ(fsdp::models::parse_hf_config(no_head_dim, "q3").dh(), 128);
+  // Both round-trip through the export form.
+  for (const LlamaConfig& c : {q2, q3}) {
+    expect_same_qwen(fsdp::models::parse_hf_config(c.to_hf_config_json(), "back"), c);
+  }
+}
+
+// Windows as transformers 5's Qwen2Config / Qwen3Config resolve them:
+// use_sliding_window gates the window; layer_types, when given, decides per
+// layer; otherwise layers i >= max_window_layers slide.
+TEST(QwenConfigs, SlidingLayersFollowTransformers) {
+  auto with = [](const std::string& extra, int max_window_layers = 24) {
+    const std::string text = edited(kQwen25_05B, "\"max_window_layers\": 24",
+                                    "\"max_window_layers\": " + std::to_string(max_window_layers));
+    return fsdp::models::parse_hf_config(edited(text, "\"use_sliding_window\": false,", extra), "qwen2-window.json");
+  };
+  const LlamaConfig on = with("\"use_sliding_window\": true,", 21);
+  ASSERT_EQ(on.layer_types.size(), 24u);
+  EXPECT_EQ(on.sliding_window, 32768);
+  for (int64_t i = 0; i < 24; ++i) {
+    EXPECT_EQ(on.layer_window(i), i >= 21 ? std::optional<int64_t>(32768) : std::nullopt) << i;
+  }
+  const LlamaConfig all_full = with("\"use_sliding_window\": true,");
+  EXPECT_EQ(all_full.layer_types, std::vector<std::string>(24, "full_attention"));  // max_window_layers 24 = L
+  EXPECT_EQ(all_full.sliding_window, 32768);  // kept (use_sliding_window), used by no layer
+  // An explicit list wins over max_window_layers.
+  std::string types = "\"layer_types\": [";
+  for (int i = 0; i < 24; ++i) {
+    types += std::string(i ? ", " : "") + (i % 2 ? "\"sliding_attention\"" : "\"full_attention\"");
+  }
+  types += "],";
+  const LlamaConfig alternating = with("\"use_sliding_window\": true, " + types);
+  EXPECT_EQ(alternating.layer_window(0), std::nullopt);
+  EXPECT_EQ(alternating.layer_window(1), 32768);
+  // Absent sliding_window: Qwen2Config's default 4096.
+  std::string absent = edited(kQwen25_05B, "\"sliding_window\": 32768,", "");
+  absent = edited(absent, "\"max_window_layers\": 24", "\"max_window_layers\": 0");
+  absent = edited(absent, "\"use_sliding_window\": false,", "\"use_sliding_window\": true,");
+  EXPECT_EQ(fsdp::models::parse_hf_config(absent, "q").layer_window(0), 4096);
+  // The export form keeps the per-layer choice, the window and use_sliding_window.
+  const nlohmann::json j = nlohmann::json::parse(alternating.to_hf_config_json());
+  EXPECT_EQ(j["architectures"][0], "Qwen2ForCausalLM");
+  EXPECT_EQ(j["use_sliding_window"], true);
+  EXPECT_EQ(j["sliding_window"], 32768);
+  EXPECT_EQ(j["layer_types"][1], "sliding_attention");
+  EXPECT_FALSE(j.contains("head_dim"));       // Qwen2Config has none (D / H = 64 here)
+  EXPECT_FALSE(j.contains("attention_bias"));  // nor this (q/k/v biases always on)
+  expect_same_qwen(fsdp::models::parse_hf_config(alternating.to_hf_config_json(), "back"), alternating);
+  const nlohmann::json j3 = nlohmann::json::parse(llama_preset("qwen3-0.6b")->to_hf_config_json());
+  EXPECT_EQ(j3["architectures"][0], "Qwen3ForCausalLM");
+  EXPECT_EQ(j3["head_dim"], 128);
+  EXPECT_EQ(j3["attention_bias"], false);
+  EXPECT_EQ(j3["use_sliding_window"], false);
+  EXPECT_TRUE(j3["sliding_window"].is_null());
+}
+
+// What Qwen's config classes do not have, or this build does not implement.
+TEST(QwenConfigs, RefusalsNameTheKey) {
+  struct Case {
+    const char* base;
+    std::string from, to, expected;
+  };
+  const std::vector<Case> cases = {
+      {kQwen25_05B, "\"use_cache\": true", "\"use_cache\": true, \"attention_bias\": false",
+       "key 'attention_bias' = false is not one this reader knows for model_type \"qwen2\""},
+      {kQwen3_06B, "\"use_cache\": true", "\"use_cache\": true, \"mlp_bias\": false",
+       "key 'mlp_bias' = false is not one this reader knows for model_type \"qwen3\""},
+      {kQwen3_06B, "\"use_sliding_window\": false,",
+       "\"use_sliding_window\": false, \"layer_types\": [\"full_attention\"],",
+       "layer_types has 1 entries but num_hidden_layers = 28"},
+      {kQwen3_06B, "\"use_cache\": true", "\"use_cache\": true, \"layer_types\": " +
+           nlohmann::json(std::vector<std::string>(28, "chunked_attention")).dump(),
+       "layer_types[0] = 'chunked_attention' is not supported"},
+      {kQwen3_06B, "\"use_cache\": true", "\"use_cache\": true, \"layer_types\": " +
+           nlohmann::json(std::vector<std::string>(28, "sliding_attention")).dump(),
+       "layer_types[0] is \"sliding_attention\" but there is no window"},
+      {kQwen3_06B, "\"model_type\": \"qwen3\"", "\"model_type\": \"qwen3_moe\"", "model_type \"qwen3_moe\""},
+  };
+  for (const Case& c : cases) {
+    const std::string msg = refusal(edited(c.base, c.from, c.to));
+    EXPECT_NE(msg.find(c.expected), std::string::npos) << c.expected << ": " << msg;
+  }
 }

@@ -359,3 +359,170 @@ TEST(Llama, TinyAndSmallPresetsTrainOnBytes) {
   const auto tok = random_tokens(2, 64, tiny.vocab_size, 1);
   EXPECT_NEAR(m->loss(tok, tok).item<double>(), std::log(512.0), 0.2);
 }
+
+namespace {
+
+// One decoder layer, so that position i's logits see exactly the tokens its
+// attention sees (the MLP and norms are per position).
+LlamaConfig one_layer_window(int64_t window) {
+  LlamaConfig c = small_cfg();
+  c.model_type = "mistral";
+  c.num_hidden_layers = 1;
+  c.sliding_window = window;
+  return c;
+}
+
+// Positions whose logits moved (max |diff| > 1e-6) when token `j` changed.
+std::vector<int64_t> moved_by(LlamaForCausalLM& m, const at::Tensor& tok, int64_t j) {
+  at::NoGradGuard no_grad;
+  at::Tensor changed = tok.clone();
+  changed.index_put_({at::indexing::Slice(), j}, (tok.select(1, j) + 1) % 64);
+  const at::Tensor diff = (m->forward(tok) - m->forward(changed)).abs().amax({0, 2});  // (T)
+  std::vector<int64_t> out;
+  for (int64_t i = 0; i < diff.size(0); ++i) {
+    if (diff[i].item<double>() > 1e-6) out.push_back(i);
+  }
+  return out;
+}
+
+}  // namespace
+
+// transformers' sliding window: query i sees keys j with i - W < j <= i. With
+// W = 3, token 4 reaches positions 4, 5 and 6 only; both kernels agree; a
+// window at least T long is plain causal attention, bit for bit.
+TEST(Llama, SlidingWindowQueryISeesTheLastWKeys) {
+  const auto tok = random_tokens(2, 12, 64, 31);
+  for (AttentionKernel kernel : {AttentionKernel::kSdpa, AttentionKernel::kEager}) {
+    LlamaForCausalLM m = build_llama(one_layer_window(3), kCpu, 30);
+    m->set_attention_kernel(kernel);
+    EXPECT_EQ(moved_by(m, tok, 4), (std::vector<int64_t>{4, 5, 6}));
+    EXPECT_EQ(moved_by(m, tok, 0), (std::vector<int64_t>{0, 1, 2}));
+  }
+  const at::Tensor mask = fsdp::models::sliding_window_mask(5, 2, at::kCPU);
+  EXPECT_TRUE(mask.equal(at::tensor({1, 0, 0, 0, 0,  //
+                                     1, 1, 0, 0, 0,  //
+                                     0, 1, 1, 0, 0,  //
+                                     0, 0, 1, 1, 0,  //
+                                     0, 0, 0, 1, 1}, at::kLong).view({5, 5}).to(at::kBool)));
+  LlamaForCausalLM sdpa = build_llama(one_layer_window(5), kCpu, 32);
+  LlamaForCausalLM eager = build_llama(one_layer_window(5), kCpu, 32);
+  eager->set_attention_kernel(AttentionKernel::kEager);
+  const at::Tensor a = sdpa->loss(tok, tok), b = eager->loss(tok, tok);
+  a.backward();
+  b.backward();
+  EXPECT_NEAR(a.item<double>(), b.item<double>(), 1e-6);
+  for (const char* name : {"model.layers.0.self_attn.q_proj.weight", "model.embed_tokens.weight"}) {
+    const at::Tensor ga = sdpa->named_parameters().find(name)->grad();
+    const at::Tensor gb = eager->named_parameters().find(name)->grad();
+    EXPECT_TRUE(at::allclose(ga, gb, 1e-5, 1e-6)) << name << ": " << (ga - gb).abs().max().item<double>();
+  }
+  at::NoGradGuard no_grad;
+  LlamaForCausalLM wide = build_llama(one_layer_window(12), kCpu, 33);
+  LlamaConfig none = one_layer_window(12);
+  none.sliding_window.reset();
+  LlamaForCausalLM full = build_llama(none, kCpu, 33);
+  EXPECT_TRUE(wide->forward(tok.narrow(1, 0, 11)).equal(full->forward(tok.narrow(1, 0, 11))));  // T < W
+  EXPECT_TRUE(at::allclose(wide->forward(tok), full->forward(tok), 1e-5, 1e-6));                // T = W: masked path
+}
+
+// Qwen-style per-layer windows: only the layers layer_types marks slide, and
+// activation checkpointing's replay (the mask is a non-tensor argument) gives
+// the same loss and gradients.
+TEST(Llama, PerLayerWindowsAndReplayWithMasks) {
+  LlamaConfig cfg = small_cfg();
+  cfg.model_type = "qwen2";
+  cfg.sliding_window = 3;
+  cfg.layer_types = {"full_attention", "sliding_attention"};
+  LlamaForCausalLM m = build_llama(cfg, kCpu, 40);
+  EXPECT_FALSE(m->layers()[0]->impl_ptr()->self_attn().window().has_value());
+  EXPECT_EQ(m->layers()[1]->impl_ptr()->self_attn().window(), 3);
+  const auto tok = random_tokens(2, 8, 64, 41);
+  const at::Tensor plain = m->loss(tok, tok);
+  plain.backward();
+  const at::Tensor g = m->named_parameters().find("model.layers.1.self_attn.k_proj.bias")->grad().clone();
+  m->zero_grad();
+  auto hooks = std::make_shared<ReplayHooks>();
+  for (auto& u : fsdp::nn::find_units(m.ptr())) u.second->set_hooks(hooks);
+  const at::Tensor hooked = m->loss(tok, tok);
+  hooked.backward();
+  EXPECT_EQ(hooks->calls, 2);
+  EXPECT_TRUE(plain.equal(hooked));
+  EXPECT_TRUE(g.equal(m->named_parameters().find("model.layers.1.self_attn.k_proj.bias")->grad()));
+}
+
+// Qwen2: q/k/v biases (o_proj none); Qwen3: q_norm and k_norm over Dh after
+// o_proj, biases on all four projections with attention_bias. HF's order,
+// shapes and init (biases 0, norms 1).
+TEST(Llama, QwenParameterNamesShapesAndInit) {
+  LlamaConfig q2 = small_cfg();
+  q2.model_type = "qwen2";
+  q2.layer_types = {"full_attention", "full_attention"};
+  LlamaForCausalLM m2 = build_llama(q2, kCpu, 3);
+  const auto n2 = names_and_shapes(m2);
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> attn2 = {
+      {"model.layers.0.self_attn.q_proj.weight", {32, 32}}, {"model.layers.0.self_attn.q_proj.bias", {32}},
+      {"model.layers.0.self_attn.k_proj.weight", {16, 32}}, {"model.layers.0.self_attn.k_proj.bias", {16}},
+      {"model.layers.0.self_attn.v_proj.weight", {16, 32}}, {"model.layers.0.self_attn.v_proj.bias", {16}},
+      {"model.layers.0.self_attn.o_proj.weight", {32, 32}}};
+  EXPECT_EQ(decltype(attn2)(n2.begin() + 1, n2.begin() + 8), attn2);
+  EXPECT_TRUE(m2->named_parameters().find("model.layers.1.self_attn.v_proj.bias")->eq(0).all().item<bool>());
+
+  LlamaConfig q3 = q2;
+  q3.model_type = "qwen3";
+  q3.head_dim = 12;
+  q3.attention_bias = true;
+  LlamaForCausalLM m3 = build_llama(q3, kCpu, 3);
+  const auto n3 = names_and_shapes(m3);
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> attn3 = {
+      {"model.layers.0.self_attn.q_proj.weight", {48, 32}}, {"model.layers.0.self_attn.q_proj.bias", {48}},
+      {"model.layers.0.self_attn.k_proj.weight", {24, 32}}, {"model.layers.0.self_attn.k_proj.bias", {24}},
+      {"model.layers.0.self_attn.v_proj.weight", {24, 32}}, {"model.layers.0.self_attn.v_proj.bias", {24}},
+      {"model.layers.0.self_attn.o_proj.weight", {32, 48}}, {"model.layers.0.self_attn.o_proj.bias", {32}},
+      {"model.layers.0.self_attn.q_norm.weight", {12}},     {"model.layers.0.self_attn.k_norm.weight", {12}}};
+  EXPECT_EQ(decltype(attn3)(n3.begin() + 1, n3.begin() + 11), attn3);
+  EXPECT_TRUE(m3->named_parameters().find("model.layers.0.self_attn.k_norm.weight")->eq(1).all().item<bool>());
+  for (LlamaForCausalLM* m : {&m2, &m3}) {
+    int64_t numel = 0;
+    for (auto& p : (*m)->parameters()) numel += p.numel();
+    EXPECT_EQ(numel, (*m)->config().num_parameters());
+  }
+  // The norms are on the gradient path.
+  const auto tok = random_tokens(2, 8, 64, 4);
+  const at::Tensor loss = m3->loss(tok, tok);
+  loss.backward();
+  const at::Tensor q_norm_grad = m3->named_parameters().find("model.layers.0.self_attn.q_norm.weight")->grad();
+  EXPECT_GT(q_norm_grad.abs().max().item<double>(), 0);
+}
+
+// pad_token_id: the embedding row starts at zero and gets no gradient
+// (nn.Embedding padding_idx), the lookup is unchanged, and the other rows of
+// the batch still learn.
+TEST(Llama, PadTokenRowGetsNoGradient) {
+  const auto tok = random_tokens(2, 8, 64, 50);
+  const int64_t pad = tok[0][3].item<int64_t>();
+  LlamaConfig cfg = small_cfg();
+  cfg.pad_token_id = pad;
+  LlamaForCausalLM padded = build_llama(cfg, kCpu, 51);
+  LlamaForCausalLM plain = build_llama(small_cfg(), kCpu, 51);
+  {
+    at::NoGradGuard no_grad;
+    at::Tensor e = padded->named_parameters().find("model.embed_tokens.weight")->data();
+    const at::Tensor e0 = plain->named_parameters().find("model.embed_tokens.weight")->data();
+    EXPECT_EQ(e[pad].abs().max().item<double>(), 0.0) << "the padding row is initialized to zero";
+    EXPECT_TRUE(e.narrow(0, 0, pad).equal(e0.narrow(0, 0, pad))) << "the other rows are the plain init";
+    // From here on the same weights: only the padding semantics differ.
+    for (auto& p : padded->named_parameters()) p.value().data().copy_(plain->named_parameters().find(p.key())->data());
+    EXPECT_TRUE(padded->forward(tok).equal(plain->forward(tok)));
+  }
+  padded->loss(tok, tok).backward();
+  plain->loss(tok, tok).backward();
+  const at::Tensor gp = padded->named_parameters().find("model.embed_tokens.weight")->grad();
+  const at::Tensor g = plain->named_parameters().find("model.embed_tokens.weight")->grad();
+  EXPECT_EQ(gp[pad].abs().max().item<double>(), 0.0);
+  EXPECT_GT(g[pad].abs().max().item<double>(), 0.0);
+  const int64_t other = tok[1][2].item<int64_t>() == pad ? tok[1][3].item<int64_t>() : tok[1][2].item<int64_t>();
+  EXPECT_TRUE(gp[other].equal(g[other]));
+  cfg.pad_token_id = 64;
+  EXPECT_NE(usage_error_of([&] { build_llama(cfg, kMeta, 0); }).find("pad_token_id = 64 is not a row"),
+            std::string::npos);
+}

@@ -32,3 +32,27 @@ TEST(Init, NormalHasTheRequestedMomentsAndNamesDiffer) {
   EXPECT_LE(u.abs().max().item<double>(), 2.0);
   EXPECT_NEAR(u.std().item<double>(), 2.0 / std::sqrt(3.0), 0.02);
 }
+
+// An embedding's padding row: zero in the whole and in every slice that
+// overlaps it, the other elements unchanged — so a rank materializing a shard
+// that cuts through the row gets exactly the unsharded values.
+TEST(Init, ZeroRangeHoldsInEverySlice) {
+  const int64_t n = 1000;
+  const InitRule plain = InitRule::normal(0.02);
+  const InitRule padded = plain.with_zeros(320, 352);  // row 10 of a (V, 32) embedding
+  auto reference = at::empty({n});
+  init_slice(reference, plain, 7, "embed_tokens.weight", 0);
+  auto whole = at::empty({n});
+  init_slice(whole, padded, 7, "embed_tokens.weight", 0);
+  EXPECT_TRUE(whole.narrow(0, 320, 32).eq(0).all().item<bool>());
+  EXPECT_TRUE(whole.narrow(0, 0, 320).equal(reference.narrow(0, 0, 320)));
+  EXPECT_TRUE(whole.narrow(0, 352, n - 352).equal(reference.narrow(0, 352, n - 352)));
+  for (int64_t first : {0, 300, 330, 351, 352, 600}) {
+    for (int64_t len : {1, 10, 40, 400}) {
+      if (first + len > n) continue;
+      auto part = at::empty({len});
+      init_slice(part, padded, 7, "embed_tokens.weight", first);
+      EXPECT_TRUE(part.equal(whole.narrow(0, first, len))) << "first=" << first << " len=" << len;
+    }
+  }
+}

@@ -248,6 +248,39 @@ TEST(TrainCli, HuggingFaceExportInitFromAndEvalOnly) {
   EXPECT_NE(bad.output.find("describe different models"), std::string::npos) << bad.output;
 }
 
+// The one-command conversion of a sharded checkpoint (--max-steps 0 with
+// --resume --checkpoint-dir --export-hf): no data is read (--data names no
+// file), the model comes from the checkpoint, and at world sizes 1 and 3 the
+// files equal the training run's own export at world size 2, byte for byte.
+TEST(TrainCli, ConvertACheckpointToHuggingFaceWithoutData) {
+  const std::string dir = testing::temp_dir("cli-convert");
+  Command c = run_command(flags(3) + " --nproc-per-node 2 --checkpoint-dir " + dir + "/ck --export-hf " + dir + "/run",
+                          120);
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  for (const char* procs : {"1", "3"}) {
+    const std::string out = dir + "/converted-" + procs;
+    Command v = run_command(kTrainBin + " --resume --checkpoint-dir " + dir + "/ck --export-hf " + out +
+                                " --max-steps 0 --data " + dir + "/no-such-corpus --nproc-per-node " + procs, 120);
+    ASSERT_EQ(v.exit_code, 0) << v.output;
+    EXPECT_NE(v.output.find("Loaded checkpoint " + dir + "/ck/step_00000003 (step 3"), std::string::npos) << v.output;
+    EXPECT_EQ(v.output.find("Batch "), std::string::npos) << "a conversion trains nothing: " << v.output;
+    for (const char* file : {"model.safetensors", "config.json"}) {
+      EXPECT_EQ(read_file(out + "/" + file), read_file(dir + "/run/" + file)) << procs << " ranks: " << file;
+    }
+  }
+  auto refused = [&](const std::string& args, const std::string& needle) {
+    Command r = run_command(kTrainBin + " --max-steps 0 " + args, 60);
+    EXPECT_EQ(r.exit_code, 2) << r.output;
+    EXPECT_NE(r.output.find(needle), std::string::npos) << r.output;
+  };
+  refused("--resume --checkpoint-dir " + dir + "/ck", "missing: --export-hf OUT");
+  refused("--resume --checkpoint-dir " + dir + "/ck --export-hf " + dir + "/x --model small",
+          "--model small and the checkpoints in " + dir + "/ck describe different models");
+  fs::create_directories(dir + "/empty");
+  refused("--resume --checkpoint-dir " + dir + "/empty --export-hf " + dir + "/x", "holds no checkpoint");
+  EXPECT_FALSE(fs::exists(dir + "/x"));
+}
+
 // torchrun (the project's Python environment, first on the tests' PATH): an
 // elastic restart after a worker is SIGKILLed resumes from the newest
 // checkpoint and finishes the run.

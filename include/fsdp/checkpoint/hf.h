@@ -32,6 +32,7 @@
 #include <cstdint>
 #include <map>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/checkpoint/sharded.h"
@@ -56,7 +57,8 @@ struct HfExportOptions {
   // Merged into config.json over the model config's keys (e.g. the training
   // tokenizer's bos_token_id / eos_token_id).
   nlohmann::json extra_config = nlohmann::json::object();
-  // Copied into DIR: (source path, file name), e.g. the tokenizer.model.
+  // Copied into DIR as they are: (source path, file name), each name one of
+  // hf_side_file_names() and named once (e.g. the tokenizer files).
   std::vector<std::pair<std::string, std::string>> extra_files;
   bool progress = false;  // progress bar on stderr (rank 0; the caller checks isatty)
 };
@@ -67,8 +69,19 @@ struct HfExportResult {
   IoStats io;                      // bytes rank 0 wrote (the same on every rank)
 };
 
-// Names an export writes; anything else in an existing DIR makes export refuse
-// (a user's files are never replaced).
+// The files of a Hugging Face model directory that go with the weights and
+// are neither weights nor config.json: the tokenizer's (tokenizer.json,
+// tokenizer_config.json, special_tokens_map.json, tokenizer.model,
+// added_tokens.json, vocab.json, merges.txt, chat_template.jinja,
+// chat_template.json) and generation_config.json. An export carries over
+// those of the --init-from directory, byte for byte (HfExportOptions::extra_files).
+const std::vector<std::string>& hf_side_file_names();
+// (absolute path, file name) of each of hf_side_file_names() present in `dir`.
+std::vector<std::pair<std::string, std::string>> find_hf_side_files(const std::string& dir);
+
+// Names an export writes (weights, index, config.json, hf_side_file_names());
+// anything else in an existing DIR makes export refuse (a user's files are
+// never replaced).
 bool is_hf_export_file(const std::string& file_name);
 // UsageError unless `dir` is absent, empty, or holds only files an export writes.
 void check_export_dir(const std::string& dir, const std::string& flag = "--export-hf");
@@ -101,9 +114,10 @@ HfImportResult import_hf(const std::string& dir, ShardedModel& model, const mode
                          comm::ProcessGroup& group, bool progress = false);
 
 // "" when `a` and `b` describe the same architecture (every field that changes
-// shapes or results; max_position_embeddings, initializer_range, special token
-// ids and an accepted sliding_window, which is never shorter than
-// max_position_embeddings, may differ),
+// shapes, results or gradients: model_type, biases, pad_token_id, sizes, rope,
+// tying, each layer's attention window — a window at least as long as the
+// config's max_position_embeddings counts as none; max_position_embeddings,
+// initializer_range and bos/eos token ids may differ),
 // else "<field> <a> vs <b>" for the first difference.
 std::string config_mismatch(const models::LlamaConfig& a, const models::LlamaConfig& b);
 

@@ -1,6 +1,6 @@
 // Token datasets: one logical stream of token ids t[0 .. N).
 //
-// Sources (DatasetOptions::format, or kAuto from the path):
+// Sources (DatasetOptions::format, or kAuto from the names):
 //  - kText   a plain text file is ONE document (the whole file, bytes verbatim).
 //            Collections of documents belong in JSON lines (scripts/prepare_data.sh
 //            turns the fortunes' "%"-separated files into that).
@@ -8,10 +8,22 @@
 //            `text_field` (default "text"). Blank lines are skipped; documents whose
 //            text is "" are skipped (they would add a lone EOS).
 //  - kBinary raw little-endian token ids (uint16 by default, or uint32), memory-mapped
-//            read-only: a single file, or a directory whose *.bin files (sorted by name,
-//            byte order) are concatenated logically, in that order.
-//  kAuto: a directory or a *.bin file -> kBinary; *.jsonl, *.json, *.ndjson -> kJsonl;
-//  anything else -> kText.
+//            read-only.
+// Text and JSON-lines files may be gzip-compressed (c4's .json.gz): recognised by
+// their content and decompressed while read, several concatenated members included;
+// a damaged or truncated file is a UsageError naming the file and the compressed byte
+// offset (Note [gzip data files] in src/data/data_file.h).
+//
+// `path` is one file, a directory, or a pattern with wildcards (* ? [...], fnmatch) in
+// its last component ("c4/en/c4-train.*.json.gz"). A directory's files, and a
+// pattern's matches, are read in byte order of their names (zero-padded shard numbers
+// sort numerically); hidden files (".name") are skipped. A directory holds either
+// *.bin shards (then other files are ignored) or text: with kAuto its *.jsonl,
+// *.json, *.ndjson and *.txt files (each optionally .gz), every one in the format of
+// its name, other files ignored; with kText / kJsonl every file, in that format.
+// kAuto for a file: *.bin -> kBinary; *.jsonl, *.json, *.ndjson -> kJsonl; anything else
+// -> kText (a ".gz" suffix is looked through: "x.json.gz" is JSON lines). Binary and
+// text files cannot be mixed; compressed .bin files are refused (they cannot be mapped).
 //
 // Text sources are tokenized once, at load, into int32 storage (4 bytes a token):
 // each document d becomes [BOS if add_bos] tokens(d) EOS, and the documents follow
@@ -20,9 +32,10 @@
 // tool that wrote them decided).
 //
 // Errors (UsageError, naming the file): missing, unreadable or empty file; a
-// directory without *.bin files; a binary file whose size is not a multiple of the
-// token size; a bad JSON line or a line without the string field (with the line
-// number); a text source given without a tokenizer, or a tokenizer without EOS.
+// directory without data files or a pattern matching none; a binary file whose size
+// is not a multiple of the token size; a bad JSON line or a line without the string
+// field (with the line number); a file with no documents; damaged gzip; a text source
+// given without a tokenizer, or a tokenizer without EOS.
 //
 // A TokenDataset is immutable once built; all methods are const and thread-safe.
 #pragma once
@@ -47,7 +60,7 @@ const char* to_string(DataFormat f);
 const char* to_string(TokenDtype d);
 
 struct DatasetOptions {
-  std::string path;                           // file, or directory of *.bin shards
+  std::string path;                           // file, directory, or pattern (see above)
   DataFormat format = DataFormat::kAuto;
   std::string text_field = "text";            // kJsonl: the document's field
   TokenDtype token_dtype = TokenDtype::kUint16;  // kBinary: width of one id
@@ -74,6 +87,10 @@ class TokenDataset {
   // Reads the whole stream once (binary: ~1 s per GB).
   void validate(int64_t vocab_size) const;
 };
+
+// The files `options.path` stands for, in the order they are read (see above).
+// UsageError when it names none.
+std::vector<std::string> data_files(const DatasetOptions& options);
 
 // Loads a dataset. `tokenizer` is needed for text sources (and must have an EOS)
 // and ignored for binary ones; it is used only during the call.

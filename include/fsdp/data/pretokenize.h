@@ -1,4 +1,7 @@
-// The Llama 3 pre-tokenizer, as a hand-written scanner over UTF-8 code points.
+// Regex pre-tokenizers (Llama 3, Qwen2, GPT-2), hand-written scanners over UTF-8 code
+// points, and the Unicode operations of the tokenizer.json pipeline.
+//
+// The Llama 3 pre-tokenizer:
 //
 // Llama 3 (and OpenAI's cl100k) split text before BPE with the regex
 //
@@ -38,6 +41,18 @@ namespace fsdp::data {
 // Splits `text` into pre-tokens (views into `text`).
 std::vector<std::string_view> llama3_pretokenize(std::string_view text);
 
+// Qwen2's pre-tokenizer (Qwen2, Qwen2.5, Qwen3 tokenizer.json files): the Llama 3 regex
+// with \p{N} in place of \p{N}{1,3}, so every number is its own piece.
+std::vector<std::string_view> qwen2_pretokenize(std::string_view text);
+
+// GPT-2's pre-tokenizer (the tokenizers library's ByteLevel with use_regex, also used by
+// SmolLM2):
+//
+//   's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+
+//
+// with the same classes as above; its contractions are case-sensitive.
+std::vector<std::string_view> gpt2_pretokenize(std::string_view text);
+
 namespace unicode {
 
 // Decodes the code point at text[pos]; sets `len` to its length in bytes (1..4).
@@ -49,6 +64,26 @@ uint32_t decode_utf8(std::string_view text, size_t pos, int& len);
 bool is_letter(uint32_t cp);  // \p{L}
 bool is_number(uint32_t cp);  // \p{N}
 bool is_space(uint32_t cp);   // \s (White_Space)
+// \w of the Rust regex crate (Alphabetic, M, Nd, Pc, Join_Control; UTS #18 Annex C) over
+// the characters of unicode_tables.inc's Unicode version (unicode_hf_tables.inc).
+bool is_word_char(uint32_t cp);
+
+// Byte offset of the first byte that does not start a valid, shortest-form UTF-8
+// sequence; std::string_view::npos when all of `text` is valid UTF-8.
+size_t find_invalid_utf8(std::string_view text);
+
+// Unicode normalization form C as the `tokenizers` library computes it (canonical
+// decomposition, canonical ordering, canonical composition with Unicode 9.0 data, the
+// version of the crate it uses; see src/data/gen_unicode_hf_tables.py).
+// Requires: valid UTF-8.
+std::string nfc(std::string_view text);
+
+// Appends the UTF-8 encoding of `cp` (<= 0x10FFFF, not a surrogate) to `out`.
+void append_utf8(uint32_t cp, std::string& out);
+
+// The bytes as text, each maximal ill-formed subsequence replaced by U+FFFD (Rust's
+// String::from_utf8_lossy, which the tokenizers library's decoders use).
+std::string utf8_lossy(std::string_view bytes);
 
 }  // namespace unicode
 }  // namespace fsdp::data

@@ -1,6 +1,6 @@
 // Tokenizers: text <-> token ids.
 //
-// Three kinds, picked by `make_tokenizer(spec)`:
+// Four kinds, picked by `make_tokenizer(spec)`:
 //  - "byte"             ByteTokenizer: ids 0..255 are the bytes of the UTF-8 text,
 //                       then the specials; vocab_size() == 258, so it fits the `tiny`
 //                       model (V = 512).
@@ -8,14 +8,21 @@
 //    .model file        through libsentencepiece.
 //  - a tiktoken BPE     TiktokenTokenizer (Llama 3.x `tokenizer.model`: lines
 //    rank file          "<base64 token> <rank>"), implemented natively here.
-// A path is recognised by its content, never by its name: a tiktoken file starts
-// with a "<base64> <integer>" line; anything else is handed to SentencePiece,
-// whose models are protobufs.
+//  - a Hugging Face     HfTokenizer (Llama 3, Qwen2/2.5/3, SmolLM2, Llama 2, Mistral,
+//    tokenizer.json     TinyLlama), implemented natively here; see its class comment.
+// A path is recognised by its content, never by its name: a file whose first
+// non-blank byte is '{' is a tokenizer.json; a tiktoken file starts with a
+// "<base64> <integer>" line; anything else is handed to SentencePiece, whose models
+// are protobufs. A directory stands for the model directory holding the tokenizer:
+// its tokenizer.json if there is one, else its tokenizer.model.
 //
 // Contract shared by all kinds:
-//  - encode(text) never adds BOS/EOS and never produces a special token: special
-//    token text such as "<|eot_id|>" inside `text` is encoded as ordinary text (the
-//    behaviour of Meta's Llama 3 tokenizer.py defaults). Callers add bos_id()/eos_id().
+//  - encode(text) never adds BOS/EOS (no post-processor template is applied). Callers
+//    add bos_id()/eos_id(); adds_bos() says whether the tokenizer's own convention puts
+//    BOS before a document.
+//  - Special token text inside `text`: byte, SentencePiece and tiktoken encode it as
+//    ordinary text (the behaviour of Meta's Llama 3 tokenizer.py defaults); HfTokenizer
+//    maps it to the token's id, as the `tokenizers` library does.
 //  - decode(ids) requires 0 <= id < vocab_size() for every id (UsageError otherwise).
 //  - Every id encode() returns is < vocab_size(). A model's vocabulary V must be
 //    >= vocab_size(); datasets check this with TokenDataset::validate.
@@ -48,12 +55,18 @@ class Tokenizer {
   // SentencePiece model trained without them).
   virtual int32_t bos_id() const = 0;
   virtual int32_t eos_id() const = 0;
-  // For logs: "byte", "sentencepiece:<path>", "tiktoken:<path>".
+  // Whether documents start with BOS by this tokenizer's convention: its files say
+  // so (a tokenizer.json post-processor template with a token before the text). The
+  // trainer's datasets then put bos_id() before every document. Others: false.
+  virtual bool adds_bos() const { return false; }
+  // For logs: "byte", "sentencepiece:<path>", "tiktoken:<path>", "hf:<path>".
   virtual std::string name() const = 0;
 };
 
-// spec: "byte", or the path of a SentencePiece model or tiktoken rank file.
-// Throws UsageError when the file is missing, unreadable or neither format.
+// spec: "byte", the path of a SentencePiece model, a tiktoken rank file or a
+// tokenizer.json, or a model directory holding tokenizer.json or tokenizer.model.
+// Throws UsageError when the file is missing, unreadable, in none of these formats,
+// or uses something the implementation does not have (named in the message).
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
 
 // --- byte level -------------------------------------------------------------------
@@ -159,6 +172,65 @@ class TiktokenTokenizer final : public Tokenizer {
   std::vector<std::string> tokens_;                      // rank -> token bytes
   std::unordered_map<std::string_view, int32_t> ranks_;  // token bytes (views of tokens_) -> rank
   std::vector<std::string> special_texts_;          // special index -> text
+};
+
+// --- Hugging Face tokenizer.json -----------------------------------------------------
+
+// The `tokenizers` library's pipeline, read from a tokenizer.json and implemented
+// natively: the same ids as `Tokenizer.from_file(path).encode(text,
+// add_special_tokens=False).ids`, token for token, and decode() as its
+// `decode(ids, skip_special_tokens=False)`. What is implemented is what the Llama 3,
+// Qwen2/2.5/3, SmolLM2, Llama 2, Mistral and TinyLlama files use; anything else is
+// refused at load with a UsageError naming the component (never a tokenization that
+// silently differs):
+//  - model: BPE, with vocab and merges (either serialization), unk_token, fuse_unk,
+//    byte_fallback, ignore_merges; dropout null or 0; continuing_subword_prefix and
+//    end_of_word_suffix null or "". Refused: WordPiece, Unigram, WordLevel.
+//  - normalizer: null, NFC, Prepend, Replace with a String pattern, Sequence of these.
+//  - pre_tokenizer: null, ByteLevel (with or without its GPT-2 regex, add_prefix_space),
+//    Split with behavior Isolated whose Regex is Llama 3's, Qwen2's or GPT-2's (each
+//    implemented by a scanner in pretokenize.h; any other regex is refused), Digits,
+//    Metaspace (prepend_scheme always / first / never, split), Sequence of these.
+//  - post_processor: null, ByteLevel (offsets only), TemplateProcessing whose single
+//    template is [one special token] $A [one special token], Sequence of these.
+//  - decoder: null, ByteLevel, Metaspace, Replace (String), ByteFallback, Fuse, Strip,
+//    Sequence of these.
+//  - added_tokens: special or not, with single_word, lstrip, rstrip and normalized as
+//    the library treats them; ids assigned as the library assigns them (a file whose
+//    stated id differs is refused). Special-token text in the input maps to its id.
+//  - truncation and padding must be null (they would cut or pad every encoding).
+// BOS / EOS: from the template (the token before / after $A) and from
+// tokenizer_config.json in the same directory, if there is one (bos_token, eos_token,
+// add_bos_token; where both name one they must agree). adds_bos(): the template puts a
+// token before $A. Input text must be valid UTF-8 (UsageError with the byte offset
+// otherwise), as the library's Python API only takes str.
+// Unicode data: NFC with the library's Unicode 9.0 tables; \p{L}, \p{N}, \s and \w as
+// in pretokenize.h (Unicode 14.0). The library's regex engine and Rust's char tables
+// are newer: characters assigned after Unicode 14.0 may split differently.
+class HfTokenizer final : public Tokenizer {
+ public:
+  // path: a tokenizer.json. Throws UsageError naming the file and the component.
+  explicit HfTokenizer(const std::string& path);
+  HfTokenizer(const HfTokenizer&) = delete;
+  HfTokenizer& operator=(const HfTokenizer&) = delete;
+  ~HfTokenizer() override;
+
+  std::vector<int32_t> encode(std::string_view text) const override;
+  std::string decode(const std::vector<int32_t>& ids) const override;
+  int32_t vocab_size() const override;
+  int32_t bos_id() const override;
+  int32_t eos_id() const override;
+  bool adds_bos() const override;
+  std::string name() const override { return "hf:" + path_; }
+
+  // Id of a token (added token or model vocabulary) by its text; -1 if there is none.
+  int32_t token_to_id(std::string_view token) const;
+
+ private:
+  struct Impl;  // the pipeline's components (tokenizer_hf.cpp)
+  void load();  // reads path_ into impl_
+  std::string path_;
+  std::unique_ptr<const Impl> impl_;
 };
 
 // True if `path`'s first line has the tiktoken form "<base64> <integer>".

@@ -17,6 +17,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <optional>
 
 namespace fsdp::models {
 
@@ -41,19 +42,25 @@ class LinearImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Linear);
 
-// Token embedding lookup, as torch.nn.Embedding.
+// Token embedding lookup, as torch.nn.Embedding. With `padding_idx`, row
+// padding_idx receives no gradient (the lookup itself is unchanged), as
+// nn.Embedding(padding_idx=...) — what transformers builds from pad_token_id.
 class EmbeddingImpl : public torch::nn::Module {
  public:
-  EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, const at::TensorOptions& options);
+  // padding_idx, when set, must lie in [0, num_embeddings) (an internal error otherwise).
+  EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, const at::TensorOptions& options,
+                std::optional<int64_t> padding_idx = std::nullopt);
 
   // tokens (B, T) int64 in [0, V) -> (B, T, D). Range checking is the caller's
   // job (LlamaForCausalLM checks once per batch).
   at::Tensor forward(const at::Tensor& tokens);
 
   const at::Tensor& weight() const { return weight_; }
+  const std::optional<int64_t>& padding_idx() const { return padding_idx_; }
 
  private:
-  at::Tensor weight_;  // (V, D)
+  at::Tensor weight_;                   // (V, D)
+  std::optional<int64_t> padding_idx_;  // the row without gradient; nullopt: none
 };
 TORCH_MODULE(Embedding);
 

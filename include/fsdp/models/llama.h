@@ -1,12 +1,20 @@
-// Llama-family decoder (Llama 2, Llama 3.1, Llama 3.2, Mistral v0.1) with
-// Hugging Face LlamaForCausalLM semantics, names and weight layouts.
+// Llama-family decoder (Llama 2, Llama 3.1, Llama 3.2, Mistral, Qwen2/Qwen2.5,
+// Qwen3) with Hugging Face LlamaForCausalLM / MistralForCausalLM /
+// Qwen2ForCausalLM / Qwen3ForCausalLM semantics, names and weight layouts
+// (the differences: Note [Model types] in llama_config.h).
 //
 // Parameter names (exactly HF's, so checkpoints can be loaded/saved by name):
 //   model.embed_tokens.weight                          (V, D)
 //   model.layers.{i}.self_attn.q_proj.weight           (H*Dh, D)
+//   model.layers.{i}.self_attn.q_proj.bias             (H*Dh)     qwen2; qwen3 with attention_bias
 //   model.layers.{i}.self_attn.k_proj.weight           (Hkv*Dh, D)
+//   model.layers.{i}.self_attn.k_proj.bias             (Hkv*Dh)   as q_proj.bias
 //   model.layers.{i}.self_attn.v_proj.weight           (Hkv*Dh, D)
+//   model.layers.{i}.self_attn.v_proj.bias             (Hkv*Dh)   as q_proj.bias
 //   model.layers.{i}.self_attn.o_proj.weight           (D, H*Dh)
+//   model.layers.{i}.self_attn.o_proj.bias             (D)        qwen3 with attention_bias
+//   model.layers.{i}.self_attn.q_norm.weight           (Dh)       qwen3
+//   model.layers.{i}.self_attn.k_norm.weight           (Dh)       qwen3
 //   model.layers.{i}.mlp.gate_proj.weight              (F, D)
 //   model.layers.{i}.mlp.up_proj.weight                (F, D)
 //   model.layers.{i}.mlp.down_proj.weight              (D, F)
@@ -14,7 +22,7 @@
 //   model.layers.{i}.post_attention_layernorm.weight   (D)
 //   model.norm.weight                                  (D)
 //   lm_head.weight                                     (V, D)   untied only
-// named_parameters() lists them in this order (HF's order). No biases.
+// named_parameters() lists them in this order (HF's order). No other biases.
 //
 // Tied embeddings (tie_word_embeddings, Llama 3.2): there is no lm_head module
 // and `lm_head.weight` is ABSENT from named_parameters(); the output projection
@@ -25,10 +33,13 @@
 // should check it equals the embedding or ignore it.
 //
 // Semantics (checked against transformers itself: tests/hf/test_transformers.py):
-//   h = embed(tokens)
-//   per layer: h = h + o(attn(rope(q(n1(h))), rope(k(n1(h))), v(n1(h))))
+//   h = embed(tokens)                       pad_token_id's row gets no gradient
+//   per layer: h = h + o(attn(rope(qn(q(n1(h)))), rope(kn(k(n1(h)))), v(n1(h))))
 //              h = h + down(silu(gate(n2(h))) * up(n2(h)))
 //   logits = lm_head(norm(h))
+// qn, kn: qwen3's per-head RMSNorms over Dh (identity otherwise). attn is
+// causal; in a layer with a window W (LlamaConfig::layer_window) query i sees
+// only keys i - W < j <= i (Note [Sliding-window mask]).
 // RoPE in HF's rotate_half convention (the two halves of Dh are the pair, NOT
 // interleaved even/odd elements); cos/sin computed in fp32 and cast to the
 // activation dtype; GQA by repeat_kv (query head h reads kv head h / (H/Hkv));
@@ -43,6 +54,17 @@
 //
 // Units: every decoder layer is an nn::Unit<LlamaDecoderLayerImpl> (names
 // unchanged by the mark); wrap policies "by block type" use llama_block_type().
+//
+// Note [Sliding-window mask]
+// Where T >= W (the same test as transformers' _ignore_causal_mask_sdpa), a
+// layer with window W attends through a banded causal mask: (T, T) bool, true
+// where i - W < j <= i, built once per forward by LlamaModelImpl and shared by
+// every sliding layer (T*T bytes: 16 MiB at T = 4096, 1 GiB at T = 32768).
+// SDPA then gets the mask with repeat_kv'd keys and values instead of
+// is_causal + enable_gqa: what transformers does with a mask, so gradients
+// round alike, and on CUDA a mask with enable_gqa would fall back to the math
+// kernel. Where T < W the window cuts nothing and the layer runs the
+// plain causal path.
 #pragma once
 
 #include <torch/nn/module.h>
@@ -50,6 +72,7 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <optional>
 #include <typeindex>
 #include <utility>
 #include <vector>
@@ -74,25 +97,39 @@ enum class AttentionKernel {
   kEager,  // matmul, causal mask, softmax in fp32, matmul (HF "eager"); the reference
 };
 
+// Masks a forward shares among its layers (Note [Sliding-window mask]). Not
+// a tensor argument of the decoder layer on purpose: units replay non-tensor
+// arguments unchanged (activation checkpointing recomputes with the same mask)
+// and only tensors that are the layer's data become unit inputs.
+struct AttentionMasks {
+  at::Tensor sliding;  // (T, T) bool, true where i - W < j <= i; undefined when no layer needs it
+};
+
 class LlamaAttentionImpl : public torch::nn::Module {
  public:
-  LlamaAttentionImpl(const LlamaConfig& cfg, const at::TensorOptions& options);
+  // `layer`: the decoder layer's index (its window: cfg.layer_window(layer)).
+  LlamaAttentionImpl(const LlamaConfig& cfg, const at::TensorOptions& options, int64_t layer);
 
-  // x (B, T, D); cos, sin (T, Dh) in x's dtype -> (B, T, D)
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  // x (B, T, D); cos, sin (T, Dh) in x's dtype -> (B, T, D).
+  // Requires: masks.sliding defined and (T, T) when window() <= T.
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMasks& masks);
 
   void set_kernel(AttentionKernel kernel);
   AttentionKernel kernel() const { return kernel_; }
+  const std::optional<int64_t>& window() const { return window_; }
 
  private:
   int64_t n_heads_;     // H
   int64_t n_kv_heads_;  // Hkv
   int64_t head_dim_;    // Dh
+  std::optional<int64_t> window_;  // W of this layer; nullopt: full causal
   AttentionKernel kernel_ = AttentionKernel::kSdpa;
-  Linear q_proj_{nullptr};  // weight (H*Dh, D)
-  Linear k_proj_{nullptr};  // weight (Hkv*Dh, D)
-  Linear v_proj_{nullptr};  // weight (Hkv*Dh, D)
-  Linear o_proj_{nullptr};  // weight (D, H*Dh)
+  Linear q_proj_{nullptr};  // weight (H*Dh, D), bias (H*Dh) when cfg.qkv_bias()
+  Linear k_proj_{nullptr};  // weight (Hkv*Dh, D), bias (Hkv*Dh) when cfg.qkv_bias()
+  Linear v_proj_{nullptr};  // weight (Hkv*Dh, D), bias (Hkv*Dh) when cfg.qkv_bias()
+  Linear o_proj_{nullptr};  // weight (D, H*Dh), bias (D) when cfg.o_bias()
+  RMSNorm q_norm_{nullptr};  // weight (Dh); qwen3 only (cfg.qk_norm()), else null
+  RMSNorm k_norm_{nullptr};  // weight (Dh); qwen3 only
 };
 TORCH_MODULE(LlamaAttention);
 
@@ -114,12 +151,13 @@ TORCH_MODULE(LlamaMLP);
 // One pre-norm transformer block; the unit of sharding.
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
-  LlamaDecoderLayerImpl(const LlamaConfig& cfg, const at::TensorOptions& options);
+  // `layer`: this layer's index among the L (for per-layer attention windows).
+  LlamaDecoderLayerImpl(const LlamaConfig& cfg, const at::TensorOptions& options, int64_t layer);
 
   // x (B, T, D); cos, sin (T, Dh) in x's dtype -> (B, T, D).
-  // Pure function of its tensor inputs and parameters (activation
+  // Pure function of its tensor inputs, masks and parameters (activation
   // checkpointing may call it again in backward).
-  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin);
+  at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMasks& masks);
 
   LlamaAttentionImpl& self_attn() { return *self_attn_; }
 
@@ -153,6 +191,7 @@ class LlamaModelImpl : public torch::nn::Module {
   std::vector<LlamaBlock> blocks_;      // L, typed handles to the same modules
   RMSNorm norm_{nullptr};               // weight (D)
   at::Tensor inv_freq_;                 // (Dh/2) fp32 CPU, rotary inverse frequencies
+  std::optional<int64_t> window_;       // W of the sliding layers; nullopt when no layer slides
 };
 TORCH_MODULE(LlamaModel);
 
@@ -209,9 +248,13 @@ TORCH_MODULE(LlamaForCausalLM);
 // The factory the trainer calls; same as LlamaForCausalLM(cfg, options, seed).
 LlamaForCausalLM build_llama(const LlamaConfig& cfg, const at::TensorOptions& options, uint64_t seed);
 
-// HF Llama's init: normal(0, initializer_range) for every Linear weight and the
-// embedding; ones for every RMSNorm weight. Keyed by name suffix, so it also
-// works for names under an extra prefix. An unknown name is an internal error.
+// HF's init (Llama, Mistral, Qwen2, Qwen3 alike): normal(0, initializer_range)
+// for every Linear weight and the embedding; zeros for every Linear bias; ones
+// for every RMSNorm weight (q_norm, k_norm included). Keyed by name suffix, so
+// it also works for names under an extra prefix. An unknown name is an internal
+// error. Unlike transformers' _init_weights, the pad_token_id row of the
+// embedding is not zeroed (rules here are per parameter, not per row); it
+// receives no gradient either way.
 nn::InitRuleFn llama_init_rule(const LlamaConfig& cfg);
 
 // typeid(LlamaDecoderLayerImpl): the transformer block type for wrap policies,
@@ -223,6 +266,10 @@ std::type_index llama_block_type();
 // the same order, as transformers' _compute_default_rope_parameters and
 // _compute_llama3_parameters.
 at::Tensor llama_rope_inv_freq(const LlamaConfig& cfg);
+
+// (T, T) bool on `device`, true where key j is visible to query i with window
+// W: i - W < j <= i (Note [Sliding-window mask]).
+at::Tensor sliding_window_mask(int64_t seq_len, int64_t window, at::Device device);
 
 // cos, sin (T, Dh) in `dtype` on `device` for positions 0..T-1: computed in fp32
 // as cat(f, f) with f = pos x inv_freq (T, Dh/2), then cast.

@@ -1,7 +1,9 @@
-// Llama-family model configuration (Llama 2, Llama 3.1, Llama 3.2, Mistral v0.1).
+// Llama-family model configuration: Llama 2, Llama 3.1, Llama 3.2, Mistral,
+// Qwen2 / Qwen2.5 and Qwen3 (Note [Model types]).
 //
-// Field names and meanings are those of Hugging Face's LlamaConfig / config.json,
-// so a config round-trips with the files published next to the checkpoints.
+// Field names and meanings are those of Hugging Face's LlamaConfig /
+// MistralConfig / Qwen2Config / Qwen3Config and their config.json, so a config
+// round-trips with the files published next to the checkpoints.
 //
 // Dimension letters, used in every shape comment under fsdp/models (defined here, once):
 //   B    batch: sequences per micro-batch
@@ -13,6 +15,20 @@
 //   L    decoder layers                                   num_hidden_layers
 //   V    vocabulary size                                  vocab_size
 //   F    MLP intermediate size                            intermediate_size
+//   W    sliding attention window (keys a query sees)      sliding_window
+//
+// Note [Model types]
+// One decoder architecture (llama.h) with the differences transformers 5 has
+// between these model types, nothing else:
+//   llama    q, k, v, o and the MLP without biases; full causal attention.
+//   mistral  llama's layers; sliding_window W (when set) applies to every layer.
+//   qwen2    q, k and v projections WITH biases, o_proj without; per-layer
+//            attention from layer_types ("sliding_attention" layers use W).
+//   qwen3    no projection biases unless attention_bias (then q, k, v AND o);
+//            RMSNorm over Dh on every query and key head (q_norm, k_norm,
+//            weight (Dh) each) before RoPE; per-layer attention as qwen2.
+// A window W means query i sees keys j with i - W < j <= i: itself and the
+// W - 1 before it (transformers' sliding_window_overlay + causal mask).
 #pragma once
 
 #include <cstdint>
@@ -37,7 +53,7 @@ struct RopeScaling {
 struct LlamaConfig {
   // Where the config came from: a preset name or a config.json path (for logs).
   std::string name;
-  // "llama" or "mistral" (HF model_type). Both use the same architecture here.
+  // "llama", "mistral", "qwen2" or "qwen3" (HF model_type; Note [Model types]).
   std::string model_type = "llama";
 
   int64_t hidden_size = 0;              // D
@@ -55,11 +71,22 @@ struct LlamaConfig {
   // separate parameter; see llama.h).
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;  // std of the normal init of every Linear and the embedding
-  // Mistral's sliding_window. Sliding-window attention is not implemented:
-  // attention is fully causal, which equals it exactly while T <= window, so
-  // validate() accepts only nullopt (no window) or a window that is at least
-  // max_position_embeddings (the longest T forward accepts). Llama has none.
+  // W: the attention window of sliding layers (see layer_window()); nullopt:
+  // none. Mistral: every layer. Qwen2/Qwen3: the layers layer_types marks
+  // "sliding_attention"; set only when config.json's use_sliding_window is
+  // true (transformers drops the window otherwise). Llama has none.
   std::optional<int64_t> sliding_window;
+  // Qwen2/Qwen3 only (empty for llama and mistral): L entries,
+  // "full_attention" or "sliding_attention", as transformers 5's layer_types.
+  std::vector<std::string> layer_types;
+  // Qwen2/Qwen3 only: config.json's max_window_layers (layers i >= it slide
+  // when layer_types is not given). Kept for exports; layer_types decides.
+  int64_t max_window_layers = 28;
+  // Qwen3 only: q, k, v and o projections have biases (HF attention_bias).
+  bool attention_bias = false;
+  // The embedding row that gets no gradient (transformers builds
+  // nn.Embedding(padding_idx=pad_token_id)); nullopt: every row trains.
+  std::optional<int64_t> pad_token_id;
 
   // Special token ids of the model's vocabulary, as its config.json gives them.
   // They do not change the math; they are kept so that an export describes the
@@ -71,9 +98,19 @@ struct LlamaConfig {
   // Dh: head_dim if set, else hidden_size / num_attention_heads.
   int64_t dh() const { return head_dim > 0 ? head_dim : (num_attention_heads > 0 ? hidden_size / num_attention_heads : 0); }
 
+  // Note [Model types], as predicates.
+  bool qkv_bias() const { return model_type == "qwen2" || (model_type == "qwen3" && attention_bias); }
+  bool o_bias() const { return model_type == "qwen3" && attention_bias; }
+  bool qk_norm() const { return model_type == "qwen3"; }
+  bool per_layer_attention() const { return model_type == "qwen2" || model_type == "qwen3"; }
+  // The window decoder layer `layer` attends with; nullopt: full causal.
+  std::optional<int64_t> layer_window(int64_t layer) const;
+
   // Number of parameters of LlamaForCausalLM, counting a tied embedding once:
   //   V*D                                  embed_tokens
   // + L * (D*H*Dh + 2*D*Hkv*Dh + H*Dh*D     q, k, v, o
+  //        + (qkv_bias ? (H + 2*Hkv)*Dh : 0) + (o_bias ? D : 0)
+  //        + (qk_norm ? 2*Dh : 0)           q_norm, k_norm
   //        + 3*D*F                          gate, up, down
   //        + 2*D)                           two RMSNorms
   // + D                                    final norm
@@ -82,17 +119,20 @@ struct LlamaConfig {
 
   // Throws UsageError naming the offending field, its value and a fix when the
   // config cannot describe a model (non-positive sizes, H % Hkv != 0, odd Dh,
-  // D % H != 0 with head_dim unset, bad rope_scaling, a sliding window shorter
-  // than max_position_embeddings, ...).
+  // D % H != 0 with head_dim unset, bad rope_scaling, a window <= 0, a window
+  // or layer_types on a model type without them, layer_types of the wrong
+  // length or naming a sliding layer without a window, pad_token_id outside
+  // [0, V), ...).
   void validate() const;
 
   // One line for logs: "llama3.1-8b: D=4096 L=32 H=32 Hkv=8 Dh=128 F=14336 V=128256 ... 8.03B params".
   std::string summary() const;
 
   // The config as a Hugging Face config.json text in the form transformers 5
-  // writes (keys sorted; rope_theta and the llama3 scaling inside
-  // "rope_parameters"; unknown token ids as null; no "dtype": the exporter adds
-  // the weights' dtype). registry.h's parse_hf_config reads it back.
+  // writes for its model_type (keys sorted; rope_theta and the llama3 scaling
+  // inside "rope_parameters"; unknown token ids as null; Qwen's layer_types,
+  // use_sliding_window, sliding_window, max_window_layers; no "dtype": the
+  // exporter adds the weights' dtype). registry.h's parse_hf_config reads it back.
   std::string to_hf_config_json() const;
 };
 

@@ -5,7 +5,11 @@
 //   llama2-7b, llama2-13b, llama2-70b           meta-llama/Llama-2-*-hf
 //   llama3.1-8b, llama3.1-70b                   meta-llama/Llama-3.1-*   (llama3 rope scaling, factor 8)
 //   llama3.2-1b, llama3.2-3b                    meta-llama/Llama-3.2-*   (llama3 rope scaling, factor 32, tied)
-//   mistral-7b                                  mistralai/Mistral-7B-v0.1 shapes, full attention (no sliding window)
+//   mistral-7b                                  mistralai/Mistral-7B-v0.1 (sliding window 4096)
+//   mathstral-7b                                mistralai/Mathstral-7B-v0.1 (Mistral-7B-v0.3 architecture:
+//                                               V=32768, rope_theta 1e6, sliding_window null)
+//   qwen2.5-0.5b                                Qwen/Qwen2.5-0.5B (q/k/v biases, tied, use_sliding_window false)
+//   qwen3-0.6b                                  Qwen/Qwen3-0.6B (q/k norms, head_dim 128, tied)
 //   tiny   ~0.92M params (D=128, L=4, H=4, Hkv=2, F=384, V=512)   tests, demos
 //   small  ~25.7M params (D=512, L=8, H=8, Hkv=4, F=1536, V=512)  demos
 // tiny/small use V=512: room for a byte-level tokenizer's 256 bytes plus special tokens.
@@ -33,30 +37,36 @@ std::optional<LlamaConfig> llama_preset(const std::string& name);
 LlamaConfig resolve_model_config(const std::string& spec);
 
 // Parses config.json text, as written by transformers 4.x or 5.x for
-// model_type "llama" or "mistral". `origin` (a path) is used in error messages
-// and as the config's name. Nothing is guessed (Note [config.json keys] in
-// registry.cpp): each key is read, listed there as harmless, or refused.
+// model_type "llama", "mistral", "qwen2" or "qwen3". `origin` (a path) is used
+// in error messages and as the config's name. Nothing is guessed (Note
+// [config.json keys] in registry.cpp): each key is read, listed there as
+// harmless, or refused.
 //
 // Required: model_type, hidden_size, intermediate_size, num_attention_heads,
 // num_hidden_layers, vocab_size, max_position_embeddings, rms_norm_eps.
 // Optional, with transformers' defaults: num_key_value_heads (= H), head_dim
-// (= D / H), tie_word_embeddings (false), initializer_range (0.02),
-// bos_token_id / eos_token_id (unknown; an int or a list for eos).
+// (= D / H; qwen3: 128), tie_word_embeddings (false), initializer_range (0.02),
+// bos_token_id / eos_token_id (unknown; an int or a list for eos),
+// pad_token_id (none; that embedding row then gets no gradient).
+// Mistral: sliding_window (absent: 4096, null: none) on every layer.
+// Qwen2/Qwen3: use_sliding_window (false), sliding_window (absent: 4096; kept
+// only with use_sliding_window), max_window_layers (28), layer_types (absent:
+// "sliding_attention" for layers >= max_window_layers when there is a window).
+// Qwen3: attention_bias (false).
 // Rope, in either form: transformers 4's "rope_theta" + "rope_scaling", or
 // transformers 5's "rope_parameters" {"rope_type", "rope_theta", ...};
 // rope_type "default" and "llama3" only (llama3 needs factor, low_freq_factor,
 // high_freq_factor; original_max_position_embeddings defaults to
 // max_position_embeddings, as in transformers).
 // Throws UsageError naming the key and its value for: a missing or mistyped
-// required field; model_type other than "llama"/"mistral"; a key that is not
-// known (with how to proceed); rope types other than default/llama3, keys a
+// required field; another model_type; a key that is not known for the model
+// type (with how to proceed); rope types other than default/llama3, keys a
 // rope type does not have, partial_rotary_factor != 1, rope_theta or
 // rope_scaling/rope_parameters that disagree between the two forms;
-// attention_bias or mlp_bias true; hidden_act other than silu; attention_dropout
-// != 0; a non-null pad_token_id (transformers' padding_idx is not implemented);
-// quantization_config; Mistral's sliding_window shorter than
-// max_position_embeddings (sliding-window attention is not implemented);
-// and whatever LlamaConfig::validate refuses.
+// attention_bias (llama, mistral) or mlp_bias true; hidden_act other than
+// silu; attention_dropout != 0; quantization_config; layer_types other than
+// full/sliding attention; and whatever LlamaConfig::validate refuses (a
+// pad_token_id outside the vocabulary, a window <= 0, ...).
 LlamaConfig parse_hf_config(const std::string& json_text, const std::string& origin);
 
 // The config.json keys parse_hf_config accepts and ignores because they change

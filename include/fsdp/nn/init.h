@@ -27,11 +27,21 @@ struct InitRule {
   enum class Kind { kNormal, kUniform, kZeros, kOnes, kConstant };
   Kind kind = Kind::kNormal;
   double a = 0.02;  // kNormal: std (mean 0); kUniform: bound (U(-a, a)); kConstant: value
+  // Flattened elements [zero_begin, zero_end) are zero whatever the kind (an
+  // embedding's padding row, as torch.nn.Embedding(padding_idx) initializes it).
+  int64_t zero_begin = 0;
+  int64_t zero_end = 0;
   static InitRule normal(double std) { return {Kind::kNormal, std}; }
   static InitRule uniform(double bound) { return {Kind::kUniform, bound}; }
   static InitRule zeros() { return {Kind::kZeros, 0.0}; }
   static InitRule ones() { return {Kind::kOnes, 0.0}; }
   static InitRule constant(double v) { return {Kind::kConstant, v}; }
+  InitRule with_zeros(int64_t begin, int64_t end) const {
+    InitRule r = *this;
+    r.zero_begin = begin;
+    r.zero_end = end;
+    return r;
+  }
 };
 
 // Maps a fully qualified parameter name to its rule.

@@ -25,8 +25,12 @@
 namespace fsdp::train {
 
 struct DataOptions {
-  std::string path;                // required: text, JSON lines, binary tokens, or a directory of .bin shards
-  std::string tokenizer = "byte";  // "byte", a SentencePiece .model, or a tiktoken BPE file
+  // Required: text, JSON lines (either possibly gzip-compressed), binary tokens;
+  // a file, a directory of shards, or a pattern in the last component.
+  std::string path;
+  // "byte", a SentencePiece .model, a tiktoken BPE file, a Hugging Face
+  // tokenizer.json, or a directory holding tokenizer.json or tokenizer.model.
+  std::string tokenizer = "byte";
   data::DataFormat format = data::DataFormat::kAuto;
   std::string text_field = "text";
   data::TokenDtype token_dtype = data::TokenDtype::kUint16;
@@ -38,7 +42,7 @@ struct DataOptions {
 struct StepOptions {
   int64_t batch_size = 8;  // B, per rank and micro-step
   int64_t grad_accum = 1;
-  int64_t max_steps = 500;
+  int64_t max_steps = 500;  // 0: convert a checkpoint, no training (see train())
   double clip_grad = 1.0;  // 0: no clipping
   uint64_t seed = 1337;
 };
@@ -96,7 +100,9 @@ struct EvalOptions {
 };
 
 struct TrainOptions {
-  std::string model = "tiny";  // preset name, HF config.json, or a directory holding one
+  // Preset name, HF config.json, or a directory holding one. Converting a
+  // checkpoint (step.max_steps == 0): "" takes the checkpoint's model.
+  std::string model = "tiny";
   std::string device = "cpu";  // cpu | cuda
   DataOptions data;
   StepOptions step;
@@ -148,7 +154,8 @@ struct TrainSummary {
 
 // Cheap checks that need no process group (flags, files exist, the model
 // resolves, shapes fit): run before launching workers so bad input fails
-// once, fast, with exit code 2.
+// once, fast, with exit code 2. With step.max_steps == 0 only what a
+// conversion uses is checked (no data, no training flags).
 // world_size: the number of processes when known before they start (the
 // local launcher), else 0.
 void validate_options(const TrainOptions& options, int world_size = 0);
@@ -166,6 +173,15 @@ void validate_options(const TrainOptions& options, int world_size = 0);
 //   Saved checkpoint step_00000100 in 0.04 s: 3.2 MB, 0.08 GB/s (<dir>)
 //   Resumed from <dir>/step_00000100: 3.2 MB in 0.02 s, 0.16 GB/s
 // and appends {"step", "eval_loss"} records to the metrics file.
+//
+// Conversion (step.max_steps == 0, with checkpoint.resume, checkpoint.dir and
+// hf.export_dir; Note [Checkpoint conversion] in trainer.cpp): loads the
+// parameters of checkpoint.dir's newest valid checkpoint into the model its
+// manifest describes (options.model, when non-empty, must describe the same
+// model), exports them to hf.export_dir as that run's --export-hf would have
+// (the same special token ids and carried tokenizer/generation files, recorded
+// in the checkpoint), and returns: no data, tokenizer or optimizer state is
+// read. Any world size and sharding give the same files.
 TrainSummary train(const TrainOptions& options, const comm::Runtime& runtime);
 
 }  // namespace fsdp::train
