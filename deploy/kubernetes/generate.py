@@ -37,7 +37,8 @@ TEMPLATES = HERE / "templates"
 # fsdp-train's --model presets (tests/deploy checks this against `fsdp-train --help`).
 MODEL_PRESETS = (
     "llama2-7b", "llama2-13b", "llama2-70b", "llama3.1-8b", "llama3.1-70b",
-    "llama3.2-1b", "llama3.2-3b", "mistral-7b", "tiny", "small",
+    "llama3.2-1b", "llama3.2-3b", "mistral-7b", "mathstral-7b", "qwen2.5-0.5b",
+    "qwen3-0.6b", "tiny", "small",
 )
 
 # Placeholders in templates: ${NAME}. A line ending in "#@ COND" is kept only when

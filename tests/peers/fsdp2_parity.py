@@ -106,7 +106,11 @@ def run_fsdp2(a, work, hf_dir, batches):
                        WORLD_SIZE=str(a.world_size), LOCAL_RANK=str(r), OMP_NUM_THREADS="1",
                        OPENBLAS_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1")
             ps.start(f"FSDP2 rank {r}", argv, env, os.path.join(work, f"fsdp2.rank{r}.log"))
-        ps.wait(a.timeout_s)
+        try:
+            ps.wait(a.timeout_s)
+        except peerlib.PeerError as e:
+            logged = sum(1 for _ in open(metrics)) if os.path.exists(metrics) else 0
+            raise peerlib.PeerError(f"{e}\n(rank 0 had logged {logged} of {a.steps} steps)") from None
     return peerlib.read_metrics(metrics)
 
 

@@ -37,6 +37,7 @@ writes the operator table (self CPU time) to --profile-out.
 """
 import argparse
 import datetime
+import faulthandler
 import json
 import os
 import sys
@@ -216,8 +217,17 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    # A SIGABRT ("terminate called without an active exception") is printed with every
+    # thread's Python stack, so a crash says where it happened.
+    faulthandler.enable()
     try:
-        sys.exit(main())
+        status = main()
+        # Leave without interpreter finalization: PyTorch's Gloo worker threads can still
+        # hold tensors then and abort the process after the run has finished and its metrics
+        # are written (pytorch/pytorch#179291); everything of ours is flushed and closed.
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(status)
     except peerlib.PeerError as e:
         print(f"fsdp2_peer.py: error: {e}", file=sys.stderr)
         sys.exit(2)
