@@ -58,20 +58,27 @@ function(fsdp_find_torch)
     INTERFACE_LINK_LIBRARIES "${dir}/lib/libtorch_cpu.so;${dir}/lib/libc10.so")
   if(FSDP_WITH_CUDA)
     set(nvidia "${dir}/../nvidia")
-    find_path(FSDP_CUDA_RUNTIME_INCLUDE cuda_runtime_api.h
-              PATHS "${nvidia}/cu13/include" "${nvidia}/cuda_runtime/include" $ENV{CUDA_HOME}/include
-                    /usr/local/cuda/include NO_DEFAULT_PATH)
+    # The runtime headers need crt/ (nvidia-cuda-crt) and CCCL's nv/target (nvidia-cuda-cccl),
+    # which the torch wheel does not pull in: a directory counts only when it has them.
+    set(cuda_include_dirs "${nvidia}/cu13/include" "${nvidia}/cuda_runtime/include" $ENV{CUDA_HOME}/include
+                          /usr/local/cuda/include)
+    find_path(FSDP_CUDA_RUNTIME_INCLUDE NAMES crt/host_config.h PATHS ${cuda_include_dirs} NO_DEFAULT_PATH)
+    find_path(FSDP_CUDA_CCCL_INCLUDE NAMES nv/target PATHS ${cuda_include_dirs} NO_DEFAULT_PATH)
     find_library(FSDP_CUDART_LIBRARY NAMES libcudart.so.13 cudart NAMES_PER_DIR
                  PATHS "${nvidia}/cu13/lib" "${nvidia}/cuda_runtime/lib" $ENV{CUDA_HOME}/lib64 /usr/local/cuda/lib64
                  NO_DEFAULT_PATH)
-    if(NOT EXISTS "${dir}/lib/libtorch_cuda.so" OR NOT FSDP_CUDA_RUNTIME_INCLUDE OR NOT FSDP_CUDART_LIBRARY)
+    if(NOT EXISTS "${dir}/lib/libtorch_cuda.so" OR NOT FSDP_CUDA_RUNTIME_INCLUDE OR NOT FSDP_CUDA_CCCL_INCLUDE
+       OR NOT FSDP_CUDART_LIBRARY)
       message(FATAL_ERROR "fsdp: FSDP_WITH_CUDA=ON needs a CUDA build of LibTorch with the CUDA runtime "
-                          "(libtorch_cuda.so: ${dir}/lib; cuda_runtime_api.h: ${FSDP_CUDA_RUNTIME_INCLUDE}; "
-                          "libcudart: ${FSDP_CUDART_LIBRARY}).")
+                          "(libtorch_cuda.so: ${dir}/lib; crt/host_config.h: ${FSDP_CUDA_RUNTIME_INCLUDE}; "
+                          "nv/target: ${FSDP_CUDA_CCCL_INCLUDE}; libcudart: ${FSDP_CUDART_LIBRARY}). "
+                          "scripts/venv.sh installs them (nvidia-cuda-crt, nvidia-cuda-cccl); or set CUDA_HOME "
+                          "to a CUDA 13 toolkit.")
     endif()
     # libtorch_cuda registers the CUDA kernels from static initializers: nothing references it by
     # symbol, so it must be linked even where --as-needed would drop it.
-    set_property(TARGET torch APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES "${FSDP_CUDA_RUNTIME_INCLUDE}")
+    set_property(TARGET torch APPEND PROPERTY INTERFACE_INCLUDE_DIRECTORIES "${FSDP_CUDA_RUNTIME_INCLUDE}"
+                                                                           "${FSDP_CUDA_CCCL_INCLUDE}")
     set_property(TARGET torch APPEND PROPERTY INTERFACE_LINK_LIBRARIES
       "-Wl,--no-as-needed" "${dir}/lib/libtorch_cuda.so" "-Wl,--as-needed" "${dir}/lib/libc10_cuda.so"
       "${FSDP_CUDART_LIBRARY}")
