@@ -185,7 +185,32 @@ EOF
 
 timeout -k 5 "$LIFETIME" env FSDP_SLURM_TEST_TAG="$T" slurmctld -D -f "$SLURM_CONF" >"$T/log/slurmctld.out" 2>&1 &
 PIDS+=($!)
-timeout -k 5 "$LIFETIME" env FSDP_SLURM_TEST_TAG="$T" slurmd -D -N localhost -f "$SLURM_CONF" >"$T/log/slurmd.out" 2>&1 &
+# slurmd 22.05 cannot start without the machine's cgroup file systems (even with
+# proctrack/linuxproc and task/none). Where /sys/fs/cgroup shows none (a chroot or container that
+# bound /sys without its submounts), slurmd runs in a mount namespace of its own where the
+# hierarchies this process belongs to (/proc/self/cgroup) are mounted as the machine has them:
+# one cgroup2 file system, or a tmpfs with one directory per cgroup v1 hierarchy. /sys is made
+# private in that namespace first, so nothing propagates back out.
+slurmd_cmd=(slurmd -D -N localhost -f "$SLURM_CONF")
+if [[ "$(stat -fc %T /sys/fs/cgroup 2>/dev/null)" == sysfs ]]; then
+  command -v unshare >/dev/null || skip "/sys/fs/cgroup has no file system mounted and unshare is missing"
+  mount_cgroups='mount --make-rprivate /sys || exit 1
+    if grep -q "^0::" /proc/self/cgroup && [ "$(wc -l < /proc/self/cgroup)" -eq 1 ]; then
+      mount -t cgroup2 none /sys/fs/cgroup || exit 1
+    else
+      mount -t tmpfs cgroup-root /sys/fs/cgroup || exit 1
+      for c in $(cut -d: -f2 /proc/self/cgroup); do
+        [ -n "$c" ] || continue
+        d=${c#name=}; opts=$c; [ "$d" != "$c" ] && opts="none,$c"
+        mkdir -p "/sys/fs/cgroup/$d" && mount -t cgroup -o "$opts" cgroup "/sys/fs/cgroup/$d" || exit 1
+      done
+    fi
+    exec "$@"'
+  slurmd_cmd=(unshare --mount --propagation unchanged sh -c "$mount_cgroups" slurmd-in-namespace "${slurmd_cmd[@]}")
+  echo "slurm: /sys/fs/cgroup has no file system mounted here; slurmd mounts this machine's cgroup hierarchies" \
+       "in a mount namespace of its own"
+fi
+timeout -k 5 "$LIFETIME" env FSDP_SLURM_TEST_TAG="$T" "${slurmd_cmd[@]}" >"$T/log/slurmd.out" 2>&1 &
 PIDS+=($!)
 state=""
 for ((i = 0; i < 150; i++)); do
