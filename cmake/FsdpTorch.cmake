@@ -10,7 +10,7 @@
 #   FSDP_PYTHON     the environment's interpreter (scripts/build.sh passes it), used only to
 #                   locate the torch package (without importing it: that takes seconds)
 #   FSDP_TORCH_DIR  or the torch package directory itself (site-packages/torch)
-# Outputs: target `torch`; FSDP_TORCH_DIR, FSDP_TORCH_VERSION; with FSDP_WITH_CUDA the CUDA
+# Outputs: target `torch`; FSDP_TORCH_DIR_FOUND (internal), FSDP_TORCH_VERSION; with FSDP_WITH_CUDA the CUDA
 # libraries on `torch`, and fsdp_find_nccl() finds the wheel's NCCL.
 
 set(FSDP_PYTHON "" CACHE FILEPATH "Python of the project's environment (scripts/venv.sh prints it)")
@@ -32,6 +32,13 @@ function(fsdp_find_torch)
       message(FATAL_ERROR "fsdp: ${FSDP_PYTHON} has no torch package (${err}). Run scripts/venv.sh and pass "
                           "-DFSDP_PYTHON=<its path>/bin/python.")
     endif()
+  endif()
+  # A build directory follows its environment: after a pin change (a new venv-<hash>) the paths
+  # found for the old one are forgotten, not kept pointing at a directory that may be deleted.
+  if(DEFINED FSDP_TORCH_DIR_FOUND AND NOT FSDP_TORCH_DIR_FOUND STREQUAL dir)
+    foreach(v FSDP_CUDA_RUNTIME_INCLUDE FSDP_CUDA_CCCL_INCLUDE FSDP_CUDART_LIBRARY NCCL_INCLUDE_DIR NCCL_LIBRARY)
+      unset(${v} CACHE)
+    endforeach()
   endif()
   set(version_h "${dir}/include/torch/headeronly/version.h")  # 2.x's; 1.x had include/torch/version.h
   if(NOT EXISTS "${version_h}" OR NOT EXISTS "${dir}/lib/libtorch_cpu.so")
@@ -83,14 +90,14 @@ function(fsdp_find_torch)
       "-Wl,--no-as-needed" "${dir}/lib/libtorch_cuda.so" "-Wl,--as-needed" "${dir}/lib/libc10_cuda.so"
       "${FSDP_CUDART_LIBRARY}")
   endif()
-  set(FSDP_TORCH_DIR "${dir}" CACHE PATH "The torch package directory (site-packages/torch)" FORCE)
+  set(FSDP_TORCH_DIR_FOUND "${dir}" CACHE INTERNAL "The torch package directory in use")
   set(FSDP_TORCH_VERSION "${version}" PARENT_SCOPE)
   message(STATUS "fsdp: LibTorch ${version} from ${dir}")
 endfunction()
 
 # NCCL from the wheel's nvidia-nccl package (or NCCL_HOME / a CUDA toolkit).
 function(fsdp_find_nccl)
-  set(nvidia "${FSDP_TORCH_DIR}/../nvidia")
+  set(nvidia "${FSDP_TORCH_DIR_FOUND}/../nvidia")
   find_path(NCCL_INCLUDE_DIR nccl.h
             PATHS "${nvidia}/nccl/include" $ENV{NCCL_HOME}/include $ENV{CUDA_HOME}/include /usr/local/cuda/include
             NO_DEFAULT_PATH)
