@@ -368,17 +368,7 @@ WorkPtr NcclProcessGroup::do_all_reduce(const at::Tensor& t, ReduceOp op) {
 }
 
 void NcclProcessGroup::barrier(std::chrono::milliseconds timeout) {
-  int64_t generation;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    generation = barrier_generation_++;
-  }
-  // Before, not after, the barrier: see Note [Leaving a barrier] (tcp_group.cpp).
-  if (generation > 1) {
-    store_->deleteKey(detail::cat("barrier/", generation - 2, "/arrive/", rank()));
-    if (rank() != 0) store_->deleteKey(detail::cat("barrier/", generation - 2, "/leave/", rank()));
-  }
-  store_barrier(*store_, detail::cat("barrier/", generation), rank(), size(), name(), timeout);
+  barrier_.wait(*store_, rank(), size(), name(), timeout);
 }
 
 std::shared_ptr<ProcessGroup> NcclProcessGroup::new_group(const std::vector<int>& ranks,

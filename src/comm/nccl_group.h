@@ -16,6 +16,7 @@
 //  - int16 and bool move (gather, broadcast) but do not reduce.
 #pragma once
 
+#include "fsdp/comm/backends.h"
 #include "fsdp/comm/process_group.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -66,10 +67,10 @@ class NcclProcessGroup final : public ProcessGroup {
   int device_index_;
   std::unique_ptr<Lane> gather_;
   std::unique_ptr<Lane> reduce_;
-  int64_t barrier_generation_ = 0;
+  StoreBarrier barrier_;
 
   std::shared_ptr<Health> health_;
-  std::mutex mu_;  // guards the members below and barrier_generation_
+  std::mutex mu_;  // guards the members below
   std::condition_variable cv_;
   std::deque<std::shared_ptr<InFlight>> in_flight_;
   bool aborted_ = false;

@@ -413,18 +413,7 @@ WorkPtr TcpProcessGroup::do_all_reduce(const at::Tensor& t, ReduceOp op) {
 
 void TcpProcessGroup::barrier(std::chrono::milliseconds timeout) {
   if (size() == 1) return;
-  int64_t generation;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    generation = barrier_generation_++;
-  }
-  // Having passed barrier generation-1, everyone has passed generation-2: its keys are dead.
-  // Deleted before, not after, this barrier: see Note [Leaving a barrier].
-  if (generation > 1) {
-    store_->deleteKey(detail::cat("barrier/", generation - 2, "/arrive/", rank()));
-    if (rank() != 0) store_->deleteKey(detail::cat("barrier/", generation - 2, "/leave/", rank()));
-  }
-  store_barrier(*store_, detail::cat("barrier/", generation), rank(), size(), name(), timeout);
+  barrier_.wait(*store_, rank(), size(), name(), timeout);
 }
 
 std::shared_ptr<ProcessGroup> TcpProcessGroup::new_group(const std::vector<int>& ranks,
@@ -505,6 +494,22 @@ void store_barrier(c10d::Store& store, const std::string& prefix, int rank, int 
     FSDP_FAIL("barrier on group '", group, "' timed out after ", timeout.count(), " ms: ", stuck,
               " arrived but did not leave — they crashed inside the barrier; see their logs");
   }
+}
+
+void StoreBarrier::wait(c10d::Store& store, int rank, int size, const std::string& group,
+                        std::chrono::milliseconds timeout) {
+  int64_t generation;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    generation = generation_++;
+  }
+  // Having passed barrier generation-1, everyone has passed generation-2: its keys are dead.
+  // Deleted before, not after, this barrier: see Note [Leaving a barrier].
+  if (generation > 1) {
+    store.deleteKey(detail::cat("barrier/", generation - 2, "/arrive/", rank));
+    if (rank != 0) store.deleteKey(detail::cat("barrier/", generation - 2, "/leave/", rank));
+  }
+  store_barrier(store, detail::cat("barrier/", generation), rank, size, group, timeout);
 }
 
 }  // namespace fsdp::comm

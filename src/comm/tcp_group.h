@@ -14,7 +14,6 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <memory>
-#include <mutex>
 #include <string>
 
 namespace fsdp::comm {
@@ -46,8 +45,7 @@ class TcpProcessGroup final : public ProcessGroup {
   std::shared_ptr<const tcp::ListenAddress> address_;  // shared with sub-groups
   std::unique_ptr<TcpLane> gather_lane_;               // all_gather, broadcast
   std::unique_ptr<TcpLane> reduce_lane_;               // reduce_scatter, all_reduce
-  int64_t barrier_generation_ = 0;
-  std::mutex mu_;  // guards barrier_generation_
+  StoreBarrier barrier_;
 };
 
 }  // namespace fsdp::comm

@@ -203,6 +203,20 @@ std::string string_pattern(const json& j, const Where& w) {
   refuse(w.at("pattern"), "is neither {\"String\": ...} nor {\"Regex\": ...}: " + p.dump(), "check the file");
 }
 
+// The parts of a "Sequence" normalizer, pre-tokenizer or decoder: each item of
+// the list j[key] read by make(item, where), the null ones (a null JSON item) left out.
+template <typename Part, typename Make>
+std::vector<std::unique_ptr<Part>> sequence_parts(const json& j, const char* key, const Where& w, const Make& make) {
+  const json& list = field(j, key, w);
+  if (!list.is_array()) refuse(w.at(key), "is not a list", "check the file");
+  std::vector<std::unique_ptr<Part>> parts;
+  for (size_t i = 0; i < list.size(); ++i) {
+    auto part = make(list[i], w.at(key).item(i));
+    if (part) parts.push_back(std::move(part));
+  }
+  return parts;
+}
+
 std::unique_ptr<Normalizer> make_normalizer(const json& j, const Where& w) {
   if (j.is_null()) return nullptr;
   const std::string type = type_of(j, w);
@@ -210,14 +224,7 @@ std::unique_ptr<Normalizer> make_normalizer(const json& j, const Where& w) {
   if (type == "Prepend") return std::make_unique<PrependNormalizer>(string_field(j, "prepend", w));
   if (type == "Replace") return std::make_unique<ReplaceNormalizer>(string_pattern(j, w), string_field(j, "content", w));
   if (type == "Sequence") {
-    const json& list = field(j, "normalizers", w);
-    if (!list.is_array()) refuse(w.at("normalizers"), "is not a list", "check the file");
-    std::vector<std::unique_ptr<Normalizer>> parts;
-    for (size_t i = 0; i < list.size(); ++i) {
-      auto n = make_normalizer(list[i], w.at("normalizers").item(i));
-      if (n) parts.push_back(std::move(n));
-    }
-    return std::make_unique<SequenceNormalizer>(std::move(parts));
+    return std::make_unique<SequenceNormalizer>(sequence_parts<Normalizer>(j, "normalizers", w, make_normalizer));
   }
   unsupported(w, "the normalizer \"" + type + "\"");
 }
@@ -422,14 +429,8 @@ std::unique_ptr<PreTokenizer> make_pre_tokenizer(const json& j, const Where& w) 
     return std::make_unique<MetaspacePreTokenizer>(char_field(j, "replacement", w), prepend_scheme(j, w),
                                                    bool_field(j, "split", true, w));
   if (type == "Sequence") {
-    const json& list = field(j, "pretokenizers", w);
-    if (!list.is_array()) refuse(w.at("pretokenizers"), "is not a list", "check the file");
-    std::vector<std::unique_ptr<PreTokenizer>> parts;
-    for (size_t i = 0; i < list.size(); ++i) {
-      auto p = make_pre_tokenizer(list[i], w.at("pretokenizers").item(i));
-      if (p) parts.push_back(std::move(p));
-    }
-    return std::make_unique<SequencePreTokenizer>(std::move(parts));
+    return std::make_unique<SequencePreTokenizer>(
+        sequence_parts<PreTokenizer>(j, "pretokenizers", w, make_pre_tokenizer));
   }
   unsupported(w, "the pre-tokenizer \"" + type + "\"");
 }
@@ -606,14 +607,7 @@ std::unique_ptr<Decoder> make_decoder(const json& j, const Where& w) {
     return std::make_unique<StripDecoder>(char_field(j, "content", w), count_field(j, "start", w),
                                           count_field(j, "stop", w));
   if (type == "Sequence") {
-    const json& list = field(j, "decoders", w);
-    if (!list.is_array()) refuse(w.at("decoders"), "is not a list", "check the file");
-    std::vector<std::unique_ptr<Decoder>> parts;
-    for (size_t i = 0; i < list.size(); ++i) {
-      auto d = make_decoder(list[i], w.at("decoders").item(i));
-      if (d) parts.push_back(std::move(d));
-    }
-    return std::make_unique<SequenceDecoder>(std::move(parts));
+    return std::make_unique<SequenceDecoder>(sequence_parts<Decoder>(j, "decoders", w, make_decoder));
   }
   unsupported(w, "the decoder \"" + type + "\"");
 }

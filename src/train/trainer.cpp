@@ -176,6 +176,28 @@ nlohmann::json export_extras(const TrainOptions& o, const data::Tokenizer& token
   return {{"extra_config", config}, {"extra_files", list}};
 }
 
+using LogLine = std::function<void(const std::string&)>;
+
+// fsdp-train's log lines ("<time> I [fsdp-train] ..." for level 'I', 'W' for
+// warnings): rank 0 only, none under --quiet.
+LogLine log_line(const TrainOptions& o, bool lead, char level) {
+  return [&o, lead, level](const std::string& line) {
+    if (lead && !o.log.quiet) std::cout << timestamp() << " " << level << " [fsdp-train] " << line << std::endl;
+  };
+}
+
+// The engine options of this worker for a model of `cfg` built on the meta
+// device: each rank materializes only its own shards (init_rule, seed).
+FsdpOptions worker_engine_options(const TrainOptions& o, const comm::Runtime& rt, const models::LlamaConfig& cfg,
+                                  at::Device device) {
+  FsdpOptions fo = engine_options(o, rt.world_group->size());
+  fo.device = device;
+  if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = rt.world.local_world_size;
+  fo.init_rule = models::llama_init_rule(cfg);
+  fo.seed = o.step.seed;
+  return fo;
+}
+
 // The export options of --export-hf with the extras above. Carried files that
 // no longer exist (a conversion long after the run) are left out, each named
 // through `warn`.
@@ -199,6 +221,16 @@ checkpoint::HfExportOptions export_options(const TrainOptions& o, const nlohmann
     }
   }
   return eo;
+}
+
+// --export-hf: writes the Hugging Face files (a collective over `group`) and logs what was written.
+void export_and_report(const TrainOptions& o, ShardedModel& sharded, const models::LlamaConfig& cfg,
+                       comm::ProcessGroup& group, const nlohmann::json& extras, bool progress, const LogLine& say,
+                       const LogLine& warn) {
+  const checkpoint::HfExportOptions eo = export_options(o, extras, progress, warn);
+  const checkpoint::HfExportResult e = checkpoint::export_hf(o.hf.export_dir, sharded, cfg, group, eo);
+  say(fmt::format("Exported Hugging Face weights ({}) to {} in {:.2f} s: {}, {:.2f} GB/s ({})", o.hf.export_dtype,
+                  e.dir, e.io.seconds, megabytes(e.io.bytes), e.io.gb_per_s(), fmt::join(e.files, ", ")));
 }
 
 // The model config of the newest checkpoint in `dir` whose manifest parses
@@ -268,27 +300,17 @@ void validate_conversion(const TrainOptions& o, int world_size) {
 
 TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) {
   const comm::ProcessGroupPtr& world = rt.world_group;
-  const int W = world->size();
   const bool lead = world->rank() == 0;
   const at::Device device = worker_device(o.device, rt.world.local_rank);
   set_current_device(device);
-  auto say = [&](const std::string& line) {
-    if (lead && !o.log.quiet) std::cout << timestamp() << " I [fsdp-train] " << line << std::endl;
-  };
-  auto warn = [&](const std::string& line) {
-    if (lead && !o.log.quiet) std::cout << timestamp() << " W [fsdp-train] " << line << std::endl;
-  };
+  const LogLine say = log_line(o, lead, 'I');
+  const LogLine warn = log_line(o, lead, 'W');
   const bool progress = lead && !o.log.quiet && isatty(STDERR_FILENO) == 1;
 
   const models::LlamaConfig cfg = conversion_config(o);
   auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), o.step.seed);
   nn::Unit<models::LlamaForCausalLMImpl> root(impl);
-  FsdpOptions fo = engine_options(o, W);
-  fo.device = device;
-  if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = rt.world.local_world_size;
-  fo.init_rule = models::llama_init_rule(cfg);
-  fo.seed = o.step.seed;
-  auto sharded = fully_shard(root.ptr(), world, fo);
+  auto sharded = fully_shard(root.ptr(), world, worker_engine_options(o, rt, cfg, device));
   comm::ProcessGroupPtr group = rt.cpu_group ? rt.cpu_group : world;
 
   checkpoint::LoadOptions lo;
@@ -305,10 +327,7 @@ TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) 
                   megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
   const nlohmann::json extras =
       r.trainer_state.contains("hf_export") ? r.trainer_state["hf_export"] : nlohmann::json::object();
-  const checkpoint::HfExportOptions eo = export_options(o, extras, progress, warn);
-  const checkpoint::HfExportResult e = checkpoint::export_hf(o.hf.export_dir, *sharded, cfg, *group, eo);
-  say(fmt::format("Exported Hugging Face weights ({}) to {} in {:.2f} s: {}, {:.2f} GB/s ({})", o.hf.export_dtype,
-                  e.dir, e.io.seconds, megabytes(e.io.bytes), e.io.gb_per_s(), fmt::join(e.files, ", ")));
+  export_and_report(o, *sharded, cfg, *group, extras, progress, say, warn);
   TrainSummary summary;
   summary.parameters = cfg.num_parameters();
   summary.plan = sharded->describe();
@@ -413,12 +432,8 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
              world->backend(), ") runs on ", world->device().str(), "; start the workers with the backend for ",
              o.device, " (tcp for cpu, nccl for cuda)");
   set_current_device(device);
-  auto say = [&](const std::string& line) {
-    if (lead && !o.log.quiet) std::cout << timestamp() << " I [fsdp-train] " << line << std::endl;
-  };
-  auto warn = [&](const std::string& line) {
-    if (lead && !o.log.quiet) std::cout << timestamp() << " W [fsdp-train] " << line << std::endl;
-  };
+  const LogLine say = log_line(o, lead, 'I');
+  const LogLine warn = log_line(o, lead, 'W');
   // Progress bars for long checkpoint I/O: rank 0, and only on a terminal.
   const bool progress = lead && !o.log.quiet && isatty(STDERR_FILENO) == 1;
 
@@ -465,12 +480,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   // --- model, built on the meta device; each rank materializes its shards
   auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), o.step.seed);
   nn::Unit<models::LlamaForCausalLMImpl> root(impl);
-
-  FsdpOptions fo = engine_options(o, W);
-  fo.device = device;
-  if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = rt.world.local_world_size;
-  fo.init_rule = models::llama_init_rule(cfg);
-  fo.seed = o.step.seed;
+  const FsdpOptions fo = worker_engine_options(o, rt, cfg, device);
   auto sharded = fully_shard(root.ptr(), world, fo);
 
   optim::AdamWOptions aopt = o.adamw;
@@ -664,10 +674,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     // config.json's (cfg carries them, see init_config); otherwise the
     // tokenizer the model was trained with, null where it has none. Files:
     // Note [Export extras].
-    const checkpoint::HfExportOptions eo = export_options(o, hf_extras, progress, warn);
-    const checkpoint::HfExportResult r = checkpoint::export_hf(o.hf.export_dir, *sharded, cfg, *scalars, eo);
-    say(fmt::format("Exported Hugging Face weights ({}) to {} in {:.2f} s: {}, {:.2f} GB/s ({})", o.hf.export_dtype,
-                    r.dir, r.io.seconds, megabytes(r.io.bytes), r.io.gb_per_s(), fmt::join(r.files, ", ")));
+    export_and_report(o, *sharded, cfg, *scalars, hf_extras, progress, say, warn);
   };
 
   summary.start_step = start_step;

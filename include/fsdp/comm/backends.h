@@ -8,6 +8,8 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 
 #include <chrono>
+#include <cstdint>
+#include <mutex>
 #include <string>
 
 namespace fsdp::comm {
@@ -72,5 +74,17 @@ ProcessGroupPtr make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store, in
 // 0's last barrier returns.
 void store_barrier(c10d::Store& store, const std::string& prefix, int rank, int size,
                    const std::string& group, std::chrono::milliseconds timeout);
+
+// A group's successive barriers over its store: the g-th uses prefix "barrier/<g>",
+// and deletes this rank's keys of barrier g-2 first (everyone has passed it once
+// they passed g-1). Thread-safe; one per process group.
+class StoreBarrier {
+ public:
+  void wait(c10d::Store& store, int rank, int size, const std::string& group, std::chrono::milliseconds timeout);
+
+ private:
+  std::mutex mu_;  // guards generation_
+  int64_t generation_ = 0;
+};
 
 }  // namespace fsdp::comm
