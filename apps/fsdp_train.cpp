@@ -164,7 +164,8 @@ int run(int argc, char** argv) {
                  "HYBRID: ranks per shard group (default: LOCAL_WORLD_SIZE, i.e. one node)")
       ->capture_default_str();
   app.add_flag("--sync-module-states", o.sharding.sync_module_states,
-               "Broadcast rank 0's initial parameters before sharding");
+               "Rank 0 alone builds the whole model (initialized, or read from --init-from) in host memory and "
+               "broadcasts it to every rank's shards before training; the other ranks read no weights");
   auto* mem = app.add_option_group("Memory and precision", "Mixed precision, activation checkpointing, offload, prefetch");
   mem->add_option("--mixed-precision", o.sharding.mixed_precision,
                   "fp32 | bf16 (bf16 parameters and compute, fp32 reduction and master weights) | fp16 (fp16 "

@@ -126,7 +126,9 @@ struct FsdpOptions {
   // rule (fsdp::nn::init_slice); required when the model was built on meta.
   nn::InitRuleFn init_rule;
   uint64_t seed = 0;
-  // Broadcast rank 0's parameter values before sharding (materialized models).
+  // Broadcast rank 0's parameter values before sharding: rank 0's parameters
+  // must be materialized; the other ranks' may be on the meta device (only
+  // rank 0 then needs memory for, or files of, the whole model).
   bool sync_module_states = false;
   // Device the unsharded parameters live on (CPU for the tcp group).
   at::Device device = at::kCPU;

@@ -350,44 +350,45 @@ HfWeights find_hf_weights(const std::string& dir) {
   return w;
 }
 
-HfImportResult import_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
-                         comm::ProcessGroup& group, bool progress_bar) {
-  const double t0 = io::now_seconds();
-  HfImportResult result;
-  const HfWeights weights = find_hf_weights(dir);
-  result.files = weights.files;
+namespace {
 
-  // Open every file (headers only; data pages are touched only where read).
+// The opened weights of an --init-from directory, checked against the
+// parameters a model wants (name -> shape): the same checks on every rank.
+struct OpenedHfWeights {
   std::vector<std::unique_ptr<SafetensorsFile>> files;
   std::map<std::string, std::pair<const SafetensorsFile*, const SafetensorsEntry*>> where;
+};
+
+OpenedHfWeights open_hf_weights(const std::string& dir, const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,
+                                const models::LlamaConfig& cfg, HfImportResult& result) {
+  const HfWeights weights = find_hf_weights(dir);
+  result.files = weights.files;
+  OpenedHfWeights w;
+  // Open every file (headers only; data pages are touched only where read).
   for (const auto& path : weights.files) {
-    files.push_back(std::make_unique<SafetensorsFile>(path));
-    for (const auto& e : files.back()->entries()) {
+    w.files.push_back(std::make_unique<SafetensorsFile>(path));
+    for (const auto& e : w.files.back()->entries()) {
       auto it = weights.weight_map.find(e.name);
       if (!weights.weight_map.empty() && (it == weights.weight_map.end() || it->second != path)) continue;
-      FSDP_CHECK(where.count(e.name) == 0, "tensor '", e.name, "' appears in both ", where[e.name].first->path(),
+      FSDP_CHECK(w.where.count(e.name) == 0, "tensor '", e.name, "' appears in both ", w.where[e.name].first->path(),
                  " and ", path);
-      where[e.name] = {files.back().get(), &e};
+      w.where[e.name] = {w.files.back().get(), &e};
     }
   }
-  // Names and shapes: the same checks on every rank.
-  std::set<std::string> wanted;
-  const auto& units = model.units();
-  for (const auto& u : units) {
-    for (const auto& p : u.params) {
-      wanted.insert(p.name);
-      auto it = where.find(p.name);
-      FSDP_CHECK(it != where.end(), "--init-from ", dir, ": tensor '", p.name, "' ", shape_str(p.shape),
-                 " is missing from the checkpoint", p.name == "lm_head.weight" ? " (the checkpoint's model may tie "
-                 "its embeddings: set tie_word_embeddings in config.json)" : "");
-      FSDP_CHECK(it->second.second->shape == p.shape, "--init-from ", dir, ": tensor '", p.name, "' has shape ",
-                 shape_str(it->second.second->shape), " in ", it->second.first->path(), " but ", shape_str(p.shape),
-                 " in the model; use the config.json that belongs to the weights");
-    }
+  std::set<std::string> names;
+  for (const auto& [name, shape] : wanted) {
+    names.insert(name);
+    auto it = w.where.find(name);
+    FSDP_CHECK(it != w.where.end(), "--init-from ", dir, ": tensor '", name, "' ", shape_str(shape),
+               " is missing from the checkpoint", name == "lm_head.weight" ? " (the checkpoint's model may tie "
+               "its embeddings: set tie_word_embeddings in config.json)" : "");
+    FSDP_CHECK(it->second.second->shape == shape, "--init-from ", dir, ": tensor '", name, "' has shape ",
+               shape_str(it->second.second->shape), " in ", it->second.first->path(), " but ", shape_str(shape),
+               " in the model; use the config.json that belongs to the weights");
   }
   std::vector<std::string> unexpected;
-  for (const auto& [name, fe] : where) {
-    if (wanted.count(name)) continue;
+  for (const auto& [name, fe] : w.where) {
+    if (names.count(name)) continue;
     if (ignorable(name, cfg)) {
       result.ignored.push_back(name);
     } else {
@@ -401,6 +402,54 @@ HfImportResult import_hf(const std::string& dir, ShardedModel& model, const mode
                " model with this config (", list, unexpected.size() > 5 ? ", ..." : "",
                "); the checkpoint is of another architecture");
   }
+  return w;
+}
+
+}  // namespace
+
+HfImportResult import_hf_module(const std::string& dir, torch::nn::Module& module, const models::LlamaConfig& cfg,
+                                bool progress_bar) {
+  const double t0 = io::now_seconds();
+  HfImportResult result;
+  const auto params = module.named_parameters(/*recurse=*/true);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
+  for (const auto& p : params) {
+    FSDP_CHECK(!p.value().is_meta() && p.value().is_contiguous(), "import_hf_module: parameter '", p.key(),
+               "' must be materialized and contiguous");
+    wanted.emplace_back(p.key(), p.value().sizes().vec());
+  }
+  const OpenedHfWeights w = open_hf_weights(dir, wanted, cfg, result);
+  int64_t planned = 0;
+  for (const auto& p : params) planned += p.value().numel() * safetensors_dtype_size(w.where.at(p.key()).second->dtype);
+  io::Progress progress("loading " + dir, planned, progress_bar);
+  at::NoGradGuard no_grad;
+  std::vector<float> buffer;
+  for (const auto& p : params) {
+    const auto& [file, entry] = w.where.at(p.key());
+    const int64_t n = p.value().numel();
+    buffer.resize(static_cast<size_t>(n));
+    file->read_as_float(*entry, 0, n, buffer.data());
+    p.value().view({-1}).copy_(at::from_blob(buffer.data(), {n}, at::kFloat));
+    const int64_t b = n * safetensors_dtype_size(entry->dtype);
+    result.io.bytes += b;
+    progress.add(b);
+  }
+  progress.finish();
+  result.io.seconds = io::now_seconds() - t0;
+  return result;
+}
+
+HfImportResult import_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
+                         comm::ProcessGroup& group, bool progress_bar) {
+  const double t0 = io::now_seconds();
+  HfImportResult result;
+  const auto& units = model.units();
+  std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
+  for (const auto& u : units) {
+    for (const auto& p : u.params) wanted.emplace_back(p.name, p.shape);
+  }
+  const OpenedHfWeights opened = open_hf_weights(dir, wanted, cfg, result);
+  const auto& where = opened.where;
 
   // This rank's bytes.
   const std::vector<ShardRef> shards = model.shards();

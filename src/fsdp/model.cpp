@@ -294,9 +294,11 @@ void ShardedModelImpl::build_units() {
     auto flat = std::make_unique<FlatParam>(std::move(pu.sources), fpo);
     at::Tensor source;
     if (options_.sync_module_states && world_->size() > 1) {
-      // Rank 0's values, one unit at a time.
-      source = world_->rank() == 0 ? flat->gather_source_values()
-                                   : at::empty({flat->layout().numel}, at::TensorOptions().dtype(at::kFloat));
+      // Rank 0's values, one unit at a time (on the group's device: NCCL
+      // broadcasts device memory). Other ranks may hold meta parameters.
+      source = world_->rank() == 0
+                   ? flat->gather_source_values().to(options_.device)
+                   : at::empty({flat->layout().numel}, at::TensorOptions().dtype(at::kFloat).device(options_.device));
       world_->broadcast(source, 0)->wait();
     }
     flat->init_shard(source, options_.init_rule, options_.seed);

@@ -477,11 +477,25 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   sopt.shuffle = o.data.shuffle;
   auto sampler = std::make_shared<const data::BatchSampler>(dataset, sopt);
 
-  // --- model, built on the meta device; each rank materializes its shards
-  auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), o.step.seed);
+  // --- model, built on the meta device; each rank materializes its shards.
+  // --sync-module-states: rank 0 alone builds the whole model on the CPU
+  // (initialized, or loaded from --init-from) and fully_shard broadcasts its
+  // values, unit by unit, to every rank's shards.
+  const bool rank0_materializes = o.sharding.sync_module_states && rank == 0;
+  auto impl = std::make_shared<models::LlamaForCausalLMImpl>(
+      cfg, at::TensorOptions().device(rank0_materializes ? at::kCPU : at::kMeta), o.step.seed);
+  std::optional<checkpoint::HfImportResult> rank0_import;
+  if (rank0_materializes && !o.hf.init_from.empty()) {
+    rank0_import = checkpoint::import_hf_module(o.hf.init_from, *impl, cfg, progress);
+  }
   nn::Unit<models::LlamaForCausalLMImpl> root(impl);
   const FsdpOptions fo = worker_engine_options(o, rt, cfg, device);
   auto sharded = fully_shard(root.ptr(), world, fo);
+  if (o.sharding.sync_module_states) {
+    say(fmt::format("--sync-module-states: rank 0's {} broadcast to {} rank{} before sharding",
+                    o.hf.init_from.empty() ? "initial parameters" : "weights from " + o.hf.init_from, W,
+                    W == 1 ? "" : "s"));
+  }
 
   optim::AdamWOptions aopt = o.adamw;
   if (fo.mixed_precision.master_dtype == at::kBFloat16) {
@@ -591,7 +605,10 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     }
   }
   if (!resumed && !o.hf.init_from.empty()) {
-    const checkpoint::HfImportResult r = checkpoint::import_hf(o.hf.init_from, *sharded, cfg, *scalars, progress);
+    // With --sync-module-states rank 0 read the files before sharding.
+    const checkpoint::HfImportResult r = o.sharding.sync_module_states
+                                             ? rank0_import.value_or(checkpoint::HfImportResult{})
+                                             : checkpoint::import_hf(o.hf.init_from, *sharded, cfg, *scalars, progress);
     say(fmt::format("Initialized from {} ({} file{}): {} in {:.2f} s, {:.2f} GB/s{}", o.hf.init_from, r.files.size(),
                     r.files.size() == 1 ? "" : "s", megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s(),
                     r.ignored.empty() ? "" : fmt::format(" (ignored: {})", fmt::join(r.ignored, ", "))));

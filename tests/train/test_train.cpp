@@ -88,6 +88,79 @@ TEST(Train, LossesAgreeAcrossWorldSizes) {
   EXPECT_LT(l1.back(), l1.front() - 0.5) << "the loss should fall";
 }
 
+// --sync-module-states: rank 0 alone materializes (or loads --init-from) and
+// broadcasts. Rank 1 is pointed at other weights of the same shapes: with the
+// flag its files are not read and the run equals one where every rank loads
+// rank 0's weights; without it the run differs (so the comparison can fail).
+TEST(Train, SyncModuleStatesTakesRankZerosWeights) {
+  const std::string dir = testing::temp_dir("train-sync");
+  const std::string a = dir + "/hf-a", b = dir + "/hf-b";
+  if (!testing::is_worker()) {
+    for (const auto& [out, seed] : {std::pair{a, 1}, std::pair{b, 2}}) {
+      Command c = run_command(kTrainBin + tiny_flags() + " --max-steps 1 --seed " + std::to_string(seed) +
+                              " --export-hf " + out);
+      ASSERT_EQ(c.exit_code, 0) << c.output;
+    }
+  }
+  auto run = [&](const std::string& tag, const std::string& rank1_from, bool sync) {
+    testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+      train::TrainOptions o = tiny_options();
+      o.step.batch_size = 2;
+      o.hf.init_from = pg.rank() == 0 ? a : rank1_from;
+      o.sharding.sync_module_states = sync;
+      auto s = train::train(o, runtime_of(pg, pg.size()));
+      if (pg.rank() == 0) {
+        std::ofstream out(dir + "/" + tag);
+        for (const auto& r : s.steps) out << std::setprecision(17) << r.loss << "\n";
+      }
+    });
+  };
+  run("all-a", a, false);
+  run("sync", b, true);
+  run("mixed", b, false);
+  if (testing::is_worker()) return;
+  const std::string all_a = testing::read_file(dir + "/all-a");
+  ASSERT_EQ(testing::count(all_a, "\n"), 8u) << all_a;
+  EXPECT_EQ(testing::read_file(dir + "/sync"), all_a);
+  EXPECT_NE(testing::read_file(dir + "/mixed"), all_a);
+}
+
+// From the command line, with and without --init-from, on 1 and 2 processes:
+// --sync-module-states gives the same run as each rank initializing (or
+// loading) its own shards.
+TEST(TrainCli, SyncModuleStatesMatchesShardedInit) {
+  const std::string dir = testing::temp_dir("train-sync-cli");
+  Command c = run_command(kTrainBin + tiny_flags() + " --max-steps 1 --export-hf " + dir + "/hf");
+  ASSERT_EQ(c.exit_code, 0) << c.output;
+  for (const std::string from : {std::string(), " --init-from " + dir + "/hf"}) {
+    for (int n : {1, 2}) {
+      std::string metrics[2];
+      for (int sync : {0, 1}) {
+        metrics[sync] = dir + "/m" + std::to_string(n) + std::to_string(sync) + (from.empty() ? "" : "-hf");
+        const std::string flags = tiny_flags() + from + " --nproc-per-node " +
+                                  std::to_string(n) + (sync ? " --sync-module-states" : "") + " --metrics-file " +
+                                  metrics[sync];
+        Command r = run_command(kTrainBin + flags);
+        ASSERT_EQ(r.exit_code, 0) << flags << "\n" << r.output;
+        if (sync) EXPECT_NE(r.output.find("--sync-module-states: rank 0's"), std::string::npos) << r.output;
+      }
+      // Losses (the first field of each record that differs is timing, so compare the losses).
+      auto losses = [](const std::string& path) {
+        std::vector<double> v;
+        std::ifstream in(path);
+        for (std::string line; std::getline(in, line);) {
+          auto j = nlohmann::json::parse(line);
+          if (j.contains("loss")) v.push_back(j["loss"].get<double>());
+        }
+        return v;
+      };
+      const auto l0 = losses(metrics[0]);
+      EXPECT_FALSE(l0.empty());
+      EXPECT_EQ(losses(metrics[1]), l0) << "n=" << n << from;
+    }
+  }
+}
+
 TEST(TrainCli, HelpDocumentsTheFlags) {
   Command c = run_command(kTrainBin + " --help");
   EXPECT_EQ(c.exit_code, 0);

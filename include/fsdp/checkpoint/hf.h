@@ -40,6 +40,10 @@
 #include "fsdp/fsdp.h"
 #include "fsdp/models/llama_config.h"
 
+namespace torch::nn {
+class Module;
+}
+
 namespace fsdp::checkpoint {
 
 // "5GB" (10^9), "500MB", "100kB", "2GiB" (2^30), "1MiB", "1234" (bytes); "0": no limit.
@@ -112,6 +116,13 @@ struct HfImportResult {
 // Collective over `group` (for the byte count only).
 HfImportResult import_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
                          comm::ProcessGroup& group, bool progress = false);
+
+// Loads DIR's weights into every parameter of an unsharded, materialized
+// module (named as in named_parameters(): the Hugging Face names) — what rank
+// 0 does before fully_shard broadcasts its values under sync_module_states.
+// The same checks and errors as import_hf; result.io counts this process only.
+HfImportResult import_hf_module(const std::string& dir, torch::nn::Module& module, const models::LlamaConfig& cfg,
+                                bool progress = false);
 
 // "" when `a` and `b` describe the same architecture (every field that changes
 // shapes, results or gradients: model_type, biases, pad_token_id, sizes, rope,
