@@ -11,6 +11,7 @@
 
 #include <fmt/format.h>
 
+#include "cli_numbers.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/main.h"
 #include "fsdp/common/memory.h"
@@ -50,6 +51,7 @@ int run(int argc, char** argv) {
   app.add_flag("--units", units, "List every unit");
   app.add_option("--write-hf-config", hf_config_out,
                  "Also write the model's Hugging Face config.json to this file (e.g. for a transformers baseline)");
+  fsdp::cli::strict_numbers(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -58,6 +60,10 @@ int run(int argc, char** argv) {
     return fsdp::kExitUsage;
   }
 
+  FSDP_CHECK(world_size >= 1, "--world-size must be >= 1 (the number of processes), got ", world_size);
+  FSDP_CHECK(rank >= 0 && rank < world_size, "--rank ", rank, " is outside [0, --world-size ", world_size,
+             ") — give a rank below the world size");
+  FSDP_CHECK(hybrid >= 0, "--hybrid-shard-size must be >= 1 (or 0: the world size), got ", hybrid);
   const fsdp::models::LlamaConfig cfg = fsdp::models::resolve_model_config(model);
   if (!hf_config_out.empty()) {
     std::ofstream out(hf_config_out);
@@ -75,6 +81,7 @@ int run(int argc, char** argv) {
   o.limit_all_gathers = limit;
   o.cpu_offload = offload;
   if (ckpt) o.checkpoint_types = {fsdp::models::llama_block_type()};
+  fsdp::check_options(o, world_size);
   const bool pure = precision == "bf16-pure";
   const fsdp::ShardingPlan plan =
       fsdp::plan_sharding(root.ptr(), world_size, rank, o, pure ? at::kBFloat16 : at::kFloat);
@@ -89,6 +96,15 @@ int run(int argc, char** argv) {
   std::cout << fmt::format("  total per rank without activations: {} ({} resident{} + {} during a step)\n",
                            fsdp::format_bytes(resident + plan.step_unsharded_bytes), fsdp::format_bytes(resident),
                            offload ? " in host memory" : "", fsdp::format_bytes(plan.step_unsharded_bytes));
+  // fsdp-inspect plans for any machine (a 70B model over 64 GPUs elsewhere), so a
+  // plan beyond this machine is no error; fsdp-train refuses such a run.
+  const int64_t here = fsdp::available_host_memory_bytes();
+  if (!offload && here >= 0 && resident + plan.step_unsharded_bytes > here) {
+    std::cerr << fmt::format("fsdp-inspect: note: one rank needs {} without activations, more than the {} of host "
+                             "memory available here (fine when planning for GPUs or other machines; fsdp-train "
+                             "--device cpu refuses such a run on this machine)\n",
+                             fsdp::format_bytes(resident + plan.step_unsharded_bytes), fsdp::format_bytes(here));
+  }
   if (units) {
     for (const auto& u : plan.units) {
       std::cout << fmt::format("  unit {:<24} {:>4} params {:>14} elements  padded {:>14}  shard {:>12} at {}{}\n",

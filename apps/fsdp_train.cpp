@@ -14,6 +14,7 @@
 // run. A second signal kills the process at once.
 #include <CLI/CLI.hpp>
 
+#include <sched.h>
 #include <signal.h>
 #include <unistd.h>
 
@@ -21,7 +22,9 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <thread>
 
+#include "cli_numbers.h"
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/internals.h"
@@ -80,6 +83,36 @@ std::string validation_split(const std::string& train) {
     return train.substr(0, train.size() - ext.size()) + ".val.jsonl";
   }
   return train + ".val.jsonl";
+}
+
+// CPUs this process may run on (its affinity mask, as taskset and cgroups set it).
+int usable_cpus() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+}
+
+// --nproc-per-node's upper bound: one process per GPU with --device cuda; on
+// the CPU 4 per core (each process holds LibTorch, its threads and its share
+// of the model: more only thrash the machine).
+constexpr int kProcessesPerCpu = 4;
+
+void check_nproc(int nproc, const std::string& device) {
+  FSDP_CHECK(nproc >= 1, "--nproc-per-node must be >= 1, got ", nproc);
+  if (nproc == 1) return;
+  if (device == "cuda") {
+    fsdp::worker_device(device, /*local_rank=*/0);  // a CUDA build with a GPU, else it says how to get one
+    const int gpus = fsdp::cuda_device_count();
+    FSDP_CHECK(nproc <= gpus, "--nproc-per-node ", nproc, " with --device cuda needs one GPU per process, but this "
+               "machine shows ", gpus, " (CUDA_VISIBLE_DEVICES?) — use --nproc-per-node <= ", gpus);
+    return;
+  }
+  const int cpus = usable_cpus();
+  const int64_t limit = int64_t{kProcessesPerCpu} * cpus;
+  FSDP_CHECK(nproc <= limit, "--nproc-per-node ", nproc, " is more processes than this machine can run: at most ",
+             limit, " (", kProcessesPerCpu, " per CPU, ", cpus, " CPU", cpus == 1 ? "" : "s",
+             " usable) with --device cpu — use fewer processes, or several machines (torchrun, Slurm, Kubeflow)");
 }
 
 std::string join(const std::vector<std::string>& v) {
@@ -241,6 +274,7 @@ int run(int argc, char** argv) {
   ev->add_flag("--eval-only", o.eval.only,
                "Evaluate the weights from --init-from or --resume on all of --val-data (exact mean loss over every "
                "target token), print 'Eval Loss: X', and exit");
+  fsdp::cli::strict_numbers(app);  // before --version: it is no number
   app.set_version_flag("--version", std::string("fsdp-train 0.1.0 (LibTorch ") + fsdp::internals::torch_version() + ")");
 
   try {
@@ -263,12 +297,13 @@ int run(int argc, char** argv) {
   // Converting a checkpoint (--max-steps 0) without --model: the checkpoint's
   // model (an empty model spec; train/trainer.h).
   if (o.step.max_steps == 0 && app.count("--model") == 0) o.model.clear();
-  FSDP_CHECK(nproc >= 1, "--nproc-per-node must be >= 1, got ", nproc);
-
   const fsdp::comm::WorldInfo world = fsdp::comm::detect_world();
   const bool is_worker = world.launcher != "single";
+  if (!is_worker) check_nproc(nproc, o.device);  // under torchrun/srun/PyTorchJob the flag is ignored
   if (nproc > 1 && !is_worker) {
     fsdp::train::validate_options(o, nproc);  // fail once, before starting anything
+    // Every local worker's memory at once, before any of them allocates.
+    fsdp::train::check_memory(o, nproc, nproc, std::nullopt);
     fsdp::comm::LaunchOptions lo;
     lo.argv.push_back(self_exe(argv[0]));
     for (int i = 1; i < argc; ++i) lo.argv.emplace_back(argv[i]);

@@ -86,6 +86,21 @@ int64_t reserved_memory_bytes(const c10::Device& d) {
   return d.is_cpu() ? current_rss_bytes() : -1;
 }
 
+int64_t free_memory_bytes(const c10::Device& d) {
+#if defined(FSDP_WITH_CUDA)
+  if (d.is_cuda()) {
+    c10::cuda::CUDAGuard guard(index_of(d));
+    size_t free = 0, total = 0;
+    if (cudaMemGetInfo(&free, &total) != cudaSuccess) {
+      (void)cudaGetLastError();  // clear the sticky error so later CUDA calls do not see it
+      return -1;
+    }
+    return static_cast<int64_t>(free);
+  }
+#endif
+  return d.is_cpu() ? available_host_memory_bytes() : -1;
+}
+
 bool reset_peak_memory(const c10::Device& d) {
 #if defined(FSDP_WITH_CUDA)
   if (d.is_cuda()) {

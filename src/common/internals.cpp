@@ -56,8 +56,8 @@ struct HostBufferPool::State final : c10::Allocator {
     }
     if (p == nullptr) {
       p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-      if (p == MAP_FAILED) throw c10::Error({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
-                                            "mmap of " + std::to_string(n) + " bytes failed (out of memory)");
+      if (p == MAP_FAILED) throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
+                                                       "mmap of " + std::to_string(n) + " bytes failed (out of memory)");
       std::lock_guard<std::mutex> lock(mu);
       ++mapped;
     }

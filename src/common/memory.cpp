@@ -1,7 +1,9 @@
 #include "fsdp/common/memory.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <exception>
 #include <fstream>
 #include <string>
 
@@ -16,7 +18,81 @@ int64_t status_kib(const char* key) {
   }
   return -1;
 }
+
+// The first number of a file such as /sys/fs/cgroup/memory.max; nullopt for
+// "max", an absent file or anything else.
+std::optional<int64_t> read_number(const std::string& path) {
+  std::ifstream in(path);
+  std::string text;
+  if (!(in >> text) || text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
+  try {
+    return std::stoll(text);
+  } catch (const std::exception&) {
+    return std::nullopt;  // beyond int64: no limit worth the name
+  }
+}
+
+// A "key value" line of a cgroup's memory.stat; 0 when absent.
+int64_t stat_value(const std::string& path, const std::string& key) {
+  std::ifstream in(path);
+  std::string k;
+  int64_t v = 0;
+  while (in >> k >> v) {
+    if (k == key) return v;
+  }
+  return 0;
+}
+
+// This process's cgroup directory under the unified hierarchy ("0::/path").
+std::string cgroup_v2_dir() {
+  std::ifstream in("/proc/self/cgroup");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind("0::", 0) == 0) return "/sys/fs/cgroup" + line.substr(3);
+  }
+  return "/sys/fs/cgroup";
+}
+
 }  // namespace
+
+int64_t available_host_memory_bytes() {
+  int64_t available = -1;
+  {
+    std::ifstream in("/proc/meminfo");
+    std::string key;
+    int64_t kib = 0;
+    std::string unit;
+    while (in >> key >> kib) {
+      std::getline(in, unit);
+      if (key == "MemAvailable:") {
+        available = kib * 1024;
+        break;
+      }
+    }
+  }
+  // A container's limit: what is left under it.
+  std::optional<int64_t> left;
+  const std::string v2 = cgroup_v2_dir();
+  if (const auto max = read_number(v2 + "/memory.max")) {
+    if (const auto used = read_number(v2 + "/memory.current")) {
+      // The page cache counts as used but is given back under pressure.
+      left = *max - *used + stat_value(v2 + "/memory.stat", "inactive_file");
+    }
+  } else if (const auto limit = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes")) {
+    if (const auto used = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes")) {
+      // cgroup v1 reports "no limit" as a huge page-rounded number.
+      if (*limit < (int64_t{1} << 60)) left = *limit - *used;
+    }
+  }
+  if (left) available = available < 0 ? std::max<int64_t>(*left, 0) : std::min(available, std::max<int64_t>(*left, 0));
+  return available;
+}
+
+std::optional<int64_t> checked_mul(int64_t a, int64_t b) {
+  int64_t r = 0;
+  if (__builtin_mul_overflow(a, b, &r)) return std::nullopt;
+  return r;
+}
 
 int64_t current_rss_bytes() { return status_kib("VmRSS"); }
 int64_t peak_rss_bytes() { return status_kib("VmHWM"); }
@@ -30,10 +106,10 @@ bool reset_peak_rss() {
 }
 
 std::string format_bytes(int64_t bytes) {
-  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  static const char* kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   double v = static_cast<double>(bytes);
   int u = 0;
-  while (std::abs(v) >= 1024.0 && u < 4) {
+  while (std::abs(v) >= 1024.0 && u < 6) {
     v /= 1024.0;
     ++u;
   }

@@ -3,10 +3,13 @@
 
 #include "data_file.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 #include "fsdp/data/tokenizer.h"
 
 #include <fcntl.h>
 #include <fnmatch.h>
+#include <setjmp.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,6 +22,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <mutex>
 
 namespace fsdp::data {
 namespace fs = std::filesystem;
@@ -74,6 +78,52 @@ class MemoryDataset final : public TokenDataset {
 
 // --- memory-mapped binary shards ----------------------------------------------------
 
+// Note [Shrinking token files]
+// Binary shards are memory-mapped. When another process truncates a shard during
+// the run, touching a mapped page past the new end raises SIGBUS, which would kill
+// the process without a word (exit 135). So every copy out of a mapping runs under
+// a guard: a thread-local jump target that a SIGBUS handler returns to
+// (siglongjmp), after which the read throws a Failure naming the file and its old
+// and new sizes. A SIGBUS outside a guarded copy gets the action it had before
+// (by default the process dies, as it always did). The mapping is kept rather than
+// reading with pread: it holds no descriptor per shard (directories of thousands
+// of shards stay under the open-file limit), and a shard renamed or deleted during
+// the run keeps being read as it was. A cut inside the last mapped page raises no
+// signal: the kernel reads that page's lost bytes as zeros (at most one page of a
+// shard, token id 0).
+
+thread_local sigjmp_buf* t_bus_guard = nullptr;  // set only around a copy out of a mapping
+struct sigaction g_previous_bus_action {};
+
+extern "C" void on_sigbus(int sig, siginfo_t* info, void* context) {
+  if (sigjmp_buf* target = t_bus_guard) {
+    t_bus_guard = nullptr;
+    siglongjmp(*target, 1);
+  }
+  const struct sigaction& prev = g_previous_bus_action;
+  if ((prev.sa_flags & SA_SIGINFO) != 0 && prev.sa_sigaction != nullptr) {
+    prev.sa_sigaction(sig, info, context);
+    return;
+  }
+  if ((prev.sa_flags & SA_SIGINFO) == 0 && prev.sa_handler != SIG_DFL && prev.sa_handler != SIG_IGN) {
+    prev.sa_handler(sig);
+    return;
+  }
+  // The default action: the faulting access runs again and the process dies of SIGBUS.
+  ::signal(SIGBUS, SIG_DFL);
+}
+
+void install_sigbus_guard() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    struct sigaction sa {};
+    sa.sa_sigaction = on_sigbus;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = SA_SIGINFO;
+    ::sigaction(SIGBUS, &sa, &g_previous_bus_action);
+  });
+}
+
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path) : path_(path) {
@@ -116,12 +166,13 @@ class MappedDataset final : public TokenDataset {
  public:
   MappedDataset(const std::vector<std::string>& paths, TokenDtype dtype, std::string source)
       : dtype_(dtype), width_(dtype_bytes(dtype)), source_(std::move(source)) {
+    install_sigbus_guard();
     int64_t total = 0;
     for (const auto& p : paths) {
       auto file = std::make_unique<MappedFile>(p);
       FSDP_CHECK(file->bytes() % width_ == 0, "token file '", p, "' has ", file->bytes(),
-                 " bytes, not a multiple of ", width_, " (token_dtype ", to_string(dtype_),
-                 ") — is token_dtype right? (uint16 for vocabularies up to 65536, else uint32)");
+                 " bytes, not a multiple of ", width_, " (--token-dtype ", to_string(dtype_),
+                 ") — is --token-dtype right? (u16 for vocabularies up to 65536, else u32)");
       starts_.push_back(total);
       total += static_cast<int64_t>(file->bytes() / width_);
       files_.push_back(std::move(file));
@@ -134,16 +185,16 @@ class MappedDataset final : public TokenDataset {
   void read(int64_t begin, int64_t count, int32_t* out) const override {
     FSDP_ASSERT(begin >= 0 && count >= 0 && begin + count <= size(), "read [", begin, ", ", begin + count,
                 ") of ", size(), " tokens");
-    size_t f = file_of(begin);
-    while (count > 0) {
-      const int64_t local = begin - starts_[f];
-      const int64_t n = std::min(count, starts_[f + 1] - begin);
-      decode(files_[f]->data() + local * static_cast<int64_t>(width_), n, out);
-      out += n;
-      begin += n;
-      count -= n;
-      ++f;
-    }
+    const int64_t lost = guarded_copy(begin, count, out);
+    if (lost < 0) return;
+    // Note [Shrinking token files]
+    const MappedFile& file = *files_[static_cast<size_t>(lost)];
+    struct stat st {};
+    const std::string now = ::stat(file.path().c_str(), &st) == 0 ? detail::cat(st.st_size, " bytes")
+                                                                    : std::string("gone: ") + errno_text();
+    FSDP_FAIL("token file '", file.path(), "' shrank while it was being read: ", file.bytes(),
+              " bytes when the run started, now ", now, " — a data file must not change during a run; restore it "
+              "(or write new shards under new names) and resume from the last checkpoint");
   }
 
   std::string locate(int64_t pos) const override {
@@ -158,6 +209,28 @@ class MappedDataset final : public TokenDataset {
   }
 
  private:
+  // Copies tokens [begin, begin + count) under the SIGBUS guard. Returns -1, or the
+  // index of the file whose mapping faulted (it was truncated under us).
+  int64_t guarded_copy(int64_t begin, int64_t count, int32_t* out) const {
+    sigjmp_buf target;
+    volatile int64_t current = -1;  // read after siglongjmp: must live in memory
+    if (sigsetjmp(target, /*savemask=*/1) != 0) return current;  // SIGBUS stays blocked otherwise
+    t_bus_guard = &target;
+    size_t f = file_of(begin);
+    while (count > 0) {
+      current = static_cast<int64_t>(f);
+      const int64_t local = begin - starts_[f];
+      const int64_t n = std::min(count, starts_[f + 1] - begin);
+      decode(files_[f]->data() + local * static_cast<int64_t>(width_), n, out);
+      out += n;
+      begin += n;
+      count -= n;
+      ++f;
+    }
+    t_bus_guard = nullptr;
+    return -1;
+  }
+
   // Index of the file holding global token `pos` (skips nothing: files are non-empty).
   size_t file_of(int64_t pos) const {
     const auto it = std::upper_bound(starts_.begin(), starts_.end(), pos);
@@ -237,6 +310,9 @@ std::vector<DataFile> resolve_files(const DatasetOptions& o) {
   std::vector<DataFile> files;
   // A file's format: the one asked for, else its name's, else plain text.
   auto single = [&](const std::string& p) {
+    // A device (/dev/zero) or a FIFO would be read without end or block.
+    require_regular_file(p, "data file", "give a text, JSON-lines or binary token file, a directory of them, or a "
+                         "pattern such as c4/en/c4-train.*.json.gz");
     DataFormat f = o.format != DataFormat::kAuto ? o.format : format_of_name(fs::path(p).filename().string());
     if (f == DataFormat::kAuto) f = DataFormat::kText;
     FSDP_CHECK(!(f == DataFormat::kBinary && ends_with(p, ".gz")), "data file '", p, "' is a compressed binary ",
@@ -339,7 +415,7 @@ int64_t load_jsonl_file(const DatasetOptions& o, const std::string& path, const 
       FSDP_CHECK(false, "data file '", path, "' line ", line_no, ": ",
                  it == j.end() ? "no field \"" : "field \"", o.text_field,
                  it == j.end() ? "\"" : "\" is not a string", " (fields: ", keys.empty() ? "none" : keys,
-                 ") — set text_field to the field holding the text");
+                 ") — set --text-field to the field holding the text");
     }
     const auto& text = it->get_ref<const std::string&>();
     if (text.empty()) continue;
@@ -356,9 +432,10 @@ std::shared_ptr<const TokenDataset> load_text_sources(const DatasetOptions& o, c
   bool any_text = false, any_jsonl = false;
   for (const auto& f : files) (f.format == DataFormat::kText ? any_text : any_jsonl) = true;
   check_tokenizer(tok, files.front().path, any_jsonl ? "JSON lines" : "plain text");
-  FSDP_CHECK(!o.add_bos || tok->bos_id() >= 0, "add_bos is set but tokenizer ", tok->name(), " has no BOS token");
+  FSDP_CHECK(!o.add_bos || tok->bos_id() >= 0, "documents should start with BOS but tokenizer ", tok->name(),
+             " has no BOS token");
   FSDP_CHECK(!any_jsonl || !o.text_field.empty(),
-             "text_field is empty — name the JSON field holding each document (default \"text\")");
+             "--text-field is empty — name the JSON field holding each document (default \"text\")");
   std::vector<int32_t> tokens;
   std::vector<std::pair<int64_t, std::string>> starts;
   int64_t documents = 0;
@@ -386,7 +463,7 @@ DataFormat parse_data_format(const std::string& s) {
 TokenDtype parse_token_dtype(const std::string& s) {
   if (s == "uint16" || s == "u16") return TokenDtype::kUint16;
   if (s == "uint32" || s == "u32") return TokenDtype::kUint32;
-  FSDP_CHECK(false, "unknown token_dtype \"", s, "\" — choose uint16 or uint32");
+  FSDP_CHECK(false, "unknown --token-dtype \"", s, "\" — choose u16 or u32");
   return TokenDtype::kUint16;
 }
 
@@ -423,7 +500,7 @@ void TokenDataset::validate(int64_t vocab_size) const {
       const int64_t shown = v < 0 ? v + (int64_t{1} << 32) : v;
       FSDP_CHECK(false, "token id ", shown, " at position ", begin + i, " (", locate(begin + i),
                  ") is outside the vocabulary [0, ", vocab_size, ") — the data was tokenized for a different ",
-                 "vocabulary (check the tokenizer / model vocab_size), or token_dtype is wrong (uint16 vs uint32)");
+                 "vocabulary (check --tokenizer and the model's vocab_size), or --token-dtype is wrong (u16 vs u32)");
     }
   }
 }

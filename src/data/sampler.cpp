@@ -75,7 +75,7 @@ BatchSampler::BatchSampler(std::shared_ptr<const TokenDataset> dataset, SamplerO
   FSDP_CHECK(o.rank >= 0 && o.rank < o.world_size, "rank ", o.rank, " is outside [0, world_size ", o.world_size, ")");
   const int64_t n = dataset_->size();
   FSDP_CHECK(n >= o.seq_len + 1, "dataset ", dataset_->describe(), " is shorter than one training window: ", n,
-             " tokens < seq_len + 1 = ", o.seq_len + 1, " (inputs t[i..i+T), targets t[i+1..i+T]) — use seq_len <= ",
+             " tokens < --seq-len + 1 = ", o.seq_len + 1, " (inputs t[i..i+T), targets t[i+1..i+T]) — use --seq-len <= ",
              n - 1, " or more data");
   windows_per_epoch_ = (n - 1) / o.seq_len;
 }

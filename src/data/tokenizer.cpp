@@ -2,6 +2,7 @@
 #include "fsdp/data/tokenizer.h"
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 
 #include <cerrno>
 #include <cstring>
@@ -75,10 +76,10 @@ bool looks_like_json_object(const std::string& path) {
 
 }  // namespace
 
-std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
+std::string tokenizer_file(const std::string& spec) {
   FSDP_CHECK(!spec.empty(), "empty tokenizer spec — use \"byte\", or the path of a tokenizer.json, a SentencePiece "
                             "model or a tiktoken BPE file (Llama 3's tokenizer.model), or a model directory");
-  if (spec == "byte") return std::make_unique<ByteTokenizer>();
+  if (spec == "byte") return spec;
   namespace fs = std::filesystem;
   std::error_code ec;
   const auto status = fs::status(spec, ec);
@@ -98,8 +99,17 @@ std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
                  "tokenizer file itself, or the model directory that holds one");
     }
   }
+  // A device or a FIFO would be read without end or block (Note in fsdp/common/files.h).
+  require_regular_file(file, "tokenizer file", "give \"byte\", a tokenizer.json, a SentencePiece model, a tiktoken "
+                       "BPE file or a model directory holding one");
   FSDP_CHECK(fs::file_size(file, ec) > 0 || ec, "tokenizer file '", file, "' is empty — give a tokenizer.json, a ",
              "SentencePiece model or a tiktoken BPE file");
+  return file;
+}
+
+std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec) {
+  const std::string file = tokenizer_file(spec);
+  if (file == "byte") return std::make_unique<ByteTokenizer>();
   if (looks_like_json_object(file)) return std::make_unique<HfTokenizer>(file);
   if (looks_like_tiktoken_file(file)) return std::make_unique<TiktokenTokenizer>(file);
   return std::make_unique<SentencePieceTokenizer>(file);

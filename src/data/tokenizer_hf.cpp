@@ -13,6 +13,7 @@
 // Pieces keep whether they start at byte 0 of the input: Metaspace's prepend_scheme
 // "first" prepends only there (offsets_original().0 == 0 in the library).
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 #include "fsdp/data/pretokenize.h"
 #include "fsdp/data/tokenizer.h"
 
@@ -950,6 +951,7 @@ std::optional<std::string> config_token(const json& config, const char* key, con
 }
 
 json read_json(const std::string& path, const char* what) {
+  require_regular_file(path, what, "give a tokenizer.json (and a tokenizer_config.json beside it) as files");
   std::ifstream in(path, std::ios::binary);
   FSDP_CHECK(in.good(), "cannot open ", what, " '", path, "': ", std::strerror(errno), " — check the path");
   try {

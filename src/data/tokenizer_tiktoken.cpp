@@ -1,6 +1,7 @@
 // tiktoken-format byte-level BPE (Llama 3), native.
 #include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 #include "fsdp/data/pretokenize.h"
 #include "fsdp/data/tokenizer.h"
 
@@ -33,6 +34,7 @@ std::string hex_byte(int b) {
 }  // namespace
 
 TiktokenTokenizer::TiktokenTokenizer(const std::string& path) : path_(path) {
+  require_regular_file(path, "tiktoken file", "give Llama 3's tokenizer.model (lines \"<base64 token> <rank>\")");
   std::ifstream in(path, std::ios::binary);
   FSDP_CHECK(in.good(), "cannot open tiktoken file '", path, "': ", std::strerror(errno));
   const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -93,7 +93,8 @@ MixedPrecision MixedPrecision::preset(const std::string& name) {
 }
 
 void check_options(const FsdpOptions& o, int world_size) {
-  FSDP_CHECK(o.limit_all_gathers >= 1, "limit_all_gathers must be >= 1, got ", o.limit_all_gathers);
+  FSDP_CHECK(o.limit_all_gathers >= 1, "--limit-all-gathers must be >= 1 (all-gathers issued ahead of use), got ",
+             o.limit_all_gathers);
   const MixedPrecision& mp = o.mixed_precision;
   for (at::ScalarType t : {mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype}) {
     FSDP_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf,
@@ -578,15 +579,17 @@ std::string ShardedModelImpl::describe() const {
 ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_size, int rank,
                            const FsdpOptions& options, at::ScalarType optimizer_state_dtype) {
   FSDP_CHECK(root != nullptr, "plan_sharding: the root module is null");
-  FSDP_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "plan_sharding: rank ", rank,
-             " is outside world size ", world_size);
+  FSDP_CHECK(world_size >= 1, "the world size (--world-size, the number of processes) must be >= 1, got ",
+             world_size);
+  FSDP_CHECK(rank >= 0 && rank < world_size, "rank ", rank, " (--rank) is outside [0, ", world_size,
+             ") — give a rank below the world size ", world_size);
   ShardingPlan plan;
   switch (options.strategy) {
     case ShardingStrategy::kNoShard: plan.shard_size = 1; break;
     case ShardingStrategy::kHybridShard:
       FSDP_CHECK(options.hybrid_shard_size >= 1 && world_size % options.hybrid_shard_size == 0,
-                 "HYBRID_SHARD: hybrid_shard_size ", options.hybrid_shard_size, " must divide the world size ",
-                 world_size);
+                 "--sharding hybrid: --hybrid-shard-size ", options.hybrid_shard_size,
+                 " must be >= 1 and divide the world size ", world_size, " (ranks per shard group)");
       plan.shard_size = options.hybrid_shard_size;
       break;
     default: plan.shard_size = world_size;

@@ -28,7 +28,45 @@ int64_t LlamaConfig::num_parameters() const {
   return V * D + L * (attention + mlp + norms) + D + (tie_word_embeddings ? 0 : V * D);
 }
 
+// Note [Config size limits]
+// A config.json is input: vocab_size 1e12 or hidden_size 2^40 would otherwise be
+// found only when the first tensor of that size is allocated (1e15 bytes, an
+// allocator error and a backtrace), and products such as D*H*Dh*L can overflow
+// int64 (num_parameters). Every size has a limit far above published models and
+// the total parameter count is computed in 128-bit arithmetic and bounded, so
+// everything after validate() computes in int64 safely. Memory is a separate,
+// later check (the trainer compares the sharding plan with the machine's memory).
+void LlamaConfig::check_size_limits() const {
+  const std::string who = "model config '" + name + "': ";
+  auto limit = [&](const char* field, int64_t v, int64_t max, const char* why) {
+    FSDP_CHECK(v <= max, who, field, " = ", v, " is above the limit ", max, " (", why, ") — check config.json");
+  };
+  limit("hidden_size", hidden_size, kMaxHiddenSize, "the largest published models have 25,600");
+  limit("intermediate_size", intermediate_size, kMaxIntermediateSize, "the largest published models have 53,248");
+  limit("num_attention_heads", num_attention_heads, kMaxHeads, "the largest published models have 128");
+  limit("num_key_value_heads", num_key_value_heads, kMaxHeads, "the largest published models have 128");
+  limit("head_dim", head_dim, kMaxHeads, "the largest published models have 256");
+  limit("num_hidden_layers", num_hidden_layers, kMaxLayers, "the largest published models have 126");
+  limit("vocab_size", vocab_size, kMaxVocabSize, "token ids are 32-bit; published vocabularies have up to ~256k");
+  limit("max_position_embeddings", max_position_embeddings, kMaxPositions, "positions are 32-bit");
+  if (hidden_size <= 0 || intermediate_size <= 0 || num_attention_heads <= 0 || num_key_value_heads <= 0 ||
+      num_hidden_layers <= 0 || vocab_size <= 0 || head_dim < 0) {
+    return;  // validate() names the non-positive field
+  }
+  // num_parameters()'s formula in 128 bits: the sizes above keep it far from overflowing.
+  using Wide = __int128;
+  const Wide D = hidden_size, F = intermediate_size, H = num_attention_heads, Hkv = num_key_value_heads;
+  const Wide Dh = head_dim > 0 ? head_dim : hidden_size / num_attention_heads, L = num_hidden_layers, V = vocab_size;
+  const Wide per_layer = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + (H + 2 * Hkv) * Dh + D + 2 * Dh + 3 * D * F + 2 * D;
+  const Wide total = V * D + L * per_layer + D + V * D;
+  FSDP_CHECK(total <= kMaxParameters, who, "the sizes describe about ",
+             static_cast<double>(total), " parameters, above the limit ", static_cast<double>(kMaxParameters),
+             " (hidden_size ", hidden_size, ", intermediate_size ", intermediate_size, ", num_hidden_layers ",
+             num_hidden_layers, ", vocab_size ", vocab_size, ") — check config.json");
+}
+
 void LlamaConfig::validate() const {
+  check_size_limits();
   const std::string who = "model config '" + name + "': ";
   auto positive = [&](const char* field, int64_t v) {
     FSDP_CHECK(v > 0, who, field, " = ", v, " must be positive — set it in config.json or pick a preset");

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 
 namespace fsdp::models {
 namespace {
@@ -449,6 +450,7 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
     if (qwen && !f.bool_or("use_sliding_window", false)) window = std::nullopt;
     c.sliding_window = window;
   }
+  c.check_size_limits();  // before num_hidden_layers sizes the layer list below
   if (qwen) {
     c.max_window_layers = f.int_or("max_window_layers", 28);
     if (const json* lt = f.find("layer_types")) {
@@ -504,6 +506,8 @@ LlamaConfig resolve_model_config(const std::string& spec) {
                ") and no file or directory of that name — pass a preset name, a Hugging Face config.json, or a "
                "directory containing one");
   }
+  require_regular_file(path.string(), "model config", "give a preset (" + joined_presets() +
+                       "), a Hugging Face config.json or a directory holding one");
   std::ifstream in(path);
   FSDP_CHECK(in.good(), "cannot read model config '", path.string(), "' — check the path and its permissions");
   std::stringstream text;

@@ -11,6 +11,7 @@
 #include <filesystem>
 #include <fstream>
 #include <iostream>
+#include <limits>
 #include <optional>
 
 #include <unistd.h>
@@ -353,10 +354,31 @@ void validate_options(const TrainOptions& o, int world_size) {
   FSDP_CHECK(o.log.log_every >= 1, "--log-every must be >= 1, got ", o.log.log_every);
   FSDP_CHECK(o.data.seq_len >= 1, "--seq-len must be >= 1, got ", o.data.seq_len);
   FSDP_CHECK(o.data.prefetch >= 1, "the loader's prefetch depth must be >= 1, got ", o.data.prefetch);
+  // Products of flags must fit in 64 bits before anything is sized or indexed by them
+  // (the global batch, the sample index of the last step, a micro-batch's tokens).
+  {
+    const int64_t procs = std::max(world_size, 1);
+    auto fits = [](std::initializer_list<int64_t> factors) {
+      std::optional<int64_t> p = 1;
+      for (const int64_t f : factors) p = p ? checked_mul(*p, f) : std::nullopt;
+      return p.has_value();
+    };
+    const auto& st = o.step;
+    FSDP_CHECK(fits({st.batch_size, st.grad_accum, procs}), "the global batch, --batch-size ", st.batch_size,
+               " x --grad-accum ", st.grad_accum, " x ", procs, " process", procs == 1 ? "" : "es",
+               ", is beyond 64-bit integers — use values whose product is a batch this machine can hold");
+    FSDP_CHECK(fits({st.batch_size, st.grad_accum, procs, st.max_steps}), "--max-steps ", st.max_steps,
+               " global batches of ", st.batch_size * st.grad_accum * procs, " samples (--batch-size x --grad-accum x ",
+               procs, " process", procs == 1 ? "" : "es", ") number samples beyond 64-bit integers — use fewer steps "
+               "or a smaller batch");
+    FSDP_CHECK(fits({st.batch_size, o.data.seq_len, 2}), "a micro-batch of --batch-size ", st.batch_size,
+               " x --seq-len ", o.data.seq_len, " tokens is beyond 64-bit integers — use smaller values");
+  }
   FSDP_CHECK(!o.data.path.empty(), "--data is required: a text file, a JSON-lines file, a binary token file or a "
              "directory of .bin shards");
   // A file, a directory or a pattern (c4/en/c4-train.*.json.gz); data_files names what is missing.
   FSDP_CHECK(!data::data_files({o.data.path, o.data.format}).empty(), "--data ", o.data.path, ": no data files");
+  data::tokenizer_file(o.data.tokenizer);  // exists, a regular file (not /dev/zero or a FIFO), not empty
   optim::LrSchedule sched = o.schedule;
   sched.max_steps = o.step.max_steps;
   sched.validate();
@@ -419,6 +441,68 @@ void validate_options(const TrainOptions& o, int world_size) {
   }
 }
 
+// Note [Memory check]
+// Overcommitting kernels let a process map far more than the machine has; the run
+// then dies at the first touch (the OOM killer: SIGKILL, no message) or LibTorch
+// throws from deep inside a step. So before anything is allocated, the plan's bytes
+// (plan_sharding on the meta device: no memory) and the logits of one micro-batch
+// are compared with what the machine says it has: /proc/meminfo's MemAvailable
+// within the cgroup's limit, and cudaMemGetInfo's free bytes. It is a lower bound
+// (activations other than the logits, communication buffers and LibTorch itself
+// come on top), so it refuses only runs that cannot fit. The local launcher checks
+// all of its processes at once before starting them; every rank then checks its
+// own share, which its siblings' allocations cannot make fail (the launcher saw
+// room for all of them).
+void check_memory(const TrainOptions& o, int world_size, int local_world_size, std::optional<c10::Device> this_rank) {
+  if (o.step.max_steps == 0) return;  // a conversion holds one unit at a time
+  const models::LlamaConfig cfg = init_config(o);
+  auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
+  nn::Unit<models::LlamaForCausalLMImpl> root(impl);
+  FsdpOptions fo = engine_options(o, world_size);
+  if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = local_world_size;
+  const bool pure = fo.mixed_precision.master_dtype == at::kBFloat16;
+  const ShardingPlan plan = plan_sharding(root.ptr(), world_size, 0, fo, pure ? at::kBFloat16 : at::kFloat);
+  // The sizes are bounded (LlamaConfig limits, validate_options' products), except
+  // the logits: B x T x V elements of the compute dtype.
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(fo.mixed_precision.param_dtype));
+  std::optional<int64_t> logits = checked_mul(o.step.batch_size, o.data.seq_len);
+  if (logits) logits = checked_mul(*logits, cfg.vocab_size);
+  if (logits) logits = checked_mul(*logits, elem);
+  const int64_t kHuge = std::numeric_limits<int64_t>::max() / 4;  // "more than any machine": no overflow below
+  const int64_t logit_bytes = logits ? std::min(*logits, kHuge) : kHuge;
+  const int64_t shards = plan.param_shard_bytes + (o.eval.only ? 0 : plan.grad_shard_bytes + plan.optimizer_bytes);
+  const int64_t step = plan.step_unsharded_bytes + logit_bytes;
+  const bool on_device = this_rank && this_rank->is_cuda();
+  const bool cuda_run = o.device == "cuda";
+  // Host: everything on CPU runs; the offloaded shards with --cpu-offload on CUDA.
+  const int64_t host = cuda_run ? (o.sharding.cpu_offload ? shards : 0) : shards + step;
+  const std::string parts = fmt::format(
+      "parameter and gradient shards {}, optimizer state {}, unsharded units during a step {}, logits of one "
+      "micro-batch {} (--batch-size {} x --seq-len {} x vocab_size {})",
+      format_bytes(plan.param_shard_bytes + (o.eval.only ? 0 : plan.grad_shard_bytes)),
+      format_bytes(o.eval.only ? 0 : plan.optimizer_bytes), format_bytes(plan.step_unsharded_bytes),
+      format_bytes(logit_bytes), o.step.batch_size, o.data.seq_len, cfg.vocab_size);
+  const char* fix = "reduce --batch-size or --seq-len, shard over more processes or machines, use --cpu-offload, "
+                    "bf16 (--mixed-precision) or a smaller model";
+  const int ranks = this_rank ? 1 : std::max(local_world_size, 1);
+  if (host > 0) {
+    const int64_t available = available_host_memory_bytes();
+    const std::optional<int64_t> need = checked_mul(host, ranks);
+    FSDP_CHECK(available < 0 || (need && *need <= available), "model '", cfg.name, "' needs at least ",
+               format_bytes(host), " of host memory per process (", parts, ")",
+               ranks > 1 ? fmt::format(" x {} processes on this machine = {}", ranks,
+                                       need ? format_bytes(*need) : std::string("beyond 64-bit integers"))
+                         : std::string(),
+               ", but this machine has ", format_bytes(available), " available — ", fix);
+  }
+  if (on_device) {
+    const int64_t device_need = (o.sharding.cpu_offload ? 0 : shards) + step;
+    const int64_t free = free_memory_bytes(*this_rank);
+    FSDP_CHECK(free < 0 || device_need <= free, "model '", cfg.name, "' needs at least ", format_bytes(device_need),
+               " on ", this_rank->str(), " (", parts, "), but it has ", format_bytes(free), " free — ", fix);
+  }
+}
+
 TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   validate_options(o, rt.world_group->size());
   if (o.step.max_steps == 0) return convert_checkpoint(o, rt);
@@ -432,6 +516,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
              world->backend(), ") runs on ", world->device().str(), "; start the workers with the backend for ",
              o.device, " (tcp for cpu, nccl for cuda)");
   set_current_device(device);
+  check_memory(o, W, rt.world.local_world_size, device);  // this rank's share, before anything is allocated
   const LogLine say = log_line(o, lead, 'I');
   const LogLine warn = log_line(o, lead, 'W');
   // Progress bars for long checkpoint I/O: rank 0, and only on a terminal.

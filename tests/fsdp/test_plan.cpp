@@ -8,6 +8,7 @@
 #include "fsdp/fsdp.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/registry.h"
+#include "support/errors.h"
 #include "support/multiproc.h"
 #include "toy_models.h"
 
@@ -59,6 +60,30 @@ TEST(Plan, Llama2_70bOnTheMetaDeviceInMilliseconds) {
   EXPECT_NEAR(static_cast<double>(plan.param_shard_bytes), 4.0 * cfg.num_parameters() / 64, 64.0 * 4 * 81);
   EXPECT_EQ(plan.optimizer_bytes, 2 * plan.param_shard_bytes);
   EXPECT_LT(seconds, 5.0);
+}
+
+}  // namespace fsdp
+
+namespace fsdp {
+
+// Refusals name the flags a user gave (--world-size, --rank, --hybrid-shard-size,
+// --limit-all-gathers), not the planner's fields (issue 16, finding 7).
+TEST(Plan, RefusalsNameTheFlags) {
+  auto root = testing::make_toy(testing::ToyConfig{}, true, 1);
+  FsdpOptions o;
+  std::string msg = testing::usage_error_of([&] { plan_sharding(root.ptr(), 0, 0, o); });
+  EXPECT_CONTAINS(msg, "the world size (--world-size, the number of processes) must be >= 1, got 0");
+  EXPECT_EQ(msg.find("plan_sharding"), std::string::npos) << msg;
+  EXPECT_CONTAINS(testing::usage_error_of([&] { plan_sharding(root.ptr(), 4, 4, o); }),
+                  "rank 4 (--rank) is outside [0, 4)");
+  o.strategy = ShardingStrategy::kHybridShard;
+  o.hybrid_shard_size = 3;
+  msg = testing::usage_error_of([&] { plan_sharding(root.ptr(), 4, 0, o); });
+  EXPECT_CONTAINS(msg, "--hybrid-shard-size 3 must be >= 1 and divide the world size 4");
+  EXPECT_EQ(msg.find("hybrid_shard_size"), std::string::npos) << msg;
+  o = FsdpOptions{};
+  o.limit_all_gathers = 0;
+  EXPECT_CONTAINS(testing::usage_error_of([&] { check_options(o, 2); }), "--limit-all-gathers must be >= 1");
 }
 
 }  // namespace fsdp

@@ -208,7 +208,7 @@ TEST(TrainCli, BadInputIsAOneLineUsageError) {
       {"--model tiny --data " + kCorpus + " --mixed-precision fp8", "--mixed-precision"},
       {"--model tiny --data " + kCorpus + " --reduce-dtype fp64", "--reduce-dtype"},
       {"--model tiny --data " + kCorpus + " --backward-prefetch later", "--backward-prefetch"},
-      {"--model tiny --data " + kCorpus + " --limit-all-gathers 0", "limit_all_gathers must be >= 1"},
+      {"--model tiny --data " + kCorpus + " --limit-all-gathers 0", "--limit-all-gathers must be >= 1"},
       {"--model tiny --data " + kCorpus + " --offload-activations", "--activation-checkpointing"},
       {"--model tiny --data " + kCorpus + " --initial-loss-scale -1", "--initial-loss-scale"},
       {"--model tiny --data " + kCorpus + " --sharding hybrid --hybrid-shard-size 3 --nproc-per-node 2",

@@ -37,6 +37,9 @@ int64_t peak_memory_bytes(const c10::Device& d);
 // Bytes the CUDA caching allocator holds from the driver now (allocated plus
 // cached); CPU: current resident set.
 int64_t reserved_memory_bytes(const c10::Device& d);
+// Bytes free on CUDA device `d` now (cudaMemGetInfo: what the driver can
+// still give this process); CPU: available_host_memory_bytes(). -1 if unknown.
+int64_t free_memory_bytes(const c10::Device& d);
 // Starts a new peak window. Returns false where the platform cannot (CPU
 // kernels that refuse /proc/self/clear_refs).
 bool reset_peak_memory(const c10::Device& d);

@@ -69,6 +69,12 @@ class Tokenizer {
 // or uses something the implementation does not have (named in the message).
 std::unique_ptr<Tokenizer> make_tokenizer(const std::string& spec);
 
+// The file make_tokenizer(spec) reads ("byte" for "byte"): a directory stands
+// for its tokenizer.json, else its tokenizer.model. Throws UsageError naming
+// the spec when there is no such file, or it is not a regular file (a device
+// such as /dev/zero, a FIFO, a socket), or it is empty. Cheap: reads nothing.
+std::string tokenizer_file(const std::string& spec);
+
 // --- byte level -------------------------------------------------------------------
 
 // ids 0..255: the byte with that value; 256: BOS, 257: EOS. decode() renders the

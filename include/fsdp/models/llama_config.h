@@ -117,8 +117,23 @@ struct LlamaConfig {
   // + (tied ? 0 : V*D)                     lm_head
   int64_t num_parameters() const;
 
+  // Size limits (Note [Config size limits] in llama_config.cpp): far above every
+  // published model, low enough that no product of sizes overflows int64.
+  static constexpr int64_t kMaxHiddenSize = int64_t{1} << 20;        // D (largest published: 25,600)
+  static constexpr int64_t kMaxIntermediateSize = int64_t{1} << 22;  // F
+  static constexpr int64_t kMaxHeads = int64_t{1} << 16;             // H, Hkv, Dh
+  static constexpr int64_t kMaxLayers = int64_t{1} << 16;            // L
+  static constexpr int64_t kMaxVocabSize = (int64_t{1} << 31) - 1;   // V: token ids are int32
+  static constexpr int64_t kMaxPositions = (int64_t{1} << 31) - 1;   // max_position_embeddings
+  static constexpr int64_t kMaxParameters = int64_t{1} << 50;        // ~1.1e15
+
+  // Throws UsageError naming the field, its value and the limit when a size is
+  // above the limits above. Cheap; validate() runs it first, and readers run it
+  // before anything is sized by the config (a layer list, a table).
+  void check_size_limits() const;
+
   // Throws UsageError naming the offending field, its value and a fix when the
-  // config cannot describe a model (non-positive sizes, H % Hkv != 0, odd Dh,
+  // config cannot describe a model (sizes above the limits, non-positive sizes, H % Hkv != 0, odd Dh,
   // D % H != 0 with head_dim unset, bad rope_scaling, a window <= 0, a window
   // or layer_types on a model type without them, layer_types of the wrong
   // length or naming a sliding layer without a window, pad_token_id outside

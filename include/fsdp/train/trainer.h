@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -159,6 +160,20 @@ struct TrainSummary {
 // world_size: the number of processes when known before they start (the
 // local launcher), else 0.
 void validate_options(const TrainOptions& options, int world_size = 0);
+
+// Memory a run needs, checked before anything is allocated (Note [Memory
+// check] in trainer.cpp): per rank, the sharding plan's bytes (parameter,
+// gradient and optimizer shards, unsharded units during a step) and the
+// logits of one micro-batch (B x T x V), a lower bound of what training
+// takes. Throws UsageError naming the need, its parts and what is available.
+//   this_rank == nullopt: all local_world_size processes of this machine, in
+//     host memory (the local launcher, before it starts them);
+//   this_rank == a device: this process only: its host part against the
+//     host's available memory, its device part against the device's free
+//     memory (CUDA).
+// Nothing is checked where the machine does not say what it has.
+void check_memory(const TrainOptions& options, int world_size, int local_world_size,
+                  std::optional<c10::Device> this_rank);
 
 // Trains on the given runtime (every rank calls it). Throws UsageError for bad
 // input, Failure for runtime failures.
