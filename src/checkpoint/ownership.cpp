@@ -28,6 +28,16 @@ std::string refusal(const std::string& path) {
                      "directory: move or delete ", path, " by hand and run again");
 }
 
+// Nothing but (perhaps) a marker being written: what a crash between creating
+// a directory and marking it leaves. Removing it loses nothing.
+bool holds_nothing(const fs::path& dir) {
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    if (e.path().filename() != kOwnedMarker) return false;
+  }
+  return !ec;
+}
+
 }  // namespace
 
 void create_owned_directory(const std::string& path) {
@@ -50,7 +60,8 @@ bool is_owned_directory(const std::string& path) {
 void check_removable(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(path, ec))) return;
-  FSDP_CHECK(is_owned_directory(path) && !fs::is_symlink(fs::symlink_status(path, ec)), refusal(path));
+  FSDP_CHECK(fs::is_directory(fs::symlink_status(path, ec)) && (is_owned_directory(path) || holds_nothing(path)),
+             refusal(path));
 }
 
 void remove_owned_directory(const std::string& path) {

@@ -347,7 +347,10 @@ TEST(ShardedCheckpoint, NeverDeletesWhatItDidNotCreate) {
       fs::remove_all(dir + "/" + d);
     }
     // Once they are gone, everything works: our leftover is removed, keep_last prunes.
-    EXPECT_EQ(checkpoint::remove_stale_temporaries(dir), std::vector<std::string>{".tmp-step_00000009"});
+    // An empty one without the marker (a crash right after creating it) goes too: it holds nothing.
+    fs::create_directories(dir + "/.tmp-step_00000010");
+    EXPECT_EQ(checkpoint::remove_stale_temporaries(dir),
+              (std::vector<std::string>{".tmp-step_00000009", ".tmp-step_00000010"}));
     save(3);
     save(4, /*keep_last=*/1);
     const auto list = checkpoint::list_checkpoints(dir);

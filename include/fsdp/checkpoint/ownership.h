@@ -5,8 +5,9 @@
 //  - A directory it creates only to rename or delete later (.tmp-<name>,
 //    .old-<name>, .del-<name> beside a checkpoint or an export) holds the
 //    marker file kOwnedMarker from right after its creation. One that exists
-//    without the marker (a user's, or another program's) is never removed:
-//    the operation is refused with a UsageError naming the path.
+//    without the marker (a user's, or another program's) is never removed
+//    unless it is empty: the operation is refused with a UsageError naming
+//    the path.
 //  - A checkpoint is a step_N directory holding manifest.json; a step_N
 //    directory without one is never overwritten or deleted
 //    (checkpoint/sharded.h).
@@ -30,11 +31,12 @@ void create_owned_directory(const std::string& path);
 void mark_owned(const std::string& path);
 bool is_owned_directory(const std::string& path);
 // Removes `path` with everything in it if it is a directory holding the
-// marker; nothing if it does not exist. UsageError naming it, saying to move
-// or delete it by hand, if it exists without the marker.
+// marker, or an empty one (what a crash right after creating it leaves:
+// removing it loses nothing); nothing if it does not exist. UsageError naming
+// it, saying to move or delete it by hand, otherwise.
 void remove_owned_directory(const std::string& path);
 // The same check without removing anything: UsageError unless `path` is
-// absent or a directory holding the marker.
+// absent, a directory holding the marker, or an empty directory.
 void check_removable(const std::string& path);
 
 // UsageError naming `flag` and `path` unless this process can write `path`
