@@ -8,6 +8,7 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
+#include <vector>
 
 #include "file_io.h"
 #include "fsdp/common/error.h"
@@ -60,15 +61,28 @@ bool is_owned_directory(const std::string& path) {
 void check_removable(const std::string& path) {
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(path, ec))) return;
-  FSDP_CHECK(fs::is_directory(fs::symlink_status(path, ec)) && (is_owned_directory(path) || holds_nothing(path)),
-             refusal(path));
+  if (fs::is_directory(fs::symlink_status(path, ec)) && (is_owned_directory(path) || holds_nothing(path))) return;
+  // Gone meanwhile: another rank's remove_owned_directory finished.
+  FSDP_CHECK(!fs::exists(fs::symlink_status(path, ec)), refusal(path));
 }
 
 void remove_owned_directory(const std::string& path) {
   check_removable(path);
+  // The marker goes last, so that whoever looks meanwhile (another rank
+  // checking the directory at start-up) sees a marked or an empty directory.
   std::error_code ec;
-  fs::remove_all(path, ec);
-  if (ec) FSDP_FAIL("cannot remove ", path, ": ", ec.message(), "; remove it by hand");
+  std::vector<fs::path> contents;
+  for (const auto& e : fs::directory_iterator(path, ec)) {
+    if (e.path().filename() != kOwnedMarker) contents.push_back(e.path());
+  }
+  for (const auto& p : contents) {
+    if (!ec) fs::remove_all(p, ec);
+  }
+  if (!ec) fs::remove(fs::path(path) / kOwnedMarker, ec);
+  if (!ec) fs::remove(path, ec);
+  if (ec && ec != std::errc::no_such_file_or_directory) {
+    FSDP_FAIL("cannot remove ", path, ": ", ec.message(), "; remove it by hand");
+  }
 }
 
 void check_writable(const std::string& path, const std::string& flag, bool directory) {
