@@ -6,6 +6,8 @@
 //   fsdp-inspect --model llama3.1-70b --world-size 64 --sharding full --mixed-precision bf16
 #include <CLI/CLI.hpp>
 
+#include <cerrno>
+#include <cstring>
 #include <fstream>
 #include <iostream>
 
@@ -67,8 +69,15 @@ int run(int argc, char** argv) {
   const fsdp::models::LlamaConfig cfg = fsdp::models::resolve_model_config(model);
   if (!hf_config_out.empty()) {
     std::ofstream out(hf_config_out);
+    FSDP_CHECK(out.is_open(), "--write-hf-config ", hf_config_out, ": cannot create the file (",
+               std::strerror(errno), "); choose a path in a directory you can write to");
+    errno = 0;
     out << cfg.to_hf_config_json() << "\n";
-    FSDP_CHECK(out.good(), "--write-hf-config ", hf_config_out, ": cannot write the file");
+    out.close();  // flushes: a full disk shows only here
+    if (out.fail()) {
+      FSDP_FAIL("--write-hf-config ", hf_config_out, ": writing failed (",
+                errno != 0 ? std::strerror(errno) : "stream error", "); free space on its disk or choose another file");
+    }
   }
   auto impl =
       std::make_shared<fsdp::models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <filesystem>
 
+#include "fsdp/checkpoint/ownership.h"
 #include "fsdp/common/error.h"
 
 namespace fsdp::checkpoint::io {
@@ -148,13 +149,14 @@ void replace_directory(const std::string& tmp, const std::string& final) {
   std::error_code ec;
   if (fs::exists(f, ec)) {
     const std::string old = (f.parent_path() / (".old-" + f.filename().string())).string();
-    fs::remove_all(old, ec);
+    remove_owned_directory(old);  // Note [Ownership of what we delete]: never a directory we did not create
     if (exchange_paths(tmp, final)) {
       rename_path(tmp, old);  // tmp now holds the previous contents
     } else {
       rename_path(final, old);
       rename_path(tmp, final);
     }
+    if (!is_owned_directory(old)) mark_owned(old);  // a crash before the removal leaves it recognisably ours
     fsync_dir(parent);
     fs::remove_all(old, ec);
   } else {

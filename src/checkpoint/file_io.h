@@ -64,7 +64,9 @@ void rename_path(const std::string& from, const std::string& to);
 // Moves directory `tmp` to `final` (same parent) and fsyncs the parent. An
 // existing `final` is replaced atomically where the file system supports
 // renameat2(RENAME_EXCHANGE), else moved aside to .old-<name> first; the
-// previous contents are deleted afterwards.
+// previous contents are deleted afterwards. An existing .old-<name> is
+// removed first only if it carries our marker (UsageError otherwise; see
+// Note [Ownership of what we delete] in fsdp/checkpoint/ownership.h).
 void replace_directory(const std::string& tmp, const std::string& final);
 // Writes `text` to `path` and fsyncs it (not atomic by itself: callers write
 // into a temporary directory that is renamed afterwards).

@@ -10,7 +10,9 @@
 #include <set>
 
 #include "file_io.h"
+#include "fsdp/checkpoint/ownership.h"
 #include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/error.h"
 #include "progress.h"
 
@@ -27,14 +29,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   std::string o = "[";
   for (size_t i = 0; i < s.size(); ++i) o += (i ? ", " : "") + std::to_string(s[i]);
   return o + "]";
-}
-
-std::string strip_rank_tag(const std::string& m) {
-  if (m.rfind("[rank ", 0) == 0) {
-    const size_t e = m.find("] ");
-    if (e != std::string::npos) return m.substr(e + 2);
-  }
-  return m;
 }
 
 // Weights dropped on import without complaint.
@@ -114,8 +108,38 @@ bool is_hf_export_file(const std::string& n) {
          std::find(side.begin(), side.end(), n) != side.end() || std::regex_match(n, kShard);
 }
 
+namespace {
+
+// An export writes .tmp-<name> beside DIR, renames it to DIR, and moves a
+// previous DIR aside to .old-<name> (Note [Ownership of what we delete]).
+struct ExportPaths {
+  fs::path final;
+  fs::path parent;
+  fs::path tmp;
+  fs::path old;
+  fs::path lock;
+};
+
+ExportPaths export_paths(const std::string& dir) {
+  ExportPaths p;
+  p.final = fs::path(dir).lexically_normal();
+  if (p.final.filename().empty()) p.final = p.final.parent_path();  // "out/" -> "out"
+  p.parent = p.final.has_parent_path() ? p.final.parent_path() : fs::path(".");
+  const std::string name = p.final.filename().string();
+  p.tmp = p.parent / (".tmp-" + name);
+  p.old = p.parent / (".old-" + name);
+  p.lock = p.parent / ("." + name + ".lock");
+  return p;
+}
+
+}  // namespace
+
 void check_export_dir(const std::string& dir, const std::string& flag) {
   FSDP_CHECK(!dir.empty(), flag, " needs a directory");
+  const ExportPaths paths = export_paths(dir);
+  check_writable(paths.parent.string(), flag + " " + dir + ": directory", /*directory=*/true);
+  check_removable(paths.tmp.string());
+  check_removable(paths.old.string());
   std::error_code ec;
   if (!fs::exists(dir, ec)) return;
   FSDP_CHECK(fs::is_directory(dir, ec), flag, " ", dir, " exists and is not a directory; choose a new directory");
@@ -190,10 +214,9 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
   const bool lead = group.rank() == 0;
   const std::string dtype = safetensors_dtype(options.dtype);
   const int64_t esize = safetensors_dtype_size(dtype);
-  fs::path final = fs::path(dir).lexically_normal();
-  if (final.filename().empty()) final = final.parent_path();  // "out/" -> "out"
-  const fs::path parent = final.has_parent_path() ? final.parent_path() : fs::path(".");
-  const fs::path tmp = parent / (".tmp-" + final.filename().string());
+  const ExportPaths paths = export_paths(dir);
+  const fs::path& final = paths.final;
+  const fs::path& tmp = paths.tmp;
   const auto& units = model.units();
 
   // The plan: tensors in unit order, split into files at max_shard_bytes.
@@ -220,7 +243,8 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
 
   HfExportResult result;
   result.dir = final.string();
-  std::string error;
+  RankError error;
+  std::unique_ptr<DirectoryLock> lock;  // rank 0: one export at a time writes DIR
   std::vector<std::unique_ptr<SafetensorsWriter>> writers(files.size());
   std::vector<size_t> remaining(files.size());
   for (size_t i = 0; i < files.size(); ++i) remaining[i] = files[i].size();
@@ -230,15 +254,15 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
     try {
       fn();
     } catch (const std::exception& e) {
-      error = strip_rank_tag(e.what());
+      error = RankError::of(e);
     }
   };
   guarded([&] {
+    fs::create_directories(paths.parent);
+    lock = std::make_unique<DirectoryLock>(paths.lock.string(), "--export-hf " + final.string());
     check_export_dir(final.string());
-    fs::create_directories(parent);
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-    fs::create_directory(tmp);
+    remove_owned_directory(tmp.string());  // left by an interrupted export
+    create_owned_directory(tmp.string());
   });
   io::Progress progress("exporting " + final.filename().string(), total, options.progress && lead);
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
@@ -281,16 +305,18 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
       io::write_text_file((tmp / name).string(), content);
       bytes += static_cast<int64_t>(content.size());
     }
+    // The model directory is the user's to share: it goes without our marker.
+    fs::remove(tmp / kOwnedMarker);
     io::fsync_dir(tmp.string());
     io::replace_directory(tmp.string(), final.string());
   });
-  if (lead && !error.empty()) {
+  if (lead && !error.empty() && is_owned_directory(tmp.string())) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
   }
+  lock.reset();
   // Everyone learns whether rank 0 succeeded.
-  const std::vector<std::string> all = all_gather_strings(group, error);
-  if (!all[0].empty()) FSDP_FAIL("exporting Hugging Face weights to ", final.string(), " failed: ", all[0]);
+  raise_on_every_rank(group, error, "exporting Hugging Face weights to " + final.string());
   result.files = names;
   if (sharded) result.files.push_back(kIndexName);
   result.files.push_back("config.json");

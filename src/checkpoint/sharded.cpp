@@ -4,11 +4,13 @@
 #include <cstring>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <regex>
 #include <set>
 #include <type_traits>
 
 #include "file_io.h"
+#include "fsdp/checkpoint/ownership.h"
 #include "fsdp/checkpoint/crc32c.h"
 #include "fsdp/common/encoding.h"
 #include "progress.h"
@@ -245,14 +247,41 @@ nlohmann::json write_shard_file(const std::string& path, const std::vector<UnitS
           {"sections", sections}};
 }
 
-// Throws Failure on every rank if any rank's `error` is non-empty; a barrier otherwise.
-void agree(comm::ProcessGroup& group, const std::string& error, const std::string& what) {
-  const std::vector<std::string> all = all_gather_strings(group, error);
-  std::string msg;
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (!all[r].empty()) msg += detail::cat(msg.empty() ? "" : "; ", "rank ", r, ": ", all[r]);
+// ---- what is ours in --checkpoint-dir (Note [Ownership of what we delete]) -----------
+
+constexpr const char* kLockFile = ".lock";
+
+// N of "step_N" (8 or more digits), else nothing.
+std::optional<int64_t> step_of(const std::string& name) {
+  static const std::regex kName("step_([0-9]{8,18})");
+  std::smatch m;
+  if (!std::regex_match(name, m, kName)) return std::nullopt;
+  return std::stoll(m[1].str());
+}
+
+// What interrupted saves leave: .tmp-step_N, .old-step_N and .del-step_N directories.
+std::vector<fs::path> stale_temporaries(const std::string& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  if (!fs::is_directory(dir, ec)) return out;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    for (const char* prefix : {".tmp-step_", ".old-step_", ".del-step_"}) {
+      if (name.rfind(prefix, 0) == 0) out.push_back(e.path());
+    }
   }
-  if (!msg.empty()) FSDP_FAIL(what, " failed: ", msg);
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+// A save of step_N may replace an existing checkpoint step_N, never anything else of that name.
+void check_checkpoint_name_free(const fs::path& final) {
+  std::error_code ec;
+  if (!fs::exists(fs::symlink_status(final, ec))) return;
+  FSDP_CHECK(fs::is_directory(fs::symlink_status(final, ec)) && fs::exists(final / kManifest, ec), "cannot save ",
+             final.string(), ": it exists and is not a checkpoint (no ", kManifest, "), and this program never "
+             "overwrites what it did not write; move it out of --checkpoint-dir ", final.parent_path().string(),
+             " and resume");
 }
 
 // ---- manifest -----------------------------------------------------------------------
@@ -574,41 +603,89 @@ std::string checkpoint_name(int64_t step) {
   return buf;
 }
 
-std::vector<CheckpointInfo> list_checkpoints(const std::string& dir) {
+std::vector<CheckpointInfo> list_checkpoints(const std::string& dir, std::vector<std::string>* ignored) {
   std::vector<CheckpointInfo> out;
+  std::vector<std::string> skipped;
   std::error_code ec;
   if (!fs::is_directory(dir, ec)) return out;
-  static const std::regex kName("step_([0-9]{8,})");
   for (const auto& e : fs::directory_iterator(dir, ec)) {
-    std::smatch m;
     const std::string name = e.path().filename().string();
-    if (!std::regex_match(name, m, kName) || !e.is_directory(ec)) continue;
-    if (!fs::exists(e.path() / kManifest, ec)) continue;
-    out.push_back({std::stoll(m[1].str()), e.path().string()});
+    const std::optional<int64_t> step = step_of(name);
+    if (!step) continue;
+    if (!e.is_directory(ec)) {
+      skipped.push_back(name + " (not a directory)");
+    } else if (!fs::exists(e.path() / kManifest, ec)) {
+      skipped.push_back(detail::cat(name, " (no ", kManifest, ")"));
+    } else {
+      out.push_back({*step, e.path().string()});
+    }
   }
   std::sort(out.begin(), out.end(), [](const CheckpointInfo& a, const CheckpointInfo& b) { return a.step > b.step; });
+  std::sort(skipped.begin(), skipped.end());
+  if (ignored != nullptr) *ignored = std::move(skipped);
   return out;
 }
 
-std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
-  std::vector<std::string> removed;
-  std::error_code ec;
-  if (!fs::is_directory(dir, ec)) return removed;
-  std::vector<fs::path> doomed;
-  for (const auto& e : fs::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    for (const char* prefix : {".tmp-step_", ".old-step_", ".del-step_"}) {
-      if (name.rfind(prefix, 0) == 0 && e.is_directory(ec)) doomed.push_back(e.path());
-    }
+void check_checkpoint_dir(const std::string& dir) {
+  std::vector<std::string> foreign;
+  list_checkpoints(dir, &foreign);
+  if (!foreign.empty()) {
+    std::string names;
+    for (const auto& f : foreign) names += (names.empty() ? "" : ", ") + f;
+    FSDP_CHECK(false, "--checkpoint-dir ", dir, " holds ", names, ": named like a checkpoint but not one (a partial "
+               "copy, a checkpoint whose ", kManifest, " was lost, or other files). A save could need that name, "
+               "and this program never overwrites or deletes what it did not write: move ",
+               foreign.size() == 1 ? "it" : "them", " out of ", dir, " (or restore the ", kManifest, ") and run again");
   }
-  std::sort(doomed.begin(), doomed.end());
+  for (const auto& p : stale_temporaries(dir)) check_removable(p.string());
+}
+
+std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
+  const std::vector<fs::path> doomed = stale_temporaries(dir);
+  for (const auto& p : doomed) check_removable(p.string());  // all or nothing
+  std::vector<std::string> removed;
   for (const auto& p : doomed) {
-    fs::remove_all(p, ec);
-    FSDP_CHECK(!ec, "cannot remove the stale temporary checkpoint directory ", p.string(), ": ", ec.message(),
-               "; remove it by hand");
+    remove_owned_directory(p.string());
     removed.push_back(p.filename().string());
   }
   return removed;
+}
+
+CheckpointDirHold open_checkpoint_dir(const std::string& dir, comm::ProcessGroup& group) {
+  CheckpointDirHold hold;
+  RankError refused;
+  if (group.rank() == 0) {
+    try {
+      std::error_code ec;
+      fs::create_directories(dir, ec);
+      if (ec) FSDP_FAIL("cannot create --checkpoint-dir ", dir, ": ", ec.message());
+      hold.lock = std::make_unique<DirectoryLock>((fs::path(dir) / kLockFile).string(), "--checkpoint-dir " + dir);
+      check_checkpoint_dir(dir);
+      hold.removed = remove_stale_temporaries(dir);
+    } catch (const std::exception& e) {
+      refused = RankError::of(e);
+      hold.lock.reset();
+    }
+  }
+  raise_on_every_rank(group, refused, "opening --checkpoint-dir " + dir);
+  return hold;
+}
+
+RankError RankError::of(const std::exception& e) {
+  const std::string m = strip_rank_tag(e.what());
+  return {dynamic_cast<const UsageError*>(&e) != nullptr, m.empty() ? std::string("an error without a message") : m};
+}
+
+void raise_on_every_rank(comm::ProcessGroup& group, const RankError& error, const std::string& what) {
+  // One string per rank: "" (no error), "U<message>" or "F<message>".
+  const std::string mine = error.empty() ? "" : (error.usage ? "U" : "F") + error.message;
+  const std::vector<std::string> all = all_gather_strings(group, mine);
+  std::string failures;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (!all[r].empty() && all[r][0] == 'U') detail::throw_usage(all[r].substr(1));
+    if (!all[r].empty()) failures += detail::cat(failures.empty() ? "" : "; ", "rank ", r, ": ", all[r].substr(1));
+  }
+  if (!failures.empty()) FSDP_FAIL(what, " failed: ", failures);
 }
 
 std::vector<std::string> all_gather_strings(comm::ProcessGroup& group, const std::string& mine) {
@@ -642,25 +719,26 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
   const fs::path final = root / name;
   const bool lead = group.rank() == 0;
 
-  // 1. Rank 0 prepares an empty temporary directory.
-  std::string error;
+  // 1. Rank 0 prepares an empty temporary directory (Note [Ownership of what
+  // we delete]: a step_N that is not a checkpoint is never replaced).
+  RankError prepared;
   if (lead) {
     try {
       fs::create_directories(root);
-      std::error_code ec;
-      fs::remove_all(tmp, ec);  // left by a crashed save of the same step
-      fs::create_directory(tmp);
+      check_checkpoint_name_free(final);
+      remove_owned_directory(tmp.string());  // left by a crashed save of the same step
+      create_owned_directory(tmp.string());
     } catch (const std::exception& e) {
-      error = strip_rank_tag(e.what());
+      prepared = RankError::of(e);
     }
   }
-  agree(group, error, "saving checkpoint " + final.string() + ": creating " + tmp.string());
+  raise_on_every_rank(group, prepared, "saving checkpoint " + final.string() + ": creating " + tmp.string());
 
   // 2. Every writer writes its shard file.
   const std::vector<UnitState> state = collect_state(model, optimizer);
   const ShardPosition pos = shard_position(model, group);
   nlohmann::json record;
-  error.clear();
+  std::string error;
   if (pos.writer) {
     int64_t total = 0;
     for (const auto& u : state) {
@@ -716,7 +794,7 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
   });
   SaveResult result;
   result.path = final.string();
-  error.clear();
+  RankError committed;
   if (lead) {
     try {
       nlohmann::json units = nlohmann::json::array();
@@ -772,6 +850,8 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
         for (size_t i = static_cast<size_t>(options.keep_last); i < all.size(); ++i) {
           const fs::path doomed(all[i].path);
           const fs::path del = root / (".del-" + doomed.filename().string());
+          remove_owned_directory(del.string());
+          if (!is_owned_directory(doomed.string())) mark_owned(doomed.string());  // saved by an older version
           io::rename_path(doomed.string(), del.string());
           io::fsync_dir(root.string());
           std::error_code ec;
@@ -780,10 +860,12 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
         }
       }
     } catch (const std::exception& e) {
-      error = strip_rank_tag(e.what());
+      committed = RankError::of(e);
+      std::error_code ec;
+      if (is_owned_directory(tmp.string())) fs::remove_all(tmp, ec);  // not committed: nothing to keep
     }
   }
-  agree(group, error, "saving checkpoint " + final.string());
+  raise_on_every_rank(group, committed, "saving checkpoint " + final.string());
   result.io.bytes = bytes;
   result.io.seconds = io::now_seconds() - t0;
   return result;

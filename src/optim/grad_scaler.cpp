@@ -1,12 +1,16 @@
 #include "fsdp/optim/grad_scaler.h"
 
+#include <cmath>
+
 #include "fsdp/common/error.h"
 
 namespace fsdp::optim {
 
 ShardedGradScaler::ShardedGradScaler(GradScalerOptions options, comm::ProcessGroupPtr group)
     : options_(options), group_(std::move(group)), scale_(options.init_scale) {
-  FSDP_CHECK(options_.init_scale > 0, "grad scaler: init_scale must be > 0, got ", options_.init_scale);
+  // inf would skip every step (inf * 0.5 is inf), nan compares false everywhere.
+  FSDP_CHECK(std::isfinite(options_.init_scale) && options_.init_scale > 0,
+             "grad scaler: init_scale must be a finite number > 0, got ", options_.init_scale);
   FSDP_CHECK(options_.growth_factor > 1, "grad scaler: growth_factor must be > 1, got ", options_.growth_factor);
   FSDP_CHECK(options_.backoff_factor > 0 && options_.backoff_factor < 1,
              "grad scaler: backoff_factor must be in (0, 1), got ", options_.backoff_factor);

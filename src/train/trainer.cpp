@@ -5,8 +5,10 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <ctime>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,7 @@
 #include <unistd.h>
 
 #include "fsdp/checkpoint/hf.h"
+#include "fsdp/checkpoint/ownership.h"
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
@@ -179,11 +182,12 @@ nlohmann::json export_extras(const TrainOptions& o, const data::Tokenizer& token
 
 using LogLine = std::function<void(const std::string&)>;
 
-// fsdp-train's log lines ("<time> I [fsdp-train] ..." for level 'I', 'W' for
-// warnings): rank 0 only, none under --quiet.
+// fsdp-train's log lines ("<time> I [fsdp-train] ..." for level 'I' on
+// stdout, 'W' for warnings on stderr): rank 0 only, none under --quiet.
 LogLine log_line(const TrainOptions& o, bool lead, char level) {
   return [&o, lead, level](const std::string& line) {
-    if (lead && !o.log.quiet) std::cout << timestamp() << " " << level << " [fsdp-train] " << line << std::endl;
+    if (!lead || o.log.quiet) return;
+    (level == 'W' ? std::cerr : std::cout) << timestamp() << " " << level << " [fsdp-train] " << line << std::endl;
   };
 }
 
@@ -319,6 +323,9 @@ TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) 
   const checkpoint::LoadResult r =
       checkpoint::load_latest_checkpoint(o.checkpoint.dir, *sharded, /*optimizer=*/nullptr, *group, lo);
   for (const auto& why : r.rejected) warn(why + "; trying the previous checkpoint");
+  std::vector<std::string> ignored;
+  checkpoint::list_checkpoints(o.checkpoint.dir, &ignored);
+  for (const auto& i : ignored) warn(fmt::format("{}/{} is not a checkpoint: ignored", o.checkpoint.dir, i));
   FSDP_CHECK(r.loaded, "--checkpoint-dir ", o.checkpoint.dir, " holds no checkpoint to convert");
   const std::string diff =
       checkpoint::config_mismatch(cfg, models::parse_hf_config(r.manifest.at("model_config").dump(), r.path));
@@ -387,7 +394,8 @@ void validate_options(const TrainOptions& o, int world_size) {
   engine_options(o, world_size);  // every sharding, memory and precision flag parses
   FSDP_CHECK(o.sharding.loss_scaling == "auto" || o.sharding.loss_scaling == "on" || o.sharding.loss_scaling == "off",
              "--loss-scaling '", o.sharding.loss_scaling, "' is not one of: auto, on, off");
-  FSDP_CHECK(o.sharding.initial_loss_scale > 0, "--initial-loss-scale must be > 0, got ", o.sharding.initial_loss_scale);
+  FSDP_CHECK(std::isfinite(o.sharding.initial_loss_scale) && o.sharding.initial_loss_scale > 0,
+             "--initial-loss-scale must be a finite number > 0 (e.g. 65536), got ", o.sharding.initial_loss_scale);
   FSDP_CHECK(o.sharding.hybrid_shard_size >= 0, "--hybrid-shard-size must be >= 1 (or 0 for LOCAL_WORLD_SIZE), got ",
              o.sharding.hybrid_shard_size);
   FSDP_CHECK(o.checkpoint.every >= 0, "--checkpoint-every must be >= 0 (0: only at the end), got ", o.checkpoint.every);
@@ -401,6 +409,8 @@ void validate_options(const TrainOptions& o, int world_size) {
     std::error_code ec;
     FSDP_CHECK(!std::filesystem::exists(o.checkpoint.dir, ec) || std::filesystem::is_directory(o.checkpoint.dir, ec),
                "--checkpoint-dir ", o.checkpoint.dir, " exists and is not a directory");
+    checkpoint::check_writable(o.checkpoint.dir, "--checkpoint-dir", /*directory=*/true);
+    checkpoint::check_checkpoint_dir(o.checkpoint.dir);  // Note [Ownership of what we delete]
     // A new run would overwrite (and --keep-last delete) another run's checkpoints.
     const auto existing = checkpoint::list_checkpoints(o.checkpoint.dir);
     FSDP_CHECK(o.checkpoint.resume || existing.empty(), "--checkpoint-dir ", o.checkpoint.dir, " already holds ",
@@ -438,6 +448,9 @@ void validate_options(const TrainOptions& o, int world_size) {
     const auto parent = std::filesystem::path(o.log.metrics_file).parent_path();
     FSDP_CHECK(parent.empty() || std::filesystem::is_directory(parent), "--metrics-file ", o.log.metrics_file,
                ": directory ", parent.string(), " does not exist");
+    FSDP_CHECK(!std::filesystem::is_directory(o.log.metrics_file), "--metrics-file ", o.log.metrics_file,
+               " is a directory; give a file name");
+    checkpoint::check_writable(o.log.metrics_file, "--metrics-file", /*directory=*/false);
   }
 }
 
@@ -521,6 +534,12 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   const LogLine warn = log_line(o, lead, 'W');
   // Progress bars for long checkpoint I/O: rank 0, and only on a terminal.
   const bool progress = lead && !o.log.quiet && isatty(STDERR_FILENO) == 1;
+  // --checkpoint-dir is this run's alone until it ends (Note [Ownership of
+  // what we delete]): rank 0 locks it and removes what interrupted saves left.
+  checkpoint::CheckpointDirHold checkpoint_dir;
+  if (!o.checkpoint.dir.empty()) {
+    checkpoint_dir = checkpoint::open_checkpoint_dir(o.checkpoint.dir, rt.cpu_group ? *rt.cpu_group : *world);
+  }
 
   // --- model configuration and data
   const models::LlamaConfig cfg = init_config(o);
@@ -641,16 +660,23 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     metrics.open(o.log.metrics_file, std::ios::app);
     FSDP_CHECK(metrics.good(), "--metrics-file ", o.log.metrics_file, ": cannot open for appending");
   }
+  // A record that cannot be written fails the run: metrics are results.
+  auto write_metrics = [&](const nlohmann::json& j) {
+    errno = 0;
+    metrics << j.dump() << "\n" << std::flush;
+    if (!metrics) {
+      FSDP_FAIL("--metrics-file ", o.log.metrics_file, ": writing failed (",
+                errno != 0 ? std::strerror(errno) : "stream error", "); free space on its disk or choose another file");
+    }
+  };
 
   // --- where the weights come from: a checkpoint, a Hugging Face directory, or the seed
   const nlohmann::json model_config = nlohmann::json::parse(cfg.to_hf_config_json());
   // Note [Export extras]: what --export-hf adds, recorded in every checkpoint.
   const nlohmann::json hf_extras = export_extras(o, *tokenizer, tokenizer_bos, tokenizer_eos);
   int64_t start_step = 0;
-  if (!o.checkpoint.dir.empty() && lead) {
-    for (const auto& name : checkpoint::remove_stale_temporaries(o.checkpoint.dir)) {
-      say(fmt::format("removed {}/{}, left by an interrupted save", o.checkpoint.dir, name));
-    }
+  for (const auto& name : checkpoint_dir.removed) {
+    say(fmt::format("removed {}/{}, left by an interrupted save", o.checkpoint.dir, name));
   }
   bool resumed = false;
   if (o.checkpoint.resume) {
@@ -718,12 +744,19 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     rec.step = completed;
     rec.targets = windows.total_targets();
     rec.loss = t.item<double>() / static_cast<double>(rec.targets);
+    if (!std::isfinite(rec.loss)) {  // the same value on every rank: all fail together
+      const char* value = std::isnan(rec.loss) ? "NaN" : rec.loss > 0 ? "inf" : "-inf";
+      FSDP_FAIL("the evaluation loss is ", value, " at step ", completed,
+                ": the weights or the --val-data produce NaN/inf",
+                o.eval.only ? "; check the weights being evaluated"
+                            : "; lower --lr or raise --warmup-steps, or clip harder with --clip-grad");
+    }
     say(fmt::format("Eval Loss: {:.5f} (step {}, {} tokens, {:.2f} s)", rec.loss, completed, rec.targets,
                     seconds_since(t0)));
     if (metrics.is_open()) {
       nlohmann::json j = {{"eval_loss", rec.loss}, {"eval_tokens", rec.targets}};
       if (!o.eval.only) j["step"] = completed;
-      metrics << j.dump() << "\n" << std::flush;
+      write_metrics(j);
     }
     summary.evals.push_back(rec);
     sharded->take_step_counters();  // evaluation's all-gathers are not a step's
@@ -867,7 +900,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
           j["loss_scale"] = loss_scale;
           j["skipped"] = skipped;
         }
-        metrics << j.dump() << "\n" << std::flush;
+        write_metrics(j);
       }
       interval_start = Clock::now();
       interval_steps = 0;

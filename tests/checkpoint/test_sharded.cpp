@@ -5,10 +5,14 @@
 #include <filesystem>
 #include <fstream>
 
+#include <unistd.h>
+
 #include "ckpt_test_util.h"
+#include "fsdp/checkpoint/ownership.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/error.h"
+#include "support/errors.h"
 #include "support/multiproc.h"
 
 namespace fsdp {
@@ -39,6 +43,11 @@ std::map<std::string, at::Tensor> read_state(const std::string& path) {
 void write_state(const std::string& path, const std::map<std::string, at::Tensor>& s) {
   std::vector<std::pair<std::string, at::Tensor>> v(s.begin(), s.end());
   checkpoint::save_safetensors(path, v);
+}
+
+void write_notes(const std::string& dir) {
+  fs::create_directories(dir);
+  std::ofstream(dir + "/notes.txt") << "notes";
 }
 
 void flip_byte(const std::string& path, int64_t offset) {
@@ -122,8 +131,8 @@ TEST(ShardedCheckpoint, HybridWritesOneReplicaAndResumesExactly) {
   std::vector<std::string> files;
   for (const auto& e : fs::directory_iterator(dir + "/step_00000002")) files.push_back(e.path().filename().string());
   std::sort(files.begin(), files.end());
-  EXPECT_EQ(files, (std::vector<std::string>{"manifest.crc32c", "manifest.json", "shard-00000-of-00002.bin",
-                                             "shard-00001-of-00002.bin"}));
+  EXPECT_EQ(files, (std::vector<std::string>{".fsdp-cpp-owned", "manifest.crc32c", "manifest.json",
+                                             "shard-00000-of-00002.bin", "shard-00001-of-00002.bin"}));
   std::ifstream in(dir + "/step_00000002/manifest.json");
   const auto j = nlohmann::json::parse(in);
   EXPECT_EQ(j["strategy"], "HYBRID_SHARD");
@@ -204,11 +213,16 @@ TEST(ShardedCheckpoint, KeepLastAndStaleTemporaries) {
     EXPECT_EQ(list[0].step, 40);
     EXPECT_EQ(list[1].step, 30);
 
-    // What a crashed save leaves: a temporary directory with a partial file.
+    // What a crashed save leaves: a temporary directory (ours: it has the
+    // marker) with a partial file.
     fs::create_directories(dir + "/.tmp-step_00000050");
+    std::ofstream(dir + "/.tmp-step_00000050/" + checkpoint::kOwnedMarker) << "ours";
     std::ofstream(dir + "/.tmp-step_00000050/shard-00000-of-00001.bin") << "partial";
-    fs::create_directories(dir + "/step_00000060");  // no manifest: not a checkpoint
-    EXPECT_EQ(checkpoint::list_checkpoints(dir).size(), 2u);
+    fs::create_directories(dir + "/step_00000060");  // no manifest: not a checkpoint, and said so
+    std::vector<std::string> ignored;
+    EXPECT_EQ(checkpoint::list_checkpoints(dir, &ignored).size(), 2u);
+    EXPECT_EQ(ignored, std::vector<std::string>{"step_00000060 (no manifest.json)"});
+    fs::remove(dir + "/step_00000060");
     auto fresh = make_sharded_llama(pg, "full", "block", 3);
     EXPECT_EQ(checkpoint::load_latest_checkpoint(dir, *fresh.sharded, fresh.opt.get(), pg).step, 40);
     EXPECT_EQ(checkpoint::remove_stale_temporaries(dir), std::vector<std::string>{".tmp-step_00000050"});
@@ -286,6 +300,88 @@ TEST(ShardedCheckpoint, AnotherModelIsAUsageError) {
       EXPECT_NE(msg.find("[72, 32]"), std::string::npos) << msg;
       EXPECT_NE(msg.find("[80, 32]"), std::string::npos) << msg;
     }
+  });
+}
+
+// Issue 16, finding 1: a step_N directory without a manifest, and .tmp-/.old-/
+// .del- directories without our marker, are never overwritten or deleted:
+// saving, pruning and start-up cleaning refuse with a UsageError naming them,
+// and every file in them survives.
+TEST(ShardedCheckpoint, NeverDeletesWhatItDidNotCreate) {
+  const std::string dir = testing::temp_dir("ckpt-foreign");
+  testing::run_distributed(1, [&](comm::ProcessGroup& pg) {
+    auto m = make_sharded_llama(pg, "full");
+    auto save = [&](int64_t step, int keep_last = 0) {
+      checkpoint::SaveOptions so;
+      so.keep_last = keep_last;
+      checkpoint::save_checkpoint(dir, step, *m.sharded, m.opt.get(), {}, {}, pg, so);
+    };
+    // A user's step_00000002 (no manifest): a save of step 2 refuses to replace it.
+    write_notes(dir + "/step_00000002");
+    EXPECT_CONTAINS(testing::usage_error_of([&] { save(2); }), dir + "/step_00000002: it exists and is not a checkpoint");
+    EXPECT_CONTAINS(testing::usage_error_of([&] { checkpoint::check_checkpoint_dir(dir); }),
+                    "holds step_00000002 (no manifest.json): named like a checkpoint but not one");
+    EXPECT_TRUE(fs::exists(dir + "/step_00000002/notes.txt"));
+    fs::remove_all(dir + "/step_00000002");
+
+    // Temporary names that hold someone else's files.
+    save(1);
+    write_notes(dir + "/.tmp-step_00000003");
+    EXPECT_CONTAINS(testing::usage_error_of([&] { save(3); }),
+                    dir + "/.tmp-step_00000003 exists but was not created by fsdp-cpp");
+    write_notes(dir + "/.old-step_00000001");
+    EXPECT_CONTAINS(testing::usage_error_of([&] { save(1); }), dir + "/.old-step_00000001 exists but was not created");
+    EXPECT_TRUE(fs::exists(dir + "/step_00000001/manifest.json"));  // the checkpoint is untouched too
+    write_notes(dir + "/.del-step_00000001");
+    EXPECT_CONTAINS(testing::usage_error_of([&] { save(4, /*keep_last=*/1); }),
+                    dir + "/.del-step_00000001 exists but was not created");
+    EXPECT_TRUE(fs::exists(dir + "/step_00000001/manifest.json"));
+    // Start-up cleaning: all or nothing, so our own leftover stays too.
+    fs::create_directories(dir + "/.tmp-step_00000009");
+    std::ofstream(dir + "/.tmp-step_00000009/" + checkpoint::kOwnedMarker) << "ours";
+    EXPECT_CONTAINS(testing::usage_error_of([&] { checkpoint::remove_stale_temporaries(dir); }),
+                    "move or delete " + dir + "/.del-step_00000001 by hand");
+    EXPECT_TRUE(fs::exists(dir + "/.tmp-step_00000009"));
+    for (const char* d : {".tmp-step_00000003", ".old-step_00000001", ".del-step_00000001"}) {
+      EXPECT_TRUE(fs::exists(dir + "/" + d + "/notes.txt")) << d;
+      fs::remove_all(dir + "/" + d);
+    }
+    // Once they are gone, everything works: our leftover is removed, keep_last prunes.
+    // An empty one without the marker (a crash right after creating it) goes too: it holds nothing.
+    fs::create_directories(dir + "/.tmp-step_00000010");
+    EXPECT_EQ(checkpoint::remove_stale_temporaries(dir),
+              (std::vector<std::string>{".tmp-step_00000009", ".tmp-step_00000010"}));
+    save(3);
+    save(4, /*keep_last=*/1);
+    const auto list = checkpoint::list_checkpoints(dir);
+    ASSERT_EQ(list.size(), 1u);
+    EXPECT_EQ(list[0].step, 4);
+  });
+}
+
+// One run at a time writes a --checkpoint-dir: while another process holds
+// its lock, open_checkpoint_dir refuses on every rank (a UsageError naming the
+// holder's pid); once released, it locks (rank 0 holds the lock).
+TEST(ShardedCheckpoint, ALockedDirectoryIsRefusedOnEveryRank) {
+  const std::string dir = testing::temp_dir("ckpt-lock");
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    fs::create_directories(dir);
+    // Rank 1 plays the other run (flock locks conflict between open files, even in one process).
+    std::unique_ptr<checkpoint::DirectoryLock> other;
+    if (pg.rank() == 1) other = std::make_unique<checkpoint::DirectoryLock>(dir + "/.lock", "the other run");
+    const std::vector<std::string> pids = checkpoint::all_gather_strings(pg, std::to_string(::getpid()));
+    EXPECT_CONTAINS(testing::usage_error_of([&] { checkpoint::open_checkpoint_dir(dir, pg); }),
+                    "--checkpoint-dir " + dir + " is in use by another fsdp-cpp process (pid " + pids[1] + " on host");
+    other.reset();
+    checkpoint::all_gather_strings(pg, "");
+    {
+      const checkpoint::CheckpointDirHold hold = checkpoint::open_checkpoint_dir(dir, pg);
+      EXPECT_EQ(hold.lock != nullptr, pg.rank() == 0);
+      EXPECT_TRUE(fs::exists(dir + "/.lock"));
+      checkpoint::all_gather_strings(pg, "");
+    }
+    checkpoint::all_gather_strings(pg, "");
+    EXPECT_FALSE(fs::exists(dir + "/.lock"));  // removed on release
   });
 }
 

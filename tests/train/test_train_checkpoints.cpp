@@ -184,11 +184,15 @@ TEST(TrainCli, KeepLastAndADamagedCheckpoint) {
     f.seekp(1000);
     f.put(static_cast<char>(b ^ 1));
   }
-  Command r = run_command(flags(8) + " --checkpoint-dir " + ck + " --resume --checkpoint-every 2 --keep-last 2", 120);
-  EXPECT_EQ(r.exit_code, 0) << r.output;
-  EXPECT_NE(r.output.find("checkpoint step_00000006 is damaged: file shard-00001-of-00002.bin: checksum mismatch"),
-            std::string::npos) << r.output;
-  EXPECT_NE(r.output.find("trying the previous checkpoint"), std::string::npos) << r.output;
+  // Warnings go to stderr (issue 16, finding 7): stdout here, stderr in a file.
+  Command r = run_command("sh -c '" + flags(8) + " --checkpoint-dir " + ck +
+                          " --resume --checkpoint-every 2 --keep-last 2 2>" + dir + "/resume.err'", 120);
+  const std::string err = read_file(dir + "/resume.err");
+  EXPECT_EQ(r.exit_code, 0) << r.output << err;
+  EXPECT_NE(err.find("checkpoint step_00000006 is damaged: file shard-00001-of-00002.bin: checksum mismatch"),
+            std::string::npos) << err;
+  EXPECT_NE(err.find("trying the previous checkpoint"), std::string::npos) << err;
+  EXPECT_EQ(r.output.find("damaged"), std::string::npos) << "a warning on stdout: " << r.output;
   EXPECT_NE(r.output.find("Resumed from " + ck + "/step_00000004 (step 4)"), std::string::npos) << r.output;
   // Training went on and replaced the damaged checkpoint with a good one.
   EXPECT_NE(r.output.find("Saved checkpoint step_00000006"), std::string::npos) << r.output;

@@ -87,10 +87,16 @@ std::vector<std::pair<std::string, std::string>> find_hf_side_files(const std::s
 // anything else in an existing DIR makes export refuse (a user's files are
 // never replaced).
 bool is_hf_export_file(const std::string& file_name);
-// UsageError unless `dir` is absent, empty, or holds only files an export writes.
+// UsageError unless `dir` is absent, empty, or holds only files an export
+// writes; its directory can be written (or created); and .tmp-<name> and
+// .old-<name> beside it, which an export replaces, are absent or ours
+// (Note [Ownership of what we delete], checkpoint/ownership.h).
 void check_export_dir(const std::string& dir, const std::string& flag = "--export-hf");
 
-// Collective over `group` (every rank of the model's world); rank 0 writes DIR.
+// Collective over `group` (every rank of the model's world); rank 0 writes DIR,
+// holding a DirectoryLock on PARENT/.<name>.lock meanwhile (a second export to
+// DIR is refused). Errors are raised on every rank; check_export_dir's
+// refusals are UsageErrors.
 HfExportResult export_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
                          comm::ProcessGroup& group, const HfExportOptions& options = {});
 

@@ -8,11 +8,21 @@
 //     manifest.crc32c                   CRC-32C of manifest.json, 8 hex digits
 //     shard-00000-of-00002.bin          shard 0's sections (raw little-endian, back to back)
 //     shard-00001-of-00002.bin
+//     .fsdp-cpp-owned                   the marker of a directory this program created (below)
 //   .tmp-step_00000200/                 a save in progress (or left by a crash): never a checkpoint
 //   .old-step_*, .del-step_*            a checkpoint being replaced or deleted (crash leftovers)
+//   .lock                               held (flock) by the run that writes here; removed when it ends
 // Only `step_<8+ digits>` directories holding manifest.json are checkpoints.
 // Temporary directories from crashed saves are removed by
 // remove_stale_temporaries() (the trainer calls it at start-up).
+//
+// Ownership (Note [Ownership of what we delete], checkpoint/ownership.h):
+// every .tmp-/.old-/.del- directory holds the marker file .fsdp-cpp-owned from
+// right after its creation, and one without it is never removed (a
+// UsageError names it). A step_N directory without manifest.json is never
+// overwritten or deleted: a run refuses to start on a directory holding one
+// (check_checkpoint_dir), and a save of step N refuses to replace it. One run
+// at a time writes a directory: open_checkpoint_dir locks it.
 //
 // Atomicity (Note [Checkpoint commit]): every rank writes and fsyncs its file
 // inside .tmp-step_N; the ranks exchange their files' sizes and checksums;
@@ -74,9 +84,11 @@
 #include <nlohmann/json.hpp>
 
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "fsdp/checkpoint/ownership.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/common/error.h"
 #include "fsdp/fsdp.h"
@@ -104,13 +116,33 @@ struct CheckpointInfo {
   std::string path;
 };
 // Complete checkpoints in `dir` (step_N directories holding manifest.json),
-// newest first; empty if `dir` does not exist.
-std::vector<CheckpointInfo> list_checkpoints(const std::string& dir);
+// newest first; empty if `dir` does not exist. `ignored` (when given)
+// receives each entry named like a checkpoint that is not one, with the
+// reason: "step_00000002 (no manifest.json)".
+std::vector<CheckpointInfo> list_checkpoints(const std::string& dir, std::vector<std::string>* ignored = nullptr);
+
+// UsageError unless everything in `dir` that is named like ours is ours:
+// every step_N is a checkpoint (holds manifest.json) and every .tmp-/.old-/
+// .del-step_N directory holds the ownership marker. The message names the
+// entries and says to move them out.
+void check_checkpoint_dir(const std::string& dir);
 
 // Removes what interrupted saves left in `dir` (.tmp-*, .old-*, .del-*
-// directories); never a complete checkpoint. Returns the names removed. Call
-// on one rank while no save is running.
+// directories holding the ownership marker); never a complete checkpoint.
+// Returns the names removed. UsageError (removing nothing) when one lacks the
+// marker. Call on one rank while no save is running.
 std::vector<std::string> remove_stale_temporaries(const std::string& dir);
+
+struct CheckpointDirHold {
+  std::unique_ptr<DirectoryLock> lock;  // rank 0's lock on the directory; null on the other ranks
+  std::vector<std::string> removed;     // stale temporaries rank 0 removed (empty on the other ranks)
+};
+// Opens `dir` for a training run. Collective over `group`: rank 0 creates
+// `dir` if missing, locks it (DIR/.lock, held as long as the returned lock
+// lives), checks it (check_checkpoint_dir) and removes stale temporaries.
+// A refusal (another run holds the lock, an entry that is not ours) is a
+// UsageError on every rank.
+CheckpointDirHold open_checkpoint_dir(const std::string& dir, comm::ProcessGroup& group);
 
 struct IoStats {
   int64_t bytes = 0;     // read or written, summed over all ranks
@@ -173,5 +205,17 @@ LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model, o
 
 // Strings from every rank, indexed by rank (collective over `group`).
 std::vector<std::string> all_gather_strings(comm::ProcessGroup& group, const std::string& mine);
+
+// An error caught on one rank, to be raised on every rank (raise_on_every_rank).
+struct RankError {
+  bool usage = false;   // a UsageError (exit 2), else a Failure (exit 1)
+  std::string message;  // without the rank tag; empty: no error
+  static RankError of(const std::exception& e);
+  bool empty() const { return message.empty(); }
+};
+// Collective over `group`: when any rank's `error` is set, throws on every
+// rank — the first rank's usage error as a UsageError with its message, else
+// a Failure "<what> failed: rank r: ...; rank s: ...". A barrier otherwise.
+void raise_on_every_rank(comm::ProcessGroup& group, const RankError& error, const std::string& what);
 
 }  // namespace fsdp::checkpoint
