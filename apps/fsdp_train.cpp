@@ -11,7 +11,19 @@
 // (with --checkpoint-dir) and the exit code is 0; without --checkpoint-dir the
 // run stops after the step, nothing is saved, and the exit code is 128 + the
 // signal (143 for SIGTERM) so that a supervisor does not take it for a finished
-// run. A second signal kills the process at once.
+// run. A second signal kills the process at once. While the process is still
+// joining the job (rendezvous), SIGTERM/SIGINT end it at once.
+//
+// Faults: --timeout SECONDS (or FSDP_TIMEOUT; the flag wins; default 600 s for
+// collectives, 300 s for joining) bounds every wait on another rank. Joining:
+// MASTER_ADDR resolving, the store answering, every rank showing up; ranks
+// missing at the deadline are named. Collectives: a rank that does not reach
+// one in time (suspended with SIGSTOP, hung, dead) is named by every surviving
+// rank ("rank 1 did not reach all_reduce #5 ... within 30000 ms: stopped, hung
+// or dead"), exit 1. The --nproc-per-node launcher blames that rank, not the
+// one that noticed, prints its one-line summary before the workers' own error
+// lines, and after a SIGTERM/SIGINT gives the workers --timeout to exit before
+// stopping them (SIGTERM, then SIGKILL 10 s later).
 #include <CLI/CLI.hpp>
 
 #include <sched.h>
@@ -126,6 +138,7 @@ int run(int argc, char** argv) {
   int nproc = 1;
   std::string token_dtype = "u16";
   std::string format = "auto";
+  std::string timeout_text;
 
   CLI::App app{"fsdp-train: train a Llama-family model with Fully Sharded Data Parallel (C++/LibTorch)."};
   app.get_formatter()->column_width(34);
@@ -185,6 +198,10 @@ int run(int argc, char** argv) {
   app.add_option("--nproc-per-node", nproc,
                  "Start N local worker processes and supervise them (ignored under torchrun/srun/PyTorchJob)")
       ->capture_default_str();
+  app.add_option("--timeout", timeout_text,
+                 "Seconds to wait for other ranks: each collective, and joining the job (default: 600 for "
+                 "collectives, 300 for joining; env FSDP_TIMEOUT). A rank that does not arrive in time "
+                 "(suspended, hung, dead, never started) is named and the job fails");
   app.add_option("--device", o.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
   app.add_option("--sharding", o.sharding.strategy,
                  "full (FULL_SHARD) | grad-op (SHARD_GRAD_OP) | none (NO_SHARD, DDP) | hybrid (HYBRID_SHARD)")
@@ -297,6 +314,13 @@ int run(int argc, char** argv) {
   // Converting a checkpoint (--max-steps 0) without --model: the checkpoint's
   // model (an empty model spec; train/trainer.h).
   if (o.step.max_steps == 0 && app.count("--model") == 0) o.model.clear();
+  fsdp::comm::InitOptions init;
+  if (!timeout_text.empty()) {
+    init.timeout = init.store_timeout = fsdp::comm::parse_timeout(timeout_text, "--timeout");
+  } else if (const char* env = std::getenv("FSDP_TIMEOUT"); env != nullptr && *env != '\0') {
+    init.timeout = init.store_timeout = fsdp::comm::parse_timeout(env, "FSDP_TIMEOUT");
+  }
+
   const fsdp::comm::WorldInfo world = fsdp::comm::detect_world();
   const bool is_worker = world.launcher != "single";
   if (!is_worker) check_nproc(nproc, o.device);  // under torchrun/srun/PyTorchJob the flag is ignored
@@ -308,20 +332,24 @@ int run(int argc, char** argv) {
     lo.argv.push_back(self_exe(argv[0]));
     for (int i = 1; i < argc; ++i) lo.argv.emplace_back(argv[i]);
     lo.nproc = nproc;
+    lo.signal_timeout = init.timeout;
+    // The summary comes first, before the workers' error lines; the final
+    // message repeats it with what happened to the other ranks.
+    lo.on_failure = [](const std::string& summary) { std::cerr << "fsdp-train: " << summary << std::endl; };
     const fsdp::comm::LaunchResult r = fsdp::comm::launch_local(lo);
     if (!r.ok) std::cerr << "fsdp-train: " << r.message << "\n";
     return r.exit_code;
   }
 
-  install_stop_handlers();
-  o.stop_requested = [] { return g_stop_signal.load(); };
-  fsdp::comm::InitOptions init;
   if (o.device == "cuda") {
     // NCCL on cuda:<local rank>, made current before any CUDA work.
     fsdp::set_current_device(fsdp::worker_device(o.device, world.local_rank));
     init.backend = "nccl";
   }
   const fsdp::comm::Runtime rt = fsdp::comm::init_process_group(world, init);
+  // Only now: a signal while joining must end the process, not wait for a step.
+  install_stop_handlers();
+  o.stop_requested = [] { return g_stop_signal.load(); };
   const fsdp::train::TrainSummary s = fsdp::train::train(o, rt);
   if (s.stop_reason != 0 && o.checkpoint.dir.empty()) return 128 + s.stop_reason;  // stopped, nothing saved
   return 0;

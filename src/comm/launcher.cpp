@@ -19,6 +19,7 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <fstream>
 #include <memory>
 #include <thread>
 
@@ -38,7 +39,10 @@ int launch_exit_code(const LaunchResult& r) {
   if (r.ok) return 0;
   if (r.timed_out) return 124;
   auto code_of = [](const RankOutcome& o) { return o.signaled ? 128 + o.signal : o.code; };
-  if (r.failed_rank >= 0) return code_of(r.ranks[static_cast<size_t>(r.failed_rank)]);
+  if (r.failed_rank >= 0) {
+    const RankOutcome& f = r.ranks[static_cast<size_t>(r.failed_rank)];
+    return f.suspended ? 1 : code_of(f);  // the launcher ended it: its own status says nothing
+  }
   for (const auto& o : r.ranks) {
     if (!o.signaled && o.code != 0) return o.code;
   }
@@ -180,10 +184,22 @@ class Workers {
     kill(-pid(r), SIGKILL);  // leftovers in the worker's process group, if any
     return true;
   }
+  // Also continues a suspended worker, which otherwise could act on `sig`
+  // (a handler, or SIGTERM's default) only once someone sent it SIGCONT.
   void signal_all(int sig) {
     for (int r = 0; r < size(); ++r) {
-      if (running(r)) kill(-pid(r), sig);
+      if (!running(r)) continue;
+      kill(-pid(r), sig);
+      if (sig != SIGKILL) kill(-pid(r), SIGCONT);
     }
+  }
+  // The worker's process state from /proc ('R', 'S', 'T' stopped, 't'
+  // traced, ...), '?' if unknown.
+  char state(int r) const {
+    std::ifstream in(detail::cat("/proc/", pid(r), "/stat"));
+    const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const auto paren = stat.rfind(')');  // the command name may hold spaces and parentheses
+    return paren != std::string::npos && stat.size() > paren + 2 ? stat[paren + 2] : '?';
   }
 
  private:
@@ -195,7 +211,105 @@ struct ChildSpec {
   std::string program;
   std::vector<std::string> argv;
   std::vector<std::string> env;  // "K=V"
-  int log_fd = -1;               // -1: inherit
+  int log_fd = -1;               // stdout and stderr; -1: inherit
+  int err_fd = -1;               // stderr only (the relay's pipe); -1: inherit
+};
+
+// Note [Failure summary first]
+// When a rank fails, the first stderr line the user reads should say which
+// rank failed and why (the launcher's summary), not the error a surviving
+// rank hit when its peer went away. A worker prints its fatal error
+// (fsdp::run_main: "<program>: failed: ..." or "<program>: error: ...") just
+// before it exits, so the launcher holds exactly those lines until the worker
+// has been reaped: by then it knows whether the job failed and has printed
+// its summary. Every other line passes through at once, so progress and
+// warnings are not delayed; stdout is not touched.
+class StderrRelay {
+ public:
+  explicit StderrRelay(int n) : pipes_(static_cast<size_t>(n)) {}
+  ~StderrRelay() {
+    for (auto& p : pipes_) {
+      if (p.fd >= 0) ::close(p.fd);
+    }
+  }
+  StderrRelay(const StderrRelay&) = delete;
+  StderrRelay& operator=(const StderrRelay&) = delete;
+
+  // A pipe for rank r's stderr; returns its write end, which the caller
+  // closes once the worker holds it.
+  int open(int r) {
+    int fds[2];
+    if (pipe2(fds, O_CLOEXEC) != 0) FSDP_FAIL("launch_local: pipe failed: ", std::strerror(errno));
+    fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
+    pipes_[static_cast<size_t>(r)].fd = fds[0];
+    return fds[1];
+  }
+  // Passes on the complete lines rank r wrote so far, holding fatal ones.
+  void pump(int r) {
+    Pipe& p = pipes_[static_cast<size_t>(r)];
+    if (p.fd < 0) return;
+    char buf[4096];
+    for (;;) {
+      const ssize_t n = ::read(p.fd, buf, sizeof(buf));
+      if (n > 0) {
+        p.partial.append(buf, static_cast<size_t>(n));
+        continue;
+      }
+      if (n < 0 && errno == EINTR) continue;
+      break;  // EAGAIN: nothing more now; 0: every writer closed
+    }
+    size_t start = 0;
+    for (size_t nl; (nl = p.partial.find('\n', start)) != std::string::npos; start = nl + 1) {
+      line(p, p.partial.substr(start, nl + 1 - start));
+    }
+    p.partial.erase(0, start);
+  }
+  // After rank r exited: everything it wrote, a last unterminated line included.
+  void drain(int r) {
+    pump(r);
+    Pipe& p = pipes_[static_cast<size_t>(r)];
+    if (!p.partial.empty()) line(p, p.partial + "\n");
+    p.partial.clear();
+  }
+  // Writes rank r's held lines.
+  void release(int r) {
+    for (const auto& l : pipes_[static_cast<size_t>(r)].held) emit(l);
+    pipes_[static_cast<size_t>(r)].held.clear();
+  }
+
+ private:
+  struct Pipe {
+    int fd = -1;
+    std::string partial;            // bytes after the last newline
+    std::vector<std::string> held;  // fatal lines, until the worker exits
+  };
+  // "<program>: error: " or "<program>: failed: " at the start, with no space in <program>.
+  static bool is_fatal(const std::string& l) {
+    for (const char* tag : {": error: ", ": failed: "}) {
+      const size_t at = l.find(tag);
+      if (at != std::string::npos && at > 0 && l.find(' ') > at) return true;
+    }
+    return false;
+  }
+  void line(Pipe& p, const std::string& l) {
+    if (is_fatal(l)) {
+      p.held.push_back(l);
+    } else {
+      emit(l);
+    }
+  }
+  static void emit(const std::string& l) {
+    const char* d = l.data();
+    size_t left = l.size();
+    while (left > 0) {
+      const ssize_t k = ::write(STDERR_FILENO, d, left);
+      if (k < 0 && errno == EINTR) continue;
+      if (k <= 0) return;  // stderr is gone: nothing better to do with the line
+      d += k;
+      left -= static_cast<size_t>(k);
+    }
+  }
+  std::vector<Pipe> pipes_;
 };
 
 // fork + exec. Between the two only async-signal-safe calls: everything the
@@ -227,6 +341,7 @@ pid_t spawn(const ChildSpec& spec, int max_fd) {
       dup2(spec.log_fd, STDOUT_FILENO);
       dup2(spec.log_fd, STDERR_FILENO);
     }
+    if (spec.err_fd >= 0) dup2(spec.err_fd, STDERR_FILENO);
     if (syscall(SYS_close_range, 3U, ~0U, 0U) != 0) {
       for (int fd = 3; fd < max_fd; ++fd) close(fd);
     }
@@ -298,6 +413,7 @@ LaunchResult launch_local(const LaunchOptions& o) {
   FSDP_CHECK(lws >= 1 && o.nproc % lws == 0, "launch_local: local_world_size=", lws,
              " must divide nproc=", o.nproc);
   FSDP_CHECK(o.kill_grace.count() >= 0, "launch_local: kill_grace must not be negative");
+  FSDP_CHECK(o.signal_timeout.count() > 0, "launch_local: signal_timeout must be positive");
   const std::string program = resolve_program(o.argv[0]);
   if (!o.log_dir.empty()) {
     struct stat st {};
@@ -332,6 +448,8 @@ LaunchResult launch_local(const LaunchOptions& o) {
   const int max_fd = static_cast<int>(std::min<long>(sysconf(_SC_OPEN_MAX), 65536));
   SignalForwarding forwarding(o.forward_signals);
   Workers workers(o.nproc);
+  const bool relay_stderr = o.on_failure && o.log_dir.empty();
+  StderrRelay relay(o.nproc);
   for (int r = 0; r < o.nproc; ++r) {
     ChildSpec spec;
     spec.program = program;
@@ -344,14 +462,17 @@ LaunchResult launch_local(const LaunchOptions& o) {
       spec.log_fd = open(out.log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (spec.log_fd < 0) FSDP_FAIL("launch_local: cannot create ", out.log_file, ": ", std::strerror(errno));
     }
+    if (relay_stderr) spec.err_fd = relay.open(r);
     pid_t pid = -1;
     try {
       pid = spawn(spec, max_fd);
     } catch (...) {
       if (spec.log_fd >= 0) close(spec.log_fd);
+      if (spec.err_fd >= 0) close(spec.err_fd);
       throw;
     }
     if (spec.log_fd >= 0) close(spec.log_fd);
+    if (spec.err_fd >= 0) close(spec.err_fd);
     workers.started(r, pid);
     out.pid = pid;
   }
@@ -361,7 +482,10 @@ LaunchResult launch_local(const LaunchOptions& o) {
   Clock::time_point kill_at{};
   bool killed = false;
   int handled_signals = 0;
+  Clock::time_point signal_deadline{};
+  bool signal_timed_out = false;
   std::vector<int> still_running_at_timeout;
+  std::string blame;  // the failure summary, once a rank failed
   auto stop_all = [&](int sig) {
     for (int r = 0; r < o.nproc; ++r) {
       if (workers.running(r)) result.ranks[static_cast<size_t>(r)].stopped = true;
@@ -372,8 +496,43 @@ LaunchResult launch_local(const LaunchOptions& o) {
       kill_at = Clock::now() + o.kill_grace;
     }
   };
+  // The first failure: blame a suspended rank (the others time out waiting
+  // for it), else one that died from a signal, else the first reaped.
+  auto blame_failure = [&](const std::vector<int>& failed_now) {
+    std::vector<int> suspended;
+    for (int r = 0; r < o.nproc; ++r) {
+      if (!workers.running(r)) continue;
+      const char st = workers.state(r);
+      if (st == 'T' || st == 't') {
+        suspended.push_back(r);
+        result.ranks[static_cast<size_t>(r)].suspended = true;
+      }
+    }
+    int noticed = failed_now.front();
+    for (int r : failed_now) {
+      if (result.ranks[static_cast<size_t>(r)].signaled) {
+        noticed = r;
+        break;
+      }
+    }
+    const RankOutcome& n = result.ranks[static_cast<size_t>(noticed)];
+    if (suspended.empty()) {
+      result.failed_rank = noticed;
+      blame = detail::cat("rank ", noticed, " ", n.describe());
+    } else {
+      result.failed_rank = suspended.front();
+      blame = detail::cat(suspended.size() == 1 ? "rank " : "ranks ", join_ranks(suspended),
+                          suspended.size() == 1 ? " was" : " were",
+                          " suspended (process state T, e.g. SIGSTOP): the others waited for ",
+                          suspended.size() == 1 ? "it" : "them", " (rank ", noticed, " ", n.describe(), ")");
+    }
+  };
 
   while (workers.count_running() > 0) {
+    if (relay_stderr) {
+      for (int r = 0; r < o.nproc; ++r) relay.pump(r);
+    }
+    std::vector<int> failed_now;
     for (int r = 0; r < o.nproc; ++r) {
       int status = 0;
       if (!workers.try_reap(r, &status)) continue;
@@ -381,19 +540,32 @@ LaunchResult launch_local(const LaunchOptions& o) {
       out.signaled = WIFSIGNALED(status);
       out.signal = out.signaled ? WTERMSIG(status) : 0;
       out.code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-      const bool failed = out.signaled || out.code != 0;
-      if (failed && !stopping && result.signal_received == 0 && result.failed_rank < 0) {
-        result.failed_rank = r;
+      if (relay_stderr) relay.drain(r);
+      if (out.signaled || out.code != 0) {
+        failed_now.push_back(r);
+      } else if (relay_stderr) {
+        relay.release(r);
+      }
+    }
+    if (!failed_now.empty()) {
+      if (!stopping && result.signal_received == 0 && result.failed_rank < 0) {
+        blame_failure(failed_now);
+        if (o.on_failure) o.on_failure(blame);  // before the workers' own messages
         stop_all(SIGTERM);
+      }
+      if (relay_stderr) {
+        for (int r : failed_now) relay.release(r);
       }
     }
     if (workers.count_running() == 0) break;
 
+    const auto now = Clock::now();
     const int n_signals = g_signal_count.load();
     if (o.forward_signals && n_signals > handled_signals) {
       if (handled_signals == 0) {
         result.signal_received = g_last_signal.load();
         workers.signal_all(result.signal_received);  // workers decide; keep waiting for them
+        signal_deadline = now + o.signal_timeout;
       } else {
         for (int r = 0; r < o.nproc; ++r) {
           if (workers.running(r)) result.ranks[static_cast<size_t>(r)].stopped = true;
@@ -403,7 +575,10 @@ LaunchResult launch_local(const LaunchOptions& o) {
       }
       handled_signals = n_signals;
     }
-    const auto now = Clock::now();
+    if (result.signal_received != 0 && !stopping && now >= signal_deadline) {
+      signal_timed_out = true;  // a worker ignores the signal, is suspended, or hangs
+      stop_all(SIGTERM);
+    }
     if (o.timeout.count() > 0 && !result.timed_out && now - start >= o.timeout) {
       result.timed_out = true;
       for (int r = 0; r < o.nproc; ++r) {
@@ -416,6 +591,9 @@ LaunchResult launch_local(const LaunchOptions& o) {
       killed = true;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  if (relay_stderr) {
+    for (int r = 0; r < o.nproc; ++r) relay.release(r);
   }
 
   result.ok = true;
@@ -432,13 +610,16 @@ LaunchResult launch_local(const LaunchOptions& o) {
         << join_ranks(still_running_at_timeout)
         << (still_running_at_timeout.size() == 1 ? " was" : " were") << " still running (stopped)";
   } else if (result.failed_rank >= 0) {
-    msg << "rank " << result.failed_rank << " "
-        << result.ranks[static_cast<size_t>(result.failed_rank)].describe();
+    msg << blame;
     if (!stopped.empty()) msg << "; stopped " << (stopped.size() == 1 ? "rank " : "ranks ") << join_ranks(stopped);
   } else if (result.signal_received != 0) {
     const char* name = strsignal(result.signal_received);
     msg << "received signal " << result.signal_received << " (" << (name ? name : "?")
         << ") and forwarded it to the workers";
+    if (signal_timed_out) {
+      msg << "; they did not all exit within " << o.signal_timeout.count() << " ms, so the launcher stopped "
+          << (stopped.size() == 1 ? "rank " : "ranks ") << join_ranks(stopped);
+    }
     for (const auto& out : result.ranks) msg << "; rank " << out.rank << " " << out.describe();
   } else if (result.ok) {
     msg << "all " << o.nproc << (o.nproc == 1 ? " rank" : " ranks") << " exited with code 0";

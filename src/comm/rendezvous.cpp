@@ -7,9 +7,22 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
 #include <cctype>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
 #include <cstdlib>
+#include <cstring>
+#include <iostream>
 #include <limits>
+#include <random>
+#include <sstream>
+#include <thread>
 
 namespace fsdp::comm {
 namespace {
@@ -312,6 +325,145 @@ WorldInfo detect_world() {
   });
 }
 
+std::chrono::milliseconds parse_timeout(const std::string& text, const std::string& source) {
+  const std::string fix = detail::cat(" — give ", source, " a number of seconds in (0, ", kMaxTimeoutSeconds,
+                                      "], e.g. ", source == "--timeout" ? "--timeout 300" : source + "=300");
+  double seconds = 0;
+  size_t used = 0;
+  bool parsed = false;
+  try {
+    seconds = std::stod(text, &used);
+    parsed = used == text.size();
+  } catch (const std::exception&) {  // not a number, or out of double's range
+  }
+  FSDP_CHECK(parsed, source, "='", text, "' is not a number of seconds", fix);
+  FSDP_CHECK(std::isfinite(seconds) && seconds > 0 && seconds <= kMaxTimeoutSeconds, source, "=", text,
+             " is outside (0, ", kMaxTimeoutSeconds, "] seconds", fix);
+  return std::chrono::milliseconds(static_cast<int64_t>(std::ceil(seconds * 1000)));
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string seconds_text(std::chrono::milliseconds ms) {
+  std::ostringstream os;
+  os << static_cast<double>(ms.count()) / 1000 << " s";
+  return os.str();
+}
+
+// Step 1 of joining (rendezvous.h). c10d's TCPStore retries an unresolvable
+// host itself, logging a warning every second until its timeout: resolve
+// first, quietly after one note.
+void wait_until_resolvable(const WorldInfo& w, const InitOptions& o, Clock::time_point deadline) {
+  bool noted = false;
+  for (;;) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* result = nullptr;
+    const int rc = getaddrinfo(w.master_addr.c_str(), nullptr, &hints, &result);
+    if (rc == 0) {
+      freeaddrinfo(result);
+      return;
+    }
+    const std::string why = rc == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rc);
+    if (Clock::now() >= deadline) {
+      FSDP_CHECK(false, "MASTER_ADDR=", w.master_addr, " does not resolve to an address (", why,
+                 ") after trying for ", seconds_text(o.store_timeout), " (", o.timeout_source,
+                 ") — set MASTER_ADDR to the host name or IP address of rank 0 (or of the agent store)");
+    }
+    if (!noted) {
+      std::cerr << rank_tag() << "MASTER_ADDR=" << w.master_addr << " does not resolve yet (" << why
+                << "); retrying quietly for up to " << seconds_text(o.store_timeout) << "\n";
+      noted = true;
+    }
+    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::seconds(1), deadline - Clock::now()));
+  }
+}
+
+std::string text_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
+std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
+
+constexpr const char* kAbortKey = "fsdp/job/abort";
+
+// Records why the job cannot start, for the processes still joining, and
+// throws it. The store's host keeps it up a little longer: the others poll
+// for the note at least every 500 ms, and without the store they could only
+// say that it went away.
+[[noreturn]] void abort_join(c10d::Store& store, const std::string& note, bool hosting) {
+  try {
+    store.compareSet(kAbortKey, {}, bytes_of(note));  // the first reason stays
+  } catch (const std::exception&) {  // best effort: this process fails anyway
+  }
+  if (hosting) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  detail::throw_usage(note);
+}
+
+// c10d's messages carry a C++ stack trace after their first line.
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// Steps 2 and 3 of joining (rendezvous.h).
+void join_job(c10d::Store& store, const WorldInfo& w, const InitOptions& o, Clock::time_point deadline,
+              bool hosting) {
+  const std::string where = detail::cat("the job at ", w.master_addr, ":", w.master_port);
+  const std::string mine = std::to_string(w.world_size);
+  const std::string job = text_of(store.compareSet("fsdp/job/world_size", {}, bytes_of(mine)));
+  if (job != mine) {
+    abort_join(store, detail::cat("WORLD_SIZE mismatch: a process started as rank ", w.rank, " with WORLD_SIZE=",
+                                  mine, " joined ", where, ", which has WORLD_SIZE=", job,
+                                  " — start every process of a job with the same WORLD_SIZE"),
+               hosting);
+  }
+  char host[256] = {0};
+  gethostname(host, sizeof(host) - 1);
+  const std::string me = detail::cat(host, " pid ", getpid(), " #", std::random_device{}());
+  const std::string holder = text_of(store.compareSet(detail::cat("fsdp/job/rank/", w.rank), {}, bytes_of(me)));
+  if (holder != me) {
+    abort_join(store, detail::cat("RANK=", w.rank, " is taken twice in ", where, ": by ",
+                                  holder.substr(0, holder.find(" #")), " and by ", host, " pid ", getpid(),
+                                  " — give every process a distinct RANK in [0, ", w.world_size, ")"),
+               hosting);
+  }
+  std::vector<std::string> keys;
+  for (int r = 0; r < w.world_size; ++r) keys.push_back(detail::cat("fsdp/job/rank/", r));
+  auto missing = [&] {
+    std::ostringstream os;
+    int n = 0;
+    for (int r = 0; r < w.world_size; ++r) {
+      if (!store.check({keys[static_cast<size_t>(r)]})) os << (n++ ? ", " : "") << r;
+    }
+    return std::make_pair(n, os.str());
+  };
+  const auto note_at = Clock::now() + std::chrono::seconds(10);
+  bool noted = false;
+  auto pause = std::chrono::milliseconds(10);
+  for (;;) {
+    // Polled, not a store wait(): c10d logs a warning for every wait that
+    // times out, and a note from a failed process must be seen within a second.
+    if (store.check(keys)) return;
+    if (store.check({kAbortKey})) detail::throw_usage(text_of(store.get(kAbortKey)));
+    const auto [n, ranks] = missing();
+    if (n == 0) return;
+    const char* which = n == 1 ? "rank " : "ranks ";
+    if (Clock::now() >= deadline) {
+      FSDP_FAIL(which, ranks, " did not join ", where, " within ",
+                seconds_text(o.store_timeout), " (", o.timeout_source, "): ", n == 1 ? "it" : "they",
+                " did not start, failed before joining, or cannot reach the store — see ",
+                n == 1 ? "its" : "their", " log; every process needs the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE");
+    }
+    if (!noted && Clock::now() >= note_at) {
+      std::cerr << rank_tag() << "waiting for " << which << ranks << " to join " << where << " (giving up after "
+                << seconds_text(o.store_timeout) << ", " << o.timeout_source << ")\n";
+      noted = true;
+    }
+    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
+    pause = std::min(pause * 2, std::chrono::milliseconds(500));
+  }
+}
+
+}  // namespace
+
 Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
   set_rank_tag(world.rank, world.world_size);
   // "gloo" is what PyTorch users type for the CPU backend: it names our TCP group.
@@ -323,6 +475,8 @@ Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
   if (world.world_size == 1 && world.master_addr.empty()) {
     rt.store = c10::make_intrusive<c10d::HashStore>();
   } else {
+    const auto deadline = Clock::now() + options.store_timeout;
+    wait_until_resolvable(world, options, deadline);
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(world.master_port);
     o.isServer = !world.agent_store && world.rank == 0;
@@ -341,6 +495,16 @@ Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
     rt.store = tcp;
     if (!world.store_prefix.empty()) {
       rt.store = c10::make_intrusive<c10d::PrefixStore>(world.store_prefix, tcp);
+    }
+    try {
+      join_job(*rt.store, world, options, deadline, o.isServer);
+    } catch (const fsdp::Failure&) {
+      throw;
+    } catch (const std::exception& e) {  // the store itself failed
+      FSDP_FAIL("joining the job at ", world.master_addr, ":", world.master_port,
+                " failed: the rendezvous store stopped answering (", first_line(e.what()),
+                ") — the process hosting it (", o.isServer ? "this one" : world.agent_store ? "the launcher" : "rank 0",
+                ") exited or crashed; see its log");
     }
   }
   auto pg_store = c10::make_intrusive<c10d::PrefixStore>("fsdp/pg/world", rt.store);

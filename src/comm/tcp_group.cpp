@@ -179,9 +179,19 @@ class TcpLane {
     const std::string head = detail::cat(what, " on group '", group_, "' (rank ", mesh_->rank(), " of ",
                                          mesh_->size(), ", ", lane_, " lane) ");
     if (timed_out) {
-      return detail::cat(head, "timed out after ", timeout_.count(), " ms: ", cause,
-                         " — another rank did not run the matching collective: it exited, crashed, hung, "
-                         "or issued a different sequence of collectives; see the other ranks' logs");
+      // Name the culprit first: the user reads "rank 1 did not reach ..." on
+      // every surviving rank, whichever collective each was waiting in.
+      const std::vector<int> missing = mesh_->missing_ranks();
+      std::ostringstream who;
+      for (size_t i = 0; i < missing.size(); ++i) who << (i ? ", " : "") << missing[i];
+      const std::string lead =
+          missing.empty() ? std::string("a peer did not take its bytes of ")
+                          : detail::cat(missing.size() == 1 ? "rank " : "ranks ", who.str(), " did not reach ");
+      return detail::cat(lead, what, " on group '", group_, "' within ", timeout_.count(), " ms: stopped, hung or ",
+                         "dead, or it issued a different sequence of collectives (rank ", mesh_->rank(), " of ",
+                         mesh_->size(), ", ", lane_, " lane: ", cause, ") — see ",
+                         missing.size() == 1 ? detail::cat("rank ", missing[0], "'s log") : "the other ranks' logs",
+                         "; --timeout (FSDP_TIMEOUT) sets this limit");
     }
     return detail::cat(head, "failed: ", cause);
   }

@@ -718,6 +718,15 @@ std::string Mesh::missing_report() const {
   return out;
 }
 
+std::vector<int> Mesh::missing_ranks() const {
+  std::vector<int> out;
+  for (int q = 0; q < size_; ++q) {
+    const Peer& p = peers_[static_cast<size_t>(q)];
+    if (q != rank_ && p.received - p.op_received < p.recv_posted - p.op_recv_posted) out.push_back(q);
+  }
+  return out;
+}
+
 void Mesh::wait_until(const std::function<bool()>& done, Clock::time_point deadline) {
   while (!done()) {
     if (Clock::now() >= deadline) throw TransportError(TransportError::Kind::kTimeout, -1, missing_report());

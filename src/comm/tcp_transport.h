@@ -125,6 +125,13 @@ class Mesh {
   void pump_recvs(int q, Peer& p, bool& moved);
   [[noreturn]] void fail_socket(int q, int err, const char* what);
   std::string missing_report() const;
+
+ public:
+  // Ranks whose bytes for the current collective (since begin_op()) have not
+  // all arrived, in rank order.
+  std::vector<int> missing_ranks() const;
+
+ private:
   // The reason rank q recorded before closing its connections, "" if none.
   std::string failure_note(int q) const;
 

@@ -1,5 +1,6 @@
-// Shared helpers of the comm tests: deterministic per-rank inputs and the
-// rank-order reference reduction the process groups promise to match bit for bit.
+// Shared helpers of the comm tests: deterministic per-rank inputs, the
+// rank-order reference reduction the process groups promise to match bit for
+// bit, and free ports.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -7,6 +8,10 @@
 #include <gtest/gtest.h>
 
 #include "fsdp/comm/process_group.h"
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <string>
@@ -65,6 +70,19 @@ inline ::testing::AssertionResult bits_equal(const at::Tensor& actual, const at:
 inline std::string label(at::ScalarType t, int64_t n, int world, int rank) {
   return std::string(c10::toString(t)) + " n=" + std::to_string(n) + " world=" +
          std::to_string(world) + " rank=" + std::to_string(rank);
+}
+
+// A TCP port on 127.0.0.1 that was free a moment ago (for MASTER_PORT).
+inline int free_port() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in a{};
+  a.sin_family = AF_INET;
+  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(a);
+  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
+  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
+  close(fd);
+  return ntohs(a.sin_port);
 }
 
 }  // namespace fsdp::comm::test

@@ -14,6 +14,7 @@
 #include <cerrno>
 #include <chrono>
 #include <fstream>
+#include <iostream>
 #include <thread>
 
 namespace fsdp::comm {
@@ -167,6 +168,110 @@ TEST(Launcher, SigtermToTheLauncherIsForwardedAndWorkersMayExitCleanly) {
   EXPECT_EQ(r.exit_code, 0);
   EXPECT_HAS(r.message, "received signal 15");
   for (const auto& out : r.ranks) EXPECT_HAS(testing::tail_file(out.log_file), "got-term");
+}
+
+// Issue 16: a rank suspended with SIGSTOP makes the others time out; the
+// launcher used to blame the rank that noticed ("rank 0 exited with code 1;
+// stopped rank 1"). Now the suspended rank is the failed one.
+TEST(Launcher, SuspendedRankIsBlamedNotTheRankThatNoticed) {
+  const LaunchResult r = launch_local(
+      sh("if [ \"$RANK\" = 1 ]; then kill -STOP $$; sleep 30; fi; sleep 0.5; exit 1", 2, testing::temp_dir("logs")));
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.failed_rank, 1);
+  EXPECT_TRUE(r.ranks[1].suspended);
+  EXPECT_FALSE(r.ranks[0].suspended);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_EQ(r.message,
+            "rank 1 was suspended (process state T, e.g. SIGSTOP): the others waited for it (rank 0 exited with "
+            "code 1); stopped rank 1");
+}
+
+// Waits until every rank's log says "ready", then sends SIGTERM to this process (the launcher).
+std::thread sigterm_when_ready(const std::string& dir, int nproc, const std::atomic<bool>& done) {
+  return std::thread([&done, dir, nproc] {
+    for (int i = 0; i < 2000 && !done; ++i) {
+      int ready = 0;
+      for (int r = 0; r < nproc; ++r) {
+        ready += testing::tail_file(dir + "/rank" + std::to_string(r) + ".log").find("ready") != std::string::npos;
+      }
+      if (ready == nproc) {
+        std::this_thread::sleep_for(std::chrono::milliseconds(100));  // rank 1 suspends itself after "ready"
+        kill(getpid(), SIGTERM);
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+  });
+}
+
+// Issue 16: SIGTERM to the launcher while a worker is suspended used to leave
+// the launcher waiting forever (the worker never ran its handler). The
+// forwarded signal comes with SIGCONT.
+TEST(Launcher, ForwardedSignalReachesASuspendedWorker) {
+  const std::string dir = testing::temp_dir("logs");
+  LaunchOptions o = sh(
+      "trap 'echo got-term; exit 0' TERM; echo ready; if [ \"$RANK\" = 1 ]; then kill -STOP $$; fi; "
+      "sleep 30 & wait",
+      2, dir);
+  o.timeout = std::chrono::seconds(20);  // the old launcher waited until this safety net
+  std::atomic<bool> done{false};
+  std::thread sender = sigterm_when_ready(dir, 2, done);
+  const LaunchResult r = launch_local(o);
+  done = true;
+  sender.join();
+  EXPECT_FALSE(r.timed_out) << r.message;
+  EXPECT_TRUE(r.ok) << r.message;
+  for (const auto& out : r.ranks) EXPECT_HAS(testing::tail_file(out.log_file), "got-term");
+}
+
+// Issue 16: the first forwarded signal arms a deadline: workers that ignore
+// it are stopped after signal_timeout (SIGTERM, SIGKILL after the grace).
+TEST(Launcher, WorkersIgnoringAForwardedSignalAreStoppedAfterTheSignalTimeout) {
+  const std::string dir = testing::temp_dir("logs");
+  LaunchOptions o = sh("trap '' TERM INT; echo ready; sleep 30", 2, dir);
+  o.signal_timeout = std::chrono::milliseconds(500);
+  o.kill_grace = std::chrono::milliseconds(500);
+  std::atomic<bool> done{false};
+  std::thread sender = sigterm_when_ready(dir, 2, done);
+  const LaunchResult r = launch_local(o);
+  done = true;
+  sender.join();
+  EXPECT_FALSE(r.ok);
+  EXPECT_FALSE(r.timed_out) << r.message;
+  EXPECT_EQ(r.signal_received, SIGTERM);
+  for (const auto& out : r.ranks) {
+    EXPECT_TRUE(out.stopped);
+    EXPECT_TRUE(out.signaled);
+    EXPECT_EQ(out.signal, SIGKILL);
+  }
+  EXPECT_HAS(r.message, "they did not all exit within 500 ms, so the launcher stopped ranks 0, 1");
+  EXPECT_EQ(r.exit_code, 128 + SIGTERM);
+}
+
+// Issue 16: the first stderr line of a failure was the surviving rank's error.
+// With on_failure, the workers' fatal lines wait until the summary is out;
+// other lines pass through as they come.
+TEST(Launcher, FailureSummaryComesBeforeTheWorkersErrorLines) {
+  LaunchOptions o = sh(
+      "echo \"note from $RANK\" >&2; if [ \"$RANK\" = 1 ]; then sleep 0.3; echo 'prog: error: bad input' >&2; exit 2; fi; "
+      "trap \"echo 'prog: failed: [rank 0/2] rank 1 closed its connection' >&2; exit 1\" TERM; sleep 30",
+      2, "");
+  o.on_failure = [](const std::string& summary) { std::cerr << "SUMMARY " << summary << std::endl; };
+  ::testing::internal::CaptureStderr();
+  const LaunchResult r = launch_local(o);
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  EXPECT_EQ(r.failed_rank, 1);
+  const auto summary = err.find("SUMMARY rank 1 exited with code 2\n");
+  ASSERT_NE(summary, std::string::npos) << err;
+  EXPECT_LT(err.find("note from 0"), summary) << err;  // ordinary lines are not held
+  EXPECT_LT(err.find("note from 1"), summary) << err;
+  const auto own = err.find("prog: error: bad input");
+  const auto survivor = err.find("prog: failed: [rank 0/2]");
+  ASSERT_NE(own, std::string::npos) << err;
+  ASSERT_NE(survivor, std::string::npos) << err;
+  EXPECT_GT(own, summary) << err;
+  EXPECT_GT(survivor, summary) << err;
+  EXPECT_EQ(err.find("SUMMARY", summary + 1), std::string::npos) << err;  // once
 }
 
 TEST(Launcher, BadOptionsAreUsageErrors) {

@@ -5,6 +5,7 @@
 #include "fsdp/comm/backends.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/error.h"
+#include "comm/comm_test_util.h"
 
 #include <netinet/in.h>
 #include <sys/socket.h>
@@ -15,6 +16,8 @@
 
 namespace fsdp::comm {
 namespace {
+
+using test::free_port;
 
 using Vars = std::map<std::string, std::string>;
 
@@ -276,18 +279,6 @@ TEST(Rendezvous, SingleProcessInitNeedsNoNetwork) {
   EXPECT_EQ(init_process_group(detect({}), gloo).world_group->backend(), "tcp");
 }
 
-int free_port() {
-  const int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in a{};
-  a.sin_family = AF_INET;
-  a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(a);
-  EXPECT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof(a)), 0);
-  EXPECT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len), 0);
-  close(fd);
-  return ntohs(a.sin_port);
-}
-
 // Kubeflow style: rank 0 hosts the TCPStore server, rank 1 connects. Two
 // threads of this process play the two ranks.
 TEST(Rendezvous, PlainEnvRankZeroHostsTheStore) {
@@ -320,7 +311,7 @@ TEST(Rendezvous, PlainEnvRankZeroHostsTheStore) {
 }
 
 // A process started with WORLD_SIZE=3 joins a 2-rank job (rank 0 hosts the
-// store): both fail at connection with a usage error naming both sizes,
+// store): both fail while joining with a usage error naming both sizes,
 // instead of hanging or asserting.
 TEST(Rendezvous, WorldSizeMismatchIsAnErrorOnBothRanks) {
   const std::string port = std::to_string(free_port());
@@ -343,10 +334,14 @@ TEST(Rendezvous, WorldSizeMismatchIsAnErrorOnBothRanks) {
   std::thread t0(rank_main, 0), t1(rank_main, 1);
   t0.join();
   t1.join();
-  EXPECT_HAS(errors[0], "group 'world' (gather lane, rank 0 of 2): rank 1 has a world size of 3 but this rank has 2");
-  EXPECT_HAS(errors[1], "group 'world' (gather lane, rank 1 of 3): rank 0 at 127.0.0.1:");
-  EXPECT_HAS(errors[1], "has a world size of 2 but this rank has 3");
-  EXPECT_HAS(errors[1], "same WORLD_SIZE");
+  // Whichever joined first set the job's size; the other fails on it and its
+  // note fails the first one too.
+  for (int r = 0; r < 2; ++r) {
+    EXPECT_HAS(errors[r], "WORLD_SIZE mismatch: a process started as rank ");
+    EXPECT_HAS(errors[r], "WORLD_SIZE=3");
+    EXPECT_HAS(errors[r], "WORLD_SIZE=2");
+    EXPECT_HAS(errors[r], "start every process of a job with the same WORLD_SIZE");
+  }
 }
 
 TEST(Rendezvous, UnreachableStoreFailsClearly) {
@@ -361,6 +356,104 @@ TEST(Rendezvous, UnreachableStoreFailsClearly) {
     EXPECT_HAS(e.what(), "connecting to the rendezvous store at 127.0.0.1:");
     EXPECT_HAS(e.what(), "[rank 1/2]");
   }
+}
+
+TEST(Rendezvous, ParseTimeout) {
+  EXPECT_EQ(parse_timeout("30", "--timeout"), std::chrono::seconds(30));
+  EXPECT_EQ(parse_timeout("2.5", "--timeout"), std::chrono::milliseconds(2500));
+  EXPECT_EQ(parse_timeout("0.0001", "--timeout"), std::chrono::milliseconds(1));  // rounded up, never 0
+  EXPECT_EQ(parse_timeout("604800", "FSDP_TIMEOUT"), std::chrono::hours(24 * 7));
+  for (const char* bad : {"", "abc", "10s", "0", "-1", "inf", "nan", "1e400", "604801", "1e19"}) {
+    try {
+      parse_timeout(bad, "FSDP_TIMEOUT");
+      ADD_FAILURE() << "accepted '" << bad << "'";
+    } catch (const UsageError& e) {
+      EXPECT_HAS(e.what(), "FSDP_TIMEOUT");
+      EXPECT_HAS(e.what(), "e.g. FSDP_TIMEOUT=300");
+    }
+  }
+}
+
+// Issue 16: a rank that never starts. Rank 0 names it when the (user's)
+// timeout runs out.
+TEST(Rendezvous, MissingRankIsNamedWhenTheTimeoutRunsOut) {
+  const WorldInfo w = detect({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", std::to_string(free_port())},
+                              {"RANK", "0"}, {"WORLD_SIZE", "3"}});
+  InitOptions o;
+  o.store_timeout = std::chrono::milliseconds(1500);
+  try {
+    init_process_group(w, o);  // the collective timeout (10 min) must not matter
+    ADD_FAILURE() << "joined without ranks 1 and 2";
+  } catch (const UsageError& e) {
+    ADD_FAILURE() << "not a usage error: " << e.what();
+  } catch (const Failure& e) {
+    EXPECT_HAS(e.what(), "[rank 0/3] ranks 1, 2 did not join the job at 127.0.0.1:");
+    EXPECT_HAS(e.what(), "within 1.5 s (--timeout or FSDP_TIMEOUT)");
+  }
+}
+
+// Issue 16: a third process with WORLD_SIZE=3 joins a running job of
+// WORLD_SIZE=2. It used to die on an assertion (gloo) or a refused
+// connection; now it names both sizes.
+TEST(Rendezvous, ProcessJoiningWithAnotherWorldSizeNamesBoth) {
+  const std::string port = std::to_string(free_port());
+  auto env = [&](int rank, int world) {
+    return detect({{"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", port}, {"RANK", std::to_string(rank)},
+                   {"WORLD_SIZE", std::to_string(world)}});
+  };
+  InitOptions o;
+  o.timeout = std::chrono::seconds(30);
+  o.store_timeout = std::chrono::seconds(30);
+  std::vector<Runtime> job(2);
+  std::vector<std::string> errors(2);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < 2; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        job[r] = init_process_group(env(r, 2), o);
+      } catch (const std::exception& e) {
+        errors[r] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  ASSERT_EQ(errors, std::vector<std::string>(2)) << errors[0] << errors[1];
+  try {
+    init_process_group(env(2, 3), o);
+    ADD_FAILURE() << "a WORLD_SIZE=3 process joined a WORLD_SIZE=2 job";
+  } catch (const UsageError& e) {
+    EXPECT_HAS(e.what(), "WORLD_SIZE mismatch: a process started as rank 2 with WORLD_SIZE=3 joined the job at "
+                         "127.0.0.1:" + port + ", which has WORLD_SIZE=2");
+  }
+  // A second process claiming rank 1 of the same size is refused too.
+  try {
+    init_process_group(env(1, 2), o);
+    ADD_FAILURE() << "rank 1 joined twice";
+  } catch (const UsageError& e) {
+    EXPECT_HAS(e.what(), "RANK=1 is taken twice in the job at 127.0.0.1:" + port);
+  }
+}
+
+// Issue 16: an unresolvable MASTER_ADDR printed a warning every second until
+// the store timeout. Now: one note, then a usage error naming MASTER_ADDR.
+TEST(Rendezvous, UnresolvableMasterAddrIsOneNoteThenAnError) {
+  const WorldInfo w = detect({{"MASTER_ADDR", "no-such-host.invalid"}, {"MASTER_PORT", "29500"},
+                              {"RANK", "1"}, {"WORLD_SIZE", "2"}});
+  InitOptions o;
+  o.store_timeout = std::chrono::milliseconds(3500);
+  ::testing::internal::CaptureStderr();
+  try {
+    init_process_group(w, o);
+    ADD_FAILURE() << "connected to an unresolvable host";
+  } catch (const Failure& e) {  // UsageError when the resolver says "no such name", Failure when it cannot tell
+    EXPECT_HAS(e.what(), "MASTER_ADDR=no-such-host.invalid does not resolve");
+    EXPECT_HAS(e.what(), "after trying for 3.5 s");
+  }
+  const std::string err = ::testing::internal::GetCapturedStderr();
+  size_t lines = 0;
+  for (char c : err) lines += c == '\n';
+  EXPECT_EQ(lines, 1u) << err;
+  EXPECT_HAS(err, "does not resolve yet");
 }
 
 }  // namespace

@@ -8,13 +8,30 @@
 // under torchrun (rendezvous.h: agent store, client connection), and waits.
 //
 // Supervision. Each worker runs in its own process group; a worker exiting
-// non-zero or dying from a signal stops the others (SIGTERM, then SIGKILL
-// after `kill_grace`). SIGINT/SIGTERM sent to the launcher are forwarded to the
-// workers, and the launcher keeps waiting for them (workers may checkpoint and
-// exit 0); a second such signal kills them. When a worker exits, whatever it
-// left in its process group is killed. Every child is reaped before
-// launch_local returns or throws; workers die with the launcher
-// (PR_SET_PDEATHSIG) if it is killed.
+// non-zero or dying from a signal stops the others (SIGTERM and SIGCONT, then
+// SIGKILL after `kill_grace`). SIGINT/SIGTERM sent to the launcher are
+// forwarded to the workers (with SIGCONT, so that a suspended worker can act
+// on it), and the launcher keeps waiting for them (workers may checkpoint and
+// exit 0) for at most `signal_timeout`, then stops them as above: the launcher
+// returns at most signal_timeout + kill_grace after any signal, even when a
+// worker is suspended (SIGSTOP). A second such signal kills them at once.
+// When a worker exits, whatever it left in its process group is killed.
+// Every child is reaped before launch_local returns or throws; workers die
+// with the launcher (PR_SET_PDEATHSIG) if it is killed.
+//
+// Blame. When a rank fails, the launcher names the root cause, not the rank
+// that noticed it: a rank found suspended at that moment (process state T:
+// SIGSTOP, a debugger) is the failed rank, since the others time out waiting
+// for it; otherwise the first rank reaped failing (a rank killed by a signal
+// before one that exited in the same pass).
+//
+// Failure output. With `on_failure` set and no log_dir, the workers' stderr
+// runs through the launcher: lines pass through at once, except a worker's
+// fatal-error lines ("<program>: error: ..." / "<program>: failed: ...", what
+// fsdp::run_main prints), which are held until that worker exits. When the
+// job fails, on_failure(summary) runs before any held line is written, so the
+// launcher's one-line summary is the first line of the failure on stderr,
+// followed by the workers' own messages.
 //
 // Threading: launch_local must be called from a thread that outlives the call
 // (the workers' parent-death signal follows the thread that forked them), and
@@ -23,6 +40,7 @@
 #pragma once
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <string>
 #include <vector>
@@ -47,6 +65,14 @@ struct LaunchOptions {
   std::chrono::milliseconds timeout{0};
   // Between SIGTERM and SIGKILL when stopping workers.
   std::chrono::milliseconds kill_grace{std::chrono::seconds(10)};
+  // After the first SIGINT/SIGTERM forwarded to the workers: how long they may
+  // take to exit on their own (finish a step, save a checkpoint) before they
+  // are stopped. Must be positive.
+  std::chrono::milliseconds signal_timeout{std::chrono::minutes(10)};
+  // Called once, with the summary of the failure, when the first rank fails
+  // (see Failure output above). Empty: nothing is called and workers' stderr
+  // is not relayed.
+  std::function<void(const std::string&)> on_failure;
   std::string run_id;  // TORCHELASTIC_RUN_ID; "" generates one
   bool forward_signals = true;
 };
@@ -58,6 +84,7 @@ struct RankOutcome {
   int code = 0;
   int signal = 0;
   bool stopped = false;  // the launcher sent it SIGTERM/SIGKILL (another rank failed, timeout)
+  bool suspended = false;  // found in process state T (SIGSTOP) when another rank failed
   std::string log_file;  // "" when not redirected
   // "exited with code 3", "was killed by signal 9 (Killed)".
   std::string describe() const;
@@ -66,10 +93,14 @@ struct RankOutcome {
 struct LaunchResult {
   bool ok = false;        // every rank exited with code 0
   int exit_code = 0;      // see launch_exit_code
-  int failed_rank = -1;   // first rank found failing on its own; -1 if none
+  // The root cause (see Blame above); -1 if none. A suspended rank is blamed
+  // even though it was the launcher that ended it.
+  int failed_rank = -1;
   bool timed_out = false;
   int signal_received = 0;  // SIGINT/SIGTERM forwarded to the workers, 0 if none
-  // One line for the user: "rank 1 exited with code 3; stopped ranks 0, 2".
+  // One line for the user: "rank 1 exited with code 3; stopped ranks 0, 2",
+  // "rank 1 was suspended (process state T, e.g. SIGSTOP): the others waited
+  // for it (rank 0 exited with code 1); stopped ranks 0, 1".
   std::string message;
   std::vector<RankOutcome> ranks;  // indexed by rank
 };
@@ -80,7 +111,8 @@ struct LaunchResult {
 LaunchResult launch_local(const LaunchOptions& options);
 
 // The launcher's own exit code: 0 when all ranks succeeded; otherwise the first
-// failing rank's exit code, or 128 + signal if it died from one; 124 when the
+// failing rank's exit code, or 128 + signal if it died from one (1 when the
+// failed rank was suspended); 124 when the
 // timeout stopped the job; 128 + the forwarded signal if workers were
 // interrupted without failing themselves.
 int launch_exit_code(const LaunchResult& result);

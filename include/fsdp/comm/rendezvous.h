@@ -74,14 +74,26 @@ std::vector<int> expand_slurm_tasks_per_node(const std::string& spec,
 // concurrent jobs on one node rarely collide (the scheme PyTorch Lightning uses).
 int slurm_default_port(int64_t job_id);
 
+// The longest --timeout / FSDP_TIMEOUT accepted: a week.
+constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
+
+// Parses a timeout in seconds ("30", "2.5", "1e3") as given to --timeout or
+// FSDP_TIMEOUT; `source` names it in errors ("--timeout", "FSDP_TIMEOUT").
+// Throws fsdp::UsageError unless it is a finite number in (0, kMaxTimeoutSeconds];
+// rounds up to whole milliseconds.
+std::chrono::milliseconds parse_timeout(const std::string& text, const std::string& source);
+
 struct InitOptions {
   // "tcp": the CPU process group (backends.h: make_tcp_group); "gloo" is
   // accepted as its alias, the name PyTorch users know. "nccl": CUDA.
   std::string backend = "tcp";
   // Default timeout of every collective on the world group and its sub-groups.
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
-  // Connecting to the store and meeting the peers.
+  // Resolving MASTER_ADDR, connecting to the store and waiting for every rank
+  // to join.
   std::chrono::milliseconds store_timeout{std::chrono::minutes(5)};
+  // What the user sets these with, named in timeout errors.
+  std::string timeout_source = "--timeout or FSDP_TIMEOUT";
 };
 
 struct Runtime {
@@ -102,6 +114,19 @@ struct Runtime {
 // fsdp::set_rank_tag(rank, world_size). A world of size 1 without a master
 // address uses no network. NCCL uses cuda:<local_rank> and also builds
 // cpu_group (TCP).
+//
+// Joining, in this order, each bounded by options.store_timeout:
+//  1. MASTER_ADDR must resolve. While it does not, one note goes to stderr and
+//     resolution is retried quietly (a Kubernetes service name may appear
+//     late); at the deadline: fsdp::UsageError naming MASTER_ADDR.
+//  2. The store. Then every process records its WORLD_SIZE and RANK there:
+//     the first one's WORLD_SIZE is the job's. A process with another
+//     WORLD_SIZE, or a RANK another process already took, fails with
+//     fsdp::UsageError naming both values, and leaves a note in the store that
+//     makes every process still joining fail with the same message.
+//  3. Every rank must join: while some are missing, one note names them after
+//     10 s; at the deadline fsdp::Failure names the ranks that never joined.
+// Only then are the groups' connections made (options.timeout).
 Runtime init_process_group(const WorldInfo& world, const InitOptions& options = {});
 
 }  // namespace fsdp::comm

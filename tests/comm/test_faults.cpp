@@ -1,0 +1,97 @@
+// Faults of issue 16 seen from the command line: a worker suspended with
+// SIGSTOP, SIGTERM to the launcher meanwhile, a rank that never starts, a
+// signal while joining. fsdp-train runs for real (2 processes on 127.0.0.1)
+// with a small --timeout; every run is bounded by run_command's limit, so a
+// hang fails the test instead of stalling the suite.
+#include <gtest/gtest.h>
+
+#include "comm/comm_test_util.h"
+#include "support/multiproc.h"
+#include "train/train_test_util.h"
+
+#include <string>
+
+namespace fsdp::testing {
+namespace {
+
+using comm::test::free_port;
+
+#define EXPECT_HAS(haystack, needle) \
+  EXPECT_NE(std::string(haystack).find(needle), std::string::npos) << "in: " << (haystack)
+
+const std::string kTrain = kTrainBin + " --model tiny --data " + kCorpus + " --seq-len 32 --batch-size 2";
+
+// A bash script: starts a 2-process run that would train for a long time,
+// waits for its first logged step, suspends rank 1 (SIGSTOP), runs `then`
+// ($L is the launcher's pid, $D the directory), waits for the launcher and
+// prints "exit=<code>". stdout goes to $D/out, stderr to $D/err.
+std::string suspend_rank1(const std::string& dir, const std::string& then) {
+  return "bash -c '"
+         "D=" + dir + "; " + kTrain + " --max-steps 1000000 --log-every 1 --nproc-per-node 2 --timeout 3 "
+         ">$D/out 2>$D/err & L=$!; "
+         "for i in $(seq 600); do grep -q Loss $D/out && break; sleep 0.2; done; "
+         "W=; for p in $(pgrep -P $L); do tr \"\\0\" \"\\n\" </proc/$p/environ | grep -qx RANK=1 && W=$p; done; "
+         "[ -n \"$W\" ] || { echo no-rank-1; kill -9 $L; exit 1; }; "
+         "kill -STOP $W; " + then + " wait $L; echo exit=$?'";
+}
+
+std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// Issue 16, finding 2: a suspended rank was found only by the 600 s collective
+// timeout, and the launcher blamed the healthy rank. Now, within --timeout,
+// the surviving rank names rank 1, and the launcher's first stderr line blames
+// rank 1.
+TEST(Faults, SuspendedWorkerIsNamedByTheSurvivorAndBlamedByTheLauncher) {
+  const std::string dir = temp_dir("run");
+  const Command c = run_command(suspend_rank1(dir, ""), 150);
+  const std::string err = read_file(dir + "/err");
+  EXPECT_HAS(c.output, "exit=1");
+  EXPECT_EQ(first_line(err),
+            "fsdp-train: rank 1 was suspended (process state T, e.g. SIGSTOP): the others waited for it (rank 0 "
+            "exited with code 1)")
+      << err;
+  EXPECT_HAS(err, "[rank 0/2] rank 1 did not reach ");
+  EXPECT_HAS(err, "within 3000 ms: stopped, hung or dead");
+  EXPECT_EQ(err.find("frame #"), std::string::npos) << err;
+}
+
+// Issue 16, finding 2: SIGTERM to the launcher while a worker was suspended
+// left the launcher waiting forever. The signal now reaches the worker (with
+// SIGCONT) and both stop after their step, as without the suspension.
+TEST(Faults, SigtermToTheLauncherWithASuspendedWorkerEnds) {
+  const std::string dir = temp_dir("run");
+  const Command c = run_command(suspend_rank1(dir, "sleep 0.5; kill -TERM $L;"), 150);
+  const std::string err = read_file(dir + "/err");
+  EXPECT_HAS(c.output, "exit=143");
+  EXPECT_HAS(err, "fsdp-train: received signal 15 (Terminated) and forwarded it to the workers");
+  EXPECT_EQ(err.find("frame #"), std::string::npos) << err;
+}
+
+// Issue 16, finding 2: in an environment rendezvous where rank 1 never
+// starts, rank 0 was silent for 10 minutes. FSDP_TIMEOUT (or --timeout,
+// which wins) now bounds the wait and rank 1 is named.
+TEST(Faults, MissingRankIsNamedWithinTheTimeout) {
+  const std::string env = "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port());
+  for (const std::string& how : {std::string("env FSDP_TIMEOUT=3 ") + env + " " + kTrain,
+                                 std::string("env FSDP_TIMEOUT=abc ") + env + " " + kTrain + " --timeout 3"}) {
+    const Command c = run_command(how + " --max-steps 2", 60);
+    EXPECT_EQ(c.exit_code, 1) << how << "\n" << c.output;
+    EXPECT_HAS(c.output, "[rank 0/2] rank 1 did not join the job at 127.0.0.1:");
+    EXPECT_HAS(c.output, "within 3 s (--timeout or FSDP_TIMEOUT)");
+    EXPECT_EQ(c.output.find("frame #"), std::string::npos) << c.output;
+  }
+}
+
+// Issue 16, finding 2: the first SIGTERM while joining was ignored (it only
+// asked for a stop after the current step). It now ends the process.
+TEST(Faults, SigtermWhileJoiningEndsTheProcess) {
+  const std::string env = "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port());
+  const Command c = run_command("bash -c '" + env + " " + kTrain +
+                                    " --max-steps 2 & P=$!; sleep 2; kill -TERM $P; wait $P; echo exit=$?'",
+                                60);
+  EXPECT_HAS(c.output, "exit=143");
+  EXPECT_EQ(c.output.find("frame #"), std::string::npos) << c.output;
+}
+
+}  // namespace
+}  // namespace fsdp::testing
