@@ -28,6 +28,32 @@ int64_t LlamaConfig::num_parameters() const {
   return V * D + L * (attention + mlp + norms) + D + (tie_word_embeddings ? 0 : V * D);
 }
 
+namespace {
+
+// num_parameters() in checked arithmetic: false when a product or sum leaves int64
+// (found by tests/fuzz/fuzz_hf_config: vocab_size 1e12 with hidden_size 2^40).
+bool parameter_count_fits(const LlamaConfig& c) {
+  bool over = false;
+  auto mul = [&](int64_t a, int64_t b) {
+    int64_t r = 0;
+    over = over || __builtin_mul_overflow(a, b, &r);
+    return r;
+  };
+  auto add = [&](int64_t a, int64_t b) {
+    int64_t r = 0;
+    over = over || __builtin_add_overflow(a, b, &r);
+    return r;
+  };
+  const int64_t D = c.hidden_size, Dh = c.dh(), H = c.num_attention_heads, Hkv = c.num_key_value_heads;
+  int64_t layer = add(mul(mul(D, Dh), add(mul(2, H), mul(2, Hkv))), mul(mul(3, D), c.intermediate_size));
+  layer = add(layer, add(mul(add(H, mul(2, Hkv)), Dh), add(mul(2, Dh), mul(3, D))));  // biases, norms (bounds)
+  const int64_t vd = mul(c.vocab_size, D);
+  add(add(mul(c.num_hidden_layers, layer), mul(2, vd)), D);
+  return !over;
+}
+
+}  // namespace
+
 void LlamaConfig::validate() const {
   const std::string who = "model config '" + name + "': ";
   auto positive = [&](const char* field, int64_t v) {
@@ -87,6 +113,9 @@ void LlamaConfig::validate() const {
   }
   FSDP_CHECK(!attention_bias || model_type == "qwen3", who, "attention_bias = true is only implemented for qwen3 "
              "(Llama and Mistral projections here have no bias; Qwen2's q/k/v biases are always on)");
+  FSDP_CHECK(parameter_count_fits(*this), who, "the sizes give more than 2^63 parameters (hidden_size D=", hidden_size,
+             ", intermediate_size F=", intermediate_size, ", num_hidden_layers L=", num_hidden_layers,
+             ", vocab_size V=", vocab_size, ", head_dim Dh=", dh(), ") — check these fields");
   if (pad_token_id) {
     FSDP_CHECK(*pad_token_id >= 0 && *pad_token_id < vocab_size, who, "pad_token_id = ", *pad_token_id,
                " is not a row of the embedding [0, vocab_size=", vocab_size,
