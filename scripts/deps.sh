@@ -17,6 +17,9 @@ PACKAGES=(
   # loads libsentencepiece at run time.
   libsentencepiece-dev sentencepiece
   fortunes # the embedded corpus (scripts/prepare_data.sh)
+  # The fuzz targets (tests/fuzz, built into build-fuzz by scripts/test.sh): clang with libFuzzer and
+  # the sanitizer runtimes; llvm for llvm-symbolizer (readable sanitizer reports).
+  clang libclang-rt-14-dev llvm
   # Deployment test beds, run for real by tests/deploy: etcd for torchrun's etcd rendezvous
   # (the PyTorchJob's), and a private one-node Slurm with munge for the sbatch script.
   etcd-server slurm-wlm munge

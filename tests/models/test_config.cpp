@@ -259,6 +259,17 @@ TEST_F(ConfigFiles, MistralAndLlama2ConfigsUseDefaults) {
   EXPECT_FALSE(m.tie_word_embeddings);
 }
 
+// Found by tests/fuzz/fuzz_hf_config: sizes whose parameter count overflows int64 were
+// accepted (and num_parameters() overflowed); now a UsageError naming the sizes.
+TEST(ConfigSizes, ParameterCountBeyondInt64IsRefused) {
+  const std::string huge = R"({"model_type": "llama", "hidden_size": 1099511627776, "intermediate_size": 384,
+    "num_attention_heads": 4, "num_hidden_layers": 4, "vocab_size": 1000000000000, "max_position_embeddings": 16,
+    "rms_norm_eps": 1e-6})";
+  const std::string msg = usage_error_of([&] { fsdp::models::parse_hf_config(huge, "huge/config.json"); });
+  EXPECT_NE(msg.find("more than 2^63 parameters"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("vocab_size V=1000000000000"), std::string::npos) << msg;
+}
+
 TEST_F(ConfigFiles, HfJsonRoundTripsEveryPreset) {
   for (const std::string& name : fsdp::models::list_model_presets()) {
     const LlamaConfig c = *llama_preset(name);

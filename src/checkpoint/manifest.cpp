@@ -1,0 +1,144 @@
+#include "manifest.h"
+
+#include <cctype>
+#include <cstdio>
+#include <cstring>
+
+#include "file_io.h"
+#include "fsdp/checkpoint/crc32c.h"
+#include "fsdp/checkpoint/sharded.h"
+#include "fsdp/common/encoding.h"
+
+namespace fsdp::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// Returns false on malformed input.
+bool decode_words(const std::string& s, std::vector<uint32_t>* words) {
+  const std::optional<std::string> bytes = base64_decode(s);
+  if (!bytes || bytes->size() % 4 != 0) return false;
+  words->resize(bytes->size() / 4);
+  if (!bytes->empty()) std::memcpy(words->data(), bytes->data(), bytes->size());
+  return true;
+}
+
+at::ScalarType dtype_of(const std::string& s) {
+  if (s == "F32") return at::kFloat;
+  if (s == "BF16") return at::kBFloat16;
+  if (s == "F16") return at::kHalf;
+  if (s == "F64") return at::kDouble;
+  return at::ScalarType::Undefined;
+}
+
+}  // namespace
+
+DamagedCheckpoint::DamagedCheckpoint(const std::string& checkpoint, const std::string& file, const std::string& why)
+    : Failure(detail::cat("checkpoint ", checkpoint, " is damaged: file ", file, ": ", why)),
+      checkpoint_(checkpoint),
+      file_(file) {}
+
+std::string hex32(uint32_t v) {
+  char buf[9];
+  std::snprintf(buf, sizeof(buf), "%08x", v);
+  return buf;
+}
+
+std::string encode_words(const std::vector<uint32_t>& words) {
+  std::string bytes(words.size() * 4, '\0');
+  if (!words.empty()) std::memcpy(bytes.data(), words.data(), bytes.size());  // little-endian host
+  return base64_encode(bytes);
+}
+
+Manifest read_manifest(const fs::path& dir) {
+  const std::string name = dir.filename().string();
+  auto damaged = [&](const std::string& file, const auto&... why) {
+    throw DamagedCheckpoint(name, file, detail::cat(why...));
+  };
+  std::string text;
+  std::string crc_text;
+  try {
+    text = io::read_text_file((dir / kManifest).string());
+  } catch (const std::exception& e) {
+    damaged(kManifest, "cannot be read (", e.what(), ")");
+  }
+  try {
+    crc_text = io::read_text_file((dir / kManifestCrc).string());
+  } catch (const std::exception& e) {
+    damaged(kManifestCrc, "cannot be read (", e.what(), ")");
+  }
+  while (!crc_text.empty() && std::isspace(static_cast<unsigned char>(crc_text.back()))) crc_text.pop_back();
+  const std::string actual = hex32(crc32c(text.data(), text.size()));
+  if (crc_text != actual) damaged(kManifest, "checksum mismatch: CRC-32C ", actual, ", manifest.crc32c says ", crc_text);
+  return parse_manifest(text, dir);
+}
+
+Manifest parse_manifest(const std::string& text, const fs::path& dir) {
+  const std::string name = dir.filename().string();
+  auto damaged = [&](const std::string& file, const auto&... why) {
+    throw DamagedCheckpoint(name, file, detail::cat(why...));
+  };
+  Manifest m;
+  try {
+    m.json = nlohmann::json::parse(text);
+    const auto& j = m.json;
+    if (j.at("format").get<std::string>() != kFormat) damaged(kManifest, "format is not ", kFormat);
+    if (j.at("version").get<int>() != kVersion) {
+      damaged(kManifest, "version ", j.at("version").get<int>(), " is not supported (this build reads ", kVersion, ")");
+    }
+    m.step = j.at("step").get<int64_t>();
+    m.block_size = j.at("checksum").at("block_size").get<int64_t>();
+    if (j.at("checksum").at("algorithm").get<std::string>() != "crc32c" || m.block_size <= 0) {
+      damaged(kManifest, "unsupported checksum ", j.at("checksum").dump());
+    }
+    const nlohmann::json& saved_units = j.at("units");
+    for (size_t ui = 0; ui < saved_units.size(); ++ui) {
+      for (const auto& p : saved_units[ui].at("params")) {
+        SavedParam sp;
+        sp.unit = static_cast<int64_t>(ui);
+        sp.shape = p.at("shape").get<std::vector<int64_t>>();
+        sp.flat_offset = p.at("flat_offset").get<int64_t>();
+        sp.numel = p.at("numel").get<int64_t>();
+        m.params[p.at("name").get<std::string>()] = sp;
+      }
+    }
+    for (const auto& f : j.at("files")) {
+      SavedFile sf;
+      sf.name = f.at("name").get<std::string>();
+      if (sf.name.find('/') != std::string::npos || sf.name.empty() || sf.name[0] == '.') {
+        damaged(kManifest, "bad file name '", sf.name, "'");
+      }
+      sf.path = (dir / sf.name).string();
+      sf.size = f.at("size").get<int64_t>();
+      if (!decode_words(f.at("block_crc32c").get<std::string>(), &sf.blocks) ||
+          static_cast<int64_t>(sf.blocks.size()) != (sf.size + m.block_size - 1) / m.block_size) {
+        damaged(kManifest, "block checksums of ", sf.name, " are malformed");
+      }
+      for (const auto& s : f.at("sections")) {
+        SavedSection ss;
+        ss.unit = s.at("unit").get<int64_t>();
+        ss.kind = s.at("kind").get<std::string>();
+        ss.dtype = dtype_of(s.at("dtype").get<std::string>());
+        if (ss.dtype == at::ScalarType::Undefined) damaged(kManifest, "unknown dtype in ", s.dump());
+        ss.elem_size = static_cast<int64_t>(c10::elementSize(ss.dtype));
+        ss.flat_begin = s.at("flat_begin").get<int64_t>();
+        ss.numel = s.at("numel").get<int64_t>();
+        ss.offset = s.at("offset").get<int64_t>();
+        if (ss.offset < 0 || ss.numel < 0 || ss.offset + ss.numel * ss.elem_size > sf.size) {
+          damaged(kManifest, "section ", s.dump(), " lies outside ", sf.name, " (", sf.size, " bytes)");
+        }
+        m.kinds.insert(ss.kind);
+        sf.sections.push_back(ss);
+      }
+      m.files.push_back(std::move(sf));
+    }
+  } catch (const DamagedCheckpoint&) {
+    throw;
+  } catch (const std::exception& e) {
+    damaged(kManifest, "is malformed (", e.what(), ")");
+  }
+  return m;
+}
+
+}  // namespace fsdp::checkpoint
