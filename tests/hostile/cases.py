@@ -125,7 +125,7 @@ def cli_choices() -> list:
     c = "cli-choices"
     bad = [
         ("model-unknown", ["--model", "llama9-1t"], "llama9-1t"),
-        ("model-empty", ["--model", ""], "--model"),
+        ("model-empty", ["--model", ""], "model ''"),
         ("data-format", ["--data-format", "xml"], "--data-format"),
         ("token-dtype", ["--token-dtype", "u8"], "--token-dtype"),
         ("device-unknown", ["--device", "tpu"], "--device"),
@@ -145,18 +145,18 @@ def cli_choices() -> list:
         ("tokenizer-empty", ["--tokenizer", ""], "tokenizer"),
         ("tokenizer-missing", ["--tokenizer", "{d}/no-such-tokenizer.json"], "no-such-tokenizer"),
         ("text-field-empty", ["--text-field", ""], "--text-field"),
-        ("text-field-absent", ["--text-field", "body"], "--text-field"),
+        ("text-field-absent", ["--text-field", "body"], "body"),
         ("data-empty", ["--data", ""], "--data"),
     ]
     # The error names the flag, or the value the user gave (both say what to fix).
-    cases = [Case(c, name, TRAIN + args, USAGE, names=(args[-2], n)) for name, args, n in bad]
+    cases = [Case(c, name, TRAIN + args, USAGE, names=tuple(dict.fromkeys((args[-2], n)))) for name, args, n in bad]
     for name, args, n in [("sharding", ["--sharding", "zero3"], "zero3"),
                           ("wrap-size-zero", ["--wrap", "size:0"], "size:0"),
                           ("mixed-precision", ["--mixed-precision", "fp8"], "fp8"),
                           ("model-unknown", ["--model", "llama9-1t"], "llama9-1t"),
                           ("rank-equals-world-size", ["--world-size", "8", "--rank", "8"], "--rank"),
                           ("world-size-zero-rank-zero", ["--world-size", "0", "--rank", "0"], "--world-size")]:
-        cases.append(Case("cli-inspect", name, INSPECT + args, USAGE, names=(args[-2], n)))
+        cases.append(Case("cli-inspect", name, INSPECT + args, USAGE, names=tuple(dict.fromkeys((args[-2], n)))))
     return cases
 
 
@@ -1025,7 +1025,8 @@ def _merge(primary: Result, others: list, why: list) -> Result:
 
 def _world_size_mismatch(ctx: Ctx, case: Case, runner) -> Result:
     port = str(free_port())
-    env = lambda rank, world: {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),  # noqa: E731
+    # One process per simulated node (LOCAL_RANK 0): only WORLD_SIZE disagrees.
+    env = lambda rank, world: {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",  # noqa: E731
                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
     argv = case.argv
     procs = [runner.start(case, ctx, argv, env(0, 2), ".r0"), runner.start(case, ctx, argv, env(1, 2), ".r1")]

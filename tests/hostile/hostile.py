@@ -41,7 +41,7 @@ sys.path.insert(0, str(HERE))
 
 import cases as catalogue  # noqa: E402
 import fixtures  # noqa: E402
-from harness import KINDS, Env, Runner, first_error  # noqa: E402
+from harness import KINDS, Env, Result, Runner, first_error  # noqa: E402
 
 REPO = HERE.parent.parent
 
@@ -58,6 +58,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--case", action="append", default=[],
                     help="run only cases whose category/name matches this glob (repeatable)")
     ap.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    ap.add_argument("--budget", type=float, default=0,
+                    help="start no case after this many seconds; those left count as failures (0: no limit)")
     ap.add_argument("--report", help="write the report here too (default WORK/report.txt)")
     return ap.parse_args()
 
@@ -126,16 +128,21 @@ def main() -> int:
 
     runner = Runner(env)
     results = {}
+
+    def run(c):
+        if args.budget and time.monotonic() - start > args.budget:
+            return Result(), [("hang", f"not started: the campaign's {args.budget:.0f} s budget was spent")]
+        return runner.run(c)
+
     # Heavy cases (several processes, long bounds) first, so the light ones fill in around them.
     order = sorted(runnable, key=lambda c: -c.weight)
     with concurrent.futures.ThreadPoolExecutor(max_workers=max(1, args.jobs)) as pool:
-        futures = {pool.submit(runner.run, c): c for c in order}
+        futures = {pool.submit(run, c): c for c in order}
         for f in concurrent.futures.as_completed(futures):
             c = futures[f]
             try:
                 results[c.id] = f.result()
             except Exception as e:  # a broken case (harness bug): counted, never hidden
-                from harness import Result
                 results[c.id] = (Result(), [("unclear", f"harness error in this case: {e!r}")])
 
     rows = defaultdict(Counter)
