@@ -488,7 +488,7 @@ Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
     } catch (const std::exception& e) {
       FSDP_FAIL(o.isServer ? "hosting" : "connecting to", " the rendezvous store at ",
                 world.master_addr, ":", world.master_port, " (launcher: ", world.launcher,
-                ") failed within ", options.store_timeout.count(), " ms: ", e.what(),
+                ") failed within ", options.store_timeout.count(), " ms: ", first_line(e.what()),
                 o.isServer ? " — is the port already in use? pick another MASTER_PORT"
                            : " — check MASTER_ADDR/MASTER_PORT and that rank 0 (or the agent) is up");
     }
