@@ -24,6 +24,15 @@ bool decode_words(const std::string& s, std::vector<uint32_t>* words) {
   return true;
 }
 
+// An integer field; nlohmann's get<int64_t>() would convert a float such as 1e300
+// with undefined behaviour (tests/fuzz found it). Throws, which reads as malformed.
+int64_t integer(const nlohmann::json& v) {
+  if (!v.is_number_integer() || (v.is_number_unsigned() && v.get<uint64_t>() > INT64_MAX)) {
+    throw std::invalid_argument("expected a 64-bit integer, got " + v.dump());
+  }
+  return v.get<int64_t>();
+}
+
 at::ScalarType dtype_of(const std::string& s) {
   if (s == "F32") return at::kFloat;
   if (s == "BF16") return at::kBFloat16;
@@ -84,11 +93,11 @@ Manifest parse_manifest(const std::string& text, const fs::path& dir) {
     m.json = nlohmann::json::parse(text);
     const auto& j = m.json;
     if (j.at("format").get<std::string>() != kFormat) damaged(kManifest, "format is not ", kFormat);
-    if (j.at("version").get<int>() != kVersion) {
-      damaged(kManifest, "version ", j.at("version").get<int>(), " is not supported (this build reads ", kVersion, ")");
+    if (integer(j.at("version")) != kVersion) {
+      damaged(kManifest, "version ", integer(j.at("version")), " is not supported (this build reads ", kVersion, ")");
     }
-    m.step = j.at("step").get<int64_t>();
-    m.block_size = j.at("checksum").at("block_size").get<int64_t>();
+    m.step = integer(j.at("step"));
+    m.block_size = integer(j.at("checksum").at("block_size"));
     if (j.at("checksum").at("algorithm").get<std::string>() != "crc32c" || m.block_size <= 0) {
       damaged(kManifest, "unsupported checksum ", j.at("checksum").dump());
     }
@@ -97,9 +106,9 @@ Manifest parse_manifest(const std::string& text, const fs::path& dir) {
       for (const auto& p : saved_units[ui].at("params")) {
         SavedParam sp;
         sp.unit = static_cast<int64_t>(ui);
-        sp.shape = p.at("shape").get<std::vector<int64_t>>();
-        sp.flat_offset = p.at("flat_offset").get<int64_t>();
-        sp.numel = p.at("numel").get<int64_t>();
+        for (const auto& x : p.at("shape")) sp.shape.push_back(integer(x));
+        sp.flat_offset = integer(p.at("flat_offset"));
+        sp.numel = integer(p.at("numel"));
         m.params[p.at("name").get<std::string>()] = sp;
       }
     }
@@ -110,22 +119,23 @@ Manifest parse_manifest(const std::string& text, const fs::path& dir) {
         damaged(kManifest, "bad file name '", sf.name, "'");
       }
       sf.path = (dir / sf.name).string();
-      sf.size = f.at("size").get<int64_t>();
+      sf.size = integer(f.at("size"));
       if (!decode_words(f.at("block_crc32c").get<std::string>(), &sf.blocks) ||
-          static_cast<int64_t>(sf.blocks.size()) != (sf.size + m.block_size - 1) / m.block_size) {
+          sf.size < 0 ||
+          static_cast<int64_t>(sf.blocks.size()) != sf.size / m.block_size + (sf.size % m.block_size != 0)) {
         damaged(kManifest, "block checksums of ", sf.name, " are malformed");
       }
       for (const auto& s : f.at("sections")) {
         SavedSection ss;
-        ss.unit = s.at("unit").get<int64_t>();
+        ss.unit = integer(s.at("unit"));
         ss.kind = s.at("kind").get<std::string>();
         ss.dtype = dtype_of(s.at("dtype").get<std::string>());
         if (ss.dtype == at::ScalarType::Undefined) damaged(kManifest, "unknown dtype in ", s.dump());
         ss.elem_size = static_cast<int64_t>(c10::elementSize(ss.dtype));
-        ss.flat_begin = s.at("flat_begin").get<int64_t>();
-        ss.numel = s.at("numel").get<int64_t>();
-        ss.offset = s.at("offset").get<int64_t>();
-        if (ss.offset < 0 || ss.numel < 0 || ss.offset + ss.numel * ss.elem_size > sf.size) {
+        ss.flat_begin = integer(s.at("flat_begin"));
+        ss.numel = integer(s.at("numel"));
+        ss.offset = integer(s.at("offset"));
+        if (ss.offset < 0 || ss.numel < 0 || ss.offset > sf.size || ss.numel > (sf.size - ss.offset) / ss.elem_size) {
           damaged(kManifest, "section ", s.dump(), " lies outside ", sf.name, " (", sf.size, " bytes)");
         }
         m.kinds.insert(ss.kind);

@@ -141,7 +141,12 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
     e.begin = v["data_offsets"][0].get<int64_t>();
     e.end = v["data_offsets"][1].get<int64_t>();
     if (e.begin > e.end) bad("tensor '", key, "' has data_offsets [", e.begin, ", ", e.end, "] with begin > end");
-    const int64_t expect = e.numel() * d->size;
+    int64_t expect = d->size;  // bytes; a shape whose size overflows is refused (tests/fuzz found it)
+    for (int64_t x : e.shape) {
+      if (__builtin_mul_overflow(expect, x, &expect)) {
+        bad("tensor '", key, "' has shape ", shape_str(e.shape), ", whose size in bytes overflows 64 bits");
+      }
+    }
     if (e.end - e.begin != expect) {
       bad("tensor '", key, "' (", e.dtype, " ", shape_str(e.shape), ") needs ", expect, " bytes but data_offsets [",
           e.begin, ", ", e.end, "] hold ", e.end - e.begin);

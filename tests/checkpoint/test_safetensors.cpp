@@ -134,6 +134,9 @@ TEST(Safetensors, MalformedFilesAreUsageErrorsNamingTheFile) {
       {"backwards", make_file(R"({"a":{"dtype":"F32","shape":[0],"data_offsets":[8,0]}})", data), "begin > end"},
       {"negshape", make_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", data), "bad shape"},
       {"nooffsets", make_file(R"({"a":{"dtype":"F32","shape":[2]}})", data), "data_offsets"},
+      // Found by tests/fuzz: 2^62 * 4 elements * 4 bytes wrapped to 0 and the file was accepted.
+      {"sizeoverflow", make_file(R"({"a":{"dtype":"F32","shape":[4611686018427387904,4],"data_offsets":[0,0]}})", data),
+       "overflows 64 bits"},
   };
   for (const auto& c : cases) {
     const std::string path = dir + "/" + c.name + ".safetensors";
