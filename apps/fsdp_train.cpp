@@ -73,6 +73,27 @@ void install_stop_handlers() {
   sigaction(SIGINT, &sa, nullptr);
 }
 
+// While joining the job nothing has been trained or saved, and the joining
+// code waits inside the rendezvous store, not at a step boundary: a signal
+// ends the process at once, with one line (write(2) and _exit are
+// async-signal-safe) and the shell's 128 + signal.
+extern "C" void on_signal_while_joining(int sig) {
+  static const char kTerm[] = "fsdp-train: error: stopped by SIGTERM while joining the job (nothing trained or saved)\n";
+  static const char kInt[] = "fsdp-train: error: stopped by SIGINT while joining the job (nothing trained or saved)\n";
+  const char* text = sig == SIGTERM ? kTerm : kInt;
+  const size_t n = sig == SIGTERM ? sizeof(kTerm) - 1 : sizeof(kInt) - 1;
+  [[maybe_unused]] const ssize_t written = ::write(STDERR_FILENO, text, n);
+  ::_exit(128 + sig);
+}
+
+void install_joining_handlers() {
+  struct sigaction sa {};
+  sa.sa_handler = on_signal_while_joining;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGTERM, &sa, nullptr);
+  sigaction(SIGINT, &sa, nullptr);
+}
+
 std::string self_exe(const char* argv0) {
   char buf[4096];
   const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
@@ -315,7 +336,7 @@ int run(int argc, char** argv) {
   // model (an empty model spec; train/trainer.h).
   if (o.step.max_steps == 0 && app.count("--model") == 0) o.model.clear();
   fsdp::comm::InitOptions init;
-  if (!timeout_text.empty()) {
+  if (app.count("--timeout") > 0) {  // given: '' is refused too, not taken as "not given"
     init.timeout = init.store_timeout = fsdp::comm::parse_timeout(timeout_text, "--timeout");
   } else if (const char* env = std::getenv("FSDP_TIMEOUT"); env != nullptr && *env != '\0') {
     init.timeout = init.store_timeout = fsdp::comm::parse_timeout(env, "FSDP_TIMEOUT");
@@ -346,6 +367,7 @@ int run(int argc, char** argv) {
     fsdp::set_current_device(fsdp::worker_device(o.device, world.local_rank));
     init.backend = "nccl";
   }
+  install_joining_handlers();
   const fsdp::comm::Runtime rt = fsdp::comm::init_process_group(world, init);
   // Only now: a signal while joining must end the process, not wait for a step.
   install_stop_handlers();

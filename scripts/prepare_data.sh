@@ -46,13 +46,18 @@ VOCAB=512
 TOKENIZER=1
 
 usage() { sed -n '6,14p' "$0" | sed 's/^# \{0,1\}//' >&2; exit 2; }
+# The value after a flag, or a usage error naming the flag: value FLAG WHAT "$@"
+value() {
+  (($# >= 4)) || { echo "prepare_data.sh: error: $1 needs $2 (see prepare_data.sh --help)" >&2; exit 2; }
+  printf '%s' "$4"
+}
 
 while (($# > 0)); do
   case "$1" in
-    --src) SRC=${2:?--src needs a directory}; shift 2 ;;
-    --out) OUT=${2:?--out needs a path}; shift 2 ;;
-    --val-every) VAL_EVERY=${2:?--val-every needs a number}; shift 2 ;;
-    --vocab-size) VOCAB=${2:?--vocab-size needs a number}; shift 2 ;;
+    --src) SRC=$(value --src "a directory" "$@"); shift 2 ;;
+    --out) OUT=$(value --out "a path" "$@"); shift 2 ;;
+    --val-every) VAL_EVERY=$(value --val-every "a number" "$@"); shift 2 ;;
+    --vocab-size) VOCAB=$(value --vocab-size "a number" "$@"); shift 2 ;;
     --no-tokenizer) TOKENIZER=0; shift ;;
     -h|--help) usage ;;
     *) echo "prepare_data.sh: unknown argument '$1'" >&2; usage ;;
@@ -84,7 +89,10 @@ case "$OUT" in
   *.jsonl) VAL="${OUT%.jsonl}.val.jsonl" ;;
   *) VAL="$OUT.val.jsonl" ;;
 esac
-mkdir -p "$(dirname "$OUT")" "$(dirname "$VAL")"
+for dir in "$(dirname "$OUT")" "$(dirname "$VAL")"; do
+  err=$(mkdir -p "$dir" 2>&1) ||
+    { echo "prepare_data.sh: error: --out $OUT: cannot create directory $dir (${err#mkdir: }); choose a directory you can write to" >&2; exit 2; }
+done
 
 python3 - "$SRC" "$OUT" "$VAL" "$VAL_EVERY" <<'PY'
 import json, os, sys

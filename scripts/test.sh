@@ -9,7 +9,7 @@
 #     NCCL of the same PyTorch wheel, so a GPU session has only running left. Nothing of it runs
 #     here (no GPU); FSDP_SKIP_CUDA_BUILD=1 leaves it out.
 #  4. The fuzz build (build-fuzz/: clang++, -DFSDP_FUZZ=ON, only the parsers, with the sanitizers) and
-#     its tests (label fuzz: each fuzz target replays its corpus, then fuzzes for 15 s); after the main
+#     its tests (label fuzz: each fuzz target replays its corpus, then fuzzes 20,000 inputs with a fixed seed); after the main
 #     suite. FSDP_SKIP_FUZZ=1 leaves it out.
 # Under CI=true a skipped test fails the run; the summary names every skipped test.
 set -euo pipefail

@@ -14,6 +14,7 @@
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/json_input.h"
 #include "progress.h"
 
 namespace fsdp::checkpoint {
@@ -338,12 +339,10 @@ HfWeights find_hf_weights(const std::string& dir) {
              "(config.json and *.safetensors)");
   if (fs::exists(d / kIndexName, ec)) {
     const std::string path = (d / kIndexName).string();
-    nlohmann::json index;
-    try {
-      index = nlohmann::json::parse(io::read_text_file(path));
-    } catch (const std::exception& e) {
-      FSDP_CHECK(false, path, " is not valid JSON (", e.what(), ")");
-    }
+    std::string why;
+    std::optional<nlohmann::json> parsed = parse_json_input(io::read_text_file(path), why);
+    FSDP_CHECK(parsed.has_value(), path, " is not valid JSON (", why, ")");
+    nlohmann::json index = std::move(*parsed);
     FSDP_CHECK(index.contains("weight_map") && index["weight_map"].is_object(), path, " has no 'weight_map' object");
     std::set<std::string> files;
     for (auto it = index["weight_map"].begin(); it != index["weight_map"].end(); ++it) {

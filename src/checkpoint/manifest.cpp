@@ -8,6 +8,7 @@
 #include "fsdp/checkpoint/crc32c.h"
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/encoding.h"
+#include "fsdp/common/json_input.h"
 
 namespace fsdp::checkpoint {
 
@@ -89,8 +90,11 @@ Manifest parse_manifest(const std::string& text, const fs::path& dir) {
     throw DamagedCheckpoint(name, file, detail::cat(why...));
   };
   Manifest m;
+  std::string why;
+  std::optional<nlohmann::json> parsed = parse_json_input(text, why);
+  if (!parsed) damaged(kManifest, "not valid JSON: ", why);
   try {
-    m.json = nlohmann::json::parse(text);
+    m.json = std::move(*parsed);
     const auto& j = m.json;
     if (j.at("format").get<std::string>() != kFormat) damaged(kManifest, "format is not ", kFormat);
     if (integer(j.at("version")) != kVersion) {

@@ -6,6 +6,7 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <vector>
@@ -108,6 +109,17 @@ void check_writable(const std::string& path, const std::string& flag, bool direc
     }
     FSDP_CHECK(false, flag, " ", path, " cannot be created: directory ", probe.string(), " is not writable (",
                std::strerror(e), "); choose a path in a directory you can write to");
+  }
+  // access() says yes to root everywhere and knows nothing of /proc, sysfs or a
+  // full inode table: create an entry there and remove it again.
+  if (fs::is_directory(probe, ec)) {
+    std::string name = (probe / ".fsdp-write-probe-XXXXXX").string();
+    if (::mkdtemp(name.data()) == nullptr) {
+      const int e = errno;
+      FSDP_CHECK(false, flag, " ", path, exists ? " is not writable" : " cannot be created", ": creating an entry in ",
+                 probe.string(), " fails (", std::strerror(e), "); choose a path in a directory you can write to");
+    }
+    ::rmdir(name.c_str());
   }
 }
 

@@ -3,10 +3,13 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 
 #include "file_io.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
+#include "fsdp/common/json_input.h"
 
 static_assert(__BYTE_ORDER__ == __ORDER_LITTLE_ENDIAN__, "safetensors data is little-endian; so must the host be");
 
@@ -84,6 +87,8 @@ int64_t SafetensorsEntry::numel() const {
 // ---- reader ------------------------------------------------------------------------
 
 SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
+  // Before opening: opening a FIFO blocks until something writes to it.
+  require_regular_file(path, "safetensors file", "give the weights as regular .safetensors files");
   map_ = std::make_unique<io::MappedFile>(path);
   const int64_t size = static_cast<int64_t>(map_->size());
   auto bad = [&](const auto&... why) {
@@ -101,12 +106,10 @@ SafetensorsFile::SafetensorsFile(const std::string& path) : path_(path) {
   const int64_t data_size = size - data_offset_;
   const char* hp = reinterpret_cast<const char*>(map_->data() + 8);
   if (n == 0 || hp[0] != '{') bad("the header does not start with '{'");
-  nlohmann::json header;
-  try {
-    header = nlohmann::json::parse(hp, hp + n);
-  } catch (const std::exception& e) {
-    bad("the header is not valid JSON (", e.what(), ")");
-  }
+  std::string why;
+  std::optional<nlohmann::json> parsed = parse_json_input(std::string_view(hp, n), why);
+  if (!parsed) bad("the header is not valid JSON (", why, ")");
+  const nlohmann::json header = std::move(*parsed);
   if (!header.is_object()) bad("the header is not a JSON object");
 
   for (auto it = header.begin(); it != header.end(); ++it) {
@@ -187,7 +190,8 @@ void SafetensorsFile::read_as_float(const SafetensorsEntry& e, int64_t first, in
               ") outside tensor '", e.name, "' of ", e.numel(), " elements");
   const uint8_t* p = bytes(e);
   if (e.dtype == "F32") {
-    std::memcpy(out, p + first * 4, static_cast<size_t>(count) * 4);
+    // An empty tensor's bytes may be nowhere: memcpy from null is undefined even for 0 bytes.
+    if (count > 0) std::memcpy(out, p + first * 4, static_cast<size_t>(count) * 4);
   } else if (e.dtype == "BF16") {
     const uint8_t* q = p + first * 2;
     for (int64_t i = 0; i < count; ++i) {
@@ -212,6 +216,15 @@ void SafetensorsFile::read_as_float(const SafetensorsEntry& e, int64_t first, in
   } else {
     FSDP_CHECK(false, "tensor '", e.name, "' in ", path_, " has dtype ", e.dtype,
                "; model weights must be F32, BF16, F16 or F64");
+  }
+  // Weights are finite: a NaN or inf here would surface steps later as a NaN loss
+  // blamed on the learning rate. (F64 values past float's range become inf.)
+  for (int64_t i = 0; i < count; ++i) {
+    if (!std::isfinite(out[i])) {
+      FSDP_CHECK(false, "tensor '", e.name, "' in ", path_, " holds ", std::isnan(out[i]) ? "NaN" : "inf",
+                 " at element ", first + i, e.dtype == "F64" ? " (or an F64 value outside float's range)" : "",
+                 " — the weights are damaged; export them again from a run that had finite weights");
+    }
   }
 }
 

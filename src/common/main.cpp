@@ -1,6 +1,7 @@
 #include "fsdp/common/main.h"
 
 #include <c10/util/Exception.h>
+#include <c10/util/Logging.h>
 
 #include <cstdlib>
 #include <cstring>
@@ -111,6 +112,10 @@ std::string one_line_message(const std::exception& e, bool debug) {
 int run_main(const char* program, const std::function<int()>& body) {
   g_program = program;
   std::set_terminate(on_terminate);
+  // LibTorch's own log lines (c10d's connection retries, each with a stack
+  // trace) say again what our one-line error says: kept for FSDP_DEBUG=1 or a
+  // TORCH_CPP_LOG_LEVEL the user set.
+  if (!debug_enabled() && std::getenv("TORCH_CPP_LOG_LEVEL") == nullptr) FLAGS_caffe2_log_level = c10::GLOG_FATAL;
   try {
     return body();
   } catch (const std::exception& e) {

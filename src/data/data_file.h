@@ -34,8 +34,9 @@ class DataFileReader {
   // The next line, without its '\n' (and a '\r' before it), into `line`; false at the
   // end of the content. The last line needs no '\n'.
   bool next_line(std::string& line);
-  // All of the remaining content.
-  std::string read_all();
+  // All of the remaining content; more than `max_bytes` (>= 0) is a UsageError naming
+  // the file (a gzip bomb, a file too large for memory).
+  std::string read_all(int64_t max_bytes = -1);
 
  private:
   struct Gzip;  // zlib's stream state

@@ -3,6 +3,7 @@
 
 #include "data_file.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/json_input.h"
 #include "fsdp/common/files.h"
 #include "fsdp/data/tokenizer.h"
 
@@ -11,6 +12,7 @@
 #include <setjmp.h>
 #include <signal.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -18,6 +20,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdint>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -380,11 +383,30 @@ void append_document(const Tokenizer& tok, std::string_view text, bool add_bos, 
   out.push_back(tok.eos_id());
 }
 
+// Bytes a text source may hold in memory: DatasetOptions::memory_budget, within RLIMIT_DATA.
+int64_t text_memory_budget(const DatasetOptions& o) {
+  int64_t budget = o.memory_budget;
+  struct rlimit lim {};
+  if (::getrlimit(RLIMIT_DATA, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    const int64_t half = static_cast<int64_t>(std::min<rlim_t>(lim.rlim_cur, INT64_MAX)) / 2;
+    budget = budget < 0 ? half : std::min(budget, half);
+  }
+  return budget;
+}
+
+void check_tokens_fit(const DatasetOptions& o, const std::string& path, const std::vector<int32_t>& tokens) {
+  const int64_t budget = text_memory_budget(o);
+  const int64_t held = static_cast<int64_t>(tokens.size() * sizeof(int32_t));
+  FSDP_CHECK(budget < 0 || held <= budget, "data file '", path, "': its tokens need more than ", held,
+             " bytes of memory (the limit for tokenized text here is ", budget, ") — split the data or "
+             "pre-tokenize it into a binary token file (--data-format bin, read from disk as needed)");
+}
+
 // A plain text file (after decompression) is one document.
 int64_t load_text_file(const DatasetOptions& o, const std::string& path, const Tokenizer& tok,
                        std::vector<int32_t>& tokens) {
   DataFileReader in(path);
-  const std::string text = in.read_all();
+  const std::string text = in.read_all(text_memory_budget(o));
   FSDP_CHECK(!text.empty(), "data file '", path, "' is empty — give a file with text in it");
   append_document(tok, text, o.add_bos, tokens);
   return 1;
@@ -399,13 +421,11 @@ int64_t load_jsonl_file(const DatasetOptions& o, const std::string& path, const 
     ++line_no;
     if (line.find_first_not_of(" \t") == std::string::npos) continue;
     ++nonblank;
-    nlohmann::json j;
-    try {
-      j = nlohmann::json::parse(line);
-    } catch (const nlohmann::json::parse_error& e) {
-      FSDP_CHECK(false, "data file '", path, "' line ", line_no, " is not valid JSON (", e.what(),
-                 ") — each line must be one object such as {\"", o.text_field, "\": \"...\"}");
-    }
+    std::string why;
+    std::optional<nlohmann::json> parsed = parse_json_input(line, why);
+    FSDP_CHECK(parsed.has_value(), "data file '", path, "' line ", line_no, " is not valid JSON (", why,
+               ") — each line must be one object such as {\"", o.text_field, "\": \"...\"}");
+    const nlohmann::json j = std::move(*parsed);
     FSDP_CHECK(j.is_object(), "data file '", path, "' line ", line_no, " is JSON but not an object — each ",
                "line must be one object such as {\"", o.text_field, "\": \"...\"}");
     const auto it = j.find(o.text_field);
@@ -420,7 +440,7 @@ int64_t load_jsonl_file(const DatasetOptions& o, const std::string& path, const 
     const auto& text = it->get_ref<const std::string&>();
     if (text.empty()) continue;
     append_document(tok, text, o.add_bos, tokens);
-    ++documents;
+    if ((++documents & 1023) == 0) check_tokens_fit(o, path, tokens);
   }
   FSDP_CHECK(documents > 0, "data file '", path, "' has no documents (", line_no, " lines, ", nonblank,
              " non-blank, none with a non-empty \"", o.text_field, "\") — give a non-empty JSON lines file");
@@ -441,8 +461,15 @@ std::shared_ptr<const TokenDataset> load_text_sources(const DatasetOptions& o, c
   int64_t documents = 0;
   for (const auto& f : files) {
     starts.emplace_back(static_cast<int64_t>(tokens.size()), f.path);
-    documents += f.format == DataFormat::kText ? load_text_file(o, f.path, *tok, tokens)
-                                               : load_jsonl_file(o, f.path, *tok, tokens);
+    try {
+      documents += f.format == DataFormat::kText ? load_text_file(o, f.path, *tok, tokens)
+                                                 : load_jsonl_file(o, f.path, *tok, tokens);
+    } catch (const std::bad_alloc&) {
+      FSDP_CHECK(false, "data file '", f.path, "' does not fit in memory (out of memory after ", tokens.size(),
+                 " tokens) — split the data or pre-tokenize it into a binary token file (--data-format bin, "
+                 "read from disk as needed)");
+    }
+    check_tokens_fit(o, f.path, tokens);
   }
   tokens.shrink_to_fit();
   const std::string kind = any_text && any_jsonl ? "text+jsonl" : any_text ? "text" : "jsonl";

@@ -13,6 +13,7 @@
 // Pieces keep whether they start at byte 0 of the input: Metaspace's prepend_scheme
 // "first" prepends only there (offsets_original().0 == 0 in the library).
 #include "fsdp/common/error.h"
+#include "fsdp/common/json_input.h"
 #include "fsdp/common/files.h"
 #include "fsdp/data/pretokenize.h"
 #include "fsdp/data/tokenizer.h"
@@ -954,12 +955,12 @@ json read_json(const std::string& path, const char* what) {
   require_regular_file(path, what, "give a tokenizer.json (and a tokenizer_config.json beside it) as files");
   std::ifstream in(path, std::ios::binary);
   FSDP_CHECK(in.good(), "cannot open ", what, " '", path, "': ", std::strerror(errno), " — check the path");
-  try {
-    return json::parse(in);
-  } catch (const json::parse_error& e) {
-    FSDP_CHECK(false, what, " '", path, "' is not valid JSON: ", e.what(), " — is the file complete?");
-  }
-  return {};
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  FSDP_CHECK(!in.bad(), "cannot read ", what, " '", path, "': ", std::strerror(errno), " — check the file");
+  std::string why;
+  std::optional<json> parsed = parse_json_input(text, why);
+  FSDP_CHECK(parsed.has_value(), what, " '", path, "' is not valid JSON: ", why, " — is the file complete?");
+  return std::move(*parsed);
 }
 
 }  // namespace

@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/json_input.h"
 #include "fsdp/common/files.h"
 
 namespace fsdp::models {
@@ -379,13 +380,11 @@ std::optional<LlamaConfig> llama_preset(const std::string& name) {
 }
 
 LlamaConfig parse_hf_config(const std::string& json_text, const std::string& origin) {
-  json j;
-  try {
-    j = json::parse(json_text);
-  } catch (const json::parse_error& e) {
-    FSDP_CHECK(false, "config.json '", origin, "' is not valid JSON: ", e.what(),
-               " — point the model spec at a Hugging Face config.json or use a preset (", joined_presets(), ")");
-  }
+  std::string why;
+  std::optional<json> parsed = parse_json_input(json_text, why);
+  FSDP_CHECK(parsed.has_value(), "config.json '", origin, "' is not valid JSON: ", why,
+             " — point the model spec at a Hugging Face config.json or use a preset (", joined_presets(), ")");
+  const json j = std::move(*parsed);
   FSDP_CHECK(j.is_object(), "config.json '", origin, "' must hold a JSON object, got ", j.type_name());
   const Fields f(j, origin);
 
@@ -410,6 +409,9 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
   c.num_key_value_heads = f.int_or("num_key_value_heads", c.num_attention_heads);
   // Qwen3Config's head_dim defaults to 128, the others' to D / H.
   c.head_dim = f.int_or("head_dim", type == "qwen3" ? 128 : 0);
+  // Given, it is used as it is (transformers too): 0 would be heads of no width.
+  FSDP_CHECK(f.find("head_dim") == nullptr || c.head_dim > 0, f.where(), "head_dim = ", c.head_dim,
+             " must be positive — leave head_dim out (or null) to use hidden_size / num_attention_heads");
   c.tie_word_embeddings = f.bool_or("tie_word_embeddings", false);
   c.initializer_range = f.double_or("initializer_range", 0.02);
 

@@ -94,6 +94,8 @@ std::shared_ptr<const data::TokenDataset> load_data(const TrainOptions& o, const
   // BOS before every document where the tokenizer's own files say so (a tokenizer.json
   // template "<s> $A"); EOS after every document in any case.
   dopt.add_bos = tokenizer != nullptr && tokenizer->adds_bos();
+  // Half of what is free: the model and the other ranks on this machine need the rest.
+  if (const int64_t free = available_host_memory_bytes(); free > 0) dopt.memory_budget = free / 2;
   return data::load_dataset(dopt, tokenizer);
 }
 
@@ -388,8 +390,19 @@ void validate_options(const TrainOptions& o, int world_size) {
   data::tokenizer_file(o.data.tokenizer);  // exists, a regular file (not /dev/zero or a FIFO), not empty
   optim::LrSchedule sched = o.schedule;
   sched.max_steps = o.step.max_steps;
+  // The optimizer takes these as 32-bit float scalars: 1e300 is a finite double but no float.
+  for (const auto& [flag, v] : {std::pair<const char*, double>{"--lr", o.schedule.lr}, {"--min-lr", o.schedule.min_lr},
+                                {"--weight-decay", o.adamw.weight_decay}, {"--beta1", o.adamw.beta1},
+                                {"--beta2", o.adamw.beta2}, {"--clip-grad", o.step.clip_grad}}) {
+    FSDP_CHECK(std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max(), flag, " ", v,
+               " is outside the range of a 32-bit float (|x| <= 3.4e38), which the optimizer computes in");
+  }
   sched.validate();
   FSDP_CHECK(o.adamw.weight_decay >= 0, "--weight-decay must be >= 0, got ", o.adamw.weight_decay);
+  FSDP_CHECK(o.adamw.beta1 >= 0 && o.adamw.beta1 < 1, "--beta1 must be in [0, 1), got ", o.adamw.beta1,
+             " (PyTorch's default is 0.9)");
+  FSDP_CHECK(o.adamw.beta2 >= 0 && o.adamw.beta2 < 1, "--beta2 must be in [0, 1), got ", o.adamw.beta2,
+             " (PyTorch's default is 0.999; Llama used 0.95)");
   parse_sharding_strategy(o.sharding.strategy);
   engine_options(o, world_size);  // every sharding, memory and precision flag parses
   FSDP_CHECK(o.sharding.loss_scaling == "auto" || o.sharding.loss_scaling == "on" || o.sharding.loss_scaling == "off",
@@ -483,20 +496,35 @@ void check_memory(const TrainOptions& o, int world_size, int local_world_size, s
   if (logits) logits = checked_mul(*logits, elem);
   const int64_t kHuge = std::numeric_limits<int64_t>::max() / 4;  // "more than any machine": no overflow below
   const int64_t logit_bytes = logits ? std::min(*logits, kHuge) : kHuge;
+  // Activations kept for backward, a lower bound per token and decoder layer: the
+  // norms, q/k/v/o and residuals (10 x hidden_size) and the MLP's gate, up, act
+  // and product (4 x intermediate_size); attention scores are left out (a fused
+  // kernel keeps none). With --activation-checkpointing only each layer's input
+  // stays, plus one layer while it is recomputed. (Measured on the tiny model:
+  // 281 MB over the weights' at B=16, T=256; this says 210 MB.)
+  const int64_t per_layer = 10 * cfg.hidden_size + 4 * cfg.intermediate_size;
+  const int64_t per_token = o.eval.only ? per_layer
+                            : o.sharding.activation_checkpointing
+                                ? cfg.num_hidden_layers * cfg.hidden_size + per_layer
+                                : cfg.num_hidden_layers * per_layer;
+  std::optional<int64_t> acts = checked_mul(o.step.batch_size, o.data.seq_len);
+  if (acts) acts = checked_mul(*acts, per_token);
+  if (acts) acts = checked_mul(*acts, elem);
+  const int64_t activation_bytes = acts ? std::min(*acts, kHuge) : kHuge;
   const int64_t shards = plan.param_shard_bytes + (o.eval.only ? 0 : plan.grad_shard_bytes + plan.optimizer_bytes);
-  const int64_t step = plan.step_unsharded_bytes + logit_bytes;
+  const int64_t step = plan.step_unsharded_bytes + logit_bytes + activation_bytes;
   const bool on_device = this_rank && this_rank->is_cuda();
   const bool cuda_run = o.device == "cuda";
   // Host: everything on CPU runs; the offloaded shards with --cpu-offload on CUDA.
   const int64_t host = cuda_run ? (o.sharding.cpu_offload ? shards : 0) : shards + step;
   const std::string parts = fmt::format(
       "parameter and gradient shards {}, optimizer state {}, unsharded units during a step {}, logits of one "
-      "micro-batch {} (--batch-size {} x --seq-len {} x vocab_size {})",
+      "micro-batch {} (--batch-size {} x --seq-len {} x vocab_size {}), activations {}",
       format_bytes(plan.param_shard_bytes + (o.eval.only ? 0 : plan.grad_shard_bytes)),
       format_bytes(o.eval.only ? 0 : plan.optimizer_bytes), format_bytes(plan.step_unsharded_bytes),
-      format_bytes(logit_bytes), o.step.batch_size, o.data.seq_len, cfg.vocab_size);
-  const char* fix = "reduce --batch-size or --seq-len, shard over more processes or machines, use --cpu-offload, "
-                    "bf16 (--mixed-precision) or a smaller model";
+      format_bytes(logit_bytes), o.step.batch_size, o.data.seq_len, cfg.vocab_size, format_bytes(activation_bytes));
+  const char* fix = "reduce --batch-size or --seq-len, add --activation-checkpointing, shard over more processes or "
+                    "machines, use --cpu-offload, bf16 (--mixed-precision) or a smaller model";
   const int ranks = this_rank ? 1 : std::max(local_world_size, 1);
   if (host > 0) {
     const int64_t available = available_host_memory_bytes();
@@ -580,6 +608,15 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   sopt.seed = o.step.seed;
   sopt.shuffle = o.data.shuffle;
   auto sampler = std::make_shared<const data::BatchSampler>(dataset, sopt);
+  // One optimizer step reads each window at most once: a global batch past the
+  // epoch (a slip of --grad-accum) would repeat the data inside every step and
+  // could run for years.
+  FSDP_CHECK(o.eval.only || sampler->global_batch_size() <= sampler->samples_per_epoch(),
+             "one optimizer step reads --batch-size ",
+             o.step.batch_size, " x --grad-accum ", o.step.grad_accum, " x ", W, " ranks = ",
+             sampler->global_batch_size(), " windows, but --data ", o.data.path, " holds only ",
+             sampler->samples_per_epoch(), " windows of --seq-len ", o.data.seq_len,
+             " per epoch — lower --grad-accum or --batch-size (or --seq-len), or give more data");
 
   // --- model, built on the meta device; each rank materializes its shards.
   // --sync-module-states: rank 0 alone builds the whole model on the CPU

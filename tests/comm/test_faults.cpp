@@ -83,13 +83,14 @@ TEST(Faults, MissingRankIsNamedWithinTheTimeout) {
 }
 
 // Issue 16, finding 2: the first SIGTERM while joining was ignored (it only
-// asked for a stop after the current step). It now ends the process.
+// asked for a stop after the current step). It now ends the process, saying so.
 TEST(Faults, SigtermWhileJoiningEndsTheProcess) {
   const std::string env = "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port());
   const Command c = run_command("bash -c '" + env + " " + kTrain +
                                     " --max-steps 2 & P=$!; sleep 2; kill -TERM $P; wait $P; echo exit=$?'",
                                 60);
   EXPECT_HAS(c.output, "exit=143");
+  EXPECT_HAS(c.output, "fsdp-train: error: stopped by SIGTERM while joining the job");
   EXPECT_EQ(c.output.find("frame #"), std::string::npos) << c.output;
 }
 

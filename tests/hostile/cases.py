@@ -1029,8 +1029,11 @@ def _world_size_mismatch(ctx: Ctx, case: Case, runner) -> Result:
     env = lambda rank, world: {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": "0",  # noqa: E731
                                "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": port}
     argv = case.argv
-    procs = [runner.start(case, ctx, argv, env(0, 2), ".r0"), runner.start(case, ctx, argv, env(1, 2), ".r1")]
+    # The intruder first: started after them, it could find the 2-rank job finished and its
+    # store gone (then "cannot connect" is the right answer, and the case would be a race).
     joiner = runner.start(case, ctx, argv, env(2, 3), ".r2")
+    time.sleep(0.5)
+    procs = [runner.start(case, ctx, argv, env(0, 2), ".r0"), runner.start(case, ctx, argv, env(1, 2), ".r1")]
     deadline = time.monotonic() + case.timeout
     r = joiner.wait(deadline)
     others = [(f"rank {i} of 2", p.wait(deadline)) for i, p in enumerate(procs)]

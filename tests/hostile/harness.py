@@ -23,6 +23,7 @@ import re
 import resource
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable, Optional
@@ -236,6 +237,13 @@ def _limits(file_size_limit: int, memory_limit: int) -> Callable[[], None]:
     return apply
 
 
+def _copy_stream(source, path: Path) -> None:
+    with open(path, "wb") as f:
+        for chunk in iter(lambda: source.read1(65536), b""):
+            f.write(chunk)
+    source.close()
+
+
 def _read_capped(path: Path) -> str:
     size = path.stat().st_size
     with open(path, "rb") as f:
@@ -256,10 +264,21 @@ class Process:
         logs = ctx.d.parent / f".{ctx.d.name}{tag}"
         self.out_path, self.err_path = Path(f"{logs}.out"), Path(f"{logs}.err")
         self.start = time.monotonic()
+        # Under a file-size limit (a full disk) the program's own stdout and stderr files would
+        # be cut at the limit too, which no user's terminal is: then they go through pipes,
+        # copied to the files by this process.
+        piped = bool(case.file_size_limit)
+        self.copiers: list[threading.Thread] = []
         with open(self.out_path, "wb") as out, open(self.err_path, "wb") as err:
-            self.p = subprocess.Popen(argv, cwd=ctx.d, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+            self.p = subprocess.Popen(argv, cwd=ctx.d, stdin=subprocess.DEVNULL,
+                                      stdout=subprocess.PIPE if piped else out, stderr=subprocess.PIPE if piped else err,
                                       env=base_environment({**case.env, **(env or {})}), start_new_session=True,
                                       restore_signals=False, preexec_fn=_limits(case.file_size_limit, case.memory_limit))
+        if piped:
+            for source, path in ((self.p.stdout, self.out_path), (self.p.stderr, self.err_path)):
+                t = threading.Thread(target=_copy_stream, args=(source, path), daemon=True)
+                t.start()
+                self.copiers.append(t)
         self.pid = self.p.pid
         self.fork_bomb = False
 
@@ -304,6 +323,8 @@ class Process:
             else:
                 r.code = code
         r.seconds = time.monotonic() - self.start
+        for t in self.copiers:
+            t.join(timeout=5)
         r.stdout = _read_capped(self.out_path)
         r.stderr = _read_capped(self.err_path)
         return r

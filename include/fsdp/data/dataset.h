@@ -65,6 +65,11 @@ struct DatasetOptions {
   std::string text_field = "text";            // kJsonl: the document's field
   TokenDtype token_dtype = TokenDtype::kUint16;  // kBinary: width of one id
   bool add_bos = false;                       // text sources: BOS before each document
+  // Text and JSON lines are decompressed and tokenized into memory: a file that would
+  // hold more than this many bytes (text, or its tokens) is refused by name instead of
+  // running the machine out of memory (a gzip bomb, a corpus meant for .bin). Also
+  // bounded by RLIMIT_DATA. -1: only that limit.
+  int64_t memory_budget = -1;
 };
 
 class TokenDataset {
