@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 
@@ -128,26 +129,44 @@ TEST(TrainCli, OutputsThatCannotBeWrittenAreErrors) {
 }
 
 // Finding 5: --eval-only on weights that produce NaN is an error (exit 1)
-// saying so, never "Eval Loss: nan" and exit 0.
+// saying so, never "Eval Loss: nan" and exit 0. Weights that hold a NaN are
+// refused as they are read (exit 2, naming the tensor and file); finite weights
+// whose logits overflow reach the evaluation's own check.
 TEST(TrainCli, ANonFiniteEvalLossIsAnError) {
   const std::string dir = testing::temp_dir("cli-nan-eval");
   ASSERT_EQ(run_command(flags(1) + " --export-hf " + dir + "/hf", 120).exit_code, 0);
-  {
-    const std::string path = dir + "/hf/model.safetensors";
+  const std::string path = dir + "/hf/model.safetensors";
+  const auto rewrite = [&](const std::function<void(const std::string&, at::Tensor&)>& change) {
     std::vector<std::pair<std::string, at::Tensor>> tensors;
     {
       checkpoint::SafetensorsFile f(path);
       for (const auto& e : f.entries()) {
-        tensors.emplace_back(e.name, f.tensor(e.name).clone().fill_(std::numeric_limits<float>::quiet_NaN()));
+        at::Tensor t = f.tensor(e.name).clone();
+        change(e.name, t);
+        tensors.emplace_back(e.name, t);
       }
     }
     checkpoint::save_safetensors(path, tensors);
-  }
-  Command e = run_command(kTrainBin + " --init-from " + dir + "/hf --data " + kCorpus + " --val-data " + kValCorpus +
-                              " --seq-len 32 --batch-size 2 --eval-only", 120);
+  };
+  const std::string eval = kTrainBin + " --init-from " + dir + "/hf --data " + kCorpus + " --val-data " + kValCorpus +
+                           " --seq-len 32 --batch-size 2 --eval-only";
+  const std::string original = dir + "/original.safetensors";
+  std::filesystem::copy_file(path, original);
+
+  rewrite([](const std::string&, at::Tensor& t) { t.fill_(std::numeric_limits<float>::quiet_NaN()); });
+  Command nan = run_command(eval, 120);
+  EXPECT_EQ(nan.exit_code, 2) << nan.output;
+  EXPECT_NE(nan.output.find("model.safetensors holds NaN at element 0 — the weights are damaged"), std::string::npos)
+      << nan.output;
+  EXPECT_EQ(nan.output.find("Eval Loss:"), std::string::npos) << nan.output;
+
+  std::filesystem::copy_file(original, path, std::filesystem::copy_options::overwrite_existing);
+  rewrite([](const std::string& name, at::Tensor& t) {
+    if (name == "lm_head.weight") t.fill_(3e38f);  // finite, but the logits overflow to inf
+  });
+  Command e = run_command(eval, 120);
   EXPECT_EQ(e.exit_code, 1) << e.output;
-  EXPECT_NE(e.output.find("the evaluation loss is NaN at step 0: the weights or the --val-data produce NaN/inf"),
-            std::string::npos) << e.output;
+  EXPECT_NE(e.output.find("at step 0: the weights or the --val-data produce NaN/inf"), std::string::npos) << e.output;
   EXPECT_EQ(e.output.find("Eval Loss:"), std::string::npos) << e.output;
 }
 
