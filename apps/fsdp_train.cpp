@@ -61,18 +61,6 @@ static_assert(std::atomic<int>::is_always_lock_free, "signal handler needs lock-
 
 extern "C" void on_stop_signal(int sig) { g_stop_signal.store(sig); }
 
-// SIGTERM (preemption: Kubernetes, Slurm, torchrun's agent) and SIGINT stop
-// after the current step. SA_RESETHAND: a second signal takes the default
-// action (the process dies).
-void install_stop_handlers() {
-  struct sigaction sa {};
-  sa.sa_handler = on_stop_signal;
-  sigemptyset(&sa.sa_mask);
-  sa.sa_flags = SA_RESETHAND;
-  sigaction(SIGTERM, &sa, nullptr);
-  sigaction(SIGINT, &sa, nullptr);
-}
-
 // While joining the job nothing has been trained or saved, and the joining
 // code waits inside the rendezvous store, not at a step boundary: a signal
 // ends the process at once, with one line (write(2) and _exit are
@@ -86,10 +74,15 @@ extern "C" void on_signal_while_joining(int sig) {
   ::_exit(128 + sig);
 }
 
-void install_joining_handlers() {
+// `handler` for SIGTERM and SIGINT: on_signal_while_joining while joining, then
+// on_stop_signal, which stops after the current step (preemption: Kubernetes,
+// Slurm, torchrun's agent) with SA_RESETHAND: a second signal takes the
+// default action (the process dies).
+void handle_stop_signals(void (*handler)(int), int flags) {
   struct sigaction sa {};
-  sa.sa_handler = on_signal_while_joining;
+  sa.sa_handler = handler;
   sigemptyset(&sa.sa_mask);
+  sa.sa_flags = flags;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
 }
@@ -367,10 +360,10 @@ int run(int argc, char** argv) {
     fsdp::set_current_device(fsdp::worker_device(o.device, world.local_rank));
     init.backend = "nccl";
   }
-  install_joining_handlers();
+  handle_stop_signals(on_signal_while_joining, 0);
   const fsdp::comm::Runtime rt = fsdp::comm::init_process_group(world, init);
   // Only now: a signal while joining must end the process, not wait for a step.
-  install_stop_handlers();
+  handle_stop_signals(on_stop_signal, SA_RESETHAND);
   o.stop_requested = [] { return g_stop_signal.load(); };
   const fsdp::train::TrainSummary s = fsdp::train::train(o, rt);
   if (s.stop_reason != 0 && o.checkpoint.dir.empty()) return 128 + s.stop_reason;  // stopped, nothing saved

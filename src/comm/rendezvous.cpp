@@ -20,6 +20,7 @@
 #include <cstring>
 #include <iostream>
 #include <limits>
+#include <memory>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -352,51 +353,21 @@ std::string seconds_text(std::chrono::milliseconds ms) {
   return os.str();
 }
 
-// A client started before rank 0 listens is refused, and c10d's TCPStore then
-// backs off for a random time that can outlast a short --timeout (or the whole
-// life of a short job) although the store came up long before. So a client
-// first probes the port itself every 100 ms, each connect bounded to 500 ms,
-// until it accepts or the deadline passes (then TCPStore reports).
-void wait_until_listening(const WorldInfo& w, Clock::time_point deadline) {
-  addrinfo hints{};
-  hints.ai_family = AF_UNSPEC;
-  hints.ai_socktype = SOCK_STREAM;
-  addrinfo* result = nullptr;
-  const std::string port = std::to_string(w.master_port);
-  if (getaddrinfo(w.master_addr.c_str(), port.c_str(), &hints, &result) != 0) return;
-  while (Clock::now() < deadline) {
-    for (addrinfo* a = result; a != nullptr; a = a->ai_next) {
-      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
-      if (fd < 0) continue;
-      timeval tv{0, 500000};
-      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));  // bounds connect() on Linux
-      const bool up = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
-      ::close(fd);
-      if (up) {
-        freeaddrinfo(result);
-        return;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  freeaddrinfo(result);
-}
+using Addresses = std::unique_ptr<addrinfo, decltype(&freeaddrinfo)>;
 
 // Step 1 of joining (rendezvous.h). c10d's TCPStore retries an unresolvable
 // host itself, logging a warning every second until its timeout: resolve
-// first, quietly after one note.
-void wait_until_resolvable(const WorldInfo& w, const InitOptions& o, Clock::time_point deadline) {
+// first, quietly after one note. Returns MASTER_ADDR:MASTER_PORT's addresses.
+Addresses wait_until_resolvable(const WorldInfo& w, const InitOptions& o, Clock::time_point deadline) {
+  const std::string port = std::to_string(w.master_port);
   bool noted = false;
   for (;;) {
     addrinfo hints{};
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
     addrinfo* result = nullptr;
-    const int rc = getaddrinfo(w.master_addr.c_str(), nullptr, &hints, &result);
-    if (rc == 0) {
-      freeaddrinfo(result);
-      return;
-    }
+    const int rc = getaddrinfo(w.master_addr.c_str(), port.c_str(), &hints, &result);
+    if (rc == 0) return Addresses(result, &freeaddrinfo);
     const std::string why = rc == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rc);
     if (Clock::now() >= deadline) {
       FSDP_CHECK(false, "MASTER_ADDR=", w.master_addr, " does not resolve to an address (", why,
@@ -409,6 +380,26 @@ void wait_until_resolvable(const WorldInfo& w, const InitOptions& o, Clock::time
       noted = true;
     }
     std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::seconds(1), deadline - Clock::now()));
+  }
+}
+
+// A client started before rank 0 listens is refused, and c10d's TCPStore then
+// backs off for a random time that can outlast a short --timeout (or the whole
+// life of a short job) although the store came up long before. So a client
+// first probes the port itself every 100 ms, each connect bounded to 500 ms,
+// until it accepts or the deadline passes (then TCPStore reports).
+void wait_until_listening(const Addresses& addresses, Clock::time_point deadline) {
+  while (Clock::now() < deadline) {
+    for (const addrinfo* a = addresses.get(); a != nullptr; a = a->ai_next) {
+      const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+      if (fd < 0) continue;
+      timeval tv{0, 500000};
+      ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));  // bounds connect() on Linux
+      const bool up = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+      ::close(fd);
+      if (up) return;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
 }
 
@@ -506,13 +497,13 @@ Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
     rt.store = c10::make_intrusive<c10d::HashStore>();
   } else {
     const auto deadline = Clock::now() + options.store_timeout;
-    wait_until_resolvable(world, options, deadline);
+    const Addresses addresses = wait_until_resolvable(world, options, deadline);
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(world.master_port);
     o.isServer = !world.agent_store && world.rank == 0;
     o.waitWorkers = false;
     o.timeout = options.store_timeout;
-    if (!o.isServer) wait_until_listening(world, deadline);
+    if (!o.isServer) wait_until_listening(addresses, deadline);
     c10::intrusive_ptr<c10d::Store> tcp;
     try {
       tcp = c10::make_intrusive<c10d::TCPStore>(world.master_addr, o);

@@ -9,8 +9,10 @@
 
 namespace fsdp {
 namespace {
-int64_t status_kib(const char* key) {
-  std::ifstream in("/proc/self/status");
+// The "Key:   N kB" line of a /proc file (/proc/self/status, /proc/meminfo), in
+// bytes; -1 when absent.
+int64_t kib_field_bytes(const char* path, const char* key) {
+  std::ifstream in(path);
   std::string line;
   const std::string k = std::string(key) + ":";
   while (std::getline(in, line)) {
@@ -56,20 +58,7 @@ std::string cgroup_v2_dir() {
 }  // namespace
 
 int64_t available_host_memory_bytes() {
-  int64_t available = -1;
-  {
-    std::ifstream in("/proc/meminfo");
-    std::string key;
-    int64_t kib = 0;
-    std::string unit;
-    while (in >> key >> kib) {
-      std::getline(in, unit);
-      if (key == "MemAvailable:") {
-        available = kib * 1024;
-        break;
-      }
-    }
-  }
+  int64_t available = kib_field_bytes("/proc/meminfo", "MemAvailable");
   // A container's limit: what is left under it.
   std::optional<int64_t> left;
   const std::string v2 = cgroup_v2_dir();
@@ -94,8 +83,14 @@ std::optional<int64_t> checked_mul(int64_t a, int64_t b) {
   return r;
 }
 
-int64_t current_rss_bytes() { return status_kib("VmRSS"); }
-int64_t peak_rss_bytes() { return status_kib("VmHWM"); }
+std::optional<int64_t> checked_product(std::initializer_list<int64_t> factors) {
+  std::optional<int64_t> p = 1;
+  for (const int64_t f : factors) p = p ? checked_mul(*p, f) : std::nullopt;
+  return p;
+}
+
+int64_t current_rss_bytes() { return kib_field_bytes("/proc/self/status", "VmRSS"); }
+int64_t peak_rss_bytes() { return kib_field_bytes("/proc/self/status", "VmHWM"); }
 
 bool reset_peak_rss() {
   std::ofstream out("/proc/self/clear_refs");

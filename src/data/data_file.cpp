@@ -165,8 +165,7 @@ std::string DataFileReader::read_all(int64_t max_bytes) {
   while (!eof_) {
     FSDP_CHECK(max_bytes < 0 || static_cast<int64_t>(out.size()) <= max_bytes, "data file '", path_, "' holds more than ",
                max_bytes, " bytes", compressed() ? " once decompressed" : "", ", more than fits in memory beside "
-               "training — split it into smaller files or pre-tokenize it into a binary token file (--data-format bin, "
-               "read from disk as needed)");
+               "training — ", kTooLargeForMemoryFix);
     const size_t old = out.size();
     out.resize(old + kChunk);
     const size_t got = read(out.data() + old, kChunk);

@@ -394,25 +394,24 @@ int64_t text_memory_budget(const DatasetOptions& o) {
   return budget;
 }
 
-void check_tokens_fit(const DatasetOptions& o, const std::string& path, const std::vector<int32_t>& tokens) {
-  const int64_t budget = text_memory_budget(o);
+// `budget`: text_memory_budget's bytes, -1 for no limit.
+void check_tokens_fit(int64_t budget, const std::string& path, const std::vector<int32_t>& tokens) {
   const int64_t held = static_cast<int64_t>(tokens.size() * sizeof(int32_t));
   FSDP_CHECK(budget < 0 || held <= budget, "data file '", path, "': its tokens need more than ", held,
-             " bytes of memory (the limit for tokenized text here is ", budget, ") — split the data or "
-             "pre-tokenize it into a binary token file (--data-format bin, read from disk as needed)");
+             " bytes of memory (the limit for tokenized text here is ", budget, ") — ", kTooLargeForMemoryFix);
 }
 
 // A plain text file (after decompression) is one document.
-int64_t load_text_file(const DatasetOptions& o, const std::string& path, const Tokenizer& tok,
+int64_t load_text_file(const DatasetOptions& o, int64_t budget, const std::string& path, const Tokenizer& tok,
                        std::vector<int32_t>& tokens) {
   DataFileReader in(path);
-  const std::string text = in.read_all(text_memory_budget(o));
+  const std::string text = in.read_all(budget);
   FSDP_CHECK(!text.empty(), "data file '", path, "' is empty — give a file with text in it");
   append_document(tok, text, o.add_bos, tokens);
   return 1;
 }
 
-int64_t load_jsonl_file(const DatasetOptions& o, const std::string& path, const Tokenizer& tok,
+int64_t load_jsonl_file(const DatasetOptions& o, int64_t budget, const std::string& path, const Tokenizer& tok,
                         std::vector<int32_t>& tokens) {
   DataFileReader in(path);
   std::string line;
@@ -440,7 +439,7 @@ int64_t load_jsonl_file(const DatasetOptions& o, const std::string& path, const 
     const auto& text = it->get_ref<const std::string&>();
     if (text.empty()) continue;
     append_document(tok, text, o.add_bos, tokens);
-    if ((++documents & 1023) == 0) check_tokens_fit(o, path, tokens);
+    if ((++documents & 1023) == 0) check_tokens_fit(budget, path, tokens);
   }
   FSDP_CHECK(documents > 0, "data file '", path, "' has no documents (", line_no, " lines, ", nonblank,
              " non-blank, none with a non-empty \"", o.text_field, "\") — give a non-empty JSON lines file");
@@ -456,20 +455,20 @@ std::shared_ptr<const TokenDataset> load_text_sources(const DatasetOptions& o, c
              " has no BOS token");
   FSDP_CHECK(!any_jsonl || !o.text_field.empty(),
              "--text-field is empty — name the JSON field holding each document (default \"text\")");
+  const int64_t budget = text_memory_budget(o);
   std::vector<int32_t> tokens;
   std::vector<std::pair<int64_t, std::string>> starts;
   int64_t documents = 0;
   for (const auto& f : files) {
     starts.emplace_back(static_cast<int64_t>(tokens.size()), f.path);
     try {
-      documents += f.format == DataFormat::kText ? load_text_file(o, f.path, *tok, tokens)
-                                                 : load_jsonl_file(o, f.path, *tok, tokens);
+      documents += f.format == DataFormat::kText ? load_text_file(o, budget, f.path, *tok, tokens)
+                                                 : load_jsonl_file(o, budget, f.path, *tok, tokens);
     } catch (const std::bad_alloc&) {
       FSDP_CHECK(false, "data file '", f.path, "' does not fit in memory (out of memory after ", tokens.size(),
-                 " tokens) — split the data or pre-tokenize it into a binary token file (--data-format bin, "
-                 "read from disk as needed)");
+                 " tokens) — ", kTooLargeForMemoryFix);
     }
-    check_tokens_fit(o, f.path, tokens);
+    check_tokens_fit(budget, f.path, tokens);
   }
   tokens.shrink_to_fit();
   const std::string kind = any_text && any_jsonl ? "text+jsonl" : any_text ? "text" : "jsonl";

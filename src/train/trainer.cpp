@@ -367,11 +367,7 @@ void validate_options(const TrainOptions& o, int world_size) {
   // (the global batch, the sample index of the last step, a micro-batch's tokens).
   {
     const int64_t procs = std::max(world_size, 1);
-    auto fits = [](std::initializer_list<int64_t> factors) {
-      std::optional<int64_t> p = 1;
-      for (const int64_t f : factors) p = p ? checked_mul(*p, f) : std::nullopt;
-      return p.has_value();
-    };
+    auto fits = [](std::initializer_list<int64_t> factors) { return checked_product(factors).has_value(); };
     const auto& st = o.step;
     FSDP_CHECK(fits({st.batch_size, st.grad_accum, procs}), "the global batch, --batch-size ", st.batch_size,
                " x --grad-accum ", st.grad_accum, " x ", procs, " process", procs == 1 ? "" : "es",
@@ -471,11 +467,11 @@ void validate_options(const TrainOptions& o, int world_size) {
 // Overcommitting kernels let a process map far more than the machine has; the run
 // then dies at the first touch (the OOM killer: SIGKILL, no message) or LibTorch
 // throws from deep inside a step. So before anything is allocated, the plan's bytes
-// (plan_sharding on the meta device: no memory) and the logits of one micro-batch
-// are compared with what the machine says it has: /proc/meminfo's MemAvailable
-// within the cgroup's limit, and cudaMemGetInfo's free bytes. It is a lower bound
-// (activations other than the logits, communication buffers and LibTorch itself
-// come on top), so it refuses only runs that cannot fit. The local launcher checks
+// (plan_sharding on the meta device: no memory), the logits of one micro-batch and
+// a lower bound on its activations are compared with what the machine says it has:
+// /proc/meminfo's MemAvailable within the cgroup's limit, and cudaMemGetInfo's free
+// bytes. It is a lower bound (attention scores, communication buffers and LibTorch
+// itself come on top), so it refuses only runs that cannot fit. The local launcher checks
 // all of its processes at once before starting them; every rank then checks its
 // own share, which its siblings' allocations cannot make fail (the launcher saw
 // room for all of them).
@@ -489,13 +485,14 @@ void check_memory(const TrainOptions& o, int world_size, int local_world_size, s
   const bool pure = fo.mixed_precision.master_dtype == at::kBFloat16;
   const ShardingPlan plan = plan_sharding(root.ptr(), world_size, 0, fo, pure ? at::kBFloat16 : at::kFloat);
   // The sizes are bounded (LlamaConfig limits, validate_options' products), except
-  // the logits: B x T x V elements of the compute dtype.
+  // what grows with a micro-batch: B x T x (elements per token) of the compute dtype.
   const int64_t elem = static_cast<int64_t>(c10::elementSize(fo.mixed_precision.param_dtype));
-  std::optional<int64_t> logits = checked_mul(o.step.batch_size, o.data.seq_len);
-  if (logits) logits = checked_mul(*logits, cfg.vocab_size);
-  if (logits) logits = checked_mul(*logits, elem);
   const int64_t kHuge = std::numeric_limits<int64_t>::max() / 4;  // "more than any machine": no overflow below
-  const int64_t logit_bytes = logits ? std::min(*logits, kHuge) : kHuge;
+  const auto bytes_per_micro_batch = [&](int64_t elements_per_token) {
+    const std::optional<int64_t> b = checked_product({o.step.batch_size, o.data.seq_len, elements_per_token, elem});
+    return std::min(b.value_or(kHuge), kHuge);
+  };
+  const int64_t logit_bytes = bytes_per_micro_batch(cfg.vocab_size);
   // Activations kept for backward, a lower bound per token and decoder layer: the
   // norms, q/k/v/o and residuals (10 x hidden_size) and the MLP's gate, up, act
   // and product (4 x intermediate_size); attention scores are left out (a fused
@@ -507,10 +504,7 @@ void check_memory(const TrainOptions& o, int world_size, int local_world_size, s
                             : o.sharding.activation_checkpointing
                                 ? cfg.num_hidden_layers * cfg.hidden_size + per_layer
                                 : cfg.num_hidden_layers * per_layer;
-  std::optional<int64_t> acts = checked_mul(o.step.batch_size, o.data.seq_len);
-  if (acts) acts = checked_mul(*acts, per_token);
-  if (acts) acts = checked_mul(*acts, elem);
-  const int64_t activation_bytes = acts ? std::min(*acts, kHuge) : kHuge;
+  const int64_t activation_bytes = bytes_per_micro_batch(per_token);
   const int64_t shards = plan.param_shard_bytes + (o.eval.only ? 0 : plan.grad_shard_bytes + plan.optimizer_bytes);
   const int64_t step = plan.step_unsharded_bytes + logit_bytes + activation_bytes;
   const bool on_device = this_rank && this_rank->is_cuda();

@@ -24,10 +24,8 @@ using testing::kValCorpus;
 using testing::read_file;
 using testing::run_command;
 
-std::string flags(int max_steps) {
-  return kTrainBin + " --model tiny --data " + kCorpus + " --seq-len 32 --batch-size 2 --lr 1e-3 --log-every 1" +
-         " --max-steps " + std::to_string(max_steps);
-}
+// fsdp-train for `max_steps` steps on the tiny model, logging every step.
+std::string flags(int max_steps) { return testing::tiny_train_command(max_steps, " --lr 1e-3 --log-every 1"); }
 
 std::vector<nlohmann::json> read_metrics(const std::string& path) {
   std::vector<nlohmann::json> out;

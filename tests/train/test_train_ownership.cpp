@@ -23,10 +23,8 @@ using testing::kTrainBin;
 using testing::kValCorpus;
 using testing::run_command;
 
-std::string flags(int max_steps) {
-  return kTrainBin + " --model tiny --data " + kCorpus + " --seq-len 32 --batch-size 2 --max-steps " +
-         std::to_string(max_steps);
-}
+// fsdp-train for `max_steps` steps on the tiny model.
+std::string flags(int max_steps) { return testing::tiny_train_command(max_steps); }
 
 void write_notes(const std::string& dir) {
   fs::create_directories(dir);

@@ -17,6 +17,13 @@ inline const std::string kCorpus = std::string(FSDP_SOURCE_DIR) + "/data/fallbac
 inline const std::string kValCorpus = std::string(FSDP_SOURCE_DIR) + "/data/fallback_corpus.val.jsonl";
 inline const std::string kTrainBin = FSDP_TRAIN_BIN;
 
+// fsdp-train on the tiny model and the fallback corpus (32-token windows, batch 2) for
+// `max_steps` steps; `extra` flags go before --max-steps.
+inline std::string tiny_train_command(int max_steps, const std::string& extra = "") {
+  return kTrainBin + " --model tiny --data " + kCorpus + " --seq-len 32 --batch-size 2" + extra + " --max-steps " +
+         std::to_string(max_steps);
+}
+
 struct Command {
   int exit_code = -1;
   std::string output;  // stdout and stderr

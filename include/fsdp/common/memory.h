@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <optional>
 #include <string>
 
@@ -24,6 +25,8 @@ int64_t available_host_memory_bytes();
 // a * b, or nullopt when the product does not fit int64_t (sizes computed
 // from user flags are checked with it before anything is allocated).
 std::optional<int64_t> checked_mul(int64_t a, int64_t b);
+// The product of all factors, or nullopt when it (or a partial product) overflows.
+std::optional<int64_t> checked_product(std::initializer_list<int64_t> factors);
 
 // "512 B", "3.2 KiB", "4.11 GiB": three significant digits, binary units.
 std::string format_bytes(int64_t bytes);
