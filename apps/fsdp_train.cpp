@@ -34,6 +34,8 @@
 #include <cstdlib>
 #include <fstream>
 #include <iostream>
+#include <set>
+#include <sstream>
 #include <thread>
 
 #include "cli_numbers.h"
@@ -141,6 +143,51 @@ void check_nproc(int nproc, const std::string& device) {
              " usable) with --device cpu — use fewer processes, or several machines (torchrun, Slurm, Kubeflow)");
 }
 
+// The effective configuration as a --config file: the options given (on the
+// command line or in --config) as keys, every other option's default as a
+// comment. Defaults stay comments because a key counts as given: replaying
+// `model = "tiny"` beside --init-from, or `timeout = ""`, would change the run.
+std::string effective_config(const CLI::App& app) {
+  std::set<std::string> given;
+  std::string text = "# fsdp-train's effective configuration (fsdp-train --config FILE replays it)\n";
+  std::istringstream g(app.config_to_str(/*default_also=*/false, /*write_description=*/false));
+  for (std::string line; std::getline(g, line);) {
+    if (line.empty() || line[0] == '#' || line[0] == '[') continue;
+    given.insert(line.substr(0, line.find('=')));
+    text += line + "\n";
+  }
+  text += "# defaults of the options not given:\n";
+  std::istringstream all(app.config_to_str(/*default_also=*/true, /*write_description=*/false));
+  for (std::string line; std::getline(all, line);) {
+    if (line.empty() || line[0] == '#' || line[0] == '[') continue;
+    if (given.count(line.substr(0, line.find('='))) == 0) text += "# " + line + "\n";
+  }
+  return text;
+}
+
+// --profile-steps A:B -> [A, B).
+void parse_profile_steps(const std::string& text, fsdp::train::LogOptions& log) {
+  const size_t colon = text.find(':');
+  auto number = [&](const std::string& part) -> int64_t {
+    size_t used = 0;
+    int64_t v = -1;
+    try {
+      v = std::stoll(part, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    FSDP_CHECK(!part.empty() && used == part.size() && v >= 0, "--profile-steps '", text,
+               "' is not A:B with whole numbers 0 <= A < B (e.g. 10:13 traces steps 10, 11 and 12)");
+    return v;
+  };
+  FSDP_CHECK(colon != std::string::npos, "--profile-steps '", text,
+             "' is not A:B with whole numbers 0 <= A < B (e.g. 10:13 traces steps 10, 11 and 12)");
+  log.profile_begin = number(text.substr(0, colon));
+  log.profile_end = number(text.substr(colon + 1));
+  FSDP_CHECK(log.profile_begin < log.profile_end, "--profile-steps '", text, "': the end ", log.profile_end,
+             " must be after the start ", log.profile_begin, " (A:B traces steps A..B-1)");
+}
+
 std::string join(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
@@ -153,6 +200,8 @@ int run(int argc, char** argv) {
   std::string token_dtype = "u16";
   std::string format = "auto";
   std::string timeout_text;
+  std::string profile_steps;
+  bool print_config = false;
 
   CLI::App app{"fsdp-train: train a Llama-family model with Fully Sharded Data Parallel (C++/LibTorch)."};
   app.get_formatter()->column_width(34);
@@ -209,6 +258,16 @@ int run(int argc, char** argv) {
   app.add_option("--metrics-file", o.log.metrics_file,
                  "Append one JSON object per logged step: step, loss, lr, grad_norm, samples_per_s, tokens_per_s, "
                  "step_time_s, peak_mem_bytes, allgather_bytes, reduce_scatter_bytes, allreduce_bytes");
+  app.add_option("--tensorboard", o.log.tensorboard_dir,
+                 "Write TensorBoard event files into this directory (rank 0): train/loss, lr, grad_norm, "
+                 "tokens_per_s, samples_per_s, step_time_s, peak_mem_bytes at each logged step, and eval/loss");
+  app.add_option("--profile-steps", profile_steps,
+                 "Trace steps A..B-1 ('A:B', steps numbered as in 'Batch N'): every rank's all-gathers and "
+                 "reduce-scatters (issue, wait, the collective itself, bytes), forward, backward, optimizer, data "
+                 "wait, evaluation and checkpoint saves, merged into one Chrome/Perfetto trace (--profile-file), and "
+                 "one line per traced step with its exposed communication time");
+  app.add_option("--profile-file", o.log.profile_file, "Where --profile-steps writes its trace (JSON)")
+      ->capture_default_str();
   app.add_option("--nproc-per-node", nproc,
                  "Start N local worker processes and supervise them (ignored under torchrun/srun/PyTorchJob)")
       ->capture_default_str();
@@ -305,8 +364,19 @@ int run(int argc, char** argv) {
   ev->add_flag("--eval-only", o.eval.only,
                "Evaluate the weights from --init-from or --resume on all of --val-data (exact mean loss over every "
                "target token), print 'Eval Loss: X', and exit");
+  // --config FILE: TOML (or INI) with the long flag names as keys, e.g.
+  //   model = "llama3.2-1b"   seq-len = 2048   mixed-precision = "bf16"
+  // Flags on the command line override the file; a key that names no flag is an error.
+  app.set_config("--config", "", "Read options from this TOML file (keys: the long flag names without '--'); "
+                                 "command-line flags override it");
+  app.allow_config_extras(CLI::config_extras_mode::error);
+  app.add_flag("--print-config", print_config,
+               "Print the effective configuration (the --config file with command-line overrides and defaults "
+               "applied) as TOML, and exit")
+      ->configurable(false);
   fsdp::cli::strict_numbers(app);  // before --version: it is no number
-  app.set_version_flag("--version", std::string("fsdp-train 0.1.0 (LibTorch ") + fsdp::internals::torch_version() + ")");
+  app.set_version_flag("--version", std::string("fsdp-train 0.1.0 (LibTorch ") + fsdp::internals::torch_version() + ")")
+      ->configurable(false);
 
   try {
     app.parse(argc, argv);
@@ -315,10 +385,26 @@ int run(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    std::cerr << "fsdp-train: error: " << e.what() << " (see fsdp-train --help)\n";
+    // CLI11 says "INI was not able to parse KEY" for a --config key that names no flag.
+    const std::string what = e.what();
+    const std::string extra = "INI was not able to parse ";
+    if (what.rfind(extra, 0) == 0) {
+      std::cerr << "fsdp-train: error: --config: '" << what.substr(extra.size())
+                << "' is not an option of fsdp-train (keys are the long flag names without '--'; see fsdp-train "
+                   "--help)\n";
+      return kExitUsage;
+    }
+    std::cerr << "fsdp-train: error: " << what << " (see fsdp-train --help)\n";
     return kExitUsage;
   }
 
+  // The effective configuration: printed on request, recorded by every run beside its metrics.
+  o.log.config_text = effective_config(app);
+  if (print_config) {
+    std::cout << o.log.config_text;
+    return 0;
+  }
+  if (!profile_steps.empty()) parse_profile_steps(profile_steps, o.log);
   o.data.token_dtype = fsdp::data::parse_token_dtype(token_dtype);
   o.data.format = fsdp::data::parse_data_format(format);
   if (o.data.path == "embedded") o.data.path = embedded_corpus();

@@ -1,6 +1,7 @@
 #include "comm/tcp_group.h"
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/trace.h"
 
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
@@ -61,7 +62,8 @@ std::string desc(const at::Tensor& t) { return detail::cat(t.scalar_type(), "[",
 class TcpWork final : public Work {
  public:
   using Fn = std::function<void(TcpLane&)>;
-  TcpWork(std::string what, Fn fn) : what_(std::move(what)), fn_(std::move(fn)) {}
+  TcpWork(const char* op, std::string what, int64_t bytes, Fn fn)
+      : op_(op), what_(std::move(what)), bytes_(bytes), fn_(std::move(fn)) {}
 
   void wait() override {
     std::unique_lock<std::mutex> lock(mu_);
@@ -73,7 +75,9 @@ class TcpWork final : public Work {
     return done_;
   }
 
+  const char* op() const { return op_; }
   const std::string& what() const { return what_; }
+  int64_t bytes() const { return bytes_; }
   Fn take_fn() { return std::move(fn_); }
   void finish(std::string error) {
     {
@@ -85,7 +89,9 @@ class TcpWork final : public Work {
   }
 
  private:
+  const char* op_;    // "all_gather", a literal
   std::string what_;  // "all_gather #3 (Float[4096])", for errors
+  int64_t bytes_;     // the logical buffer, for the trace
   Fn fn_;
   std::mutex mu_;
   std::condition_variable cv_;
@@ -112,9 +118,11 @@ class TcpLane {
     thread_.join();
   }
 
-  WorkPtr enqueue(const std::string& op, const std::string& desc, TcpWork::Fn fn) {
+  // `op` is a literal; `bytes` the logical buffer's size (for the trace).
+  WorkPtr enqueue(const char* op, const std::string& desc, size_t bytes, TcpWork::Fn fn) {
     std::lock_guard<std::mutex> lock(mu_);
-    auto work = std::make_shared<TcpWork>(detail::cat(op, " #", issued_, " (", desc, ")"), std::move(fn));
+    auto work = std::make_shared<TcpWork>(op, detail::cat(op, " #", issued_, " (", desc, ")"),
+                                          static_cast<int64_t>(bytes), std::move(fn));
     ++issued_;
     queue_.push_back(work);
     cv_.notify_all();
@@ -142,6 +150,7 @@ class TcpLane {
 
  private:
   void loop() {
+    trace::set_thread_name(detail::cat("comm: ", lane_, " lane (", group_, ")"));
     for (;;) {
       std::shared_ptr<TcpWork> work;
       {
@@ -160,6 +169,7 @@ class TcpLane {
       std::string error;
       try {
         deadline_ = Clock::now() + timeout_;
+        trace::Span span(work->op(), "comm", work->bytes(), work->what());
         fn(*this);
       } catch (const tcp::TransportError& e) {
         error = describe_failure(work->what(), e.kind() == tcp::TransportError::Kind::kTimeout, e.what());
@@ -354,7 +364,7 @@ WorkPtr TcpProcessGroup::do_all_gather(const at::Tensor& out, const at::Tensor& 
     if (!in_place) std::memcpy(chunk, in.data_ptr(), n);
     return completed_work();
   }
-  return gather_lane_->enqueue("all_gather", desc(in), [out, in, in_place](TcpLane& lane) {
+  return gather_lane_->enqueue("all_gather", desc(in), nbytes(out), [out, in, in_place](TcpLane& lane) {
     tcp::Mesh& mesh = lane.mesh();
     const int w = mesh.size();
     const int me = mesh.rank();
@@ -376,7 +386,7 @@ WorkPtr TcpProcessGroup::do_all_gather(const at::Tensor& out, const at::Tensor& 
 WorkPtr TcpProcessGroup::do_broadcast(const at::Tensor& t, int root) {
   if (t.numel() == 0 || size() == 1) return completed_work();
   const std::string what = detail::cat(desc(t), " from root ", root);
-  return gather_lane_->enqueue("broadcast", what, [t, root](TcpLane& lane) {
+  return gather_lane_->enqueue("broadcast", what, nbytes(t), [t, root](TcpLane& lane) {
     tcp::Mesh& mesh = lane.mesh();
     mesh.begin_op();
     if (mesh.rank() == root) {
@@ -394,7 +404,7 @@ WorkPtr TcpProcessGroup::do_reduce_scatter(const at::Tensor& out, const at::Tens
     std::memcpy(out.data_ptr(), in.data_ptr(), nbytes(out));
     return completed_work();
   }
-  return reduce_lane_->enqueue("reduce_scatter", detail::cat(desc(in), ", ", to_string(op)),
+  return reduce_lane_->enqueue("reduce_scatter", detail::cat(desc(in), ", ", to_string(op)), nbytes(in),
                                [out, in, op](TcpLane& lane) {
                                  alltoall_reduce(lane, in, out, op, /*gather=*/false);
                                });
@@ -404,7 +414,7 @@ WorkPtr TcpProcessGroup::do_all_reduce(const at::Tensor& t, ReduceOp op) {
   if (t.numel() == 0 || size() == 1) return completed_work();
   const int w = size();
   const int me = rank();
-  return reduce_lane_->enqueue("all_reduce", detail::cat(desc(t), ", ", to_string(op)),
+  return reduce_lane_->enqueue("all_reduce", detail::cat(desc(t), ", ", to_string(op)), nbytes(t),
                                [t, op, w, me](TcpLane& lane) {
     const int64_t n = t.numel();
     const int64_t c = (n + w - 1) / w;  // chunk per rank; the tail of the last ones is padding

@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/trace.h"
 #include "fsdp/state.h"
 
 namespace fsdp::detail {
@@ -85,6 +86,7 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
     }
     variable_list outputs;
     {
+      trace::Span span("recompute", "compute");
       torch::AutoGradMode enable(true);
       outputs = holder->fn(inputs);
     }

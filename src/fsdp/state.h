@@ -134,6 +134,7 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   bool ran_forward_ = false;
   bool prefetched_ = false;     // unsharded ahead of use by a prefetch
   int pending_grads_ = 0;
+  int64_t backward_begin_us_ = -1;  // trace: when this iteration's backward of the unit began (-1: not traced)
   bool holds_unsharded_grads_ = false;
   at::Tensor accumulated_;      // (Np) reduce dtype: unsynchronized gradients, when wider than full_grad's
   bool grad_valid_ = false;

@@ -5,6 +5,7 @@
 #include "fsdp/autograd_fns.h"
 #include "fsdp/common/internals.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/trace.h"
 #include "fsdp/state.h"
 
 namespace fsdp::detail {
@@ -63,6 +64,8 @@ void ShardedUnit::unshard() {
     state_ = ShardState::kUnsharded;
     return;
   }
+  trace::Span span("all_gather issue", "comm",
+                   flat_->layout().padded_numel * static_cast<int64_t>(c10::elementSize(flat_->param_dtype())), name_);
   flat_->alloc_full();
   at::Tensor chunk = flat_->own_chunk();
   {
@@ -75,6 +78,7 @@ void ShardedUnit::unshard() {
 
 void ShardedUnit::wait_for_unshard() {
   if (state_ == ShardState::kUnsharding) {
+    trace::Span span("all_gather wait", "comm", -1, name_);
     gather_->wait();  // CPU: blocks; NCCL: orders the compute stream after the gather
     gather_.reset();
     state_ = ShardState::kUnsharded;
@@ -124,8 +128,12 @@ std::vector<at::Tensor> ShardedUnit::run(const nn::TensorFn& fn, const std::vect
   ran_forward_ = true;
 
   const std::vector<at::Tensor> ins = cast_inputs(inputs);
-  std::vector<at::Tensor> outs =
-      checkpoint_ ? checkpointed_call(fn, ins, flat_->params(), root_->options().offload_checkpoint_inputs) : fn(ins);
+  std::vector<at::Tensor> outs;
+  {
+    trace::Span span("forward", "compute", -1, name_);
+    outs = checkpoint_ ? checkpointed_call(fn, ins, flat_->params(), root_->options().offload_checkpoint_inputs)
+                       : fn(ins);
+  }
 
   if (root_->reshards_after_forward(*this)) reshard();
   root_->on_post_forward(*this);
@@ -154,6 +162,7 @@ void ShardedUnit::pre_backward() {
   flat_->prepare_full_grad(keep_full_grad());
   pending_grads_ = static_cast<int>(flat_->params().size());
   grad_state_ = GradState::kCollecting;
+  backward_begin_us_ = trace::enabled() ? trace::now_us() : -1;
 }
 
 void ShardedUnit::on_grad_ready() {
@@ -176,6 +185,10 @@ void ShardedUnit::post_backward(bool flush) {
     FSDP_ASSERT(flush);
     flat_->prepare_full_grad(keep_full_grad());
   }
+  // The unit's backward: from its pre-backward hook to its last gradient
+  // (nested units' spans lie inside the root's).
+  trace::record("backward", "compute", backward_begin_us_, trace::now_us(), -1, name_);
+  backward_begin_us_ = -1;
   const FsdpOptions& o = root_->options();
   const at::ScalarType reduce_dtype = o.mixed_precision.reduce_dtype;
   // See Note [Accumulating without synchronization].
@@ -194,6 +207,8 @@ void ShardedUnit::post_backward(bool flush) {
     }
     grad_state_ = GradState::kDone;
   } else {
+    trace::Span span(root_->replicated() ? "all_reduce issue" : "reduce_scatter issue", "comm",
+                     flat_->full_grad().numel() * static_cast<int64_t>(flat_->full_grad().element_size()), name_);
     at::Tensor in = flat_->full_grad();
     if (accumulated_.defined()) {
       at::NoGradGuard no_grad;
@@ -227,10 +242,14 @@ void ShardedUnit::post_backward(bool flush) {
 
 void ShardedUnit::finish_reduce() {
   if (grad_state_ != GradState::kReduceIssued) return;
-  reduce_->wait();
+  {
+    trace::Span span(root_->replicated() ? "all_reduce wait" : "reduce_scatter wait", "comm", -1, name_);
+    reduce_->wait();
+  }
   reduce_.reset();
   if (root_->replicate_group()) {
     // HYBRID: the shard group's mean, averaged over the replicas.
+    trace::Span span("all_reduce (replicas)", "comm", -1, name_);
     replicate_ = root_->replicate_group()->all_reduce(reduce_out_, comm::ReduceOp::kAvg);
     replicate_->wait();
     replicate_.reset();

@@ -18,18 +18,21 @@
 
 #include <unistd.h>
 
+#include "checkpoint/file_io.h"
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
+#include "fsdp/common/trace.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/sampler.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/optim/grad_scaler.h"
 #include "fsdp/models/registry.h"
+#include "train/tensorboard.h"
 
 namespace fsdp::train {
 namespace {
@@ -184,13 +187,190 @@ nlohmann::json export_extras(const TrainOptions& o, const data::Tokenizer& token
 
 using LogLine = std::function<void(const std::string&)>;
 
-// fsdp-train's log lines ("<time> I [fsdp-train] ..." for level 'I' on
-// stdout, 'W' for warnings on stderr): rank 0 only, none under --quiet.
-LogLine log_line(const TrainOptions& o, bool lead, char level) {
-  return [&o, lead, level](const std::string& line) {
-    if (!lead || o.log.quiet) return;
-    (level == 'W' ? std::cerr : std::cout) << timestamp() << " " << level << " [fsdp-train] " << line << std::endl;
-  };
+// "45s", "3m12s", "1h02m", "2d03h".
+std::string duration_text(double seconds) {
+  if (!std::isfinite(seconds) || seconds < 0) return "?";
+  const auto s = static_cast<int64_t>(seconds + 0.5);
+  if (seconds < 10) return fmt::format("{:.1f}s", seconds);
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  if (s < 86400) return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
+  return fmt::format("{}d{:02}h", s / 86400, (s % 86400) / 3600);
+}
+
+// Rank 0's console: fsdp-train's log lines ("<time> I [fsdp-train] ..." for
+// level 'I' on stdout, 'W' for warnings on stderr; none under --quiet), and,
+// when stdout is a terminal, a progress line kept below them (redrawn after
+// each step, erased before the next log line, so logs piped to a file or
+// collected by Kubernetes never hold it).
+class Console {
+ public:
+  Console(const TrainOptions& o, bool lead)
+      : on_(lead && !o.log.quiet), bar_(on_ && isatty(STDOUT_FILENO) == 1) {}
+  ~Console() { erase_bar(); }
+  Console(const Console&) = delete;
+  Console& operator=(const Console&) = delete;
+
+  void line(char level, const std::string& text) {
+    if (!on_) return;
+    erase_bar();
+    (level == 'W' ? std::cerr : std::cout) << timestamp() << " " << level << " [fsdp-train] " << text << std::endl;
+  }
+  LogLine level(char lv) {
+    return [this, lv](const std::string& text) { line(lv, text); };
+  }
+  // [#########...........] 45/100 steps, ETA 3m12s
+  void progress(int64_t done, int64_t total, double eta_s) {
+    if (!bar_ || total <= 0) return;
+    constexpr int kWidth = 30;
+    const auto filled = static_cast<int>(kWidth * std::min<int64_t>(done, total) / total);
+    std::cout << "\r[" << std::string(static_cast<size_t>(filled), '#')
+              << std::string(static_cast<size_t>(kWidth - filled), '.') << "] " << done << "/" << total
+              << " steps, ETA " << duration_text(eta_s) << std::flush;
+    bar_shown_ = true;
+  }
+
+ private:
+  void erase_bar() {
+    if (!bar_shown_) return;
+    std::cout << "\r\033[K" << std::flush;
+    bar_shown_ = false;
+  }
+  const bool on_;
+  const bool bar_;
+  bool bar_shown_ = false;
+};
+
+// Writes `text` to `path` through a temporary file in the same directory and
+// a rename: a reader (or a crash) sees the old file or the new one, never half.
+void write_file_atomically(const std::string& path, const std::string& text, const char* flag) {
+  const std::string tmp = path + ".tmp-" + std::to_string(getpid());
+  try {
+    checkpoint::io::write_text_file(tmp, text);
+    checkpoint::io::rename_path(tmp, path);
+  } catch (const std::exception& e) {
+    std::error_code ec;
+    std::filesystem::remove(tmp, ec);
+    FSDP_FAIL(flag, " ", path, ": writing failed (", e.what(), "); free space on its disk or choose another path");
+  }
+}
+
+// Note [Metrics after a resume]
+// A run resumed from the checkpoint of step S trains steps S, S+1, ... again;
+// the interrupted run may have logged some of them (it stopped after its last
+// checkpoint). Their records are dropped from --metrics-file before the
+// resumed run appends, so each step is in the file once, with the values of
+// the run that continues. So is the evaluation at step S (of the checkpoint's
+// own weights), as TensorBoard drops it (train/tensorboard.h): both show the
+// same points. Lines that are not JSON objects with a "step" (an
+// --eval-only record, a user's note) are kept as they are. The file is
+// rewritten atomically. Returns the number of records dropped.
+int64_t drop_metrics_from(const std::string& path, int64_t first_step) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return 0;
+  std::ifstream in(path);
+  std::string line, kept;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() >= first_step) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  FSDP_CHECK(!in.bad(), "--metrics-file ", path, ": cannot read it back to drop the steps trained again");
+  if (dropped > 0) write_file_atomically(path, kept, "--metrics-file");
+  return dropped;
+}
+
+// metrics.jsonl -> metrics.config.toml, beside it.
+std::string config_path_beside(const std::string& metrics_file) {
+  std::filesystem::path p(metrics_file);
+  return (p.parent_path() / (p.stem().string() + ".config.toml")).string();
+}
+
+// The end-of-run line: what was trained, how fast, the best evaluation, and
+// where everything the run wrote went.
+std::string run_summary(const TrainOptions& o, const TrainSummary& s, int64_t global_batch, double seconds) {
+  const int64_t steps = s.end_step - s.start_step;
+  const int64_t tokens = steps * global_batch * o.data.seq_len;
+  std::string text = fmt::format("Run summary: {} step{} ({} -> {}) in {}, {} tokens, {:.0f} tokens/s", steps,
+                                 steps == 1 ? "" : "s", s.start_step, s.end_step, duration_text(seconds), tokens,
+                                 seconds > 0 ? static_cast<double>(tokens) / seconds : 0.0);
+  if (!s.steps.empty()) text += fmt::format("; loss {:.5f} -> {:.5f}", s.steps.front().loss, s.steps.back().loss);
+  if (!s.evals.empty()) {
+    const auto best = std::min_element(s.evals.begin(), s.evals.end(),
+                                       [](const EvalRecord& a, const EvalRecord& b) { return a.loss < b.loss; });
+    text += fmt::format("; best eval loss {:.5f} (step {})", best->loss, best->step);
+  }
+  if (s.stop_reason != 0) text += fmt::format("; stopped by {}", signal_name(s.stop_reason));
+  if (!s.last_checkpoint.empty()) text += fmt::format("; checkpoints in {} (last {})", o.checkpoint.dir,
+                                                      std::filesystem::path(s.last_checkpoint).filename().string());
+  if (!o.hf.export_dir.empty() && s.stop_reason == 0) text += fmt::format("; exported to {}", o.hf.export_dir);
+  if (!o.log.metrics_file.empty()) text += fmt::format("; metrics in {}", o.log.metrics_file);
+  if (!o.log.tensorboard_dir.empty()) text += fmt::format("; TensorBoard in {}", o.log.tensorboard_dir);
+  if (!s.trace_file.empty()) text += fmt::format("; trace in {}", s.trace_file);
+  return text;
+}
+
+// ---- --profile-steps: Note [Traced steps]
+
+// Chrome trace events of one rank (pid = rank, one tid per thread).
+nlohmann::json trace_events_json(const std::vector<trace::Event>& events, int rank) {
+  nlohmann::json out = nlohmann::json::array();
+  out.push_back({{"ph", "M"}, {"name", "process_name"}, {"pid", rank}, {"args", {{"name", fmt::format("rank {}", rank)}}}});
+  out.push_back({{"ph", "M"}, {"name", "process_sort_index"}, {"pid", rank}, {"args", {{"sort_index", rank}}}});
+  std::vector<bool> used;
+  for (const trace::Event& e : events) {
+    nlohmann::json args = nlohmann::json::object();
+    if (e.bytes >= 0) args["bytes"] = e.bytes;
+    if (e.step >= 0) args["step"] = e.step;
+    if (!e.detail.empty()) args[e.cat == "comm" && e.name.find(' ') == std::string::npos ? "what" : "unit"] = e.detail;
+    out.push_back({{"ph", "X"}, {"name", e.name}, {"cat", e.cat}, {"ts", e.begin_us}, {"dur", e.dur_us},
+                   {"pid", rank}, {"tid", e.thread}, {"args", args}});
+    if (used.size() <= static_cast<size_t>(e.thread)) used.resize(static_cast<size_t>(e.thread) + 1);
+    used[static_cast<size_t>(e.thread)] = true;
+  }
+  const std::vector<std::string> names = trace::thread_names();
+  for (size_t t = 0; t < used.size() && t < names.size(); ++t) {
+    if (!used[t]) continue;
+    out.push_back({{"ph", "M"}, {"name", "thread_name"}, {"pid", rank}, {"tid", t}, {"args", {{"name", names[t]}}}});
+    // The training thread first, then the lanes.
+    out.push_back({{"ph", "M"}, {"name", "thread_sort_index"}, {"pid", rank}, {"tid", t},
+                   {"args", {{"sort_index", names[t] == "main" ? 0 : static_cast<int>(t) + 1}}}});
+  }
+  return out;
+}
+
+// One line per traced step from this rank's spans: where its time went and
+// how much communication it waited for.
+std::string profile_summary(const std::vector<trace::Event>& events, const trace::Event& step) {
+  const int64_t b = step.begin_us, e = step.begin_us + step.dur_us;
+  std::vector<trace::Event> in;  // clipped to the step
+  for (const trace::Event& x : events) {
+    const int64_t xb = std::max(x.begin_us, b), xe = std::min(x.begin_us + x.dur_us, e);
+    if (xe <= xb || x.cat == "step") continue;
+    trace::Event c = x;
+    c.begin_us = xb;
+    c.dur_us = xe - xb;
+    in.push_back(std::move(c));
+  }
+  const int main = step.thread;
+  auto ms = [&](auto keep) { return static_cast<double>(trace::covered_us(in, keep)) / 1e3; };
+  const double forward = ms([&](const trace::Event& x) { return x.thread == main && x.name == "forward"; });
+  const double backward = ms([&](const trace::Event& x) { return x.thread == main && x.name == "backward"; });
+  const double optimizer = ms([&](const trace::Event& x) { return x.thread == main && x.cat == "optim"; });
+  const double data = ms([&](const trace::Event& x) { return x.thread == main && x.cat == "data"; });
+  const double exposed = ms([&](const trace::Event& x) { return x.thread == main && x.cat == "comm"; });
+  const double lanes = ms([&](const trace::Event& x) { return x.thread != main && x.cat == "comm"; });
+  const double total = static_cast<double>(step.dur_us) / 1e3;
+  return fmt::format("Profile step {}: {:.1f} ms (rank 0): forward {:.1f} ms, backward {:.1f} ms, optimizer {:.1f} "
+                     "ms, data wait {:.1f} ms; communication {:.1f} ms on the lanes, exposed {:.1f} ms ({:.0f}% of "
+                     "the step)",
+                     step.step, total, forward, backward, optimizer, data, lanes, exposed,
+                     total > 0 ? 100.0 * exposed / total : 0.0);
 }
 
 // The engine options of this worker for a model of `cfg` built on the meta
@@ -310,8 +490,9 @@ TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) 
   const bool lead = world->rank() == 0;
   const at::Device device = worker_device(o.device, rt.world.local_rank);
   set_current_device(device);
-  const LogLine say = log_line(o, lead, 'I');
-  const LogLine warn = log_line(o, lead, 'W');
+  Console console(o, lead);
+  const LogLine say = console.level('I');
+  const LogLine warn = console.level('W');
   const bool progress = lead && !o.log.quiet && isatty(STDERR_FILENO) == 1;
 
   const models::LlamaConfig cfg = conversion_config(o);
@@ -461,6 +642,23 @@ void validate_options(const TrainOptions& o, int world_size) {
                " is a directory; give a file name");
     checkpoint::check_writable(o.log.metrics_file, "--metrics-file", /*directory=*/false);
   }
+  if (!o.log.tensorboard_dir.empty()) {
+    checkpoint::check_writable(o.log.tensorboard_dir, "--tensorboard", /*directory=*/true);
+  }
+  if (o.log.profile_end > o.log.profile_begin) {
+    FSDP_CHECK(o.log.profile_begin >= 0, "--profile-steps ", o.log.profile_begin, ":", o.log.profile_end,
+               " starts before step 0; steps are numbered from 0 as in the log's 'Batch N'");
+    FSDP_CHECK(o.log.profile_begin < o.step.max_steps, "--profile-steps ", o.log.profile_begin, ":",
+               o.log.profile_end, " starts at or after --max-steps ", o.step.max_steps,
+               ", so nothing would be traced; choose steps below ", o.step.max_steps);
+    FSDP_CHECK(!o.log.profile_file.empty(), "--profile-file is empty; give the trace's file name");
+    const auto parent = std::filesystem::path(o.log.profile_file).parent_path();
+    FSDP_CHECK(parent.empty() || std::filesystem::is_directory(parent), "--profile-file ", o.log.profile_file,
+               ": directory ", parent.string(), " does not exist");
+    FSDP_CHECK(!std::filesystem::is_directory(o.log.profile_file), "--profile-file ", o.log.profile_file,
+               " is a directory; give a file name");
+    checkpoint::check_writable(o.log.profile_file, "--profile-file", /*directory=*/false);
+  }
 }
 
 // Note [Memory check]
@@ -540,6 +738,7 @@ void check_memory(const TrainOptions& o, int world_size, int local_world_size, s
 
 TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   validate_options(o, rt.world_group->size());
+  trace::set_thread_name("main");
   if (o.step.max_steps == 0) return convert_checkpoint(o, rt);
   const comm::ProcessGroupPtr& world = rt.world_group;
   const int rank = world->rank();
@@ -552,8 +751,9 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
              o.device, " (tcp for cpu, nccl for cuda)");
   set_current_device(device);
   check_memory(o, W, rt.world.local_world_size, device);  // this rank's share, before anything is allocated
-  const LogLine say = log_line(o, lead, 'I');
-  const LogLine warn = log_line(o, lead, 'W');
+  Console console(o, lead);
+  const LogLine say = console.level('I');
+  const LogLine warn = console.level('W');
   // Progress bars for long checkpoint I/O: rank 0, and only on a terminal.
   const bool progress = lead && !o.log.quiet && isatty(STDERR_FILENO) == 1;
   // --checkpoint-dir is this run's alone until it ends (Note [Ownership of
@@ -686,11 +886,9 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     say(fmt::format("memory per rank: {}, optimizer state {} on {}", where, format_bytes(state), state_device));
   }
 
+  // Opened once the start step is known (Note [Metrics after a resume]).
   std::ofstream metrics;
-  if (lead && !o.log.metrics_file.empty()) {
-    metrics.open(o.log.metrics_file, std::ios::app);
-    FSDP_CHECK(metrics.good(), "--metrics-file ", o.log.metrics_file, ": cannot open for appending");
-  }
+  std::unique_ptr<TensorBoardWriter> board;
   // A record that cannot be written fails the run: metrics are results.
   auto write_metrics = [&](const nlohmann::json& j) {
     errno = 0;
@@ -758,8 +956,31 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   FSDP_CHECK(!o.eval.only || resumed || !o.hf.init_from.empty(), "--eval-only --resume: there is no checkpoint in ",
              o.checkpoint.dir, " to evaluate; give --init-from DIR or a --checkpoint-dir that holds one");
 
+  // --- what rank 0 records: metrics, TensorBoard, the effective configuration
+  if (lead && !o.log.metrics_file.empty()) {
+    if (o.checkpoint.resume && !o.eval.only) {
+      if (const int64_t n = drop_metrics_from(o.log.metrics_file, start_step); n > 0) {
+        say(fmt::format("dropped {} record{} of steps >= {} from {}: the resumed run trains those steps again", n,
+                        n == 1 ? "" : "s", start_step, o.log.metrics_file));
+      }
+    }
+    metrics.open(o.log.metrics_file, std::ios::app);
+    FSDP_CHECK(metrics.good(), "--metrics-file ", o.log.metrics_file, ": cannot open for appending");
+    if (!o.log.config_text.empty()) {
+      write_file_atomically(config_path_beside(o.log.metrics_file), o.log.config_text, "--metrics-file");
+    }
+  }
+  if (lead && !o.log.tensorboard_dir.empty()) {
+    board = std::make_unique<TensorBoardWriter>(o.log.tensorboard_dir, o.checkpoint.resume ? start_step : -1);
+    if (!o.log.config_text.empty()) {
+      write_file_atomically((std::filesystem::path(o.log.tensorboard_dir) / "config.toml").string(),
+                            o.log.config_text, "--tensorboard");
+    }
+  }
+
   // --- evaluation: exact mean over every target of the windows (sampler.h, EvalWindows)
   auto evaluate = [&](int64_t completed, int64_t max_windows) {
+    trace::Span span("eval", "eval", -1, {}, completed);
     const auto t0 = Clock::now();
     data::EvalWindows windows(val_dataset, o.data.seq_len, W, rank, max_windows);
     at::NoGradGuard no_grad;
@@ -789,6 +1010,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
       if (!o.eval.only) j["step"] = completed;
       write_metrics(j);
     }
+    if (board) board->scalars(completed, {{"eval/loss", rec.loss}});
     summary.evals.push_back(rec);
     sharded->take_step_counters();  // evaluation's all-gathers are not a step's
   };
@@ -824,6 +1046,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     return ts;
   };
   auto save = [&](int64_t completed) {
+    trace::Span span("checkpoint save", "checkpoint", -1, {}, completed);
     checkpoint::SaveOptions so;
     so.keep_last = o.checkpoint.keep_last;
     so.progress = progress;
@@ -860,28 +1083,89 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
 
   sharded->take_step_counters();
   auto interval_start = Clock::now();
+  const auto run_start = Clock::now();
   int64_t interval_steps = 0;
   int64_t saved_at = resumed ? start_step : -1;
+  double seconds_per_step = 0;  // the latest interval's mean, for the ETA
+
+  // Note [Traced steps]
+  // --profile-steps A:B traces steps A..B-1 on every rank (common/trace.h):
+  // the training thread's spans (step, data wait, each unit's forward and
+  // backward, gradient-free recomputation, the issue and the wait of each
+  // unit's all-gather and reduce-scatter, the optimizer, evaluation and
+  // checkpoint saves) and each collective lane's own spans, with bytes. The
+  // lanes run the collectives beside compute, so what a step waited for is
+  // the union of the training thread's "comm" spans: the exposed
+  // communication of the summary line. After step B-1 (or the last step run)
+  // the ranks' events are gathered to rank 0, which writes one file with one
+  // track group per rank (pid = rank).
+  const bool profiling = o.log.profile_end > o.log.profile_begin;
+  bool tracing = false;
+  auto finish_trace = [&] {
+    tracing = false;
+    const std::vector<trace::Event> events = trace::stop();
+    const std::vector<std::string> all =
+        checkpoint::all_gather_strings(*scalars, trace_events_json(events, rank).dump());
+    if (!lead) return;
+    for (const trace::Event& e : events) {
+      if (e.cat == "step" && e.thread == trace::this_thread()) say(profile_summary(events, e));
+    }
+    nlohmann::json merged = nlohmann::json::array();
+    size_t spans = 0;
+    for (const std::string& r : all) {
+      for (auto& e : nlohmann::json::parse(r)) {
+        spans += e["ph"] == "X" ? 1 : 0;
+        merged.push_back(std::move(e));
+      }
+    }
+    const nlohmann::json file = {
+        {"traceEvents", std::move(merged)},
+        {"displayTimeUnit", "ms"},
+        {"otherData", {{"producer", "fsdp-train"}, {"steps", fmt::format("{}:{}", o.log.profile_begin,
+                                                                          o.log.profile_end)},
+                       {"world_size", W}, {"model", cfg.name}}}};
+    write_file_atomically(o.log.profile_file, file.dump(), "--profile-file");
+    summary.trace_file = o.log.profile_file;
+    say(fmt::format("Wrote trace of steps {}..{} ({} spans, {} rank{}) to {}: open it in ui.perfetto.dev or "
+                    "chrome://tracing", std::max(o.log.profile_begin, start_step),
+                    std::min(o.log.profile_end, summary.end_step) - 1, spans, W, W == 1 ? "" : "s",
+                    o.log.profile_file));
+  };
+
   for (int64_t step = start_step; step < o.step.max_steps; ++step) {
+    if (profiling && !tracing && step >= o.log.profile_begin && step < o.log.profile_end) {
+      trace::start();
+      tracing = true;
+    }
     const auto t0 = Clock::now();
+    const int64_t step_begin_us = trace::enabled() ? trace::now_us() : -1;
     const double lr = sched.at(step);
     opt.set_lr(lr);
     sharded->zero_grad();
     double local = 0.0;
     for (int64_t a = 0; a < o.step.grad_accum; ++a) {
-      data::Batch batch = loader.next();
+      data::Batch batch;
+      {
+        trace::Span span("data", "data");
+        batch = loader.next();
+      }
       sharded->set_requires_gradient_sync(a == o.step.grad_accum - 1);
       at::Tensor loss = root(batch.inputs.to(device), batch.targets.to(device)) / static_cast<double>(o.step.grad_accum);
       (scaler ? scaler->scale(loss) : loss).backward();
       local += loss.item<double>();
     }
     const double loss_scale = scaler ? scaler->scale_value() : 0.0;
-    const bool skipped = scaler && scaler->unscale(sharded->shards());
     double norm = 0.0;
-    if (!skipped) {
-      norm = o.step.clip_grad > 0 ? sharded->clip_grad_norm(o.step.clip_grad) : sharded->grad_norm();
-      opt.step();
-    } else {
+    bool skipped = false;
+    {
+      trace::Span span("optimizer", "optim");
+      skipped = scaler && scaler->unscale(sharded->shards());
+      if (!skipped) {
+        norm = o.step.clip_grad > 0 ? sharded->clip_grad_norm(o.step.clip_grad) : sharded->grad_norm();
+        opt.step();
+      }
+    }
+    if (skipped) {
       warn(fmt::format("step {}: inf/nan gradients at loss scale {}: step skipped on every rank", step, loss_scale));
     }
     if (scaler) scaler->update(skipped);
@@ -890,7 +1174,10 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     // and the stop flag (any rank's request stops every rank after this step).
     const int stop_local = o.stop_requested ? o.stop_requested() : 0;
     at::Tensor lt = at::tensor({local, static_cast<double>(stop_local)}, at::TensorOptions().dtype(at::kDouble));
-    scalars->all_reduce(lt, comm::ReduceOp::kSum)->wait();
+    {
+      trace::Span span("loss all_reduce wait", "comm");
+      scalars->all_reduce(lt, comm::ReduceOp::kSum)->wait();
+    }
     const double loss_sum = lt[0].item<double>();
     const bool stop = lt[1].item<double>() > 0;
     StepRecord rec;
@@ -902,6 +1189,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     rec.skipped = skipped;
     synchronize(device);  // the optimizer's kernels belong to this step's time
     rec.step_time_s = seconds_since(t0);
+    trace::record("step", "step", step_begin_us, trace::now_us(), -1, {}, step);
     rec.comm = sharded->take_step_counters();
     rec.peak_mem_bytes = peak_memory_bytes(device);
     FSDP_CHECK(std::isfinite(rec.loss), "the loss became ", rec.loss, " at step ", step, " (lr ", lr,
@@ -910,10 +1198,16 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     const bool log_now = (step % o.log.log_every == 0) || step == o.step.max_steps - 1 || stop;
     if (log_now) {
       const double dt = seconds_since(interval_start);
+      seconds_per_step = dt / static_cast<double>(interval_steps);
       rec.samples_per_s = static_cast<double>(G * interval_steps) / dt;
       rec.tokens_per_s = rec.samples_per_s * static_cast<double>(o.data.seq_len);
-      say(fmt::format("Batch {} Loss: {:.5f}, Speed: {:.2f} samples/sec, lr: {:.6f}", step, rec.loss,
-                      rec.samples_per_s, lr));
+      // The familiar prefix first (scripts grep it), then what people watch.
+      say(fmt::format("Batch {} Loss: {:.5f}, Speed: {:.2f} samples/sec, lr: {:.6f} | step {}/{}, {:.0f} tokens/s, "
+                      "grad norm {:.4g}{}, peak mem {}, ETA {}",
+                      step, rec.loss, rec.samples_per_s, lr, step + 1, o.step.max_steps, rec.tokens_per_s, norm,
+                      scaler ? fmt::format(", loss scale {:g}{}", loss_scale, skipped ? " (skipped)" : "") : "",
+                      rec.peak_mem_bytes >= 0 ? format_bytes(rec.peak_mem_bytes) : std::string("?"),
+                      duration_text(seconds_per_step * static_cast<double>(o.step.max_steps - step - 1))));
       if (metrics.is_open()) {
         nlohmann::json j = {{"step", step},
                             {"loss", rec.loss},
@@ -933,6 +1227,15 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
         }
         write_metrics(j);
       }
+      if (board) {
+        board->scalars(step, {{"train/loss", rec.loss},
+                              {"train/lr", lr},
+                              {"train/grad_norm", norm},
+                              {"train/samples_per_s", rec.samples_per_s},
+                              {"train/tokens_per_s", rec.tokens_per_s},
+                              {"train/step_time_s", rec.step_time_s},
+                              {"train/peak_mem_bytes", static_cast<double>(rec.peak_mem_bytes)}});
+      }
       interval_start = Clock::now();
       interval_steps = 0;
     }
@@ -950,6 +1253,10 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
       saved_at = completed;
     }
     interval_start += Clock::now() - extra_start;
+    if (tracing && (completed >= o.log.profile_end || last || stop)) finish_trace();
+    const double eta = seconds_per_step > 0 ? seconds_per_step * static_cast<double>(o.step.max_steps - completed)
+                                            : std::numeric_limits<double>::quiet_NaN();
+    console.progress(completed, o.step.max_steps, eta);
     if (stop) {
       // The reason every rank reports: the largest request (e.g. the signal number).
       at::Tensor why = at::full({1}, static_cast<double>(stop_local), at::TensorOptions().dtype(at::kDouble));
@@ -965,10 +1272,11 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
                         ? "no --checkpoint-dir, so the training state was NOT saved"
                         : fmt::format("checkpoint {} saved; continue with --resume --checkpoint-dir {}",
                                       checkpoint::checkpoint_name(summary.end_step), o.checkpoint.dir)));
-    return summary;
+  } else {
+    if (!o.checkpoint.dir.empty() && saved_at != summary.end_step) save(summary.end_step);  // resumed at the end
+    export_weights();
   }
-  if (!o.checkpoint.dir.empty() && saved_at != summary.end_step) save(summary.end_step);  // resumed at the end
-  export_weights();
+  say(run_summary(o, summary, G, seconds_since(run_start)));
   return summary;
 }
 

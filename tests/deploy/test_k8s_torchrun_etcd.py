@@ -189,7 +189,7 @@ def wait_all(ps, timeout):
     return [p.poll() for p in ps]
 
 
-BATCH = re.compile(r"^\[\w+\]:.*\[fsdp-train\] Batch (\d+) Loss: \d+\.\d+, Speed: \d+\.\d+ samples/sec, lr: \d+\.\d+$",
+BATCH = re.compile(r"^\[\w+\]:.*\[fsdp-train\] Batch (\d+) Loss: \d+\.\d+, Speed: \d+\.\d+ samples/sec, lr: \d+\.\d+ \| step \d+/\d+, \d+ tokens/s, grad norm \S+, peak mem .+, ETA \S+$",
                    re.M)
 
 

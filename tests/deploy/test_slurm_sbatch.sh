@@ -265,7 +265,7 @@ st=$(wait_done "$id" 150)
 out=$T/jobs/fsdp-train-test-$id.out
 [[ "$st" == COMPLETED ]] || fail "training job $id ended $st (expected COMPLETED)"
 [[ "$(job_field "$id" ExitCode)" == 0:0 ]] || fail "training job $id exit code $(job_field "$id" ExitCode)"
-batch_re='^0: .*\[fsdp-train\] Batch [0-9]+ Loss: [0-9]+\.[0-9]+, Speed: [0-9]+\.[0-9]+ samples/sec, lr: [0-9]+\.[0-9]+$'
+batch_re='^0: .*\[fsdp-train\] Batch [0-9]+ Loss: [0-9]+\.[0-9]+, Speed: [0-9]+\.[0-9]+ samples/sec, lr: [0-9]+\.[0-9]+ \| step [0-9]+/[0-9]+, [0-9]+ tokens/s, grad norm [^ ]+, peak mem .+, ETA [^ ]+$'
 grep -E "$batch_re" "$out"
 n=$(grep -cE "$batch_re" "$out")
 ((n == STEPS)) || fail "expected $STEPS 'Batch N Loss:' lines from rank 0 in $out, found $n"

@@ -229,6 +229,13 @@ TEST(TrainCli, BadInputIsAOneLineUsageError) {
       {"--model tiny --data " + kCorpus + " --export-hf " + dir + "/new --export-dtype int8", "--export-dtype"},
       {"--model tiny --data " + kCorpus + " --checkpoint-dir " + dir + "/big.bin", "is not a directory"},
       {"--model tiny --data " + kCorpus + " --checkpoint-dir " + dir + "/ckpt", "add --resume"},
+      {"--model tiny --data " + kCorpus + " --profile-steps 5", "is not A:B"},
+      {"--model tiny --data " + kCorpus + " --profile-steps 5:x", "is not A:B"},
+      {"--model tiny --data " + kCorpus + " --profile-steps 5:3", "must be after the start 5"},
+      {"--model tiny --data " + kCorpus + " --profile-steps 20:30 --max-steps 10", "nothing would be traced"},
+      {"--model tiny --data " + kCorpus + " --profile-steps 1:2 --profile-file /nonexistent/t.json", "/nonexistent"},
+      {"--model tiny --data " + kCorpus + " --tensorboard " + dir + "/big.bin", "--tensorboard"},
+      {"--config /nonexistent/run.toml", "/nonexistent/run.toml"},
   };
   for (const auto& k : cases) {
     Command c = run_command(kTrainBin + " " + k.args);

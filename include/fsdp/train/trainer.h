@@ -5,10 +5,14 @@
 //   (gradient synchronization only on the last one), then clip the global
 //   gradient norm, AdamW on the local shards, learning rate from the schedule.
 // Rank 0 logs
-//   Batch 90 Loss: 7.24291, Speed: 9.41 samples/sec, lr: 0.000010
-// where Loss is the mean over the whole global batch (all ranks), Speed counts
-// global samples per second over the steps since the previous log line, and
-// (with a metrics file) appends one JSON object per logged step.
+//   Batch 90 Loss: 7.24291, Speed: 9.41 samples/sec, lr: 0.000010 | step 91/500,
+//     1204 tokens/s, grad norm 0.8123, peak mem 281 MiB, ETA 3m12s
+// (one line) where Loss is the mean over the whole global batch (all ranks),
+// Speed counts global samples per second over the steps since the previous log
+// line, the ETA extrapolates that interval, and (with a metrics file) appends
+// one JSON object per logged step; on a terminal a progress bar stays below the
+// log lines; at the end one "Run summary: ..." line says what was trained and
+// where its checkpoints, export, metrics, TensorBoard files and trace went.
 #pragma once
 
 #include <cstdint>
@@ -50,8 +54,26 @@ struct StepOptions {
 
 struct LogOptions {
   int64_t log_every = 10;
-  std::string metrics_file;  // "": none; else JSON lines appended by rank 0
+  // "": none; else JSON lines appended by rank 0. With checkpoint.resume, the
+  // records of steps at or after the resumed step (left by the interrupted
+  // run, trained again now) are dropped first, so each step appears once.
+  std::string metrics_file;
   bool quiet = false;        // no log lines (tests)
+  // "": none; else TensorBoard event files written by rank 0 into this
+  // directory (train/tensorboard.h): the logged steps' scalars and eval/loss.
+  std::string tensorboard_dir;
+  // The run's effective configuration (TOML, as the command line resolved it);
+  // "" for none. Rank 0 writes it beside the metrics file
+  // (<metrics name without extension>.config.toml) and into the TensorBoard
+  // directory (config.toml).
+  std::string config_text;
+  // Steps [profile_begin, profile_end) are traced (common/trace.h): every
+  // rank's spans are merged into one Chrome/Perfetto trace file written by
+  // rank 0 to profile_file, and one summary line per traced step is logged.
+  // profile_end <= profile_begin: no tracing.
+  int64_t profile_begin = 0;
+  int64_t profile_end = 0;
+  std::string profile_file = "fsdp-trace.json";
 };
 
 // FSDP choices as the command line names them.
@@ -151,6 +173,7 @@ struct TrainSummary {
   std::vector<EvalRecord> evals;
   int stop_reason = 0;            // non-zero: stopped early by stop_requested (its agreed value)
   std::string last_checkpoint;    // path of the last checkpoint saved by this call, "" if none
+  std::string trace_file;         // rank 0: the --profile-steps trace written by this call, "" if none
 };
 
 // Cheap checks that need no process group (flags, files exist, the model
