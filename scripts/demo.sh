@@ -11,7 +11,7 @@
 #  - the final weights as Hugging Face safetensors + config.json +
 #    tokenizer.model in build/demo-hf;
 #  - what to look at afterwards: TensorBoard event files in build/demo-tb
-#    (tensorboard --logdir build/demo-tb), a timeline of steps 50..52 on both
+#    (tensorboard --logdir build/demo-tb), a timeline of steps 20..22 on both
 #    ranks in build/demo-trace.json (ui.perfetto.dev or chrome://tracing), the
 #    metrics in build/demo-metrics.jsonl, the effective configuration beside
 #    them (build/demo-metrics.config.toml), and PNG charts of loss, throughput
@@ -27,6 +27,6 @@ build/apps/fsdp-train --model tiny --data build/data/corpus.jsonl --tokenizer bu
   --nproc-per-node 2 --seq-len 128 --batch-size 8 --lr 1e-3 --warmup-steps 20 --min-lr 1e-4 --max-steps 300 \
   --log-every 10 --metrics-file build/demo-metrics.jsonl \
   --checkpoint-dir build/demo-ckpt --checkpoint-every 100 --keep-last 2 --resume \
-  --tensorboard build/demo-tb --profile-steps 50:53 --profile-file build/demo-trace.json \
+  --tensorboard build/demo-tb --profile-steps 20:23 --profile-file build/demo-trace.json \
   --export-hf build/demo-hf "$@"
 "$(scripts/venv.sh)/bin/python" scripts/plot_metrics.py build/demo-metrics.jsonl --out build/demo-plots
