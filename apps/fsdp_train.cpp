@@ -168,17 +168,11 @@ std::string effective_config(const CLI::App& app) {
 // --profile-steps A:B -> [A, B).
 void parse_profile_steps(const std::string& text, fsdp::train::LogOptions& log) {
   const size_t colon = text.find(':');
-  auto number = [&](const std::string& part) -> int64_t {
-    size_t used = 0;
-    int64_t v = -1;
-    try {
-      v = std::stoll(part, &used);
-    } catch (const std::exception&) {
-      used = 0;
-    }
-    FSDP_CHECK(!part.empty() && used == part.size() && v >= 0, "--profile-steps '", text,
+  // The rule of every integer flag (cli_numbers.h): decimal digits within 64 bits.
+  auto number = [&](std::string part) -> int64_t {
+    FSDP_CHECK(fsdp::cli::strict_integer(part, /*is_unsigned=*/true).empty(), "--profile-steps '", text,
                "' is not A:B with whole numbers 0 <= A < B (e.g. 10:13 traces steps 10, 11 and 12)");
-    return v;
+    return std::stoll(part);
   };
   FSDP_CHECK(colon != std::string::npos, "--profile-steps '", text,
              "' is not A:B with whole numbers 0 <= A < B (e.g. 10:13 traces steps 10, 11 and 12)");

@@ -285,6 +285,16 @@ int64_t drop_metrics_from(const std::string& path, int64_t first_step) {
   return dropped;
 }
 
+// A file rank 0 writes (--metrics-file, --profile-file): its directory exists,
+// it is no directory itself, and this process may write it.
+void check_output_file(const std::string& path, const char* flag) {
+  const auto parent = std::filesystem::path(path).parent_path();
+  FSDP_CHECK(parent.empty() || std::filesystem::is_directory(parent), flag, " ", path, ": directory ", parent.string(),
+             " does not exist");
+  FSDP_CHECK(!std::filesystem::is_directory(path), flag, " ", path, " is a directory; give a file name");
+  checkpoint::check_writable(path, flag, /*directory=*/false);
+}
+
 // metrics.jsonl -> metrics.config.toml, beside it.
 std::string config_path_beside(const std::string& metrics_file) {
   std::filesystem::path p(metrics_file);
@@ -634,14 +644,7 @@ void validate_options(const TrainOptions& o, int world_size) {
   FSDP_CHECK(o.data.seq_len <= cfg.max_position_embeddings, "--seq-len ", o.data.seq_len, " is longer than model '",
              cfg.name, "' supports (max_position_embeddings = ", cfg.max_position_embeddings,
              "); use --seq-len <= ", cfg.max_position_embeddings);
-  if (!o.log.metrics_file.empty()) {
-    const auto parent = std::filesystem::path(o.log.metrics_file).parent_path();
-    FSDP_CHECK(parent.empty() || std::filesystem::is_directory(parent), "--metrics-file ", o.log.metrics_file,
-               ": directory ", parent.string(), " does not exist");
-    FSDP_CHECK(!std::filesystem::is_directory(o.log.metrics_file), "--metrics-file ", o.log.metrics_file,
-               " is a directory; give a file name");
-    checkpoint::check_writable(o.log.metrics_file, "--metrics-file", /*directory=*/false);
-  }
+  if (!o.log.metrics_file.empty()) check_output_file(o.log.metrics_file, "--metrics-file");
   if (!o.log.tensorboard_dir.empty()) {
     checkpoint::check_writable(o.log.tensorboard_dir, "--tensorboard", /*directory=*/true);
   }
@@ -652,12 +655,7 @@ void validate_options(const TrainOptions& o, int world_size) {
                o.log.profile_end, " starts at or after --max-steps ", o.step.max_steps,
                ", so nothing would be traced; choose steps below ", o.step.max_steps);
     FSDP_CHECK(!o.log.profile_file.empty(), "--profile-file is empty; give the trace's file name");
-    const auto parent = std::filesystem::path(o.log.profile_file).parent_path();
-    FSDP_CHECK(parent.empty() || std::filesystem::is_directory(parent), "--profile-file ", o.log.profile_file,
-               ": directory ", parent.string(), " does not exist");
-    FSDP_CHECK(!std::filesystem::is_directory(o.log.profile_file), "--profile-file ", o.log.profile_file,
-               " is a directory; give a file name");
-    checkpoint::check_writable(o.log.profile_file, "--profile-file", /*directory=*/false);
+    check_output_file(o.log.profile_file, "--profile-file");
   }
 }
 
