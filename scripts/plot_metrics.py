@@ -14,7 +14,9 @@ has no step and is left out here). This writes, with matplotlib's Agg backend
   loss.png        training loss per step; evaluation loss as markers
   throughput.png  tokens/s per step (global: every rank's tokens)
   memory.png      rank 0's peak memory per step, in MiB as the log prints it
-                  (the process's peak RSS on CPU, the CUDA allocator's peak on GPU)
+                  (the process's peak RSS on CPU, the CUDA allocator's peak on GPU),
+                  and of it the engine's unsharded buffers beside the plan's bound
+                  (unsharded_peak_bytes, unsharded_bound_bytes) where recorded
 
 A step recorded twice (a file older than the resume logic, which drops the
 records of steps a resumed run trains again: Note [Metrics after a resume] in
@@ -136,7 +138,15 @@ def plot(steps, evals, label, out_dir):
     fig, ax = new_figure(plt, "peak memory (rank 0): " + subtitle, "MiB")
     xs, ys = series(steps, "peak_mem_bytes", scale=MIB)
     if xs:
-        ax.plot(xs, ys, linewidth=1.2)
+        ax.plot(xs, ys, linewidth=1.2, label="peak memory of the process")
+        ux, uy = series(steps, "unsharded_peak_bytes", scale=MIB)
+        bx, by = series(steps, "unsharded_bound_bytes", scale=MIB)
+        if ux:
+            ax.plot(ux, uy, linewidth=1.2, label="unsharded buffers (engine's peak)")
+        if bx:
+            ax.plot(bx, by, "--", linewidth=1.0, color="tab:gray", label="unsharded buffers (plan's bound)")
+        if ux or bx:
+            ax.legend()
         ax.set_ylim(bottom=0)
     else:
         ax.text(0.5, 0.5, "peak memory not measured on this device (peak_mem_bytes < 0)",

@@ -169,6 +169,23 @@ struct MemoryPlacement {
   bool pinned = false;
 };
 
+// The engine's own count of the buffers it allocates for a step beyond the
+// resident shards (Note [Unsharded memory] in src/fsdp/model.cpp), in bytes.
+struct UnshardedBytes {
+  int64_t params = 0;       // unsharded parameters (param dtype)
+  int64_t grads = 0;        // unsharded gradients while they are computed (param dtype)
+  int64_t reductions = 0;   // gradients in flight to a reduction: reduce-dtype copies,
+                            // and reduction outputs that cannot land in the gradient shard
+  int64_t accumulated = 0;  // gradients kept across micro-batches without synchronization
+  int64_t total() const { return params + grads + reductions + accumulated; }
+};
+
+struct UnshardedMemory {
+  UnshardedBytes now;      // held at this moment
+  UnshardedBytes at_peak;  // what was held when the total peaked
+  int64_t peak = 0;        // the largest total since the last reset (or since fully_shard)
+};
+
 struct StepCounters {
   int64_t allgather_bytes = 0;
   int64_t reduce_scatter_bytes = 0;
@@ -206,6 +223,11 @@ class ShardedModel {
   std::vector<MemoryPlacement> memory_placement() const;
   // Bytes this rank communicated since the last call (and resets them).
   StepCounters take_step_counters();
+  // The unsharded buffers this rank holds and has held at most (the engine's
+  // ledger: every allocation and release of them goes through it), and the
+  // start of a new peak. ShardingPlan::step_unsharded_bytes bounds `peak`.
+  UnshardedMemory unsharded_memory() const;
+  void reset_unsharded_peak();
 
   // Full (unpadded) flat parameter of unit `u`, gathered to every rank of the
   // shard group, in the master dtype (fp32; bf16 for pure-bf16 training).
@@ -246,16 +268,24 @@ struct ShardingPlan {
   int64_t param_shard_bytes = 0;  // master shards, master dtype
   int64_t grad_shard_bytes = 0;   // reduced gradient shards, master dtype
   int64_t optimizer_bytes = 0;    // AdamW exp_avg + exp_avg_sq beside the shards
-  // Unsharded buffers on the compute device while a step runs (param dtype):
-  int64_t largest_unit_bytes = 0;   // the largest unit's parameters
-  int64_t step_unsharded_bytes = 0; // upper bound held at once by the schedule:
-      // FULL_SHARD/HYBRID: the root's parameters and gradients, plus
-      //   (1 + limit_all_gathers) units' parameters and 3 units' gradients
-      //   (one collecting, two reductions in flight), at the largest unit's size;
-      // SHARD_GRAD_OP: every unit's parameters plus 3 units' gradients;
-      // NO_SHARD: every unit's parameters and gradients unless they are the
-      //   master copy itself (fp32, no offload).
+  // Unsharded buffers on the compute device while a step runs; see
+  // Note [Unsharded memory] in src/fsdp/model.cpp for the schedule behind it:
+  int64_t largest_unit_bytes = 0;   // the largest unit's parameters (param dtype)
+  int64_t step_unsharded_bytes = 0; // the most a synchronized step holds at once of
+      // unsharded parameters, gradients and gradients in flight to a reduction
+      // (UnshardedMemory::peak of a step never exceeds it), assuming units run
+      // forward once each in registration order and the root's own gradients
+      // complete last (its embedding is used before the first unit), as in the
+      // decoder models this project trains. 0 when every unit is its own single
+      // copy (NO_SHARD or a one-rank shard group, master dtype, no offload).
+  int64_t accumulation_bytes = 0;   // added by micro-batches without gradient
+      // synchronization (no_sync, --grad-accum > 1): every unit's gradients stay
+      // unsharded between them (in the reduce dtype when it is the wider).
   // Not included: activations, communication scratch, LibTorch's own memory.
+  // The bound for a step of `micro_batches` micro-batches, synchronized on the last.
+  int64_t unsharded_bound(int64_t micro_batches) const {
+    return step_unsharded_bytes + (micro_batches > 1 ? accumulation_bytes : 0);
+  }
   std::string describe() const;
 };
 ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_size, int rank,

@@ -111,4 +111,38 @@ bool reset_peak_memory(const c10::Device& d) {
   return d.is_cpu() && reset_peak_rss();
 }
 
+std::string device_model(const c10::Device& d) {
+#if defined(FSDP_WITH_CUDA)
+  if (d.is_cuda()) {
+    cudaDeviceProp prop{};
+    if (cudaGetDeviceProperties(&prop, index_of(d)) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return {};
+    }
+    return prop.name;
+  }
+#endif
+  (void)d;
+  return {};
+}
+
+double peak_flops(const std::string& model, c10::ScalarType dtype) {
+  struct Row {
+    const char* name_part;  // matched in order: the more specific names first
+    double half_tflops;     // bf16 and fp16 tensor cores, dense
+    double fp32_tflops;
+  };
+  static const Row kTable[] = {
+      {"GH200", 989.4, 66.9},   {"H200", 989.4, 66.9},     {"H100 PCIe", 756.5, 51.2},
+      {"H100 NVL", 835.5, 60.0}, {"H100", 989.4, 66.9},    {"A100", 312.0, 19.5},
+  };
+  for (const Row& r : kTable) {
+    if (model.find(r.name_part) == std::string::npos) continue;
+    if (dtype == c10::kBFloat16 || dtype == c10::kHalf) return r.half_tflops * 1e12;
+    if (dtype == c10::kFloat) return r.fp32_tflops * 1e12;
+    return 0;
+  }
+  return 0;
+}
+
 }  // namespace fsdp

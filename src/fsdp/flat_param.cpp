@@ -36,6 +36,36 @@ std::pair<int64_t, int64_t> FlatLayout::overlap(size_t p, int64_t begin, int64_t
   return {lo - pp.flat_offset, hi - lo};
 }
 
+void MemoryLedger::add(BufferKind kind, int64_t bytes) {
+  slot(kind) += bytes;
+  if (memory_.now.total() > memory_.peak) {
+    memory_.peak = memory_.now.total();
+    memory_.at_peak = memory_.now;
+  }
+}
+
+void MemoryLedger::release(BufferKind kind, int64_t bytes) {
+  int64_t& s = slot(kind);
+  FSDP_ASSERT(s >= bytes, "the unsharded-memory ledger releases ", bytes, " bytes of kind ", static_cast<int>(kind),
+              " but holds ", s);
+  s -= bytes;
+}
+
+void MemoryLedger::reset_peak() {
+  memory_.peak = memory_.now.total();
+  memory_.at_peak = memory_.now;
+}
+
+int64_t& MemoryLedger::slot(BufferKind kind) {
+  switch (kind) {
+    case BufferKind::kParams: return memory_.now.params;
+    case BufferKind::kGrads: return memory_.now.grads;
+    case BufferKind::kReductions: return memory_.now.reductions;
+    case BufferKind::kAccumulated: break;
+  }
+  return memory_.now.accumulated;
+}
+
 FlatParam::FlatParam(std::vector<Source> params, const FlatParamOptions& options)
     : options_(options),
       single_copy_(options.replicated && options.shard_dtype == options.param_dtype &&
@@ -103,6 +133,7 @@ void FlatParam::bind(bool keep_allocated) {
     full_ = shard_;
   } else {
     full_ = new_full_buffer();
+    options_.ledger->add(BufferKind::kParams, full_bytes());
   }
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& pl = layout_.params[i];
@@ -128,9 +159,14 @@ at::Tensor FlatParam::new_full_buffer() const {
   return at::empty({layout_.padded_numel}, at::TensorOptions().dtype(options_.param_dtype).device(options_.device));
 }
 
+int64_t FlatParam::full_bytes() const {
+  return layout_.padded_numel * static_cast<int64_t>(c10::elementSize(options_.param_dtype));
+}
+
 void FlatParam::alloc_full() {
   FSDP_ASSERT(storage_ == StorageState::kFreed);
-  internals::alloc_storage(full_, static_cast<size_t>(layout_.padded_numel) * full_.element_size());
+  internals::alloc_storage(full_, static_cast<size_t>(full_bytes()));
+  options_.ledger->add(BufferKind::kParams, full_bytes());
   storage_ = StorageState::kAllocated;
 }
 
@@ -138,6 +174,7 @@ void FlatParam::free_full() {
   FSDP_ASSERT(!single_copy_, "the single-copy buffer is never freed");
   if (storage_ == StorageState::kFreed) return;
   internals::free_storage(full_);
+  options_.ledger->release(BufferKind::kParams, full_bytes());
   storage_ = StorageState::kFreed;
 }
 
@@ -147,6 +184,7 @@ void FlatParam::prepare_full_grad(bool keep) {
     if (!keep) full_grad_.zero_();
   } else if (!full_grad_.defined()) {
     full_grad_ = new_full_buffer().zero_();
+    options_.ledger->add(BufferKind::kGrads, full_bytes());
   } else if (!keep) {
     full_grad_.zero_();
   }
@@ -160,7 +198,10 @@ void FlatParam::prepare_full_grad(bool keep) {
 
 void FlatParam::release_full_grad() {
   for (auto& p : params_) p.mutable_grad().reset();
-  if (!single_copy_) full_grad_ = at::Tensor();
+  if (!single_copy_ && full_grad_.defined()) {
+    full_grad_ = at::Tensor();
+    options_.ledger->release(BufferKind::kGrads, full_bytes());
+  }
 }
 
 }  // namespace fsdp::detail

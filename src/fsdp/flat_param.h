@@ -49,6 +49,23 @@ struct FlatLayout {
   std::pair<int64_t, int64_t> overlap(size_t p, int64_t begin, int64_t end) const;
 };
 
+// The engine's ledger of its unsharded buffers (Note [Unsharded memory] in
+// model.cpp): every allocation and release of one is counted here, by kind.
+// One per model, used from the training thread only.
+enum class BufferKind { kParams, kGrads, kReductions, kAccumulated };
+
+class MemoryLedger {
+ public:
+  void add(BufferKind kind, int64_t bytes);
+  void release(BufferKind kind, int64_t bytes);
+  const UnshardedMemory& memory() const { return memory_; }
+  void reset_peak();
+
+ private:
+  int64_t& slot(BufferKind kind);
+  UnshardedMemory memory_;
+};
+
 // Whether the bytes of the unsharded buffer exist.
 enum class StorageState {
   kFreed,      // full_ has no bytes; parameters must not be touched
@@ -67,6 +84,8 @@ struct FlatParamOptions {
   // Host memory for full_ and full_grad_ on the CPU (shared by every unit of a
   // model; see Note [Host buffers from mmap]). Null: LibTorch's allocator.
   std::shared_ptr<internals::HostBufferPool> host_pool;
+  // Where full_ and full_grad_ are counted (never null once the engine built it).
+  std::shared_ptr<MemoryLedger> ledger;
 };
 
 class FlatParam {
@@ -112,6 +131,7 @@ class FlatParam {
   // view. With `keep` the existing buffer and its contents stay.
   void prepare_full_grad(bool keep);
   // Drops .grad of every parameter and releases full_grad_ (unless single copy).
+  // Idempotent.
   void release_full_grad();
   bool has_full_grad() const { return full_grad_.defined(); }
 
@@ -120,6 +140,7 @@ class FlatParam {
 
  private:
   at::Tensor new_full_buffer() const;
+  int64_t full_bytes() const;  // of full_ or full_grad_ (Np elements of the param dtype)
 
   FlatLayout layout_;
   std::vector<at::Tensor> params_;

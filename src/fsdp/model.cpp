@@ -269,11 +269,11 @@ void ShardedModelImpl::build_units() {
   // Gradients are still averaged over the replicas (HYBRID). With a bf16 compute
   // copy or CPU offload the strategy stands: keeping the compute copy resident
   // would cost memory the user asked not to spend.
-  replicated_ = options_.strategy == ShardingStrategy::kNoShard ||
-                (shard_group_->size() == 1 && fpo.param_dtype == fpo.shard_dtype && fpo.shard_device == fpo.device);
+  replicated_ = options_.strategy == ShardingStrategy::kNoShard || keeps_single_copy(options_, shard_group_->size());
   fpo.shard_rank = replicated_ ? 0 : shard_group_->rank();
   fpo.shard_size = replicated_ ? 1 : shard_group_->size();
   fpo.replicated = replicated_;
+  fpo.ledger = ledger_;
   if (options_.device.is_cpu()) {
     // Cache up to two blocks of the largest non-root unit: what the next unit
     // takes while the previous one is being released (Note [Host buffers from
@@ -548,9 +548,9 @@ std::vector<MemoryPlacement> ShardedModelImpl::memory_placement() const {
     grads.device = device_name(f.grad_shard());
     grads.bytes += f.grad_shard().nbytes();
     grads.pinned = f.grad_shard().is_pinned();
-    if (!f.single_copy() && f.storage_state() == StorageState::kAllocated) full.bytes += f.full().nbytes();
-    if (!f.single_copy() && f.has_full_grad()) full_grads.bytes += f.full_grad().nbytes();
   }
+  full.bytes = ledger_->memory().now.params;
+  full_grads.bytes = ledger_->memory().now.grads;
   return {shards, grads, full, full_grads};
 }
 
@@ -575,6 +575,11 @@ std::string ShardedModelImpl::describe() const {
 }  // namespace detail
 
 // ---- planning -------------------------------------------------------------------
+
+bool detail::keeps_single_copy(const FsdpOptions& o, int shard_size) {
+  const MixedPrecision& mp = o.mixed_precision;
+  return shard_size == 1 && mp.param_dtype == mp.master_dtype && (!o.cpu_offload || o.device.is_cpu());
+}
 
 ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_size, int rank,
                            const FsdpOptions& options, at::ScalarType optimizer_state_dtype) {
@@ -625,26 +630,72 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
   }
   plan.grad_shard_bytes = plan.param_shard_bytes;
   plan.largest_unit_bytes = std::max(largest, root_padded) * pbytes;
-  const int64_t grads_in_flight = (1 + static_cast<int64_t>(detail::kMaxInflightReduces)) * largest * pbytes;
-  // See Note [One-rank shard groups]: such groups keep the single copy of NO_SHARD.
-  const bool single_copy = mp.param_dtype == mp.master_dtype && !options.cpu_offload;
-  if (plan.shard_size == 1 && single_copy) {
-    plan.step_unsharded_bytes = 0;
-    return plan;
-  }
+  if (detail::keeps_single_copy(options, plan.shard_size)) return plan;  // nothing unsharded: 0
+
+  // Note [Unsharded memory]
+  // What the schedule holds at once, from the engine's rules (unit.cpp, and
+  // the prefetch and reduction queue above), for units that run forward once
+  // each in registration order with the root's gradients completing last:
+  // R the root's padded elements, B the largest other unit's, A all of them.
+  // - A unit's gradients (B x param bytes) are allocated at its pre-backward.
+  //   At its post-backward, with a reduce dtype other than the param dtype, a
+  //   reduce-dtype copy is made and the param-dtype buffer released at once
+  //   (before the fix the buffer lived until the reduction finished: 6 bytes
+  //   per element in flight for bf16, not 4); the reduction is issued into the
+  //   gradient shard (a shard-sized scratch only with offloaded shards on
+  //   CUDA); then the oldest reduction is waited for once more than
+  //   kMaxInflightReduces are in flight. The worst moment of a post-backward is
+  //   the copy being made, or the scratch allocated, with kMaxInflightReduces
+  //   earlier reductions still in flight.
+  // - FULL_SHARD/HYBRID keep the root unsharded through forward and backward;
+  //   a block's parameters live from its unshard to its reshard: one block in
+  //   backward, two with BACKWARD_PRE (the next one gathered during this one's
+  //   backward) — BACKWARD_POST gathers it after this one is resharded.
+  //   Prefetching looks one unit ahead, so limit_all_gathers beyond 1 adds
+  //   nothing; forward prefetch holds two blocks in forward, when no gradients
+  //   exist yet, which is never the maximum.
+  // - SHARD_GRAD_OP keeps every unit's parameters from forward until its own
+  //   post-backward: j post-backwards in, j blocks are resharded and j
+  //   reductions are in flight, so the peak is at j = 0 or j = 2.
+  // - NO_SHARD keeps every compute copy resident for the whole run.
+  // - The root's post-backward comes last, with two blocks' reductions in flight.
+  const int64_t R = root_padded, B = largest, A = all_padded;
+  const int64_t rbytes = static_cast<int64_t>(c10::elementSize(mp.reduce_dtype));
+  const bool converts = mp.reduce_dtype != mp.param_dtype;
+  const bool scratch = options.cpu_offload && options.device.is_cuda();
+  const int64_t in_flight = static_cast<int64_t>(detail::kMaxInflightReduces);
+  // A reduction in flight for `n` padded elements, and the worst moment of the post-backward that issues it.
+  const auto held = [&](int64_t n) {
+    return (converts ? n * rbytes : n * pbytes) + (scratch ? n / plan.shard_size * rbytes : 0);
+  };
+  const auto post_backward = [&](int64_t n, int64_t earlier) {
+    return std::max(n * pbytes + (converts ? n * rbytes : 0), held(n)) + earlier * held(B);
+  };
+  int64_t forward = 0, blocks = 0;
   switch (options.strategy) {
     case ShardingStrategy::kFullShard:
-    case ShardingStrategy::kHybridShard:
-      plan.step_unsharded_bytes = 2 * root_padded * pbytes + (1 + options.limit_all_gathers) * largest * pbytes +
-                                  grads_in_flight;
+    case ShardingStrategy::kHybridShard: {
+      const int64_t gathered = options.backward_prefetch == BackwardPrefetch::kPre ? 2 : 1;
+      forward = (R + (options.forward_prefetch ? 2 : 1) * B) * pbytes;
+      blocks = R * pbytes + R * pbytes + gathered * B * pbytes + post_backward(B, in_flight);
       break;
+    }
     case ShardingStrategy::kShardGradOp:
-      plan.step_unsharded_bytes = all_padded * pbytes + grads_in_flight;
+      forward = A * pbytes;
+      for (int64_t j = 0; j <= in_flight; ++j) {
+        blocks = std::max(blocks, (A - j * B) * pbytes + R * pbytes + post_backward(B, j));
+      }
       break;
     case ShardingStrategy::kNoShard:
-      plan.step_unsharded_bytes = 2 * all_padded * pbytes;
+      forward = A * pbytes;
+      blocks = A * pbytes + R * pbytes + post_backward(B, in_flight);
       break;
   }
+  const int64_t resident = options.strategy == ShardingStrategy::kNoShard ? A * pbytes : R * pbytes;
+  const int64_t root_last = resident + post_backward(R, in_flight);
+  plan.step_unsharded_bytes = std::max({forward, blocks, root_last});
+  // See Note [Accumulating without synchronization].
+  plan.accumulation_bytes = A * std::max(pbytes, rbytes);
   return plan;
 }
 
@@ -656,7 +707,8 @@ std::string ShardingPlan::describe() const {
      << "  per rank, resident: parameter shards " << mib(param_shard_bytes) << ", gradient shards "
      << mib(grad_shard_bytes) << ", optimizer state " << mib(optimizer_bytes) << "\n"
      << "  per rank, during a step: largest unit " << mib(largest_unit_bytes) << " unsharded, at most "
-     << mib(step_unsharded_bytes) << " of unsharded parameters and gradients\n";
+     << mib(step_unsharded_bytes) << " of unsharded parameters and gradients (+ " << mib(accumulation_bytes)
+     << " with gradient accumulation)\n";
   return os.str();
 }
 
@@ -672,6 +724,8 @@ double ShardedModel::clip_grad_norm(double max_norm) { return impl_->clip_grad_n
 const std::vector<UnitInfo>& ShardedModel::units() const { return impl_->units(); }
 std::vector<MemoryPlacement> ShardedModel::memory_placement() const { return impl_->memory_placement(); }
 StepCounters ShardedModel::take_step_counters() { return impl_->take_step_counters(); }
+UnshardedMemory ShardedModel::unsharded_memory() const { return impl_->unsharded_memory(); }
+void ShardedModel::reset_unsharded_peak() { impl_->reset_unsharded_peak(); }
 at::Tensor ShardedModel::gather_unit(size_t u) { return impl_->gather_unit(u); }
 void ShardedModel::load_unit(size_t u, const at::Tensor& full) { impl_->load_unit(u, full); }
 const comm::ProcessGroupPtr& ShardedModel::shard_group() const { return impl_->shard_group(); }

@@ -34,6 +34,11 @@ class ShardedModelImpl;
 // collecting, two reducing).
 constexpr size_t kMaxInflightReduces = 2;
 
+// Whether every unit's parameters are its shard itself — one copy, nothing
+// unsharded or freed (see Note [One-rank shard groups]): a shard group of one
+// rank with the master dtype as compute dtype, and the shard on the device.
+bool keeps_single_copy(const FsdpOptions& o, int shard_size);
+
 // A boundary the wrap policy made a unit, with the parameters it owns
 // (registration order; a shared tensor listed once, under its first name).
 struct PlannedUnit {
@@ -129,6 +134,7 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   comm::WorkPtr replicate_;     // HYBRID: the replica all-reduce after reduce_
   at::Tensor reduce_in_;        // what reduce_ reads (kept alive until it completes)
   at::Tensor reduce_out_;       // where reduce_ writes
+  int64_t reduce_held_bytes_ = 0;  // what reduce_in_/reduce_out_ hold beyond full_grad (the ledger's kReductions)
   bool reduce_into_grad_shard_ = false;
 
   bool ran_forward_ = false;
@@ -167,6 +173,7 @@ class ShardedModelImpl {
   // parameters themselves. See Note [One-rank shard groups].
   bool replicated() const { return replicated_; }
   bool sync_grads() const { return sync_grads_; }
+  MemoryLedger& ledger() { return *ledger_; }
 
   // Public API (ShardedModel forwards here).
   std::vector<ShardRef> shards() const;
@@ -177,6 +184,8 @@ class ShardedModelImpl {
   const std::vector<UnitInfo>& units() const { return infos_; }
   std::vector<MemoryPlacement> memory_placement() const;
   StepCounters take_step_counters();
+  UnshardedMemory unsharded_memory() const { return ledger_->memory(); }
+  void reset_unsharded_peak() { ledger_->reset_peak(); }
   at::Tensor gather_unit(size_t u);
   void load_unit(size_t u, const at::Tensor& full);
   std::string describe() const;
@@ -201,6 +210,7 @@ class ShardedModelImpl {
 
   bool replicated_ = false;
   std::shared_ptr<internals::HostBufferPool> host_pool_;  // CPU: unsharded buffers
+  std::shared_ptr<MemoryLedger> ledger_ = std::make_shared<MemoryLedger>();
   bool sync_grads_ = true;
   bool in_backward_ = false;
   bool callback_queued_ = false;

@@ -18,6 +18,8 @@ struct RawWriteGuard {
   at::NoGradGuard no_grad;
   at::AutoDispatchBelowADInplaceOrView below_ad;
 };
+
+int64_t nbytes_of(const at::Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
 }  // namespace
 
 ShardedUnit::ShardedUnit(ShardedModelImpl* root, size_t index, std::string name, std::string type_name,
@@ -194,6 +196,7 @@ void ShardedUnit::post_backward(bool flush) {
   // See Note [Accumulating without synchronization].
   const bool accumulate_wider = c10::elementSize(reduce_dtype) > flat_->full_grad().element_size();
 
+  MemoryLedger& ledger = root_->ledger();
   if (!root_->sync_grads()) {
     holds_unsharded_grads_ = true;  // until a synced backward
     if (accumulate_wider) {
@@ -202,21 +205,31 @@ void ShardedUnit::post_backward(bool flush) {
         accumulated_.add_(flat_->full_grad());  // computed in the wider dtype
       } else {
         accumulated_ = flat_->full_grad().to(reduce_dtype);
+        ledger.add(BufferKind::kAccumulated, nbytes_of(accumulated_));
       }
       flat_->release_full_grad();
     }
     grad_state_ = GradState::kDone;
   } else {
     trace::Span span(root_->replicated() ? "all_reduce issue" : "reduce_scatter issue", "comm",
-                     flat_->full_grad().numel() * static_cast<int64_t>(flat_->full_grad().element_size()), name_);
+                     nbytes_of(flat_->full_grad()), name_);
     at::Tensor in = flat_->full_grad();
+    FSDP_ASSERT(reduce_held_bytes_ == 0);
     if (accumulated_.defined()) {
       at::NoGradGuard no_grad;
       in = accumulated_.add_(in);
       accumulated_ = at::Tensor();  // reduce_in_ keeps it until the reduction is done
+      ledger.release(BufferKind::kAccumulated, nbytes_of(in));
+      ledger.add(BufferKind::kReductions, nbytes_of(in));
+      reduce_held_bytes_ = nbytes_of(in);
     } else if (in.scalar_type() != reduce_dtype) {
       in = in.to(reduce_dtype);
+      ledger.add(BufferKind::kReductions, nbytes_of(in));
+      reduce_held_bytes_ = nbytes_of(in);
     }
+    // A copy in the reduce dtype holds the gradients now: the param-dtype
+    // buffer goes before the reduction runs, not after (Note [Unsharded memory]).
+    if (!in.is_same(flat_->full_grad())) flat_->release_full_grad();
     reduce_in_ = in;
     reduce_into_grad_shard_ = false;
     if (root_->replicated()) {
@@ -230,6 +243,8 @@ void ShardedUnit::post_backward(bool flush) {
         reduce_into_grad_shard_ = true;
       } else {
         reduce_out_ = at::empty({n}, in.options());
+        ledger.add(BufferKind::kReductions, nbytes_of(reduce_out_));
+        reduce_held_bytes_ += nbytes_of(reduce_out_);
       }
       reduce_ = root_->shard_group()->reduce_scatter(reduce_out_, in, comm::ReduceOp::kAvg);
     }
@@ -272,6 +287,8 @@ void ShardedUnit::finish_reduce() {
   holds_unsharded_grads_ = false;
   reduce_in_ = at::Tensor();
   reduce_out_ = at::Tensor();
+  root_->ledger().release(BufferKind::kReductions, reduce_held_bytes_);
+  reduce_held_bytes_ = 0;
   flat_->release_full_grad();
   grad_state_ = GradState::kDone;
 }

@@ -28,6 +28,15 @@ int64_t LlamaConfig::num_parameters() const {
   return V * D + L * (attention + mlp + norms) + D + (tie_word_embeddings ? 0 : V * D);
 }
 
+double LlamaConfig::training_flops_per_token(int64_t seq_len) const {
+  const double D = static_cast<double>(hidden_size), F = static_cast<double>(intermediate_size);
+  const double H = static_cast<double>(num_attention_heads), Hkv = static_cast<double>(num_key_value_heads);
+  const double Dh = static_cast<double>(dh()), L = static_cast<double>(num_hidden_layers);
+  const double matmul_weights = L * (D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + 3 * D * F) +
+                                D * static_cast<double>(vocab_size);
+  return 6 * matmul_weights + 12 * L * H * Dh * static_cast<double>(seq_len);
+}
+
 // Note [Config size limits]
 // A config.json is input: vocab_size 1e12 or hidden_size 2^40 would otherwise be
 // found only when the first tensor of that size is allocated (1e15 bytes, an

@@ -702,7 +702,7 @@ void check_memory(const TrainOptions& o, int world_size, int local_world_size, s
                                 : cfg.num_hidden_layers * per_layer;
   const int64_t activation_bytes = bytes_per_micro_batch(per_token);
   const int64_t shards = plan.param_shard_bytes + (o.eval.only ? 0 : plan.grad_shard_bytes + plan.optimizer_bytes);
-  const int64_t step = plan.step_unsharded_bytes + logit_bytes + activation_bytes;
+  const int64_t step = plan.unsharded_bound(o.step.grad_accum) + logit_bytes + activation_bytes;
   const bool on_device = this_rank && this_rank->is_cuda();
   const bool cuda_run = o.device == "cuda";
   // Host: everything on CPU runs; the offloaded shards with --cpu-offload on CUDA.
@@ -711,7 +711,7 @@ void check_memory(const TrainOptions& o, int world_size, int local_world_size, s
       "parameter and gradient shards {}, optimizer state {}, unsharded units during a step {}, logits of one "
       "micro-batch {} (--batch-size {} x --seq-len {} x vocab_size {}), activations {}",
       format_bytes(plan.param_shard_bytes + (o.eval.only ? 0 : plan.grad_shard_bytes)),
-      format_bytes(o.eval.only ? 0 : plan.optimizer_bytes), format_bytes(plan.step_unsharded_bytes),
+      format_bytes(o.eval.only ? 0 : plan.optimizer_bytes), format_bytes(plan.unsharded_bound(o.step.grad_accum)),
       format_bytes(logit_bytes), o.step.batch_size, o.data.seq_len, cfg.vocab_size, format_bytes(activation_bytes));
   const char* fix = "reduce --batch-size or --seq-len, add --activation-checkpointing, shard over more processes or "
                     "machines, use --cpu-offload, bf16 (--mixed-precision) or a smaller model";
@@ -823,7 +823,15 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   }
   nn::Unit<models::LlamaForCausalLMImpl> root(impl);
   const FsdpOptions fo = worker_engine_options(o, rt, cfg, device);
+  const bool pure_bf16 = fo.mixed_precision.master_dtype == at::kBFloat16;
+  // The unsharded-memory bound each logged step is checked against (Note [Unsharded memory]).
+  const int64_t unsharded_bound = plan_sharding(root.ptr(), W, rank, fo, pure_bf16 ? at::kBFloat16 : at::kFloat)
+                                      .unsharded_bound(o.step.grad_accum);
   auto sharded = fully_shard(root.ptr(), world, fo);
+  // MFU: this rank's share of the model FLOPs per second over the device's data-sheet
+  // peak for the compute dtype; left out where the peak is not known (the CPU).
+  const double device_peak_flops = peak_flops(device_model(device), fo.mixed_precision.param_dtype);
+  const double flops_per_token = cfg.training_flops_per_token(o.data.seq_len);
   if (o.sharding.sync_module_states) {
     say(fmt::format("--sync-module-states: rank 0's {} broadcast to {} rank{} before sharding",
                     o.hf.init_from.empty() ? "initial parameters" : "weights from " + o.hf.init_from, W,
@@ -831,7 +839,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   }
 
   optim::AdamWOptions aopt = o.adamw;
-  if (fo.mixed_precision.master_dtype == at::kBFloat16) {
+  if (pure_bf16) {
     // Pure bf16: AnyPrecision AdamW (bf16 moments, Kahan-compensated updates).
     aopt.state_dtype = at::kBFloat16;
     aopt.kahan_summation = true;
@@ -881,7 +889,8 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     int64_t state = 0;
     for (const auto& slot : opt.slots()) state += slot.exp_avg.nbytes() + slot.exp_avg_sq.nbytes();
     const std::string state_device = opt.slots().empty() ? "-" : opt.slots().front().exp_avg.device().str();
-    say(fmt::format("memory per rank: {}, optimizer state {} on {}", where, format_bytes(state), state_device));
+    say(fmt::format("memory per rank: {}, optimizer state {} on {}; unsharded buffers during a step at most {}",
+                    where, format_bytes(state), state_device, format_bytes(unsharded_bound)));
   }
 
   // Opened once the start step is known (Note [Metrics after a resume]).
@@ -1080,6 +1089,8 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   data::BackgroundLoader loader(sampler, /*start_step=*/start_step, lopt);
 
   sharded->take_step_counters();
+  sharded->reset_unsharded_peak();  // a resume's loading and the first evaluation are not a step
+  bool contract_broken = false;     // warned once that the unsharded-memory bound failed
   auto interval_start = Clock::now();
   const auto run_start = Clock::now();
   int64_t interval_steps = 0;
@@ -1190,6 +1201,19 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
     trace::record("step", "step", step_begin_us, trace::now_us(), -1, {}, step);
     rec.comm = sharded->take_step_counters();
     rec.peak_mem_bytes = peak_memory_bytes(device);
+    const UnshardedMemory unsharded = sharded->unsharded_memory();
+    rec.unsharded_peak_bytes = unsharded.peak;
+    rec.unsharded_bound_bytes = unsharded_bound;
+    if (unsharded.peak > unsharded_bound && !contract_broken) {
+      // The plan's bound is a contract (tests/fsdp/test_memory_contract.cpp): say so when it fails.
+      contract_broken = true;
+      warn(fmt::format("step {}: the engine held {} of unsharded buffers at once ({} parameters, {} gradients, {} in "
+                       "reductions, {} accumulated), more than the plan's bound {}; the run goes on, but memory "
+                       "planning is wrong for this configuration — please report it with --print-config's output",
+                       step, format_bytes(unsharded.peak), format_bytes(unsharded.at_peak.params),
+                       format_bytes(unsharded.at_peak.grads), format_bytes(unsharded.at_peak.reductions),
+                       format_bytes(unsharded.at_peak.accumulated), format_bytes(unsharded_bound)));
+    }
     FSDP_CHECK(std::isfinite(rec.loss), "the loss became ", rec.loss, " at step ", step, " (lr ", lr,
                "); lower --lr or raise --warmup-steps, or clip harder with --clip-grad");
     ++interval_steps;
@@ -1199,12 +1223,17 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
       seconds_per_step = dt / static_cast<double>(interval_steps);
       rec.samples_per_s = static_cast<double>(G * interval_steps) / dt;
       rec.tokens_per_s = rec.samples_per_s * static_cast<double>(o.data.seq_len);
+      const double mfu = device_peak_flops > 0
+                             ? rec.tokens_per_s / static_cast<double>(W) * flops_per_token / device_peak_flops
+                             : -1;
       // The familiar prefix first (scripts grep it), then what people watch.
-      say(fmt::format("Batch {} Loss: {:.5f}, Speed: {:.2f} samples/sec, lr: {:.6f} | step {}/{}, {:.0f} tokens/s, "
-                      "grad norm {:.4g}{}, peak mem {}, ETA {}",
-                      step, rec.loss, rec.samples_per_s, lr, step + 1, o.step.max_steps, rec.tokens_per_s, norm,
+      say(fmt::format("Batch {} Loss: {:.5f}, Speed: {:.2f} samples/sec, lr: {:.6f} | step {}/{}, {:.0f} tokens/s{}, "
+                      "grad norm {:.4g}{}, peak mem {}, unsharded {} (plan {}), ETA {}",
+                      step, rec.loss, rec.samples_per_s, lr, step + 1, o.step.max_steps, rec.tokens_per_s,
+                      mfu >= 0 ? fmt::format(", MFU {:.1f}%", 100 * mfu) : std::string(), norm,
                       scaler ? fmt::format(", loss scale {:g}{}", loss_scale, skipped ? " (skipped)" : "") : "",
                       rec.peak_mem_bytes >= 0 ? format_bytes(rec.peak_mem_bytes) : std::string("?"),
+                      format_bytes(rec.unsharded_peak_bytes), format_bytes(unsharded_bound),
                       duration_text(seconds_per_step * static_cast<double>(o.step.max_steps - step - 1))));
       if (metrics.is_open()) {
         nlohmann::json j = {{"step", step},
@@ -1215,10 +1244,13 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
                             {"tokens_per_s", rec.tokens_per_s},
                             {"step_time_s", rec.step_time_s},
                             {"peak_mem_bytes", rec.peak_mem_bytes},
+                            {"unsharded_peak_bytes", rec.unsharded_peak_bytes},
+                            {"unsharded_bound_bytes", rec.unsharded_bound_bytes},
                             {"allgather_bytes", rec.comm.allgather_bytes},
                             {"reduce_scatter_bytes", rec.comm.reduce_scatter_bytes},
                             {"allreduce_bytes", rec.comm.allreduce_bytes},
                             {"world_size", W}};
+        if (mfu >= 0) j["mfu"] = mfu;
         if (scaler) {
           j["loss_scale"] = loss_scale;
           j["skipped"] = skipped;
@@ -1232,10 +1264,12 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
                               {"train/samples_per_s", rec.samples_per_s},
                               {"train/tokens_per_s", rec.tokens_per_s},
                               {"train/step_time_s", rec.step_time_s},
-                              {"train/peak_mem_bytes", static_cast<double>(rec.peak_mem_bytes)}});
+                              {"train/peak_mem_bytes", static_cast<double>(rec.peak_mem_bytes)},
+                              {"train/unsharded_peak_bytes", static_cast<double>(rec.unsharded_peak_bytes)}});
       }
       interval_start = Clock::now();
       interval_steps = 0;
+      sharded->reset_unsharded_peak();  // the next logged figure covers the steps after this one
     }
     summary.steps.push_back(rec);
     const int64_t completed = step + 1;

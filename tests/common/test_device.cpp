@@ -46,3 +46,17 @@ TEST(Device, CpuPeakMemorySeesAnAllocationAndResets) {
   EXPECT_GE(during - before, static_cast<int64_t>(kBytes) * 9 / 10) << "before " << before << ", during " << during;
   EXPECT_EQ(block[kBytes - 1], 1);
 }
+
+// The MFU denominator: known data-center GPUs by the names CUDA reports, the
+// more specific name first (a GH200 is not an H200, an H100 PCIe not an SXM).
+TEST(Device, PeakFlopsOfKnownGpusAndNoneElsewhere) {
+  EXPECT_DOUBLE_EQ(fsdp::peak_flops("NVIDIA H100 80GB HBM3", c10::kBFloat16), 989.4e12);
+  EXPECT_DOUBLE_EQ(fsdp::peak_flops("NVIDIA H100 PCIe", c10::kBFloat16), 756.5e12);
+  EXPECT_DOUBLE_EQ(fsdp::peak_flops("NVIDIA H100 NVL", c10::kHalf), 835.5e12);
+  EXPECT_DOUBLE_EQ(fsdp::peak_flops("NVIDIA H200", c10::kBFloat16), 989.4e12);
+  EXPECT_DOUBLE_EQ(fsdp::peak_flops("NVIDIA GH200 480GB", c10::kFloat), 66.9e12);
+  EXPECT_DOUBLE_EQ(fsdp::peak_flops("NVIDIA A100-SXM4-80GB", c10::kFloat), 19.5e12);
+  EXPECT_EQ(fsdp::peak_flops("NVIDIA A100-SXM4-80GB", c10::kDouble), 0);
+  EXPECT_EQ(fsdp::peak_flops("NVIDIA GeForce RTX 4090", c10::kBFloat16), 0);
+  EXPECT_EQ(fsdp::peak_flops(fsdp::device_model(c10::Device(c10::kCPU)), c10::kBFloat16), 0);
+}

@@ -172,6 +172,13 @@ TEST(Presets, ParameterCountsMatchThePublishedModels) {
   for (const char* small : {"tiny", "small"}) std::printf("[presets] %s\n", llama_preset(small)->summary().c_str());
 }
 
+// The MFU numerator agrees with bench/gpu/report.py's flops_per_token (its values
+// for these two presets, computed by that function).
+TEST(Presets, TrainingFlopsPerTokenAsTheGpuReportCountsThem) {
+  EXPECT_DOUBLE_EQ(llama_preset("llama2-7b")->training_flops_per_token(4096), 46084915200.0);
+  EXPECT_DOUBLE_EQ(llama_preset("llama3.1-8b")->training_flops_per_token(8192), 57912852480.0);
+}
+
 TEST(Presets, ListAndDetails) {
   const std::vector<std::string> expected = {"llama2-7b",    "llama2-13b",   "llama2-70b",   "llama3.1-8b",
                                              "llama3.1-70b", "llama3.2-1b",  "llama3.2-3b",  "mistral-7b",

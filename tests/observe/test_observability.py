@@ -11,7 +11,9 @@ their own. Checks (each prints one summary line; the test fails if any fails):
                ETA; a 'Run summary' line that names the checkpoint directory
   metrics      --metrics-file: each step 0..8 once after the resume, although the
                crashed run left a step-7 record behind (Note [Metrics after a
-               resume], src/train/trainer.cpp); every field of a step record
+               resume], src/train/trainer.cpp); every field of a step record;
+               the engine's unsharded-buffer peak within [0.9, 1] x the plan's
+               bound at every step (the memory contract, as the trainer logs it)
   tensorboard  --tensorboard: the event files read back by TensorBoard's own
                EventAccumulator; every tag, train/* at steps 0..8 once, each value
                the metrics file's within float32 rounding, the crashed run's
@@ -56,10 +58,11 @@ FAKE_STEP, FAKE_LOSS = 7, 99.0  # what the crashed run logged after its last che
 # file, doubles in the metrics file: equal within float32 rounding (2^-24 relative).
 TRAIN_TAGS = {"train/loss": "loss", "train/lr": "lr", "train/grad_norm": "grad_norm",
               "train/tokens_per_s": "tokens_per_s", "train/samples_per_s": "samples_per_s",
-              "train/step_time_s": "step_time_s", "train/peak_mem_bytes": "peak_mem_bytes"}
+              "train/step_time_s": "step_time_s", "train/peak_mem_bytes": "peak_mem_bytes",
+              "train/unsharded_peak_bytes": "unsharded_peak_bytes"}
 FLOAT32_REL = 1e-6
 STEP_KEYS = ["step", "loss", "lr", "grad_norm", "samples_per_s", "tokens_per_s", "step_time_s", "peak_mem_bytes",
-             "allgather_bytes", "reduce_scatter_bytes", "allreduce_bytes", "world_size"]
+             "unsharded_peak_bytes", "unsharded_bound_bytes", "allgather_bytes", "reduce_scatter_bytes", "allreduce_bytes", "world_size"]
 BATCH_LINE = re.compile(r"Batch (\d+) Loss: [0-9.]+, Speed: [0-9.]+ samples/sec, lr: [0-9.]+")
 
 
@@ -261,7 +264,7 @@ def check_console(a, first, resumed):
                                                            [x for x in r.err.splitlines() if BATCH_LINE.search(x)])
                                                        if not lines else "")):
                 continue
-            for field in ("tokens/s", "grad norm", "ETA"):
+            for field in ("tokens/s", "grad norm", "unsharded", "ETA"):
                 missing = [line for line in lines if field not in line[BATCH_LINE.search(line).end():]]
                 c.expect(not missing, "%s: '%s' missing after the familiar prefix in %d Batch line(s), e.g. %r" % (
                     label, field, len(missing), missing[0] if missing else ""))
@@ -270,7 +273,7 @@ def check_console(a, first, resumed):
             if c.expect(len(summary) == 1, "%s: %d 'Run summary' lines on stdout (expected 1)" % (label, len(summary))):
                 c.expect(ckpt in summary[0], "%s: the Run summary does not name the checkpoint directory %s: %r" % (
                     label, ckpt, summary[0]))
-        c.note("Batch lines with tokens/s, grad norm, ETA; e.g. %r" % next(
+        c.note("Batch lines with tokens/s, grad norm, unsharded (plan), ETA; e.g. %r" % next(
             (x for x in first.out.splitlines() if BATCH_LINE.search(x)), ""))
 
 
@@ -291,6 +294,12 @@ def check_metrics(a, phase):
             for k in ("allgather_bytes", "reduce_scatter_bytes"):  # FULL_SHARD at 2 ranks moves bytes every step
                 c.expect(isinstance(r.get(k), int) and r[k] > 0, "step %s: %s = %r, expected > 0" % (
                     r.get("step"), k, r.get(k)))
+            # The memory contract (tests/fsdp/test_memory_contract.cpp) as the trainer logs it: the engine's
+            # unsharded buffers held at once, within the plan's bound, which this FULL_SHARD run reaches.
+            peak, bound = r.get("unsharded_peak_bytes"), r.get("unsharded_bound_bytes")
+            c.expect(isinstance(peak, int) and isinstance(bound, int) and 0.9 * bound <= peak <= bound,
+                     "step %s: unsharded_peak_bytes %r not within [0.9, 1] x unsharded_bound_bytes %r" % (
+                         r.get("step"), peak, bound))
         if phase == "resumed":
             sevens = [r for r in steps if r["step"] == FAKE_STEP]
             c.expect(len(sevens) == 1 and sevens[0]["loss"] != FAKE_LOSS,

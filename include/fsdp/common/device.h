@@ -5,6 +5,7 @@
 #pragma once
 
 #include <c10/core/Device.h>
+#include <c10/core/ScalarType.h>
 
 #include <cstdint>
 #include <string>
@@ -43,5 +44,14 @@ int64_t free_memory_bytes(const c10::Device& d);
 // Starts a new peak window. Returns false where the platform cannot (CPU
 // kernels that refuse /proc/self/clear_refs).
 bool reset_peak_memory(const c10::Device& d);
+
+// The device's product name ("NVIDIA H100 80GB HBM3"); "" for the CPU.
+std::string device_model(const c10::Device& d);
+// Dense (no sparsity) peak FLOP/s of a device model for matrix products in
+// `dtype` — the MFU denominator — from the vendor's data sheet, for the GPUs
+// this project is run on (H100 SXM/PCIe/NVL, H200, GH200, A100); 0 when unknown
+// (a CPU, another GPU, a dtype the table lacks). fp32 is the non-tensor-core
+// rate: LibTorch does not use TF32 for fp32 matrix products by default.
+double peak_flops(const std::string& model, c10::ScalarType dtype);
 
 }  // namespace fsdp

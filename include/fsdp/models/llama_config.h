@@ -117,6 +117,14 @@ struct LlamaConfig {
   // + (tied ? 0 : V*D)                     lm_head
   int64_t num_parameters() const;
 
+  // Training FLOPs per token at sequence length `seq_len`, as MFU is usually
+  // counted (PaLM, appendix B): 6 x the weights in matrix products (every
+  // projection and the LM head; not the embedding lookup, norms or biases) +
+  // 12 x L x H x Dh x T for attention's two matrix products, forward and
+  // backward, without discounting the causal mask. bench/gpu/report.py counts
+  // the same.
+  double training_flops_per_token(int64_t seq_len) const;
+
   // Size limits (Note [Config size limits] in llama_config.cpp): far above every
   // published model, low enough that no product of sizes overflows int64.
   static constexpr int64_t kMaxHiddenSize = int64_t{1} << 20;        // D (largest published: 25,600)

@@ -160,6 +160,10 @@ struct StepRecord {
   double samples_per_s = 0;
   double tokens_per_s = 0;
   int64_t peak_mem_bytes = 0;  // CPU: peak resident set of the process; CUDA: caching allocator peak on the device
+  // The engine's unsharded buffers: the most held at once since the previous
+  // logged step (ShardedModel::unsharded_memory), and the plan's bound for it.
+  int64_t unsharded_peak_bytes = 0;
+  int64_t unsharded_bound_bytes = 0;
   StepCounters comm;
 };
 
