@@ -8,11 +8,10 @@
 // and head of a decoder) smaller than one block and one larger than two.
 //
 // The bound is exact for these models (four equal blocks, the root's gradients
-// completing last): the measured peak equals it in every combination. Where
-// every unit is its own single copy (NO_SHARD and HYBRID's one-rank groups
-// are not that; NO_SHARD with fp32 or pure bf16 is) the bound is 0 and so is
-// the ledger. Gradient accumulation adds ShardingPlan::accumulation_bytes, an
-// upper bound (checked: not exceeded).
+// completing last): the measured peak equals it in every combination. NO_SHARD
+// with fp32 or pure bf16 keeps every unit as its own single copy (the shard is
+// the parameters): the bound is 0 and so is the ledger. Gradient accumulation
+// adds ShardingPlan::accumulation_bytes, an upper bound (checked: not exceeded).
 #include <gtest/gtest.h>
 
 #include <fstream>
