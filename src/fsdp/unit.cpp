@@ -215,17 +215,20 @@ void ShardedUnit::post_backward(bool flush) {
                      nbytes_of(flat_->full_grad()), name_);
     at::Tensor in = flat_->full_grad();
     FSDP_ASSERT(reduce_held_bytes_ == 0);
+    // A buffer the reduction holds beyond full_grad, released by finish_reduce.
+    const auto held_by_reduction = [&](const at::Tensor& t) {
+      ledger.add(BufferKind::kReductions, nbytes_of(t));
+      reduce_held_bytes_ += nbytes_of(t);
+    };
     if (accumulated_.defined()) {
       at::NoGradGuard no_grad;
       in = accumulated_.add_(in);
       accumulated_ = at::Tensor();  // reduce_in_ keeps it until the reduction is done
       ledger.release(BufferKind::kAccumulated, nbytes_of(in));
-      ledger.add(BufferKind::kReductions, nbytes_of(in));
-      reduce_held_bytes_ = nbytes_of(in);
+      held_by_reduction(in);
     } else if (in.scalar_type() != reduce_dtype) {
       in = in.to(reduce_dtype);
-      ledger.add(BufferKind::kReductions, nbytes_of(in));
-      reduce_held_bytes_ = nbytes_of(in);
+      held_by_reduction(in);
     }
     // A copy in the reduce dtype holds the gradients now: the param-dtype
     // buffer goes before the reduction runs, not after (Note [Unsharded memory]).
@@ -243,8 +246,7 @@ void ShardedUnit::post_backward(bool flush) {
         reduce_into_grad_shard_ = true;
       } else {
         reduce_out_ = at::empty({n}, in.options());
-        ledger.add(BufferKind::kReductions, nbytes_of(reduce_out_));
-        reduce_held_bytes_ += nbytes_of(reduce_out_);
+        held_by_reduction(reduce_out_);
       }
       reduce_ = root_->shard_group()->reduce_scatter(reduce_out_, in, comm::ReduceOp::kAvg);
     }

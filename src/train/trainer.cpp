@@ -671,8 +671,9 @@ void validate_options(const TrainOptions& o, int world_size) {
 // all of its processes at once before starting them; every rank then checks its
 // own share, which its siblings' allocations cannot make fail (the launcher saw
 // room for all of them).
-void check_memory(const TrainOptions& o, int world_size, int local_world_size, std::optional<c10::Device> this_rank) {
-  if (o.step.max_steps == 0) return;  // a conversion holds one unit at a time
+int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size,
+                     std::optional<c10::Device> this_rank) {
+  if (o.step.max_steps == 0) return 0;  // a conversion holds one unit at a time
   const models::LlamaConfig cfg = init_config(o);
   auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
   nn::Unit<models::LlamaForCausalLMImpl> root(impl);
@@ -702,7 +703,8 @@ void check_memory(const TrainOptions& o, int world_size, int local_world_size, s
                                 : cfg.num_hidden_layers * per_layer;
   const int64_t activation_bytes = bytes_per_micro_batch(per_token);
   const int64_t shards = plan.param_shard_bytes + (o.eval.only ? 0 : plan.grad_shard_bytes + plan.optimizer_bytes);
-  const int64_t step = plan.unsharded_bound(o.step.grad_accum) + logit_bytes + activation_bytes;
+  const int64_t unsharded = plan.unsharded_bound(o.step.grad_accum);
+  const int64_t step = unsharded + logit_bytes + activation_bytes;
   const bool on_device = this_rank && this_rank->is_cuda();
   const bool cuda_run = o.device == "cuda";
   // Host: everything on CPU runs; the offloaded shards with --cpu-offload on CUDA.
@@ -711,7 +713,7 @@ void check_memory(const TrainOptions& o, int world_size, int local_world_size, s
       "parameter and gradient shards {}, optimizer state {}, unsharded units during a step {}, logits of one "
       "micro-batch {} (--batch-size {} x --seq-len {} x vocab_size {}), activations {}",
       format_bytes(plan.param_shard_bytes + (o.eval.only ? 0 : plan.grad_shard_bytes)),
-      format_bytes(o.eval.only ? 0 : plan.optimizer_bytes), format_bytes(plan.unsharded_bound(o.step.grad_accum)),
+      format_bytes(o.eval.only ? 0 : plan.optimizer_bytes), format_bytes(unsharded),
       format_bytes(logit_bytes), o.step.batch_size, o.data.seq_len, cfg.vocab_size, format_bytes(activation_bytes));
   const char* fix = "reduce --batch-size or --seq-len, add --activation-checkpointing, shard over more processes or "
                     "machines, use --cpu-offload, bf16 (--mixed-precision) or a smaller model";
@@ -732,6 +734,7 @@ void check_memory(const TrainOptions& o, int world_size, int local_world_size, s
     FSDP_CHECK(free < 0 || device_need <= free, "model '", cfg.name, "' needs at least ", format_bytes(device_need),
                " on ", this_rank->str(), " (", parts, "), but it has ", format_bytes(free), " free — ", fix);
   }
+  return unsharded;
 }
 
 TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
@@ -748,7 +751,9 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
              world->backend(), ") runs on ", world->device().str(), "; start the workers with the backend for ",
              o.device, " (tcp for cpu, nccl for cuda)");
   set_current_device(device);
-  check_memory(o, W, rt.world.local_world_size, device);  // this rank's share, before anything is allocated
+  // This rank's share, before anything is allocated; the bound the log checks the
+  // engine's unsharded buffers against (Note [Unsharded memory]).
+  const int64_t unsharded_bound = check_memory(o, W, rt.world.local_world_size, device);
   Console console(o, lead);
   const LogLine say = console.level('I');
   const LogLine warn = console.level('W');
@@ -823,10 +828,6 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   }
   nn::Unit<models::LlamaForCausalLMImpl> root(impl);
   const FsdpOptions fo = worker_engine_options(o, rt, cfg, device);
-  const bool pure_bf16 = fo.mixed_precision.master_dtype == at::kBFloat16;
-  // The unsharded-memory bound each logged step is checked against (Note [Unsharded memory]).
-  const int64_t unsharded_bound = plan_sharding(root.ptr(), W, rank, fo, pure_bf16 ? at::kBFloat16 : at::kFloat)
-                                      .unsharded_bound(o.step.grad_accum);
   auto sharded = fully_shard(root.ptr(), world, fo);
   // MFU: this rank's share of the model FLOPs per second over the device's data-sheet
   // peak for the compute dtype; left out where the peak is not known (the CPU).
@@ -839,7 +840,7 @@ TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
   }
 
   optim::AdamWOptions aopt = o.adamw;
-  if (pure_bf16) {
+  if (fo.mixed_precision.master_dtype == at::kBFloat16) {
     // Pure bf16: AnyPrecision AdamW (bf16 moments, Kahan-compensated updates).
     aopt.state_dtype = at::kBFloat16;
     aopt.kahan_summation = true;

@@ -199,8 +199,11 @@ void validate_options(const TrainOptions& options, int world_size = 0);
 //     host's available memory, its device part against the device's free
 //     memory (CUDA).
 // Nothing is checked where the machine does not say what it has.
-void check_memory(const TrainOptions& options, int world_size, int local_world_size,
-                  std::optional<c10::Device> this_rank);
+// Returns the plan's bound on one rank's unsharded buffers during a step
+// (ShardingPlan::unsharded_bound of --grad-accum), which the trainer logs
+// beside the engine's measured peak; 0 when nothing is trained (--max-steps 0).
+int64_t check_memory(const TrainOptions& options, int world_size, int local_world_size,
+                     std::optional<c10::Device> this_rank);
 
 // Trains on the given runtime (every rank calls it). Throws UsageError for bad
 // input, Failure for runtime failures.
