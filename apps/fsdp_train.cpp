@@ -39,6 +39,7 @@
 #include <thread>
 
 #include "cli_numbers.h"
+#include "train_flags.h"
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/internals.h"
@@ -126,11 +127,11 @@ int usable_cpus() {
 // of the model: more only thrash the machine).
 constexpr int kProcessesPerCpu = 4;
 
-void check_nproc(int nproc, const std::string& device) {
+void check_nproc(int nproc, at::DeviceType device) {
   FSDP_CHECK(nproc >= 1, "--nproc-per-node must be >= 1, got ", nproc);
   if (nproc == 1) return;
-  if (device == "cuda") {
-    fsdp::worker_device(device, /*local_rank=*/0);  // a CUDA build with a GPU, else it says how to get one
+  if (device == at::kCUDA) {
+    fsdp::worker_device("cuda", /*local_rank=*/0);  // a CUDA build with a GPU, else it says how to get one
     const int gpus = fsdp::cuda_device_count();
     FSDP_CHECK(nproc <= gpus, "--nproc-per-node ", nproc, " with --device cuda needs one GPU per process, but this "
                "machine shows ", gpus, " (CUDA_VISIBLE_DEVICES?) — use --nproc-per-node <= ", gpus);
@@ -190,6 +191,7 @@ std::string join(const std::vector<std::string>& v) {
 
 int run(int argc, char** argv) {
   fsdp::train::TrainOptions o;
+  fsdp::cli::TrainFlags flags;  // the choices in words, typed into `o` after parsing
   int nproc = 1;
   std::string token_dtype = "u16";
   std::string format = "auto";
@@ -269,11 +271,11 @@ int run(int argc, char** argv) {
                  "Seconds to wait for other ranks: each collective, and joining the job (default: 600 for "
                  "collectives, 300 for joining; env FSDP_TIMEOUT). A rank that does not arrive in time "
                  "(suspended, hung, dead, never started) is named and the job fails");
-  app.add_option("--device", o.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
-  app.add_option("--sharding", o.sharding.strategy,
+  app.add_option("--device", flags.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  app.add_option("--sharding", flags.sharding,
                  "full (FULL_SHARD) | grad-op (SHARD_GRAD_OP) | none (NO_SHARD, DDP) | hybrid (HYBRID_SHARD)")
       ->capture_default_str();
-  app.add_option("--wrap", o.sharding.wrap,
+  app.add_option("--wrap", flags.wrap,
                  "Units: block (one per decoder layer) | size:N (a block becomes a unit once it holds N parameters "
                  "not yet wrapped) | root (the whole model as one unit) | all (every marked boundary)")
       ->capture_default_str();
@@ -284,13 +286,13 @@ int run(int argc, char** argv) {
                "Rank 0 alone builds the whole model (initialized, or read from --init-from) in host memory and "
                "broadcasts it to every rank's shards before training; the other ranks read no weights");
   auto* mem = app.add_option_group("Memory and precision", "Mixed precision, activation checkpointing, offload, prefetch");
-  mem->add_option("--mixed-precision", o.sharding.mixed_precision,
+  mem->add_option("--mixed-precision", flags.mixed_precision,
                   "fp32 | bf16 (bf16 parameters and compute, fp32 reduction and master weights) | fp16 (fp16 "
                   "parameters with dynamic loss scaling; GPU only with this LibTorch) | bf16-pure (bf16 everywhere, "
                   "Kahan-compensated AdamW with bf16 moments)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16", "bf16-pure"}))
       ->capture_default_str();
-  mem->add_option("--reduce-dtype", o.sharding.reduce_dtype,
+  mem->add_option("--reduce-dtype", flags.reduce_dtype,
                   "Gradient communication dtype: fp32 | bf16 | fp16 (default: the --mixed-precision preset's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
   mem->add_flag("--activation-checkpointing", o.sharding.activation_checkpointing,
@@ -299,7 +301,7 @@ int run(int argc, char** argv) {
                 "With --activation-checkpointing: keep those saved inputs in host memory (GPU runs)");
   mem->add_flag("--cpu-offload", o.sharding.cpu_offload,
                 "Parameter and gradient shards and optimizer state in host memory; the optimizer steps there");
-  mem->add_option("--backward-prefetch", o.sharding.backward_prefetch,
+  mem->add_option("--backward-prefetch", flags.backward_prefetch,
                   "pre (gather the next unit before computing this one's gradients) | post (after) | none")
       ->check(CLI::IsMember({"pre", "post", "none"}))
       ->capture_default_str();
@@ -308,7 +310,7 @@ int run(int argc, char** argv) {
   mem->add_option("--limit-all-gathers", o.sharding.limit_all_gathers,
                   "At most N all-gathers issued ahead of use (rate limiter)")
       ->capture_default_str();
-  mem->add_option("--loss-scaling", o.sharding.loss_scaling,
+  mem->add_option("--loss-scaling", flags.loss_scaling,
                   "Dynamic loss scaling: auto (on for fp16) | on | off. Steps with inf/nan gradients are skipped on "
                   "every rank and the scale halves; it doubles after 2000 clean steps; saved in checkpoints")
       ->check(CLI::IsMember({"auto", "on", "off"}))
@@ -338,10 +340,10 @@ int run(int argc, char** argv) {
                  "bos/eos ids from --init-from's config, else from the tokenizer) into this directory (replaced "
                  "atomically; it must be new, empty or a previous export), with --init-from's tokenizer and "
                  "generation_config.json files copied as they are");
-  hf->add_option("--export-dtype", o.hf.export_dtype, "Exported weight dtype: float32 (exact) | bfloat16 | float16")
+  hf->add_option("--export-dtype", flags.export_dtype, "Exported weight dtype: float32 (exact) | bfloat16 | float16")
       ->check(CLI::IsMember({"float32", "bfloat16", "float16", "fp32", "bf16", "fp16"}))
       ->capture_default_str();
-  hf->add_option("--export-shard-size", o.hf.export_shard_size,
+  hf->add_option("--export-shard-size", flags.export_shard_size,
                  "Split exported weights into files of at most this size, with model.safetensors.index.json "
                  "(5GB, 500MB, 2GiB, bytes; 0: one file)")
       ->capture_default_str();
@@ -398,6 +400,7 @@ int run(int argc, char** argv) {
     std::cout << o.log.config_text;
     return 0;
   }
+  fsdp::cli::apply_train_flags(flags, o);
   if (!profile_steps.empty()) parse_profile_steps(profile_steps, o.log);
   o.data.token_dtype = fsdp::data::parse_token_dtype(token_dtype);
   o.data.format = fsdp::data::parse_data_format(format);
@@ -435,9 +438,9 @@ int run(int argc, char** argv) {
     return r.exit_code;
   }
 
-  if (o.device == "cuda") {
+  if (o.device == at::kCUDA) {
     // NCCL on cuda:<local rank>, made current before any CUDA work.
-    fsdp::set_current_device(fsdp::worker_device(o.device, world.local_rank));
+    fsdp::set_current_device(fsdp::worker_device("cuda", world.local_rank));
     init.backend = "nccl";
   }
   handle_stop_signals(on_signal_while_joining, 0);

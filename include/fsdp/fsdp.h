@@ -1,15 +1,39 @@
 // Fully Sharded Data Parallel for LibTorch modules.
 //
-//   auto model = fsdp::nn::make_unit<MyModelImpl>(...);      // root must be a Unit
-//   auto sharded = fsdp::fully_shard(model.ptr(), world, options);
-//   auto opt = fsdp::optim::AdamW(sharded->shards(), adamw_options);
-//   for (...) {
-//     auto loss = model->impl().loss(x, y);                   // forward through the units
-//     loss.backward();                                        // gradients land in sharded->shards()
+// Example (tests/fsdp/test_header_example.cpp compiles and runs it as written):
+//
+//   struct BlockImpl : torch::nn::Module {  // any module; a Unit marks a shard boundary
+//     BlockImpl() { w = register_parameter("w", torch::randn({16, 16}) * 0.1); }
+//     at::Tensor forward(const at::Tensor& x) { return x + torch::tanh(x.matmul(w)); }
+//     at::Tensor w;
+//   };
+//   struct NetImpl : torch::nn::Module {
+//     NetImpl() : a(fsdp::nn::make_unit<BlockImpl>()), b(fsdp::nn::make_unit<BlockImpl>()) {
+//       register_module("a", a.ptr());
+//       register_module("b", b.ptr());
+//     }
+//     at::Tensor forward(const at::Tensor& x, const at::Tensor& y) {  // the loss, inside the root
+//       return (b(a(x)) - y).pow(2).mean();
+//     }
+//     fsdp::nn::Unit<BlockImpl> a, b;
+//   };
+//
+//   fsdp::comm::Runtime rt = fsdp::comm::init_process_group(fsdp::comm::detect_world());
+//   auto model = fsdp::nn::make_unit<NetImpl>();  // the root must be a Unit
+//   std::shared_ptr<fsdp::ShardedModel> sharded = fsdp::fully_shard(model.ptr(), rt.world_group, {});
+//   fsdp::optim::AdamW opt({/*lr=*/1e-2});
+//   opt.add_shards(sharded->shards());
+//   at::Tensor loss;
+//   for (int step = 0; step < 20; ++step) {
+//     at::Tensor x = torch::randn({8, 16}), y = torch::zeros({8, 16});
+//     loss = model->forward(x, y);  // through the root: each unit is gathered as it runs
+//     loss.backward();              // each unit's gradients are reduce-scattered into its shard
 //     sharded->clip_grad_norm(1.0);
-//     opt.step();
+//     opt.step();                   // updates this rank's shards (fp32 master copies)
 //     sharded->zero_grad();
 //   }
+//
+// End of example.
 //
 // What fully_shard does (DESIGN.md, "One training step"):
 //  - Every fsdp::nn::Unit boundary chosen by the wrap policy becomes a unit;
@@ -17,19 +41,58 @@
 //  - Each unit owns one flat parameter: its parameters in registration order,
 //    flattened, concatenated, padded to a multiple of the shard-group size S.
 //    Rank r of the shard group owns the contiguous chunk r (the "shard"),
-//    kept in fp32 as the optimizer's master copy.
+//    kept in the master dtype (fp32) as the optimizer's copy.
 //  - The module's own parameter tensors stay the same objects (same names,
 //    same shapes) but become views of the unit's unsharded flat buffer, whose
-//    bytes exist only while the unit is unsharded. Touching a parameter of a
-//    resharded unit outside forward/backward is not allowed (use
-//    ShardedModel::full_state / gather_unit).
+//    bytes exist only while the unit is unsharded.
 //  - Gradients are reduce-scattered (mean over the data-parallel ranks) into
-//    fp32 gradient shards; the optimizer steps on the shards.
+//    gradient shards; the optimizer steps on the shards.
 //
-// Requirements: every rank builds the same model and calls fully_shard with
-// the same options; forward and backward run the same units in the same order
-// on every rank (the collectives must match). create_graph backward is not
-// supported. One forward per backward.
+// The contract.
+//
+// Requires (every rank): the same model, built the same way, and the same
+// options to fully_shard; the same units run forward and backward in the same
+// order (their collectives must match). One training forward (grad mode on),
+// then one backward of its result, then the next forward: a second forward
+// before backward, an evaluation forward (grad mode off) while a training
+// forward's graph awaits backward, a second backward through one graph
+// (retain_graph) and backward with create_graph are refused with a UsageError
+// before anything is changed. Dropping a forward's result without backward is
+// allowed: the graph's destruction ends that iteration. The model is called
+// through its root unit only (calling an inner unit on its own is refused).
+//
+// Parameters: between uses a unit keeps only this rank's shard; reading one
+// of its parameters then (outside the model's forward) throws a c10::Error
+// naming the parameter. Values: gather_unit, or a checkpoint or export.
+// Parameters with one copy per rank (NO_SHARD, a one-rank shard group in the
+// master dtype) stay readable.
+//
+// Threads: a ShardedModel and its module are used from one thread at a time;
+// forward, backward and the between-steps calls below are not synchronized.
+// Backward may run the engine's hooks on LibTorch's autograd threads (CUDA);
+// they finish before backward() returns.
+//
+// Ownership and lifetime: fully_shard returns the only owner of the engine's
+// state; the module stays the caller's (its parameters are rebound, its
+// hooks installed, and the hooks removed when the ShardedModel is
+// destroyed; the parameters keep pointing where they point then). The
+// ShardedModel must outlive the backward of every forward it
+// ran: backward through a graph whose ShardedModel is gone is a UsageError
+// (the graph holds the engine weakly); dropping such a graph is fine.
+// ShardRef tensors alias the engine's shards and stay valid as long as the
+// ShardedModel.
+//
+// Collective calls: fully_shard, forward, backward, grad_norm, clip_grad_norm,
+// gather_unit (and checkpoint saves and loads) are collective: every rank of
+// the group must call them, in the same order. The others are local.
+//
+// Errors: bad options or misuse: UsageError (what was wrong, the values, the
+// fix), thrown on the rank that saw it, the model unchanged. A forward that
+// throws (e.g. a shape error in the module) leaves the model as if it had not
+// run. A failed collective (a rank died or timed out: comm's Failure) leaves
+// the model unusable: destroy it; the job has to restart (from a checkpoint).
+//
+// "Between steps" below: not during a forward or a backward (UsageError).
 #pragma once
 
 #include <ATen/ATen.h>
@@ -80,14 +143,14 @@ struct WrapPolicy {
   static WrapPolicy root_only() { return {Kind::kRootOnly, {}, 0}; }
 };
 
-// Dtypes of the copies FSDP keeps. The sharded master copy is what the
-// optimizer updates: float32 normally; bfloat16 for pure-bf16 training (with
-// optim::AdamW's Kahan-compensated bf16 mode, so small updates are not lost).
 // The command line's wrap policies: "block" (every boundary whose inner type
 // is `block_type`), "size:N" (size-based, N parameters), "root" (one unit),
 // "all" (every boundary). UsageError naming --wrap for anything else.
 WrapPolicy parse_wrap_policy(const std::string& spec, std::type_index block_type);
 
+// Dtypes of the copies FSDP keeps. The sharded master copy is what the
+// optimizer updates: float32 normally; bfloat16 for pure-bf16 training (with
+// optim::AdamW's Kahan-compensated bf16 mode, so small updates are not lost).
 struct MixedPrecision {
   at::ScalarType param_dtype = at::kFloat;   // unsharded parameters, hence compute and activations
   at::ScalarType reduce_dtype = at::kFloat;  // gradient communication
@@ -170,7 +233,7 @@ struct MemoryPlacement {
 };
 
 // The engine's own count of the buffers it allocates for a step beyond the
-// resident shards (Note [Unsharded memory] in src/fsdp/model.cpp), in bytes.
+// resident shards (Note [Unsharded memory] in src/fsdp/plan.cpp), in bytes.
 struct UnshardedBytes {
   int64_t params = 0;       // unsharded parameters (param dtype)
   int64_t grads = 0;        // unsharded gradients while they are computed (param dtype)
@@ -200,9 +263,11 @@ class ShardedModel {
  public:
   ~ShardedModel();
 
-  // Local shards and their gradients, one per unit, in unit order.
+  // Local shards and their gradients, one per unit, in unit order. Local.
   std::vector<ShardRef> shards() const;
   // Drops accumulated gradients (no memset: the next reduction overwrites).
+  // Local; between steps or between a forward and its backward. Requires: no
+  // gradients held without synchronization (run the synchronized backward).
   void zero_grad();
   // false: the next backward passes keep unsharded gradients locally and skip
   // communication (like PyTorch's no_sync); true again before the last
@@ -211,7 +276,7 @@ class ShardedModel {
   void set_requires_gradient_sync(bool sync);
 
   // Global L2 norm of the gradients over the whole model (every rank gets the
-  // same value; replicas are not counted twice).
+  // same value; replicas are not counted twice). Collective; between steps.
   double grad_norm();
   // Scales gradients so that their global norm is at most max_norm, like
   // torch.nn.utils.clip_grad_norm_ (coef = max_norm / (norm + 1e-6), capped
@@ -231,10 +296,10 @@ class ShardedModel {
 
   // Full (unpadded) flat parameter of unit `u`, gathered to every rank of the
   // shard group, in the master dtype (fp32; bf16 for pure-bf16 training).
-  // Collective over the shard group.
+  // Collective over the shard group; between steps. The result is a new tensor.
   at::Tensor gather_unit(size_t u);
   // Writes `full` (the unit's unpadded flat values, any float dtype) into this
-  // rank's shard.
+  // rank's shard. Local; between steps.
   void load_unit(size_t u, const at::Tensor& full);
 
   const comm::ProcessGroupPtr& shard_group() const;
@@ -269,7 +334,7 @@ struct ShardingPlan {
   int64_t grad_shard_bytes = 0;   // reduced gradient shards, master dtype
   int64_t optimizer_bytes = 0;    // AdamW exp_avg + exp_avg_sq beside the shards
   // Unsharded buffers on the compute device while a step runs; see
-  // Note [Unsharded memory] in src/fsdp/model.cpp for the schedule behind it:
+  // Note [Unsharded memory] in src/fsdp/plan.cpp for the schedule behind it:
   int64_t largest_unit_bytes = 0;   // the largest unit's parameters (param dtype)
   int64_t step_unsharded_bytes = 0; // the most a synchronized step holds at once of
       // unsharded parameters, gradients and gradients in flight to a reduction
@@ -293,7 +358,8 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
 
 // Shards `root` over `world` (every rank calls it with the same model and
 // options). HYBRID_SHARD builds shard and replicate subgroups of `world`.
-// The returned object must outlive every forward/backward of the model.
+// The returned object is the engine's only owner: it must outlive the
+// backward of every forward it ran (see "The contract" above).
 std::shared_ptr<ShardedModel> fully_shard(const std::shared_ptr<nn::UnitBase>& root,
                                           const comm::ProcessGroupPtr& world, const FsdpOptions& options);
 

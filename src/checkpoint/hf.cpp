@@ -1,5 +1,7 @@
 #include "fsdp/checkpoint/hf.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cctype>
 #include <cmath>
@@ -244,18 +246,18 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
 
   HfExportResult result;
   result.dir = final.string();
-  RankError error;
+  RankStatus error;
   std::unique_ptr<DirectoryLock> lock;  // rank 0: one export at a time writes DIR
   std::vector<std::unique_ptr<SafetensorsWriter>> writers(files.size());
   std::vector<size_t> remaining(files.size());
   for (size_t i = 0; i < files.size(); ++i) remaining[i] = files[i].size();
   int64_t bytes = 0;
   auto guarded = [&](const std::function<void()>& fn) {
-    if (!lead || !error.empty()) return;
+    if (!lead || !error.ok()) return;
     try {
       fn();
     } catch (const std::exception& e) {
-      error = RankError::of(e);
+      error = RankStatus::of(e);
     }
   };
   guarded([&] {
@@ -296,7 +298,7 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
     // weights' dtype (transformers 4 wrote "torch_dtype", which 5 still reads).
     nlohmann::json config = nlohmann::json::parse(cfg.to_hf_config_json());
     config["dtype"] = hf_dtype_name(options.dtype);
-    for (auto it = options.extra_config.begin(); it != options.extra_config.end(); ++it) config[it.key()] = it.value();
+    for (auto it = options.extra_config->begin(); it != options.extra_config->end(); ++it) config[it.key()] = it.value();
     const std::string text = config.dump(2) + "\n";
     io::write_text_file((tmp / "config.json").string(), text);
     bytes += static_cast<int64_t>(text.size());
@@ -311,13 +313,13 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
     io::fsync_dir(tmp.string());
     io::replace_directory(tmp.string(), final.string());
   });
-  if (lead && !error.empty() && is_owned_directory(tmp.string())) {
+  if (lead && !error.ok() && is_owned_directory(tmp.string())) {
     std::error_code ec;
     fs::remove_all(tmp, ec);
   }
   lock.reset();
   // Everyone learns whether rank 0 succeeded.
-  raise_on_every_rank(group, error, "exporting Hugging Face weights to " + final.string());
+  agree(group, error).raise_if_failed("exporting Hugging Face weights to " + final.string() + " failed");
   result.files = names;
   if (sharded) result.files.push_back(kIndexName);
   result.files.push_back("config.json");

@@ -1,5 +1,7 @@
 #include "manifest.h"
 
+#include <nlohmann/json.hpp>
+
 #include <cctype>
 #include <cstdio>
 #include <cstring>

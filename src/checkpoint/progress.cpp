@@ -1,7 +1,5 @@
 #include "progress.h"
 
-#include <unistd.h>
-
 #include <algorithm>
 #include <cstdio>
 
@@ -13,8 +11,6 @@ constexpr double kDelay = 0.5;      // seconds before the bar appears
 constexpr double kInterval = 0.1;   // seconds between redraws
 constexpr int kWidth = 30;
 }  // namespace
-
-bool stderr_is_terminal() { return ::isatty(STDERR_FILENO) == 1; }
 
 Progress::Progress(std::string what, int64_t total_bytes, bool enabled)
     : what_(std::move(what)), total_(total_bytes), enabled_(enabled && total_bytes > 0), start_(now_seconds()) {}

@@ -32,7 +32,4 @@ class Progress {
   double last_draw_ = 0;
 };
 
-// True when stderr is a terminal.
-bool stderr_is_terminal();
-
 }  // namespace fsdp::checkpoint::io

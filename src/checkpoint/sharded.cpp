@@ -1,5 +1,7 @@
 #include "fsdp/checkpoint/sharded.h"
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cstring>
 #include <filesystem>
@@ -7,7 +9,6 @@
 #include <optional>
 #include <regex>
 #include <set>
-#include <type_traits>
 
 #include "file_io.h"
 #include "fsdp/checkpoint/ownership.h"
@@ -25,15 +26,6 @@ namespace {
 constexpr int64_t kIoChunk = 16 << 20;  // bytes per write()/pread() call
 
 // ---- small encodings ----------------------------------------------------------------
-
-// "[rank 1/2] text" -> "text" (messages are re-thrown on other ranks, which add their own tag).
-std::string strip_rank_tag(const std::string& m) {
-  if (m.rfind("[rank ", 0) == 0) {
-    const size_t e = m.find("] ");
-    if (e != std::string::npos) return m.substr(e + 2);
-  }
-  return m;
-}
 
 std::string shape_str(const std::vector<int64_t>& s) {
   std::string o = "[";
@@ -55,20 +47,11 @@ std::string dtype_name(at::ScalarType t) {
 
 // ---- the state to save: per unit, named 1-D tensors of shard_numel elements ----------
 
-template <class S, class = void>
-struct HasCompensation : std::false_type {};
-template <class S>
-struct HasCompensation<S, std::void_t<decltype(std::declval<S&>().compensation)>> : std::true_type {};
-
-// The optimizer's per-slot state by kind. (Kahan compensation exists only in
-// optimizer versions that have it, and only when enabled.)
-template <class S>
-void add_optimizer_kinds(S& slot, std::vector<std::pair<std::string, at::Tensor>>* out) {
+// The optimizer's per-slot state by kind (Kahan compensation only when enabled).
+void add_optimizer_kinds(optim::AdamW::Slot& slot, std::vector<std::pair<std::string, at::Tensor>>* out) {
   out->emplace_back("exp_avg", slot.exp_avg);
   out->emplace_back("exp_avg_sq", slot.exp_avg_sq);
-  if constexpr (HasCompensation<S>::value) {
-    if (slot.compensation.defined()) out->emplace_back("compensation", slot.compensation);
-  }
+  if (slot.compensation.defined()) out->emplace_back("compensation", slot.compensation);
 }
 
 struct UnitState {
@@ -428,17 +411,6 @@ int64_t read_file_ranges(const std::vector<const ReadRequest*>& reads, const Sav
   return bytes;
 }
 
-struct Status {
-  std::string kind;  // "", "damaged", "usage", "failure"
-  std::string file;
-  std::string message;
-};
-
-std::string encode_status(const Status& s) {
-  if (s.kind.empty()) return "";
-  return nlohmann::json{{"kind", s.kind}, {"file", s.file}, {"message", s.message}}.dump();
-}
-
 }  // namespace
 
 // ---- public --------------------------------------------------------------------------
@@ -499,7 +471,7 @@ std::vector<std::string> remove_stale_temporaries(const std::string& dir) {
 
 CheckpointDirHold open_checkpoint_dir(const std::string& dir, comm::ProcessGroup& group) {
   CheckpointDirHold hold;
-  RankError refused;
+  RankStatus refused;
   if (group.rank() == 0) {
     try {
       std::error_code ec;
@@ -509,47 +481,12 @@ CheckpointDirHold open_checkpoint_dir(const std::string& dir, comm::ProcessGroup
       check_checkpoint_dir(dir);
       hold.removed = remove_stale_temporaries(dir);
     } catch (const std::exception& e) {
-      refused = RankError::of(e);
+      refused = RankStatus::of(e);
       hold.lock.reset();
     }
   }
-  raise_on_every_rank(group, refused, "opening --checkpoint-dir " + dir);
+  agree(group, refused).raise_if_failed("opening --checkpoint-dir " + dir + " failed");
   return hold;
-}
-
-RankError RankError::of(const std::exception& e) {
-  const std::string m = strip_rank_tag(e.what());
-  return {dynamic_cast<const UsageError*>(&e) != nullptr, m.empty() ? std::string("an error without a message") : m};
-}
-
-void raise_on_every_rank(comm::ProcessGroup& group, const RankError& error, const std::string& what) {
-  // One string per rank: "" (no error), "U<message>" or "F<message>".
-  const std::string mine = error.empty() ? "" : (error.usage ? "U" : "F") + error.message;
-  const std::vector<std::string> all = all_gather_strings(group, mine);
-  std::string failures;
-  for (size_t r = 0; r < all.size(); ++r) {
-    if (!all[r].empty() && all[r][0] == 'U') detail::throw_usage(all[r].substr(1));
-    if (!all[r].empty()) failures += detail::cat(failures.empty() ? "" : "; ", "rank ", r, ": ", all[r].substr(1));
-  }
-  if (!failures.empty()) FSDP_FAIL(what, " failed: ", failures);
-}
-
-std::vector<std::string> all_gather_strings(comm::ProcessGroup& group, const std::string& mine) {
-  const int w = group.size();
-  if (w == 1) return {mine};
-  at::Tensor len = at::full({1}, static_cast<int64_t>(mine.size()), at::kLong);
-  at::Tensor lens = at::empty({w}, at::kLong);
-  group.all_gather(lens, len)->wait();
-  int64_t max_len = 1;
-  for (int r = 0; r < w; ++r) max_len = std::max(max_len, lens[r].item<int64_t>());
-  at::Tensor in = at::zeros({max_len}, at::kByte);
-  if (!mine.empty()) std::memcpy(in.data_ptr(), mine.data(), mine.size());
-  at::Tensor out = at::empty({max_len * w}, at::kByte);
-  group.all_gather(out, in)->wait();
-  std::vector<std::string> all(static_cast<size_t>(w));
-  const auto* p = static_cast<const char*>(out.data_ptr());
-  for (int r = 0; r < w; ++r) all[static_cast<size_t>(r)].assign(p + r * max_len, static_cast<size_t>(lens[r].item<int64_t>()));
-  return all;
 }
 
 SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& model, optim::AdamW* optimizer,
@@ -567,7 +504,7 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
 
   // 1. Rank 0 prepares an empty temporary directory (Note [Ownership of what
   // we delete]: a step_N that is not a checkpoint is never replaced).
-  RankError prepared;
+  RankStatus prepared;
   if (lead) {
     try {
       fs::create_directories(root);
@@ -575,16 +512,15 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
       remove_owned_directory(tmp.string());  // left by a crashed save of the same step
       create_owned_directory(tmp.string());
     } catch (const std::exception& e) {
-      prepared = RankError::of(e);
+      prepared = RankStatus::of(e);
     }
   }
-  raise_on_every_rank(group, prepared, "saving checkpoint " + final.string() + ": creating " + tmp.string());
+  agree(group, prepared).raise_if_failed("saving checkpoint " + final.string() + ": creating " + tmp.string() + " failed");
 
   // 2. Every writer writes its shard file.
   const std::vector<UnitState> state = collect_state(model, optimizer);
   const ShardPosition pos = shard_position(model, group);
-  nlohmann::json record;
-  std::string error;
+  RankStatus written;  // a writer's payload: its file's record (name, size, checksums)
   if (pos.writer) {
     int64_t total = 0;
     for (const auto& u : state) {
@@ -592,26 +528,21 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
     }
     io::Progress progress("saving " + name, total, options.progress);
     try {
-      record = write_shard_file((tmp / shard_file_name(pos.index, pos.count)).string(), state, model.units(), pos,
-                                options.block_size, progress);
+      written = RankStatus::success(write_shard_file((tmp / shard_file_name(pos.index, pos.count)).string(), state,
+                                                     model.units(), pos, options.block_size, progress)
+                                        .dump());
     } catch (const std::exception& e) {
-      error = strip_rank_tag(e.what());
+      written = RankStatus::failure(strip_rank_tag(e.what()));  // whatever it was, the save failed
     }
     progress.finish();
   }
-  const std::vector<std::string> records = all_gather_strings(group, error.empty() ? record.dump() : "!" + error);
-  std::string failures;
-  for (size_t r = 0; r < records.size(); ++r) {
-    if (!records[r].empty() && records[r][0] == '!') {
-      failures += detail::cat(failures.empty() ? "" : "; ", "rank ", r, ": ", records[r].substr(1));
-    }
-  }
-  if (!failures.empty()) {
+  const Agreement records = agree(group, written);
+  if (!records.ok()) {
     if (lead) {
       std::error_code ec;
       fs::remove_all(tmp, ec);
     }
-    FSDP_FAIL("saving checkpoint ", final.string(), " failed (the previous checkpoints are untouched): ", failures);
+    records.raise_if_failed("saving checkpoint " + final.string() + " failed (the previous checkpoints are untouched)");
   }
 
   // 3. Rank 0 writes the manifest and commits.
@@ -629,9 +560,9 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
   // step and reached N again) is swapped out atomically (replace_directory).
   int64_t bytes = 0;
   nlohmann::json files = nlohmann::json::array();
-  for (const auto& r : records) {
-    if (r.empty() || r == "null") continue;
-    nlohmann::json f = nlohmann::json::parse(r);
+  for (const auto& r : records.ranks()) {
+    if (r.payload.empty()) continue;  // not a writer
+    nlohmann::json f = nlohmann::json::parse(r.payload);
     bytes += f.at("size").get<int64_t>();
     files.push_back(std::move(f));
   }
@@ -640,7 +571,7 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
   });
   SaveResult result;
   result.path = final.string();
-  RankError committed;
+  RankStatus committed;
   if (lead) {
     try {
       nlohmann::json units = nlohmann::json::array();
@@ -706,12 +637,12 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
         }
       }
     } catch (const std::exception& e) {
-      committed = RankError::of(e);
+      committed = RankStatus::of(e);
       std::error_code ec;
       if (is_owned_directory(tmp.string())) fs::remove_all(tmp, ec);  // not committed: nothing to keep
     }
   }
-  raise_on_every_rank(group, committed, "saving checkpoint " + final.string());
+  agree(group, committed).raise_if_failed("saving checkpoint " + final.string() + " failed");
   result.io.bytes = bytes;
   result.io.seconds = io::now_seconds() - t0;
   return result;
@@ -724,7 +655,7 @@ LoadResult load_checkpoint(const std::string& path, ShardedModel& model, optim::
   const std::string name = dir.filename().string();
   LoadResult result;
   result.path = path;
-  Status status;
+  RankStatus status;
   int64_t bytes_read = 0;
   Manifest m;
   try {
@@ -767,29 +698,24 @@ LoadResult load_checkpoint(const std::string& path, ShardedModel& model, optim::
       if (!by_file[f].empty()) bytes_read += read_file_ranges(by_file[f], m.files[f], m.block_size, name, buffer, progress);
     }
     progress.finish();
-  } catch (const DamagedCheckpoint& e) {
-    status = {"damaged", e.file(), strip_rank_tag(e.what())};
-  } catch (const UsageError& e) {
-    status = {"usage", "", strip_rank_tag(e.what())};
   } catch (const std::exception& e) {
-    status = {"failure", "", strip_rank_tag(e.what())};
+    status = RankStatus::of(e);  // a damaged file, a usage error (another model), or a failure
   }
 
   // The ranks agree: the first usage error, else the first damage, else the first failure.
-  const std::vector<std::string> all = all_gather_strings(group, encode_status(status));
-  for (const char* kind : {"usage", "damaged", "failure"}) {
-    for (size_t r = 0; r < all.size(); ++r) {
-      if (all[r].empty()) continue;
-      const nlohmann::json s = nlohmann::json::parse(all[r]);
-      if (s.at("kind").get<std::string>() != kind) continue;
-      const std::string msg = s.at("message").get<std::string>();
-      if (std::string(kind) == "usage") detail::throw_usage(msg);  // the same on every rank: the layout is
-      if (std::string(kind) == "damaged") {
-        const std::string prefix = detail::cat("checkpoint ", name, " is damaged: file ", s.at("file").get<std::string>(), ": ");
-        const std::string why = msg.rfind(prefix, 0) == 0 ? msg.substr(prefix.size()) : msg;
-        throw DamagedCheckpoint(name, s.at("file").get<std::string>(), detail::cat(why, " (found by rank ", r, ")"));
+  const Agreement all = agree(group, status);
+  if (!all.ok()) {
+    const RankStatus& d = all.decision();
+    const int r = all.deciding_rank();
+    switch (d.kind) {
+      case RankStatus::Kind::kUsage: detail::throw_usage(d.message);  // the same on every rank
+      case RankStatus::Kind::kDamaged: {
+        // Re-raised as this checkpoint's damage, so load_latest_checkpoint falls back on every rank.
+        const std::string prefix = detail::cat("checkpoint ", name, " is damaged: file ", d.file, ": ");
+        const std::string why = d.message.rfind(prefix, 0) == 0 ? d.message.substr(prefix.size()) : d.message;
+        throw DamagedCheckpoint(name, d.file, detail::cat(why, " (found by rank ", r, ")"));
       }
-      FSDP_FAIL("loading checkpoint ", path, " failed on rank ", r, ": ", msg);
+      default: FSDP_FAIL("loading checkpoint ", path, " failed on rank ", r, ": ", d.message);
     }
   }
   at::Tensor total = at::full({1}, static_cast<double>(bytes_read), at::kDouble);
@@ -812,11 +738,15 @@ LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model, o
                                   comm::ProcessGroup& group, const LoadOptions& options) {
   // Rank 0's view of the directory decides, so every rank tries the same ones.
   nlohmann::json mine = nlohmann::json::array();
-  if (group.rank() == 0) {
-    for (const auto& c : list_checkpoints(dir)) mine.push_back(c.path);
-  }
-  const std::vector<std::string> all = all_gather_strings(group, mine.dump());
-  const std::vector<std::string> candidates = nlohmann::json::parse(all[0]).get<std::vector<std::string>>();
+  const RankStatus listed = RankStatus::capture([&] {
+    if (group.rank() == 0) {
+      for (const auto& c : list_checkpoints(dir)) mine.push_back(c.path);
+    }
+  });
+  const Agreement all = agree(group, listed.ok() ? RankStatus::success(mine.dump()) : listed);
+  all.raise_if_failed("listing the checkpoints in " + dir + " failed");
+  const std::vector<std::string> candidates =
+      nlohmann::json::parse(all.ranks()[0].payload).get<std::vector<std::string>>();
   std::vector<std::string> rejected;
   for (const auto& c : candidates) {
     try {

@@ -109,7 +109,19 @@ void alloc_storage(const at::Tensor& t, size_t nbytes) {
 }
 
 bool storage_allocated(const at::Tensor& t) {
-  return t.storage().unsafeGetStorageImpl()->data() != nullptr;
+  // nbytes, not data(): a refusing storage throws from data().
+  return t.storage().unsafeGetStorageImpl()->nbytes() > 0;
+}
+
+c10::Storage refusing_storage(at::Device device, std::string message) {
+  auto impl = c10::make_intrusive<c10::StorageImpl>(c10::StorageImpl::use_byte_size_t(), 0,
+                                                    c10::DataPtr(nullptr, device), nullptr, /*resizable=*/false);
+  impl->release_data_and_set_meta_custom_data_ptr_error_msg_(std::move(message));
+  return c10::Storage(std::move(impl));
+}
+
+void set_storage(const at::Tensor& t, const c10::Storage& storage) {
+  t.unsafeGetTensorImpl()->set_storage_keep_dtype(storage);
 }
 
 void rebind_data(const at::Tensor& dst, const at::Tensor& src) {

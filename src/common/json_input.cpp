@@ -1,5 +1,7 @@
 #include "fsdp/common/json_input.h"
 
+#include <nlohmann/json.hpp>
+
 #include "fsdp/common/error.h"
 
 namespace fsdp {

@@ -12,17 +12,35 @@ namespace {
 using torch::autograd::AutogradContext;
 using torch::autograd::variable_list;
 
+// The unit a pre-backward node belongs to, held weakly: a graph may outlive
+// its model. While the node lives it counts as part of its iteration's graph
+// (Note [Graph lifetime] in state.h).
+struct UnitRef : torch::CustomClassHolder {
+  explicit UnitRef(const std::shared_ptr<ShardedUnit>& u) : unit(u), iteration(u->root().iteration()) {
+    u->root().on_graph_node_created(iteration);
+  }
+  ~UnitRef() override {
+    if (auto u = unit.lock()) u->root().on_graph_node_destroyed(iteration);
+  }
+  std::weak_ptr<ShardedUnit> unit;
+  int64_t iteration;
+};
+
 struct PreBackwardFn : torch::autograd::Function<PreBackwardFn> {
   // at::TensorList, not variable_list: LibTorch gives autograd edges only to
   // Tensor and TensorList arguments (a std::vector<Tensor> is silently opaque).
-  static variable_list forward(AutogradContext* ctx, at::TensorList xs, int64_t unit) {
-    ctx->saved_data["unit"] = unit;
+  static variable_list forward(AutogradContext* ctx, at::TensorList xs, c10::intrusive_ptr<UnitRef> ref) {
+    ctx->saved_data["unit"] = c10::IValue::make_capsule(std::move(ref));
     return xs.vec();
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto* unit = reinterpret_cast<ShardedUnit*>(ctx->saved_data["unit"].toInt());
-    unit->pre_backward();
-    grads.emplace_back();  // for the `unit` argument
+    auto ref = c10::static_intrusive_pointer_cast<UnitRef>(ctx->saved_data["unit"].toCapsule());
+    std::shared_ptr<ShardedUnit> unit = ref->unit.lock();
+    FSDP_CHECK(unit != nullptr,
+               "backward through a graph whose ShardedModel was destroyed; keep the ShardedModel alive until "
+               "every backward of the model has run (or drop the graph without backward)");
+    unit->pre_backward(ref->iteration);
+    grads.emplace_back();  // for the `ref` argument
     return grads;
   }
 };
@@ -130,7 +148,7 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
 }  // namespace
 
 std::vector<at::Tensor> attach_pre_backward(ShardedUnit& unit, const std::vector<at::Tensor>& outputs) {
-  return PreBackwardFn::apply(at::TensorList(outputs), reinterpret_cast<int64_t>(&unit));
+  return PreBackwardFn::apply(at::TensorList(outputs), c10::make_intrusive<UnitRef>(unit.shared_from_this()));
 }
 
 std::vector<at::Tensor> checkpointed_call(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs,

@@ -13,7 +13,9 @@ class ShardedUnit;
 
 // Identity on `outputs` whose backward first calls unit.pre_backward():
 // the unit's parameters are gathered again before any of its backward runs.
-// Only tensors that require grad should be passed.
+// Only tensors that require grad should be passed. The node holds the unit
+// weakly and counts itself in the root's live graph of this iteration (Note
+// [Graph lifetime]); a backward after the model is gone is a UsageError.
 std::vector<at::Tensor> attach_pre_backward(ShardedUnit& unit, const std::vector<at::Tensor>& outputs);
 
 // Runs fn(inputs) without saving activations and recomputes it in backward

@@ -138,6 +138,13 @@ void FlatParam::bind(bool keep_allocated) {
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& pl = layout_.params[i];
     internals::rebind_data(params_[i], full_.narrow(0, pl.flat_offset, pl.numel).view(pl.shape));
+    if (!single_copy_) {
+      refusing_.push_back(internals::refusing_storage(
+          options_.device, "parameter '" + pl.name +
+                               "' is resharded: between uses FSDP keeps only each rank's shard of it. Read it "
+                               "inside the model's forward, or gather it with ShardedModel::gather_unit (a full "
+                               "state dict, an export)"));
+    }
   }
   storage_ = StorageState::kAllocated;
   if (!keep_allocated && !single_copy_) free_full();
@@ -167,6 +174,7 @@ void FlatParam::alloc_full() {
   FSDP_ASSERT(storage_ == StorageState::kFreed);
   internals::alloc_storage(full_, static_cast<size_t>(full_bytes()));
   options_.ledger->add(BufferKind::kParams, full_bytes());
+  for (auto& p : params_) internals::set_storage(p, full_.storage());
   storage_ = StorageState::kAllocated;
 }
 
@@ -175,6 +183,11 @@ void FlatParam::free_full() {
   if (storage_ == StorageState::kFreed) return;
   internals::free_storage(full_);
   options_.ledger->release(BufferKind::kParams, full_bytes());
+  // Note [Refusing storage]: the module's parameters point at a storage that
+  // refuses every read with the parameter's name, instead of at full_'s
+  // freed bytes, which kernels would read through a null pointer. full_ and
+  // the tensors autograd saved keep the real storage, refilled by alloc_full.
+  for (size_t i = 0; i < params_.size(); ++i) internals::set_storage(params_[i], refusing_[i]);
   storage_ = StorageState::kFreed;
 }
 

@@ -50,7 +50,7 @@ struct FlatLayout {
 };
 
 // The engine's ledger of its unsharded buffers (Note [Unsharded memory] in
-// model.cpp): every allocation and release of one is counted here, by kind.
+// plan.cpp): every allocation and release of one is counted here, by kind.
 // One per model, used from the training thread only.
 enum class BufferKind { kParams, kGrads, kReductions, kAccumulated };
 
@@ -68,7 +68,7 @@ class MemoryLedger {
 
 // Whether the bytes of the unsharded buffer exist.
 enum class StorageState {
-  kFreed,      // full_ has no bytes; parameters must not be touched
+  kFreed,      // full_ has no bytes; reading a parameter throws, naming it (Note [Refusing storage])
   kAllocated,  // full_ has bytes (being filled, or filled)
 };
 
@@ -133,7 +133,6 @@ class FlatParam {
   // Drops .grad of every parameter and releases full_grad_ (unless single copy).
   // Idempotent.
   void release_full_grad();
-  bool has_full_grad() const { return full_grad_.defined(); }
 
   // The module parameters (unique), in layout order.
   const std::vector<at::Tensor>& params() const { return params_; }
@@ -152,6 +151,7 @@ class FlatParam {
   at::Tensor grad_shard_;  // (n) shard dtype, shard device
   at::Tensor full_;        // (Np) param dtype
   at::Tensor full_grad_;   // (Np) param dtype
+  std::vector<c10::Storage> refusing_;  // per parameter, while kFreed (Note [Refusing storage])
 };
 
 }  // namespace fsdp::detail

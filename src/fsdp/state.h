@@ -15,6 +15,14 @@
 // End of backward (queued callback): reduce every unit that ran forward but
 // was not reduced (unused parameters), in unit order on every rank so the
 // collectives match; wait for all reductions; reshard everything.
+//
+// Every state below is a named enum; each change goes through transition_to(),
+// which refuses an illegal one with both state names (an internal error: a
+// user's misuse is refused earlier, with a UsageError saying what to do).
+// Three operations are idempotent by design, and return early when already
+// done: unshard (a prefetch may have issued it), reshard (end of backward
+// sweeps every unit) and pre_backward (a unit whose outputs reach backward
+// through several nodes). The others assert the state they require.
 #pragma once
 
 #include <deque>
@@ -22,6 +30,8 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/collectives.h"
+#include "fsdp/common/error.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/fsdp.h"
 
@@ -64,9 +74,48 @@ enum class ShardState {
 enum class GradState {
   kIdle,         // no backward yet this iteration
   kCollecting,   // pre_backward ran; gradients are landing in full_grad
-  kReduceIssued, // reduction in flight (or skipped under no_sync)
-  kDone,         // reduced into grad_shard (or kept unsharded under no_sync)
+  kReduceIssued, // reduction in flight
+  kDone,         // reduced into grad_shard, or kept unsharded (no_sync)
 };
+
+// What this rank holds of the unit's gradients since the last zero_grad,
+// across iterations (GradState is within one).
+enum class GradHold {
+  kNone,       // nothing: grad_shard's bytes are stale (ensure_grad_valid zeroes them)
+  kSharded,    // grad_shard holds the reduced gradients: what the optimizer reads
+  kUnsharded,  // gradients of backward passes without synchronization, unsharded:
+               // in full_grad, or in `accumulated_` when the reduce dtype is wider
+               // (Note [Accumulating without synchronization]); grad_shard stale
+  kBoth,       // kSharded, plus unsynchronized gradients since: the next
+               // synchronized backward reduces them and adds them to grad_shard
+};
+
+// The root's phase of a training iteration (grad mode on; evaluation forwards
+// under NoGradGuard leave it kIdle).
+enum class TrainingState {
+  kIdle,              // between iterations: nothing gathered for a step, no reduction in flight
+  kForward,           // between the root's pre-forward and post-forward
+  kAwaitingBackward,  // forward done; its graph is alive and holds the root unsharded
+  kBackward,          // the autograd engine runs the graph; end_of_backward is queued
+};
+
+const char* to_string(ShardState s);
+const char* to_string(GradState s);
+const char* to_string(GradHold s);
+const char* to_string(TrainingState s);
+bool legal(ShardState from, ShardState to);
+bool legal(GradState from, GradState to);
+bool legal(GradHold from, GradHold to);
+bool legal(TrainingState from, TrainingState to);
+
+// Moves `state` to `to`, asserting that the change is legal; `owner` names
+// the unit (or "the root") in the assertion.
+template <class State>
+void transition_to(State& state, State to, const char* what, const std::string& owner) {
+  FSDP_ASSERT(legal(state, to), owner, ": illegal state change ", to_string(state), " -> ", to_string(to), " in ",
+              what);
+  state = to;
+}
 
 class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<ShardedUnit> {
  public:
@@ -83,7 +132,8 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   // strategy keeps parameters unsharded (NO_SHARD).
   void reshard();
 
-  void pre_backward();
+  // From the graph of forward `iteration` (Note [Graph lifetime]).
+  void pre_backward(int64_t iteration);
   void on_grad_ready();
   // Issue the reduction of full_grad. `flush`: called from the end-of-backward
   // callback for a unit whose gradients did not all arrive.
@@ -97,6 +147,7 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
 
   ShardState state() const { return state_; }
   GradState grad_state() const { return grad_state_; }
+  GradHold grad_hold() const { return grad_hold_; }
   bool ran_forward() const { return ran_forward_; }
   bool is_root() const { return is_root_; }
   size_t index() const { return index_; }
@@ -104,20 +155,26 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   const std::string& type_name() const { return type_name_; }
   bool checkpointed() const { return checkpoint_; }
   FlatParam& flat() { return *flat_; }
+  ShardedModelImpl& root() const { return *root_; }
 
   // Gradients held unsharded across micro-batches (no_sync).
-  bool holds_unsharded_grads() const { return holds_unsharded_grads_; }
-  bool grad_valid() const { return grad_valid_; }
-  void invalidate_grad() { grad_valid_ = false; }
+  bool holds_unsharded_grads() const { return grad_hold_ == GradHold::kUnsharded || grad_hold_ == GradHold::kBoth; }
+  // zero_grad. Requires: !holds_unsharded_grads().
+  void clear_grad() { transition_to(grad_hold_, GradHold::kNone, "zero_grad", label()); }
   // Makes grad_shard meaningful for the optimizer: zeros when nothing landed.
   void ensure_grad_valid();
+  // "unit 'layers.0'", "the root unit": for messages.
+  std::string label() const;
 
  private:
   std::vector<at::Tensor> run_eval(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs);
-  void check_state_for(const char* what, ShardState expected) const;
   std::vector<at::Tensor> cast_inputs(const std::vector<at::Tensor>& inputs) const;
   // Whether pre_backward keeps what full_grad holds (else zeros).
   bool keep_full_grad() const;
+  // Whether gradients kept without synchronization are summed in `accumulated_`
+  // (the reduce dtype is wider than full_grad's) rather than in full_grad.
+  bool accumulates_wider() const;
+  bool grad_shard_holds_sum() const { return grad_hold_ == GradHold::kSharded || grad_hold_ == GradHold::kBoth; }
 
   ShardedModelImpl* root_;  // not owned; outlives every unit
   size_t index_;
@@ -129,21 +186,15 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
 
   ShardState state_ = ShardState::kSharded;
   GradState grad_state_ = GradState::kIdle;
-  comm::WorkPtr gather_;        // in flight while kUnsharding
-  comm::WorkPtr reduce_;        // in flight while kReduceIssued
-  comm::WorkPtr replicate_;     // HYBRID: the replica all-reduce after reduce_
-  at::Tensor reduce_in_;        // what reduce_ reads (kept alive until it completes)
-  at::Tensor reduce_out_;       // where reduce_ writes
-  int64_t reduce_held_bytes_ = 0;  // what reduce_in_/reduce_out_ hold beyond full_grad (the ledger's kReductions)
-  bool reduce_into_grad_shard_ = false;
+  GradHold grad_hold_ = GradHold::kNone;
+  AllGather gather_;            // in flight while kUnsharding
+  Reduction reduction_;         // in flight while kReduceIssued
 
   bool ran_forward_ = false;
   bool prefetched_ = false;     // unsharded ahead of use by a prefetch
   int pending_grads_ = 0;
   int64_t backward_begin_us_ = -1;  // trace: when this iteration's backward of the unit began (-1: not traced)
-  bool holds_unsharded_grads_ = false;
   at::Tensor accumulated_;      // (Np) reduce dtype: unsynchronized gradients, when wider than full_grad's
-  bool grad_valid_ = false;
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps hooks alive
 
   friend class ShardedModelImpl;
@@ -159,12 +210,28 @@ class ShardedModelImpl {
   void on_pre_forward(ShardedUnit& u);
   void on_eval_forward(ShardedUnit& u);
   void on_post_forward(ShardedUnit& u);
+  // The root's forward threw: reshard everything and return to kIdle, so the
+  // model is as if that forward had never run.
+  void on_forward_failed();
   void on_pre_backward(ShardedUnit& u);
-  void on_reduce_issued(ShardedUnit& u);
   void after_post_backward(ShardedUnit& u);
   void prefetch(ShardedUnit* u);
   void note_consumed(ShardedUnit& u);
   void end_of_backward();
+
+  // Note [Graph lifetime]
+  // Every pre-backward node of an iteration's graph counts itself here while
+  // it lives. When the last one is destroyed before backward started, the
+  // graph was dropped (a loss computed and discarded): the iteration is over,
+  // and its buffers (the root's unsharded parameters) are released. Nodes of
+  // an earlier iteration (`iteration` differs) no longer count.
+  int64_t iteration() const { return iteration_; }
+  void on_graph_node_created(int64_t iteration);
+  void on_graph_node_destroyed(int64_t iteration);
+  TrainingState training_state() const { return state_; }
+  // UsageError unless a backward may run through the graph of `iteration`
+  // now: the latest forward's, once, without create_graph.
+  void check_backward(int64_t iteration) const;
 
   bool reshards_after_forward(const ShardedUnit& u) const;
   bool reshards_after_backward() const { return !replicated_; }
@@ -197,6 +264,9 @@ class ShardedModelImpl {
  private:
   void build_units();
   void assert_idle(const char* what) const;
+  // Reshard every unit and forget the prefetches: the end of an iteration
+  // (or of an abandoned or failed one).
+  void release_iteration();
 
   FsdpOptions options_;
   std::shared_ptr<nn::UnitBase> root_module_;
@@ -212,13 +282,13 @@ class ShardedModelImpl {
   std::shared_ptr<internals::HostBufferPool> host_pool_;  // CPU: unsharded buffers
   std::shared_ptr<MemoryLedger> ledger_ = std::make_shared<MemoryLedger>();
   bool sync_grads_ = true;
-  bool in_backward_ = false;
-  bool callback_queued_ = false;
+  TrainingState state_ = TrainingState::kIdle;
+  int64_t iteration_ = 0;                         // training forwards started
+  int64_t live_graph_nodes_ = 0;                  // of this iteration (Note [Graph lifetime])
   std::vector<ShardedUnit*> forward_order_;       // this iteration
   std::vector<ShardedUnit*> prev_forward_order_;  // the last complete one
   std::vector<int> prev_pos_;                     // unit index -> position in prev_forward_order_ (-1)
   std::vector<int> fwd_pos_;                      // unit index -> position in forward_order_ (-1)
-  bool in_forward_ = false;                       // between the root's pre- and post-forward
   std::deque<ShardedUnit*> pending_reduces_;
   int prefetched_pending_ = 0;
 

@@ -1,6 +1,5 @@
 // ShardedUnit: the per-unit state machine. See Note [Unit lifecycle] in state.h.
 #include <ATen/core/grad_mode.h>
-#include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include "fsdp/autograd_fns.h"
 #include "fsdp/common/internals.h"
@@ -11,16 +10,91 @@
 namespace fsdp::detail {
 
 namespace {
-// Writes into buffers that parameters view, without bumping version counters
-// autograd checks (DESIGN.md: a plain copy_ under NoGradGuard makes backward
-// fail with "modified by an inplace operation").
-struct RawWriteGuard {
-  at::NoGradGuard no_grad;
-  at::AutoDispatchBelowADInplaceOrView below_ad;
-};
-
 int64_t nbytes_of(const at::Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
 }  // namespace
+
+// ---- states -------------------------------------------------------------------
+
+const char* to_string(ShardState s) {
+  switch (s) {
+    case ShardState::kSharded: return "kSharded";
+    case ShardState::kUnsharding: return "kUnsharding";
+    case ShardState::kUnsharded: return "kUnsharded";
+  }
+  return "?";
+}
+
+const char* to_string(GradState s) {
+  switch (s) {
+    case GradState::kIdle: return "kIdle";
+    case GradState::kCollecting: return "kCollecting";
+    case GradState::kReduceIssued: return "kReduceIssued";
+    case GradState::kDone: return "kDone";
+  }
+  return "?";
+}
+
+const char* to_string(GradHold s) {
+  switch (s) {
+    case GradHold::kNone: return "kNone";
+    case GradHold::kSharded: return "kSharded";
+    case GradHold::kUnsharded: return "kUnsharded";
+    case GradHold::kBoth: return "kBoth";
+  }
+  return "?";
+}
+
+const char* to_string(TrainingState s) {
+  switch (s) {
+    case TrainingState::kIdle: return "kIdle";
+    case TrainingState::kForward: return "kForward";
+    case TrainingState::kAwaitingBackward: return "kAwaitingBackward";
+    case TrainingState::kBackward: return "kBackward";
+  }
+  return "?";
+}
+
+bool legal(ShardState from, ShardState to) {
+  switch (to) {
+    case ShardState::kUnsharding: return from == ShardState::kSharded;
+    case ShardState::kUnsharded: return from != ShardState::kUnsharded;  // gathered, or replicated (no gather)
+    case ShardState::kSharded: return from != ShardState::kSharded;
+  }
+  return false;
+}
+
+bool legal(GradState from, GradState to) {
+  switch (to) {
+    case GradState::kIdle: return true;  // a new iteration
+    case GradState::kCollecting: return from == GradState::kIdle;
+    case GradState::kReduceIssued: return from == GradState::kIdle || from == GradState::kCollecting;
+    case GradState::kDone:
+      return from == GradState::kIdle || from == GradState::kCollecting || from == GradState::kReduceIssued;
+  }
+  return false;
+}
+
+bool legal(GradHold from, GradHold to) {
+  switch (to) {
+    case GradHold::kNone: return from == GradHold::kNone || from == GradHold::kSharded;  // zero_grad
+    case GradHold::kSharded: return true;  // a synchronized reduction folded everything in
+    case GradHold::kUnsharded: return from == GradHold::kNone || from == GradHold::kUnsharded;
+    case GradHold::kBoth: return from == GradHold::kSharded || from == GradHold::kBoth;
+  }
+  return false;
+}
+
+bool legal(TrainingState from, TrainingState to) {
+  switch (to) {
+    case TrainingState::kForward: return from == TrainingState::kIdle;
+    case TrainingState::kAwaitingBackward: return from == TrainingState::kForward;
+    case TrainingState::kBackward: return from == TrainingState::kAwaitingBackward;
+    case TrainingState::kIdle: return from != TrainingState::kIdle;  // done, dropped, failed or nothing to do
+  }
+  return false;
+}
+
+std::string ShardedUnit::label() const { return is_root_ ? "the root unit" : "unit '" + name_ + "'"; }
 
 ShardedUnit::ShardedUnit(ShardedModelImpl* root, size_t index, std::string name, std::string type_name,
                          bool is_root, bool checkpoint, std::unique_ptr<FlatParam> flat)
@@ -34,22 +108,23 @@ ShardedUnit::ShardedUnit(ShardedModelImpl* root, size_t index, std::string name,
 
 void ShardedUnit::register_grad_hooks() {
   accumulators_.clear();
+  // The hooks live in the parameters' AccumulateGrad nodes, which a graph can
+  // keep beyond the model: they hold the unit weakly.
+  std::weak_ptr<ShardedUnit> self = weak_from_this();
   for (const auto& p : flat_->params()) {
     auto acc = internals::grad_accumulator(p);
     FSDP_ASSERT(acc != nullptr, "no AccumulateGrad for a parameter of unit '", name_, "'");
-    internals::add_post_hook(*acc, [this] { on_grad_ready(); });
+    internals::add_post_hook(*acc, [self] {
+      if (auto unit = self.lock()) unit->on_grad_ready();
+    });
     accumulators_.push_back(std::move(acc));
   }
 }
 
 void ShardedUnit::begin_iteration() {
   ran_forward_ = false;
-  grad_state_ = GradState::kIdle;
+  transition_to(grad_state_, GradState::kIdle, "begin_iteration", label());
   pending_grads_ = static_cast<int>(flat_->params().size());
-}
-
-void ShardedUnit::check_state_for(const char* what, ShardState expected) const {
-  FSDP_ASSERT(state_ == expected, what, " of unit '", name_, "' in state ", static_cast<int>(state_));
 }
 
 // ---- sharding ---------------------------------------------------------------
@@ -63,29 +138,22 @@ void ShardedUnit::unshard() {
       RawWriteGuard g;
       flat_->full().copy_(flat_->shard());
     }
-    state_ = ShardState::kUnsharded;
+    transition_to(state_, ShardState::kUnsharded, "unshard", label());
     return;
   }
   trace::Span span("all_gather issue", "comm",
                    flat_->layout().padded_numel * static_cast<int64_t>(c10::elementSize(flat_->param_dtype())), name_);
   flat_->alloc_full();
-  at::Tensor chunk = flat_->own_chunk();
-  {
-    RawWriteGuard g;
-    chunk.copy_(flat_->shard());  // casts to the param dtype
-  }
-  gather_ = root_->shard_group()->all_gather(flat_->full(), chunk);
-  state_ = ShardState::kUnsharding;
+  gather_ = all_gather_copy_in(*root_->shard_group(), flat_->shard(), flat_->full(), flat_->own_chunk());
+  transition_to(state_, ShardState::kUnsharding, "unshard", label());
 }
 
 void ShardedUnit::wait_for_unshard() {
   if (state_ == ShardState::kUnsharding) {
-    trace::Span span("all_gather wait", "comm", -1, name_);
-    gather_->wait();  // CPU: blocks; NCCL: orders the compute stream after the gather
-    gather_.reset();
-    state_ = ShardState::kUnsharded;
+    wait_all_gather(gather_, name_);
+    transition_to(state_, ShardState::kUnsharded, "wait_for_unshard", label());
   }
-  check_state_for("wait_for_unshard", ShardState::kUnsharded);
+  FSDP_ASSERT(state_ == ShardState::kUnsharded, label(), ": wait_for_unshard in state ", to_string(state_));
 }
 
 void ShardedUnit::reshard() {
@@ -93,7 +161,7 @@ void ShardedUnit::reshard() {
   // Never free bytes a collective is still writing.
   if (state_ == ShardState::kUnsharding) wait_for_unshard();
   if (!root_->replicated()) flat_->free_full();
-  state_ = ShardState::kSharded;
+  transition_to(state_, ShardState::kSharded, "reshard", label());
 }
 
 // ---- forward ----------------------------------------------------------------
@@ -126,19 +194,23 @@ std::vector<at::Tensor> ShardedUnit::run(const nn::TensorFn& fn, const std::vect
   if (!at::GradMode::is_enabled()) return run_eval(fn, inputs);
 
   root_->on_pre_forward(*this);  // iteration start (root), order, forward prefetch
-  wait_for_unshard();
-  ran_forward_ = true;
-
-  const std::vector<at::Tensor> ins = cast_inputs(inputs);
   std::vector<at::Tensor> outs;
-  {
-    trace::Span span("forward", "compute", -1, name_);
-    outs = checkpoint_ ? checkpointed_call(fn, ins, flat_->params(), root_->options().offload_checkpoint_inputs)
-                       : fn(ins);
+  try {
+    wait_for_unshard();
+    ran_forward_ = true;
+    const std::vector<at::Tensor> ins = cast_inputs(inputs);
+    {
+      trace::Span span("forward", "compute", -1, name_);
+      outs = checkpoint_ ? checkpointed_call(fn, ins, flat_->params(), root_->options().offload_checkpoint_inputs)
+                         : fn(ins);
+    }
+  } catch (...) {
+    // Nested units rethrow to the root, which releases the whole iteration.
+    if (is_root_) root_->on_forward_failed();
+    throw;
   }
 
   if (root_->reshards_after_forward(*this)) reshard();
-  root_->on_post_forward(*this);
 
   std::vector<at::Tensor> tracked;
   std::vector<size_t> where;
@@ -152,18 +224,20 @@ std::vector<at::Tensor> ShardedUnit::run(const nn::TensorFn& fn, const std::vect
     std::vector<at::Tensor> hooked = attach_pre_backward(*this, tracked);
     for (size_t k = 0; k < where.size(); ++k) outs[where[k]] = hooked[k];
   }
+  root_->on_post_forward(*this);  // after the graph nodes exist (Note [Graph lifetime])
   return outs;
 }
 
 // ---- backward ---------------------------------------------------------------
 
-void ShardedUnit::pre_backward() {
+void ShardedUnit::pre_backward(int64_t iteration) {
+  root_->check_backward(iteration);
   if (grad_state_ != GradState::kIdle) return;  // once per iteration
   root_->on_pre_backward(*this);                // queues the end-of-backward callback, prefetches
   wait_for_unshard();
   flat_->prepare_full_grad(keep_full_grad());
   pending_grads_ = static_cast<int>(flat_->params().size());
-  grad_state_ = GradState::kCollecting;
+  transition_to(grad_state_, GradState::kCollecting, "pre_backward", label());
   backward_begin_us_ = trace::enabled() ? trace::now_us() : -1;
 }
 
@@ -180,28 +254,28 @@ void ShardedUnit::on_grad_ready() {
 }
 
 void ShardedUnit::post_backward(bool flush) {
-  if (grad_state_ == GradState::kReduceIssued || grad_state_ == GradState::kDone) return;
-  if (!flat_->has_full_grad() || grad_state_ == GradState::kIdle) {
+  // Once per iteration: on_grad_ready calls it from kCollecting, end_of_backward
+  // only for units still kIdle or kCollecting.
+  FSDP_ASSERT(grad_state_ == GradState::kIdle || grad_state_ == GradState::kCollecting, label(),
+              ": post_backward in gradient state ", to_string(grad_state_));
+  if (grad_state_ == GradState::kIdle) {
     // Ran forward (or holds no_sync gradients) but no gradient flowed this
     // time: contribute zeros, so every rank issues the same collectives.
-    FSDP_ASSERT(flush);
+    FSDP_ASSERT(flush, label(), ": post_backward before pre_backward");
     flat_->prepare_full_grad(keep_full_grad());
   }
   // The unit's backward: from its pre-backward hook to its last gradient
   // (nested units' spans lie inside the root's).
   trace::record("backward", "compute", backward_begin_us_, trace::now_us(), -1, name_);
   backward_begin_us_ = -1;
-  const FsdpOptions& o = root_->options();
-  const at::ScalarType reduce_dtype = o.mixed_precision.reduce_dtype;
-  // See Note [Accumulating without synchronization].
-  const bool accumulate_wider = c10::elementSize(reduce_dtype) > flat_->full_grad().element_size();
+  const at::ScalarType reduce_dtype = root_->options().mixed_precision.reduce_dtype;
 
   MemoryLedger& ledger = root_->ledger();
   if (!root_->sync_grads()) {
-    holds_unsharded_grads_ = true;  // until a synced backward
-    if (accumulate_wider) {
+    // See Note [Accumulating without synchronization].
+    if (accumulates_wider()) {
       at::NoGradGuard no_grad;
-      if (accumulated_.defined()) {
+      if (holds_unsharded_grads()) {
         accumulated_.add_(flat_->full_grad());  // computed in the wider dtype
       } else {
         accumulated_ = flat_->full_grad().to(reduce_dtype);
@@ -209,48 +283,28 @@ void ShardedUnit::post_backward(bool flush) {
       }
       flat_->release_full_grad();
     }
-    grad_state_ = GradState::kDone;
+    transition_to(grad_hold_, grad_shard_holds_sum() ? GradHold::kBoth : GradHold::kUnsharded, "post_backward (no_sync)",
+               label());
+    transition_to(grad_state_, GradState::kDone, "post_backward (no_sync)", label());
   } else {
     trace::Span span(root_->replicated() ? "all_reduce issue" : "reduce_scatter issue", "comm",
                      nbytes_of(flat_->full_grad()), name_);
-    at::Tensor in = flat_->full_grad();
-    FSDP_ASSERT(reduce_held_bytes_ == 0);
-    // A buffer the reduction holds beyond full_grad, released by finish_reduce.
-    const auto held_by_reduction = [&](const at::Tensor& t) {
-      ledger.add(BufferKind::kReductions, nbytes_of(t));
-      reduce_held_bytes_ += nbytes_of(t);
-    };
-    if (accumulated_.defined()) {
+    at::Tensor in;
+    if (holds_unsharded_grads() && accumulates_wider()) {
       at::NoGradGuard no_grad;
-      in = accumulated_.add_(in);
-      accumulated_ = at::Tensor();  // reduce_in_ keeps it until the reduction is done
+      in = accumulated_.add_(flat_->full_grad());
+      accumulated_ = at::Tensor();  // the reduction keeps it until it is done
       ledger.release(BufferKind::kAccumulated, nbytes_of(in));
-      held_by_reduction(in);
-    } else if (in.scalar_type() != reduce_dtype) {
-      in = in.to(reduce_dtype);
-      held_by_reduction(in);
+      reduction_.hold(in, ledger);
+    } else {
+      in = reduce_copy_in(flat_->full_grad(), reduce_dtype, reduction_, ledger);
     }
     // A copy in the reduce dtype holds the gradients now: the param-dtype
     // buffer goes before the reduction runs, not after (Note [Unsharded memory]).
     if (!in.is_same(flat_->full_grad())) flat_->release_full_grad();
-    reduce_in_ = in;
-    reduce_into_grad_shard_ = false;
-    if (root_->replicated()) {
-      reduce_out_ = in;
-      reduce_ = root_->shard_group()->all_reduce(in, comm::ReduceOp::kAvg);
-    } else {
-      const int64_t n = flat_->layout().shard_numel;
-      const at::Tensor& gs = flat_->grad_shard();
-      if (!grad_valid_ && in.scalar_type() == gs.scalar_type() && gs.device() == in.device()) {
-        reduce_out_ = flat_->grad_shard();  // lands directly: nothing to fold later
-        reduce_into_grad_shard_ = true;
-      } else {
-        reduce_out_ = at::empty({n}, in.options());
-        held_by_reduction(reduce_out_);
-      }
-      reduce_ = root_->shard_group()->reduce_scatter(reduce_out_, in, comm::ReduceOp::kAvg);
-    }
-    grad_state_ = GradState::kReduceIssued;
+    issue_reduction(reduction_, in, *root_->shard_group(), root_->replicated(), flat_->grad_shard(),
+                    /*may_land_in_shard=*/!grad_shard_holds_sum(), ledger, name_);
+    transition_to(grad_state_, GradState::kReduceIssued, "post_backward", label());
   }
 
   if (root_->reshards_after_backward()) reshard();
@@ -258,41 +312,15 @@ void ShardedUnit::post_backward(bool flush) {
 }
 
 void ShardedUnit::finish_reduce() {
-  if (grad_state_ != GradState::kReduceIssued) return;
-  {
-    trace::Span span(root_->replicated() ? "all_reduce wait" : "reduce_scatter wait", "comm", -1, name_);
-    reduce_->wait();
-  }
-  reduce_.reset();
-  if (root_->replicate_group()) {
-    // HYBRID: the shard group's mean, averaged over the replicas.
-    trace::Span span("all_reduce (replicas)", "comm", -1, name_);
-    replicate_ = root_->replicate_group()->all_reduce(reduce_out_, comm::ReduceOp::kAvg);
-    replicate_->wait();
-    replicate_.reset();
-  }
-  at::Tensor& g = flat_->grad_shard();
-  {
-    at::NoGradGuard no_grad;
-    if (reduce_into_grad_shard_) {
-      // already in place
-    } else if (flat_->single_copy()) {
-      // The reduced tensor was made from g itself (old sum included): replace.
-      if (!reduce_out_.is_same(g)) g.copy_(reduce_out_);
-    } else if (grad_valid_) {
-      g.add_(reduce_out_.to(g.device(), g.scalar_type()));
-    } else {
-      g.copy_(reduce_out_);
-    }
-  }
-  grad_valid_ = true;
-  holds_unsharded_grads_ = false;
-  reduce_in_ = at::Tensor();
-  reduce_out_ = at::Tensor();
-  root_->ledger().release(BufferKind::kReductions, reduce_held_bytes_);
-  reduce_held_bytes_ = 0;
+  // Only units with a reduction in flight are queued (after_post_backward).
+  FSDP_ASSERT(grad_state_ == GradState::kReduceIssued, label(), ": finish_reduce in gradient state ",
+              to_string(grad_state_));
+  const Fold fold = flat_->single_copy() ? Fold::kReplace : grad_shard_holds_sum() ? Fold::kAdd : Fold::kCopy;
+  finish_reduction(reduction_, root_->replicate_group().get(), root_->replicated(), flat_->grad_shard(), fold,
+                   root_->ledger(), name_);
+  transition_to(grad_hold_, GradHold::kSharded, "finish_reduce", label());
   flat_->release_full_grad();
-  grad_state_ = GradState::kDone;
+  transition_to(grad_state_, GradState::kDone, "finish_reduce", label());
 }
 
 // Note [Accumulating without synchronization]
@@ -306,13 +334,17 @@ void ShardedUnit::finish_reduce() {
 bool ShardedUnit::keep_full_grad() const {
   // full_grad still holds unsynchronized gradients, or is the single fp32 copy
   // that holds gradients no zero_grad cleared.
-  return (holds_unsharded_grads_ && !accumulated_.defined()) || (flat_->single_copy() && grad_valid_);
+  return (holds_unsharded_grads() && !accumulates_wider()) || (flat_->single_copy() && grad_shard_holds_sum());
+}
+
+bool ShardedUnit::accumulates_wider() const {
+  return c10::elementSize(root_->options().mixed_precision.reduce_dtype) > c10::elementSize(flat_->param_dtype());
 }
 
 void ShardedUnit::ensure_grad_valid() {
-  if (grad_valid_ || holds_unsharded_grads_) return;
+  if (grad_hold_ != GradHold::kNone) return;
   flat_->grad_shard().zero_();
-  grad_valid_ = true;
+  transition_to(grad_hold_, GradHold::kSharded, "ensure_grad_valid", label());
 }
 
 }  // namespace fsdp::detail

@@ -102,32 +102,40 @@ std::shared_ptr<const data::TokenDataset> load_data(const TrainOptions& o, const
   return data::load_dataset(dopt, tokenizer);
 }
 
-at::ScalarType parse_dtype(const std::string& s, const char* flag) {
-  if (s == "fp32") return at::kFloat;
-  if (s == "bf16") return at::kBFloat16;
-  if (s == "fp16") return at::kHalf;
-  FSDP_CHECK(false, flag, " '", s, "' is not one of: fp32, bf16, fp16");
-  return at::kFloat;
+// --device's spelling of a device type ("cpu", "cuda"), as worker_device takes it.
+std::string device_name(at::DeviceType type) { return c10::DeviceTypeName(type, /*lower_case=*/true); }
+
+WrapPolicy wrap_policy(const WrapChoice& w) {
+  switch (w.kind) {
+    case WrapChoice::Kind::kBlock: return WrapPolicy::by_type({models::llama_block_type()});
+    case WrapChoice::Kind::kSize: return WrapPolicy::size_based(w.min_num_params);
+    case WrapChoice::Kind::kRoot: return WrapPolicy::root_only();
+    case WrapChoice::Kind::kAll: return WrapPolicy::every_unit();
+  }
+  FSDP_ASSERT(false, "unknown WrapChoice::Kind ", static_cast<int>(w.kind));
+  return {};
 }
 
-// The engine's options from the command line's (hybrid size 0: the caller
-// fills in LOCAL_WORLD_SIZE).
+// The engine's options from the trainer's (hybrid size 0: the caller fills in
+// LOCAL_WORLD_SIZE).
 FsdpOptions engine_options(const TrainOptions& o, int world_size) {
   const ShardingOptions& s = o.sharding;
+  FSDP_CHECK(s.wrap.kind != WrapChoice::Kind::kSize || s.wrap.min_num_params >= 1, "--wrap size:",
+             s.wrap.min_num_params, ": the minimum parameter count after 'size:' must be a positive integer, e.g. "
+             "size:1000000");
   FsdpOptions fo;
-  fo.strategy = parse_sharding_strategy(s.strategy);
-  fo.wrap = parse_wrap_policy(s.wrap, models::llama_block_type());
+  fo.strategy = s.strategy;
+  fo.wrap = wrap_policy(s.wrap);
   fo.hybrid_shard_size = s.hybrid_shard_size;
   fo.sync_module_states = s.sync_module_states;
-  fo.mixed_precision = MixedPrecision::preset(s.mixed_precision);
-  if (!s.reduce_dtype.empty()) fo.mixed_precision.reduce_dtype = parse_dtype(s.reduce_dtype, "--reduce-dtype");
+  fo.mixed_precision = s.mixed_precision;
   if (s.activation_checkpointing) fo.checkpoint_types = {models::llama_block_type()};
   fo.offload_checkpoint_inputs = s.offload_activations;
   fo.cpu_offload = s.cpu_offload;
-  fo.backward_prefetch = parse_backward_prefetch(s.backward_prefetch);
+  fo.backward_prefetch = s.backward_prefetch;
   fo.forward_prefetch = s.forward_prefetch;
   fo.limit_all_gathers = s.limit_all_gathers;
-  fo.device = at::Device(o.device == "cuda" ? at::kCUDA : at::kCPU);
+  fo.device = at::Device(o.device);
   check_options(fo, world_size);
   return fo;
 }
@@ -401,8 +409,8 @@ FsdpOptions worker_engine_options(const TrainOptions& o, const comm::Runtime& rt
 checkpoint::HfExportOptions export_options(const TrainOptions& o, const nlohmann::json& extras, bool progress,
                                            const std::function<void(const std::string&)>& warn) {
   checkpoint::HfExportOptions eo;
-  eo.dtype = checkpoint::parse_export_dtype(o.hf.export_dtype);
-  eo.max_shard_bytes = checkpoint::parse_byte_size(o.hf.export_shard_size, "--export-shard-size");
+  eo.dtype = o.hf.export_dtype;
+  eo.max_shard_bytes = o.hf.export_shard_bytes;
   eo.progress = progress;
   if (extras.contains("extra_config")) eo.extra_config = extras["extra_config"];
   if (extras.contains("extra_files")) {
@@ -426,8 +434,9 @@ void export_and_report(const TrainOptions& o, ShardedModel& sharded, const model
                        const LogLine& warn) {
   const checkpoint::HfExportOptions eo = export_options(o, extras, progress, warn);
   const checkpoint::HfExportResult e = checkpoint::export_hf(o.hf.export_dir, sharded, cfg, group, eo);
-  say(fmt::format("Exported Hugging Face weights ({}) to {} in {:.2f} s: {}, {:.2f} GB/s ({})", o.hf.export_dtype,
-                  e.dir, e.io.seconds, megabytes(e.io.bytes), e.io.gb_per_s(), fmt::join(e.files, ", ")));
+  say(fmt::format("Exported Hugging Face weights ({}) to {} in {:.2f} s: {}, {:.2f} GB/s ({})",
+                  checkpoint::hf_dtype_name(o.hf.export_dtype), e.dir, e.io.seconds, megabytes(e.io.bytes),
+                  e.io.gb_per_s(), fmt::join(e.files, ", ")));
 }
 
 // The model config of the newest checkpoint in `dir` whose manifest parses
@@ -472,7 +481,7 @@ models::LlamaConfig conversion_config(const TrainOptions& o) {
 // world size, sharding or wrap: the checkpoint is re-cut on load and the
 // export gathers whole units, so the files do not depend on them.
 void validate_conversion(const TrainOptions& o, int world_size) {
-  worker_device(o.device, /*local_rank=*/0);
+  worker_device(device_name(o.device), /*local_rank=*/0);
   const char* what = "--max-steps 0 converts a checkpoint to Hugging Face files without training";
   std::string missing;
   for (const auto& [absent, flag] : {std::pair<bool, const char*>{!o.checkpoint.resume, "--resume"},
@@ -489,8 +498,7 @@ void validate_conversion(const TrainOptions& o, int world_size) {
   FSDP_CHECK(std::filesystem::is_directory(o.checkpoint.dir), "--checkpoint-dir ", o.checkpoint.dir,
              " is not a directory holding checkpoints");
   checkpoint::check_export_dir(o.hf.export_dir);
-  checkpoint::parse_export_dtype(o.hf.export_dtype);
-  checkpoint::parse_byte_size(o.hf.export_shard_size, "--export-shard-size");
+  checkpoint::hf_dtype_name(o.hf.export_dtype);  // float32, bfloat16 or float16, else UsageError
   engine_options(o, world_size);
   conversion_config(o);
 }
@@ -498,7 +506,7 @@ void validate_conversion(const TrainOptions& o, int world_size) {
 TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) {
   const comm::ProcessGroupPtr& world = rt.world_group;
   const bool lead = world->rank() == 0;
-  const at::Device device = worker_device(o.device, rt.world.local_rank);
+  const at::Device device = worker_device(device_name(o.device), rt.world.local_rank);
   set_current_device(device);
   Console console(o, lead);
   const LogLine say = console.level('I');
@@ -521,13 +529,13 @@ TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) 
   for (const auto& i : ignored) warn(fmt::format("{}/{} is not a checkpoint: ignored", o.checkpoint.dir, i));
   FSDP_CHECK(r.loaded, "--checkpoint-dir ", o.checkpoint.dir, " holds no checkpoint to convert");
   const std::string diff =
-      checkpoint::config_mismatch(cfg, models::parse_hf_config(r.manifest.at("model_config").dump(), r.path));
+      checkpoint::config_mismatch(cfg, models::parse_hf_config(r.manifest->at("model_config").dump(), r.path));
   FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " holds another model than the newest checkpoint's (", diff,
              "); convert it from a directory of its own");
   say(fmt::format("Loaded checkpoint {} (step {}, {}): {} in {:.2f} s, {:.2f} GB/s", r.path, r.step, cfg.summary(),
                   megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
   const nlohmann::json extras =
-      r.trainer_state.contains("hf_export") ? r.trainer_state["hf_export"] : nlohmann::json::object();
+      r.trainer_state->contains("hf_export") ? (*r.trainer_state)["hf_export"] : nlohmann::json::object();
   export_and_report(o, *sharded, cfg, *group, extras, progress, say, warn);
   TrainSummary summary;
   summary.parameters = cfg.num_parameters();
@@ -545,7 +553,7 @@ void validate_options(const TrainOptions& o, int world_size) {
     validate_conversion(o, world_size);
     return;
   }
-  worker_device(o.device, /*local_rank=*/0);  // a known --device, a build that has it, at least one device
+  worker_device(device_name(o.device), /*local_rank=*/0);  // a known --device, a build that has it, at least one device
   FSDP_CHECK(o.step.batch_size >= 1, "--batch-size must be >= 1, got ", o.step.batch_size);
   FSDP_CHECK(o.step.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.step.grad_accum);
   FSDP_CHECK(o.step.max_steps >= 1, "--max-steps must be >= 1 (or 0 with --resume --checkpoint-dir DIR --export-hf "
@@ -590,10 +598,7 @@ void validate_options(const TrainOptions& o, int world_size) {
              " (PyTorch's default is 0.9)");
   FSDP_CHECK(o.adamw.beta2 >= 0 && o.adamw.beta2 < 1, "--beta2 must be in [0, 1), got ", o.adamw.beta2,
              " (PyTorch's default is 0.999; Llama used 0.95)");
-  parse_sharding_strategy(o.sharding.strategy);
-  engine_options(o, world_size);  // every sharding, memory and precision flag parses
-  FSDP_CHECK(o.sharding.loss_scaling == "auto" || o.sharding.loss_scaling == "on" || o.sharding.loss_scaling == "off",
-             "--loss-scaling '", o.sharding.loss_scaling, "' is not one of: auto, on, off");
+  engine_options(o, world_size);  // every sharding, memory and precision choice fits the engine
   FSDP_CHECK(std::isfinite(o.sharding.initial_loss_scale) && o.sharding.initial_loss_scale > 0,
              "--initial-loss-scale must be a finite number > 0 (e.g. 65536), got ", o.sharding.initial_loss_scale);
   FSDP_CHECK(o.sharding.hybrid_shard_size >= 0, "--hybrid-shard-size must be >= 1 (or 0 for LOCAL_WORLD_SIZE), got ",
@@ -626,8 +631,7 @@ void validate_options(const TrainOptions& o, int world_size) {
   }
   if (!o.hf.export_dir.empty()) {
     checkpoint::check_export_dir(o.hf.export_dir);
-    checkpoint::parse_export_dtype(o.hf.export_dtype);
-    checkpoint::parse_byte_size(o.hf.export_shard_size, "--export-shard-size");
+    checkpoint::hf_dtype_name(o.hf.export_dtype);  // float32, bfloat16 or float16, else UsageError
   }
   FSDP_CHECK(o.eval.every >= 0, "--eval-every must be >= 0 (0: no periodic evaluation), got ", o.eval.every);
   FSDP_CHECK(o.eval.max_windows >= 0, "--eval-windows must be >= 0 (0: all), got ", o.eval.max_windows);
@@ -706,7 +710,7 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   const int64_t unsharded = plan.unsharded_bound(o.step.grad_accum);
   const int64_t step = unsharded + logit_bytes + activation_bytes;
   const bool on_device = this_rank && this_rank->is_cuda();
-  const bool cuda_run = o.device == "cuda";
+  const bool cuda_run = o.device == at::kCUDA;
   // Host: everything on CPU runs; the offloaded shards with --cpu-offload on CUDA.
   const int64_t host = cuda_run ? (o.sharding.cpu_offload ? shards : 0) : shards + step;
   const std::string parts = fmt::format(
@@ -737,580 +741,766 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   return unsharded;
 }
 
-TrainSummary train(const TrainOptions& o, const comm::Runtime& rt) {
-  validate_options(o, rt.world_group->size());
-  trace::set_thread_name("main");
-  if (o.step.max_steps == 0) return convert_checkpoint(o, rt);
-  const comm::ProcessGroupPtr& world = rt.world_group;
-  const int rank = world->rank();
-  const int W = world->size();
-  const bool lead = rank == 0;
-  // cuda:<local rank> (the NCCL world group's device) or the CPU.
-  const at::Device device = worker_device(o.device, rt.world.local_rank);
-  FSDP_CHECK(world->device().type() == device.type(), "--device ", o.device, " but the world process group (",
-             world->backend(), ") runs on ", world->device().str(), "; start the workers with the backend for ",
-             o.device, " (tcp for cpu, nccl for cuda)");
-  set_current_device(device);
-  // This rank's share, before anything is allocated; the bound the log checks the
-  // engine's unsharded buffers against (Note [Unsharded memory]).
-  const int64_t unsharded_bound = check_memory(o, W, rt.world.local_world_size, device);
-  Console console(o, lead);
-  const LogLine say = console.level('I');
-  const LogLine warn = console.level('W');
+// The state of one run on this rank. Members are declared in the order they
+// come to exist, so that they are destroyed in reverse: the loader before the
+// data, the optimizer and scaler before the groups they reduce over, the
+// checkpoint directory's lock last but for the console.
+class Trainer::Impl {
+ public:
+  Impl(TrainOptions options, comm::Runtime runtime);
+  Impl(const Impl&) = delete;
+  Impl& operator=(const Impl&) = delete;
+
+  void restore();
+  StepRecord train_step();
+  EvalRecord evaluate(int64_t max_windows);
+  std::string save();
+  void export_hf();
+  TrainSummary run();
+
+  int64_t step() const { return step_; }
+  bool stop_requested() const { return stop_; }
+  const TrainSummary& summary() const { return summary_; }
+
+ private:
+  void build();
+  void warn_about_token_ids();
+  void log_plan_and_memory();
+  void open_records();
+  void write_metrics(const nlohmann::json& j);
+  void begin_training();
+  double forward_backward();
+  void log_step(StepRecord& rec);
+  void check_unsharded_contract(int64_t step, const UnshardedMemory& unsharded);
+  nlohmann::json trainer_state(int64_t completed) const;
+  void start_trace_if_due();
+  void finish_trace();
+  int agree_stop_reason();
+  void require_restored(const char* method) const;
+
+  const TrainOptions o_;
+  const comm::Runtime rt_;
+  const comm::ProcessGroupPtr world_;
+  const int rank_;
+  const int W_;
+  const bool lead_;
+  // Note [Checkpoint conversion]: max_steps == 0 builds nothing; run() converts.
+  const bool conversion_;
+  Console console_;
+  const LogLine say_;
+  const LogLine warn_;
   // Progress bars for long checkpoint I/O: rank 0, and only on a terminal.
-  const bool progress = lead && !o.log.quiet && isatty(STDERR_FILENO) == 1;
+  const bool progress_;
+
+  // cuda:<local rank> (the NCCL world group's device) or the CPU.
+  at::Device device_ = at::kCPU;
+  int64_t unsharded_bound_ = 0;  // the plan's bound on the engine's unsharded buffers (Note [Unsharded memory])
+  checkpoint::CheckpointDirHold checkpoint_dir_;
+  models::LlamaConfig cfg_;
+  std::unique_ptr<data::Tokenizer> tokenizer_;
+  std::optional<int64_t> tokenizer_bos_;
+  std::vector<int64_t> tokenizer_eos_;
+  std::shared_ptr<const data::TokenDataset> dataset_;
+  std::shared_ptr<const data::TokenDataset> val_dataset_;  // null without eval.val_data
+  std::shared_ptr<const data::BatchSampler> sampler_;
+  int64_t global_batch_ = 0;  // G: samples per optimizer step over all ranks
+  std::shared_ptr<models::LlamaForCausalLMImpl> model_;
+  std::optional<checkpoint::HfImportResult> rank0_import_;  // --sync-module-states --init-from: rank 0 read the files
+  std::optional<nn::Unit<models::LlamaForCausalLMImpl>> root_;
+  FsdpOptions engine_;
+  std::shared_ptr<ShardedModel> sharded_;
+  double device_peak_flops_ = 0;
+  double flops_per_token_ = 0;
+  std::unique_ptr<optim::AdamW> opt_;
+  optim::LrSchedule sched_;
+  // Scalars the trainer reduces (loss, the stop flag, checkpoint agreement)
+  // go through their own group, so the FSDP byte counts in the metrics are
+  // the engine's alone.
+  comm::ProcessGroupPtr scalars_;
+  std::unique_ptr<optim::ShardedGradScaler> scaler_;  // null without loss scaling
+  TrainSummary summary_;
+  // Opened by restore(), once the start step is known (Note [Metrics after a resume]).
+  std::ofstream metrics_;
+  std::unique_ptr<TensorBoardWriter> board_;
+  nlohmann::json model_config_;
+  // Note [Export extras]: what --export-hf adds, recorded in every checkpoint.
+  nlohmann::json hf_extras_;
+
+  bool restored_ = false;
+  bool resumed_ = false;
+  int64_t start_step_ = 0;  // where restore() started
+  int64_t step_ = 0;        // completed steps
+  int64_t saved_at_ = -1;   // the step of the newest checkpoint in checkpoint.dir of this run, -1: none
+  std::unique_ptr<data::BackgroundLoader> loader_;  // from begin_training()
+  // The interval since the previous logged step, which its Speed and ETA cover.
+  Clock::time_point interval_start_;
+  int64_t interval_steps_ = 0;
+  double seconds_per_step_ = 0;  // the latest interval's mean, for the ETA
+  bool contract_broken_ = false;  // warned once that the unsharded-memory bound failed
+  int stop_local_ = 0;            // this rank's stop request at the last step
+  bool stop_ = false;             // agreed at the last step: some rank asked to stop
+  bool tracing_ = false;
+};
+
+Trainer::Impl::Impl(TrainOptions options, comm::Runtime runtime)
+    : o_(std::move(options)),
+      rt_(std::move(runtime)),
+      world_(rt_.world_group),
+      rank_(world_->rank()),
+      W_(world_->size()),
+      lead_(rank_ == 0),
+      conversion_(o_.step.max_steps == 0),
+      console_(o_, lead_),
+      say_(console_.level('I')),
+      warn_(console_.level('W')),
+      progress_(lead_ && !o_.log.quiet && isatty(STDERR_FILENO) == 1) {
+  validate_options(o_, W_);
+  trace::set_thread_name("main");
+  if (!conversion_) build();
+}
+
+void Trainer::Impl::build() {
+  device_ = worker_device(device_name(o_.device), rt_.world.local_rank);
+  FSDP_CHECK(world_->device().type() == device_.type(), "--device ", device_name(o_.device),
+             " but the world process group (", world_->backend(), ") runs on ", world_->device().str(),
+             "; start the workers with the backend for ", device_name(o_.device), " (tcp for cpu, nccl for cuda)");
+  set_current_device(device_);
+  // This rank's share, before anything is allocated.
+  unsharded_bound_ = check_memory(o_, W_, rt_.world.local_world_size, device_);
   // --checkpoint-dir is this run's alone until it ends (Note [Ownership of
   // what we delete]): rank 0 locks it and removes what interrupted saves left.
-  checkpoint::CheckpointDirHold checkpoint_dir;
-  if (!o.checkpoint.dir.empty()) {
-    checkpoint_dir = checkpoint::open_checkpoint_dir(o.checkpoint.dir, rt.cpu_group ? *rt.cpu_group : *world);
+  if (!o_.checkpoint.dir.empty()) {
+    checkpoint_dir_ = checkpoint::open_checkpoint_dir(o_.checkpoint.dir, rt_.cpu_group ? *rt_.cpu_group : *world_);
   }
 
   // --- model configuration and data
-  const models::LlamaConfig cfg = init_config(o);
-  std::unique_ptr<data::Tokenizer> tokenizer = data::make_tokenizer(o.data.tokenizer);
-  FSDP_CHECK(tokenizer->vocab_size() <= cfg.vocab_size, "tokenizer ", tokenizer->name(), " has ",
-             tokenizer->vocab_size(), " tokens but model '", cfg.name, "' has vocab_size ", cfg.vocab_size,
+  cfg_ = init_config(o_);
+  tokenizer_ = data::make_tokenizer(o_.data.tokenizer);
+  FSDP_CHECK(tokenizer_->vocab_size() <= cfg_.vocab_size, "tokenizer ", tokenizer_->name(), " has ",
+             tokenizer_->vocab_size(), " tokens but model '", cfg_.name, "' has vocab_size ", cfg_.vocab_size,
              "; choose a model with a large enough vocabulary or another tokenizer");
-  const std::optional<int64_t> tokenizer_bos =
-      tokenizer->bos_id() >= 0 ? std::optional<int64_t>(tokenizer->bos_id()) : std::nullopt;
-  const std::vector<int64_t> tokenizer_eos =
-      tokenizer->eos_id() >= 0 ? std::vector<int64_t>{tokenizer->eos_id()} : std::vector<int64_t>{};
-  if (!o.hf.init_from.empty() && (cfg.bos_token_id.has_value() || !cfg.eos_token_id.empty())) {
-    const bool bos_differs = cfg.bos_token_id && tokenizer_bos && *cfg.bos_token_id != *tokenizer_bos;
-    const bool eos_differs = !cfg.eos_token_id.empty() && !tokenizer_eos.empty() &&
-                             std::find(cfg.eos_token_id.begin(), cfg.eos_token_id.end(), tokenizer_eos[0]) ==
-                                 cfg.eos_token_id.end();
-    if (bos_differs || eos_differs) {
-      warn(fmt::format("--tokenizer {} uses {} but {}/config.json says {}; training uses the tokenizer's ids, "
-                       "--export-hf keeps the config's (they belong to the weights' vocabulary)",
-                       o.data.tokenizer, token_ids_text(tokenizer_bos, tokenizer_eos), o.hf.init_from,
-                       token_ids_text(cfg.bos_token_id, cfg.eos_token_id)));
-    }
-  }
-  std::shared_ptr<const data::TokenDataset> dataset = load_data(o, o.data.path, tokenizer.get());
-  dataset->validate(cfg.vocab_size);
-  std::shared_ptr<const data::TokenDataset> val_dataset;
-  if (!o.eval.val_data.empty()) {
-    val_dataset = load_data(o, o.eval.val_data, tokenizer.get());
-    val_dataset->validate(cfg.vocab_size);
+  if (tokenizer_->bos_id() >= 0) tokenizer_bos_ = tokenizer_->bos_id();
+  if (tokenizer_->eos_id() >= 0) tokenizer_eos_ = {tokenizer_->eos_id()};
+  warn_about_token_ids();
+  dataset_ = load_data(o_, o_.data.path, tokenizer_.get());
+  dataset_->validate(cfg_.vocab_size);
+  if (!o_.eval.val_data.empty()) {
+    val_dataset_ = load_data(o_, o_.eval.val_data, tokenizer_.get());
+    val_dataset_->validate(cfg_.vocab_size);
   }
 
   data::SamplerOptions sopt;
-  sopt.seq_len = o.data.seq_len;
-  sopt.batch_size = o.step.batch_size;
-  sopt.world_size = W;
-  sopt.rank = rank;
-  sopt.grad_accum = o.step.grad_accum;
-  sopt.seed = o.step.seed;
-  sopt.shuffle = o.data.shuffle;
-  auto sampler = std::make_shared<const data::BatchSampler>(dataset, sopt);
+  sopt.seq_len = o_.data.seq_len;
+  sopt.batch_size = o_.step.batch_size;
+  sopt.world_size = W_;
+  sopt.rank = rank_;
+  sopt.grad_accum = o_.step.grad_accum;
+  sopt.seed = o_.step.seed;
+  sopt.shuffle = o_.data.shuffle;
+  sampler_ = std::make_shared<const data::BatchSampler>(dataset_, sopt);
+  global_batch_ = sampler_->global_batch_size();
   // One optimizer step reads each window at most once: a global batch past the
   // epoch (a slip of --grad-accum) would repeat the data inside every step and
   // could run for years.
-  FSDP_CHECK(o.eval.only || sampler->global_batch_size() <= sampler->samples_per_epoch(),
-             "one optimizer step reads --batch-size ",
-             o.step.batch_size, " x --grad-accum ", o.step.grad_accum, " x ", W, " ranks = ",
-             sampler->global_batch_size(), " windows, but --data ", o.data.path, " holds only ",
-             sampler->samples_per_epoch(), " windows of --seq-len ", o.data.seq_len,
+  FSDP_CHECK(o_.eval.only || global_batch_ <= sampler_->samples_per_epoch(), "one optimizer step reads --batch-size ",
+             o_.step.batch_size, " x --grad-accum ", o_.step.grad_accum, " x ", W_, " ranks = ", global_batch_,
+             " windows, but --data ", o_.data.path, " holds only ", sampler_->samples_per_epoch(),
+             " windows of --seq-len ", o_.data.seq_len,
              " per epoch — lower --grad-accum or --batch-size (or --seq-len), or give more data");
 
   // --- model, built on the meta device; each rank materializes its shards.
   // --sync-module-states: rank 0 alone builds the whole model on the CPU
   // (initialized, or loaded from --init-from) and fully_shard broadcasts its
   // values, unit by unit, to every rank's shards.
-  const bool rank0_materializes = o.sharding.sync_module_states && rank == 0;
-  auto impl = std::make_shared<models::LlamaForCausalLMImpl>(
-      cfg, at::TensorOptions().device(rank0_materializes ? at::kCPU : at::kMeta), o.step.seed);
-  std::optional<checkpoint::HfImportResult> rank0_import;
-  if (rank0_materializes && !o.hf.init_from.empty()) {
-    rank0_import = checkpoint::import_hf_module(o.hf.init_from, *impl, cfg, progress);
+  const bool rank0_materializes = o_.sharding.sync_module_states && rank_ == 0;
+  model_ = std::make_shared<models::LlamaForCausalLMImpl>(
+      cfg_, at::TensorOptions().device(rank0_materializes ? at::kCPU : at::kMeta), o_.step.seed);
+  if (rank0_materializes && !o_.hf.init_from.empty()) {
+    rank0_import_ = checkpoint::import_hf_module(o_.hf.init_from, *model_, cfg_, progress_);
   }
-  nn::Unit<models::LlamaForCausalLMImpl> root(impl);
-  const FsdpOptions fo = worker_engine_options(o, rt, cfg, device);
-  auto sharded = fully_shard(root.ptr(), world, fo);
+  root_.emplace(model_);
+  engine_ = worker_engine_options(o_, rt_, cfg_, device_);
+  sharded_ = fully_shard(root_->ptr(), world_, engine_);
   // MFU: this rank's share of the model FLOPs per second over the device's data-sheet
   // peak for the compute dtype; left out where the peak is not known (the CPU).
-  const double device_peak_flops = peak_flops(device_model(device), fo.mixed_precision.param_dtype);
-  const double flops_per_token = cfg.training_flops_per_token(o.data.seq_len);
-  if (o.sharding.sync_module_states) {
-    say(fmt::format("--sync-module-states: rank 0's {} broadcast to {} rank{} before sharding",
-                    o.hf.init_from.empty() ? "initial parameters" : "weights from " + o.hf.init_from, W,
-                    W == 1 ? "" : "s"));
+  device_peak_flops_ = peak_flops(device_model(device_), engine_.mixed_precision.param_dtype);
+  flops_per_token_ = cfg_.training_flops_per_token(o_.data.seq_len);
+  if (o_.sharding.sync_module_states) {
+    say_(fmt::format("--sync-module-states: rank 0's {} broadcast to {} rank{} before sharding",
+                     o_.hf.init_from.empty() ? "initial parameters" : "weights from " + o_.hf.init_from, W_,
+                     W_ == 1 ? "" : "s"));
   }
 
-  optim::AdamWOptions aopt = o.adamw;
-  if (fo.mixed_precision.master_dtype == at::kBFloat16) {
+  optim::AdamWOptions aopt = o_.adamw;
+  if (engine_.mixed_precision.master_dtype == at::kBFloat16) {
     // Pure bf16: AnyPrecision AdamW (bf16 moments, Kahan-compensated updates).
     aopt.state_dtype = at::kBFloat16;
     aopt.kahan_summation = true;
   }
-  optim::AdamW opt(aopt);
-  opt.add_shards(sharded->shards());
-  optim::LrSchedule sched = o.schedule;
-  sched.max_steps = o.step.max_steps;
+  opt_ = std::make_unique<optim::AdamW>(aopt);
+  opt_->add_shards(sharded_->shards());
+  sched_ = o_.schedule;
+  sched_.max_steps = o_.step.max_steps;
 
-  // Scalars the trainer reduces (loss, the stop flag, checkpoint agreement) go
-  // through their own group, so the FSDP byte counts in the metrics are the
-  // engine's alone.
   // Host-side tensors: with NCCL the runtime's TCP cpu_group carries them.
-  comm::ProcessGroupPtr scalars = rt.cpu_group ? rt.cpu_group : W > 1 ? world->new_group([&] {
-    std::vector<int> all(static_cast<size_t>(W));
-    for (int i = 0; i < W; ++i) all[static_cast<size_t>(i)] = i;
+  scalars_ = rt_.cpu_group ? rt_.cpu_group : W_ > 1 ? world_->new_group([&] {
+    std::vector<int> all(static_cast<size_t>(W_));
+    for (int i = 0; i < W_; ++i) all[static_cast<size_t>(i)] = i;
     return all;
-  }(), "trainer") : world;
+  }(), "trainer") : world_;
 
   // fp16: dynamic loss scaling over the sharded gradients; every rank skips
   // the same steps (grad_scaler.h).
-  std::unique_ptr<optim::ShardedGradScaler> scaler;
-  const std::string& ls = o.sharding.loss_scaling;
-  if (ls == "on" || (ls == "auto" && fo.mixed_precision.param_dtype == at::kHalf)) {
+  const LossScaling ls = o_.sharding.loss_scaling;
+  if (ls == LossScaling::kOn || (ls == LossScaling::kAuto && engine_.mixed_precision.param_dtype == at::kHalf)) {
     optim::GradScalerOptions gso;
-    gso.init_scale = o.sharding.initial_loss_scale;
-    scaler = std::make_unique<optim::ShardedGradScaler>(gso, scalars);
+    gso.init_scale = o_.sharding.initial_loss_scale;
+    scaler_ = std::make_unique<optim::ShardedGradScaler>(gso, scalars_);
   }
 
-  TrainSummary summary;
-  summary.parameters = cfg.num_parameters();
-  summary.plan = sharded->describe();
-  const int64_t G = sampler->global_batch_size();
-  say(fmt::format("model {} ({} parameters), {} ranks ({}), {} units, global batch {} x {} tokens", cfg.name,
-                  cfg.num_parameters(), W, rt.world.launcher, sharded->units().size(), G, o.data.seq_len));
-  say(fmt::format("data {}, {} windows of {} tokens per epoch", dataset->describe(), sampler->samples_per_epoch(),
-                  o.data.seq_len));
-  if (lead && !o.log.quiet) std::cout << summary.plan << std::flush;
-  {
-    // Where this rank's bytes live (CPU offload moves shards and optimizer state to host memory).
-    std::string where;
-    for (const auto& m : sharded->memory_placement()) {
-      if (m.bytes == 0) continue;
-      where += fmt::format("{}{} {} on {}{}", where.empty() ? "" : ", ", m.what, format_bytes(m.bytes), m.device,
-                           m.pinned ? " (pinned)" : "");
-    }
-    int64_t state = 0;
-    for (const auto& slot : opt.slots()) state += slot.exp_avg.nbytes() + slot.exp_avg_sq.nbytes();
-    const std::string state_device = opt.slots().empty() ? "-" : opt.slots().front().exp_avg.device().str();
-    say(fmt::format("memory per rank: {}, optimizer state {} on {}; unsharded buffers during a step at most {}",
-                    where, format_bytes(state), state_device, format_bytes(unsharded_bound)));
-  }
+  summary_.parameters = cfg_.num_parameters();
+  summary_.plan = sharded_->describe();
+  log_plan_and_memory();
+  model_config_ = nlohmann::json::parse(cfg_.to_hf_config_json());
+  hf_extras_ = export_extras(o_, *tokenizer_, tokenizer_bos_, tokenizer_eos_);
+}
 
-  // Opened once the start step is known (Note [Metrics after a resume]).
-  std::ofstream metrics;
-  std::unique_ptr<TensorBoardWriter> board;
-  // A record that cannot be written fails the run: metrics are results.
-  auto write_metrics = [&](const nlohmann::json& j) {
-    errno = 0;
-    metrics << j.dump() << "\n" << std::flush;
-    if (!metrics) {
-      FSDP_FAIL("--metrics-file ", o.log.metrics_file, ": writing failed (",
-                errno != 0 ? std::strerror(errno) : "stream error", "); free space on its disk or choose another file");
-    }
-  };
-
-  // --- where the weights come from: a checkpoint, a Hugging Face directory, or the seed
-  const nlohmann::json model_config = nlohmann::json::parse(cfg.to_hf_config_json());
-  // Note [Export extras]: what --export-hf adds, recorded in every checkpoint.
-  const nlohmann::json hf_extras = export_extras(o, *tokenizer, tokenizer_bos, tokenizer_eos);
-  int64_t start_step = 0;
-  for (const auto& name : checkpoint_dir.removed) {
-    say(fmt::format("removed {}/{}, left by an interrupted save", o.checkpoint.dir, name));
+// With --init-from, the special token ids of its config.json (which --export-hf
+// keeps) may name other tokens than the tokenizer's (which training uses).
+void Trainer::Impl::warn_about_token_ids() {
+  if (o_.hf.init_from.empty() || (!cfg_.bos_token_id.has_value() && cfg_.eos_token_id.empty())) return;
+  const bool bos_differs = cfg_.bos_token_id && tokenizer_bos_ && *cfg_.bos_token_id != *tokenizer_bos_;
+  const bool eos_differs = !cfg_.eos_token_id.empty() && !tokenizer_eos_.empty() &&
+                           std::find(cfg_.eos_token_id.begin(), cfg_.eos_token_id.end(), tokenizer_eos_[0]) ==
+                               cfg_.eos_token_id.end();
+  if (bos_differs || eos_differs) {
+    warn_(fmt::format("--tokenizer {} uses {} but {}/config.json says {}; training uses the tokenizer's ids, "
+                      "--export-hf keeps the config's (they belong to the weights' vocabulary)",
+                      o_.data.tokenizer, token_ids_text(tokenizer_bos_, tokenizer_eos_), o_.hf.init_from,
+                      token_ids_text(cfg_.bos_token_id, cfg_.eos_token_id)));
   }
-  bool resumed = false;
-  if (o.checkpoint.resume) {
+}
+
+void Trainer::Impl::log_plan_and_memory() {
+  say_(fmt::format("model {} ({} parameters), {} ranks ({}), {} units, global batch {} x {} tokens", cfg_.name,
+                   cfg_.num_parameters(), W_, rt_.world.launcher, sharded_->units().size(), global_batch_,
+                   o_.data.seq_len));
+  say_(fmt::format("data {}, {} windows of {} tokens per epoch", dataset_->describe(), sampler_->samples_per_epoch(),
+                   o_.data.seq_len));
+  if (lead_ && !o_.log.quiet) std::cout << summary_.plan << std::flush;
+  // Where this rank's bytes live (CPU offload moves shards and optimizer state to host memory).
+  std::string where;
+  for (const auto& m : sharded_->memory_placement()) {
+    if (m.bytes == 0) continue;
+    where += fmt::format("{}{} {} on {}{}", where.empty() ? "" : ", ", m.what, format_bytes(m.bytes), m.device,
+                         m.pinned ? " (pinned)" : "");
+  }
+  int64_t state = 0;
+  for (const auto& slot : opt_->slots()) state += slot.exp_avg.nbytes() + slot.exp_avg_sq.nbytes();
+  const std::string state_device = opt_->slots().empty() ? "-" : opt_->slots().front().exp_avg.device().str();
+  say_(fmt::format("memory per rank: {}, optimizer state {} on {}; unsharded buffers during a step at most {}",
+                   where, format_bytes(state), state_device, format_bytes(unsharded_bound_)));
+}
+
+void Trainer::Impl::require_restored(const char* method) const {
+  FSDP_CHECK(!conversion_, "Trainer::", method, ": step.max_steps is 0, which converts a checkpoint; only run() "
+             "does that");
+  FSDP_CHECK(restored_, "Trainer::", method, " needs the weights in place: call restore() first");
+}
+
+// --- where the weights come from: a checkpoint, a Hugging Face directory, or the seed
+void Trainer::Impl::restore() {
+  FSDP_CHECK(!conversion_, "Trainer::restore: step.max_steps is 0, which converts a checkpoint; only run() does "
+             "that");
+  FSDP_CHECK(!restored_, "Trainer::restore: the weights are restored already; call it once");
+  for (const auto& name : checkpoint_dir_.removed) {
+    say_(fmt::format("removed {}/{}, left by an interrupted save", o_.checkpoint.dir, name));
+  }
+  if (o_.checkpoint.resume) {
     checkpoint::LoadOptions lo;
-    lo.progress = progress;
-    const checkpoint::LoadResult r = checkpoint::load_latest_checkpoint(o.checkpoint.dir, *sharded, &opt, *scalars, lo);
-    for (const auto& why : r.rejected) warn(why + "; trying the previous checkpoint");
+    lo.progress = progress_;
+    const checkpoint::LoadResult r =
+        checkpoint::load_latest_checkpoint(o_.checkpoint.dir, *sharded_, opt_.get(), *scalars_, lo);
+    for (const auto& why : r.rejected) warn_(why + "; trying the previous checkpoint");
     if (r.loaded) {
-      resumed = true;
-      const models::LlamaConfig saved = models::parse_hf_config(r.manifest.at("model_config").dump(), r.path);
-      const std::string diff = checkpoint::config_mismatch(cfg, saved);
+      resumed_ = true;
+      const models::LlamaConfig saved = models::parse_hf_config(r.manifest->at("model_config").dump(), r.path);
+      const std::string diff = checkpoint::config_mismatch(cfg_, saved);
       FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " was saved from another model (", diff,
                  "); resume with the model it was saved with or use another --checkpoint-dir");
-      const nlohmann::json& ts = r.trainer_state;
-      start_step = ts.at("step").get<int64_t>();
-      if (scaler && ts.contains("grad_scaler")) {
-        scaler->set_state(ts["grad_scaler"].at("scale").get<double>(),
-                          ts["grad_scaler"].at("growth_tracker").get<int64_t>());
+      const nlohmann::json& ts = *r.trainer_state;
+      start_step_ = ts.at("step").get<int64_t>();
+      if (scaler_ && ts.contains("grad_scaler")) {
+        scaler_->set_state(ts["grad_scaler"].at("scale").get<double>(),
+                           ts["grad_scaler"].at("growth_tracker").get<int64_t>());
       }
-      summary.resumed_from = r.path;
-      say(fmt::format("Resumed from {} (step {}): {} in {:.2f} s, {:.2f} GB/s", r.path, start_step,
-                      megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
+      summary_.resumed_from = r.path;
+      say_(fmt::format("Resumed from {} (step {}): {} in {:.2f} s, {:.2f} GB/s", r.path, start_step_,
+                       megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
       auto differs = [&](const char* key, const nlohmann::json& now, const char* flag) {
         if (ts.contains(key) && ts[key] != now) {
-          warn(fmt::format("the checkpoint was saved with {} {} (now {}): the data order from step {} on differs "
-                           "from the saved run's", flag, ts[key].dump(), now.dump(), start_step));
+          warn_(fmt::format("the checkpoint was saved with {} {} (now {}): the data order from step {} on differs "
+                            "from the saved run's", flag, ts[key].dump(), now.dump(), start_step_));
         }
       };
-      differs("global_batch_size", G, "a global batch of");
-      differs("seq_len", o.data.seq_len, "--seq-len");
-      differs("seed", o.step.seed, "--seed");
-      differs("shuffle", o.data.shuffle, "shuffle =");
-      differs("data", o.data.path, "--data");
+      differs("global_batch_size", global_batch_, "a global batch of");
+      differs("seq_len", o_.data.seq_len, "--seq-len");
+      differs("seed", o_.step.seed, "--seed");
+      differs("shuffle", o_.data.shuffle, "shuffle =");
+      differs("data", o_.data.path, "--data");
     } else {
-      say(fmt::format("no checkpoint in {} yet: starting from {}", o.checkpoint.dir,
-                      o.hf.init_from.empty() ? "scratch" : o.hf.init_from));
+      say_(fmt::format("no checkpoint in {} yet: starting from {}", o_.checkpoint.dir,
+                       o_.hf.init_from.empty() ? "scratch" : o_.hf.init_from));
     }
   }
-  if (!resumed && !o.hf.init_from.empty()) {
+  if (!resumed_ && !o_.hf.init_from.empty()) {
     // With --sync-module-states rank 0 read the files before sharding.
-    const checkpoint::HfImportResult r = o.sharding.sync_module_states
-                                             ? rank0_import.value_or(checkpoint::HfImportResult{})
-                                             : checkpoint::import_hf(o.hf.init_from, *sharded, cfg, *scalars, progress);
-    say(fmt::format("Initialized from {} ({} file{}): {} in {:.2f} s, {:.2f} GB/s{}", o.hf.init_from, r.files.size(),
-                    r.files.size() == 1 ? "" : "s", megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s(),
-                    r.ignored.empty() ? "" : fmt::format(" (ignored: {})", fmt::join(r.ignored, ", "))));
+    const checkpoint::HfImportResult r =
+        o_.sharding.sync_module_states ? rank0_import_.value_or(checkpoint::HfImportResult{})
+                                       : checkpoint::import_hf(o_.hf.init_from, *sharded_, cfg_, *scalars_, progress_);
+    say_(fmt::format("Initialized from {} ({} file{}): {} in {:.2f} s, {:.2f} GB/s{}", o_.hf.init_from,
+                     r.files.size(), r.files.size() == 1 ? "" : "s", megabytes(r.io.bytes), r.io.seconds,
+                     r.io.gb_per_s(),
+                     r.ignored.empty() ? "" : fmt::format(" (ignored: {})", fmt::join(r.ignored, ", "))));
   }
-  FSDP_CHECK(!o.eval.only || resumed || !o.hf.init_from.empty(), "--eval-only --resume: there is no checkpoint in ",
-             o.checkpoint.dir, " to evaluate; give --init-from DIR or a --checkpoint-dir that holds one");
+  FSDP_CHECK(!o_.eval.only || resumed_ || !o_.hf.init_from.empty(), "--eval-only --resume: there is no checkpoint "
+             "in ", o_.checkpoint.dir, " to evaluate; give --init-from DIR or a --checkpoint-dir that holds one");
+  open_records();
+  step_ = start_step_;
+  saved_at_ = resumed_ ? start_step_ : -1;
+  summary_.start_step = start_step_;
+  summary_.end_step = start_step_;
+  restored_ = true;
+}
 
-  // --- what rank 0 records: metrics, TensorBoard, the effective configuration
-  if (lead && !o.log.metrics_file.empty()) {
-    if (o.checkpoint.resume && !o.eval.only) {
-      if (const int64_t n = drop_metrics_from(o.log.metrics_file, start_step); n > 0) {
-        say(fmt::format("dropped {} record{} of steps >= {} from {}: the resumed run trains those steps again", n,
-                        n == 1 ? "" : "s", start_step, o.log.metrics_file));
+// --- what rank 0 records: metrics, TensorBoard, the effective configuration
+void Trainer::Impl::open_records() {
+  if (lead_ && !o_.log.metrics_file.empty()) {
+    if (o_.checkpoint.resume && !o_.eval.only) {
+      if (const int64_t n = drop_metrics_from(o_.log.metrics_file, start_step_); n > 0) {
+        say_(fmt::format("dropped {} record{} of steps >= {} from {}: the resumed run trains those steps again", n,
+                         n == 1 ? "" : "s", start_step_, o_.log.metrics_file));
       }
     }
-    metrics.open(o.log.metrics_file, std::ios::app);
-    FSDP_CHECK(metrics.good(), "--metrics-file ", o.log.metrics_file, ": cannot open for appending");
-    if (!o.log.config_text.empty()) {
-      write_file_atomically(config_path_beside(o.log.metrics_file), o.log.config_text, "--metrics-file");
+    metrics_.open(o_.log.metrics_file, std::ios::app);
+    FSDP_CHECK(metrics_.good(), "--metrics-file ", o_.log.metrics_file, ": cannot open for appending");
+    if (!o_.log.config_text.empty()) {
+      write_file_atomically(config_path_beside(o_.log.metrics_file), o_.log.config_text, "--metrics-file");
     }
   }
-  if (lead && !o.log.tensorboard_dir.empty()) {
-    board = std::make_unique<TensorBoardWriter>(o.log.tensorboard_dir, o.checkpoint.resume ? start_step : -1);
-    if (!o.log.config_text.empty()) {
-      write_file_atomically((std::filesystem::path(o.log.tensorboard_dir) / "config.toml").string(),
-                            o.log.config_text, "--tensorboard");
+  if (lead_ && !o_.log.tensorboard_dir.empty()) {
+    board_ = std::make_unique<TensorBoardWriter>(o_.log.tensorboard_dir, o_.checkpoint.resume ? start_step_ : -1);
+    if (!o_.log.config_text.empty()) {
+      write_file_atomically((std::filesystem::path(o_.log.tensorboard_dir) / "config.toml").string(),
+                            o_.log.config_text, "--tensorboard");
     }
   }
+}
 
-  // --- evaluation: exact mean over every target of the windows (sampler.h, EvalWindows)
-  auto evaluate = [&](int64_t completed, int64_t max_windows) {
-    trace::Span span("eval", "eval", -1, {}, completed);
-    const auto t0 = Clock::now();
-    data::EvalWindows windows(val_dataset, o.data.seq_len, W, rank, max_windows);
-    at::NoGradGuard no_grad;
-    double sum = 0.0;
-    const int64_t batches = windows.num_batches(o.step.batch_size);
-    for (int64_t b = 0; b < batches; ++b) {
-      const data::Batch batch = windows.batch(b, o.step.batch_size);
-      sum += root(batch.inputs.to(device), batch.targets.to(device), models::LossReduction::kSum).item<double>();
-    }
-    at::Tensor t = at::full({1}, sum, at::TensorOptions().dtype(at::kDouble));
-    scalars->all_reduce(t, comm::ReduceOp::kSum)->wait();
-    EvalRecord rec;
-    rec.step = completed;
-    rec.targets = windows.total_targets();
-    rec.loss = t.item<double>() / static_cast<double>(rec.targets);
-    if (!std::isfinite(rec.loss)) {  // the same value on every rank: all fail together
-      const char* value = std::isnan(rec.loss) ? "NaN" : rec.loss > 0 ? "inf" : "-inf";
-      FSDP_FAIL("the evaluation loss is ", value, " at step ", completed,
-                ": the weights or the --val-data produce NaN/inf",
-                o.eval.only ? "; check the weights being evaluated"
-                            : "; lower --lr or raise --warmup-steps, or clip harder with --clip-grad");
-    }
-    say(fmt::format("Eval Loss: {:.5f} (step {}, {} tokens, {:.2f} s)", rec.loss, completed, rec.targets,
-                    seconds_since(t0)));
-    if (metrics.is_open()) {
-      nlohmann::json j = {{"eval_loss", rec.loss}, {"eval_tokens", rec.targets}};
-      if (!o.eval.only) j["step"] = completed;
-      write_metrics(j);
-    }
-    if (board) board->scalars(completed, {{"eval/loss", rec.loss}});
-    summary.evals.push_back(rec);
-    sharded->take_step_counters();  // evaluation's all-gathers are not a step's
-  };
-
-  auto trainer_state = [&](int64_t completed) {
-    nlohmann::json ts{{"step", completed},
-                          {"samples_seen", completed * G},
-                          {"epochs", sampler->epochs_after(completed)},
-                          {"seed", o.step.seed},
-                          {"global_batch_size", G},
-                          {"batch_size", o.step.batch_size},
-                          {"grad_accum", o.step.grad_accum},
-                          {"world_size", W},
-                          {"seq_len", o.data.seq_len},
-                          {"shuffle", o.data.shuffle},
-                          {"data", o.data.path},
-                          {"tokenizer", o.data.tokenizer},
-                          {"schedule",
-                           {{"lr", sched.lr},
-                            {"min_lr", sched.min_lr},
-                            {"warmup_steps", sched.warmup_steps},
-                            {"max_steps", sched.max_steps}}},
-                          // Training draws no random numbers: parameters are initialized from (seed, name)
-                          // and the data order is a pure function of (seed, step), so seed and step are the
-                          // whole RNG state.
-                          {"rng", "none consumed: seed and step determine initialization and data order"},
-                          {"hf_export", hf_extras}};
-    if (scaler) {
-      ts["grad_scaler"] = {{"scale", scaler->scale_value()},
-                           {"growth_tracker", scaler->growth_tracker()},
-                           {"skipped_steps", scaler->skipped_steps()}};
-    }
-    return ts;
-  };
-  auto save = [&](int64_t completed) {
-    trace::Span span("checkpoint save", "checkpoint", -1, {}, completed);
-    checkpoint::SaveOptions so;
-    so.keep_last = o.checkpoint.keep_last;
-    so.progress = progress;
-    const checkpoint::SaveResult r = checkpoint::save_checkpoint(o.checkpoint.dir, completed, *sharded, &opt,
-                                                                 model_config, trainer_state(completed), *scalars, so);
-    say(fmt::format("Saved checkpoint {} in {:.2f} s: {}, {:.2f} GB/s ({})", checkpoint::checkpoint_name(completed),
-                    r.io.seconds, megabytes(r.io.bytes), r.io.gb_per_s(), o.checkpoint.dir));
-    for (const auto& p : r.pruned) say(fmt::format("removed old checkpoint {} (--keep-last {})", p, o.checkpoint.keep_last));
-    summary.last_checkpoint = r.path;
-  };
-  auto export_weights = [&] {
-    if (o.hf.export_dir.empty()) return;
-    // Special token ids (README, Hugging Face): with --init-from, its
-    // config.json's (cfg carries them, see init_config); otherwise the
-    // tokenizer the model was trained with, null where it has none. Files:
-    // Note [Export extras].
-    export_and_report(o, *sharded, cfg, *scalars, hf_extras, progress, say, warn);
-  };
-
-  summary.start_step = start_step;
-  summary.end_step = start_step;
-  if (o.eval.only) {
-    evaluate(start_step, /*max_windows=*/0);
-    export_weights();
-    return summary;
+// A record that cannot be written fails the run: metrics are results.
+void Trainer::Impl::write_metrics(const nlohmann::json& j) {
+  errno = 0;
+  metrics_ << j.dump() << "\n" << std::flush;
+  if (!metrics_) {
+    FSDP_FAIL("--metrics-file ", o_.log.metrics_file, ": writing failed (",
+              errno != 0 ? std::strerror(errno) : "stream error", "); free space on its disk or choose another file");
   }
-  if (start_step >= o.step.max_steps) {
-    say(fmt::format("the checkpoint is at step {}, --max-steps is {}: nothing to train", start_step, o.step.max_steps));
-  }
+}
 
+// --- evaluation: exact mean over every target of the windows (sampler.h, EvalWindows)
+EvalRecord Trainer::Impl::evaluate(int64_t max_windows) {
+  require_restored("evaluate");
+  FSDP_CHECK(val_dataset_ != nullptr, "Trainer::evaluate needs eval.val_data (--val-data PATH)");
+  const int64_t completed = step_;
+  trace::Span span("eval", "eval", -1, {}, completed);
+  const auto t0 = Clock::now();
+  data::EvalWindows windows(val_dataset_, o_.data.seq_len, W_, rank_, max_windows);
+  at::NoGradGuard no_grad;
+  double sum = 0.0;
+  const int64_t batches = windows.num_batches(o_.step.batch_size);
+  for (int64_t b = 0; b < batches; ++b) {
+    const data::Batch batch = windows.batch(b, o_.step.batch_size);
+    sum += (*root_)(batch.inputs.to(device_), batch.targets.to(device_), models::LossReduction::kSum).item<double>();
+  }
+  at::Tensor t = at::full({1}, sum, at::TensorOptions().dtype(at::kDouble));
+  scalars_->all_reduce(t, comm::ReduceOp::kSum)->wait();
+  EvalRecord rec;
+  rec.step = completed;
+  rec.targets = windows.total_targets();
+  rec.loss = t.item<double>() / static_cast<double>(rec.targets);
+  if (!std::isfinite(rec.loss)) {  // the same value on every rank: all fail together
+    const char* value = std::isnan(rec.loss) ? "NaN" : rec.loss > 0 ? "inf" : "-inf";
+    FSDP_FAIL("the evaluation loss is ", value, " at step ", completed,
+              ": the weights or the --val-data produce NaN/inf",
+              o_.eval.only ? "; check the weights being evaluated"
+                           : "; lower --lr or raise --warmup-steps, or clip harder with --clip-grad");
+  }
+  say_(fmt::format("Eval Loss: {:.5f} (step {}, {} tokens, {:.2f} s)", rec.loss, completed, rec.targets,
+                   seconds_since(t0)));
+  if (metrics_.is_open()) {
+    nlohmann::json j = {{"eval_loss", rec.loss}, {"eval_tokens", rec.targets}};
+    if (!o_.eval.only) j["step"] = completed;
+    write_metrics(j);
+  }
+  if (board_) board_->scalars(completed, {{"eval/loss", rec.loss}});
+  summary_.evals.push_back(rec);
+  sharded_->take_step_counters();  // evaluation's all-gathers are not a step's
+  return rec;
+}
+
+nlohmann::json Trainer::Impl::trainer_state(int64_t completed) const {
+  nlohmann::json ts{{"step", completed},
+                    {"samples_seen", completed * global_batch_},
+                    {"epochs", sampler_->epochs_after(completed)},
+                    {"seed", o_.step.seed},
+                    {"global_batch_size", global_batch_},
+                    {"batch_size", o_.step.batch_size},
+                    {"grad_accum", o_.step.grad_accum},
+                    {"world_size", W_},
+                    {"seq_len", o_.data.seq_len},
+                    {"shuffle", o_.data.shuffle},
+                    {"data", o_.data.path},
+                    {"tokenizer", o_.data.tokenizer},
+                    {"schedule",
+                     {{"lr", sched_.lr},
+                      {"min_lr", sched_.min_lr},
+                      {"warmup_steps", sched_.warmup_steps},
+                      {"max_steps", sched_.max_steps}}},
+                    // Training draws no random numbers: parameters are initialized from (seed, name)
+                    // and the data order is a pure function of (seed, step), so seed and step are the
+                    // whole RNG state.
+                    {"rng", "none consumed: seed and step determine initialization and data order"},
+                    {"hf_export", hf_extras_}};
+  if (scaler_) {
+    ts["grad_scaler"] = {{"scale", scaler_->scale_value()},
+                         {"growth_tracker", scaler_->growth_tracker()},
+                         {"skipped_steps", scaler_->skipped_steps()}};
+  }
+  return ts;
+}
+
+std::string Trainer::Impl::save() {
+  require_restored("save");
+  FSDP_CHECK(!o_.checkpoint.dir.empty(), "Trainer::save needs checkpoint.dir (--checkpoint-dir DIR)");
+  const int64_t completed = step_;
+  trace::Span span("checkpoint save", "checkpoint", -1, {}, completed);
+  checkpoint::SaveOptions so;
+  so.keep_last = o_.checkpoint.keep_last;
+  so.progress = progress_;
+  const checkpoint::SaveResult r = checkpoint::save_checkpoint(o_.checkpoint.dir, completed, *sharded_, opt_.get(),
+                                                               model_config_, trainer_state(completed), *scalars_, so);
+  say_(fmt::format("Saved checkpoint {} in {:.2f} s: {}, {:.2f} GB/s ({})", checkpoint::checkpoint_name(completed),
+                   r.io.seconds, megabytes(r.io.bytes), r.io.gb_per_s(), o_.checkpoint.dir));
+  for (const auto& p : r.pruned) {
+    say_(fmt::format("removed old checkpoint {} (--keep-last {})", p, o_.checkpoint.keep_last));
+  }
+  summary_.last_checkpoint = r.path;
+  saved_at_ = completed;
+  return r.path;
+}
+
+void Trainer::Impl::export_hf() {
+  require_restored("export_hf");
+  FSDP_CHECK(!o_.hf.export_dir.empty(), "Trainer::export_hf needs hf.export_dir (--export-hf DIR)");
+  // Special token ids (README, Hugging Face): with --init-from, its
+  // config.json's (cfg_ carries them, see init_config); otherwise the
+  // tokenizer the model was trained with, null where it has none. Files:
+  // Note [Export extras].
+  export_and_report(o_, *sharded_, cfg_, *scalars_, hf_extras_, progress_, say_, warn_);
+}
+
+// The data loader and the step counters start here, not in restore(): an
+// --eval-only run reads no training batches, and a resume's loading and the
+// first evaluation are not a step.
+void Trainer::Impl::begin_training() {
   data::LoaderOptions lopt;
-  lopt.queue_depth = o.data.prefetch;
-  data::BackgroundLoader loader(sampler, /*start_step=*/start_step, lopt);
+  lopt.queue_depth = o_.data.prefetch;
+  loader_ = std::make_unique<data::BackgroundLoader>(sampler_, /*start_step=*/step_, lopt);
+  sharded_->take_step_counters();
+  sharded_->reset_unsharded_peak();
+  interval_start_ = Clock::now();
+  interval_steps_ = 0;
+}
 
-  sharded->take_step_counters();
-  sharded->reset_unsharded_peak();  // a resume's loading and the first evaluation are not a step
-  bool contract_broken = false;     // warned once that the unsharded-memory bound failed
-  auto interval_start = Clock::now();
+// Forward and backward of every micro-batch (gradient synchronization on the
+// last only); returns this rank's loss summed over them, each divided by
+// grad_accum, i.e. its mean.
+double Trainer::Impl::forward_backward() {
+  double local = 0.0;
+  for (int64_t a = 0; a < o_.step.grad_accum; ++a) {
+    data::Batch batch;
+    {
+      trace::Span span("data", "data");
+      batch = loader_->next();
+    }
+    sharded_->set_requires_gradient_sync(a == o_.step.grad_accum - 1);
+    at::Tensor loss =
+        (*root_)(batch.inputs.to(device_), batch.targets.to(device_)) / static_cast<double>(o_.step.grad_accum);
+    (scaler_ ? scaler_->scale(loss) : loss).backward();
+    local += loss.item<double>();
+  }
+  return local;
+}
+
+StepRecord Trainer::Impl::train_step() {
+  require_restored("train_step");
+  FSDP_CHECK(!o_.eval.only, "Trainer::train_step: eval.only evaluates and trains nothing");
+  FSDP_CHECK(step_ < o_.step.max_steps, "Trainer::train_step: ", step_, " steps are done, step.max_steps is ",
+             o_.step.max_steps, "; the schedule ends there");
+  if (!loader_) begin_training();
+  const int64_t step = step_;
+  const auto t0 = Clock::now();
+  const int64_t step_begin_us = trace::enabled() ? trace::now_us() : -1;
+  const double lr = sched_.at(step);
+  opt_->set_lr(lr);
+  sharded_->zero_grad();
+  const double local = forward_backward();
+  const double loss_scale = scaler_ ? scaler_->scale_value() : 0.0;
+  double norm = 0.0;
+  bool skipped = false;
+  {
+    trace::Span span("optimizer", "optim");
+    skipped = scaler_ && scaler_->unscale(sharded_->shards());
+    if (!skipped) {
+      norm = o_.step.clip_grad > 0 ? sharded_->clip_grad_norm(o_.step.clip_grad) : sharded_->grad_norm();
+      opt_->step();
+    }
+  }
+  if (skipped) {
+    warn_(fmt::format("step {}: inf/nan gradients at loss scale {}: step skipped on every rank", step, loss_scale));
+  }
+  if (scaler_) scaler_->update(skipped);
+
+  // One all-reduce for the loss (sum, then / W: the same bits as an average)
+  // and the stop flag (any rank's request stops every rank after this step).
+  stop_local_ = o_.stop_requested ? o_.stop_requested() : 0;
+  at::Tensor lt = at::tensor({local, static_cast<double>(stop_local_)}, at::TensorOptions().dtype(at::kDouble));
+  {
+    trace::Span span("loss all_reduce wait", "comm");
+    scalars_->all_reduce(lt, comm::ReduceOp::kSum)->wait();
+  }
+  const double loss_sum = lt[0].item<double>();
+  stop_ = lt[1].item<double>() > 0;
+  StepRecord rec;
+  rec.step = step;
+  rec.loss = W_ > 1 ? loss_sum / static_cast<double>(W_) : loss_sum;
+  rec.lr = lr;
+  rec.grad_norm = norm;
+  rec.loss_scale = loss_scale;
+  rec.skipped = skipped;
+  synchronize(device_);  // the optimizer's kernels belong to this step's time
+  rec.step_time_s = seconds_since(t0);
+  trace::record("step", "step", step_begin_us, trace::now_us(), -1, {}, step);
+  rec.comm = sharded_->take_step_counters();
+  rec.peak_mem_bytes = peak_memory_bytes(device_);
+  const UnshardedMemory unsharded = sharded_->unsharded_memory();
+  rec.unsharded_peak_bytes = unsharded.peak;
+  rec.unsharded_bound_bytes = unsharded_bound_;
+  check_unsharded_contract(step, unsharded);
+  FSDP_CHECK(std::isfinite(rec.loss), "the loss became ", rec.loss, " at step ", step, " (lr ", lr,
+             "); lower --lr or raise --warmup-steps, or clip harder with --clip-grad");
+  ++interval_steps_;
+  if ((step % o_.log.log_every == 0) || step == o_.step.max_steps - 1 || stop_) log_step(rec);
+  summary_.steps.push_back(rec);
+  step_ = step + 1;
+  summary_.end_step = step_;
+  return rec;
+}
+
+// The plan's bound is a contract (tests/fsdp/test_memory_contract.cpp): say so when it fails.
+void Trainer::Impl::check_unsharded_contract(int64_t step, const UnshardedMemory& unsharded) {
+  if (unsharded.peak <= unsharded_bound_ || contract_broken_) return;
+  contract_broken_ = true;
+  warn_(fmt::format("step {}: the engine held {} of unsharded buffers at once ({} parameters, {} gradients, {} in "
+                    "reductions, {} accumulated), more than the plan's bound {}; the run goes on, but memory "
+                    "planning is wrong for this configuration — please report it with --print-config's output",
+                    step, format_bytes(unsharded.peak), format_bytes(unsharded.at_peak.params),
+                    format_bytes(unsharded.at_peak.grads), format_bytes(unsharded.at_peak.reductions),
+                    format_bytes(unsharded.at_peak.accumulated), format_bytes(unsharded_bound_)));
+}
+
+// The step line, the metrics record and the TensorBoard scalars of a logged
+// step; fills in rec's rates over the steps since the previous logged one.
+void Trainer::Impl::log_step(StepRecord& rec) {
+  const int64_t step = rec.step;
+  const double dt = seconds_since(interval_start_);
+  seconds_per_step_ = dt / static_cast<double>(interval_steps_);
+  rec.samples_per_s = static_cast<double>(global_batch_ * interval_steps_) / dt;
+  rec.tokens_per_s = rec.samples_per_s * static_cast<double>(o_.data.seq_len);
+  const double mfu = device_peak_flops_ > 0
+                         ? rec.tokens_per_s / static_cast<double>(W_) * flops_per_token_ / device_peak_flops_
+                         : -1;
+  // The familiar prefix first (scripts grep it), then what people watch.
+  say_(fmt::format("Batch {} Loss: {:.5f}, Speed: {:.2f} samples/sec, lr: {:.6f} | step {}/{}, {:.0f} tokens/s{}, "
+                   "grad norm {:.4g}{}, peak mem {}, unsharded {} (plan {}), ETA {}",
+                   step, rec.loss, rec.samples_per_s, rec.lr, step + 1, o_.step.max_steps, rec.tokens_per_s,
+                   mfu >= 0 ? fmt::format(", MFU {:.1f}%", 100 * mfu) : std::string(), rec.grad_norm,
+                   scaler_ ? fmt::format(", loss scale {:g}{}", rec.loss_scale, rec.skipped ? " (skipped)" : "") : "",
+                   rec.peak_mem_bytes >= 0 ? format_bytes(rec.peak_mem_bytes) : std::string("?"),
+                   format_bytes(rec.unsharded_peak_bytes), format_bytes(unsharded_bound_),
+                   duration_text(seconds_per_step_ * static_cast<double>(o_.step.max_steps - step - 1))));
+  if (metrics_.is_open()) {
+    nlohmann::json j = {{"step", step},
+                        {"loss", rec.loss},
+                        {"lr", rec.lr},
+                        {"grad_norm", rec.grad_norm},
+                        {"samples_per_s", rec.samples_per_s},
+                        {"tokens_per_s", rec.tokens_per_s},
+                        {"step_time_s", rec.step_time_s},
+                        {"peak_mem_bytes", rec.peak_mem_bytes},
+                        {"unsharded_peak_bytes", rec.unsharded_peak_bytes},
+                        {"unsharded_bound_bytes", rec.unsharded_bound_bytes},
+                        {"allgather_bytes", rec.comm.allgather_bytes},
+                        {"reduce_scatter_bytes", rec.comm.reduce_scatter_bytes},
+                        {"allreduce_bytes", rec.comm.allreduce_bytes},
+                        {"world_size", W_}};
+    if (mfu >= 0) j["mfu"] = mfu;
+    if (scaler_) {
+      j["loss_scale"] = rec.loss_scale;
+      j["skipped"] = rec.skipped;
+    }
+    write_metrics(j);
+  }
+  if (board_) {
+    board_->scalars(step, {{"train/loss", rec.loss},
+                           {"train/lr", rec.lr},
+                           {"train/grad_norm", rec.grad_norm},
+                           {"train/samples_per_s", rec.samples_per_s},
+                           {"train/tokens_per_s", rec.tokens_per_s},
+                           {"train/step_time_s", rec.step_time_s},
+                           {"train/peak_mem_bytes", static_cast<double>(rec.peak_mem_bytes)},
+                           {"train/unsharded_peak_bytes", static_cast<double>(rec.unsharded_peak_bytes)}});
+  }
+  interval_start_ = Clock::now();
+  interval_steps_ = 0;
+  sharded_->reset_unsharded_peak();  // the next logged figure covers the steps after this one
+}
+
+// Note [Traced steps]
+// --profile-steps A:B traces steps A..B-1 on every rank (common/trace.h):
+// the training thread's spans (step, data wait, each unit's forward and
+// backward, gradient-free recomputation, the issue and the wait of each
+// unit's all-gather and reduce-scatter, the optimizer, evaluation and
+// checkpoint saves) and each collective lane's own spans, with bytes. The
+// lanes run the collectives beside compute, so what a step waited for is
+// the union of the training thread's "comm" spans: the exposed
+// communication of the summary line. After step B-1 (or the last step run)
+// the ranks' events are gathered to rank 0, which writes one file with one
+// track group per rank (pid = rank).
+void Trainer::Impl::start_trace_if_due() {
+  const bool profiling = o_.log.profile_end > o_.log.profile_begin;
+  if (profiling && !tracing_ && step_ >= o_.log.profile_begin && step_ < o_.log.profile_end) {
+    trace::start();
+    tracing_ = true;
+  }
+}
+
+void Trainer::Impl::finish_trace() {
+  tracing_ = false;
+  const std::vector<trace::Event> events = trace::stop();
+  const std::vector<std::string> all =
+      checkpoint::all_gather_strings(*scalars_, trace_events_json(events, rank_).dump());
+  if (!lead_) return;
+  for (const trace::Event& e : events) {
+    if (e.cat == "step" && e.thread == trace::this_thread()) say_(profile_summary(events, e));
+  }
+  nlohmann::json merged = nlohmann::json::array();
+  size_t spans = 0;
+  for (const std::string& r : all) {
+    for (auto& e : nlohmann::json::parse(r)) {
+      spans += e["ph"] == "X" ? 1 : 0;
+      merged.push_back(std::move(e));
+    }
+  }
+  const nlohmann::json file = {
+      {"traceEvents", std::move(merged)},
+      {"displayTimeUnit", "ms"},
+      {"otherData", {{"producer", "fsdp-train"}, {"steps", fmt::format("{}:{}", o_.log.profile_begin,
+                                                                        o_.log.profile_end)},
+                     {"world_size", W_}, {"model", cfg_.name}}}};
+  write_file_atomically(o_.log.profile_file, file.dump(), "--profile-file");
+  summary_.trace_file = o_.log.profile_file;
+  say_(fmt::format("Wrote trace of steps {}..{} ({} spans, {} rank{}) to {}: open it in ui.perfetto.dev or "
+                   "chrome://tracing", std::max(o_.log.profile_begin, start_step_),
+                   std::min(o_.log.profile_end, summary_.end_step) - 1, spans, W_, W_ == 1 ? "" : "s",
+                   o_.log.profile_file));
+}
+
+// The reason every rank reports: the largest request (e.g. the signal number).
+int Trainer::Impl::agree_stop_reason() {
+  at::Tensor why = at::full({1}, static_cast<double>(stop_local_), at::TensorOptions().dtype(at::kDouble));
+  scalars_->all_reduce(why, comm::ReduceOp::kMax)->wait();
+  return std::max(1, static_cast<int>(why.item<double>()));
+}
+
+TrainSummary Trainer::Impl::run() {
+  if (conversion_) return convert_checkpoint(o_, rt_);
+  FSDP_CHECK(!restored_, "Trainer::run runs the whole training from the start; restore() was called already");
+  restore();
+  if (o_.eval.only) {
+    evaluate(/*max_windows=*/0);
+    if (!o_.hf.export_dir.empty()) export_hf();
+    return summary_;
+  }
+  if (step_ >= o_.step.max_steps) {
+    say_(fmt::format("the checkpoint is at step {}, --max-steps is {}: nothing to train", step_, o_.step.max_steps));
+  }
+  begin_training();
   const auto run_start = Clock::now();
-  int64_t interval_steps = 0;
-  int64_t saved_at = resumed ? start_step : -1;
-  double seconds_per_step = 0;  // the latest interval's mean, for the ETA
-
-  // Note [Traced steps]
-  // --profile-steps A:B traces steps A..B-1 on every rank (common/trace.h):
-  // the training thread's spans (step, data wait, each unit's forward and
-  // backward, gradient-free recomputation, the issue and the wait of each
-  // unit's all-gather and reduce-scatter, the optimizer, evaluation and
-  // checkpoint saves) and each collective lane's own spans, with bytes. The
-  // lanes run the collectives beside compute, so what a step waited for is
-  // the union of the training thread's "comm" spans: the exposed
-  // communication of the summary line. After step B-1 (or the last step run)
-  // the ranks' events are gathered to rank 0, which writes one file with one
-  // track group per rank (pid = rank).
-  const bool profiling = o.log.profile_end > o.log.profile_begin;
-  bool tracing = false;
-  auto finish_trace = [&] {
-    tracing = false;
-    const std::vector<trace::Event> events = trace::stop();
-    const std::vector<std::string> all =
-        checkpoint::all_gather_strings(*scalars, trace_events_json(events, rank).dump());
-    if (!lead) return;
-    for (const trace::Event& e : events) {
-      if (e.cat == "step" && e.thread == trace::this_thread()) say(profile_summary(events, e));
-    }
-    nlohmann::json merged = nlohmann::json::array();
-    size_t spans = 0;
-    for (const std::string& r : all) {
-      for (auto& e : nlohmann::json::parse(r)) {
-        spans += e["ph"] == "X" ? 1 : 0;
-        merged.push_back(std::move(e));
-      }
-    }
-    const nlohmann::json file = {
-        {"traceEvents", std::move(merged)},
-        {"displayTimeUnit", "ms"},
-        {"otherData", {{"producer", "fsdp-train"}, {"steps", fmt::format("{}:{}", o.log.profile_begin,
-                                                                          o.log.profile_end)},
-                       {"world_size", W}, {"model", cfg.name}}}};
-    write_file_atomically(o.log.profile_file, file.dump(), "--profile-file");
-    summary.trace_file = o.log.profile_file;
-    say(fmt::format("Wrote trace of steps {}..{} ({} spans, {} rank{}) to {}: open it in ui.perfetto.dev or "
-                    "chrome://tracing", std::max(o.log.profile_begin, start_step),
-                    std::min(o.log.profile_end, summary.end_step) - 1, spans, W, W == 1 ? "" : "s",
-                    o.log.profile_file));
-  };
-
-  for (int64_t step = start_step; step < o.step.max_steps; ++step) {
-    if (profiling && !tracing && step >= o.log.profile_begin && step < o.log.profile_end) {
-      trace::start();
-      tracing = true;
-    }
-    const auto t0 = Clock::now();
-    const int64_t step_begin_us = trace::enabled() ? trace::now_us() : -1;
-    const double lr = sched.at(step);
-    opt.set_lr(lr);
-    sharded->zero_grad();
-    double local = 0.0;
-    for (int64_t a = 0; a < o.step.grad_accum; ++a) {
-      data::Batch batch;
-      {
-        trace::Span span("data", "data");
-        batch = loader.next();
-      }
-      sharded->set_requires_gradient_sync(a == o.step.grad_accum - 1);
-      at::Tensor loss = root(batch.inputs.to(device), batch.targets.to(device)) / static_cast<double>(o.step.grad_accum);
-      (scaler ? scaler->scale(loss) : loss).backward();
-      local += loss.item<double>();
-    }
-    const double loss_scale = scaler ? scaler->scale_value() : 0.0;
-    double norm = 0.0;
-    bool skipped = false;
-    {
-      trace::Span span("optimizer", "optim");
-      skipped = scaler && scaler->unscale(sharded->shards());
-      if (!skipped) {
-        norm = o.step.clip_grad > 0 ? sharded->clip_grad_norm(o.step.clip_grad) : sharded->grad_norm();
-        opt.step();
-      }
-    }
-    if (skipped) {
-      warn(fmt::format("step {}: inf/nan gradients at loss scale {}: step skipped on every rank", step, loss_scale));
-    }
-    if (scaler) scaler->update(skipped);
-
-    // One all-reduce for the loss (sum, then / W: the same bits as an average)
-    // and the stop flag (any rank's request stops every rank after this step).
-    const int stop_local = o.stop_requested ? o.stop_requested() : 0;
-    at::Tensor lt = at::tensor({local, static_cast<double>(stop_local)}, at::TensorOptions().dtype(at::kDouble));
-    {
-      trace::Span span("loss all_reduce wait", "comm");
-      scalars->all_reduce(lt, comm::ReduceOp::kSum)->wait();
-    }
-    const double loss_sum = lt[0].item<double>();
-    const bool stop = lt[1].item<double>() > 0;
-    StepRecord rec;
-    rec.step = step;
-    rec.loss = W > 1 ? loss_sum / static_cast<double>(W) : loss_sum;
-    rec.lr = lr;
-    rec.grad_norm = norm;
-    rec.loss_scale = loss_scale;
-    rec.skipped = skipped;
-    synchronize(device);  // the optimizer's kernels belong to this step's time
-    rec.step_time_s = seconds_since(t0);
-    trace::record("step", "step", step_begin_us, trace::now_us(), -1, {}, step);
-    rec.comm = sharded->take_step_counters();
-    rec.peak_mem_bytes = peak_memory_bytes(device);
-    const UnshardedMemory unsharded = sharded->unsharded_memory();
-    rec.unsharded_peak_bytes = unsharded.peak;
-    rec.unsharded_bound_bytes = unsharded_bound;
-    if (unsharded.peak > unsharded_bound && !contract_broken) {
-      // The plan's bound is a contract (tests/fsdp/test_memory_contract.cpp): say so when it fails.
-      contract_broken = true;
-      warn(fmt::format("step {}: the engine held {} of unsharded buffers at once ({} parameters, {} gradients, {} in "
-                       "reductions, {} accumulated), more than the plan's bound {}; the run goes on, but memory "
-                       "planning is wrong for this configuration — please report it with --print-config's output",
-                       step, format_bytes(unsharded.peak), format_bytes(unsharded.at_peak.params),
-                       format_bytes(unsharded.at_peak.grads), format_bytes(unsharded.at_peak.reductions),
-                       format_bytes(unsharded.at_peak.accumulated), format_bytes(unsharded_bound)));
-    }
-    FSDP_CHECK(std::isfinite(rec.loss), "the loss became ", rec.loss, " at step ", step, " (lr ", lr,
-               "); lower --lr or raise --warmup-steps, or clip harder with --clip-grad");
-    ++interval_steps;
-    const bool log_now = (step % o.log.log_every == 0) || step == o.step.max_steps - 1 || stop;
-    if (log_now) {
-      const double dt = seconds_since(interval_start);
-      seconds_per_step = dt / static_cast<double>(interval_steps);
-      rec.samples_per_s = static_cast<double>(G * interval_steps) / dt;
-      rec.tokens_per_s = rec.samples_per_s * static_cast<double>(o.data.seq_len);
-      const double mfu = device_peak_flops > 0
-                             ? rec.tokens_per_s / static_cast<double>(W) * flops_per_token / device_peak_flops
-                             : -1;
-      // The familiar prefix first (scripts grep it), then what people watch.
-      say(fmt::format("Batch {} Loss: {:.5f}, Speed: {:.2f} samples/sec, lr: {:.6f} | step {}/{}, {:.0f} tokens/s{}, "
-                      "grad norm {:.4g}{}, peak mem {}, unsharded {} (plan {}), ETA {}",
-                      step, rec.loss, rec.samples_per_s, lr, step + 1, o.step.max_steps, rec.tokens_per_s,
-                      mfu >= 0 ? fmt::format(", MFU {:.1f}%", 100 * mfu) : std::string(), norm,
-                      scaler ? fmt::format(", loss scale {:g}{}", loss_scale, skipped ? " (skipped)" : "") : "",
-                      rec.peak_mem_bytes >= 0 ? format_bytes(rec.peak_mem_bytes) : std::string("?"),
-                      format_bytes(rec.unsharded_peak_bytes), format_bytes(unsharded_bound),
-                      duration_text(seconds_per_step * static_cast<double>(o.step.max_steps - step - 1))));
-      if (metrics.is_open()) {
-        nlohmann::json j = {{"step", step},
-                            {"loss", rec.loss},
-                            {"lr", lr},
-                            {"grad_norm", norm},
-                            {"samples_per_s", rec.samples_per_s},
-                            {"tokens_per_s", rec.tokens_per_s},
-                            {"step_time_s", rec.step_time_s},
-                            {"peak_mem_bytes", rec.peak_mem_bytes},
-                            {"unsharded_peak_bytes", rec.unsharded_peak_bytes},
-                            {"unsharded_bound_bytes", rec.unsharded_bound_bytes},
-                            {"allgather_bytes", rec.comm.allgather_bytes},
-                            {"reduce_scatter_bytes", rec.comm.reduce_scatter_bytes},
-                            {"allreduce_bytes", rec.comm.allreduce_bytes},
-                            {"world_size", W}};
-        if (mfu >= 0) j["mfu"] = mfu;
-        if (scaler) {
-          j["loss_scale"] = loss_scale;
-          j["skipped"] = skipped;
-        }
-        write_metrics(j);
-      }
-      if (board) {
-        board->scalars(step, {{"train/loss", rec.loss},
-                              {"train/lr", lr},
-                              {"train/grad_norm", norm},
-                              {"train/samples_per_s", rec.samples_per_s},
-                              {"train/tokens_per_s", rec.tokens_per_s},
-                              {"train/step_time_s", rec.step_time_s},
-                              {"train/peak_mem_bytes", static_cast<double>(rec.peak_mem_bytes)},
-                              {"train/unsharded_peak_bytes", static_cast<double>(rec.unsharded_peak_bytes)}});
-      }
-      interval_start = Clock::now();
-      interval_steps = 0;
-      sharded->reset_unsharded_peak();  // the next logged figure covers the steps after this one
-    }
-    summary.steps.push_back(rec);
-    const int64_t completed = step + 1;
-    summary.end_step = completed;
-    const bool last = completed == o.step.max_steps;
+  while (step_ < o_.step.max_steps) {
+    start_trace_if_due();
+    train_step();
+    const int64_t completed = step_;
+    const bool last = completed == o_.step.max_steps;
     // Evaluation and checkpoint time is left out of the next Speed figure.
     const auto extra_start = Clock::now();
-    if (val_dataset && o.eval.every > 0 && (completed % o.eval.every == 0 || last)) {
-      evaluate(completed, o.eval.max_windows);
+    if (val_dataset_ && o_.eval.every > 0 && (completed % o_.eval.every == 0 || last)) {
+      evaluate(o_.eval.max_windows);
     }
-    if (!o.checkpoint.dir.empty() && ((o.checkpoint.every > 0 && completed % o.checkpoint.every == 0) || last || stop)) {
-      save(completed);
-      saved_at = completed;
+    if (!o_.checkpoint.dir.empty() &&
+        ((o_.checkpoint.every > 0 && completed % o_.checkpoint.every == 0) || last || stop_)) {
+      save();
     }
-    interval_start += Clock::now() - extra_start;
-    if (tracing && (completed >= o.log.profile_end || last || stop)) finish_trace();
-    const double eta = seconds_per_step > 0 ? seconds_per_step * static_cast<double>(o.step.max_steps - completed)
-                                            : std::numeric_limits<double>::quiet_NaN();
-    console.progress(completed, o.step.max_steps, eta);
-    if (stop) {
-      // The reason every rank reports: the largest request (e.g. the signal number).
-      at::Tensor why = at::full({1}, static_cast<double>(stop_local), at::TensorOptions().dtype(at::kDouble));
-      scalars->all_reduce(why, comm::ReduceOp::kMax)->wait();
-      summary.stop_reason = std::max(1, static_cast<int>(why.item<double>()));
+    interval_start_ += Clock::now() - extra_start;
+    if (tracing_ && (completed >= o_.log.profile_end || last || stop_)) finish_trace();
+    const double eta = seconds_per_step_ > 0 ? seconds_per_step_ * static_cast<double>(o_.step.max_steps - completed)
+                                             : std::numeric_limits<double>::quiet_NaN();
+    console_.progress(completed, o_.step.max_steps, eta);
+    if (stop_) {
+      summary_.stop_reason = agree_stop_reason();
       break;
     }
   }
-  loader.stop();
-  if (summary.stop_reason != 0) {
-    say(fmt::format("stopped by {} after {} steps: {}", signal_name(summary.stop_reason), summary.end_step,
-                    o.checkpoint.dir.empty()
-                        ? "no --checkpoint-dir, so the training state was NOT saved"
-                        : fmt::format("checkpoint {} saved; continue with --resume --checkpoint-dir {}",
-                                      checkpoint::checkpoint_name(summary.end_step), o.checkpoint.dir)));
+  loader_->stop();
+  if (summary_.stop_reason != 0) {
+    say_(fmt::format("stopped by {} after {} steps: {}", signal_name(summary_.stop_reason), summary_.end_step,
+                     o_.checkpoint.dir.empty()
+                         ? "no --checkpoint-dir, so the training state was NOT saved"
+                         : fmt::format("checkpoint {} saved; continue with --resume --checkpoint-dir {}",
+                                       checkpoint::checkpoint_name(summary_.end_step), o_.checkpoint.dir)));
   } else {
-    if (!o.checkpoint.dir.empty() && saved_at != summary.end_step) save(summary.end_step);  // resumed at the end
-    export_weights();
+    if (!o_.checkpoint.dir.empty() && saved_at_ != summary_.end_step) save();  // resumed at the end
+    if (!o_.hf.export_dir.empty()) export_hf();
   }
-  say(run_summary(o, summary, G, seconds_since(run_start)));
-  return summary;
+  say_(run_summary(o_, summary_, global_batch_, seconds_since(run_start)));
+  return summary_;
+}
+
+Trainer::Trainer(TrainOptions options, comm::Runtime runtime)
+    : impl_(std::make_unique<Impl>(std::move(options), std::move(runtime))) {}
+Trainer::~Trainer() = default;
+void Trainer::restore() { impl_->restore(); }
+StepRecord Trainer::train_step() { return impl_->train_step(); }
+EvalRecord Trainer::evaluate(int64_t max_windows) { return impl_->evaluate(max_windows); }
+std::string Trainer::save() { return impl_->save(); }
+void Trainer::export_hf() { impl_->export_hf(); }
+TrainSummary Trainer::run() { return impl_->run(); }
+int64_t Trainer::step() const { return impl_->step(); }
+bool Trainer::stop_requested() const { return impl_->stop_requested(); }
+const TrainSummary& Trainer::summary() const { return impl_->summary(); }
+
+TrainSummary train(const TrainOptions& options, const comm::Runtime& runtime) {
+  return Trainer(options, runtime).run();
 }
 
 }  // namespace fsdp::train

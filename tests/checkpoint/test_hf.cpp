@@ -6,6 +6,7 @@
 // (No transformers here: the semantics are checked against the names and
 // layouts of models/llama.h; tests/hf compares with transformers itself, in
 // both directions.)
+#include <nlohmann/json.hpp>
 #include <gtest/gtest.h>
 
 #include <filesystem>
@@ -222,7 +223,7 @@ TEST(HuggingFace, ConfigRoundTrip) {
     EXPECT_EQ(written["dtype"], "float32");
     // extra_config replaces the model's ids (the trainer's tokenizer ids for runs without --init-from).
     checkpoint::HfExportOptions eo;
-    eo.extra_config = {{"bos_token_id", 256}, {"eos_token_id", 257}};
+    eo.extra_config = nlohmann::json{{"bos_token_id", 256}, {"eos_token_id", 257}};
     checkpoint::export_hf(dir + "/llama3-tok", *m.sharded, m.cfg, pg, eo);
     EXPECT_EQ(read_json(dir + "/llama3-tok/config.json")["eos_token_id"], 257);
     EXPECT_EQ(models::resolve_model_config(dir + "/llama3-tok").bos_token_id, 256);
@@ -333,7 +334,7 @@ TEST(HuggingFace, ShapeMismatchBf16AndForeignFiles) {
     auto m = make_sharded_llama(pg, "full");
     checkpoint::HfExportOptions eo;
     eo.dtype = at::kBFloat16;
-    eo.extra_config = {{"eos_token_id", 2}};
+    eo.extra_config = nlohmann::json{{"eos_token_id", 2}};
     checkpoint::export_hf(dir + "/bf16", *m.sharded, m.cfg, pg, eo);
     const auto cfg = read_json(dir + "/bf16/config.json");
     EXPECT_EQ(cfg["dtype"], "bfloat16");

@@ -1,6 +1,7 @@
 // JSON a user hands us: nesting is bounded before parsing (printing and walking
 // a value recurse), and every parser error names where it happened (issue 16).
 #include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
 
 #include <string>
 

@@ -34,6 +34,7 @@
 //
 // Exit status (fsdp::run_main): 0; 2 with "hf_probe: error: <message>" when
 // something is refused (a UsageError: e.g. a config key); 1 on failures.
+#include <nlohmann/json.hpp>
 #include <ATen/ATen.h>
 
 #include <fstream>

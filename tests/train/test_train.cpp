@@ -13,6 +13,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/train/trainer.h"
+#include "support/errors.h"
 #include "support/multiproc.h"
 #include "train_test_util.h"
 
@@ -86,6 +87,56 @@ TEST(Train, LossesAgreeAcrossWorldSizes) {
     EXPECT_NEAR(l4[i], l1[i], 1e-5 * std::abs(l1[i])) << "step " << i;
   }
   EXPECT_LT(l1.back(), l1.front() - 0.5) << "the loss should fall";
+}
+
+// The Trainer's methods are the pieces of run(): a loop of restore(),
+// train_step(), evaluate() and save() gives run()'s steps, evaluations and
+// checkpoint bit for bit. A method called out of order is a UsageError that
+// changes nothing.
+TEST(Train, AHandWrittenLoopEqualsRun) {
+  const std::string dir = testing::temp_dir("train-loop");
+  auto options = [&](const std::string& tag) {
+    train::TrainOptions o = tiny_options();
+    o.step.batch_size = 2;
+    o.eval.val_data = kCorpus;
+    o.eval.every = 4;
+    o.eval.max_windows = 8;
+    o.checkpoint.dir = dir + "/ckpt-" + tag;
+    return o;
+  };
+  auto record = [&](const std::string& tag, const train::TrainSummary& s) {
+    std::ofstream out(dir + "/" + tag);
+    out << std::setprecision(17);
+    for (const auto& r : s.steps) out << r.step << " " << r.loss << " " << r.grad_norm << " " << r.lr << "\n";
+    for (const auto& e : s.evals) out << "eval " << e.step << " " << e.loss << " " << e.targets << "\n";
+    out << "checkpoint " << std::filesystem::path(s.last_checkpoint).filename().string() << "\n";
+  };
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    const train::TrainSummary ran = train::Trainer(options("run"), runtime_of(pg, pg.size())).run();
+    train::Trainer t(options("loop"), runtime_of(pg, pg.size()));
+    EXPECT_CONTAINS(testing::usage_error_of([&] { t.train_step(); }), "call restore() first");
+    t.restore();
+    while (t.step() < 8) {
+      t.train_step();
+      if (t.step() % 4 == 0) t.evaluate(/*max_windows=*/8);
+    }
+    t.save();
+    EXPECT_CONTAINS(testing::usage_error_of([&] { t.train_step(); }), "8 steps are done, step.max_steps is 8");
+    EXPECT_CONTAINS(testing::usage_error_of([&] { t.export_hf(); }), "needs hf.export_dir");
+    if (pg.rank() == 0) {
+      record("run", ran);
+      record("loop", t.summary());
+    }
+  });
+  if (testing::is_worker()) return;
+  const std::string ran = testing::read_file(dir + "/run");
+  ASSERT_EQ(testing::count(ran, "\n"), 11u) << ran;
+  EXPECT_EQ(testing::read_file(dir + "/loop"), ran);
+  for (const char* shard : {"shard-00000-of-00002.bin", "shard-00001-of-00002.bin"}) {
+    const std::string saved = testing::read_file(dir + "/ckpt-run/step_00000008/" + shard);
+    EXPECT_FALSE(saved.empty()) << shard;
+    EXPECT_EQ(testing::read_file(dir + "/ckpt-loop/step_00000008/" + shard), saved) << shard;
+  }
 }
 
 // --sync-module-states: rank 0 alone materializes (or loads --init-from) and

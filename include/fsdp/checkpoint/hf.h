@@ -27,7 +27,7 @@
 #pragma once
 
 #include <ATen/ATen.h>
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
 #include <map>
@@ -60,7 +60,7 @@ struct HfExportOptions {
   int64_t max_shard_bytes = 5'000'000'000;  // transformers' default "5GB"; <= 0: one file
   // Merged into config.json over the model config's keys (e.g. the training
   // tokenizer's bos_token_id / eos_token_id).
-  nlohmann::json extra_config = nlohmann::json::object();
+  JsonValue extra_config = JsonValue::object();
   // Copied into DIR as they are: (source path, file name), each name one of
   // hf_side_file_names() and named once (e.g. the tokenizer files).
   std::vector<std::pair<std::string, std::string>> extra_files;

@@ -81,16 +81,18 @@
 // system on several nodes), like PyTorch's distributed checkpoint.
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "fsdp/checkpoint/agreement.h"
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/json_value.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/optim/adamw.h"
 
@@ -182,8 +184,8 @@ struct LoadResult {
   bool loaded = false;
   int64_t step = -1;
   std::string path;
-  nlohmann::json manifest;       // model_config, trainer_state, ...
-  nlohmann::json trainer_state;
+  JsonValue manifest;       // model_config, trainer_state, ...
+  JsonValue trainer_state;  // {} when the manifest has none
   IoStats io;
   // Newer checkpoints skipped as damaged, one line each ("step_00000020: file
   // shard-00001-of-00002.bin: ..."), the same on every rank.
@@ -202,20 +204,5 @@ LoadResult load_checkpoint(const std::string& path, ShardedModel& model, optim::
 // (the model's state is then unspecified). Collective.
 LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model, optim::AdamW* optimizer,
                                   comm::ProcessGroup& group, const LoadOptions& options = {});
-
-// Strings from every rank, indexed by rank (collective over `group`).
-std::vector<std::string> all_gather_strings(comm::ProcessGroup& group, const std::string& mine);
-
-// An error caught on one rank, to be raised on every rank (raise_on_every_rank).
-struct RankError {
-  bool usage = false;   // a UsageError (exit 2), else a Failure (exit 1)
-  std::string message;  // without the rank tag; empty: no error
-  static RankError of(const std::exception& e);
-  bool empty() const { return message.empty(); }
-};
-// Collective over `group`: when any rank's `error` is set, throws on every
-// rank — the first rank's usage error as a UsageError with its message, else
-// a Failure "<what> failed: rank r: ...; rank s: ...". A barrier otherwise.
-void raise_on_every_rank(comm::ProcessGroup& group, const RankError& error, const std::string& what);
 
 }  // namespace fsdp::checkpoint

@@ -28,6 +28,12 @@ void free_storage(const at::Tensor& t);
 void alloc_storage(const at::Tensor& t, size_t nbytes);
 // Whether t's storage currently holds bytes.
 bool storage_allocated(const at::Tensor& t);
+// A storage without bytes on `device` whose data any kernel or accessor
+// refuses with `message` (a c10::Error) instead of reading a null pointer.
+c10::Storage refusing_storage(at::Device device, std::string message);
+// Points t (the same TensorImpl: sizes, strides, offset, autograd metadata
+// stay) at `storage`.
+void set_storage(const at::Tensor& t, const c10::Storage& storage);
 
 // Makes `dst` describe `src`'s data (storage, sizes, strides, dtype, device)
 // while keeping its identity: the same TensorImpl, autograd metadata

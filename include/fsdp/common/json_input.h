@@ -7,7 +7,8 @@
 // range (1e400) included, comes back as a reason that names the last key read.
 #pragma once
 
-#include <nlohmann/json.hpp>
+#include <nlohmann/json_fwd.hpp>
+
 #include <optional>
 #include <string>
 #include <string_view>

@@ -17,6 +17,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -76,23 +77,42 @@ struct LogOptions {
   std::string profile_file = "fsdp-trace.json";
 };
 
-// FSDP choices as the command line names them.
+// Which modules of the Llama model become FSDP units: the engine's
+// WrapPolicy with the decoder layer as the block.
+struct WrapChoice {
+  enum class Kind {
+    kBlock,  // one unit per decoder layer (WrapPolicy::by_type of models::llama_block_type())
+    kSize,   // a block becomes a unit once it holds min_num_params parameters not yet wrapped
+    kRoot,   // the whole model as one unit
+    kAll,    // every marked boundary
+  };
+  Kind kind = Kind::kBlock;
+  int64_t min_num_params = 0;  // kSize only: >= 1
+};
+
+// Dynamic loss scaling (optim/grad_scaler.h).
+enum class LossScaling {
+  kAuto,  // on exactly when the parameters are fp16 (mixed_precision.param_dtype == kHalf)
+  kOn,
+  kOff,
+};
+
+// FSDP choices: the engine's FsdpOptions for this model and runtime.
 struct ShardingOptions {
-  std::string strategy = "full";  // full | grad-op | none | hybrid
-  std::string wrap = "block";     // block | size:N | root | all
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;
+  WrapChoice wrap;
   int hybrid_shard_size = 0;      // 0: LOCAL_WORLD_SIZE
   bool sync_module_states = false;
-  // Memory and precision (FsdpOptions): presets of MixedPrecision::preset.
-  std::string mixed_precision = "fp32";  // fp32 | bf16 | fp16 | bf16-pure
-  std::string reduce_dtype;              // "": the preset's; else fp32 | bf16 | fp16
+  // Memory and precision (FsdpOptions). Pure bf16 (master_dtype kBFloat16)
+  // also switches AdamW to bf16 moments with Kahan-compensated updates.
+  MixedPrecision mixed_precision;        // fp32 everywhere
   bool activation_checkpointing = false; // every decoder layer
   bool offload_activations = false;      // checkpointed layers' saved inputs in host memory
   bool cpu_offload = false;
-  std::string backward_prefetch = "pre"; // pre | post | none
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
   bool forward_prefetch = false;
   int limit_all_gathers = 2;
-  // Dynamic loss scaling (grad_scaler.h): "auto" = on for fp16 only.
-  std::string loss_scaling = "auto";  // auto | on | off
+  LossScaling loss_scaling = LossScaling::kAuto;
   double initial_loss_scale = 65536.0;
 };
 
@@ -109,8 +129,10 @@ struct CheckpointOptions {
 struct HfOptions {
   std::string init_from;                  // "": no; else a HF model directory to start from (when not resuming)
   std::string export_dir;                 // "": no export; else the final weights go here
-  std::string export_dtype = "float32";   // float32 | bfloat16 | float16
-  std::string export_shard_size = "5GB";  // split the weights into files of at most this size
+  at::ScalarType export_dtype = at::kFloat;  // kFloat (exact) | kBFloat16 | kHalf
+  // Split the weights into files of at most this many bytes (transformers'
+  // default 5GB); <= 0: one file.
+  int64_t export_shard_bytes = 5'000'000'000;
 };
 
 // Evaluation on held-out data: consecutive windows from its start
@@ -126,7 +148,8 @@ struct TrainOptions {
   // Preset name, HF config.json, or a directory holding one. Converting a
   // checkpoint (step.max_steps == 0): "" takes the checkpoint's model.
   std::string model = "tiny";
-  std::string device = "cpu";  // cpu | cuda
+  // kCPU, or kCUDA: each worker trains on cuda:<its local rank>.
+  at::DeviceType device = at::kCPU;
   DataOptions data;
   StepOptions step;
   optim::AdamWOptions adamw;
@@ -205,8 +228,107 @@ void validate_options(const TrainOptions& options, int world_size = 0);
 int64_t check_memory(const TrainOptions& options, int world_size, int local_world_size,
                      std::optional<c10::Device> this_rank);
 
-// Trains on the given runtime (every rank calls it). Throws UsageError for bad
-// input, Failure for runtime failures.
+// One training run on this rank (DESIGN.md "One training step"). Every rank
+// of runtime.world_group constructs a Trainer with the same options and then
+// calls the same methods in the same order: the constructor and every method
+// marked "Collective" run collectives over the world group (or the trainer's
+// own group for scalars), and a rank that leaves one out makes the others wait
+// until the collective timeout names it.
+//
+// run() is the whole run (see train() below). A caller with its own loop:
+//   Trainer t(options, runtime);
+//   t.restore();
+//   while (t.step() < options.step.max_steps && !t.stop_requested()) {
+//     t.train_step();
+//     if (t.step() % 100 == 0) t.save();
+//   }
+//   t.export_hf();
+// --profile-steps tracing is run()'s; such a loop traces nothing.
+//
+// Errors: UsageError for bad input (options, files), Failure for runtime
+// failures (I/O, a non-finite evaluation loss, a collective that times out).
+// A method whose "Requires" is not met throws UsageError before doing
+// anything, on every rank alike, and the Trainer stays as it was. After any
+// other exception the ranks may be at different points of a collective: the
+// Trainer can only be destroyed (which stops the data loader and releases
+// checkpoint.dir); no method may be called.
+class Trainer {
+ public:
+  // Collective. Checks the options (validate_options; UsageError). With
+  // step.max_steps == 0 (a conversion) nothing else: only run() may follow.
+  // Otherwise makes cuda:<local rank> current (device kCUDA), checks this
+  // rank's memory (check_memory), opens checkpoint.dir (rank 0 locks it until
+  // the Trainer is destroyed), loads the tokenizer and the data, builds the
+  // model sharded over the world group with the seeded initialization (with
+  // sharding.sync_module_states: rank 0's parameters, read from hf.init_from
+  // when given) and the optimizer, and logs the model, data, plan and memory
+  // lines. The world group's device must be `options.device`'s.
+  Trainer(TrainOptions options, comm::Runtime runtime);
+  ~Trainer();
+  Trainer(const Trainer&) = delete;
+  Trainer& operator=(const Trainer&) = delete;
+
+  // Collective. Puts the starting weights in place: with checkpoint.resume the
+  // newest valid checkpoint of checkpoint.dir (parameters, optimizer state,
+  // loss scale, step); else, or when it holds none, hf.init_from's weights
+  // when given; else the seeded initialization stays. Then rank 0 opens the
+  // metrics file (dropping the records of the steps trained again, Note
+  // [Metrics after a resume] in trainer.cpp) and the TensorBoard directory.
+  // Requires: once, before any other method; not a conversion. With eval.only
+  // and neither a checkpoint found nor hf.init_from: UsageError (nothing to
+  // evaluate).
+  void restore();
+
+  // Collective. One optimizer step, step() -> step() + 1: grad_accum
+  // micro-batches of forward and backward (gradients synchronized on the last
+  // one), the loss scaler's check and skip, clipping to step.clip_grad, AdamW
+  // at the schedule's learning rate for this step, and one all-reduce agreeing
+  // on the loss (the global mean) and on stop_requested (see stop_requested()).
+  // On a logged step (every log_every, the last, a stopping one) rank 0 logs
+  // the step line and writes its metrics and TensorBoard records. The record
+  // is returned and appended to summary().steps.
+  // Requires: restore() done; not eval.only; step() < step.max_steps.
+  // Throws UsageError when the loss is not finite.
+  StepRecord train_step();
+
+  // Collective. The exact mean next-token loss of the weights now, at step(),
+  // over the first max_windows windows of eval.val_data (0: all); logged,
+  // recorded (metrics, TensorBoard) and appended to summary().evals.
+  // Requires: restore() done; eval.val_data set.
+  EvalRecord evaluate(int64_t max_windows = 0);
+
+  // Collective. Saves the checkpoint of step() into checkpoint.dir (sharded
+  // parameters and optimizer state, loss scale, data position), deletes those
+  // beyond checkpoint.keep_last once it is complete, logs it and returns its
+  // path. Requires: restore() done; checkpoint.dir set.
+  std::string save();
+
+  // Collective. Writes the weights now as Hugging Face safetensors and
+  // config.json into hf.export_dir (hf.export_dtype, files of at most
+  // hf.export_shard_bytes; the special token ids and tokenizer files of Note
+  // [Export extras] in trainer.cpp) and logs it.
+  // Requires: restore() done; hf.export_dir set.
+  void export_hf();
+
+  // Collective. The whole run, as train() describes it, built from the methods
+  // above; returns what it did. Requires: no other method called before.
+  TrainSummary run();
+
+  // Completed steps: restore()'s starting step plus the train_step() calls since.
+  int64_t step() const;
+  // Whether the last train_step() agreed to stop: some rank's
+  // options.stop_requested returned non-zero (the same answer on every rank).
+  bool stop_requested() const;
+  // What this Trainer has done so far.
+  const TrainSummary& summary() const;
+
+ private:
+  class Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+// Trains on the given runtime: Trainer(options, runtime).run() (every rank
+// calls it). Throws UsageError for bad input, Failure for runtime failures.
 //
 // Order of events: resume from checkpoint.dir (if asked and one exists), else
 // initialize from hf.init_from (if given), else the seeded initialization;

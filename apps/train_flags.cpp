@@ -1,0 +1,76 @@
+#include "train_flags.h"
+
+#include <typeindex>
+#include <typeinfo>
+
+#include "fsdp/checkpoint/hf.h"
+#include "fsdp/common/error.h"
+
+namespace fsdp::cli {
+
+at::DeviceType parse_device(const std::string& s) {
+  if (s == "cpu") return at::kCPU;
+  if (s == "cuda") return at::kCUDA;
+  FSDP_CHECK(false, "--device '", s, "' is not one of: cpu, cuda");
+  return at::kCPU;
+}
+
+ShardingStrategy parse_sharding(const std::string& s) { return parse_sharding_strategy(s); }
+
+train::WrapChoice parse_wrap(const std::string& s) {
+  // The engine's parser (its words and messages), with a stand-in block type:
+  // the trainer fills in its model's.
+  using Kind = train::WrapChoice::Kind;
+  const WrapPolicy p = parse_wrap_policy(s, std::type_index(typeid(void)));
+  switch (p.kind) {
+    case WrapPolicy::Kind::kByType: return {Kind::kBlock, 0};
+    case WrapPolicy::Kind::kSize: return {Kind::kSize, p.min_num_params};
+    case WrapPolicy::Kind::kRootOnly: return {Kind::kRoot, 0};
+    case WrapPolicy::Kind::kEveryUnit: return {Kind::kAll, 0};
+  }
+  return {};
+}
+
+MixedPrecision parse_mixed_precision(const std::string& preset, const std::string& reduce_dtype) {
+  MixedPrecision mp = MixedPrecision::preset(preset);
+  if (reduce_dtype.empty()) return mp;
+  if (reduce_dtype == "fp32") {
+    mp.reduce_dtype = at::kFloat;
+  } else if (reduce_dtype == "bf16") {
+    mp.reduce_dtype = at::kBFloat16;
+  } else if (reduce_dtype == "fp16") {
+    mp.reduce_dtype = at::kHalf;
+  } else {
+    FSDP_CHECK(false, "--reduce-dtype '", reduce_dtype, "' is not one of: fp32, bf16, fp16");
+  }
+  return mp;
+}
+
+BackwardPrefetch parse_backward_prefetch(const std::string& s) { return fsdp::parse_backward_prefetch(s); }
+
+train::LossScaling parse_loss_scaling(const std::string& s) {
+  if (s == "auto") return train::LossScaling::kAuto;
+  if (s == "on") return train::LossScaling::kOn;
+  if (s == "off") return train::LossScaling::kOff;
+  FSDP_CHECK(false, "--loss-scaling '", s, "' is not one of: auto, on, off");
+  return train::LossScaling::kAuto;
+}
+
+at::ScalarType parse_export_dtype(const std::string& s) { return checkpoint::parse_export_dtype(s); }
+
+int64_t parse_export_shard_size(const std::string& s) {
+  return checkpoint::parse_byte_size(s, "--export-shard-size");
+}
+
+void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o) {
+  o.device = parse_device(flags.device);
+  o.sharding.strategy = parse_sharding(flags.sharding);
+  o.sharding.wrap = parse_wrap(flags.wrap);
+  o.sharding.mixed_precision = parse_mixed_precision(flags.mixed_precision, flags.reduce_dtype);
+  o.sharding.backward_prefetch = parse_backward_prefetch(flags.backward_prefetch);
+  o.sharding.loss_scaling = parse_loss_scaling(flags.loss_scaling);
+  o.hf.export_dtype = parse_export_dtype(flags.export_dtype);
+  if (!o.hf.export_dir.empty()) o.hf.export_shard_bytes = parse_export_shard_size(flags.export_shard_size);
+}
+
+}  // namespace fsdp::cli

@@ -1,0 +1,60 @@
+// fsdp-train's spelling of the trainer's choices, and their translation into
+// train::TrainOptions' typed fields. The library takes types (ShardingStrategy,
+// MixedPrecision, at::ScalarType, ...); the words of the command line and of
+// --config files belong here, with the messages that refuse the others.
+//
+// Every parse_* throws fsdp::UsageError naming the flag (or the value) and the
+// accepted values; fsdp-train reports it with exit code 2 before any worker
+// starts.
+#pragma once
+
+#include <c10/core/DeviceType.h>
+#include <c10/core/ScalarType.h>
+
+#include <cstdint>
+#include <string>
+
+#include "fsdp/fsdp.h"
+#include "fsdp/train/trainer.h"
+
+namespace fsdp::cli {
+
+// The choices as given on the command line (or in --config), with
+// fsdp-train's defaults; CLI11 binds its options to these, so --print-config
+// shows the words the user wrote.
+struct TrainFlags {
+  std::string device = "cpu";                // --device
+  std::string sharding = "full";             // --sharding
+  std::string wrap = "block";                // --wrap
+  std::string mixed_precision = "fp32";      // --mixed-precision
+  std::string reduce_dtype;                  // --reduce-dtype; "": the preset's
+  std::string backward_prefetch = "pre";     // --backward-prefetch
+  std::string loss_scaling = "auto";         // --loss-scaling
+  std::string export_dtype = "float32";      // --export-dtype
+  std::string export_shard_size = "5GB";     // --export-shard-size
+};
+
+// "cpu" | "cuda".
+at::DeviceType parse_device(const std::string& s);
+// "full" | "grad-op" | "none" | "hybrid", or PyTorch's FULL_SHARD, SHARD_GRAD_OP, NO_SHARD, HYBRID_SHARD.
+ShardingStrategy parse_sharding(const std::string& s);
+// "block" | "size:N" (N >= 1) | "root" | "all".
+train::WrapChoice parse_wrap(const std::string& s);
+// The --mixed-precision preset ("fp32" | "bf16" | "fp16" | "bf16-pure", see
+// MixedPrecision), its reduce dtype replaced by --reduce-dtype ("fp32" |
+// "bf16" | "fp16") when that is not "".
+MixedPrecision parse_mixed_precision(const std::string& preset, const std::string& reduce_dtype);
+// "pre" | "post" | "none" (or BACKWARD_PRE, BACKWARD_POST).
+BackwardPrefetch parse_backward_prefetch(const std::string& s);
+// "auto" | "on" | "off".
+train::LossScaling parse_loss_scaling(const std::string& s);
+// "float32" | "bfloat16" | "float16" (or fp32, bf16, fp16).
+at::ScalarType parse_export_dtype(const std::string& s);
+// "5GB" (10^9), "500MB", "2GiB" (2^30), "1234" (bytes); "0": one file.
+int64_t parse_export_shard_size(const std::string& s);
+
+// Sets the typed fields of `o` from `flags`. --export-shard-size is read only
+// with --export-hf (o.hf.export_dir set), the only runs that use it.
+void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o);
+
+}  // namespace fsdp::cli

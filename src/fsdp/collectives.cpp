@@ -1,0 +1,93 @@
+#include "fsdp/collectives.h"
+
+#include "fsdp/common/error.h"
+#include "fsdp/common/trace.h"
+
+namespace fsdp::detail {
+
+namespace {
+int64_t nbytes_of(const at::Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
+}  // namespace
+
+AllGather all_gather_copy_in(comm::ProcessGroup& group, const at::Tensor& shard, const at::Tensor& full,
+                             const at::Tensor& chunk) {
+  {
+    RawWriteGuard g;
+    chunk.copy_(shard);  // casts to the param dtype
+  }
+  return AllGather{group.all_gather(full, chunk)};
+}
+
+void wait_all_gather(AllGather& g, const std::string& label) {
+  FSDP_ASSERT(g.in_flight(), "no all-gather in flight for ", label);
+  trace::Span span("all_gather wait", "comm", -1, label);
+  g.work->wait();  // CPU: blocks; NCCL: orders the compute stream after the gather
+  g.work.reset();
+}
+
+void Reduction::hold(const at::Tensor& t, MemoryLedger& ledger) {
+  ledger.add(BufferKind::kReductions, nbytes_of(t));
+  held_bytes += nbytes_of(t);
+}
+
+at::Tensor reduce_copy_in(const at::Tensor& grads, at::ScalarType reduce_dtype, Reduction& r, MemoryLedger& ledger) {
+  if (grads.scalar_type() == reduce_dtype) return grads;
+  at::Tensor copy = grads.to(reduce_dtype);
+  r.hold(copy, ledger);
+  return copy;
+}
+
+void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& group, bool replicated,
+                     const at::Tensor& grad_shard, bool may_land_in_shard, MemoryLedger& ledger,
+                     const std::string& label) {
+  FSDP_ASSERT(!r.in_flight(), "a reduction of ", label, " is already in flight");
+  r.input = input;
+  r.into_grad_shard = false;
+  if (replicated) {
+    r.output = input;
+    r.work = group.all_reduce(input, comm::ReduceOp::kAvg);
+    return;
+  }
+  const int64_t n = grad_shard.numel();
+  if (may_land_in_shard && input.scalar_type() == grad_shard.scalar_type() && grad_shard.device() == input.device()) {
+    r.output = grad_shard;  // lands directly: nothing to fold later
+    r.into_grad_shard = true;
+  } else {
+    r.output = at::empty({n}, input.options());
+    r.hold(r.output, ledger);
+  }
+  r.work = group.reduce_scatter(r.output, input, comm::ReduceOp::kAvg);
+}
+
+void finish_reduction(Reduction& r, comm::ProcessGroup* replicate_group, bool replicated, at::Tensor& grad_shard,
+                      Fold fold, MemoryLedger& ledger, const std::string& label) {
+  FSDP_ASSERT(r.in_flight(), "no reduction in flight for ", label);
+  {
+    trace::Span span(replicated ? "all_reduce wait" : "reduce_scatter wait", "comm", -1, label);
+    r.work->wait();
+  }
+  r.work.reset();
+  if (replicate_group != nullptr) {
+    // HYBRID: the shard group's mean, averaged over the replicas.
+    trace::Span span("all_reduce (replicas)", "comm", -1, label);
+    replicate_group->all_reduce(r.output, comm::ReduceOp::kAvg)->wait();
+  }
+  {
+    at::NoGradGuard no_grad;
+    if (r.into_grad_shard) {
+      // already in place
+    } else if (fold == Fold::kReplace) {
+      if (!r.output.is_same(grad_shard)) grad_shard.copy_(r.output);
+    } else if (fold == Fold::kAdd) {
+      grad_shard.add_(r.output.to(grad_shard.device(), grad_shard.scalar_type()));
+    } else {
+      grad_shard.copy_(r.output);
+    }
+  }
+  r.input = at::Tensor();
+  r.output = at::Tensor();
+  ledger.release(BufferKind::kReductions, r.held_bytes);
+  r.held_bytes = 0;
+}
+
+}  // namespace fsdp::detail

@@ -1,0 +1,86 @@
+// The engine's collectives, as free functions over flat buffers: they know
+// nothing about modules, units or strategies (the caller decides what to
+// gather and reduce, and where it lands), as in FSDP2's collectives layer.
+// Each returns an in-flight handle; the buffers the collective reads or
+// writes live in the handle until it is finished, so the caller cannot drop
+// them early. CPU (tcp group): wait() blocks until done. NCCL: wait() orders
+// the caller's stream after the collective (sync by event, not by host).
+#pragma once
+
+#include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
+#include <c10/core/impl/LocalDispatchKeySet.h>
+
+#include <string>
+
+#include "fsdp/comm/process_group.h"
+#include "fsdp/flat_param.h"
+
+namespace fsdp::detail {
+
+// Writes into buffers that parameters view, without bumping the version
+// counters autograd checks (DESIGN.md: a plain copy_ under NoGradGuard makes
+// backward fail with "modified by an inplace operation").
+struct RawWriteGuard {
+  at::NoGradGuard no_grad;
+  at::AutoDispatchBelowADInplaceOrView below_ad;
+};
+
+// An all-gather in flight into an unsharded buffer.
+struct AllGather {
+  comm::WorkPtr work;  // null: none in flight
+  bool in_flight() const { return work != nullptr; }
+};
+
+// Copy-in and issue: `shard` (master dtype), cast to `full`'s dtype, is
+// written into `chunk` (this rank's chunk of `full`), then every rank's chunk
+// is gathered into `full` in place. There is no copy-out: the parameters are
+// views of `full` (FlatParam::bind), so the gathered bytes are the parameters.
+// Requires: `full` allocated; nothing reads `full` until wait_all_gather.
+// `label` (below) names the unit in traces and messages.
+AllGather all_gather_copy_in(comm::ProcessGroup& group, const at::Tensor& shard, const at::Tensor& full,
+                             const at::Tensor& chunk);
+// Afterwards `full` holds every rank's values and `g` is empty.
+void wait_all_gather(AllGather& g, const std::string& label);
+
+// A gradient reduction in flight: the mean over the group's ranks of each
+// rank's unsharded gradients, scattered (each rank gets its shard's part) or,
+// for replicated layouts, all-reduced whole.
+struct Reduction {
+  comm::WorkPtr work;            // null: none in flight
+  at::Tensor input;              // what `work` reads (reduce dtype), kept alive until it completes
+  at::Tensor output;             // where `work` writes: the gradient shard itself, or a scratch
+  bool into_grad_shard = false;  // output is the gradient shard: nothing to fold
+  int64_t held_bytes = 0;        // input/output bytes beyond the unsharded gradient buffer (the ledger's kReductions)
+  bool in_flight() const { return work != nullptr; }
+
+  // Counts `t` as held by this reduction until finish_reduction.
+  void hold(const at::Tensor& t, MemoryLedger& ledger);
+};
+
+// Copy-in: `grads` in `reduce_dtype` — `grads` itself when already of it, else
+// a cast copy that `r` holds (the caller may then release `grads`).
+at::Tensor reduce_copy_in(const at::Tensor& grads, at::ScalarType reduce_dtype, Reduction& r, MemoryLedger& ledger);
+
+// Issues the reduction of `input` (from reduce_copy_in) over `group`:
+// replicated, an all-reduce in place; else a reduce-scatter into
+// `grad_shard` when `may_land_in_shard` and the dtype and device match, else
+// into a shard-sized scratch that `r` holds.
+void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& group, bool replicated,
+                     const at::Tensor& grad_shard, bool may_land_in_shard, MemoryLedger& ledger,
+                     const std::string& label);
+
+// How a finished reduction lands in the gradient shard.
+enum class Fold {
+  kCopy,     // the shard held nothing: it becomes the reduced gradients
+  kAdd,      // the shard holds earlier reduced gradients (no zero_grad since): add
+  kReplace,  // single-copy layout: the input was made from the shard itself (its old sum included)
+};
+
+// Waits for `r`; with a replicate group (HYBRID), averages the shard group's
+// mean over the replicas (an all-reduce, waited for); folds the result into
+// `grad_shard`; releases what `r` held. Afterwards `r` is empty.
+void finish_reduction(Reduction& r, comm::ProcessGroup* replicate_group, bool replicated, at::Tensor& grad_shard,
+                      Fold fold, MemoryLedger& ledger, const std::string& label);
+
+}  // namespace fsdp::detail

@@ -1,0 +1,109 @@
+// FsdpOptions: names of the choices and the checks fully_shard makes.
+#include "fsdp/common/error.h"
+#include "fsdp/fsdp.h"
+
+namespace fsdp {
+
+const char* to_string(ShardingStrategy s) {
+  switch (s) {
+    case ShardingStrategy::kFullShard: return "FULL_SHARD";
+    case ShardingStrategy::kShardGradOp: return "SHARD_GRAD_OP";
+    case ShardingStrategy::kNoShard: return "NO_SHARD";
+    case ShardingStrategy::kHybridShard: return "HYBRID_SHARD";
+  }
+  return "?";
+}
+
+ShardingStrategy parse_sharding_strategy(const std::string& s) {
+  if (s == "full" || s == "FULL_SHARD") return ShardingStrategy::kFullShard;
+  if (s == "grad-op" || s == "SHARD_GRAD_OP") return ShardingStrategy::kShardGradOp;
+  if (s == "none" || s == "NO_SHARD") return ShardingStrategy::kNoShard;
+  if (s == "hybrid" || s == "HYBRID_SHARD") return ShardingStrategy::kHybridShard;
+  FSDP_CHECK(false, "unknown sharding strategy '", s, "'; accepted: full, grad-op, none, hybrid");
+  return ShardingStrategy::kFullShard;
+}
+
+const char* to_string(BackwardPrefetch p) {
+  switch (p) {
+    case BackwardPrefetch::kNone: return "none";
+    case BackwardPrefetch::kPre: return "pre";
+    case BackwardPrefetch::kPost: return "post";
+  }
+  return "?";
+}
+
+BackwardPrefetch parse_backward_prefetch(const std::string& s) {
+  if (s == "none") return BackwardPrefetch::kNone;
+  if (s == "pre" || s == "BACKWARD_PRE") return BackwardPrefetch::kPre;
+  if (s == "post" || s == "BACKWARD_POST") return BackwardPrefetch::kPost;
+  FSDP_CHECK(false, "unknown backward prefetch '", s, "'; accepted: pre, post, none");
+  return BackwardPrefetch::kPre;
+}
+
+WrapPolicy parse_wrap_policy(const std::string& spec, std::type_index block_type) {
+  if (spec == "block") return WrapPolicy::by_type({block_type});
+  if (spec == "root") return WrapPolicy::root_only();
+  if (spec == "all") return WrapPolicy::every_unit();
+  if (spec.rfind("size:", 0) == 0) {
+    const std::string num = spec.substr(5);
+    size_t used = 0;
+    int64_t n = 0;
+    try {
+      n = std::stoll(num, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    FSDP_CHECK(!num.empty() && used == num.size() && n >= 1, "--wrap ", spec,
+               ": the minimum parameter count after 'size:' must be a positive integer, e.g. size:1000000");
+    return WrapPolicy::size_based(n);
+  }
+  FSDP_CHECK(false, "--wrap '", spec, "' is not one of: block, size:N, root, all");
+  return {};
+}
+
+MixedPrecision MixedPrecision::preset(const std::string& name) {
+  MixedPrecision m;
+  if (name == "fp32") return m;
+  if (name == "bf16") {
+    m.param_dtype = at::kBFloat16;
+    m.buffer_dtype = at::kBFloat16;
+    return m;
+  }
+  if (name == "fp16") {
+    m.param_dtype = at::kHalf;
+    m.buffer_dtype = at::kHalf;
+    return m;
+  }
+  if (name == "bf16-pure") {
+    m.param_dtype = m.reduce_dtype = m.buffer_dtype = m.master_dtype = at::kBFloat16;
+    return m;
+  }
+  FSDP_CHECK(false, "unknown mixed precision '", name, "'; accepted: fp32, bf16, fp16, bf16-pure");
+  return m;
+}
+
+void check_options(const FsdpOptions& o, int world_size) {
+  FSDP_CHECK(o.limit_all_gathers >= 1, "--limit-all-gathers must be >= 1 (all-gathers issued ahead of use), got ",
+             o.limit_all_gathers);
+  const MixedPrecision& mp = o.mixed_precision;
+  for (at::ScalarType t : {mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype}) {
+    FSDP_CHECK(t == at::kFloat || t == at::kBFloat16 || t == at::kHalf,
+               "mixed precision dtypes must be float32, bfloat16 or float16; got ", t);
+  }
+  FSDP_CHECK(mp.master_dtype == at::kFloat || mp.master_dtype == at::kBFloat16,
+             "the master (shard) dtype must be float32 or bfloat16 (pure bf16 training); got ", mp.master_dtype);
+  FSDP_CHECK(!o.cpu_offload || o.device.is_cpu() || o.device.is_cuda(), "CPU offload needs a CPU or CUDA device, got ",
+             o.device);
+  FSDP_CHECK(!o.offload_checkpoint_inputs || o.checkpoint_all_units || !o.checkpoint_types.empty(),
+             "offloading checkpointed inputs needs activation checkpointing (--activation-checkpointing)");
+  if (o.strategy == ShardingStrategy::kHybridShard) {
+    const int s = o.hybrid_shard_size;
+    FSDP_CHECK(s >= 1, "HYBRID_SHARD needs a shard-group size >= 1 (--hybrid-shard-size, default LOCAL_WORLD_SIZE); "
+               "got ", s);
+    FSDP_CHECK(world_size <= 0 || world_size % s == 0, "world size ", world_size,
+               " is not a multiple of the hybrid shard size ", s,
+               "; choose a --hybrid-shard-size that divides the world size");
+  }
+}
+
+}  // namespace fsdp

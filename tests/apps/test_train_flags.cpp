@@ -1,0 +1,114 @@
+// fsdp-train's words for the trainer's choices (apps/train_flags.h): each word
+// gives the typed value the trainer used to derive from it, each bad word the
+// message fsdp-train has always printed for it, and the command line's
+// defaults are TrainOptions' defaults.
+#include <gtest/gtest.h>
+
+#include "support/errors.h"
+#include "train_flags.h"
+
+namespace fsdp::cli {
+namespace {
+
+using testing::usage_error_of;
+using Kind = train::WrapChoice::Kind;
+
+bool same(const MixedPrecision& a, const MixedPrecision& b) {
+  return a.param_dtype == b.param_dtype && a.reduce_dtype == b.reduce_dtype && a.buffer_dtype == b.buffer_dtype &&
+         a.master_dtype == b.master_dtype;
+}
+
+TEST(TrainFlags, DefaultsAreTheTrainOptionsDefaults) {
+  train::TrainOptions parsed;
+  parsed.hf.export_dir = "out";  // so that --export-shard-size is read too
+  apply_train_flags(TrainFlags{}, parsed);
+  const train::TrainOptions defaults;
+  EXPECT_EQ(parsed.device, defaults.device);
+  EXPECT_EQ(parsed.sharding.strategy, defaults.sharding.strategy);
+  EXPECT_EQ(parsed.sharding.wrap.kind, defaults.sharding.wrap.kind);
+  EXPECT_TRUE(same(parsed.sharding.mixed_precision, defaults.sharding.mixed_precision));
+  EXPECT_EQ(parsed.sharding.backward_prefetch, defaults.sharding.backward_prefetch);
+  EXPECT_EQ(parsed.sharding.loss_scaling, defaults.sharding.loss_scaling);
+  EXPECT_EQ(parsed.hf.export_dtype, defaults.hf.export_dtype);
+  EXPECT_EQ(parsed.hf.export_shard_bytes, defaults.hf.export_shard_bytes);
+}
+
+TEST(TrainFlags, WordsGiveTheirValues) {
+  EXPECT_EQ(parse_device("cpu"), at::kCPU);
+  EXPECT_EQ(parse_device("cuda"), at::kCUDA);
+  EXPECT_EQ(parse_sharding("full"), ShardingStrategy::kFullShard);
+  EXPECT_EQ(parse_sharding("grad-op"), ShardingStrategy::kShardGradOp);
+  EXPECT_EQ(parse_sharding("none"), ShardingStrategy::kNoShard);
+  EXPECT_EQ(parse_sharding("hybrid"), ShardingStrategy::kHybridShard);
+  EXPECT_EQ(parse_sharding("HYBRID_SHARD"), ShardingStrategy::kHybridShard);
+  EXPECT_EQ(parse_wrap("block").kind, Kind::kBlock);
+  EXPECT_EQ(parse_wrap("root").kind, Kind::kRoot);
+  EXPECT_EQ(parse_wrap("all").kind, Kind::kAll);
+  const train::WrapChoice size = parse_wrap("size:1000000");
+  EXPECT_EQ(size.kind, Kind::kSize);
+  EXPECT_EQ(size.min_num_params, 1000000);
+  EXPECT_TRUE(same(parse_mixed_precision("bf16", ""), MixedPrecision::preset("bf16")));
+  EXPECT_TRUE(same(parse_mixed_precision("bf16-pure", ""), MixedPrecision::preset("bf16-pure")));
+  const MixedPrecision bf16_reduce = parse_mixed_precision("bf16", "bf16");
+  EXPECT_EQ(bf16_reduce.param_dtype, at::kBFloat16);
+  EXPECT_EQ(bf16_reduce.reduce_dtype, at::kBFloat16);
+  EXPECT_EQ(bf16_reduce.master_dtype, at::kFloat);
+  EXPECT_EQ(parse_mixed_precision("bf16-pure", "fp32").reduce_dtype, at::kFloat);
+  EXPECT_EQ(parse_mixed_precision("fp32", "fp16").reduce_dtype, at::kHalf);
+  EXPECT_EQ(parse_backward_prefetch("pre"), BackwardPrefetch::kPre);
+  EXPECT_EQ(parse_backward_prefetch("post"), BackwardPrefetch::kPost);
+  EXPECT_EQ(parse_backward_prefetch("none"), BackwardPrefetch::kNone);
+  EXPECT_EQ(parse_loss_scaling("auto"), train::LossScaling::kAuto);
+  EXPECT_EQ(parse_loss_scaling("on"), train::LossScaling::kOn);
+  EXPECT_EQ(parse_loss_scaling("off"), train::LossScaling::kOff);
+  EXPECT_EQ(parse_export_dtype("float32"), at::kFloat);
+  EXPECT_EQ(parse_export_dtype("bf16"), at::kBFloat16);
+  EXPECT_EQ(parse_export_dtype("float16"), at::kHalf);
+  EXPECT_EQ(parse_export_shard_size("5GB"), 5'000'000'000);
+  EXPECT_EQ(parse_export_shard_size("2GiB"), int64_t{2} << 30);
+  EXPECT_EQ(parse_export_shard_size("0"), 0);
+}
+
+// The messages fsdp-train printed when the trainer parsed these words itself.
+TEST(TrainFlags, BadWordsKeepTheirMessages) {
+  EXPECT_EQ(usage_error_of([] { parse_device("tpu"); }), "--device 'tpu' is not one of: cpu, cuda");
+  EXPECT_EQ(usage_error_of([] { parse_sharding("half"); }),
+            "unknown sharding strategy 'half'; accepted: full, grad-op, none, hybrid");
+  EXPECT_EQ(usage_error_of([] { parse_wrap("leaves"); }), "--wrap 'leaves' is not one of: block, size:N, root, all");
+  EXPECT_EQ(usage_error_of([] { parse_wrap(""); }), "--wrap '' is not one of: block, size:N, root, all");
+  for (const char* bad : {"size:0", "size:-5", "size:abc", "size:", "size:18446744073709551616", "size:0x10"}) {
+    EXPECT_EQ(usage_error_of([&] { parse_wrap(bad); }),
+              std::string("--wrap ") + bad +
+                  ": the minimum parameter count after 'size:' must be a positive integer, e.g. size:1000000");
+  }
+  EXPECT_EQ(usage_error_of([] { parse_mixed_precision("fp8", ""); }),
+            "unknown mixed precision 'fp8'; accepted: fp32, bf16, fp16, bf16-pure");
+  EXPECT_EQ(usage_error_of([] { parse_mixed_precision("bf16", "fp64"); }),
+            "--reduce-dtype 'fp64' is not one of: fp32, bf16, fp16");
+  EXPECT_EQ(usage_error_of([] { parse_backward_prefetch("later"); }),
+            "unknown backward prefetch 'later'; accepted: pre, post, none");
+  EXPECT_EQ(usage_error_of([] { parse_loss_scaling("maybe"); }), "--loss-scaling 'maybe' is not one of: auto, on, off");
+  EXPECT_EQ(usage_error_of([] { parse_export_dtype("int8"); }),
+            "--export-dtype 'int8' is not one of: float32, bfloat16, float16");
+  EXPECT_EQ(usage_error_of([] { parse_export_shard_size("5XB"); }),
+            "--export-shard-size '5XB': unknown unit 'XB'; use B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, "
+            "TiB (powers of 1024)");
+}
+
+// As before the words moved here: a bad --export-shard-size is refused only
+// when there is an export to split.
+TEST(TrainFlags, ExportShardSizeIsReadOnlyWithAnExport) {
+  TrainFlags flags;
+  flags.export_shard_size = "5XB";
+  train::TrainOptions o;
+  apply_train_flags(flags, o);
+  EXPECT_EQ(o.hf.export_shard_bytes, train::TrainOptions{}.hf.export_shard_bytes);
+  o.hf.export_dir = "out";
+  EXPECT_CONTAINS(usage_error_of([&] { apply_train_flags(flags, o); }), "--export-shard-size '5XB'");
+  flags.export_shard_size = "1MB";
+  apply_train_flags(flags, o);
+  EXPECT_EQ(o.hf.export_shard_bytes, 1'000'000);
+}
+
+}  // namespace
+}  // namespace fsdp::cli
