@@ -270,12 +270,10 @@ void ShardedModelImpl::end_of_backward() {
     pending_reduces_.front()->finish_reduce();
     pending_reduces_.pop_front();
   }
-  for (auto& u : units_) {
-    u->reshard();
-    u->prefetched_ = false;
-    if (sync_grads_) u->ensure_grad_valid();
+  release_iteration();
+  if (sync_grads_) {
+    for (auto& u : units_) u->ensure_grad_valid();
   }
-  prefetched_pending_ = 0;
   transition_to(state_, TrainingState::kIdle, "end_of_backward", "the root");
 }
 

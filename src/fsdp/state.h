@@ -28,6 +28,7 @@
 #include <deque>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "fsdp/collectives.h"
@@ -111,7 +112,7 @@ bool legal(TrainingState from, TrainingState to);
 // Moves `state` to `to`, asserting that the change is legal; `owner` names
 // the unit (or "the root") in the assertion.
 template <class State>
-void transition_to(State& state, State to, const char* what, const std::string& owner) {
+void transition_to(State& state, State to, const char* what, std::string_view owner) {
   FSDP_ASSERT(legal(state, to), owner, ": illegal state change ", to_string(state), " -> ", to_string(to), " in ",
               what);
   state = to;
@@ -164,7 +165,7 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   // Makes grad_shard meaningful for the optimizer: zeros when nothing landed.
   void ensure_grad_valid();
   // "unit 'layers.0'", "the root unit": for messages.
-  std::string label() const;
+  const std::string& label() const { return label_; }
 
  private:
   std::vector<at::Tensor> run_eval(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs);
@@ -183,6 +184,7 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   bool is_root_;
   bool checkpoint_;
   std::unique_ptr<FlatParam> flat_;
+  std::string label_;  // built once: transitions name the unit without building a string each time
 
   ShardState state_ = ShardState::kSharded;
   GradState grad_state_ = GradState::kIdle;

@@ -94,8 +94,6 @@ bool legal(TrainingState from, TrainingState to) {
   return false;
 }
 
-std::string ShardedUnit::label() const { return is_root_ ? "the root unit" : "unit '" + name_ + "'"; }
-
 ShardedUnit::ShardedUnit(ShardedModelImpl* root, size_t index, std::string name, std::string type_name,
                          bool is_root, bool checkpoint, std::unique_ptr<FlatParam> flat)
     : root_(root),
@@ -104,7 +102,8 @@ ShardedUnit::ShardedUnit(ShardedModelImpl* root, size_t index, std::string name,
       type_name_(std::move(type_name)),
       is_root_(is_root),
       checkpoint_(checkpoint),
-      flat_(std::move(flat)) {}
+      flat_(std::move(flat)),
+      label_(is_root_ ? "the root unit" : "unit '" + name_ + "'") {}
 
 void ShardedUnit::register_grad_hooks() {
   accumulators_.clear();
