@@ -10,6 +10,8 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <regex>
+#include <sstream>
 
 #include <fmt/format.h>
 
@@ -19,6 +21,7 @@
 #include "fsdp/common/memory.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/llama.h"
+#include "fsdp/models/lora.h"
 #include "fsdp/models/registry.h"
 
 namespace {
@@ -36,6 +39,9 @@ int run(int argc, char** argv) {
   bool units = false;
   bool ckpt = false;
   std::string hf_config_out;
+  std::string freeze;
+  int64_t lora_rank = 0;
+  std::string lora_targets = "q_proj,k_proj,v_proj,o_proj";
 
   CLI::App app{"fsdp-inspect: the FSDP sharding plan and per-rank memory of a model, without running it."};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -51,6 +57,10 @@ int run(int argc, char** argv) {
   app.add_flag("--cpu-offload", offload, "Shards and optimizer state in host memory");
   app.add_flag("--activation-checkpointing", ckpt, "Checkpoint every decoder layer");
   app.add_flag("--units", units, "List every unit");
+  app.add_option("--freeze", freeze, "Plan with the parameters whose name this regex finds frozen (as fsdp-train)");
+  app.add_option("--lora-rank", lora_rank, "Plan with LoRA adapters of this rank, the base frozen (0: none)");
+  app.add_option("--lora-targets", lora_targets, "Linear layers that get adapters (comma-separated)")
+      ->capture_default_str();
   app.add_option("--write-hf-config", hf_config_out,
                  "Also write the model's Hugging Face config.json to this file (e.g. for a transformers baseline)");
   fsdp::cli::strict_numbers(app);
@@ -81,6 +91,30 @@ int run(int argc, char** argv) {
   }
   auto impl =
       std::make_shared<fsdp::models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
+  int64_t lora_params = 0;
+  if (lora_rank != 0) {
+    fsdp::models::LoraConfig lc;
+    lc.rank = lora_rank;
+    lc.alpha = 2.0 * static_cast<double>(lora_rank);
+    lc.targets.clear();
+    std::stringstream names(lora_targets);
+    for (std::string t; std::getline(names, t, ',');) lc.targets.push_back(t);
+    fsdp::models::apply_lora(*impl, lc, 0);
+    for (const auto& p : impl->named_parameters(true)) {
+      if (fsdp::models::is_lora_parameter(p.key())) lora_params += p.value().numel();
+    }
+  }
+  if (!freeze.empty()) {
+    std::regex re;
+    try {
+      re = std::regex(freeze);
+    } catch (const std::regex_error& e) {
+      FSDP_CHECK(false, "--freeze '", freeze, "' is not a valid regular expression (", e.what(), ")");
+    }
+    for (auto& p : impl->named_parameters(true)) {
+      if (std::regex_search(p.key(), re)) p.value().set_requires_grad(false);
+    }
+  }
   fsdp::nn::Unit<fsdp::models::LlamaForCausalLMImpl> root(impl);
   fsdp::FsdpOptions o;
   o.strategy = fsdp::parse_sharding_strategy(sharding);
@@ -101,6 +135,22 @@ int run(int argc, char** argv) {
                            c10::toString(o.mixed_precision.param_dtype), c10::toString(o.mixed_precision.reduce_dtype),
                            c10::toString(o.mixed_precision.master_dtype), offload ? ", CPU offload" : "")
             << plan.describe();
+  if (lora_rank != 0) {
+    std::cout << fmt::format("  LoRA rank {} on {}: {} adapter parameters ({:.3f}% of the model's {})\n", lora_rank,
+                             lora_targets, lora_params, 100.0 * static_cast<double>(lora_params) /
+                                 static_cast<double>(cfg.num_parameters()), cfg.num_parameters());
+  }
+  if (cfg.moe()) {
+    // Every rank holds 1/shard of every expert; a decoder layer gathers all E of
+    // them, and each token computes with K.
+    std::cout << fmt::format("  mixture of experts: {} experts per layer, {} per token: {} parameters, {} active per "
+                             "token ({:.1f}%); per rank {} of them in shards\n",
+                             cfg.num_local_experts, cfg.num_experts_per_tok, cfg.num_parameters(),
+                             cfg.active_parameters(),
+                             100.0 * static_cast<double>(cfg.active_parameters()) /
+                                 static_cast<double>(cfg.num_parameters()),
+                             (cfg.num_parameters() + plan.shard_size - 1) / plan.shard_size);
+  }
   const int64_t resident = plan.param_shard_bytes + plan.grad_shard_bytes + plan.optimizer_bytes;
   std::cout << fmt::format("  total per rank without activations: {} ({} resident{} + {} during a step)\n",
                            fsdp::format_bytes(resident + plan.step_unsharded_bytes), fsdp::format_bytes(resident),
@@ -116,9 +166,10 @@ int run(int argc, char** argv) {
   }
   if (units) {
     for (const auto& u : plan.units) {
-      std::cout << fmt::format("  unit {:<24} {:>4} params {:>14} elements  padded {:>14}  shard {:>12} at {}{}\n",
+      std::cout << fmt::format("  unit {:<24} {:>4} params {:>14} elements  padded {:>14}  shard {:>12} at {}{}{}\n",
                                u.name.empty() ? "<root>" : u.name, u.params.size(), u.numel, u.padded_numel,
-                               u.shard_numel, u.shard_offset, u.checkpointed ? "  checkpointed" : "");
+                               u.shard_numel, u.shard_offset, u.checkpointed ? "  checkpointed" : "",
+                               u.trainable ? "" : "  frozen");
     }
   }
   return 0;

@@ -237,8 +237,17 @@ int run(int argc, char** argv) {
   app.add_option("--warmup-steps", o.schedule.warmup_steps, "Linear warmup steps")->capture_default_str();
   app.add_option("--min-lr", o.schedule.min_lr, "Learning rate at the end of the cosine decay")
       ->capture_default_str();
-  app.add_option("--weight-decay", o.adamw.weight_decay, "AdamW decoupled weight decay (all parameters)")
+  app.add_option("--weight-decay", o.adamw.weight_decay,
+                 "AdamW decoupled weight decay (not on norms, biases and embeddings unless --weight-decay-all)")
       ->capture_default_str();
+  app.add_flag("--weight-decay-all", o.param_groups.decay_all,
+               "Decay every parameter, norms, biases and embeddings included (for comparison)");
+  app.add_option("--lr-scale", flags.lr_scales,
+                 "REGEX=FACTOR: parameters whose name the regex finds train at FACTOR x the learning rate "
+                 "(repeatable; the first match wins), e.g. --lr-scale lora_B=4");
+  app.add_option("--freeze", o.freeze,
+                 "Freeze the parameters whose name this regex finds (e.g. 'embed_tokens|layers\\.[0-3]\\.'): "
+                 "no gradients, no reductions, no optimizer state");
   app.add_option("--beta1", o.adamw.beta1, "AdamW beta1")->capture_default_str();
   app.add_option("--beta2", o.adamw.beta2, "AdamW beta2")->capture_default_str();
   app.add_option("--clip-grad", o.step.clip_grad, "Clip the global gradient norm to this (0: off)")
@@ -347,6 +356,25 @@ int run(int argc, char** argv) {
                  "Split exported weights into files of at most this size, with model.safetensors.index.json "
                  "(5GB, 500MB, 2GiB, bytes; 0: one file)")
       ->capture_default_str();
+  auto* lora = app.add_option_group("LoRA", "Low-rank adapters (peft's LoRA) on a frozen model");
+  lora->add_option("--lora-rank", o.lora.rank,
+                   "Train LoRA adapters of this rank on --lora-targets, every other parameter frozen (0: off)")
+      ->capture_default_str();
+  lora->add_option("--lora-alpha", o.lora.alpha,
+                   "Adapter scale alpha: outputs are scaled by alpha / rank (default 2 x rank: a scale of 2)");
+  lora->add_option("--lora-dropout", o.lora.dropout, "Dropout on the adapters' input while training, in [0, 1)")
+      ->capture_default_str();
+  lora->add_option("--lora-targets", flags.lora_targets,
+                   "Comma-separated names of the Linear layers that get adapters (q_proj, k_proj, v_proj, o_proj, "
+                   "gate_proj, up_proj, down_proj; Mixtral experts w1, w2, w3)")
+      ->capture_default_str();
+  lora->add_flag("--merge-lora", o.lora.merge,
+                 "--export-hf writes the merged model (W + B A alpha / rank), a plain Hugging Face model, instead "
+                 "of the PEFT adapter directory (adapter_config.json + adapter_model.safetensors, for "
+                 "PeftModel.from_pretrained)");
+  lora->add_option("--init-adapter", o.lora.init_adapter,
+                   "Start the adapters from a PEFT adapter directory of the same rank and targets (ignored when "
+                   "--resume finds a checkpoint)");
   auto* ev = app.add_option_group("Evaluation", "Held-out loss");
   ev->add_option("--val-data", o.eval.val_data,
                  "Validation data (same formats, --data-format, --text-field and --tokenizer as --data); "

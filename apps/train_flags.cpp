@@ -1,5 +1,6 @@
 #include "train_flags.h"
 
+#include <cmath>
 #include <typeindex>
 #include <typeinfo>
 
@@ -62,6 +63,39 @@ int64_t parse_export_shard_size(const std::string& s) {
   return checkpoint::parse_byte_size(s, "--export-shard-size");
 }
 
+std::vector<std::string> parse_lora_targets(const std::string& s) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = s.find(',', begin);
+    std::string name = s.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    FSDP_CHECK(!name.empty(), "--lora-targets '", s, "' has an empty name; give comma-separated names of Linear "
+               "layers, e.g. q_proj,k_proj,v_proj,o_proj");
+    out.push_back(name);
+    if (comma == std::string::npos) return out;
+    begin = comma + 1;
+  }
+}
+
+std::pair<std::string, double> parse_lr_scale(const std::string& s) {
+  const size_t eq = s.rfind('=');
+  FSDP_CHECK(eq != std::string::npos && eq > 0, "--lr-scale '", s, "' must be REGEX=FACTOR, e.g. 'lora_B=4' or "
+             "'embed_tokens=0.1' (parameters whose name the regex finds train at FACTOR x --lr)");
+  const std::string factor = s.substr(eq + 1);
+  size_t used = 0;
+  double f = 0;
+  try {
+    f = std::stod(factor, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  FSDP_CHECK(used == factor.size() && !factor.empty() && f > 0 && std::isfinite(f), "--lr-scale '", s,
+             "': the factor '", factor, "' must be a number > 0, e.g. 0.1 or 4");
+  return {s.substr(0, eq), f};
+}
+
 void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o) {
   o.device = parse_device(flags.device);
   o.sharding.strategy = parse_sharding(flags.sharding);
@@ -71,6 +105,10 @@ void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o) {
   o.sharding.loss_scaling = parse_loss_scaling(flags.loss_scaling);
   o.hf.export_dtype = parse_export_dtype(flags.export_dtype);
   if (!o.hf.export_dir.empty()) o.hf.export_shard_bytes = parse_export_shard_size(flags.export_shard_size);
+  o.lora.targets = parse_lora_targets(flags.lora_targets);
+  o.param_groups.lr_scales.clear();
+  for (const auto& s : flags.lr_scales) o.param_groups.lr_scales.push_back(parse_lr_scale(s));
+  (void)optim::param_rule(o.param_groups);  // UsageError for a pattern that is not a regex
 }
 
 }  // namespace fsdp::cli

@@ -197,11 +197,13 @@ struct FsdpOptions {
   at::Device device = at::kCPU;
 };
 
-// The optimizer's view of one unit's shard.
+// The optimizer's view of one flat parameter's shard (ShardedModel::units()).
 struct ShardRef {
   std::string unit_name;  // "" for the root
   at::Tensor param;       // (n) master dtype, the local shard; updated in place by the optimizer
-  at::Tensor grad;        // (n) master dtype, reduced gradient (zeros when none arrived)
+  at::Tensor grad;        // (n) master dtype, reduced gradient (zeros when none arrived);
+                          // undefined for a frozen flat parameter
+  bool trainable = true;  // false: frozen parameters (requires_grad false): no gradient, no optimizer state
 };
 
 // Per-parameter placement, for checkpoints and HF export.
@@ -212,9 +214,18 @@ struct ParamPlacement {
   int64_t numel = 0;
 };
 
+// One flat parameter of a unit. A unit's parameters are laid out in two flat
+// parameters when some of them are frozen (requires_grad false when
+// fully_shard runs): its trainable ones, then its frozen ones, listed as two
+// entries with the unit's name. A frozen flat parameter is gathered for
+// compute like any other, but has no gradient buffers, no reduction and no
+// optimizer state (Note [Frozen parameters] in src/fsdp/unit.cpp). A unit
+// without frozen parameters has one entry, trainable; one without trainable
+// parameters has only its frozen entry.
 struct UnitInfo {
   std::string name;              // "" for the root
   std::string type_name;
+  bool trainable = true;         // false: this entry holds the unit's frozen parameters
   int64_t numel = 0;             // unpadded
   int64_t padded_numel = 0;      // multiple of the shard-group size
   int64_t shard_numel = 0;       // padded_numel / shard-group size
@@ -263,7 +274,8 @@ class ShardedModel {
  public:
   ~ShardedModel();
 
-  // Local shards and their gradients, one per unit, in unit order. Local.
+  // Local shards and their gradients, one per entry of units(), in that
+  // order (frozen entries included, marked !trainable). Local.
   std::vector<ShardRef> shards() const;
   // Drops accumulated gradients (no memset: the next reduction overwrites).
   // Local; between steps or between a forward and its backward. Requires: no
@@ -283,7 +295,8 @@ class ShardedModel {
   // at 1). Returns the norm before clipping.
   double clip_grad_norm(double max_norm);
 
-  // Layout and this rank's placement.
+  // Layout and this rank's placement: one entry per flat parameter (a unit
+  // with frozen and trainable parameters has two; see UnitInfo).
   const std::vector<UnitInfo>& units() const;
   std::vector<MemoryPlacement> memory_placement() const;
   // Bytes this rank communicated since the last call (and resets them).
@@ -294,11 +307,11 @@ class ShardedModel {
   UnshardedMemory unsharded_memory() const;
   void reset_unsharded_peak();
 
-  // Full (unpadded) flat parameter of unit `u`, gathered to every rank of the
+  // Full (unpadded) flat parameter of entry `u` of units(), gathered to every rank of the
   // shard group, in the master dtype (fp32; bf16 for pure-bf16 training).
   // Collective over the shard group; between steps. The result is a new tensor.
   at::Tensor gather_unit(size_t u);
-  // Writes `full` (the unit's unpadded flat values, any float dtype) into this
+  // Writes `full` (entry `u`'s unpadded flat values, any float dtype) into this
   // rank's shard. Local; between steps.
   void load_unit(size_t u, const at::Tensor& full);
 
@@ -329,10 +342,11 @@ struct ShardingPlan {
   int shard_size = 1;           // ranks sharing one copy of the parameters (1 for NO_SHARD)
   int replicas = 1;             // world_size / shard_size
   int64_t parameters = 0;       // unpadded total
+  int64_t trainable_parameters = 0;  // of them, not frozen
   // Resident on every rank for the whole run (host memory with CPU offload):
   int64_t param_shard_bytes = 0;  // master shards, master dtype
-  int64_t grad_shard_bytes = 0;   // reduced gradient shards, master dtype
-  int64_t optimizer_bytes = 0;    // AdamW exp_avg + exp_avg_sq beside the shards
+  int64_t grad_shard_bytes = 0;   // reduced gradient shards, master dtype (trainable entries)
+  int64_t optimizer_bytes = 0;    // AdamW exp_avg + exp_avg_sq beside the trainable shards
   // Unsharded buffers on the compute device while a step runs; see
   // Note [Unsharded memory] in src/fsdp/plan.cpp for the schedule behind it:
   int64_t largest_unit_bytes = 0;   // the largest unit's parameters (param dtype)

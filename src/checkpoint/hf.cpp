@@ -11,12 +11,14 @@
 #include <regex>
 #include <set>
 
+#include "export_dir.h"
 #include "file_io.h"
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/json_input.h"
+#include "fsdp/models/lora.h"
 #include "progress.h"
 
 namespace fsdp::checkpoint {
@@ -138,6 +140,11 @@ ExportPaths export_paths(const std::string& dir) {
 }  // namespace
 
 void check_export_dir(const std::string& dir, const std::string& flag) {
+  detail::check_export_dir_of(dir, flag, is_hf_export_file);
+}
+
+void detail::check_export_dir_of(const std::string& dir, const std::string& flag,
+                                 const std::function<bool(const std::string&)>& is_export_file) {
   FSDP_CHECK(!dir.empty(), flag, " needs a directory");
   const ExportPaths paths = export_paths(dir);
   check_writable(paths.parent.string(), flag + " " + dir + ": directory", /*directory=*/true);
@@ -148,7 +155,7 @@ void check_export_dir(const std::string& dir, const std::string& flag) {
   FSDP_CHECK(fs::is_directory(dir, ec), flag, " ", dir, " exists and is not a directory; choose a new directory");
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
-    FSDP_CHECK(e.is_regular_file(ec) && is_hf_export_file(n), flag, " ", dir, " holds '", n,
+    FSDP_CHECK(e.is_regular_file(ec) && is_export_file(n), flag, " ", dir, " holds '", n,
                "', which an export does not write; an export replaces the whole directory, so choose a new or "
                "empty directory (files there are never deleted)");
   }
@@ -185,6 +192,8 @@ std::string config_mismatch(const models::LlamaConfig& a, const models::LlamaCon
         diff("vocab_size", a.vocab_size, b.vocab_size), diff("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps),
         diff("rope_theta", a.rope_theta, b.rope_theta),
         diff("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings),
+        diff("num_local_experts", a.num_local_experts, b.num_local_experts),
+        diff("num_experts_per_tok", a.num_experts_per_tok, b.num_experts_per_tok),
         diff("rope_scaling", std::string(a.rope_scaling.has_value() ? "llama3" : "none"),
              std::string(b.rope_scaling.has_value() ? "llama3" : "none"))}) {
     if (!d.empty()) return d;
@@ -211,11 +220,11 @@ std::string config_mismatch(const models::LlamaConfig& a, const models::LlamaCon
 
 // ---- export ---------------------------------------------------------------------------
 
-HfExportResult export_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
-                         comm::ProcessGroup& group, const HfExportOptions& options) {
+HfExportResult detail::export_dir(const std::string& dir, ShardedModel& model, comm::ProcessGroup& group,
+                                  const ExportSpec& spec) {
   const double t0 = io::now_seconds();
   const bool lead = group.rank() == 0;
-  const std::string dtype = safetensors_dtype(options.dtype);
+  const std::string dtype = safetensors_dtype(spec.dtype);
   const int64_t esize = safetensors_dtype_size(dtype);
   const ExportPaths paths = export_paths(dir);
   const fs::path& final = paths.final;
@@ -224,25 +233,29 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
 
   // The plan: tensors in unit order, split into files at max_shard_bytes.
   std::vector<std::vector<SafetensorsSpec>> files(1);
-  std::map<std::string, size_t> file_of;
+  std::map<std::string, size_t> file_of;  // by name in the files
+  std::vector<bool> gathered(units.size(), false);
   int64_t in_file = 0;
   int64_t total = 0;
-  for (const auto& u : units) {
-    for (const auto& p : u.params) {
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (const auto& p : units[u].params) {
+      const std::string name = spec.tensor_name(p.name);
+      if (name.empty()) continue;
+      gathered[u] = true;
       const int64_t n = p.numel * esize;
-      if (options.max_shard_bytes > 0 && in_file > 0 && in_file + n > options.max_shard_bytes) {
+      if (spec.max_shard_bytes > 0 && in_file > 0 && in_file + n > spec.max_shard_bytes) {
         files.emplace_back();
         in_file = 0;
       }
-      files.back().push_back({p.name, dtype, p.shape});
-      file_of[p.name] = files.size() - 1;
+      files.back().push_back({name, dtype, p.shape});
+      file_of[name] = files.size() - 1;
       in_file += n;
       total += n;
     }
   }
   const bool sharded = files.size() > 1;
   std::vector<std::string> names;
-  for (size_t i = 0; i < files.size(); ++i) names.push_back(sharded ? shard_name(i, files.size()) : kSingleName);
+  for (size_t i = 0; i < files.size(); ++i) names.push_back(sharded ? shard_name(i, files.size()) : spec.single_name);
 
   HfExportResult result;
   result.dir = final.string();
@@ -262,20 +275,24 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
   };
   guarded([&] {
     fs::create_directories(paths.parent);
-    lock = std::make_unique<DirectoryLock>(paths.lock.string(), "--export-hf " + final.string());
-    check_export_dir(final.string());
+    lock = std::make_unique<DirectoryLock>(paths.lock.string(), spec.flag + " " + final.string());
+    check_export_dir_of(final.string(), spec.flag, spec.is_export_file);
     remove_owned_directory(tmp.string());  // left by an interrupted export
     create_owned_directory(tmp.string());
   });
-  io::Progress progress("exporting " + final.filename().string(), total, options.progress && lead);
+  io::Progress progress("exporting " + final.filename().string(), total, spec.progress && lead);
   const std::map<std::string, std::string> metadata = {{"format", "pt"}};
   for (size_t u = 0; u < units.size(); ++u) {
+    if (!gathered[u]) continue;  // the same on every rank: the plan depends on names only
     const at::Tensor full = model.gather_unit(u);  // collective over the shard group: every rank
     guarded([&] {
       for (const auto& p : units[u].params) {
-        const size_t f = file_of.at(p.name);
+        const std::string name = spec.tensor_name(p.name);
+        if (name.empty()) continue;
+        const size_t f = file_of.at(name);
         if (!writers[f]) writers[f] = std::make_unique<SafetensorsWriter>((tmp / names[f]).string(), files[f], metadata);
-        writers[f]->write(p.name, full.narrow(0, p.flat_offset, p.numel));
+        const at::Tensor value = full.narrow(0, p.flat_offset, p.numel);
+        writers[f]->write(name, spec.value_of ? spec.value_of(p.name, value.view(p.shape)) : value);
         progress.add(p.numel * esize);
         if (--remaining[f] == 0) {
           writers[f]->finish();
@@ -294,16 +311,12 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
       io::write_text_file((tmp / kIndexName).string(), text);
       bytes += static_cast<int64_t>(text.size());
     }
-    // Sorted keys, as transformers 5 writes them; "dtype" is its name for the
-    // weights' dtype (transformers 4 wrote "torch_dtype", which 5 still reads).
-    nlohmann::json config = nlohmann::json::parse(cfg.to_hf_config_json());
-    config["dtype"] = hf_dtype_name(options.dtype);
-    for (auto it = options.extra_config->begin(); it != options.extra_config->end(); ++it) config[it.key()] = it.value();
-    const std::string text = config.dump(2) + "\n";
-    io::write_text_file((tmp / "config.json").string(), text);
-    bytes += static_cast<int64_t>(text.size());
-    for (const auto& [src, name] : options.extra_files) {
-      FSDP_CHECK(is_hf_export_file(name), "cannot export extra file '", name, "'");
+    for (const auto& [name, text] : spec.text_files) {
+      io::write_text_file((tmp / name).string(), text);
+      bytes += static_cast<int64_t>(text.size());
+    }
+    for (const auto& [src, name] : spec.copied_files) {
+      FSDP_CHECK(spec.is_export_file(name), "cannot export extra file '", name, "'");
       const std::string content = io::read_text_file(src);
       io::write_text_file((tmp / name).string(), content);
       bytes += static_cast<int64_t>(content.size());
@@ -319,16 +332,80 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
   }
   lock.reset();
   // Everyone learns whether rank 0 succeeded.
-  agree(group, error).raise_if_failed("exporting Hugging Face weights to " + final.string() + " failed");
+  agree(group, error).raise_if_failed("exporting " + spec.what + " to " + final.string() + " failed");
   result.files = names;
   if (sharded) result.files.push_back(kIndexName);
-  result.files.push_back("config.json");
-  for (const auto& e : options.extra_files) result.files.push_back(e.second);
+  for (const auto& e : spec.text_files) result.files.push_back(e.first);
+  for (const auto& e : spec.copied_files) result.files.push_back(e.second);
   at::Tensor written = at::full({1}, static_cast<double>(bytes), at::kDouble);  // rank 0's bytes, for everyone
   if (group.size() > 1) group.all_reduce(written, comm::ReduceOp::kSum)->wait();
   result.io.bytes = static_cast<int64_t>(written.item<double>());
   result.io.seconds = io::now_seconds() - t0;
   return result;
+}
+
+namespace {
+
+// Note [Merged LoRA export]
+// A model with adapters (models/lora.h) exports as the plain model it
+// computes: each adapted weight as W + (B A) * scaling, the adapters left
+// out. The adapters are gathered first (every unit entry holding one, in unit
+// order: the same collectives on every rank) and kept — r x (in + out)
+// elements per adapted layer — so that a weight meets its adapter whatever
+// entry (trainable or frozen) each sits in.
+std::map<std::string, at::Tensor> gather_lora(ShardedModel& model) {
+  std::map<std::string, at::Tensor> out;
+  const auto& units = model.units();
+  for (size_t u = 0; u < units.size(); ++u) {
+    bool any = false;
+    for (const auto& p : units[u].params) any = any || models::is_lora_parameter(p.name);
+    if (!any) continue;
+    const at::Tensor full = model.gather_unit(u);
+    for (const auto& p : units[u].params) {
+      if (models::is_lora_parameter(p.name)) out[p.name] = full.narrow(0, p.flat_offset, p.numel).view(p.shape).clone();
+    }
+  }
+  return out;
+}
+
+}  // namespace
+
+HfExportResult export_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
+                         comm::ProcessGroup& group, const HfExportOptions& options) {
+  detail::ExportSpec spec;
+  spec.flag = "--export-hf";
+  spec.what = "Hugging Face weights";
+  spec.dtype = options.dtype;
+  spec.max_shard_bytes = options.max_shard_bytes;
+  spec.single_name = kSingleName;
+  spec.is_export_file = is_hf_export_file;
+  spec.progress = options.progress;
+  const std::map<std::string, at::Tensor> lora = gather_lora(model);
+  FSDP_CHECK(lora.empty() || options.lora_scaling > 0, "the model has ", lora.size() / 2, " LoRA adapters (",
+             lora.begin()->first, ", ...): a Hugging Face model directory holds them merged (--merge-lora), or "
+             "export them as a PEFT adapter (checkpoint/peft.h)");
+  spec.tensor_name = [](const std::string& name) { return models::is_lora_parameter(name) ? std::string() : name; };
+  if (!lora.empty()) {
+    const double scaling = options.lora_scaling;
+    spec.value_of = [&lora, scaling](const std::string& name, const at::Tensor& value) -> at::Tensor {
+      static const std::string kWeight = ".weight";
+      if (name.size() <= kWeight.size() || name.compare(name.size() - kWeight.size(), kWeight.size(), kWeight) != 0) {
+        return value;
+      }
+      const std::string stem = name.substr(0, name.size() - kWeight.size());  // the Linear's name
+      auto a = lora.find(stem + ".lora_A.weight");
+      if (a == lora.end()) return value;
+      return models::merge_lora_weight(value, a->second, lora.at(stem + ".lora_B.weight"), scaling);
+    };
+  }
+  // Sorted keys, as transformers 5 writes them; "dtype" is its name for the
+  // weights' dtype (transformers 4 wrote "torch_dtype", which 5 still reads).
+  nlohmann::json config = nlohmann::json::parse(cfg.to_hf_config_json());
+  config["dtype"] = hf_dtype_name(options.dtype);
+  for (auto it = options.extra_config->begin(); it != options.extra_config->end(); ++it) config[it.key()] = it.value();
+  spec.text_files.emplace_back("config.json", config.dump(2) + "\n");
+  spec.copied_files = options.extra_files;
+  return detail::export_dir(dir, model, group, spec);
 }
 
 // ---- import ---------------------------------------------------------------------------
@@ -434,6 +511,11 @@ OpenedHfWeights open_hf_weights(const std::string& dir, const std::vector<std::p
 
 }  // namespace
 
+// Note [Base weights under adapters]
+// A model with LoRA adapters (models/lora.h) reads its base weights from a
+// Hugging Face directory, which has no adapters: they keep the values they
+// have (their initialization: B = 0, so the model computes the base model's
+// function; or an adapter loaded afterwards, checkpoint/peft.h).
 HfImportResult import_hf_module(const std::string& dir, torch::nn::Module& module, const models::LlamaConfig& cfg,
                                 bool progress_bar) {
   const double t0 = io::now_seconds();
@@ -443,15 +525,19 @@ HfImportResult import_hf_module(const std::string& dir, torch::nn::Module& modul
   for (const auto& p : params) {
     FSDP_CHECK(!p.value().is_meta() && p.value().is_contiguous(), "import_hf_module: parameter '", p.key(),
                "' must be materialized and contiguous");
+    if (models::is_lora_parameter(p.key())) continue;  // Note [Base weights under adapters]
     wanted.emplace_back(p.key(), p.value().sizes().vec());
   }
   const OpenedHfWeights w = open_hf_weights(dir, wanted, cfg, result);
   int64_t planned = 0;
-  for (const auto& p : params) planned += p.value().numel() * safetensors_dtype_size(w.where.at(p.key()).second->dtype);
+  for (const auto& [name, shape] : wanted) {
+    planned += params[name].numel() * safetensors_dtype_size(w.where.at(name).second->dtype);
+  }
   io::Progress progress("loading " + dir, planned, progress_bar);
   at::NoGradGuard no_grad;
   std::vector<float> buffer;
   for (const auto& p : params) {
+    if (models::is_lora_parameter(p.key())) continue;
     const auto& [file, entry] = w.where.at(p.key());
     const int64_t n = p.value().numel();
     buffer.resize(static_cast<size_t>(n));
@@ -473,7 +559,9 @@ HfImportResult import_hf(const std::string& dir, ShardedModel& model, const mode
   const auto& units = model.units();
   std::vector<std::pair<std::string, std::vector<int64_t>>> wanted;
   for (const auto& u : units) {
-    for (const auto& p : u.params) wanted.emplace_back(p.name, p.shape);
+    for (const auto& p : u.params) {
+      if (!models::is_lora_parameter(p.name)) wanted.emplace_back(p.name, p.shape);
+    }
   }
   const OpenedHfWeights opened = open_hf_weights(dir, wanted, cfg, result);
   const auto& where = opened.where;
@@ -485,7 +573,9 @@ HfImportResult import_hf(const std::string& dir, ShardedModel& model, const mode
     for (const auto& p : units[u].params) {
       const int64_t lo = std::max(units[u].shard_offset, p.flat_offset);
       const int64_t hi = std::min(units[u].shard_offset + units[u].shard_numel, p.flat_offset + p.numel);
-      if (lo < hi) planned += (hi - lo) * safetensors_dtype_size(where.at(p.name).second->dtype);
+      if (lo < hi && !models::is_lora_parameter(p.name)) {
+        planned += (hi - lo) * safetensors_dtype_size(where.at(p.name).second->dtype);
+      }
     }
   }
   io::Progress progress("loading " + dir, planned, progress_bar);
@@ -495,12 +585,22 @@ HfImportResult import_hf(const std::string& dir, ShardedModel& model, const mode
   for (size_t u = 0; u < units.size(); ++u) {
     const UnitInfo& ui = units[u];
     at::Tensor shard = shards[u].param;
-    shard.zero_();  // padding
+    // Padding is zeroed; adapters keep their values (Note [Base weights under adapters]).
+    std::vector<std::pair<int64_t, at::Tensor>> kept;
+    for (const auto& p : ui.params) {
+      const int64_t lo = std::max(ui.shard_offset, p.flat_offset);
+      const int64_t hi = std::min(ui.shard_offset + ui.shard_numel, p.flat_offset + p.numel);
+      if (lo < hi && models::is_lora_parameter(p.name)) {
+        kept.emplace_back(lo - ui.shard_offset, shard.narrow(0, lo - ui.shard_offset, hi - lo).clone());
+      }
+    }
+    shard.zero_();
+    for (const auto& [at_offset, values] : kept) shard.narrow(0, at_offset, values.numel()).copy_(values);
     const bool direct = shard.scalar_type() == at::kFloat && shard.is_contiguous() && shard.device().is_cpu();
     for (const auto& p : ui.params) {
       const int64_t lo = std::max(ui.shard_offset, p.flat_offset);
       const int64_t hi = std::min(ui.shard_offset + ui.shard_numel, p.flat_offset + p.numel);
-      if (lo >= hi) continue;
+      if (lo >= hi || models::is_lora_parameter(p.name)) continue;
       const auto& [file, entry] = where.at(p.name);
       const int64_t n = hi - lo;
       if (direct) {

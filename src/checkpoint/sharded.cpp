@@ -65,16 +65,21 @@ std::vector<UnitState> collect_state(ShardedModel& model, optim::AdamW* opt) {
   std::vector<UnitState> out(units.size());
   for (size_t u = 0; u < units.size(); ++u) out[u].kinds.emplace_back("param", shards[u].param);
   if (opt != nullptr) {
+    // One slot per trainable entry, in order: frozen entries have no optimizer state.
     auto& slots = opt->slots();
-    FSDP_CHECK(slots.size() == units.size(),
-               "checkpoint: the optimizer holds ", slots.size(), " tensors but the model has ", units.size(),
-               " units; build the optimizer with add_shards(model.shards()) and nothing else");
+    size_t trainable = 0;
+    for (const auto& u : units) trainable += u.trainable ? 1 : 0;
+    FSDP_CHECK(slots.size() == trainable,
+               "checkpoint: the optimizer holds ", slots.size(), " tensors but the model has ", trainable,
+               " trainable flat parameters; build the optimizer with add_shards(model.shards()) and nothing else");
+    size_t k = 0;
     for (size_t u = 0; u < units.size(); ++u) {
-      FSDP_CHECK(slots[u].param.is_same(shards[u].param) ||
-                     slots[u].param.data_ptr() == shards[u].param.data_ptr(),
-                 "checkpoint: optimizer tensor ", u, " ('", slots[u].name, "') is not the shard of unit '",
+      if (!units[u].trainable) continue;
+      auto& slot = slots[k++];
+      FSDP_CHECK(slot.param.is_same(shards[u].param) || slot.param.data_ptr() == shards[u].param.data_ptr(),
+                 "checkpoint: optimizer tensor ", k - 1, " ('", slot.name, "') is not the shard of unit '",
                  units[u].name, "'; build the optimizer with add_shards(model.shards())");
-      add_optimizer_kinds(slots[u], &out[u].kinds);
+      add_optimizer_kinds(slot, &out[u].kinds);
     }
   }
   for (size_t u = 0; u < units.size(); ++u) {

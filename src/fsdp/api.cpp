@@ -13,7 +13,9 @@ namespace detail {
 
 std::vector<ShardRef> ShardedModelImpl::shards() const {
   std::vector<ShardRef> out;
-  for (const auto& u : units_) out.push_back({u->name(), u->flat().shard(), u->flat().grad_shard()});
+  for (const auto& e : entries_) {
+    out.push_back({e.unit->name(), e.flat->shard(), e.flat->grad_shard(), e.flat->trainable()});
+  }
   return out;
 }
 
@@ -74,8 +76,9 @@ StepCounters ShardedModelImpl::take_step_counters() {
 
 at::Tensor ShardedModelImpl::gather_unit(size_t u) {
   assert_idle("gather_unit");
-  FSDP_CHECK(u < units_.size(), "gather_unit: unit ", u, " out of range (", units_.size(), " units)");
-  FlatParam& f = units_[u]->flat();
+  FSDP_CHECK(u < entries_.size(), "gather_unit: entry ", u, " out of range (", entries_.size(),
+             " entries in ShardedModel::units())");
+  FlatParam& f = *entries_[u].flat;
   if (replicated_) return f.shard().narrow(0, 0, f.layout().numel).clone();
   at::Tensor full = at::empty({f.layout().padded_numel}, f.shard().options());
   shard_group_->all_gather(full, f.shard())->wait();
@@ -84,12 +87,13 @@ at::Tensor ShardedModelImpl::gather_unit(size_t u) {
 
 void ShardedModelImpl::load_unit(size_t u, const at::Tensor& full) {
   assert_idle("load_unit");
-  FSDP_CHECK(u < units_.size(), "load_unit: unit ", u, " out of range (", units_.size(), " units)");
-  FlatParam& f = units_[u]->flat();
-  FSDP_CHECK(full.numel() == f.layout().numel, "load_unit: unit '", units_[u]->name(), "' has ", f.layout().numel,
-             " elements, got ", full.numel());
+  FSDP_CHECK(u < entries_.size(), "load_unit: entry ", u, " out of range (", entries_.size(),
+             " entries in ShardedModel::units())");
+  FlatParam& f = *entries_[u].flat;
+  FSDP_CHECK(full.numel() == f.layout().numel, "load_unit: ", entries_[u].unit->label(),
+             f.trainable() ? "" : " (frozen parameters)", " has ", f.layout().numel, " elements, got ", full.numel());
   f.init_shard(full.reshape({-1}), nullptr, 0);
-  units_[u]->reshard();
+  entries_[u].unit->reshard();
 }
 
 std::vector<MemoryPlacement> ShardedModelImpl::memory_placement() const {
@@ -98,11 +102,12 @@ std::vector<MemoryPlacement> ShardedModelImpl::memory_placement() const {
   MemoryPlacement grads{"gradient shards", "", 0, false};
   MemoryPlacement full{"unsharded parameters (resident now)", options_.device.str(), 0, false};
   MemoryPlacement full_grads{"unsharded gradients (resident now)", options_.device.str(), 0, false};
-  for (const auto& u : units_) {
-    FlatParam& f = u->flat();
+  for (const auto& e : entries_) {
+    FlatParam& f = *e.flat;
     shards.device = device_name(f.shard());
     shards.bytes += f.shard().nbytes();
     shards.pinned = f.shard().is_pinned();
+    if (!f.trainable()) continue;
     grads.device = device_name(f.grad_shard());
     grads.bytes += f.grad_shard().nbytes();
     grads.pinned = f.grad_shard().is_pinned();
@@ -119,13 +124,13 @@ std::string ShardedModelImpl::describe() const {
     total += i.numel;
     padded += i.padded_numel;
   }
-  os << to_string(options_.strategy) << ": " << infos_.size() << " units, " << total << " parameters (" << padded
+  os << to_string(options_.strategy) << ": " << units_.size() << " units, " << total << " parameters (" << padded
      << " padded), shard group " << shard_group_->size()
      << (replicate_group_ ? " x " + std::to_string(replicate_group_->size()) + " replicas" : std::string()) << "\n";
   for (const auto& i : infos_) {
     os << "  unit '" << (i.name.empty() ? "<root>" : i.name) << "' " << i.type_name << ": " << i.params.size()
        << " params, " << i.numel << " elements, padded " << i.padded_numel << ", shard " << i.shard_numel
-       << (i.checkpointed ? ", checkpointed" : "") << "\n";
+       << (i.checkpointed ? ", checkpointed" : "") << (i.trainable ? "" : ", frozen") << "\n";
   }
   return os.str();
 }

@@ -45,6 +45,22 @@ struct PreBackwardFn : torch::autograd::Function<PreBackwardFn> {
   }
 };
 
+// Identity on a unit's inputs whose backward runs once every gradient with
+// respect to them is computed: the unit's backward is over. Only units
+// without trainable parameters use it (no gradient hook tells them).
+struct PostBackwardFn : torch::autograd::Function<PostBackwardFn> {
+  static variable_list forward(AutogradContext* ctx, at::TensorList xs, c10::intrusive_ptr<UnitRef> ref) {
+    ctx->saved_data["unit"] = c10::IValue::make_capsule(std::move(ref));
+    return xs.vec();
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    auto ref = c10::static_intrusive_pointer_cast<UnitRef>(ctx->saved_data["unit"].toCapsule());
+    if (std::shared_ptr<ShardedUnit> unit = ref->unit.lock()) unit->on_inputs_grad_ready(ref->iteration);
+    grads.emplace_back();  // for the `ref` argument
+    return grads;
+  }
+};
+
 // The unit's forward closure and parameters, carried through the autograd
 // context as a capsule.
 struct ForwardHolder : torch::CustomClassHolder {
@@ -149,6 +165,23 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
 
 std::vector<at::Tensor> attach_pre_backward(ShardedUnit& unit, const std::vector<at::Tensor>& outputs) {
   return PreBackwardFn::apply(at::TensorList(outputs), c10::make_intrusive<UnitRef>(unit.shared_from_this()));
+}
+
+std::vector<at::Tensor> attach_post_backward(ShardedUnit& unit, const std::vector<at::Tensor>& inputs) {
+  std::vector<at::Tensor> tracked;
+  std::vector<size_t> where;
+  for (size_t i = 0; i < inputs.size(); ++i) {
+    if (inputs[i].defined() && inputs[i].requires_grad()) {
+      tracked.push_back(inputs[i]);
+      where.push_back(i);
+    }
+  }
+  if (tracked.empty()) return inputs;
+  std::vector<at::Tensor> hooked =
+      PostBackwardFn::apply(at::TensorList(tracked), c10::make_intrusive<UnitRef>(unit.shared_from_this()));
+  std::vector<at::Tensor> out = inputs;
+  for (size_t k = 0; k < where.size(); ++k) out[where[k]] = hooked[k];
+  return out;
 }
 
 std::vector<at::Tensor> checkpointed_call(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs,

@@ -18,6 +18,12 @@ class ShardedUnit;
 // [Graph lifetime]); a backward after the model is gone is a UsageError.
 std::vector<at::Tensor> attach_pre_backward(ShardedUnit& unit, const std::vector<at::Tensor>& outputs);
 
+// Identity on the `inputs` that require grad, whose backward calls
+// unit.on_inputs_grad_ready() once the gradients of all of them are computed,
+// which is after the unit's own backward. For units without trainable
+// parameters (Note [Frozen parameters] in unit.cpp). Other inputs pass through.
+std::vector<at::Tensor> attach_post_backward(ShardedUnit& unit, const std::vector<at::Tensor>& inputs);
+
 // Runs fn(inputs) without saving activations and recomputes it in backward
 // (non-reentrant: the recompute runs inside this function's backward, through
 // the inner forward directly, while the unit is unsharded by its pre-backward

@@ -72,9 +72,9 @@ FlatParam::FlatParam(std::vector<Source> params, const FlatParamOptions& options
                    options.shard_device == options.device) {
   std::vector<ParamPlacement> placements;
   for (auto& s : params) {
-    FSDP_CHECK(s.param.requires_grad(), "parameter '", s.name,
-               "' has requires_grad=false; frozen parameters are not supported inside a sharded unit yet — "
-               "register it as a buffer, or keep it outside fsdp::nn::Unit boundaries in an unsharded module");
+    FSDP_ASSERT(s.param.requires_grad() == options_.trainable, "parameter '", s.name, "' has requires_grad ",
+                s.param.requires_grad(), " in a flat parameter of ", options_.trainable ? "trainable" : "frozen",
+                " parameters");
     ParamPlacement pl;
     pl.name = s.name;
     pl.shape = s.param.sizes().vec();
@@ -89,7 +89,7 @@ FlatParam::FlatParam(std::vector<Source> params, const FlatParamOptions& options
                       .device(options_.shard_device)
                       .pinned_memory(options_.pin_shards);
   shard_ = at::zeros({layout_.shard_numel}, so);
-  grad_shard_ = at::zeros({layout_.shard_numel}, so);
+  if (options_.trainable) grad_shard_ = at::zeros({layout_.shard_numel}, so);
 }
 
 at::Tensor FlatParam::gather_source_values() const {
@@ -192,6 +192,7 @@ void FlatParam::free_full() {
 }
 
 void FlatParam::prepare_full_grad(bool keep) {
+  FSDP_ASSERT(options_.trainable, "gradients prepared for frozen parameters");
   if (single_copy_) {
     full_grad_ = grad_shard_;
     if (!keep) full_grad_.zero_();

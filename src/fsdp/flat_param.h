@@ -13,6 +13,7 @@
 //                           CUDA is present).
 //   grad_shard_  (n) shard dtype, shard device: reduced gradients; valid once
 //                           a reduction landed since the last zero_grad.
+//                           Undefined for frozen parameters (never any gradients).
 //   full_        (Np) param dtype   the unsharded buffer; the module's
 //                           parameters are views of it. Its bytes exist only
 //                           while unsharded (StorageState below).
@@ -81,6 +82,7 @@ struct FlatParamOptions {
   at::Device shard_device = at::kCPU;       // shard_, grad_shard_
   bool pin_shards = false;                  // page-locked host shards (CPU offload with CUDA)
   bool replicated = false;                  // NO_SHARD: full_ is never freed
+  bool trainable = true;                    // false: every parameter is frozen (no gradient buffers)
   // Host memory for full_ and full_grad_ on the CPU (shared by every unit of a
   // model; see Note [Host buffers from mmap]). Null: LibTorch's allocator.
   std::shared_ptr<internals::HostBufferPool> host_pool;
@@ -118,6 +120,7 @@ class FlatParam {
   at::Tensor& full() { return full_; }
   at::Tensor& full_grad() { return full_grad_; }
   bool single_copy() const { return single_copy_; }
+  bool trainable() const { return options_.trainable; }
   at::ScalarType param_dtype() const { return options_.param_dtype; }
   const FlatParamOptions& options() const { return options_; }
 
@@ -129,6 +132,7 @@ class FlatParam {
 
   // Allocates full_grad_ (zeros) and points every parameter's .grad at its
   // view. With `keep` the existing buffer and its contents stay.
+  // Requires: trainable().
   void prepare_full_grad(bool keep);
   // Drops .grad of every parameter and releases full_grad_ (unless single copy).
   // Idempotent.

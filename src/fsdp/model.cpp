@@ -68,23 +68,26 @@ void ShardedModelImpl::build_units() {
     // mmap]). The root's block is larger than that in language models
     // (embeddings) and is not kept between steps.
     int64_t largest = 0;
-    for (size_t k = 1; k < plan.size(); ++k) {
+    const auto padded = [&](const std::vector<FlatParam::Source>& sources) {
       int64_t numel = 0;
-      for (const auto& s : plan[k].sources) numel += s.param.numel();
-      largest = std::max(largest, (numel + fpo.shard_size - 1) / fpo.shard_size * fpo.shard_size);
+      for (const auto& s : sources) numel += s.param.numel();
+      return (numel + fpo.shard_size - 1) / fpo.shard_size * fpo.shard_size;
+    };
+    for (size_t k = 1; k < plan.size(); ++k) {
+      largest = std::max(largest, padded(plan[k].sources) + padded(plan[k].frozen));
     }
     host_pool_ = std::make_shared<internals::HostBufferPool>(
         static_cast<size_t>(2 * largest) * c10::elementSize(fpo.param_dtype));
     fpo.host_pool = host_pool_;
   }
-  for (auto& u : nn::find_units(root_module_)) u.second->set_hooks(nullptr);  // folded units: plain call
-  for (size_t k = 0; k < plan.size(); ++k) {
-    PlannedUnit& pu = plan[k];
-    auto flat = std::make_unique<FlatParam>(std::move(pu.sources), fpo);
+  const auto make_flat = [&](std::vector<FlatParam::Source> sources, bool trainable) {
+    FlatParamOptions o = fpo;
+    o.trainable = trainable;
+    auto flat = std::make_unique<FlatParam>(std::move(sources), o);
     at::Tensor source;
     if (options_.sync_module_states && world_->size() > 1) {
-      // Rank 0's values, one unit at a time (on the group's device: NCCL
-      // broadcasts device memory). Other ranks may hold meta parameters.
+      // Rank 0's values, one flat parameter at a time (on the group's device:
+      // NCCL broadcasts device memory). Other ranks may hold meta parameters.
       source = world_->rank() == 0
                    ? flat->gather_source_values().to(options_.device)
                    : at::empty({flat->layout().numel}, at::TensorOptions().dtype(at::kFloat).device(options_.device));
@@ -92,10 +95,29 @@ void ShardedModelImpl::build_units() {
     }
     flat->init_shard(source, options_.init_rule, options_.seed);
     flat->bind(/*keep_allocated=*/replicated_);
-
-    infos_.push_back(unit_info(pu, flat->layout(), flat->shard_offset()));
-    auto unit = std::make_shared<ShardedUnit>(this, k, pu.name, infos_.back().type_name, k == 0, pu.checkpoint,
-                                              std::move(flat));
+    return flat;
+  };
+  for (auto& u : nn::find_units(root_module_)) u.second->set_hooks(nullptr);  // folded units: plain call
+  for (size_t k = 0; k < plan.size(); ++k) {
+    PlannedUnit& pu = plan[k];
+    const bool lists_trainable = pu.lists_trainable(), lists_frozen = pu.lists_frozen();
+    std::unique_ptr<FlatParam> flat = make_flat(std::move(pu.sources), /*trainable=*/true);
+    std::unique_ptr<FlatParam> frozen = lists_frozen ? make_flat(std::move(pu.frozen), /*trainable=*/false) : nullptr;
+    const std::string type_name = pu.module->inner_type_name();
+    bool contains_units = false;
+    for (size_t j = 0; j < plan.size(); ++j) {
+      contains_units = contains_units || (j != k && (pu.name.empty() || plan[j].name.rfind(pu.name + ".", 0) == 0));
+    }
+    auto unit = std::make_shared<ShardedUnit>(this, k, pu.name, type_name, k == 0, pu.checkpoint, std::move(flat),
+                                              std::move(frozen), contains_units);
+    if (lists_trainable) {
+      infos_.push_back(unit_info(pu, unit->flat().layout(), unit->flat().shard_offset(), /*trainable=*/true));
+      entries_.push_back({unit.get(), &unit->flat()});
+    }
+    if (lists_frozen) {
+      infos_.push_back(unit_info(pu, unit->frozen()->layout(), unit->frozen()->shard_offset(), /*trainable=*/false));
+      entries_.push_back({unit.get(), unit->frozen()});
+    }
     unit->register_grad_hooks();
     unit->begin_iteration();
     pu.module->set_hooks(unit);
@@ -234,10 +256,16 @@ void ShardedModelImpl::on_pre_backward(ShardedUnit& u) {
   }
   note_consumed(u);
   u.unshard();
-  if (options_.backward_prefetch == BackwardPrefetch::kPre) {
-    const int k = fwd_pos_[u.index()];
-    if (k > 0) prefetch(forward_order_[size_t(k - 1)]);
-  }
+  if (options_.backward_prefetch == BackwardPrefetch::kPre) prefetch(previous_in_forward(u));
+}
+
+ShardedUnit* ShardedModelImpl::previous_in_forward(const ShardedUnit& u) const {
+  // Never the root: it encloses every other unit, so its backward began
+  // first. It is unsharded until its own post-backward, after which nothing
+  // of it is needed (it comes early when its only trainable parameters are
+  // used last in forward, the others frozen).
+  const int k = fwd_pos_[u.index()];
+  return k > 1 ? forward_order_[size_t(k - 1)] : nullptr;
 }
 
 void ShardedModelImpl::after_post_backward(ShardedUnit& u) {
@@ -248,10 +276,7 @@ void ShardedModelImpl::after_post_backward(ShardedUnit& u) {
       pending_reduces_.pop_front();
     }
   }
-  if (options_.backward_prefetch == BackwardPrefetch::kPost) {
-    const int k = fwd_pos_[u.index()];
-    if (k > 0) prefetch(forward_order_[size_t(k - 1)]);
-  }
+  if (options_.backward_prefetch == BackwardPrefetch::kPost) prefetch(previous_in_forward(u));
 }
 
 // Note [End of backward]

@@ -22,10 +22,11 @@ bool is_prefix_of(const std::string& unit, const std::string& param) {
 
 }  // namespace
 
-UnitInfo unit_info(const PlannedUnit& pu, const FlatLayout& layout, int64_t shard_offset) {
+UnitInfo unit_info(const PlannedUnit& pu, const FlatLayout& layout, int64_t shard_offset, bool trainable) {
   UnitInfo info;
   info.name = pu.name;
   info.type_name = pu.module->inner_type_name();
+  info.trainable = trainable;
   info.numel = layout.numel;
   info.padded_numel = layout.padded_numel;
   info.shard_numel = layout.shard_numel;
@@ -78,7 +79,7 @@ std::vector<PlannedUnit> plan_units(const std::shared_ptr<nn::UnitBase>& root, c
   // --- parameter ownership: the innermost selected unit whose name prefixes it
   std::vector<PlannedUnit> plan;
   for (size_t i = 0; i < all.size(); ++i) {
-    if (selected[i]) plan.push_back({all[i].first, all[i].second, {}, false});
+    if (selected[i]) plan.push_back({all[i].first, all[i].second, {}, {}, false});
   }
   std::unordered_map<const c10::TensorImpl*, size_t> owner_of;  // shared tensors: listed once
   for (auto& p : root->named_parameters(/*recurse=*/true)) {
@@ -101,7 +102,7 @@ std::vector<PlannedUnit> plan_units(const std::shared_ptr<nn::UnitBase>& root, c
       continue;  // tied: the first name owns the storage
     }
     owner_of[impl] = best;
-    plan[best].sources.push_back({p.key(), p.value()});
+    (p.value().requires_grad() ? plan[best].sources : plan[best].frozen).push_back({p.key(), p.value()});
   }
 
   // --- checkpointing: leaf units only (the recompute must not re-enter units)
@@ -153,29 +154,46 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
   const int64_t pbytes = static_cast<int64_t>(c10::elementSize(mp.param_dtype));
   const int64_t sbytes = static_cast<int64_t>(c10::elementSize(optimizer_state_dtype));
 
+  // Padded elements: of parameters (trainable and frozen), and of gradients
+  // (trainable only: frozen parameters have no gradient buffers).
   int64_t largest = 0, all_padded = 0, root_padded = 0;
-  for (const auto& pu : detail::plan_units(root, options)) {
+  int64_t largest_grads = 0, all_grads = 0, root_grads = 0;
+  const auto layout_of = [&](const std::vector<detail::FlatParam::Source>& sources) {
     std::vector<ParamPlacement> ps;
-    for (const auto& src : pu.sources) {
+    for (const auto& src : sources) {
       ParamPlacement pl;
       pl.name = src.name;
       pl.shape = src.param.sizes().vec();
       pl.numel = src.param.numel();
       ps.push_back(pl);
     }
-    const detail::FlatLayout layout = detail::FlatLayout::make(std::move(ps), plan.shard_size);
-    plan.units.push_back(detail::unit_info(pu, layout, shard_rank * layout.shard_numel));
-    plan.parameters += layout.numel;
-    plan.param_shard_bytes += layout.shard_numel * master;
-    plan.optimizer_bytes += 2 * layout.shard_numel * sbytes;
-    all_padded += layout.padded_numel;
+    return detail::FlatLayout::make(std::move(ps), plan.shard_size);
+  };
+  for (const auto& pu : detail::plan_units(root, options)) {
+    const detail::FlatLayout trained = layout_of(pu.sources);
+    const detail::FlatLayout frozen = layout_of(pu.frozen);
+    if (pu.lists_trainable()) {
+      plan.units.push_back(detail::unit_info(pu, trained, shard_rank * trained.shard_numel, /*trainable=*/true));
+    }
+    if (pu.lists_frozen()) {
+      plan.units.push_back(detail::unit_info(pu, frozen, shard_rank * frozen.shard_numel, /*trainable=*/false));
+    }
+    plan.parameters += trained.numel + frozen.numel;
+    plan.trainable_parameters += trained.numel;
+    plan.param_shard_bytes += (trained.shard_numel + frozen.shard_numel) * master;
+    plan.grad_shard_bytes += trained.shard_numel * master;
+    plan.optimizer_bytes += 2 * trained.shard_numel * sbytes;
+    const int64_t padded = trained.padded_numel + frozen.padded_numel;
+    all_padded += padded;
+    all_grads += trained.padded_numel;
     if (pu.name.empty()) {
-      root_padded = layout.padded_numel;
+      root_padded = padded;
+      root_grads = trained.padded_numel;
     } else {
-      largest = std::max(largest, layout.padded_numel);
+      largest = std::max(largest, padded);
+      largest_grads = std::max(largest_grads, trained.padded_numel);
     }
   }
-  plan.grad_shard_bytes = plan.param_shard_bytes;
   plan.largest_unit_bytes = std::max(largest, root_padded) * pbytes;
   if (detail::keeps_single_copy(options, plan.shard_size)) return plan;  // nothing unsharded: 0
 
@@ -206,7 +224,11 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
   //   reductions are in flight, so the peak is at j = 0 or j = 2.
   // - NO_SHARD keeps every compute copy resident for the whole run.
   // - The root's post-backward comes last, with two blocks' reductions in flight.
+  // - Frozen parameters are gathered and freed with their unit's, and have no
+  //   gradients: parameters count R, B, A; gradients and reductions count
+  //   their trainable parts Rg, Bg, Ag (Note [Frozen parameters] in unit.cpp).
   const int64_t R = root_padded, B = largest, A = all_padded;
+  const int64_t Rg = root_grads, Bg = largest_grads, Ag = all_grads;
   const int64_t rbytes = static_cast<int64_t>(c10::elementSize(mp.reduce_dtype));
   const bool converts = mp.reduce_dtype != mp.param_dtype;
   const bool scratch = options.cpu_offload && options.device.is_cuda();
@@ -216,7 +238,7 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
     return (converts ? n * rbytes : n * pbytes) + (scratch ? n / plan.shard_size * rbytes : 0);
   };
   const auto post_backward = [&](int64_t n, int64_t earlier) {
-    return std::max(n * pbytes + (converts ? n * rbytes : 0), held(n)) + earlier * held(B);
+    return std::max(n * pbytes + (converts ? n * rbytes : 0), held(n)) + earlier * held(Bg);
   };
   int64_t forward = 0, blocks = 0;
   switch (options.strategy) {
@@ -224,33 +246,38 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
     case ShardingStrategy::kHybridShard: {
       const int64_t gathered = options.backward_prefetch == BackwardPrefetch::kPre ? 2 : 1;
       forward = (R + (options.forward_prefetch ? 2 : 1) * B) * pbytes;
-      blocks = R * pbytes + R * pbytes + gathered * B * pbytes + post_backward(B, in_flight);
+      blocks = R * pbytes + Rg * pbytes + gathered * B * pbytes + post_backward(Bg, in_flight);
       break;
     }
     case ShardingStrategy::kShardGradOp:
       forward = A * pbytes;
       for (int64_t j = 0; j <= in_flight; ++j) {
-        blocks = std::max(blocks, (A - j * B) * pbytes + R * pbytes + post_backward(B, j));
+        blocks = std::max(blocks, (A - j * B) * pbytes + Rg * pbytes + post_backward(Bg, j));
       }
       break;
     case ShardingStrategy::kNoShard:
       forward = A * pbytes;
-      blocks = A * pbytes + R * pbytes + post_backward(B, in_flight);
+      blocks = A * pbytes + Rg * pbytes + post_backward(Bg, in_flight);
       break;
   }
   const int64_t resident = options.strategy == ShardingStrategy::kNoShard ? A * pbytes : R * pbytes;
-  const int64_t root_last = resident + post_backward(R, in_flight);
+  const int64_t root_last = resident + post_backward(Rg, in_flight);
   plan.step_unsharded_bytes = std::max({forward, blocks, root_last});
   // See Note [Accumulating without synchronization].
-  plan.accumulation_bytes = A * std::max(pbytes, rbytes);
+  plan.accumulation_bytes = Ag * std::max(pbytes, rbytes);
   return plan;
 }
 
 std::string ShardingPlan::describe() const {
   auto mib = [](int64_t b) { return format_bytes(b); };
   std::ostringstream os;
-  os << units.size() << " units, " << parameters << " parameters; shard group " << shard_size << " x " << replicas
-     << " replica" << (replicas == 1 ? "" : "s") << "\n"
+  int64_t distinct = 0;  // units (a unit with frozen and trainable parameters has two entries)
+  for (size_t i = 0; i < units.size(); ++i) distinct += i == 0 || units[i].name != units[i - 1].name ? 1 : 0;
+  os << distinct << " units, " << parameters << " parameters";
+  if (trainable_parameters != parameters) {
+    os << " (" << trainable_parameters << " trainable, " << parameters - trainable_parameters << " frozen)";
+  }
+  os << "; shard group " << shard_size << " x " << replicas << " replica" << (replicas == 1 ? "" : "s") << "\n"
      << "  per rank, resident: parameter shards " << mib(param_shard_bytes) << ", gradient shards "
      << mib(grad_shard_bytes) << ", optimizer state " << mib(optimizer_bytes) << "\n"
      << "  per rank, during a step: largest unit " << mib(largest_unit_bytes) << " unsharded, at most "

@@ -55,14 +55,18 @@ bool keeps_single_copy(const FsdpOptions& o, int shard_size);
 struct PlannedUnit {
   std::string name;  // "" for the root
   std::shared_ptr<nn::UnitBase> module;
-  std::vector<FlatParam::Source> sources;
+  std::vector<FlatParam::Source> sources;  // trainable parameters, registration order
+  std::vector<FlatParam::Source> frozen;   // frozen parameters (Note [Frozen parameters] in unit.cpp)
   bool checkpoint = false;
+  // The entries of ShardedModel::units() this unit has (UnitInfo).
+  bool lists_trainable() const { return !sources.empty() || frozen.empty(); }
+  bool lists_frozen() const { return !frozen.empty(); }
 };
 
 // The wrap policy and parameter ownership, without touching the model (so
 // also for a model on the meta device). Root first, then pre-order.
 std::vector<PlannedUnit> plan_units(const std::shared_ptr<nn::UnitBase>& root, const FsdpOptions& options);
-UnitInfo unit_info(const PlannedUnit& pu, const FlatLayout& layout, int64_t shard_offset);
+UnitInfo unit_info(const PlannedUnit& pu, const FlatLayout& layout, int64_t shard_offset, bool trainable);
 
 // Whether this rank holds the unsharded parameters.
 enum class ShardState {
@@ -120,8 +124,12 @@ void transition_to(State& state, State to, const char* what, std::string_view ow
 
 class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<ShardedUnit> {
  public:
+  // `flat`: the unit's trainable parameters (possibly none); `frozen`: its
+  // frozen ones, null when there are none (Note [Frozen parameters]).
+  // `contains_units`: other units are nested inside this one.
   ShardedUnit(ShardedModelImpl* root, size_t index, std::string name, std::string type_name, bool is_root,
-              bool checkpoint, std::unique_ptr<FlatParam> flat);
+              bool checkpoint, std::unique_ptr<FlatParam> flat, std::unique_ptr<FlatParam> frozen,
+              bool contains_units);
 
   std::vector<at::Tensor> run(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs) override;
 
@@ -141,6 +149,9 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   void post_backward(bool flush);
   // Wait for the reduction and fold it into grad_shard; free full_grad.
   void finish_reduce();
+  // From the post-backward node on the inputs of a unit without trainable
+  // parameters: its backward of forward `iteration` is over.
+  void on_inputs_grad_ready(int64_t iteration);
 
   // Per-iteration reset (called by the root at the start of forward).
   void begin_iteration();
@@ -155,7 +166,18 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   const std::string& name() const { return name_; }
   const std::string& type_name() const { return type_name_; }
   bool checkpointed() const { return checkpoint_; }
-  FlatParam& flat() { return *flat_; }
+  FlatParam& flat() { return *flat_; }  // the trainable parameters (possibly none)
+  FlatParam* frozen() { return frozen_.get(); }  // null: no frozen parameters
+  // Whether any parameter gets gradients: else no gradient buffer, reduction
+  // or hook exists for this unit.
+  bool trains() const { return !flat_->params().empty(); }
+  // How the unit learns that its backward is over (Note [Frozen parameters]).
+  enum class BackwardEnd {
+    kGrads,           // every parameter's gradient arrived (no frozen parameters)
+    kGradsAndInputs,  // that, and the gradients of its inputs were computed
+    kEndOfBackward,   // only at the end of backward (frozen parameters in a unit with nested units)
+  };
+  BackwardEnd backward_end() const { return backward_end_; }
   ShardedModelImpl& root() const { return *root_; }
 
   // Gradients held unsharded across micro-batches (no_sync).
@@ -175,6 +197,8 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   // Whether gradients kept without synchronization are summed in `accumulated_`
   // (the reduce dtype is wider than full_grad's) rather than in full_grad.
   bool accumulates_wider() const;
+  // One gradient (or the inputs' node) arrived: post_backward after the last.
+  void count_down();
   bool grad_shard_holds_sum() const { return grad_hold_ == GradHold::kSharded || grad_hold_ == GradHold::kBoth; }
 
   ShardedModelImpl* root_;  // not owned; outlives every unit
@@ -184,17 +208,21 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   bool is_root_;
   bool checkpoint_;
   std::unique_ptr<FlatParam> flat_;
+  std::unique_ptr<FlatParam> frozen_;  // null: none
+  BackwardEnd backward_end_;
   std::string label_;  // built once: transitions name the unit without building a string each time
 
   ShardState state_ = ShardState::kSharded;
   GradState grad_state_ = GradState::kIdle;
   GradHold grad_hold_ = GradHold::kNone;
-  AllGather gather_;            // in flight while kUnsharding
+  AllGather gather_;            // in flight while kUnsharding (trainable parameters)
+  AllGather gather_frozen_;     // in flight while kUnsharding (frozen parameters)
   Reduction reduction_;         // in flight while kReduceIssued
 
   bool ran_forward_ = false;
   bool prefetched_ = false;     // unsharded ahead of use by a prefetch
-  int pending_grads_ = 0;
+  int pending_grads_ = 0;       // gradients (and the inputs' node) still to come this backward
+  bool inputs_hooked_ = false;  // this iteration's forward attached the post-backward node to its inputs
   int64_t backward_begin_us_ = -1;  // trace: when this iteration's backward of the unit began (-1: not traced)
   at::Tensor accumulated_;      // (Np) reduce dtype: unsynchronized gradients, when wider than full_grad's
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps hooks alive
@@ -217,7 +245,10 @@ class ShardedModelImpl {
   void on_forward_failed();
   void on_pre_backward(ShardedUnit& u);
   void after_post_backward(ShardedUnit& u);
-  void prefetch(ShardedUnit* u);
+  void prefetch(ShardedUnit* u);  // null: nothing
+  // The unit that ran before `u` in this iteration's forward, to prefetch in
+  // backward; null for the first unit after the root (and for the root).
+  ShardedUnit* previous_in_forward(const ShardedUnit& u) const;
   void note_consumed(ShardedUnit& u);
   void end_of_backward();
 
@@ -278,7 +309,13 @@ class ShardedModelImpl {
 
   std::vector<std::shared_ptr<ShardedUnit>> units_;  // pre-order, root first
   std::vector<std::shared_ptr<nn::UnitBase>> unit_modules_;
+  // One per flat parameter: infos_[i] describes entries_[i] (ShardedModel::units()).
+  struct Entry {
+    ShardedUnit* unit;
+    FlatParam* flat;
+  };
   std::vector<UnitInfo> infos_;
+  std::vector<Entry> entries_;
 
   bool replicated_ = false;
   std::shared_ptr<internals::HostBufferPool> host_pool_;  // CPU: unsharded buffers

@@ -95,7 +95,8 @@ bool legal(TrainingState from, TrainingState to) {
 }
 
 ShardedUnit::ShardedUnit(ShardedModelImpl* root, size_t index, std::string name, std::string type_name,
-                         bool is_root, bool checkpoint, std::unique_ptr<FlatParam> flat)
+                         bool is_root, bool checkpoint, std::unique_ptr<FlatParam> flat,
+                         std::unique_ptr<FlatParam> frozen, bool contains_units)
     : root_(root),
       index_(index),
       name_(std::move(name)),
@@ -103,6 +104,10 @@ ShardedUnit::ShardedUnit(ShardedModelImpl* root, size_t index, std::string name,
       is_root_(is_root),
       checkpoint_(checkpoint),
       flat_(std::move(flat)),
+      frozen_(std::move(frozen)),
+      backward_end_(frozen_ == nullptr                 ? BackwardEnd::kGrads
+                    : is_root_ || contains_units ? BackwardEnd::kEndOfBackward
+                                                 : BackwardEnd::kGradsAndInputs),
       label_(is_root_ ? "the root unit" : "unit '" + name_ + "'") {}
 
 void ShardedUnit::register_grad_hooks() {
@@ -124,7 +129,28 @@ void ShardedUnit::begin_iteration() {
   ran_forward_ = false;
   transition_to(grad_state_, GradState::kIdle, "begin_iteration", label());
   pending_grads_ = static_cast<int>(flat_->params().size());
+  inputs_hooked_ = false;
 }
+
+// Note [Frozen parameters]
+// Parameters with requires_grad false when fully_shard runs are laid out in a
+// second flat parameter of their unit (frozen_), sharded like the first: it is
+// gathered and freed with it (a second all-gather, issued back to back), but
+// has no gradient buffers, no hooks, no reduction and no optimizer state, so a
+// frozen base model costs its shards and its unsharded parameters only. Which
+// parameters are frozen is fixed at fully_shard: changing requires_grad later
+// is not seen (the layout is built once).
+// When is such a unit's backward over? The last trainable gradient is not
+// enough: backward nodes that read frozen parameters and lead only to the
+// unit's inputs (a LoRA block's input norm, after its q/k/v adapters'
+// gradients arrived) still run, and resharding before them would free what
+// they read. A unit without nested units therefore also waits for a node on
+// its inputs (attach_post_backward) when some input requires grad: every node
+// of its backward leads to a trainable parameter's gradient or to an input's,
+// so after both it reads nothing of the unit. A unit with nested units (the
+// root) has backward nodes that lead into other units instead, which neither
+// signal covers: with frozen parameters it reduces and reshards at the end of
+// backward, where the root's post-backward comes in any case.
 
 // ---- sharding ---------------------------------------------------------------
 
@@ -133,23 +159,31 @@ void ShardedUnit::unshard() {
   if (root_->replicated()) {
     // Replicated: the "gather" is a cast of the master copy (none when it is
     // the single fp32 copy).
-    if (!flat_->single_copy()) {
+    for (FlatParam* f : {flat_.get(), frozen_.get()}) {
+      if (f == nullptr || f->single_copy()) continue;
       RawWriteGuard g;
-      flat_->full().copy_(flat_->shard());
+      f->full().copy_(f->shard());
     }
     transition_to(state_, ShardState::kUnsharded, "unshard", label());
     return;
   }
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(flat_->param_dtype()));
   trace::Span span("all_gather issue", "comm",
-                   flat_->layout().padded_numel * static_cast<int64_t>(c10::elementSize(flat_->param_dtype())), name_);
+                   (flat_->layout().padded_numel + (frozen_ ? frozen_->layout().padded_numel : 0)) * elem, name_);
   flat_->alloc_full();
   gather_ = all_gather_copy_in(*root_->shard_group(), flat_->shard(), flat_->full(), flat_->own_chunk());
+  if (frozen_) {
+    frozen_->alloc_full();
+    gather_frozen_ =
+        all_gather_copy_in(*root_->shard_group(), frozen_->shard(), frozen_->full(), frozen_->own_chunk());
+  }
   transition_to(state_, ShardState::kUnsharding, "unshard", label());
 }
 
 void ShardedUnit::wait_for_unshard() {
   if (state_ == ShardState::kUnsharding) {
     wait_all_gather(gather_, name_);
+    if (frozen_) wait_all_gather(gather_frozen_, name_);
     transition_to(state_, ShardState::kUnsharded, "wait_for_unshard", label());
   }
   FSDP_ASSERT(state_ == ShardState::kUnsharded, label(), ": wait_for_unshard in state ", to_string(state_));
@@ -159,7 +193,10 @@ void ShardedUnit::reshard() {
   if (state_ == ShardState::kSharded) return;
   // Never free bytes a collective is still writing.
   if (state_ == ShardState::kUnsharding) wait_for_unshard();
-  if (!root_->replicated()) flat_->free_full();
+  if (!root_->replicated()) {
+    flat_->free_full();
+    if (frozen_) frozen_->free_full();
+  }
   transition_to(state_, ShardState::kSharded, "reshard", label());
 }
 
@@ -197,7 +234,12 @@ std::vector<at::Tensor> ShardedUnit::run(const nn::TensorFn& fn, const std::vect
   try {
     wait_for_unshard();
     ran_forward_ = true;
-    const std::vector<at::Tensor> ins = cast_inputs(inputs);
+    std::vector<at::Tensor> ins = cast_inputs(inputs);
+    if (backward_end_ == BackwardEnd::kGradsAndInputs) {
+      // Note [Frozen parameters]
+      ins = attach_post_backward(*this, ins);
+      for (const auto& x : inputs) inputs_hooked_ = inputs_hooked_ || (x.defined() && x.requires_grad());
+    }
     {
       trace::Span span("forward", "compute", -1, name_);
       outs = checkpoint_ ? checkpointed_call(fn, ins, flat_->params(), root_->options().offload_checkpoint_inputs)
@@ -234,8 +276,8 @@ void ShardedUnit::pre_backward(int64_t iteration) {
   if (grad_state_ != GradState::kIdle) return;  // once per iteration
   root_->on_pre_backward(*this);                // queues the end-of-backward callback, prefetches
   wait_for_unshard();
-  flat_->prepare_full_grad(keep_full_grad());
-  pending_grads_ = static_cast<int>(flat_->params().size());
+  if (trains()) flat_->prepare_full_grad(keep_full_grad());
+  pending_grads_ = static_cast<int>(flat_->params().size()) + (inputs_hooked_ ? 1 : 0);
   transition_to(grad_state_, GradState::kCollecting, "pre_backward", label());
   backward_begin_us_ = trace::enabled() ? trace::now_us() : -1;
 }
@@ -249,7 +291,12 @@ void ShardedUnit::on_grad_ready() {
                "the unit that owns it (wrap the code that uses it in that unit)");
     return;
   }
-  if (--pending_grads_ == 0) post_backward(/*flush=*/false);
+  count_down();
+}
+
+void ShardedUnit::count_down() {
+  FSDP_ASSERT(pending_grads_ > 0, label(), ": more gradients arrived than expected");
+  if (--pending_grads_ == 0 && backward_end_ != BackwardEnd::kEndOfBackward) post_backward(/*flush=*/false);
 }
 
 void ShardedUnit::post_backward(bool flush) {
@@ -257,6 +304,16 @@ void ShardedUnit::post_backward(bool flush) {
   // only for units still kIdle or kCollecting.
   FSDP_ASSERT(grad_state_ == GradState::kIdle || grad_state_ == GradState::kCollecting, label(),
               ": post_backward in gradient state ", to_string(grad_state_));
+  if (!trains()) {
+    // Nothing to reduce (Note [Frozen parameters]); every rank has the same
+    // layout, so every rank skips the same collectives.
+    trace::record("backward", "compute", backward_begin_us_, trace::now_us(), -1, name_);
+    backward_begin_us_ = -1;
+    transition_to(grad_state_, GradState::kDone, "post_backward (no trainable parameters)", label());
+    if (root_->reshards_after_backward()) reshard();
+    root_->after_post_backward(*this);
+    return;
+  }
   if (grad_state_ == GradState::kIdle) {
     // Ran forward (or holds no_sync gradients) but no gradient flowed this
     // time: contribute zeros, so every rank issues the same collectives.
@@ -308,6 +365,11 @@ void ShardedUnit::post_backward(bool flush) {
 
   if (root_->reshards_after_backward()) reshard();
   root_->after_post_backward(*this);  // queue/drain reductions, BACKWARD_POST prefetch
+}
+
+void ShardedUnit::on_inputs_grad_ready(int64_t iteration) {
+  if (iteration != root_->iteration() || grad_state_ != GradState::kCollecting) return;
+  count_down();
 }
 
 void ShardedUnit::finish_reduce() {

@@ -1,5 +1,10 @@
 #include "fsdp/models/layers.h"
 
+#include <ATen/Context.h>
+
+#include <mutex>
+
+#include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
 
 namespace fsdp::models {
@@ -11,7 +16,47 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool bias, con
   if (bias) bias_ = register_parameter("bias", at::empty({out_features}, options));
 }
 
-at::Tensor LinearImpl::forward(const at::Tensor& x) { return at::linear(x, weight_, bias_); }
+at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  at::Tensor y = at::linear(x, weight_, bias_);
+  if (!lora_A_) return y;
+  // peft's LoraLayer.forward, in its order: result + lora_B(lora_A(dropout(x))) * scaling.
+  at::Tensor h = x;
+  if (lora_dropout_ > 0 && is_training()) {
+    // Masks from a generator of x's device seeded with (micro-batch key, this
+    // layer's key): the global generators are left alone, and recomputing the
+    // forward (activation checkpointing) draws the same masks.
+    at::Generator gen = at::globalContext().defaultGenerator(x.device()).clone();
+    {
+      std::lock_guard<std::mutex> lock(gen.mutex());
+      gen.set_current_seed(splitmix64(lora_dropout_key_ ^ lora_mask_key_));
+    }
+    const at::Tensor keep = at::empty_like(x).bernoulli_(1.0 - lora_dropout_, gen);
+    h = x * keep.div_(1.0 - lora_dropout_);
+  }
+  return y + lora_B_->forward(lora_A_->forward(h)) * lora_scaling_;
+}
+
+void LinearImpl::add_lora(int64_t rank, double alpha, double dropout, uint64_t mask_key) {
+  FSDP_ASSERT(!lora_A_, "Linear(", in_features_, ", ", out_features_, ") already has a LoRA adapter");
+  FSDP_ASSERT(rank >= 1 && dropout >= 0 && dropout < 1, "LoRA rank ", rank, ", dropout ", dropout);
+  const at::TensorOptions options = weight_.options();
+  lora_A_ = register_module("lora_A", std::make_shared<LinearImpl>(in_features_, rank, /*bias=*/false, options));
+  lora_B_ = register_module("lora_B", std::make_shared<LinearImpl>(rank, out_features_, /*bias=*/false, options));
+  lora_rank_ = rank;
+  lora_scaling_ = alpha / static_cast<double>(rank);
+  lora_dropout_ = dropout;
+  lora_mask_key_ = mask_key;
+}
+
+const at::Tensor& LinearImpl::lora_A() const {
+  FSDP_ASSERT(lora_A_, "lora_A() of a Linear without a LoRA adapter");
+  return lora_A_->weight();
+}
+
+const at::Tensor& LinearImpl::lora_B() const {
+  FSDP_ASSERT(lora_B_, "lora_B() of a Linear without a LoRA adapter");
+  return lora_B_->weight();
+}
 
 EmbeddingImpl::EmbeddingImpl(int64_t num_embeddings, int64_t embedding_dim, const at::TensorOptions& options,
                              std::optional<int64_t> padding_idx)

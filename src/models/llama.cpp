@@ -211,7 +211,11 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& cfg, const at::T
                                              int64_t layer) {
   // Registration order = HF's named_parameters order.
   self_attn_ = register_module("self_attn", LlamaAttention(cfg, options, layer));
-  mlp_ = register_module("mlp", LlamaMLP(cfg, options));
+  if (cfg.moe()) {
+    block_sparse_moe_ = register_module("block_sparse_moe", MixtralSparseMoeBlock(cfg, options));
+  } else {
+    mlp_ = register_module("mlp", LlamaMLP(cfg, options));
+  }
   input_layernorm_ = register_module("input_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, options));
   post_attention_layernorm_ =
       register_module("post_attention_layernorm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, options));
@@ -219,8 +223,18 @@ LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& cfg, const at::T
 
 at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
                                           const AttentionMasks& masks) {
+  if (moe()) return forward(x, cos, sin, masks, WithRouterLogits{}).at(0);
   const at::Tensor h = x + self_attn_->forward(input_layernorm_(x), cos, sin, masks);
   return h + mlp_(post_attention_layernorm_(h));
+}
+
+std::vector<at::Tensor> LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
+                                                       const at::Tensor& sin, const AttentionMasks& masks,
+                                                       WithRouterLogits) {
+  FSDP_ASSERT(moe(), "router logits asked of a decoder layer without experts");
+  const at::Tensor h = x + self_attn_->forward(input_layernorm_(x), cos, sin, masks);
+  auto [moe_out, router_logits] = block_sparse_moe_(post_attention_layernorm_(h));
+  return {h + moe_out, router_logits};
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& cfg, const at::TensorOptions& options) {
@@ -236,9 +250,32 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& cfg, const at::TensorOptions& 
   }
   norm_ = register_module("norm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, options));
   inv_freq_ = llama_rope_inv_freq(cfg);
+  moe_ = cfg.moe();
+}
+
+at::Tensor LlamaModelImpl::forward_with_router_logits(const at::Tensor& tokens,
+                                                     std::vector<at::Tensor>& router_logits) {
+  FSDP_ASSERT(moe_, "router logits asked of a model without experts");
+  at::Tensor h = embed_tokens_(tokens);  // (B, T, D)
+  const int64_t T = tokens.size(1);
+  auto [cos, sin] = llama_rope_cos_sin(inv_freq_, T, h.scalar_type(), h.device());
+  AttentionMasks masks;
+  if (window_ && T >= *window_) masks.sliding = sliding_window_mask(T, *window_, h.device());
+  for (auto& block : blocks_) {
+    // The router logits leave the unit as an output, so they carry autograd
+    // edges (and, when checkpointed, are recomputed) like the hidden state.
+    std::vector<at::Tensor> outs = block(h, cos, sin, masks, WithRouterLogits{});
+    h = std::move(outs.at(0));
+    router_logits.push_back(std::move(outs.at(1)));
+  }
+  return norm_(h);
 }
 
 at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens) {
+  if (moe_) {
+    std::vector<at::Tensor> dropped;
+    return forward_with_router_logits(tokens, dropped);
+  }
   at::Tensor h = embed_tokens_(tokens);  // (B, T, D)
   // Once per forward, shared by every layer; (T, Dh) each.
   const int64_t T = tokens.size(1);
@@ -274,8 +311,44 @@ at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
   return logits_unchecked(tokens);
 }
 
+std::vector<at::Tensor> RouterOutputs::pack() const {
+  std::vector<at::Tensor> out = {logits, aux_loss};
+  out.insert(out.end(), router_logits.begin(), router_logits.end());
+  return out;
+}
+
+RouterOutputs RouterOutputs::unpack(std::vector<at::Tensor> tensors) {
+  FSDP_ASSERT(tensors.size() >= 3, "RouterOutputs::unpack: expected logits, aux_loss and >= 1 router logits, got ",
+              tensors.size(), " tensors");
+  RouterOutputs r;
+  r.logits = std::move(tensors[0]);
+  r.aux_loss = std::move(tensors[1]);
+  r.router_logits.assign(std::make_move_iterator(tensors.begin() + 2), std::make_move_iterator(tensors.end()));
+  return r;
+}
+
+std::vector<at::Tensor> LlamaForCausalLMImpl::forward(const at::Tensor& tokens, WithRouterLogits) {
+  FSDP_CHECK(cfg_.moe(), "model '", cfg_.name, "': router logits asked of model_type '", cfg_.model_type,
+             "', which has no experts — only mixtral models route tokens");
+  check_batch(cfg_, tokens, nullptr);
+  RouterOutputs r;
+  r.logits = at::linear(model_->forward_with_router_logits(tokens, r.router_logits), output_weight());  // (B, T, V)
+  r.aux_loss = load_balancing_loss(r.router_logits, cfg_.num_local_experts, cfg_.num_experts_per_tok);
+  return r.pack();
+}
+
 at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets) {
   check_batch(cfg_, tokens, &targets);
+  if (cfg_.moe()) {
+    std::vector<at::Tensor> router_logits;
+    const at::Tensor logits = at::linear(model_->forward_with_router_logits(tokens, router_logits), output_weight()).to(at::kFloat);
+    const at::Tensor ce = at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab_size}), targets.reshape({-1}),
+                                                 /*weight=*/{}, at::Reduction::Mean, kIgnoreIndex);
+    if (cfg_.router_aux_loss_coef == 0.0) return ce;
+    // transformers: loss += router_aux_loss_coef * aux_loss.
+    return ce + cfg_.router_aux_loss_coef *
+                    load_balancing_loss(router_logits, cfg_.num_local_experts, cfg_.num_experts_per_tok);
+  }
   const at::Tensor logits = logits_unchecked(tokens).to(at::kFloat);  // (B, T, V) fp32
   return at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab_size}), targets.reshape({-1}), /*weight=*/{},
                                 at::Reduction::Mean, kIgnoreIndex);
@@ -309,6 +382,11 @@ nn::InitRuleFn llama_init_rule(const LlamaConfig& cfg) {
     if (ends_with(name, "_proj.bias")) return nn::InitRule::zeros();
     if (ends_with(name, "embed_tokens.weight")) return nn::InitRule::normal(stddev).with_zeros(pad_begin, pad_end);
     if (ends_with(name, "_proj.weight") || ends_with(name, "lm_head.weight")) {
+      return nn::InitRule::normal(stddev);
+    }
+    // Mixtral's router and expert Linears (transformers: normal(0, initializer_range)).
+    if (ends_with(name, "block_sparse_moe.gate.weight") || ends_with(name, ".w1.weight") ||
+        ends_with(name, ".w2.weight") || ends_with(name, ".w3.weight")) {
       return nn::InitRule::normal(stddev);
     }
     FSDP_ASSERT(false, "llama_init_rule: no rule for parameter '", name, "'");

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <sstream>
 
@@ -10,7 +11,7 @@
 namespace fsdp::models {
 
 std::optional<int64_t> LlamaConfig::layer_window(int64_t layer) const {
-  if (model_type == "mistral") return sliding_window;
+  if (model_type == "mistral" || model_type == "mixtral") return sliding_window;
   if (per_layer_attention() && layer >= 0 && layer < static_cast<int64_t>(layer_types.size()) &&
       layer_types[static_cast<size_t>(layer)] == "sliding_attention") {
     return sliding_window;
@@ -23,16 +24,27 @@ int64_t LlamaConfig::num_parameters() const {
   const int64_t Dh = dh(), L = num_hidden_layers, V = vocab_size;
   const int64_t attention = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + (qkv_bias() ? (H + 2 * Hkv) * Dh : 0) +
                             (o_bias() ? D : 0) + (qk_norm() ? 2 * Dh : 0);
-  const int64_t mlp = 3 * D * F;
+  const int64_t mlp = moe() ? num_local_experts * 3 * D * F + num_local_experts * D : 3 * D * F;
   const int64_t norms = 2 * D;
   return V * D + L * (attention + mlp + norms) + D + (tie_word_embeddings ? 0 : V * D);
+}
+
+int64_t LlamaConfig::active_parameters() const {
+  if (!moe()) return num_parameters();
+  // The E - K experts a token does not visit, in every layer.
+  return num_parameters() - num_hidden_layers * (num_local_experts - num_experts_per_tok) * 3 * hidden_size *
+                                intermediate_size;
 }
 
 double LlamaConfig::training_flops_per_token(int64_t seq_len) const {
   const double D = static_cast<double>(hidden_size), F = static_cast<double>(intermediate_size);
   const double H = static_cast<double>(num_attention_heads), Hkv = static_cast<double>(num_key_value_heads);
   const double Dh = static_cast<double>(dh()), L = static_cast<double>(num_hidden_layers);
-  const double matmul_weights = L * (D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + 3 * D * F) +
+  // Per token: the dense MLP, or K experts plus the (E, D) router.
+  const double mlp = moe() ? static_cast<double>(num_experts_per_tok) * 3 * D * F +
+                                 static_cast<double>(num_local_experts) * D
+                           : 3 * D * F;
+  const double matmul_weights = L * (D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + mlp) +
                                 D * static_cast<double>(vocab_size);
   return 6 * matmul_weights + 12 * L * H * Dh * static_cast<double>(seq_len);
 }
@@ -58,15 +70,19 @@ void LlamaConfig::check_size_limits() const {
   limit("num_hidden_layers", num_hidden_layers, kMaxLayers, "the largest published models have 126");
   limit("vocab_size", vocab_size, kMaxVocabSize, "token ids are 32-bit; published vocabularies have up to ~256k");
   limit("max_position_embeddings", max_position_embeddings, kMaxPositions, "positions are 32-bit");
+  limit("num_local_experts", num_local_experts, kMaxExperts, "the largest published MoE models have 384 experts");
+  limit("num_experts_per_tok", num_experts_per_tok, kMaxExperts, "published MoE models route to at most 10");
   if (hidden_size <= 0 || intermediate_size <= 0 || num_attention_heads <= 0 || num_key_value_heads <= 0 ||
-      num_hidden_layers <= 0 || vocab_size <= 0 || head_dim < 0) {
+      num_hidden_layers <= 0 || vocab_size <= 0 || head_dim < 0 || num_local_experts < 0) {
     return;  // validate() names the non-positive field
   }
   // num_parameters()'s formula in 128 bits: the sizes above keep it far from overflowing.
   using Wide = __int128;
   const Wide D = hidden_size, F = intermediate_size, H = num_attention_heads, Hkv = num_key_value_heads;
   const Wide Dh = head_dim > 0 ? head_dim : hidden_size / num_attention_heads, L = num_hidden_layers, V = vocab_size;
-  const Wide per_layer = D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + (H + 2 * Hkv) * Dh + D + 2 * Dh + 3 * D * F + 2 * D;
+  const Wide E = num_local_experts > 0 ? num_local_experts : 1;
+  const Wide per_layer =
+      D * H * Dh + 2 * D * Hkv * Dh + H * Dh * D + (H + 2 * Hkv) * Dh + D + 2 * Dh + E * (3 * D * F + D) + 2 * D;
   const Wide total = V * D + L * per_layer + D + V * D;
   FSDP_CHECK(total <= kMaxParameters, who, "the sizes describe about ",
              static_cast<double>(total), " parameters, above the limit ", static_cast<double>(kMaxParameters),
@@ -87,8 +103,10 @@ void LlamaConfig::validate() const {
   positive("num_hidden_layers", num_hidden_layers);
   positive("vocab_size", vocab_size);
   positive("max_position_embeddings", max_position_embeddings);
-  FSDP_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "qwen2" || model_type == "qwen3", who,
-             "model_type '", model_type, "' is not supported — use \"llama\", \"mistral\", \"qwen2\" or \"qwen3\"");
+  FSDP_CHECK(model_type == "llama" || model_type == "mistral" || model_type == "mixtral" || model_type == "qwen2" ||
+                 model_type == "qwen3",
+             who, "model_type '", model_type,
+             "' is not supported — use \"llama\", \"mistral\", \"mixtral\", \"qwen2\" or \"qwen3\"");
   FSDP_CHECK(head_dim >= 0, who, "head_dim = ", head_dim, " must be positive (or 0 for hidden_size / num_attention_heads)");
   if (head_dim == 0) {
     FSDP_CHECK(hidden_size % num_attention_heads == 0, who, "hidden_size (D=", hidden_size,
@@ -134,6 +152,23 @@ void LlamaConfig::validate() const {
   }
   FSDP_CHECK(!attention_bias || model_type == "qwen3", who, "attention_bias = true is only implemented for qwen3 "
              "(Llama and Mistral projections here have no bias; Qwen2's q/k/v biases are always on)");
+  if (moe()) {
+    FSDP_CHECK(num_local_experts >= 1, who, "num_local_experts (E) = ", num_local_experts,
+               " must be positive for model_type 'mixtral' — set the number of experts per layer (Mixtral-8x7B: 8)");
+    FSDP_CHECK(num_experts_per_tok >= 1 && num_experts_per_tok <= num_local_experts, who,
+               "num_experts_per_tok (K) = ", num_experts_per_tok, " must lie in [1, num_local_experts (E) = ",
+               num_local_experts, "] — each token is routed to K of the E experts (Mixtral-8x7B: 2 of 8)");
+    FSDP_CHECK(router_aux_loss_coef >= 0 && std::isfinite(router_aux_loss_coef), who, "router_aux_loss_coef = ",
+               router_aux_loss_coef, " must be a finite number >= 0 (Mixtral-8x7B: 0.02; 0 trains without the "
+               "load-balancing loss)");
+    FSDP_CHECK(router_jitter_noise == 0.0, who, "router_jitter_noise = ", router_jitter_noise,
+               " is not supported — router input noise is not implemented; set it to 0.0 (published Mixtral configs "
+               "use 0.0)");
+  } else {
+    FSDP_CHECK(num_local_experts == 0 && num_experts_per_tok == 0, who, "num_local_experts = ", num_local_experts,
+               " and num_experts_per_tok = ", num_experts_per_tok, " are set for model_type '", model_type,
+               "', which has no experts — remove them, or use model_type \"mixtral\" for a mixture of experts");
+  }
   if (pad_token_id) {
     FSDP_CHECK(*pad_token_id >= 0 && *pad_token_id < vocab_size, who, "pad_token_id = ", *pad_token_id,
                " is not a row of the embedding [0, vocab_size=", vocab_size,
@@ -158,6 +193,7 @@ std::string LlamaConfig::summary() const {
   if (tie_word_embeddings) os << " tied";
   if (qkv_bias()) os << (o_bias() ? " qkvo_bias" : " qkv_bias");
   if (qk_norm()) os << " qk_norm";
+  if (moe()) os << " experts=" << num_local_experts << " top" << num_experts_per_tok;
   if (sliding_window) {
     int64_t sliding = 0;
     for (int64_t i = 0; i < num_hidden_layers; ++i) sliding += layer_window(i).has_value() ? 1 : 0;
@@ -165,19 +201,26 @@ std::string LlamaConfig::summary() const {
   }
   if (pad_token_id) os << " pad=" << *pad_token_id;
   os << " " << params << " params";
+  if (moe()) {
+    const double a = static_cast<double>(active_parameters());
+    char active[32];
+    std::snprintf(active, sizeof(active), a >= 1e9 ? "%.2fB" : "%.2fM", a >= 1e9 ? a / 1e9 : a / 1e6);
+    os << " (" << active << " active per token)";
+  }
   return os.str();
 }
 
 std::string LlamaConfig::to_hf_config_json() const {
   // nlohmann::json keeps keys sorted, as transformers' save_pretrained writes
   // them (json.dumps(sort_keys=True)). The keys are those transformers 5
-  // writes for LlamaConfig / MistralConfig / Qwen2Config / Qwen3Config, less
-  // "transformers_version" (we are not transformers) and "dtype" (the
-  // exporter knows the weights' dtype).
+  // writes for LlamaConfig / MistralConfig / MixtralConfig / Qwen2Config /
+  // Qwen3Config, less "transformers_version" (we are not transformers) and
+  // "dtype" (the exporter knows the weights' dtype).
   nlohmann::json j;
   const bool llama = model_type == "llama";
   const bool qwen = per_layer_attention();
   j["architectures"] = {model_type == "mistral" ? "MistralForCausalLM"
+                        : model_type == "mixtral" ? "MixtralForCausalLM"
                         : model_type == "qwen2"  ? "Qwen2ForCausalLM"
                         : model_type == "qwen3"  ? "Qwen3ForCausalLM"
                                                  : "LlamaForCausalLM"};
@@ -213,8 +256,15 @@ std::string LlamaConfig::to_hf_config_json() const {
   j["max_position_embeddings"] = max_position_embeddings;
   j["model_type"] = model_type;
   j["num_attention_heads"] = num_attention_heads;
+  if (moe()) j["num_experts_per_tok"] = num_experts_per_tok;
   j["num_hidden_layers"] = num_hidden_layers;
   j["num_key_value_heads"] = num_key_value_heads;
+  if (moe()) {
+    j["num_local_experts"] = num_local_experts;
+    j["output_router_logits"] = output_router_logits;
+    j["router_aux_loss_coef"] = router_aux_loss_coef;
+    j["router_jitter_noise"] = router_jitter_noise;
+  }
   j["pad_token_id"] = pad_token_id ? nlohmann::json(*pad_token_id) : nlohmann::json(nullptr);
   j["rms_norm_eps"] = rms_norm_eps;
   nlohmann::json rope = {{"rope_theta", rope_theta}, {"rope_type", rope_scaling ? "llama3" : "default"}};

@@ -56,6 +56,17 @@ LlamaConfig qwen(const std::string& name, const std::string& model_type, const S
   return c;
 }
 
+// Mixtral presets: mistral's attention without a window, E experts of width F
+// per layer, K per token.
+LlamaConfig mixtral(const std::string& name, const Shape& s, int64_t experts, int64_t per_token, double theta,
+                    double aux_loss_coef) {
+  LlamaConfig c = make(name, s, theta, std::nullopt, /*tied=*/false, /*head_dim=*/0, "mixtral");
+  c.num_local_experts = experts;
+  c.num_experts_per_tok = per_token;
+  c.router_aux_loss_coef = aux_loss_coef;
+  return c;
+}
+
 LlamaConfig with_sliding_window(LlamaConfig c, int64_t window) {
   c.sliding_window = window;
   return c;
@@ -80,8 +91,11 @@ std::vector<LlamaConfig> presets() {
       make("mathstral-7b", {4096,  14336, 32, 8,  32, 32768,  32768},  1000000.0, std::nullopt, false, 0, "mistral"),
       qwen("qwen2.5-0.5b", "qwen2", {896, 4864, 14, 2, 24, 151936, 32768}, /*head_dim=*/0, /*max_window_layers=*/24),
       qwen("qwen3-0.6b",   "qwen3", {1024, 3072, 16, 8, 28, 151936, 40960}, /*head_dim=*/128, /*max_window_layers=*/28),
+      // Mixtral-8x7B-v0.1: 8 experts, 2 per token, sliding_window null.
+      mixtral("mixtral-8x7b", {4096, 14336, 32, 8, 32, 32000, 32768}, /*experts=*/8, /*per_token=*/2, 1000000.0, 0.02),
       make("tiny",         {128,   384,   4,  2,  4,  512,    1024},   10000.0, std::nullopt, false),
       make("small",        {512,   1536,  8,  4,  8,  512,    2048},   10000.0, std::nullopt, false),
+      mixtral("tiny-mixtral", {128, 384, 4, 2, 4, 512, 1024}, /*experts=*/4, /*per_token=*/2, 10000.0, 0.02),
   };
 }
 
@@ -210,6 +224,9 @@ constexpr const char* kLlamaKeys[] = {"attention_bias", "mlp_bias"};
 // MistralConfig has neither bias key (its projections never have biases);
 // older readers accepted them as false, and still do.
 constexpr const char* kMistralKeys[] = {"attention_bias", "mlp_bias", "sliding_window"};
+// MixtralConfig: no bias keys (a Mixtral config carrying one is refused as unknown).
+constexpr const char* kMixtralKeys[] = {"sliding_window",       "num_local_experts",   "num_experts_per_tok",
+                                        "router_aux_loss_coef", "router_jitter_noise", "output_router_logits"};
 // use_mrope: Qwen2.5 configs carry "use_mrope": false; transformers' Qwen2
 // never reads it (multimodal rope belongs to Qwen2-VL, another model_type).
 constexpr const char* kQwen2Keys[] = {"use_sliding_window", "sliding_window", "max_window_layers", "layer_types",
@@ -231,6 +248,7 @@ std::string shown(const json& v) {
 bool read_for(const std::string& model_type, const std::string& key) {
   if (model_type == "llama") return listed(kLlamaKeys, key);
   if (model_type == "mistral") return listed(kMistralKeys, key);
+  if (model_type == "mixtral") return listed(kMixtralKeys, key);
   if (model_type == "qwen2") return listed(kQwen2Keys, key);
   if (model_type == "qwen3") return listed(kQwen3Keys, key);
   return false;
@@ -286,7 +304,7 @@ bool same(const Rope& a, const Rope& b) {
 }
 
 Rope read_rope_dict(const json& d, const std::string& key, const std::string& origin, std::optional<double> top_theta,
-                    int64_t max_position_embeddings) {
+                    int64_t max_position_embeddings, double default_theta) {
   const Fields s(d, origin, key + ".");
   const std::string rope_type = s.string_or("rope_type", "");
   const std::string old_type = s.string_or("type", "");
@@ -316,7 +334,7 @@ Rope read_rope_dict(const json& d, const std::string& key, const std::string& or
     FSDP_CHECK(!top_theta || *top_theta == r.theta, s.where(), "rope_theta = ", *top_theta, " at the top level but ",
                r.theta, " in ", key, " — transformers would use ", key, "'s; make them agree or delete one");
   } else {
-    r.theta = top_theta.value_or(10000.0);
+    r.theta = top_theta.value_or(default_theta);
   }
   if (type == "llama3") {
     RopeScaling l;
@@ -329,7 +347,9 @@ Rope read_rope_dict(const json& d, const std::string& key, const std::string& or
   return r;
 }
 
-Rope read_rope(const Fields& f, const std::string& origin, int64_t max_position_embeddings) {
+// default_theta: the config class's rope_theta when a config.json gives none
+// (transformers' `default_theta`: 1e6 for MixtralConfig, 10000 for the others).
+Rope read_rope(const Fields& f, const std::string& origin, int64_t max_position_embeddings, double default_theta) {
   std::optional<double> top_theta;
   if (const json* t = f.find("rope_theta")) top_theta = f.to_double("rope_theta", *t);
   const double partial = f.double_or("partial_rotary_factor", 1.0);
@@ -346,12 +366,13 @@ Rope read_rope(const Fields& f, const std::string& origin, int64_t max_position_
   const json* scaling = dict("rope_scaling");
   const json* parameters = dict("rope_parameters");
   Rope r;
-  r.theta = top_theta.value_or(10000.0);
+  r.theta = top_theta.value_or(default_theta);
   if (parameters != nullptr) {
-    r = read_rope_dict(*parameters, "rope_parameters", origin, top_theta, max_position_embeddings);
+    r = read_rope_dict(*parameters, "rope_parameters", origin, top_theta, max_position_embeddings, default_theta);
   }
   if (scaling != nullptr) {
-    const Rope s = read_rope_dict(*scaling, "rope_scaling", origin, top_theta, max_position_embeddings);
+    const Rope s =
+        read_rope_dict(*scaling, "rope_scaling", origin, top_theta, max_position_embeddings, default_theta);
     FSDP_CHECK(parameters == nullptr || same(s, r), f.where(), "rope_scaling (transformers 4 form: ", describe(s),
                ") and rope_parameters (transformers 5 form: ", describe(r),
                ") disagree — transformers would use rope_scaling; keep the one that is right and delete the other");
@@ -392,9 +413,9 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
   c.name = origin;
   const json& mt = f.required("model_type");
   const std::string type = mt.is_string() ? mt.get<std::string>() : "";
-  FSDP_CHECK(type == "llama" || type == "mistral" || type == "qwen2" || type == "qwen3", f.where(), "model_type ",
-             mt.dump(), " is not supported — this build reads \"llama\", \"mistral\", \"qwen2\" and \"qwen3\" "
-             "configs");
+  FSDP_CHECK(type == "llama" || type == "mistral" || type == "mixtral" || type == "qwen2" || type == "qwen3", f.where(),
+             "model_type ", mt.dump(), " is not supported — this build reads \"llama\", \"mistral\", \"mixtral\", "
+             "\"qwen2\" and \"qwen3\" configs");
   c.model_type = type;
   const bool qwen = type == "qwen2" || type == "qwen3";
   refuse_unknown_keys(j, f, c.model_type);  // Note [config.json keys]
@@ -431,15 +452,24 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
   FSDP_CHECK(dropout == 0.0, f.where(), "attention_dropout = ", dropout,
              " is not supported — attention dropout is not implemented; set it to 0.0 (Llama and Mistral use 0.0)");
 
-  const Rope rope = read_rope(f, origin, c.max_position_embeddings);
+  const Rope rope = read_rope(f, origin, c.max_position_embeddings, type == "mixtral" ? 1000000.0 : 10000.0);
   c.rope_theta = rope.theta;
   c.rope_scaling = rope.scaling;
 
   // The attention window, as transformers 5's config classes resolve it.
   // MistralConfig and Qwen2Config/Qwen3Config default sliding_window to 4096
-  // when the key is absent (null: no window). Qwen keeps it only with
-  // use_sliding_window, and then slides the layers layer_types names, by
-  // default layers i >= max_window_layers.
+  // when the key is absent (null: no window); MixtralConfig to null. Qwen
+  // keeps it only with use_sliding_window, and then slides the layers
+  // layer_types names, by default layers i >= max_window_layers.
+  if (type == "mixtral") {
+    if (const json* w = f.find("sliding_window")) c.sliding_window = f.to_int("sliding_window", *w);
+    // MixtralConfig's defaults for absent keys.
+    c.num_local_experts = f.int_or("num_local_experts", 8);
+    c.num_experts_per_tok = f.int_or("num_experts_per_tok", 2);
+    c.router_aux_loss_coef = f.double_or("router_aux_loss_coef", 0.001);
+    c.router_jitter_noise = f.double_or("router_jitter_noise", 0.0);
+    c.output_router_logits = f.bool_or("output_router_logits", false);
+  }
   if (type == "mistral" || qwen) {
     const bool given = j.contains("sliding_window");
     const json* w = f.find("sliding_window");

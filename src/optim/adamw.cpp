@@ -3,6 +3,7 @@
 #include <torch/nn/module.h>
 
 #include <cmath>
+#include <regex>
 
 #include "fsdp/common/error.h"
 
@@ -18,9 +19,48 @@ AdamW::AdamW(AdamWOptions options) : options_(options) {
              "AdamW: state dtype must be float32 or bfloat16, got ", options_.state_dtype);
 }
 
-void AdamW::add(std::string name, at::Tensor param, std::function<at::Tensor()> grad) {
+ParamRule decay_everything() {
+  return [](const std::string&, const std::vector<int64_t>&) { return ParamSetting{}; };
+}
+
+ParamRule param_rule(const ParamGroupOptions& options) {
+  std::vector<std::pair<std::regex, double>> scales;
+  for (const auto& [pattern, scale] : options.lr_scales) {
+    FSDP_CHECK(scale > 0 && std::isfinite(scale), "learning-rate scale ", scale, " for parameters matching '",
+               pattern, "' must be a finite number > 0");
+    try {
+      scales.emplace_back(std::regex(pattern, std::regex::ECMAScript), scale);
+    } catch (const std::regex_error& e) {
+      FSDP_CHECK(false, "'", pattern, "' is not a valid regular expression (", e.what(),
+                 "); give an ECMAScript pattern searched in parameter names, e.g. 'lora_B' or 'layers\\.0\\.'");
+    }
+  }
+  const bool decay_all = options.decay_all;
+  return [scales = std::move(scales), decay_all](const std::string& name, const std::vector<int64_t>& shape) {
+    ParamSetting s;
+    s.decay = decay_all || (shape.size() >= 2 && name.find("embed") == std::string::npos);
+    for (const auto& [re, scale] : scales) {
+      if (std::regex_search(name, re)) {
+        s.lr_scale = scale;
+        break;
+      }
+    }
+    return s;
+  };
+}
+
+void AdamW::add(std::string name, at::Tensor param, std::function<at::Tensor()> grad, std::vector<Segment> segments) {
   Slot s;
   s.name = std::move(name);
+  if (segments.empty()) segments.push_back({0, param.numel(), ParamSetting{}});
+  int64_t covered = 0;
+  for (const auto& seg : segments) {
+    FSDP_ASSERT(seg.begin == covered && seg.count >= 0, "AdamW segments of '", s.name, "' are not consecutive");
+    covered += seg.count;
+  }
+  FSDP_ASSERT(covered == param.numel(), "AdamW segments of '", s.name, "' cover ", covered, " of ", param.numel(),
+              " elements");
+  s.segments = std::move(segments);
   // Beside the parameter (host memory for CPU-offloaded shards), same layout.
   s.exp_avg = at::zeros_like(param, at::TensorOptions().dtype(options_.state_dtype));
   s.exp_avg_sq = at::zeros_like(param, at::TensorOptions().dtype(options_.state_dtype));
@@ -32,15 +72,62 @@ void AdamW::add(std::string name, at::Tensor param, std::function<at::Tensor()> 
 
 void AdamW::add_shards(const std::vector<ShardRef>& shards) {
   for (const auto& r : shards) {
+    if (!r.trainable) continue;
     at::Tensor g = r.grad;
     add(r.unit_name.empty() ? "<root>" : r.unit_name, r.param, [g] { return g; });
   }
 }
 
-void AdamW::add_module_parameters(torch::nn::Module& module) {
+namespace {
+// The settings of a shard's elements: its parameters' ranges, merged where
+// consecutive ranges agree. Padding takes its neighbour's setting (its
+// values and gradients are zero, which every setting leaves at zero).
+std::vector<AdamW::Segment> shard_segments(const UnitInfo& unit, const ParamRule& rule) {
+  std::vector<AdamW::Segment> out;
+  const auto append = [&](int64_t count, const ParamSetting& setting) {
+    if (count == 0) return;
+    if (!out.empty() && out.back().setting == setting) {
+      out.back().count += count;
+    } else {
+      const int64_t begin = out.empty() ? 0 : out.back().begin + out.back().count;
+      out.push_back({begin, count, setting});
+    }
+  };
+  const int64_t lo = unit.shard_offset, hi = unit.shard_offset + unit.shard_numel;
+  int64_t at = lo;
+  for (const auto& p : unit.params) {
+    const int64_t b = std::max(lo, p.flat_offset), e = std::min(hi, p.flat_offset + p.numel);
+    if (b >= e) continue;
+    const ParamSetting setting = rule(p.name, p.shape);
+    if (b > at) append(b - at, out.empty() ? setting : out.back().setting);
+    append(e - b, setting);
+    at = e;
+  }
+  if (at < hi) append(hi - at, out.empty() ? ParamSetting{} : out.back().setting);
+  return out;
+}
+}  // namespace
+
+void AdamW::add_shards(const std::vector<ShardRef>& shards, const std::vector<UnitInfo>& units,
+                       const ParamRule& rule) {
+  FSDP_CHECK(shards.size() == units.size(), "AdamW::add_shards: ", shards.size(), " shards but ", units.size(),
+             " unit entries; pass model.shards() and model.units() of the same model");
+  for (size_t u = 0; u < shards.size(); ++u) {
+    const ShardRef& r = shards[u];
+    if (!r.trainable) continue;
+    FSDP_CHECK(r.param.numel() == units[u].shard_numel, "AdamW::add_shards: shard ", u, " has ", r.param.numel(),
+               " elements but unit entry '", units[u].name, "' ", units[u].shard_numel,
+               "; pass model.shards() and model.units() of the same model");
+    at::Tensor g = r.grad;
+    add(r.unit_name.empty() ? "<root>" : r.unit_name, r.param, [g] { return g; }, shard_segments(units[u], rule));
+  }
+}
+
+void AdamW::add_module_parameters(torch::nn::Module& module, const ParamRule& rule) {
   for (auto& p : module.named_parameters(/*recurse=*/true)) {
     at::Tensor t = p.value();
-    add(p.key(), t, [t] { return t.grad(); });
+    if (!t.requires_grad()) continue;  // frozen, as torch.optim given only trainable parameters
+    add(p.key(), t, [t] { return t.grad(); }, {{0, t.numel(), rule(p.key(), t.sizes().vec())}});
   }
 }
 
@@ -89,10 +176,21 @@ void AdamW::step() {
       FSDP_ASSERT(g.sizes() == s.param.sizes(), "gradient of '", s.name, "' has shape ", g.sizes(),
                   ", parameter ", s.param.sizes());
     }
-    if (options_.kahan_summation) {
-      adamw_update_kahan(s.param, g, s.exp_avg, s.exp_avg_sq, s.compensation, step_, options_);
-    } else {
-      adamw_update(s.param, g, s.exp_avg, s.exp_avg_sq, step_, options_);
+    for (const Segment& seg : s.segments) {
+      AdamWOptions o = options_;
+      if (!seg.setting.decay) o.weight_decay = 0.0;
+      o.lr = options_.lr * seg.setting.lr_scale;
+      const bool whole = seg.begin == 0 && seg.count == s.param.numel();
+      const auto part = [&](const at::Tensor& t) {
+        return whole || !t.defined() ? t : t.view({-1}).narrow(0, seg.begin, seg.count);
+      };
+      at::Tensor param = part(s.param), exp_avg = part(s.exp_avg), exp_avg_sq = part(s.exp_avg_sq);
+      if (options_.kahan_summation) {
+        at::Tensor compensation = part(s.compensation);
+        adamw_update_kahan(param, part(g), exp_avg, exp_avg_sq, compensation, step_, o);
+      } else {
+        adamw_update(param, part(g), exp_avg, exp_avg_sq, step_, o);
+      }
     }
   }
 }

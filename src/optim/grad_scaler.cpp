@@ -24,6 +24,7 @@ bool ShardedGradScaler::unscale(const std::vector<ShardRef>& shards) {
   bool local_inf = false;
   const double inv = 1.0 / scale_;
   for (const auto& s : shards) {
+    if (!s.trainable) continue;
     s.grad.mul_(inv);
     if (!local_inf && !at::isfinite(s.grad).all().item<bool>()) local_inf = true;
   }

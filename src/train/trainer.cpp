@@ -15,14 +15,17 @@
 #include <iostream>
 #include <limits>
 #include <optional>
+#include <regex>
 
 #include <unistd.h>
 
 #include "checkpoint/file_io.h"
 #include "fsdp/checkpoint/hf.h"
+#include "fsdp/checkpoint/peft.h"
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/device.h"
+#include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
 #include "fsdp/common/trace.h"
@@ -30,6 +33,7 @@
 #include "fsdp/data/sampler.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/models/llama.h"
+#include "fsdp/models/lora.h"
 #include "fsdp/optim/grad_scaler.h"
 #include "fsdp/models/registry.h"
 #include "train/tensorboard.h"
@@ -403,6 +407,23 @@ FsdpOptions worker_engine_options(const TrainOptions& o, const comm::Runtime& rt
   return fo;
 }
 
+// --lora-rank: the adapters of the model (models/lora.h), added before
+// fully_shard lays it out; the init rule of the engine then covers them.
+models::LoraConfig lora_config(const TrainOptions& o) {
+  models::LoraConfig c;
+  c.rank = o.lora.rank;
+  c.alpha = o.lora.effective_alpha();
+  c.dropout = o.lora.dropout;
+  c.targets = o.lora.targets;
+  return c;
+}
+
+void add_lora(const TrainOptions& o, models::LlamaForCausalLMImpl& model, FsdpOptions* engine = nullptr) {
+  if (!o.lora.enabled()) return;
+  models::apply_lora(model, lora_config(o), o.step.seed);
+  if (engine) engine->init_rule = models::lora_init_rule(model, engine->init_rule);
+}
+
 // The export options of --export-hf with the extras above. Carried files that
 // no longer exist (a conversion long after the run) are left out, each named
 // through `warn`.
@@ -432,9 +453,22 @@ checkpoint::HfExportOptions export_options(const TrainOptions& o, const nlohmann
 void export_and_report(const TrainOptions& o, ShardedModel& sharded, const models::LlamaConfig& cfg,
                        comm::ProcessGroup& group, const nlohmann::json& extras, bool progress, const LogLine& say,
                        const LogLine& warn) {
-  const checkpoint::HfExportOptions eo = export_options(o, extras, progress, warn);
-  const checkpoint::HfExportResult e = checkpoint::export_hf(o.hf.export_dir, sharded, cfg, group, eo);
-  say(fmt::format("Exported Hugging Face weights ({}) to {} in {:.2f} s: {}, {:.2f} GB/s ({})",
+  checkpoint::HfExportOptions eo = export_options(o, extras, progress, warn);
+  checkpoint::HfExportResult e;
+  if (o.lora.enabled() && !o.lora.merge) {
+    // A PEFT user's export: the adapter directory, with the tokenizer files (PeftModel.save_pretrained).
+    checkpoint::PeftExportOptions po;
+    po.dtype = eo.dtype;
+    po.base_model = o.hf.init_from.empty() ? o.model : o.hf.init_from;
+    po.extra_files = eo.extra_files;
+    po.progress = eo.progress;
+    e = checkpoint::export_peft_adapter(o.hf.export_dir, sharded, lora_config(o), group, po);
+  } else {
+    if (o.lora.enabled()) eo.lora_scaling = o.lora.effective_alpha() / static_cast<double>(o.lora.rank);
+    e = checkpoint::export_hf(o.hf.export_dir, sharded, cfg, group, eo);
+  }
+  say(fmt::format("Exported {} ({}) to {} in {:.2f} s: {}, {:.2f} GB/s ({})",
+                  !o.lora.enabled() ? "Hugging Face weights" : o.lora.merge ? "merged LoRA weights" : "the LoRA adapter",
                   checkpoint::hf_dtype_name(o.hf.export_dtype), e.dir, e.io.seconds, megabytes(e.io.bytes),
                   e.io.gb_per_s(), fmt::join(e.files, ", ")));
 }
@@ -473,6 +507,69 @@ models::LlamaConfig conversion_config(const TrainOptions& o) {
   return cfg;
 }
 
+// --export-hf DIR: a LoRA run writes a PEFT adapter directory there unless --merge-lora.
+void check_export_target(const TrainOptions& o) {
+  if (o.lora.enabled() && !o.lora.merge) {
+    checkpoint::check_peft_export_dir(o.hf.export_dir);
+  } else {
+    checkpoint::check_export_dir(o.hf.export_dir);
+  }
+}
+
+// --freeze REGEX: requires_grad false on every parameter whose name it finds,
+// before fully_shard lays the units out (Note [Frozen parameters] in the engine).
+void apply_freeze(const TrainOptions& o, torch::nn::Module& model) {
+  if (o.freeze.empty()) return;
+  std::regex re;
+  try {
+    re = std::regex(o.freeze, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    FSDP_CHECK(false, "--freeze '", o.freeze, "' is not a valid regular expression (", e.what(),
+               "); give an ECMAScript pattern searched in parameter names, e.g. 'embed_tokens|layers\\.[0-3]\\.'");
+  }
+  int64_t frozen = 0, trainable = 0;
+  std::string example;
+  for (auto& p : model.named_parameters(/*recurse=*/true)) {
+    if (example.empty() || p.key().find("layers.0.") != std::string::npos) example = p.key();
+    if (std::regex_search(p.key(), re)) {
+      if (p.value().requires_grad()) ++frozen;
+      p.value().set_requires_grad(false);
+    } else if (p.value().requires_grad()) {
+      ++trainable;
+    }
+  }
+  FSDP_CHECK(frozen > 0, "--freeze '", o.freeze, "' freezes no trainable parameter; parameter names look like '",
+             example, "'");
+  FSDP_CHECK(trainable > 0, "--freeze '", o.freeze,
+             "' freezes every trainable parameter: nothing is left to train; narrow the pattern");
+}
+
+// The --lora-* flags, and their targets against the model (built on the meta device).
+void validate_lora(const TrainOptions& o, const models::LlamaConfig& cfg) {
+  if (!o.lora.enabled()) {
+    for (const auto& [given, flag] : {std::pair<bool, const char*>{o.lora.merge, "--merge-lora"},
+                                      {!o.lora.init_adapter.empty(), "--init-adapter"},
+                                      {o.lora.alpha != 0, "--lora-alpha"},
+                                      {o.lora.dropout != 0, "--lora-dropout"}}) {
+      FSDP_CHECK(!given, flag, " needs LoRA: give --lora-rank N (e.g. 8)");
+    }
+    return;
+  }
+  FSDP_CHECK(o.lora.rank >= 1, "--lora-rank ", o.lora.rank, " must be >= 1 (e.g. 8 or 16; 0 turns LoRA off)");
+  FSDP_CHECK(!o.lora.merge || !o.hf.export_dir.empty(), "--merge-lora merges the adapters into the --export-hf "
+             "files; give --export-hf DIR (or leave out --merge-lora)");
+  auto meta = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
+  models::apply_lora(*meta, lora_config(o), 0);  // UsageError: values, targets the model lacks
+  if (!o.lora.init_adapter.empty()) {
+    const models::LoraConfig a = checkpoint::read_peft_adapter_config(o.lora.init_adapter);
+    std::vector<std::string> ours = o.lora.targets;
+    std::sort(ours.begin(), ours.end());
+    FSDP_CHECK(a.rank == o.lora.rank && a.targets == ours, "--init-adapter ", o.lora.init_adapter, " has r ", a.rank,
+               " on ", fmt::format("{}", fmt::join(a.targets, ",")), " but the run has --lora-rank ", o.lora.rank,
+               " --lora-targets ", fmt::format("{}", fmt::join(o.lora.targets, ",")), "; give the adapter's");
+  }
+}
+
 // Note [Checkpoint conversion]
 // --max-steps 0 with --resume --checkpoint-dir CK --export-hf OUT: load the
 // newest valid checkpoint of CK (its parameters only: no optimizer state, no
@@ -497,10 +594,10 @@ void validate_conversion(const TrainOptions& o, int world_size) {
   FSDP_CHECK(!o.eval.only, what, "; --eval-only evaluates instead: give it --max-steps >= 1 or leave it out");
   FSDP_CHECK(std::filesystem::is_directory(o.checkpoint.dir), "--checkpoint-dir ", o.checkpoint.dir,
              " is not a directory holding checkpoints");
-  checkpoint::check_export_dir(o.hf.export_dir);
+  check_export_target(o);
   checkpoint::hf_dtype_name(o.hf.export_dtype);  // float32, bfloat16 or float16, else UsageError
   engine_options(o, world_size);
-  conversion_config(o);
+  validate_lora(o, conversion_config(o));
 }
 
 TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) {
@@ -515,8 +612,10 @@ TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) 
 
   const models::LlamaConfig cfg = conversion_config(o);
   auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), o.step.seed);
+  FsdpOptions fo = worker_engine_options(o, rt, cfg, device);
+  add_lora(o, *impl, &fo);  // a LoRA run's checkpoint: the same --lora-* flags
   nn::Unit<models::LlamaForCausalLMImpl> root(impl);
-  auto sharded = fully_shard(root.ptr(), world, worker_engine_options(o, rt, cfg, device));
+  auto sharded = fully_shard(root.ptr(), world, fo);
   comm::ProcessGroupPtr group = rt.cpu_group ? rt.cpu_group : world;
 
   checkpoint::LoadOptions lo;
@@ -630,7 +729,7 @@ void validate_options(const TrainOptions& o, int world_size) {
                "*.safetensors)");
   }
   if (!o.hf.export_dir.empty()) {
-    checkpoint::check_export_dir(o.hf.export_dir);
+    check_export_target(o);
     checkpoint::hf_dtype_name(o.hf.export_dtype);  // float32, bfloat16 or float16, else UsageError
   }
   FSDP_CHECK(o.eval.every >= 0, "--eval-every must be >= 0 (0: no periodic evaluation), got ", o.eval.every);
@@ -645,6 +744,7 @@ void validate_options(const TrainOptions& o, int world_size) {
   FSDP_CHECK(!o.eval.only || !o.hf.init_from.empty() || o.checkpoint.resume,
              "--eval-only evaluates existing weights: give --init-from DIR or --resume with --checkpoint-dir DIR");
   const models::LlamaConfig cfg = init_config(o);
+  validate_lora(o, cfg);
   FSDP_CHECK(o.data.seq_len <= cfg.max_position_embeddings, "--seq-len ", o.data.seq_len, " is longer than model '",
              cfg.name, "' supports (max_position_embeddings = ", cfg.max_position_embeddings,
              "); use --seq-len <= ", cfg.max_position_embeddings);
@@ -680,6 +780,8 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   if (o.step.max_steps == 0) return 0;  // a conversion holds one unit at a time
   const models::LlamaConfig cfg = init_config(o);
   auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
+  add_lora(o, *impl);  // a frozen base has no gradient or optimizer state
+  apply_freeze(o, *impl);
   nn::Unit<models::LlamaForCausalLMImpl> root(impl);
   FsdpOptions fo = engine_options(o, world_size);
   if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = local_world_size;
@@ -915,11 +1017,16 @@ void Trainer::Impl::build() {
   const bool rank0_materializes = o_.sharding.sync_module_states && rank_ == 0;
   model_ = std::make_shared<models::LlamaForCausalLMImpl>(
       cfg_, at::TensorOptions().device(rank0_materializes ? at::kCPU : at::kMeta), o_.step.seed);
+  engine_ = worker_engine_options(o_, rt_, cfg_, device_);
+  add_lora(o_, *model_, &engine_);
+  apply_freeze(o_, *model_);
   if (rank0_materializes && !o_.hf.init_from.empty()) {
     rank0_import_ = checkpoint::import_hf_module(o_.hf.init_from, *model_, cfg_, progress_);
   }
+  if (rank0_materializes && !o_.lora.init_adapter.empty()) {
+    checkpoint::import_peft_adapter_module(o_.lora.init_adapter, *model_);
+  }
   root_.emplace(model_);
-  engine_ = worker_engine_options(o_, rt_, cfg_, device_);
   sharded_ = fully_shard(root_->ptr(), world_, engine_);
   // MFU: this rank's share of the model FLOPs per second over the device's data-sheet
   // peak for the compute dtype; left out where the peak is not known (the CPU).
@@ -938,7 +1045,7 @@ void Trainer::Impl::build() {
     aopt.kahan_summation = true;
   }
   opt_ = std::make_unique<optim::AdamW>(aopt);
-  opt_->add_shards(sharded_->shards());
+  opt_->add_shards(sharded_->shards(), sharded_->units(), optim::param_rule(o_.param_groups));
   sched_ = o_.schedule;
   sched_.max_steps = o_.step.max_steps;
 
@@ -982,9 +1089,18 @@ void Trainer::Impl::warn_about_token_ids() {
 }
 
 void Trainer::Impl::log_plan_and_memory() {
-  say_(fmt::format("model {} ({} parameters), {} ranks ({}), {} units, global batch {} x {} tokens", cfg_.name,
-                   cfg_.num_parameters(), W_, rt_.world.launcher, sharded_->units().size(), global_batch_,
-                   o_.data.seq_len));
+  // A unit with frozen and trainable parameters has two entries (UnitInfo).
+  int64_t total = 0, trainable = 0, units = 0;
+  const std::vector<UnitInfo>& entries = sharded_->units();
+  for (size_t i = 0; i < entries.size(); ++i) {
+    total += entries[i].numel;
+    trainable += entries[i].trainable ? entries[i].numel : 0;
+    units += i == 0 || entries[i].name != entries[i - 1].name ? 1 : 0;
+  }
+  const std::string frozen = trainable == total ? std::string()
+                             : fmt::format("; {} of {} trainable, {} frozen", trainable, total, total - trainable);
+  say_(fmt::format("model {} ({} parameters{}), {} ranks ({}), {} units, global batch {} x {} tokens", cfg_.name,
+                   cfg_.num_parameters(), frozen, W_, rt_.world.launcher, units, global_batch_, o_.data.seq_len));
   say_(fmt::format("data {}, {} windows of {} tokens per epoch", dataset_->describe(), sampler_->samples_per_epoch(),
                    o_.data.seq_len));
   if (lead_ && !o_.log.quiet) std::cout << summary_.plan << std::flush;
@@ -1063,6 +1179,11 @@ void Trainer::Impl::restore() {
                      r.io.gb_per_s(),
                      r.ignored.empty() ? "" : fmt::format(" (ignored: {})", fmt::join(r.ignored, ", "))));
   }
+  if (!resumed_ && !o_.lora.init_adapter.empty()) {
+    // With --sync-module-states rank 0 read it before sharding.
+    if (!o_.sharding.sync_module_states) checkpoint::import_peft_adapter(o_.lora.init_adapter, *sharded_);
+    say_(fmt::format("LoRA adapters from {}", o_.lora.init_adapter));
+  }
   FSDP_CHECK(!o_.eval.only || resumed_ || !o_.hf.init_from.empty(), "--eval-only --resume: there is no checkpoint "
              "in ", o_.checkpoint.dir, " to evaluate; give --init-from DIR or a --checkpoint-dir that holds one");
   open_records();
@@ -1116,6 +1237,12 @@ EvalRecord Trainer::Impl::evaluate(int64_t max_windows) {
   const auto t0 = Clock::now();
   data::EvalWindows windows(val_dataset_, o_.data.seq_len, W_, rank_, max_windows);
   at::NoGradGuard no_grad;
+  // Evaluation mode (no LoRA dropout) until the end of this scope.
+  struct EvalMode {
+    torch::nn::Module& m;
+    explicit EvalMode(torch::nn::Module& module) : m(module) { m.eval(); }
+    ~EvalMode() { m.train(); }
+  } eval_mode(*model_);
   double sum = 0.0;
   const int64_t batches = windows.num_batches(o_.step.batch_size);
   for (int64_t b = 0; b < batches; ++b) {
@@ -1234,6 +1361,11 @@ double Trainer::Impl::forward_backward() {
       batch = loader_->next();
     }
     sharded_->set_requires_gradient_sync(a == o_.step.grad_accum - 1);
+    if (o_.lora.dropout > 0) {
+      // Masks keyed by (seed, step, micro-batch, rank): a recompute draws the same, a resumed run too.
+      const auto micro = static_cast<uint64_t>((step_ * o_.step.grad_accum + a) * W_ + rank_);
+      models::set_lora_dropout_key(*model_, splitmix64(o_.step.seed ^ splitmix64(micro)));
+    }
     at::Tensor loss =
         (*root_)(batch.inputs.to(device_), batch.targets.to(device_)) / static_cast<double>(o_.step.grad_accum);
     (scaler_ ? scaler_->scale(loss) : loss).backward();

@@ -112,3 +112,27 @@ TEST(TrainFlags, ExportShardSizeIsReadOnlyWithAnExport) {
 
 }  // namespace
 }  // namespace fsdp::cli
+
+namespace fsdp::cli {
+
+// --lr-scale REGEX=FACTOR (repeatable): the last '=' splits, so a pattern may hold one.
+TEST(TrainFlags, LrScalesParseAndRefuseBadValues) {
+  EXPECT_EQ(parse_lr_scale("lora_B=4"), (std::pair<std::string, double>{"lora_B", 4.0}));
+  EXPECT_EQ(parse_lr_scale("a=b=0.5"), (std::pair<std::string, double>{"a=b", 0.5}));
+  TrainFlags flags;
+  flags.lr_scales = {"embed=0.1", "lora_B=16"};
+  train::TrainOptions o;
+  apply_train_flags(flags, o);
+  ASSERT_EQ(o.param_groups.lr_scales.size(), 2u);
+  EXPECT_EQ(o.param_groups.lr_scales[1], (std::pair<std::string, double>{"lora_B", 16.0}));
+  for (const char* bad : {"lora_B", "=2", "lora_B=", "lora_B=0", "lora_B=-1", "lora_B=x", "lora_B=2x", "a=inf"}) {
+    EXPECT_NE(usage_error_of([&] { parse_lr_scale(bad); }).find("--lr-scale '" + std::string(bad) + "'"),
+              std::string::npos)
+        << bad;
+  }
+  flags.lr_scales = {"lora_(=2"};  // not a regex
+  EXPECT_NE(usage_error_of([&] { apply_train_flags(flags, o); }).find("'lora_(' is not a valid regular expression"),
+            std::string::npos);
+}
+
+}  // namespace fsdp::cli

@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <map>
+#include <regex>
 
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/grad_scaler.h"
@@ -54,14 +55,24 @@ ParityReport run_parity(const comm::ProcessGroupPtr& world, const ParityModel& m
   ao.lr = c.lr;
   ao.weight_decay = c.weight_decay;
 
+  const optim::ParamRule rule = c.param_rule ? c.param_rule : optim::decay_everything();
+  const auto freeze = [&](nn::UnitBase& m) {
+    if (c.freeze.empty()) return;
+    const std::regex re(c.freeze);
+    for (auto& p : m.named_parameters(true)) {
+      if (std::regex_search(p.key(), re)) p.value().set_requires_grad(false);
+    }
+  };
+
   // --- sharded
   std::shared_ptr<nn::UnitBase> root = model.build(c.build_on_meta, c.seed);
+  freeze(*root);
   FsdpOptions fo = c.fsdp;
   fo.init_rule = model.init_rule;
   fo.seed = c.seed;
   auto sharded = fully_shard(root, world, fo);
   optim::AdamW opt(ao);
-  opt.add_shards(sharded->shards());
+  opt.add_shards(sharded->shards(), sharded->units(), rule);
   optim::GradScalerOptions gso;
   gso.init_scale = c.init_scale;
   gso.backoff_factor = c.backoff;
@@ -70,6 +81,7 @@ ParityReport run_parity(const comm::ProcessGroupPtr& world, const ParityModel& m
 
   // --- reference: fp32-initialized masters, a compute copy in the param dtype
   std::shared_ptr<nn::UnitBase> ref = model.build(false, c.seed);
+  freeze(*ref);
   std::vector<std::string> names;
   std::vector<at::Tensor> compute;
   std::map<std::string, at::Tensor> masters;
@@ -92,7 +104,9 @@ ParityReport run_parity(const comm::ProcessGroupPtr& world, const ParityModel& m
   optim::AdamW ref_opt(ao);
   std::vector<at::Tensor> master_grads(master_list.size());
   for (size_t i = 0; i < master_list.size(); ++i) {
-    ref_opt.add(names[i], master_list[i], [&master_grads, i] { return master_grads[i]; });
+    if (!compute[i].requires_grad()) continue;  // frozen: no optimizer state
+    ref_opt.add(names[i], master_list[i], [&master_grads, i] { return master_grads[i]; },
+                {{0, master_list[i].numel(), rule(names[i], master_list[i].sizes().vec())}});
   }
   double ref_scale = c.init_scale;
   int64_t ref_tracker = 0;

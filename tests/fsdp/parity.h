@@ -54,6 +54,11 @@ struct ParityConfig {
   double init_scale = 1024.0;
   double backoff = 0.5;
   bool expect_skipped_steps = false;  // the run must skip at least one step
+  // Parameters whose name this regex finds are frozen (requires_grad false)
+  // on both sides before sharding; "": none.
+  std::string freeze;
+  // Parameter groups on both sides; empty: every parameter decayed.
+  optim::ParamRule param_rule;
   double loss_rtol = 1e-5;
   double param_atol = 1e-5;
   bool expect_bitwise = false;  // losses and shards identical to the bit

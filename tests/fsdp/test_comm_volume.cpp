@@ -11,6 +11,8 @@
 // all-gather output, the reduce-scatter input), fp32 here.
 #include <gtest/gtest.h>
 
+#include <regex>
+
 #include "parity.h"
 #include "support/multiproc.h"
 #include "toy_models.h"
@@ -25,13 +27,26 @@ comm::ProcessGroupPtr borrow(comm::ProcessGroup& pg) {
 
 }  // namespace
 
-TEST(CommVolume, EqualsTheTheoreticalVolumeForEveryStrategy) {
+// Frozen parameters: "" none; else the root's w_in, every block's b1, and all of
+// block 1 (whose backward still runs: its input needs a gradient). They are
+// gathered like the others but never reduced.
+static void check_volume(const std::string& freeze) {
   for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard,
                  ShardingStrategy::kHybridShard}) {
     for (int w : {2, 4}) {
       testing::run_distributed(w, [&](comm::ProcessGroup& pg) {
         testing::ToyConfig cfg;  // odd sizes: every flat parameter needs padding at 4
         auto model = testing::make_toy(cfg, false, 3);
+        int64_t frozen_params = 0;
+        if (!freeze.empty()) {
+          const std::regex re(freeze);
+          for (auto& p : model->named_parameters(true)) {
+            if (!std::regex_search(p.key(), re)) continue;
+            p.value().set_requires_grad(false);
+            ++frozen_params;
+          }
+          ASSERT_EQ(frozen_params, 1 + 3 + 2);  // w_in, three b1, block 1's w1 and w2
+        }
         FsdpOptions o;
         o.strategy = s;
         o.hybrid_shard_size = 2;
@@ -45,8 +60,16 @@ TEST(CommVolume, EqualsTheTheoreticalVolumeForEveryStrategy) {
 
           int64_t ag = 0, rs = 0, ar = 0;
           const int64_t f32 = 4;
+          int64_t frozen_entries = 0;
           for (const auto& u : sharded->units()) {
             const bool root = u.name.empty();
+            if (!u.trainable) {
+              // Gathered as its unit's other parameters, never reduced.
+              ++frozen_entries;
+              if (s == ShardingStrategy::kNoShard) continue;
+              ag += (root || s == ShardingStrategy::kShardGradOp ? 1 : 2) * u.padded_numel * f32;
+              continue;
+            }
             switch (s) {
               case ShardingStrategy::kFullShard:
                 ag += (root ? 1 : 2) * u.padded_numel * f32;
@@ -70,10 +93,15 @@ TEST(CommVolume, EqualsTheTheoreticalVolumeForEveryStrategy) {
           EXPECT_EQ(got.allgather_bytes, ag) << to_string(s) << " W=" << pg.size() << " step " << step;
           EXPECT_EQ(got.reduce_scatter_bytes, rs) << to_string(s) << " W=" << pg.size() << " step " << step;
           EXPECT_EQ(got.allreduce_bytes, ar) << to_string(s) << " W=" << pg.size() << " step " << step;
+          EXPECT_EQ(frozen_entries, freeze.empty() ? 0 : 4);  // the root and every block
         }
       });
     }
   }
 }
+
+TEST(CommVolume, EqualsTheTheoreticalVolumeForEveryStrategy) { check_volume(""); }
+
+TEST(CommVolume, FrozenParametersAreGatheredButNeverReduced) { check_volume("^w_in$|b1$|blocks\\.1\\."); }
 
 }  // namespace fsdp

@@ -16,6 +16,7 @@
 
 #include <fstream>
 #include <iostream>
+#include <regex>
 #include <sstream>
 
 #include "fsdp/fsdp.h"
@@ -64,11 +65,23 @@ struct Outcome {
   UnshardedBytes at_peak;
 };
 
+// The toy model with the parameters whose name `freeze` finds frozen ("": none).
+nn::Unit<testing::ToyNetImpl> make_model(const testing::ToyConfig& shape, bool meta, const std::string& freeze) {
+  auto model = testing::make_toy(shape, meta, 3);
+  if (!freeze.empty()) {
+    const std::regex re(freeze);
+    for (auto& p : model->named_parameters(true)) {
+      if (std::regex_search(p.key(), re)) p.value().set_requires_grad(false);
+    }
+  }
+  return model;
+}
+
 // `steps` training steps of `micro_batches` micro-batches each (the last one
 // synchronized), as the trainer runs them; the ledger's peak per step.
 Outcome run_steps(comm::ProcessGroup& pg, const testing::ToyConfig& shape, const FsdpOptions& o, int steps,
-                  int micro_batches) {
-  auto model = testing::make_toy(shape, /*meta=*/true, 3);
+                  int micro_batches, const std::string& freeze = "") {
+  auto model = make_model(shape, /*meta=*/true, freeze);
   FsdpOptions fo = o;
   fo.init_rule = testing::toy_init_rule;
   fo.seed = 3;
@@ -144,6 +157,58 @@ TEST(MemoryContract, EveryCombinationPeaksWithinTheBoundAndAtLeastNinetyPercentO
     if (pg.rank() == 0) std::ofstream(dir + "/table.txt") << table.str();
   });
   if (!testing::is_worker()) std::cout << testing::tail_file(dir + "/table.txt", 1000);
+}
+
+// Frozen parameters (a LoRA-like layout: every block's w1 and the root's w_in
+// frozen, the rest trainable) are gathered with their unit but have no
+// gradients: the bound counts them as parameters only, and stays exact.
+TEST(MemoryContract, FrozenParametersPeakWithinTheBoundAndAtLeastNinetyPercentOfIt) {
+  const std::string freeze = "w_in|w1";
+  testing::run_distributed(4, [&](comm::ProcessGroup& pg) {
+    int checked = 0;
+    for (const Shape& shape : shapes()) {
+      for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                                 ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard}) {
+        for (const char* precision : {"fp32", "bf16"}) {
+          for (const Prefetch& pf : kPrefetches) {
+            FsdpOptions o;
+            o.strategy = s;
+            o.hybrid_shard_size = 2;
+            o.mixed_precision = MixedPrecision::preset(precision);
+            o.backward_prefetch = pf.backward;
+            o.forward_prefetch = pf.forward;
+            const ShardingPlan plan =
+                plan_sharding(make_model(shape.config, true, freeze).ptr(), pg.size(), pg.rank(), o);
+            const ShardingPlan unfrozen =
+                plan_sharding(make_model(shape.config, true, "").ptr(), pg.size(), pg.rank(), o);
+            const Outcome got = run_steps(pg, shape.config, o, /*steps=*/3, /*micro_batches=*/1, freeze);
+            const int64_t bound = plan.unsharded_bound(1);
+            const std::string what = std::string(shape.name) + ", " + to_string(s) + ", " + precision +
+                                     ", prefetch " + pf.name + ", frozen";
+            EXPECT_LE(got.peak, bound) << what << ": " << bytes_text(got.at_peak);
+            EXPECT_GE(static_cast<double>(got.peak), 0.9 * static_cast<double>(bound))
+                << what << ": " << bytes_text(got.at_peak);
+            // Freezing saves gradient and optimizer memory, never parameter memory.
+            // A block with every parameter frozen, between trainable ones: its
+            // backward runs (its input needs a gradient), and it is resharded
+            // when that backward ends, not at the end of the whole backward.
+            const Outcome whole = run_steps(pg, shape.config, o, /*steps=*/2, /*micro_batches=*/1, "blocks\\.1\\.");
+            EXPECT_LE(whole.peak,
+                      plan_sharding(make_model(shape.config, true, "blocks\\.1\\.").ptr(), pg.size(), pg.rank(), o)
+                          .unsharded_bound(1))
+                << what << ", block 1 frozen: " << bytes_text(whole.at_peak);
+            EXPECT_LT(plan.grad_shard_bytes, unfrozen.grad_shard_bytes) << what;
+            EXPECT_LT(plan.optimizer_bytes, unfrozen.optimizer_bytes) << what;
+            EXPECT_EQ(plan.parameters, unfrozen.parameters) << what;
+            EXPECT_LT(plan.trainable_parameters, plan.parameters) << what;
+            if (bound > 0) EXPECT_LT(bound, unfrozen.unsharded_bound(1)) << what;
+            ++checked;
+          }
+        }
+      }
+    }
+    EXPECT_EQ(checked, 2 * 4 * 2 * 4);
+  });
 }
 
 // Micro-batches without synchronization keep every unit's gradients: the plan

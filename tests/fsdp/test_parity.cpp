@@ -85,3 +85,48 @@ TEST(Parity, SyncModuleStatesFromRankZero) {
 }
 
 }  // namespace fsdp
+
+namespace fsdp {
+namespace {
+
+// Frozen parameters in every place a unit can hold them: the root's w_in
+// (the root then has trainable and frozen parameters), every block's bias
+// b1, and all of block 1, whose backward still runs because its input needs
+// a gradient (Note [Frozen parameters]). Parameter groups as the trainer's
+// default: no decay on b1 (one dimension), and w2 at half the learning rate.
+ParityConfig frozen_config() {
+  ParityConfig c;
+  c.freeze = "^w_in$|b1$|blocks\\.1\\.";
+  optim::ParamGroupOptions g;
+  g.lr_scales = {{"w2", 0.5}};
+  c.param_rule = optim::param_rule(g);
+  c.weight_decay = 0.1;
+  return c;
+}
+
+}  // namespace
+
+TEST(Parity, FrozenAndParamGroupsFullShard) {
+  check_strategy(testing::toy_parity_model(false), ShardingStrategy::kFullShard, frozen_config());
+}
+TEST(Parity, FrozenAndParamGroupsShardGradOp) {
+  check_strategy(testing::toy_parity_model(false), ShardingStrategy::kShardGradOp, frozen_config());
+}
+TEST(Parity, FrozenAndParamGroupsNoShard) {
+  check_strategy(testing::toy_parity_model(false), ShardingStrategy::kNoShard, frozen_config());
+}
+TEST(Parity, FrozenAndParamGroupsHybridShard) {
+  check_strategy(testing::toy_parity_model(false), ShardingStrategy::kHybridShard, frozen_config());
+}
+
+// Same arithmetic order as the reference, frozen parameters and groups
+// included: bit-identical at 2 ranks.
+TEST(Parity, FrozenAndParamGroupsAreBitIdenticalToTheSameOrderReference) {
+  run_distributed(2, [&](comm::ProcessGroup& pg) {
+    ParityConfig c = frozen_config();
+    c.expect_bitwise = true;
+    testing::run_parity(borrow(pg), testing::toy_parity_model(false), c);
+  });
+}
+
+}  // namespace fsdp

@@ -871,9 +871,11 @@ def part_export_conversion(args, corpus, tokens, batch):
                   label, seconds, w.abs, exp["bos_token_id"], exp["eos_token_id"], exp["sliding_window"]))
 
 
-def main():
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("part", choices=["parity", "config", "export"])
+def golden_main(doc, parts, failures):
+    """The golden scripts' command line (PART --probe --train --work [--keep]) and their run:
+    one math thread, the part, a failure count, the scratch directory removed when all passes."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("part", choices=list(parts))
     parser.add_argument("--probe", required=True, help="the hf_probe binary")
     parser.add_argument("--train", required=True, help="the fsdp-train binary")
     parser.add_argument("--work", required=True, help="scratch directory (replaced; removed when all passes)")
@@ -881,21 +883,25 @@ def main():
     args = parser.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     os.makedirs(args.work)
-    # One math thread on both sides (the test is registered with PROCESSORS 1):
+    # One math thread on both sides (the tests are registered with PROCESSORS 1):
     # a parallel reduction's order, hence its rounding, may depend on the count.
     torch.set_num_threads(1)
     os.environ["OMP_NUM_THREADS"] = "1"
     t0 = time.time()
     print("transformers %s, torch %s" % (transformers.__version__, torch.__version__))
-    {"parity": part_parity, "config": part_config, "export": part_export}[args.part](args)
-    print("%s: %d failure(s) in %.1f s" % (args.part, len(FAILURES), time.time() - t0))
-    if FAILURES:
-        for f in FAILURES:
+    parts[args.part](args)
+    print("%s: %d failure(s) in %.1f s" % (args.part, len(failures), time.time() - t0))
+    if failures:
+        for f in failures:
             print("  " + f.splitlines()[0])
         return 1
     if not args.keep:
         shutil.rmtree(args.work, ignore_errors=True)
     return 0
+
+
+def main():
+    return golden_main(__doc__, {"parity": part_parity, "config": part_config, "export": part_export}, FAILURES)
 
 
 if __name__ == "__main__":

@@ -182,8 +182,8 @@ TEST(Presets, TrainingFlopsPerTokenAsTheGpuReportCountsThem) {
 TEST(Presets, ListAndDetails) {
   const std::vector<std::string> expected = {"llama2-7b",    "llama2-13b",   "llama2-70b",   "llama3.1-8b",
                                              "llama3.1-70b", "llama3.2-1b",  "llama3.2-3b",  "mistral-7b",
-                                             "mathstral-7b", "qwen2.5-0.5b", "qwen3-0.6b",   "tiny",
-                                             "small"};
+                                             "mathstral-7b", "qwen2.5-0.5b", "qwen3-0.6b",   "mixtral-8x7b",
+                                             "tiny",         "small",        "tiny-mixtral"};
   EXPECT_EQ(fsdp::models::list_model_presets(), expected);
   EXPECT_FALSE(llama_preset("llama9").has_value());
   const LlamaConfig l1 = *llama_preset("llama3.2-1b");

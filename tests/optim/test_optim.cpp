@@ -97,6 +97,84 @@ TEST(AdamW, UndefinedGradientIsAZeroGradient) {
   EXPECT_TRUE(p.allclose(at::full({3}, 0.95)));  // only the decay moved it
 }
 
+// Parameter groups on a flat shard: the segments found from the placements
+// give each parameter its own weight decay and learning rate, exactly as a
+// separate optimizer slot per parameter would (the unsharded reference).
+TEST(AdamW, ParamGroupsSplitAFlatShardByParameter) {
+  // A unit of three parameters: a norm weight (1-D), a matrix, an embedding;
+  // this rank's shard covers elements [3, 3 + 12) of the padded flat (16).
+  UnitInfo unit;
+  unit.name = "u";
+  unit.params = {{"u.norm.weight", {4}, 0, 4}, {"u.proj.weight", {2, 3}, 4, 6}, {"u.embed_tokens.weight", {5}, 10, 5}};
+  unit.numel = 15;
+  unit.padded_numel = 16;
+  unit.shard_numel = 13;
+  unit.shard_offset = 3;
+  optim::ParamGroupOptions g;
+  g.lr_scales = {{"proj", 0.5}};
+  const optim::ParamRule rule = optim::param_rule(g);
+  EXPECT_FALSE(rule("u.norm.weight", {4}).decay);
+  EXPECT_TRUE(rule("u.proj.weight", {2, 3}).decay);
+  EXPECT_EQ(rule("u.proj.weight", {2, 3}).lr_scale, 0.5);
+  EXPECT_FALSE(rule("u.embed_tokens.weight", {5}).decay);
+  g.decay_all = true;
+  EXPECT_TRUE(optim::param_rule(g)("u.embed_tokens.weight", {5}).decay);
+
+  optim::AdamWOptions o;
+  o.lr = 0.1;
+  o.weight_decay = 0.5;
+  torch::manual_seed(0);
+  const at::Tensor flat = at::randn({16});
+  at::Tensor shard = flat.narrow(0, 3, 13).clone();
+  at::Tensor grad = at::randn({13});
+  optim::AdamW opt(o);
+  opt.add_shards({ShardRef{"u", shard, grad}}, {unit}, rule);
+  ASSERT_EQ(opt.slots()[0].segments.size(), 3u);  // norm (+ nothing before), proj, embed + padding
+  EXPECT_EQ(opt.slots()[0].segments[0].count, 1);  // the norm's last element
+  EXPECT_EQ(opt.slots()[0].segments[1].count, 6);
+  EXPECT_EQ(opt.slots()[0].segments[2].count, 6);  // 5 of the embedding and 1 of padding
+
+  // The reference: one slot per parameter part with its own options.
+  std::vector<at::Tensor> parts = {flat.narrow(0, 3, 1).clone(), flat.narrow(0, 4, 6).clone(),
+                                   flat.narrow(0, 10, 6).clone()};
+  const std::vector<optim::ParamSetting> settings = {{false, 1.0}, {true, 0.5}, {false, 1.0}};
+  std::vector<at::Tensor> m, v;
+  for (const auto& p : parts) {
+    m.push_back(at::zeros_like(p));
+    v.push_back(at::zeros_like(p));
+  }
+  for (int step = 1; step <= 3; ++step) {
+    opt.step();
+    int64_t first = 0;
+    for (size_t k = 0; k < parts.size(); ++k) {
+      optim::AdamWOptions ok = o;
+      ok.lr = o.lr * settings[k].lr_scale;
+      ok.weight_decay = settings[k].decay ? o.weight_decay : 0.0;
+      optim::adamw_update(parts[k], grad.narrow(0, first, parts[k].numel()), m[k], v[k], step, ok);
+      EXPECT_TRUE(shard.narrow(0, first, parts[k].numel()).equal(parts[k])) << "part " << k << " step " << step;
+      first += parts[k].numel();
+    }
+  }
+  // And the groups change the result: without them every part moves differently.
+  at::Tensor plain_shard = flat.narrow(0, 3, 13).clone();
+  optim::AdamW plain(o);
+  plain.add_shards({ShardRef{"u", plain_shard, grad}});
+  for (int step = 1; step <= 3; ++step) plain.step();
+  for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, 1}, {1, 6}, {7, 5}}) {
+    EXPECT_FALSE(plain_shard.narrow(0, first, count).equal(shard.narrow(0, first, count))) << first;
+  }
+}
+
+// Frozen shards hold no optimizer state.
+TEST(AdamW, FrozenShardsAreSkipped) {
+  optim::AdamW opt(optim::AdamWOptions{});
+  at::Tensor frozen = at::ones({4});
+  opt.add_shards({ShardRef{"a", at::ones({3}), at::zeros({3})}, ShardRef{"a", frozen, at::Tensor(), false}});
+  ASSERT_EQ(opt.slots().size(), 1u);
+  opt.step();
+  EXPECT_TRUE(frozen.equal(at::ones({4})));
+}
+
 TEST(LrSchedule, WarmupThenCosineToMin) {
   optim::LrSchedule s;
   s.lr = 1.0;

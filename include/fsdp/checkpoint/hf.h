@@ -65,6 +65,11 @@ struct HfExportOptions {
   // hf_side_file_names() and named once (e.g. the tokenizer files).
   std::vector<std::pair<std::string, std::string>> extra_files;
   bool progress = false;  // progress bar on stderr (rank 0; the caller checks isatty)
+  // A model with LoRA adapters (models/lora.h) exports merged: each adapted
+  // weight as W + (B A) * lora_scaling (alpha / r), the adapters left out —
+  // a plain model for transformers. 0 (the default): a model with adapters is
+  // refused (a PEFT adapter export is checkpoint/peft.h's).
+  double lora_scaling = 0;
 };
 
 struct HfExportResult {
@@ -116,6 +121,7 @@ struct HfImportResult {
 };
 
 // Loads DIR's weights into the model's shards (every element; padding zeroed).
+// LoRA adapters (models/lora.h) are not read and keep their values.
 // UsageError (the same on every rank): a parameter missing from the files; a
 // shape mismatch (naming the tensor and both shapes); tensors the model does
 // not have (other than those listed under `ignored`); a malformed file.

@@ -17,17 +17,42 @@
 #include <torch/nn/pimpl.h>
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 
 namespace fsdp::models {
 
-// y = x W^T (+ b), as torch.nn.Linear.
+// y = x W^T (+ b), as torch.nn.Linear; optionally with a LoRA adapter
+// (add_lora; models/lora.h applies adapters to a whole model).
 class LinearImpl : public torch::nn::Module {
  public:
   LinearImpl(int64_t in_features, int64_t out_features, bool bias, const at::TensorOptions& options);
 
-  // x (..., in) -> (..., out), in the parameters' dtype.
+  // x (..., in) -> (..., out), in the parameters' dtype. With an adapter, as
+  // peft's LoraLayer (vanilla LoRA, no rslora/DoRA):
+  //   y = x W^T (+ b) + ((dropout(x) A^T) B^T) * (alpha / r)
+  // Without one, exactly the plain linear: no extra operation.
   at::Tensor forward(const at::Tensor& x);
+
+  // Registers the adapter's submodules "lora_A" (weight (r, in)) and "lora_B"
+  // (weight (out, r)), so their parameters are `<this>.lora_A.weight` and
+  // `<this>.lora_B.weight`, listed after weight and bias. They are created
+  // like weight (same device and dtype; on kMeta nothing is allocated) and
+  // NOT initialized: apply_lora or the engine's init rule does
+  // (lora_init_rule). Dropout probability p in [0, 1): applied to the
+  // adapter's input in training mode only; its masks are a pure function of
+  // (set_lora_dropout_key's key, mask_key) — no global RNG is consumed, and
+  // p == 0 draws nothing. Requires: no adapter yet, rank >= 1.
+  void add_lora(int64_t rank, double alpha, double dropout, uint64_t mask_key);
+  bool has_lora() const { return lora_A_ != nullptr; }
+  // Requires: has_lora().
+  const at::Tensor& lora_A() const;  // (r, in)
+  const at::Tensor& lora_B() const;  // (out, r)
+  int64_t lora_rank() const { return lora_rank_; }
+  double lora_scaling() const { return lora_scaling_; }  // alpha / r
+  // The key of the next forwards' dropout masks (the trainer sets one per
+  // micro-batch, so that a recomputed forward draws the same masks).
+  void set_lora_dropout_key(uint64_t key) { lora_dropout_key_ = key; }
 
   int64_t in_features() const { return in_features_; }
   int64_t out_features() const { return out_features_; }
@@ -39,6 +64,15 @@ class LinearImpl : public torch::nn::Module {
   int64_t out_features_;
   at::Tensor weight_;  // (out, in)
   at::Tensor bias_;    // (out), undefined when bias == false
+  // The adapter; null without one. Held as LinearImpl so that the parameter
+  // names are lora_A.weight / lora_B.weight, as peft's.
+  std::shared_ptr<LinearImpl> lora_A_;  // weight (r, in)
+  std::shared_ptr<LinearImpl> lora_B_;  // weight (out, r)
+  int64_t lora_rank_ = 0;               // r
+  double lora_scaling_ = 0;             // alpha / r
+  double lora_dropout_ = 0;             // p
+  uint64_t lora_mask_key_ = 0;          // this layer's part of the mask key (its name's hash)
+  uint64_t lora_dropout_key_ = 0;       // the micro-batch's part
 };
 TORCH_MODULE(Linear);
 

@@ -1,7 +1,8 @@
-// Llama-family decoder (Llama 2, Llama 3.1, Llama 3.2, Mistral, Qwen2/Qwen2.5,
-// Qwen3) with Hugging Face LlamaForCausalLM / MistralForCausalLM /
-// Qwen2ForCausalLM / Qwen3ForCausalLM semantics, names and weight layouts
-// (the differences: Note [Model types] in llama_config.h).
+// Llama-family decoder (Llama 2, Llama 3.1, Llama 3.2, Mistral, Mixtral,
+// Qwen2/Qwen2.5, Qwen3) with Hugging Face LlamaForCausalLM /
+// MistralForCausalLM / MixtralForCausalLM / Qwen2ForCausalLM /
+// Qwen3ForCausalLM semantics, names and weight layouts (the differences:
+// Note [Model types] in llama_config.h).
 //
 // Parameter names (exactly HF's, so checkpoints can be loaded/saved by name):
 //   model.embed_tokens.weight                          (V, D)
@@ -18,6 +19,10 @@
 //   model.layers.{i}.mlp.gate_proj.weight              (F, D)
 //   model.layers.{i}.mlp.up_proj.weight                (F, D)
 //   model.layers.{i}.mlp.down_proj.weight              (D, F)
+//   model.layers.{i}.block_sparse_moe.gate.weight      (E, D)     mixtral, instead of mlp.* (moe.h)
+//   model.layers.{i}.block_sparse_moe.experts.{e}.w1.weight (F, D)   mixtral, e in [0, E)
+//   model.layers.{i}.block_sparse_moe.experts.{e}.w2.weight (D, F)   mixtral
+//   model.layers.{i}.block_sparse_moe.experts.{e}.w3.weight (F, D)   mixtral
 //   model.layers.{i}.input_layernorm.weight            (D)
 //   model.layers.{i}.post_attention_layernorm.weight   (D)
 //   model.norm.weight                                  (D)
@@ -35,7 +40,7 @@
 // Semantics (checked against transformers itself: tests/hf/test_transformers.py):
 //   h = embed(tokens)                       pad_token_id's row gets no gradient
 //   per layer: h = h + o(attn(rope(qn(q(n1(h)))), rope(kn(k(n1(h)))), v(n1(h))))
-//              h = h + down(silu(gate(n2(h))) * up(n2(h)))
+//              h = h + down(silu(gate(n2(h))) * up(n2(h)))      (mixtral: h + moe(n2(h)), moe.h)
 //   logits = lm_head(norm(h))
 // qn, kn: qwen3's per-head RMSNorms over Dh (identity otherwise). attn is
 // causal; in a layer with a window W (LlamaConfig::layer_window) query i sees
@@ -79,6 +84,7 @@
 
 #include "fsdp/models/layers.h"
 #include "fsdp/models/llama_config.h"
+#include "fsdp/models/moe.h"
 #include "fsdp/nn/init.h"
 #include "fsdp/nn/unit.h"
 
@@ -148,6 +154,11 @@ class LlamaMLPImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaMLP);
 
+// Tag for the forward overloads that also return Mixtral's router logits. A
+// tag rather than a flag: a unit replays it unchanged, and the overload's
+// result type (several tensors) is fixed at compile time.
+struct WithRouterLogits {};
+
 // One pre-norm transformer block; the unit of sharding.
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
@@ -156,14 +167,22 @@ class LlamaDecoderLayerImpl : public torch::nn::Module {
 
   // x (B, T, D); cos, sin (T, Dh) in x's dtype -> (B, T, D).
   // Pure function of its tensor inputs, masks and parameters (activation
-  // checkpointing may call it again in backward).
+  // checkpointing may call it again in backward). Mixtral: the router logits
+  // are computed and dropped (the overload below returns them).
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMasks& masks);
 
+  // The same, also returning the layer's router logits: {h (B, T, D),
+  // router_logits (N, E) in x's dtype}. Requires: a mixtral layer (moe()).
+  std::vector<at::Tensor> forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin,
+                                  const AttentionMasks& masks, WithRouterLogits);
+
   LlamaAttentionImpl& self_attn() { return *self_attn_; }
+  bool moe() const { return !block_sparse_moe_.is_empty(); }
 
  private:
   LlamaAttention self_attn_{nullptr};
-  LlamaMLP mlp_{nullptr};
+  LlamaMLP mlp_{nullptr};                           // dense models; null for mixtral
+  MixtralSparseMoeBlock block_sparse_moe_{nullptr};  // mixtral only
   RMSNorm input_layernorm_{nullptr};           // weight (D)
   RMSNorm post_attention_layernorm_{nullptr};  // weight (D)
 };
@@ -178,6 +197,10 @@ class LlamaModelImpl : public torch::nn::Module {
   // tokens (B, T) int64 -> hidden states (B, T, D) after the final norm.
   // Requires: tokens already checked (LlamaForCausalLM checks them).
   at::Tensor forward(const at::Tensor& tokens);
+  // The same; Mixtral's layers also append their router logits, (N, E) each,
+  // in layer order to `router_logits`. Requires: a mixtral config. (Not a
+  // forward overload: ModuleHolder's call needs forward unambiguous.)
+  at::Tensor forward_with_router_logits(const at::Tensor& tokens, std::vector<at::Tensor>& router_logits);
 
   Embedding& embed_tokens() { return embed_tokens_; }
   const Embedding& embed_tokens() const { return embed_tokens_; }
@@ -192,8 +215,21 @@ class LlamaModelImpl : public torch::nn::Module {
   RMSNorm norm_{nullptr};               // weight (D)
   at::Tensor inv_freq_;                 // (Dh/2) fp32 CPU, rotary inverse frequencies
   std::optional<int64_t> window_;       // W of the sliding layers; nullopt when no layer slides
+  bool moe_ = false;                    // mixtral: layers return router logits
 };
 TORCH_MODULE(LlamaModel);
+
+// What a Mixtral forward gives besides the logits (LlamaForCausalLMImpl::forward
+// with WithRouterLogits). Through a unit the result travels as tensors:
+// pack() / unpack() convert, in the order logits, aux_loss, router_logits[0..L).
+struct RouterOutputs {
+  at::Tensor logits;                       // (B, T, V) in the parameters' dtype
+  at::Tensor aux_loss;                     // () fp32: load_balancing_loss over every layer (moe.h)
+  std::vector<at::Tensor> router_logits;   // L x (N, E), N = B*T, in the parameters' dtype
+
+  std::vector<at::Tensor> pack() const;
+  static RouterOutputs unpack(std::vector<at::Tensor> tensors);
+};
 
 // The trainer's model.
 class LlamaForCausalLMImpl : public torch::nn::Module {
@@ -208,10 +244,25 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // id outside [0, V) (checked with one aminmax over the batch: one host sync).
   at::Tensor forward(const at::Tensor& tokens);
 
+  // Mixtral: the logits with the router logits of every layer and the
+  // load-balancing loss, packed (RouterOutputs::unpack reads them back), so
+  // that a root unit around this model can run it. Throws UsageError as
+  // forward, and for a model without experts.
+  std::vector<at::Tensor> forward(const at::Tensor& tokens, WithRouterLogits);
+  // The same without a unit in between.
+  RouterOutputs forward_with_router_logits(const at::Tensor& tokens) {
+    return RouterOutputs::unpack(forward(tokens, WithRouterLogits{}));
+  }
+
   // Mean cross-entropy of next-token prediction, fp32 scalar. `targets` (B, T)
   // int64 is already shifted (targets[b][t] is the token after tokens[b][t]);
   // positions with target == kIgnoreIndex are left out of the mean (all ignored
   // gives NaN, as in torch). Log-softmax runs in fp32 whatever the param dtype.
+  // Mixtral adds router_aux_loss_coef x the load-balancing loss of this
+  // micro-batch's router logits (all of its tokens, ignored targets included:
+  // transformers' training path passes no attention mask), which is
+  // transformers' `loss` with output_router_logits set (llama_config.h says
+  // why it is always on here).
   // Throws UsageError as forward, and for targets of another shape or outside
   // [0, V) other than kIgnoreIndex (tokens and targets share one host sync).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
@@ -222,6 +273,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // The same cross-entropy with another reduction: kSum is the sum over the
   // non-ignored targets (0 when all are ignored), for exact means over many
   // batches (evaluation: sum of sums / number of targets). kMean is loss().
+  // kSum never includes Mixtral's load-balancing loss: it is a per-batch
+  // regulariser, not a sum over targets, and evaluation reports the language
+  // model's cross-entropy (perplexity).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets, LossReduction reduction);
   at::Tensor forward(const at::Tensor& tokens, const at::Tensor& targets, LossReduction reduction) {
     return loss(tokens, targets, reduction);
@@ -248,8 +302,9 @@ TORCH_MODULE(LlamaForCausalLM);
 // The factory the trainer calls; same as LlamaForCausalLM(cfg, options, seed).
 LlamaForCausalLM build_llama(const LlamaConfig& cfg, const at::TensorOptions& options, uint64_t seed);
 
-// HF's init (Llama, Mistral, Qwen2, Qwen3 alike): normal(0, initializer_range)
-// for every Linear weight and the embedding; zeros for every Linear bias; ones
+// HF's init (Llama, Mistral, Mixtral, Qwen2, Qwen3 alike): normal(0,
+// initializer_range) for every Linear weight (Mixtral's router and experts
+// included) and the embedding; zeros for every Linear bias; ones
 // for every RMSNorm weight (q_norm, k_norm included). Keyed by name suffix, so
 // it also works for names under an extra prefix. An unknown name is an internal
 // error. Unlike transformers' _init_weights, the pad_token_id row of the

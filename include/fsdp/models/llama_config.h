@@ -1,8 +1,9 @@
 // Llama-family model configuration: Llama 2, Llama 3.1, Llama 3.2, Mistral,
-// Qwen2 / Qwen2.5 and Qwen3 (Note [Model types]).
+// Mixtral, Qwen2 / Qwen2.5 and Qwen3 (Note [Model types]).
 //
 // Field names and meanings are those of Hugging Face's LlamaConfig /
-// MistralConfig / Qwen2Config / Qwen3Config and their config.json, so a config
+// MistralConfig / MixtralConfig / Qwen2Config / Qwen3Config and their
+// config.json, so a config
 // round-trips with the files published next to the checkpoints.
 //
 // Dimension letters, used in every shape comment under fsdp/models (defined here, once):
@@ -16,6 +17,9 @@
 //   V    vocabulary size                                  vocab_size
 //   F    MLP intermediate size                            intermediate_size
 //   W    sliding attention window (keys a query sees)      sliding_window
+//   E    experts per MoE layer (mixtral)                  num_local_experts
+//   K    experts each token is routed to, 1 <= K <= E     num_experts_per_tok
+//   N    tokens of a micro-batch, B*T (router rows)
 //
 // Note [Model types]
 // One decoder architecture (llama.h) with the differences transformers 5 has
@@ -27,6 +31,11 @@
 //   qwen3    no projection biases unless attention_bias (then q, k, v AND o);
 //            RMSNorm over Dh on every query and key head (q_norm, k_norm,
 //            weight (Dh) each) before RoPE; per-layer attention as qwen2.
+//   mixtral  mistral's attention (sliding_window, when set, on every layer;
+//            null when absent); the MLP of every layer is a sparse mixture
+//            of E SwiGLU experts of width F, K per token, chosen by a router
+//            (moe.h), and the training loss adds router_aux_loss_coef x the
+//            load-balancing loss (llama.h, LlamaForCausalLMImpl::loss).
 // A window W means query i sees keys j with i - W < j <= i: itself and the
 // W - 1 before it (transformers' sliding_window_overlay + causal mask).
 #pragma once
@@ -53,11 +62,11 @@ struct RopeScaling {
 struct LlamaConfig {
   // Where the config came from: a preset name or a config.json path (for logs).
   std::string name;
-  // "llama", "mistral", "qwen2" or "qwen3" (HF model_type; Note [Model types]).
+  // "llama", "mistral", "mixtral", "qwen2" or "qwen3" (HF model_type; Note [Model types]).
   std::string model_type = "llama";
 
   int64_t hidden_size = 0;              // D
-  int64_t intermediate_size = 0;        // F
+  int64_t intermediate_size = 0;        // F (mixtral: of each expert)
   int64_t num_attention_heads = 0;      // H
   int64_t num_key_value_heads = 0;      // Hkv
   int64_t head_dim = 0;                 // Dh; 0 means D / H (read it through dh())
@@ -72,7 +81,7 @@ struct LlamaConfig {
   bool tie_word_embeddings = false;
   double initializer_range = 0.02;  // std of the normal init of every Linear and the embedding
   // W: the attention window of sliding layers (see layer_window()); nullopt:
-  // none. Mistral: every layer. Qwen2/Qwen3: the layers layer_types marks
+  // none. Mistral, Mixtral: every layer. Qwen2/Qwen3: the layers layer_types marks
   // "sliding_attention"; set only when config.json's use_sliding_window is
   // true (transformers drops the window otherwise). Llama has none.
   std::optional<int64_t> sliding_window;
@@ -87,6 +96,21 @@ struct LlamaConfig {
   // The embedding row that gets no gradient (transformers builds
   // nn.Embedding(padding_idx=pad_token_id)); nullopt: every row trains.
   std::optional<int64_t> pad_token_id;
+
+  // Mixtral only (0 / the defaults below otherwise), as MixtralConfig.
+  int64_t num_local_experts = 0;    // E
+  int64_t num_experts_per_tok = 0;  // K
+  // Weight of the load-balancing loss in the training loss (transformers'
+  // default 0.001; Mixtral-8x7B publishes 0.02). 0 trains without it.
+  double router_aux_loss_coef = 0.001;
+  // Training-time multiplicative noise on the router's input in transformers;
+  // only 0 is implemented (validate() refuses anything else).
+  double router_jitter_noise = 0.0;
+  // transformers adds the load-balancing loss to its loss only when this is
+  // true; the loss here always adds it for mixtral (router_aux_loss_coef = 0
+  // turns it off), because training experts without it lets the router
+  // collapse. Kept so that an export says what the source config said.
+  bool output_router_logits = false;
 
   // Special token ids of the model's vocabulary, as its config.json gives them.
   // They do not change the math; they are kept so that an export describes the
@@ -103,6 +127,7 @@ struct LlamaConfig {
   bool o_bias() const { return model_type == "qwen3" && attention_bias; }
   bool qk_norm() const { return model_type == "qwen3"; }
   bool per_layer_attention() const { return model_type == "qwen2" || model_type == "qwen3"; }
+  bool moe() const { return model_type == "mixtral"; }
   // The window decoder layer `layer` attends with; nullopt: full causal.
   std::optional<int64_t> layer_window(int64_t layer) const;
 
@@ -111,18 +136,26 @@ struct LlamaConfig {
   // + L * (D*H*Dh + 2*D*Hkv*Dh + H*Dh*D     q, k, v, o
   //        + (qkv_bias ? (H + 2*Hkv)*Dh : 0) + (o_bias ? D : 0)
   //        + (qk_norm ? 2*Dh : 0)           q_norm, k_norm
-  //        + 3*D*F                          gate, up, down
+  //        + 3*D*F                          gate, up, down (mixtral: E*3*D*F, every expert,
+  //                                         + E*D for the router)
   //        + 2*D)                           two RMSNorms
   // + D                                    final norm
   // + (tied ? 0 : V*D)                     lm_head
   int64_t num_parameters() const;
+
+  // Parameters that take part in computing one token: num_parameters() with
+  // K of the E experts of each layer instead of all E (the router counts
+  // whole: it scores every expert for every token). Dense models: equal to
+  // num_parameters(). Mixtral-8x7B: 12.9B of 46.7B.
+  int64_t active_parameters() const;
 
   // Training FLOPs per token at sequence length `seq_len`, as MFU is usually
   // counted (PaLM, appendix B): 6 x the weights in matrix products (every
   // projection and the LM head; not the embedding lookup, norms or biases) +
   // 12 x L x H x Dh x T for attention's two matrix products, forward and
   // backward, without discounting the causal mask. bench/gpu/report.py counts
-  // the same.
+  // the same. Mixtral counts the weights a token passes through: K experts
+  // and the (E, D) router per layer.
   double training_flops_per_token(int64_t seq_len) const;
 
   // Size limits (Note [Config size limits] in llama_config.cpp): far above every
@@ -131,6 +164,7 @@ struct LlamaConfig {
   static constexpr int64_t kMaxIntermediateSize = int64_t{1} << 22;  // F
   static constexpr int64_t kMaxHeads = int64_t{1} << 16;             // H, Hkv, Dh
   static constexpr int64_t kMaxLayers = int64_t{1} << 16;            // L
+  static constexpr int64_t kMaxExperts = int64_t{1} << 12;           // E, K (largest published: 384)
   static constexpr int64_t kMaxVocabSize = (int64_t{1} << 31) - 1;   // V: token ids are int32
   static constexpr int64_t kMaxPositions = (int64_t{1} << 31) - 1;   // max_position_embeddings
   static constexpr int64_t kMaxParameters = int64_t{1} << 50;        // ~1.1e15
@@ -145,7 +179,9 @@ struct LlamaConfig {
   // D % H != 0 with head_dim unset, bad rope_scaling, a window <= 0, a window
   // or layer_types on a model type without them, layer_types of the wrong
   // length or naming a sliding layer without a window, pad_token_id outside
-  // [0, V), ...).
+  // [0, V), mixtral with E < 1, K outside [1, E], a negative
+  // router_aux_loss_coef or router_jitter_noise != 0, experts set on a dense
+  // model type, ...).
   void validate() const;
 
   // One line for logs: "llama3.1-8b: D=4096 L=32 H=32 Hkv=8 Dh=128 F=14336 V=128256 ... 8.03B params".
@@ -154,7 +190,8 @@ struct LlamaConfig {
   // The config as a Hugging Face config.json text in the form transformers 5
   // writes for its model_type (keys sorted; rope_theta and the llama3 scaling
   // inside "rope_parameters"; unknown token ids as null; Qwen's layer_types,
-  // use_sliding_window, sliding_window, max_window_layers; no "dtype": the
+  // use_sliding_window, sliding_window, max_window_layers; Mixtral's expert
+  // and router keys; no "dtype": the
   // exporter adds the weights' dtype). registry.h's parse_hf_config reads it back.
   std::string to_hf_config_json() const;
 };

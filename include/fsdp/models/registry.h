@@ -10,8 +10,12 @@
 //                                               V=32768, rope_theta 1e6, sliding_window null)
 //   qwen2.5-0.5b                                Qwen/Qwen2.5-0.5B (q/k/v biases, tied, use_sliding_window false)
 //   qwen3-0.6b                                  Qwen/Qwen3-0.6B (q/k norms, head_dim 128, tied)
+//   mixtral-8x7b                                mistralai/Mixtral-8x7B-v0.1 (E=8 experts, K=2 per token,
+//                                               rope_theta 1e6, sliding_window null, router_aux_loss_coef 0.02;
+//                                               46.7B params, 12.9B active per token)
 //   tiny   ~0.92M params (D=128, L=4, H=4, Hkv=2, F=384, V=512)   tests, demos
 //   small  ~25.7M params (D=512, L=8, H=8, Hkv=4, F=1536, V=512)  demos
+//   tiny-mixtral  tiny's shape as a Mixtral: E=4 experts of F=384, K=2 (~2.7M params)  tests
 // tiny/small use V=512: room for a byte-level tokenizer's 256 bytes plus special tokens.
 #pragma once
 
@@ -37,7 +41,7 @@ std::optional<LlamaConfig> llama_preset(const std::string& name);
 LlamaConfig resolve_model_config(const std::string& spec);
 
 // Parses config.json text, as written by transformers 4.x or 5.x for
-// model_type "llama", "mistral", "qwen2" or "qwen3". `origin` (a path) is used
+// model_type "llama", "mistral", "mixtral", "qwen2" or "qwen3". `origin` (a path) is used
 // in error messages and as the config's name. Nothing is guessed (Note
 // [config.json keys] in registry.cpp): each key is read, listed there as
 // harmless, or refused.
@@ -53,6 +57,10 @@ LlamaConfig resolve_model_config(const std::string& spec);
 // only with use_sliding_window), max_window_layers (28), layer_types (absent:
 // "sliding_attention" for layers >= max_window_layers when there is a window).
 // Qwen3: attention_bias (false).
+// Mixtral: sliding_window (absent or null: none) on every layer;
+// num_local_experts (8), num_experts_per_tok (2), router_aux_loss_coef
+// (0.001), router_jitter_noise (0; anything else is refused),
+// output_router_logits (false; kept for exports); rope_theta 1e6 when absent.
 // Rope, in either form: transformers 4's "rope_theta" + "rope_scaling", or
 // transformers 5's "rope_parameters" {"rope_type", "rope_theta", ...};
 // rope_type "default" and "llama3" only (llama3 needs factor, low_freq_factor,

@@ -23,6 +23,7 @@
 
 #include <functional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "fsdp/fsdp.h"
@@ -43,16 +44,57 @@ struct AdamWOptions {
   bool kahan_summation = false;             // compensated update (AnyPrecision AdamW)
 };
 
+// Parameter groups: how one parameter is optimized, relative to the
+// optimizer's options. The optimizer works on flat shards, so a group is a
+// set of element ranges of each shard (AdamW::Segment), found from the
+// parameters' placements (UnitInfo); the unsharded reference gives each
+// parameter its own setting, and both apply the same arithmetic per element.
+struct ParamSetting {
+  bool decay = true;      // false: weight_decay 0 for this parameter
+  double lr_scale = 1.0;  // its learning rate is lr * lr_scale
+  bool operator==(const ParamSetting& o) const { return decay == o.decay && lr_scale == o.lr_scale; }
+};
+// The setting of a parameter from its qualified name and shape.
+using ParamRule = std::function<ParamSetting(const std::string& name, const std::vector<int64_t>& shape)>;
+
+struct ParamGroupOptions {
+  // The published recipes' grouping: no weight decay on norm weights and
+  // biases (parameters with fewer than 2 dimensions) nor on embeddings (names
+  // containing "embed"); true: decay every parameter (for comparison).
+  bool decay_all = false;
+  // Learning-rate scales: the first pattern (std::regex, searched in the
+  // parameter's name) that matches sets lr_scale; none: 1.
+  std::vector<std::pair<std::string, double>> lr_scales;
+};
+// UsageError for a pattern that is not a valid regex or a scale <= 0.
+ParamRule param_rule(const ParamGroupOptions& options);
+// Every parameter decayed, lr scale 1: AdamW's behaviour without groups.
+ParamRule decay_everything();
+
 class AdamW {
  public:
   explicit AdamW(AdamWOptions options);
 
+  // Element ranges of a slot's tensor with their own setting.
+  struct Segment {
+    int64_t begin = 0;
+    int64_t count = 0;
+    ParamSetting setting;
+  };
+
   // `grad` returns the gradient at step time (may be undefined: zeros).
-  void add(std::string name, at::Tensor param, std::function<at::Tensor()> grad);
-  // Every local shard of a sharded model.
+  // `segments`: ranges covering the tensor's elements in order; empty: one
+  // range, the default setting.
+  void add(std::string name, at::Tensor param, std::function<at::Tensor()> grad,
+           std::vector<Segment> segments = {});
+  // Every trainable local shard of a sharded model (frozen entries hold no
+  // optimizer state), every parameter decayed.
   void add_shards(const std::vector<ShardRef>& shards);
-  // Every parameter of an unsharded module (reads .grad()).
-  void add_module_parameters(torch::nn::Module& module);
+  // The same, with each parameter's setting from `rule`; `units` is
+  // ShardedModel::units() (the placements of the shards' parameters).
+  void add_shards(const std::vector<ShardRef>& shards, const std::vector<UnitInfo>& units, const ParamRule& rule);
+  // Every parameter of an unsharded module that requires grad (reads .grad()).
+  void add_module_parameters(torch::nn::Module& module, const ParamRule& rule = decay_everything());
 
   // One update of every tensor with the current learning rate.
   void step();
@@ -68,6 +110,7 @@ class AdamW {
     at::Tensor exp_avg;       // same shape as param, state dtype
     at::Tensor exp_avg_sq;    // same shape as param, state dtype
     at::Tensor compensation;  // same shape and dtype as param; only with kahan_summation
+    std::vector<Segment> segments;  // element ranges of param in order (never empty)
   };
   // For checkpoints: state tensors may be read and overwritten in place.
   std::vector<Slot>& slots() { return slots_; }

@@ -135,6 +135,24 @@ struct HfOptions {
   int64_t export_shard_bytes = 5'000'000'000;
 };
 
+// LoRA fine-tuning (models/lora.h): adapters on the chosen projections, the
+// rest of the model frozen (no gradients, no optimizer state).
+struct LoraOptions {
+  int64_t rank = 0;      // r; 0: no LoRA
+  double alpha = 0;      // the adapters are scaled by alpha / r; 0: 2 x rank (a scale of 2)
+  double dropout = 0;    // on the adapters' input while training; [0, 1)
+  std::vector<std::string> targets = {"q_proj", "k_proj", "v_proj", "o_proj"};
+  // hf.export_dir receives the merged model (W + (B A) alpha / r, a plain
+  // Hugging Face model) instead of the PEFT adapter directory.
+  bool merge = false;
+  // "": adapters start as peft starts them (A random, B = 0); else a PEFT
+  // adapter directory (adapter_config.json + adapter_model.safetensors) of
+  // the same rank and targets to start from (when not resuming).
+  std::string init_adapter;
+  bool enabled() const { return rank != 0; }
+  double effective_alpha() const { return alpha > 0 ? alpha : 2.0 * static_cast<double>(rank); }
+};
+
 // Evaluation on held-out data: consecutive windows from its start
 // (data::EvalWindows), the exact mean next-token loss over every target.
 struct EvalOptions {
@@ -158,6 +176,14 @@ struct TrainOptions {
   ShardingOptions sharding;
   CheckpointOptions checkpoint;
   HfOptions hf;
+  LoraOptions lora;
+  // --freeze REGEX: parameters whose name it finds (std::regex search, e.g.
+  // "embed_tokens|layers\.[0-7]\.") are frozen: gathered for compute, no
+  // gradients, no optimizer state (besides LoRA's own freezing). "": none.
+  std::string freeze;
+  // Weight decay and learning-rate scale per parameter (optim::param_rule):
+  // by default no decay on norms, biases and embeddings.
+  optim::ParamGroupOptions param_groups;
   EvalOptions eval;
   // Polled once per step on every rank, after the update; non-zero (e.g. the
   // number of a signal received) asks to stop. The ranks agree (maximum over
@@ -306,7 +332,9 @@ class Trainer {
   // Collective. Writes the weights now as Hugging Face safetensors and
   // config.json into hf.export_dir (hf.export_dtype, files of at most
   // hf.export_shard_bytes; the special token ids and tokenizer files of Note
-  // [Export extras] in trainer.cpp) and logs it.
+  // [Export extras] in trainer.cpp) and logs it. With LoRA: the PEFT adapter
+  // directory (checkpoint/peft.h; with the tokenizer files), or with
+  // lora.merge the merged model.
   // Requires: restore() done; hf.export_dir set.
   void export_hf();
 
