@@ -136,7 +136,8 @@ def side_argv(a, side, hf_dir, tokens, batches, metrics, steps, nproc, threads):
                 "--data-format", "bin", "--token-dtype", "u16", "--seq-len", str(a.seq_len),
                 "--batch-size", str(a.batch_size), "--max-steps", str(steps), "--sharding", "full", "--wrap", "block",
                 "--lr", str(h["lr"]), "--min-lr", str(h["min_lr"]), "--warmup-steps", str(h["warmup_steps"]),
-                "--weight-decay", str(h["weight_decay"]), "--beta1", str(h["beta1"]), "--beta2", str(h["beta2"]),
+                "--weight-decay", str(h["weight_decay"]), "--weight-decay-all",  # the peer: one parameter group
+                "--beta1", str(h["beta1"]), "--beta2", str(h["beta2"]),
                 "--clip-grad", str(h["clip_grad"]), "--seed", "1337", "--log-every", "1", "--metrics-file", metrics]
     argv = [peerlib.venv_python(), PEER, "--hf-dir", hf_dir, "--batches", batches, "--sharding", "full",
             "--batch-size", str(a.batch_size), "--steps", str(steps), "--lr", str(h["lr"]), "--min-lr", str(h["min_lr"]),

@@ -5,7 +5,8 @@ Both sides start from the same Hugging Face weights (a tiny random transformers
 LlamaForCausalLM written by save_pretrained with a fixed seed), train on the same batches
 (written from our sampler by peer_batches, split among the peer's ranks by the global-batch
 rule and checked against fsdp-train's own per-rank batches), with the same AdamW (betas,
-eps, decoupled weight decay on every parameter), the same warmup + cosine schedule and the
+eps, decoupled weight decay on every parameter: fsdp-train runs with --weight-decay-all, as
+the peer's torch.optim.AdamW has one parameter group), the same warmup + cosine schedule and the
 same global-norm clipping. The peer is tests/peers/fsdp2_peer.py.
 
   fsdp2_parity.py --fsdp-train PATH --peer-batches PATH --sharding full --world-size 2
@@ -77,8 +78,8 @@ def run_fsdp_train(a, work, hf_dir, tokens):
             "--nproc-per-node", str(a.world_size), "--sharding", a.sharding, "--wrap", "block",
             "--mixed-precision", a.mixed_precision, "--lr", str(a.lr), "--min-lr", str(a.min_lr),
             "--warmup-steps", str(a.warmup_steps), "--max-steps", str(a.steps),
-            "--weight-decay", str(a.weight_decay), "--beta1", str(a.beta1), "--beta2", str(a.beta2),
-            "--clip-grad", str(a.clip_grad), "--seed", str(a.seed), "--log-every", "1", "--metrics-file", metrics]
+            "--weight-decay", str(a.weight_decay), "--weight-decay-all",
+            "--beta1", str(a.beta1), "--beta2", str(a.beta2), "--clip-grad", str(a.clip_grad), "--seed", str(a.seed), "--log-every", "1", "--metrics-file", metrics]
     if a.sharding == "hybrid":
         argv += ["--hybrid-shard-size", str(a.hybrid_shard_size)]
     env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
