@@ -38,7 +38,7 @@ TEMPLATES = HERE / "templates"
 MODEL_PRESETS = (
     "llama2-7b", "llama2-13b", "llama2-70b", "llama3.1-8b", "llama3.1-70b",
     "llama3.2-1b", "llama3.2-3b", "mistral-7b", "mathstral-7b", "qwen2.5-0.5b",
-    "qwen3-0.6b", "tiny", "small",
+    "qwen3-0.6b", "mixtral-8x7b", "tiny", "small", "tiny-mixtral",
 )
 
 # Placeholders in templates: ${NAME}. A line ending in "#@ COND" is kept only when
