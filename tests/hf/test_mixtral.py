@@ -44,9 +44,7 @@ discrete change no tolerance describes.
 import json
 import math
 import os
-import subprocess
 import sys
-import time
 
 os.environ["HF_HUB_OFFLINE"] = "1"
 os.environ["TRANSFORMERS_OFFLINE"] = "1"
@@ -57,37 +55,22 @@ from safetensors import safe_open  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from transformers import AutoConfig, AutoModelForCausalLM, MixtralConfig, MixtralForCausalLM  # noqa: E402
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import test_transformers as tt  # noqa: E402  (the golden scripts' shared checks and batch)
+from test_transformers import BATCH, SEQ, VOCAB, Worst, batch_tokens, check, compare, rel_diff, write_config  # noqa: E402,E501
+
 transformers.utils.logging.set_verbosity_error()
 transformers.utils.logging.disable_progress_bar()
 
 TOLERANCE = 1e-5       # logits, router logits, gradients (relative to the tensor's max)
 LOSS_TOLERANCE = 1e-6  # loss and aux loss, relative to their value
-VOCAB = 320            # > 258: the byte tokenizer of the fsdp-train run fits
-BATCH, SEQ = 2, 16
-IGNORED = (1, 5)
 EXPERTS, TOP_K, F = 4, 2, 96
 AUX_COEF = 0.25  # larger than Mixtral's 0.02 so that the aux term's gradients are far above the tolerance
 
-FAILURES = []
-
-
-def fail(msg):
-    FAILURES.append(msg)
-    print("FAIL: " + msg, flush=True)
-
-
-def check(cond, msg):
-    if not cond:
-        fail(msg)
-    return cond
-
 
 def run(cmd, expect_rc=0, timeout=180):
-    t0 = time.time()
-    p = subprocess.run(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=timeout)
-    if expect_rc is not None and p.returncode != expect_rc:
-        fail("%s exited %d (expected %d):\n%s" % (" ".join(cmd), p.returncode, expect_rc, p.stdout[-4000:]))
-    return p.returncode, p.stdout, time.time() - t0
+    """tt.run with a longer default bound: Mixtral's probe and training runs route every token."""
+    return tt.run(cmd, expect_rc, timeout)
 
 
 def probe_outputs(path):
@@ -95,35 +78,6 @@ def probe_outputs(path):
     with safe_open(path, "pt") as f:
         meta = f.metadata()
     return tensors, meta
-
-
-def rel_diff(ours, theirs):
-    diff = (ours.double() - theirs.double()).abs().max().item()
-    scale = theirs.double().abs().max().item()
-    return diff, (diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf")))
-
-
-class Worst:
-    def __init__(self):
-        self.rel, self.abs, self.name = -1.0, 0.0, ""
-
-    def add(self, name, rel, abs_):
-        if rel > self.rel or math.isnan(rel):
-            self.rel, self.abs, self.name = (float("inf") if math.isnan(rel) else rel), abs_, name
-
-    def text(self):
-        if self.rel == 0:
-            return "every tensor bit-identical"
-        return "worst %s: |diff| %.3g, %.3g of its max" % (self.name, self.abs, self.rel)
-
-
-def compare(label, name, ours, theirs, tol, worst):
-    if not check(tuple(ours.shape) == tuple(theirs.shape),
-                 "%s %s: shape %s vs transformers' %s" % (label, name, tuple(ours.shape), tuple(theirs.shape))):
-        return
-    diff, rel = rel_diff(ours, theirs)
-    worst.add(name, rel, diff)
-    check(rel <= tol, "%s %s: max |diff| %.3g = %.3g of its max > %g" % (label, name, diff, rel, tol))
 
 
 def compare_scalar(label, name, ours, theirs, tol):
@@ -134,14 +88,6 @@ def compare_scalar(label, name, ours, theirs, tol):
 
 # ---------------------------------------------------------------------------
 # The model written by transformers
-
-
-def batch_tokens():
-    g = torch.Generator().manual_seed(5)
-    seq = torch.randint(0, VOCAB, (BATCH, SEQ + 1), generator=g, dtype=torch.int64)
-    tokens, targets = seq[:, :-1].contiguous(), seq[:, 1:].contiguous()
-    targets[IGNORED] = -100
-    return tokens, targets
 
 
 def mixtral_config(**kw):
@@ -301,13 +247,6 @@ MIXTRAL_8X7B = dict(
     torch_dtype="bfloat16", transformers_version="4.36.0.dev0", use_cache=True, vocab_size=32000)
 
 
-def write_config(directory, d):
-    os.makedirs(directory, exist_ok=True)
-    with open(os.path.join(directory, "config.json"), "w") as f:
-        json.dump(d, f, indent=2)
-    return directory
-
-
 def probe_config(args, spec, name, expect_rc=0):
     out = os.path.join(args.work, name + ".config.safetensors")
     rc, text, _ = run([args.probe, "config", spec, out], expect_rc=expect_rc)
@@ -431,11 +370,8 @@ def part_export(args):
 
 
 def main():
-    # The command line and the run as the other golden scripts (test_transformers.golden_main).
-    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-    import test_transformers  # noqa: E402
-    return test_transformers.golden_main(__doc__, {"parity": part_parity, "config": part_config,
-                                                   "export": part_export}, FAILURES)
+    return tt.golden_main(__doc__, {"parity": part_parity, "config": part_config, "export": part_export},
+                          tt.FAILURES)
 
 
 if __name__ == "__main__":

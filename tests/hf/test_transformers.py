@@ -270,6 +270,13 @@ def probe_outputs(path):
 # Comparison
 
 
+def rel_diff(ours, theirs):
+    """max |ours - theirs| and that over max |theirs| (0 when both are 0)."""
+    diff = (ours.double() - theirs.double()).abs().max().item()
+    scale = theirs.double().abs().max().item()
+    return diff, (diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf")))
+
+
 class Worst:
     def __init__(self):
         self.rel = -1.0
@@ -290,9 +297,8 @@ def compare(label, name, ours, theirs, tol, worst):
     if not check(tuple(ours.shape) == tuple(theirs.shape),
                  "%s %s: shape %s vs transformers' %s" % (label, name, tuple(ours.shape), tuple(theirs.shape))):
         return
-    diff = (ours.double() - theirs.double()).abs().max().item()
+    diff, rel = rel_diff(ours, theirs)
     scale = theirs.double().abs().max().item()
-    rel = diff / scale if scale > 0 else (0.0 if diff == 0 else float("inf"))
     worst.add(name, rel, diff)
     check(rel <= tol, "%s %s: max |diff| %.3g = %.3g of max |transformers| %.3g > %.3g" % (
         label, name, diff, rel, scale, tol))
