@@ -46,8 +46,8 @@ struct PreBackwardFn : torch::autograd::Function<PreBackwardFn> {
 };
 
 // Identity on a unit's inputs whose backward runs once every gradient with
-// respect to them is computed: the unit's backward is over. Only units
-// without trainable parameters use it (no gradient hook tells them).
+// respect to them is computed, after the unit's own backward (Note [Frozen
+// parameters] in unit.cpp: units with frozen parameters wait for it).
 struct PostBackwardFn : torch::autograd::Function<PostBackwardFn> {
   static variable_list forward(AutogradContext* ctx, at::TensorList xs, c10::intrusive_ptr<UnitRef> ref) {
     ctx->saved_data["unit"] = c10::IValue::make_capsule(std::move(ref));
@@ -163,25 +163,34 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
 
 }  // namespace
 
-std::vector<at::Tensor> attach_pre_backward(ShardedUnit& unit, const std::vector<at::Tensor>& outputs) {
-  return PreBackwardFn::apply(at::TensorList(outputs), c10::make_intrusive<UnitRef>(unit.shared_from_this()));
-}
-
-std::vector<at::Tensor> attach_post_backward(ShardedUnit& unit, const std::vector<at::Tensor>& inputs) {
+namespace {
+// `xs` with the tensors that require grad passed through Fn (one node for all
+// of them, holding the unit); the others unchanged. No node when none does.
+template <class Fn>
+std::vector<at::Tensor> through_node(ShardedUnit& unit, const std::vector<at::Tensor>& xs) {
   std::vector<at::Tensor> tracked;
   std::vector<size_t> where;
-  for (size_t i = 0; i < inputs.size(); ++i) {
-    if (inputs[i].defined() && inputs[i].requires_grad()) {
-      tracked.push_back(inputs[i]);
+  for (size_t i = 0; i < xs.size(); ++i) {
+    if (xs[i].defined() && xs[i].requires_grad()) {
+      tracked.push_back(xs[i]);
       where.push_back(i);
     }
   }
-  if (tracked.empty()) return inputs;
+  if (tracked.empty()) return xs;
   std::vector<at::Tensor> hooked =
-      PostBackwardFn::apply(at::TensorList(tracked), c10::make_intrusive<UnitRef>(unit.shared_from_this()));
-  std::vector<at::Tensor> out = inputs;
+      Fn::apply(at::TensorList(tracked), c10::make_intrusive<UnitRef>(unit.shared_from_this()));
+  std::vector<at::Tensor> out = xs;
   for (size_t k = 0; k < where.size(); ++k) out[where[k]] = hooked[k];
   return out;
+}
+}  // namespace
+
+std::vector<at::Tensor> attach_pre_backward(ShardedUnit& unit, const std::vector<at::Tensor>& outputs) {
+  return through_node<PreBackwardFn>(unit, outputs);
+}
+
+std::vector<at::Tensor> attach_post_backward(ShardedUnit& unit, const std::vector<at::Tensor>& inputs) {
+  return through_node<PostBackwardFn>(unit, inputs);
 }
 
 std::vector<at::Tensor> checkpointed_call(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs,

@@ -13,15 +13,16 @@ class ShardedUnit;
 
 // Identity on `outputs` whose backward first calls unit.pre_backward():
 // the unit's parameters are gathered again before any of its backward runs.
-// Only tensors that require grad should be passed. The node holds the unit
-// weakly and counts itself in the root's live graph of this iteration (Note
-// [Graph lifetime]); a backward after the model is gone is a UsageError.
+// Outputs that do not require grad pass through (no node when none does).
+// The node holds the unit weakly and counts itself in the root's live graph
+// of this iteration (Note [Graph lifetime]); a backward after the model is
+// gone is a UsageError.
 std::vector<at::Tensor> attach_pre_backward(ShardedUnit& unit, const std::vector<at::Tensor>& outputs);
 
 // Identity on the `inputs` that require grad, whose backward calls
 // unit.on_inputs_grad_ready() once the gradients of all of them are computed,
-// which is after the unit's own backward. For units without trainable
-// parameters (Note [Frozen parameters] in unit.cpp). Other inputs pass through.
+// which is after the unit's own backward. For units with frozen parameters
+// (Note [Frozen parameters] in unit.cpp). Other inputs pass through.
 std::vector<at::Tensor> attach_post_backward(ShardedUnit& unit, const std::vector<at::Tensor>& inputs);
 
 // Runs fn(inputs) without saving activations and recomputes it in backward

@@ -253,18 +253,7 @@ std::vector<at::Tensor> ShardedUnit::run(const nn::TensorFn& fn, const std::vect
 
   if (root_->reshards_after_forward(*this)) reshard();
 
-  std::vector<at::Tensor> tracked;
-  std::vector<size_t> where;
-  for (size_t i = 0; i < outs.size(); ++i) {
-    if (outs[i].defined() && outs[i].requires_grad()) {
-      tracked.push_back(outs[i]);
-      where.push_back(i);
-    }
-  }
-  if (!tracked.empty()) {
-    std::vector<at::Tensor> hooked = attach_pre_backward(*this, tracked);
-    for (size_t k = 0; k < where.size(); ++k) outs[where[k]] = hooked[k];
-  }
+  outs = attach_pre_backward(*this, outs);
   root_->on_post_forward(*this);  // after the graph nodes exist (Note [Graph lifetime])
   return outs;
 }
