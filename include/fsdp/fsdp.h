@@ -234,6 +234,10 @@ struct UnitInfo {
   std::vector<ParamPlacement> params;
 };
 
+// The units among `entries` (ShardedModel::units(), ShardingPlan::units): a
+// unit's trainable and frozen entries, which are consecutive, count once.
+int64_t count_units(const std::vector<UnitInfo>& entries);
+
 // Where the engine's bytes live (for logs and tests; the optimizer's state
 // lives beside the shards it updates).
 struct MemoryPlacement {

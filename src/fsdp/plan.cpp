@@ -268,12 +268,16 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
   return plan;
 }
 
+int64_t count_units(const std::vector<UnitInfo>& entries) {
+  int64_t n = 0;
+  for (size_t i = 0; i < entries.size(); ++i) n += i == 0 || entries[i].name != entries[i - 1].name ? 1 : 0;
+  return n;
+}
+
 std::string ShardingPlan::describe() const {
   auto mib = [](int64_t b) { return format_bytes(b); };
   std::ostringstream os;
-  int64_t distinct = 0;  // units (a unit with frozen and trainable parameters has two entries)
-  for (size_t i = 0; i < units.size(); ++i) distinct += i == 0 || units[i].name != units[i - 1].name ? 1 : 0;
-  os << distinct << " units, " << parameters << " parameters";
+  os << count_units(units) << " units, " << parameters << " parameters";
   if (trainable_parameters != parameters) {
     os << " (" << trainable_parameters << " trainable, " << parameters - trainable_parameters << " frozen)";
   }

@@ -1089,18 +1089,16 @@ void Trainer::Impl::warn_about_token_ids() {
 }
 
 void Trainer::Impl::log_plan_and_memory() {
-  // A unit with frozen and trainable parameters has two entries (UnitInfo).
-  int64_t total = 0, trainable = 0, units = 0;
-  const std::vector<UnitInfo>& entries = sharded_->units();
-  for (size_t i = 0; i < entries.size(); ++i) {
-    total += entries[i].numel;
-    trainable += entries[i].trainable ? entries[i].numel : 0;
-    units += i == 0 || entries[i].name != entries[i - 1].name ? 1 : 0;
+  int64_t total = 0, trainable = 0;
+  for (const UnitInfo& e : sharded_->units()) {
+    total += e.numel;
+    trainable += e.trainable ? e.numel : 0;
   }
   const std::string frozen = trainable == total ? std::string()
                              : fmt::format("; {} of {} trainable, {} frozen", trainable, total, total - trainable);
   say_(fmt::format("model {} ({} parameters{}), {} ranks ({}), {} units, global batch {} x {} tokens", cfg_.name,
-                   cfg_.num_parameters(), frozen, W_, rt_.world.launcher, units, global_batch_, o_.data.seq_len));
+                   cfg_.num_parameters(), frozen, W_, rt_.world.launcher, count_units(sharded_->units()),
+                   global_batch_, o_.data.seq_len));
   say_(fmt::format("data {}, {} windows of {} tokens per epoch", dataset_->describe(), sampler_->samples_per_epoch(),
                    o_.data.seq_len));
   if (lead_ && !o_.log.quiet) std::cout << summary_.plan << std::flush;
