@@ -10,8 +10,6 @@
 #include <cstring>
 #include <fstream>
 #include <iostream>
-#include <regex>
-#include <sstream>
 
 #include <fmt/format.h>
 
@@ -23,6 +21,7 @@
 #include "fsdp/models/llama.h"
 #include "fsdp/models/lora.h"
 #include "fsdp/models/registry.h"
+#include "fsdp/nn/freeze.h"
 
 namespace {
 
@@ -96,25 +95,13 @@ int run(int argc, char** argv) {
     fsdp::models::LoraConfig lc;
     lc.rank = lora_rank;
     lc.alpha = 2.0 * static_cast<double>(lora_rank);
-    lc.targets.clear();
-    std::stringstream names(lora_targets);
-    for (std::string t; std::getline(names, t, ',');) lc.targets.push_back(t);
+    lc.targets = fsdp::models::parse_lora_targets(lora_targets);
     fsdp::models::apply_lora(*impl, lc, 0);
     for (const auto& p : impl->named_parameters(true)) {
       if (fsdp::models::is_lora_parameter(p.key())) lora_params += p.value().numel();
     }
   }
-  if (!freeze.empty()) {
-    std::regex re;
-    try {
-      re = std::regex(freeze);
-    } catch (const std::regex_error& e) {
-      FSDP_CHECK(false, "--freeze '", freeze, "' is not a valid regular expression (", e.what(), ")");
-    }
-    for (auto& p : impl->named_parameters(true)) {
-      if (std::regex_search(p.key(), re)) p.value().set_requires_grad(false);
-    }
-  }
+  if (!freeze.empty()) fsdp::nn::freeze_matching(*impl, freeze);  // after LoRA, as fsdp-train
   fsdp::nn::Unit<fsdp::models::LlamaForCausalLMImpl> root(impl);
   fsdp::FsdpOptions o;
   o.strategy = fsdp::parse_sharding_strategy(sharding);

@@ -6,6 +6,7 @@
 
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/common/error.h"
+#include "fsdp/models/lora.h"
 
 namespace fsdp::cli {
 
@@ -63,22 +64,6 @@ int64_t parse_export_shard_size(const std::string& s) {
   return checkpoint::parse_byte_size(s, "--export-shard-size");
 }
 
-std::vector<std::string> parse_lora_targets(const std::string& s) {
-  std::vector<std::string> out;
-  size_t begin = 0;
-  while (true) {
-    const size_t comma = s.find(',', begin);
-    std::string name = s.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
-    name.erase(0, name.find_first_not_of(' '));
-    name.erase(name.find_last_not_of(' ') + 1);
-    FSDP_CHECK(!name.empty(), "--lora-targets '", s, "' has an empty name; give comma-separated names of Linear "
-               "layers, e.g. q_proj,k_proj,v_proj,o_proj");
-    out.push_back(name);
-    if (comma == std::string::npos) return out;
-    begin = comma + 1;
-  }
-}
-
 std::pair<std::string, double> parse_lr_scale(const std::string& s) {
   const size_t eq = s.rfind('=');
   FSDP_CHECK(eq != std::string::npos && eq > 0, "--lr-scale '", s, "' must be REGEX=FACTOR, e.g. 'lora_B=4' or "
@@ -105,7 +90,7 @@ void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o) {
   o.sharding.loss_scaling = parse_loss_scaling(flags.loss_scaling);
   o.hf.export_dtype = parse_export_dtype(flags.export_dtype);
   if (!o.hf.export_dir.empty()) o.hf.export_shard_bytes = parse_export_shard_size(flags.export_shard_size);
-  o.lora.targets = parse_lora_targets(flags.lora_targets);
+  o.lora.targets = models::parse_lora_targets(flags.lora_targets);
   o.param_groups.lr_scales.clear();
   for (const auto& s : flags.lr_scales) o.param_groups.lr_scales.push_back(parse_lr_scale(s));
   (void)optim::param_rule(o.param_groups);  // UsageError for a pattern that is not a regex

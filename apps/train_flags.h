@@ -34,7 +34,7 @@ struct TrainFlags {
   std::string loss_scaling = "auto";         // --loss-scaling
   std::string export_dtype = "float32";      // --export-dtype
   std::string export_shard_size = "5GB";     // --export-shard-size
-  std::string lora_targets = "q_proj,k_proj,v_proj,o_proj";  // --lora-targets
+  std::string lora_targets = "q_proj,k_proj,v_proj,o_proj";  // --lora-targets (models::parse_lora_targets)
   std::vector<std::string> lr_scales;        // --lr-scale REGEX=FACTOR, repeatable
 };
 
@@ -56,10 +56,6 @@ train::LossScaling parse_loss_scaling(const std::string& s);
 at::ScalarType parse_export_dtype(const std::string& s);
 // "5GB" (10^9), "500MB", "2GiB" (2^30), "1234" (bytes); "0": one file.
 int64_t parse_export_shard_size(const std::string& s);
-
-// "q_proj,v_proj" -> {"q_proj", "v_proj"} (spaces around names ignored).
-// UsageError for an empty name; LoRA checks the names against the model.
-std::vector<std::string> parse_lora_targets(const std::string& s);
 
 // "REGEX=FACTOR" -> {REGEX, FACTOR} (the last '=' splits). UsageError when
 // there is no '=', an empty pattern, or a factor that is not a number > 0.

@@ -2,7 +2,7 @@
 """Per-rank peak memory of LoRA fine-tuning against full fine-tuning, measured from outside.
 
 The 99.9M Llama of bench/cpu/llama-100m.json is trained by fsdp-train at --nproc ranks (4 by
-default), FULL_SHARD fp32, on the embedded corpus, twice in the same run:
+default), FULL_SHARD, fp32 or --mixed-precision bf16, on the embedded corpus, twice in the same run:
 - full fine-tuning: every parameter trainable (gradient shards and AdamW state for all of them);
 - LoRA: adapters of --lora-rank (8) on q_proj,k_proj,v_proj,o_proj, every base weight frozen
   (gathered for compute, no gradient buffers, no reductions, no optimizer state).
@@ -12,7 +12,12 @@ high-water mark ru_maxrss from wait4() on its pid: loading, sharding and trainin
 Prints both per rank, the ratio LoRA / full (the issue asks for <= 0.5), and with --record
 appends the table and the command to bench/RESULTS.md. Exit status 0 when both runs finished.
 
-  bench/cpu/lora_memory.py [--build build] [--nproc 4] [--steps 3] [--lora-rank 8] [--record]
+With --mixed-precision bf16 the frozen base's shards hold bf16 (no fp32 master: they are never
+updated), while full fine-tuning keeps fp32 masters, gradients and AdamW state. bf16 matrix products
+are several times slower than fp32 on CPUs without bf16 instructions: use --steps 2 there.
+
+  bench/cpu/lora_memory.py [--build build] [--nproc 4] [--steps 3] [--lora-rank 8]
+                           [--mixed-precision fp32|bf16] [--activation-checkpointing] [--record]
 """
 import argparse
 import datetime
@@ -40,7 +45,7 @@ def run(a, tag, extra, work):
     """One training run; returns the peak RSS (KiB) of each rank and rank 0's log tail."""
     argv = [os.path.join(a.build, "apps", "fsdp-train"), "--model", os.path.join(HERE, "llama-100m.json"),
             "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size), "--max-steps", str(a.steps),
-            "--sharding", "full", "--log-every", "1", "--seed", "1337"] + extra
+            "--sharding", "full", "--log-every", "1", "--seed", "1337", "--mixed-precision", a.mixed_precision] + extra
     if a.activation_checkpointing:
         argv.append("--activation-checkpointing")
     port = peerlib.free_port()
@@ -62,6 +67,7 @@ def main():
     p.add_argument("--lora-rank", type=int, default=8)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--activation-checkpointing", action="store_true", help="in both runs")
+    p.add_argument("--mixed-precision", default="fp32", choices=["fp32", "bf16"], help="in both runs")
     p.add_argument("--timeout-s", type=float, default=1200)
     p.add_argument("--record", action="store_true", help="append the table to bench/RESULTS.md")
     a = p.parse_args()
@@ -82,7 +88,7 @@ def main():
         with open(os.path.join(ROOT, "bench", "RESULTS.md"), "a") as f:
             f.write(f"\n## LoRA vs full fine-tuning: peak RSS per rank ({datetime.date.today()}, "
                     f"{platform.machine()}, {os.cpu_count()} cores)\n\n"
-                    f"`{cmd}`: the 99.9M Llama of bench/cpu/llama-100m.json, {a.nproc} ranks, FULL_SHARD fp32, "
+                    f"`{cmd}`: the 99.9M Llama of bench/cpu/llama-100m.json, {a.nproc} ranks, FULL_SHARD {a.mixed_precision}, "
                     f"seq {a.seq_len}, batch {a.batch_size} per rank, {a.steps} steps"
                     f"{', activation checkpointing in both' if a.activation_checkpointing else ''}; LoRA on "
                     f"q_proj,k_proj,v_proj,o_proj with every base weight frozen. Peak RSS is each rank's ru_maxrss "

@@ -200,7 +200,8 @@ struct FsdpOptions {
 // The optimizer's view of one flat parameter's shard (ShardedModel::units()).
 struct ShardRef {
   std::string unit_name;  // "" for the root
-  at::Tensor param;       // (n) master dtype, the local shard; updated in place by the optimizer
+  at::Tensor param;       // (n) the local shard: master dtype, updated in place by the optimizer; a
+                          // frozen entry holds the param dtype (Note [Frozen shards in the param dtype])
   at::Tensor grad;        // (n) master dtype, reduced gradient (zeros when none arrived);
                           // undefined for a frozen flat parameter
   bool trainable = true;  // false: frozen parameters (requires_grad false): no gradient, no optimizer state

@@ -121,7 +121,13 @@ void FlatParam::init_shard(const at::Tensor& flat_source, const nn::InitRuleFn& 
       FSDP_CHECK(static_cast<bool>(rule), "parameter '", pl.name,
                  "' is on the meta device but FsdpOptions::init_rule is empty; give the model's init rule "
                  "(e.g. models::llama_init_rule()) so each rank can materialize its shard");
-      nn::init_slice(dst, rule(pl.name), seed, pl.name, first);
+      if (dst.scalar_type() == options_.master_dtype) {
+        nn::init_slice(dst, rule(pl.name), seed, pl.name, first);
+      } else {  // one rounding from the master dtype, not a direct one from the rule's doubles
+        at::Tensor master = at::empty({count}, dst.options().dtype(options_.master_dtype));
+        nn::init_slice(master, rule(pl.name), seed, pl.name, first);
+        dst.copy_(master);
+      }
     } else {
       dst.copy_(params_[i].detach().reshape({-1}).narrow(0, first, count));
     }

@@ -78,6 +78,11 @@ struct FlatParamOptions {
   int shard_size = 1;
   at::ScalarType param_dtype = at::kFloat;  // full_, full_grad_
   at::ScalarType shard_dtype = at::kFloat;  // shard_, grad_shard_
+  // The dtype values are defined in (the policy's master dtype). A frozen flat
+  // parameter stores its shard in the param dtype instead (Note [Frozen shards
+  // in the param dtype] in model.cpp): initial values are computed in this
+  // dtype and rounded once, as a master copy would be at every gather.
+  at::ScalarType master_dtype = at::kFloat;
   at::Device device = at::kCPU;             // full_, full_grad_
   at::Device shard_device = at::kCPU;       // shard_, grad_shard_
   bool pin_shards = false;                  // page-locked host shards (CPU offload with CUDA)

@@ -44,7 +44,7 @@ void ShardedModelImpl::build_units() {
   // --- flat parameters, shards, hooks
   FlatParamOptions fpo;
   fpo.param_dtype = options_.mixed_precision.param_dtype;
-  fpo.shard_dtype = options_.mixed_precision.master_dtype;
+  fpo.shard_dtype = fpo.master_dtype = options_.mixed_precision.master_dtype;
   fpo.device = options_.device;
   fpo.shard_device = options_.cpu_offload ? at::Device(at::kCPU) : options_.device;
   fpo.pin_shards = options_.cpu_offload && options_.device.is_cuda();
@@ -80,9 +80,20 @@ void ShardedModelImpl::build_units() {
         static_cast<size_t>(2 * largest) * c10::elementSize(fpo.param_dtype));
     fpo.host_pool = host_pool_;
   }
+  // Note [Frozen shards in the param dtype]
+  // A master copy exists for the optimizer to update. Frozen parameters are
+  // never updated, so under a mixed-precision policy their shard holds the
+  // param dtype: every gather would round the master to it anyway, so compute
+  // sees the same values to the bit, and the shard takes half the bytes with
+  // bf16 (what LoRA keeps most of: the frozen base). No cast at each gather
+  // either; under NO_SHARD the shard is the compute copy itself (single copy,
+  // FlatParam), so frozen parameters take no unsharded memory there. What
+  // changes: a checkpoint or export of frozen weights holds the rounded values
+  // the run computed with (plan_sharding counts the bytes alike).
   const auto make_flat = [&](std::vector<FlatParam::Source> sources, bool trainable) {
     FlatParamOptions o = fpo;
     o.trainable = trainable;
+    if (!trainable) o.shard_dtype = fpo.param_dtype;
     auto flat = std::make_unique<FlatParam>(std::move(sources), o);
     at::Tensor source;
     if (options_.sync_module_states && world_->size() > 1) {

@@ -153,6 +153,10 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
   const int64_t master = static_cast<int64_t>(c10::elementSize(mp.master_dtype));
   const int64_t pbytes = static_cast<int64_t>(c10::elementSize(mp.param_dtype));
   const int64_t sbytes = static_cast<int64_t>(c10::elementSize(optimizer_state_dtype));
+  // Frozen shards hold the param dtype, and under NO_SHARD are the compute
+  // copy itself (Note [Frozen shards in the param dtype] in model.cpp).
+  const bool frozen_in_place = options.strategy == ShardingStrategy::kNoShard &&
+                               (!options.cpu_offload || options.device.is_cpu());
 
   // Padded elements: of parameters (trainable and frozen), and of gradients
   // (trainable only: frozen parameters have no gradient buffers).
@@ -180,10 +184,10 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
     }
     plan.parameters += trained.numel + frozen.numel;
     plan.trainable_parameters += trained.numel;
-    plan.param_shard_bytes += (trained.shard_numel + frozen.shard_numel) * master;
+    plan.param_shard_bytes += trained.shard_numel * master + frozen.shard_numel * pbytes;
     plan.grad_shard_bytes += trained.shard_numel * master;
     plan.optimizer_bytes += 2 * trained.shard_numel * sbytes;
-    const int64_t padded = trained.padded_numel + frozen.padded_numel;
+    const int64_t padded = trained.padded_numel + (frozen_in_place ? 0 : frozen.padded_numel);
     all_padded += padded;
     all_grads += trained.padded_numel;
     if (pu.name.empty()) {
@@ -227,6 +231,7 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
   // - Frozen parameters are gathered and freed with their unit's, and have no
   //   gradients: parameters count R, B, A; gradients and reductions count
   //   their trainable parts Rg, Bg, Ag (Note [Frozen parameters] in unit.cpp).
+  //   Under NO_SHARD they count in neither: their shard is their compute copy.
   const int64_t R = root_padded, B = largest, A = all_padded;
   const int64_t Rg = root_grads, Bg = largest_grads, Ag = all_grads;
   const int64_t rbytes = static_cast<int64_t>(c10::elementSize(mp.reduce_dtype));

@@ -47,6 +47,22 @@ std::vector<std::pair<std::string, std::shared_ptr<LinearImpl>>> base_linears(to
 
 }  // namespace
 
+std::vector<std::string> parse_lora_targets(const std::string& s) {
+  std::vector<std::string> out;
+  size_t begin = 0;
+  while (true) {
+    const size_t comma = s.find(',', begin);
+    std::string name = s.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    name.erase(0, name.find_first_not_of(' '));
+    name.erase(name.find_last_not_of(' ') + 1);
+    FSDP_CHECK(!name.empty(), "--lora-targets '", s, "' has an empty name; give comma-separated names of Linear "
+               "layers, e.g. ", join(LoraConfig::default_lora_targets()));
+    out.push_back(name);
+    if (comma == std::string::npos) return out;
+    begin = comma + 1;
+  }
+}
+
 void check_lora_config(const LoraConfig& cfg) {
   FSDP_CHECK(cfg.rank >= 1, "--lora-rank ", cfg.rank, " must be >= 1 (e.g. 8 or 16; 0 turns LoRA off)");
   FSDP_CHECK(std::isfinite(cfg.alpha) && cfg.alpha > 0, "--lora-alpha ", cfg.alpha,

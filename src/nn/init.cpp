@@ -45,24 +45,35 @@ void fill_slice(const at::Tensor& out, const InitRule& rule, uint64_t seed, cons
     default: break;
   }
   const uint64_t key = splitmix64(seed ^ fnv1a64(name));
-  at::Tensor host = at::empty({n}, at::TensorOptions().dtype(at::kDouble));
-  double* v = host.data_ptr<double>();
   const bool normal = rule.kind == InitRule::Kind::kNormal;
   const double a = rule.a;
-  at::parallel_for(0, n, 1 << 14, [&](int64_t begin, int64_t end) {
-    for (int64_t j = begin; j < end; ++j) {
-      const uint64_t r = splitmix64(key ^ splitmix64(static_cast<uint64_t>(first + j)));
-      const double u1 = unit_open(static_cast<uint32_t>(r >> 32));
-      const double u2 = unit_open(static_cast<uint32_t>(r));
-      if (normal) {
-        v[j] = a * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
-      } else {
-        v[j] = a * (2.0 * u1 - 1.0);
-      }
-    }
-  });
+  // The values are made in double, a chunk at a time, in one small buffer
+  // reused for every chunk. A double copy of the whole slice would take 8
+  // bytes per element while a shard is filled (1 GiB for one rank's share of
+  // Llama 3 70B's embedding at 8 ranks), and each of them, freed between the
+  // shards, raised glibc's mmap threshold: the 100M-parameter benchmark's
+  // shards then came from the heap, which grew by 13 MB for each 7 MB shard.
+  constexpr int64_t kChunk = int64_t{1} << 15;
+  at::Tensor host = at::empty({std::min(n, kChunk)}, at::TensorOptions().dtype(at::kDouble));
+  double* v = host.data_ptr<double>();
   at::NoGradGuard no_grad;
-  out.view({n}).copy_(host);
+  const at::Tensor flat = out.view({n});
+  for (int64_t c0 = 0; c0 < n; c0 += kChunk) {
+    const int64_t len = std::min(kChunk, n - c0);
+    at::parallel_for(0, len, 1 << 13, [&](int64_t begin, int64_t end) {
+      for (int64_t j = begin; j < end; ++j) {
+        const uint64_t r = splitmix64(key ^ splitmix64(static_cast<uint64_t>(first + c0 + j)));
+        const double u1 = unit_open(static_cast<uint32_t>(r >> 32));
+        const double u2 = unit_open(static_cast<uint32_t>(r));
+        if (normal) {
+          v[j] = a * std::sqrt(-2.0 * std::log(u1)) * std::cos(2.0 * M_PI * u2);
+        } else {
+          v[j] = a * (2.0 * u1 - 1.0);
+        }
+      }
+    });
+    flat.narrow(0, c0, len).copy_(host.narrow(0, 0, len));
+  }
 }
 }  // namespace
 

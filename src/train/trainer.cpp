@@ -15,7 +15,6 @@
 #include <iostream>
 #include <limits>
 #include <optional>
-#include <regex>
 
 #include <unistd.h>
 
@@ -36,6 +35,7 @@
 #include "fsdp/models/lora.h"
 #include "fsdp/optim/grad_scaler.h"
 #include "fsdp/models/registry.h"
+#include "fsdp/nn/freeze.h"
 #include "train/tensorboard.h"
 
 namespace fsdp::train {
@@ -519,29 +519,7 @@ void check_export_target(const TrainOptions& o) {
 // --freeze REGEX: requires_grad false on every parameter whose name it finds,
 // before fully_shard lays the units out (Note [Frozen parameters] in the engine).
 void apply_freeze(const TrainOptions& o, torch::nn::Module& model) {
-  if (o.freeze.empty()) return;
-  std::regex re;
-  try {
-    re = std::regex(o.freeze, std::regex::ECMAScript);
-  } catch (const std::regex_error& e) {
-    FSDP_CHECK(false, "--freeze '", o.freeze, "' is not a valid regular expression (", e.what(),
-               "); give an ECMAScript pattern searched in parameter names, e.g. 'embed_tokens|layers\\.[0-3]\\.'");
-  }
-  int64_t frozen = 0, trainable = 0;
-  std::string example;
-  for (auto& p : model.named_parameters(/*recurse=*/true)) {
-    if (example.empty() || p.key().find("layers.0.") != std::string::npos) example = p.key();
-    if (std::regex_search(p.key(), re)) {
-      if (p.value().requires_grad()) ++frozen;
-      p.value().set_requires_grad(false);
-    } else if (p.value().requires_grad()) {
-      ++trainable;
-    }
-  }
-  FSDP_CHECK(frozen > 0, "--freeze '", o.freeze, "' freezes no trainable parameter; parameter names look like '",
-             example, "'");
-  FSDP_CHECK(trainable > 0, "--freeze '", o.freeze,
-             "' freezes every trainable parameter: nothing is left to train; narrow the pattern");
+  if (!o.freeze.empty()) nn::freeze_matching(model, o.freeze);
 }
 
 // The --lora-* flags, and their targets against the model (built on the meta device).

@@ -214,6 +214,9 @@ ParityReport run_parity(const comm::ProcessGroupPtr& world, const ParityModel& m
   for (size_t u = 0; u < units.size(); ++u) {
     at::Tensor want = reference_flat(masters, units[u]).narrow(0, units[u].shard_offset, units[u].shard_numel);
     at::Tensor got = shards[u].param.to(at::kFloat).cpu();
+    // A frozen shard holds the reference's masters rounded once to the param
+    // dtype (Note [Frozen shards in the param dtype]).
+    if (!units[u].trainable) want = want.to(shards[u].param.scalar_type()).to(at::kFloat);
     const double diff = (got - want).abs().max().item<double>();
     rep.worst_param_abs = std::max(rep.worst_param_abs, diff);
     if (c.expect_bitwise) {

@@ -30,6 +30,12 @@
 
 namespace fsdp::testing {
 
+// run_distributed's process group as the ProcessGroupPtr fully_shard and
+// run_parity take, without ownership (the group outlives the call).
+inline comm::ProcessGroupPtr borrow(comm::ProcessGroup& pg) {
+  return comm::ProcessGroupPtr(&pg, [](comm::ProcessGroup*) {});
+}
+
 struct ParityModel {
   std::string name;
   // A fresh model: on the meta device, or materialized with init_rule/seed.

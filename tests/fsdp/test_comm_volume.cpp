@@ -18,12 +18,9 @@
 #include "toy_models.h"
 
 namespace fsdp {
+using testing::borrow;
 
 namespace {
-
-comm::ProcessGroupPtr borrow(comm::ProcessGroup& pg) {
-  return comm::ProcessGroupPtr(&pg, [](comm::ProcessGroup*) {});
-}
 
 }  // namespace
 

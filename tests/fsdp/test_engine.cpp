@@ -179,6 +179,50 @@ TEST(Engine, MetaModelMaterializesTheSameValuesAsAnEagerOne) {
   }
 }
 
+// Note [Frozen shards in the param dtype]: under bf16, a frozen entry's shard
+// is bf16 holding the fp32 values rounded once (what each gather would give),
+// a trainable one keeps fp32 masters; under NO_SHARD the frozen shard is the
+// module's parameter itself; under FULL_SHARD the parameter is resharded.
+TEST(Engine, FrozenShardsHoldTheParamDtypeRoundedFromTheMasterValues) {
+  ToyConfig c;
+  auto pg = single_process_group();
+  auto reference = testing::make_toy(c, false, 5);  // fp32 values, materialized eagerly
+  std::map<std::string, at::Tensor> want;
+  for (const auto& p : reference->named_parameters(true)) want[p.key()] = p.value().detach().reshape({-1});
+  for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kNoShard}) {
+    auto model = testing::make_toy(c, true, 5);
+    for (auto& p : model->named_parameters(true)) {
+      if (p.key().find("w1") != std::string::npos) p.value().set_requires_grad(false);
+    }
+    FsdpOptions o;
+    o.strategy = s;
+    o.mixed_precision = MixedPrecision::preset("bf16");
+    o.init_rule = testing::toy_init_rule;
+    o.seed = 5;
+    auto sharded = fully_shard(model.ptr(), pg, o);
+    int frozen = 0;
+    for (size_t u = 0; u < sharded->units().size(); ++u) {
+      const UnitInfo& info = sharded->units()[u];
+      const at::Tensor shard = sharded->shards()[u].param;
+      ASSERT_EQ(shard.scalar_type(), info.trainable ? at::kFloat : at::kBFloat16) << info.name;
+      for (const ParamPlacement& p : info.params) {
+        const at::Tensor expected = info.trainable ? want.at(p.name) : want.at(p.name).to(at::kBFloat16);
+        EXPECT_TRUE(shard.narrow(0, p.flat_offset, p.numel).equal(expected)) << to_string(s) << " " << p.name;
+      }
+      if (info.trainable) continue;
+      ++frozen;
+      const at::Tensor w1 = model->impl().blocks[0]->impl().w1;
+      if (info.name != "blocks.0") continue;
+      if (s == ShardingStrategy::kNoShard) {
+        EXPECT_EQ(w1.data_ptr(), shard.data_ptr());  // the single copy: no compute copy beside it
+      } else {
+        EXPECT_THROW((void)w1.data_ptr(), c10::Error);  // resharded between uses
+      }
+    }
+    EXPECT_EQ(frozen, c.blocks) << to_string(s);
+  }
+}
+
 TEST(Engine, MetaModelWithoutInitRuleIsAUsageError) {
   auto pg = single_process_group();
   auto meta = testing::make_toy(ToyConfig{}, true, 1);

@@ -20,15 +20,13 @@
 #include <sstream>
 
 #include "fsdp/fsdp.h"
+#include "parity.h"
 #include "support/multiproc.h"
 #include "toy_models.h"
 
 namespace fsdp {
+using testing::borrow;
 namespace {
-
-comm::ProcessGroupPtr borrow(comm::ProcessGroup& pg) {
-  return comm::ProcessGroupPtr(&pg, [](comm::ProcessGroup*) {});
-}
 
 struct Shape {
   const char* name;
@@ -63,6 +61,7 @@ struct Outcome {
   int64_t peak = 0;       // the largest UnshardedMemory::peak over the steps
   int64_t left_over = 0;  // UnshardedMemory::now after the last step
   UnshardedBytes at_peak;
+  int64_t shard_bytes = 0;  // this rank's parameter shards, as allocated
 };
 
 // The toy model with the parameters whose name `freeze` finds frozen ("": none).
@@ -103,6 +102,7 @@ Outcome run_steps(comm::ProcessGroup& pg, const testing::ToyConfig& shape, const
     }
     out.left_over = mem.now.total();
   }
+  for (const ShardRef& e : sharded->shards()) out.shard_bytes += static_cast<int64_t>(e.param.nbytes());
   return out;
 }
 
@@ -188,7 +188,8 @@ TEST(MemoryContract, FrozenParametersPeakWithinTheBoundAndAtLeastNinetyPercentOf
             EXPECT_LE(got.peak, bound) << what << ": " << bytes_text(got.at_peak);
             EXPECT_GE(static_cast<double>(got.peak), 0.9 * static_cast<double>(bound))
                 << what << ": " << bytes_text(got.at_peak);
-            // Freezing saves gradient and optimizer memory, never parameter memory.
+            // Freezing saves gradient and optimizer memory, and parameter memory
+            // only through the shards' dtype.
             // A block with every parameter frozen, between trainable ones: its
             // backward runs (its input needs a gradient), and it is resharded
             // when that backward ends, not at the end of the whole backward.
@@ -201,6 +202,14 @@ TEST(MemoryContract, FrozenParametersPeakWithinTheBoundAndAtLeastNinetyPercentOf
             EXPECT_LT(plan.optimizer_bytes, unfrozen.optimizer_bytes) << what;
             EXPECT_EQ(plan.parameters, unfrozen.parameters) << what;
             EXPECT_LT(plan.trainable_parameters, plan.parameters) << what;
+            // Frozen shards hold the param dtype (Note [Frozen shards in the
+            // param dtype]): smaller under bf16, and the plan counts what is allocated.
+            EXPECT_EQ(got.shard_bytes, plan.param_shard_bytes) << what;
+            if (std::string(precision) == "bf16") {
+              EXPECT_LT(plan.param_shard_bytes, unfrozen.param_shard_bytes) << what;
+            } else {
+              EXPECT_EQ(plan.param_shard_bytes, unfrozen.param_shard_bytes) << what;
+            }
             if (bound > 0) EXPECT_LT(bound, unfrozen.unsharded_bound(1)) << what;
             ++checked;
           }

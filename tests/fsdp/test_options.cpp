@@ -20,11 +20,8 @@
 #include "toy_models.h"
 
 namespace fsdp {
+using testing::borrow;
 namespace {
-
-comm::ProcessGroupPtr borrow(comm::ProcessGroup& pg) {
-  return comm::ProcessGroupPtr(&pg, [](comm::ProcessGroup*) {});
-}
 
 struct Named {
   std::string name;

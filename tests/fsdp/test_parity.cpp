@@ -9,14 +9,11 @@
 #include "support/multiproc.h"
 
 namespace fsdp {
+using testing::borrow;
 using testing::ParityConfig;
 using testing::run_distributed;
 
 namespace {
-
-comm::ProcessGroupPtr borrow(comm::ProcessGroup& pg) {
-  return comm::ProcessGroupPtr(&pg, [](comm::ProcessGroup*) {});
-}
 
 int hybrid_shard_size(int world) { return world >= 4 ? 2 : 1; }
 
@@ -117,6 +114,20 @@ TEST(Parity, FrozenAndParamGroupsNoShard) {
 }
 TEST(Parity, FrozenAndParamGroupsHybridShard) {
   check_strategy(testing::toy_parity_model(false), ShardingStrategy::kHybridShard, frozen_config());
+}
+
+// Under bf16, frozen shards hold bf16 (Note [Frozen shards in the param
+// dtype]); the run must compute what the reference does with fp32 masters
+// cast to bf16 every step, and the frozen shards equal those masters rounded.
+TEST(Parity, FrozenAndParamGroupsBf16EveryStrategy) {
+  for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                             ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard}) {
+    ParityConfig c = frozen_config();
+    c.fsdp.mixed_precision = MixedPrecision::preset("bf16");
+    c.loss_rtol = 2e-2;  // as the option matrix's bf16 runs (test_options.cpp)
+    c.param_atol = 1e-2;
+    check_strategy(testing::toy_parity_model(false), s, c);
+  }
 }
 
 // Same arithmetic order as the reference, frozen parameters and groups

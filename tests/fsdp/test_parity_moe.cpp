@@ -19,14 +19,11 @@
 #include "support/multiproc.h"
 
 namespace fsdp {
+using testing::borrow;
 using testing::ParityConfig;
 using testing::run_distributed;
 
 namespace {
-
-comm::ProcessGroupPtr borrow(comm::ProcessGroup& pg) {
-  return comm::ProcessGroupPtr(&pg, [](comm::ProcessGroup*) {});
-}
 
 constexpr int64_t kSeqLen = 8;
 

@@ -1,7 +1,8 @@
 // apply_lora on the Llama model: names, shapes, frozen flags, refusals,
 // initialization (materialized and from the meta device alike), the forward
-// against a plain reference, merging, and dropout. Numerics against peft
-// itself: tests/hf/test_lora.py.
+// against a plain reference, merging, and dropout; --lora-targets' parser and
+// --freeze (nn::freeze_matching) beside it. Numerics against peft itself:
+// tests/hf/test_lora.py.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,6 +11,7 @@
 #include "fsdp/models/layers.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/lora.h"
+#include "fsdp/nn/freeze.h"
 #include "models_test_util.h"
 
 namespace {
@@ -106,6 +108,51 @@ TEST(Lora, RefusesUnknownTargetsAndBadValues) {
   EXPECT_EQ(m->named_parameters().size(), 2 + 2 * 9 + 1u);
   apply_lora(*m, lora(4, {"q_proj"}), 1);
   EXPECT_CONTAINS(usage_error_of([&] { apply_lora(*m, lora(4, {"q_proj"}), 1); }), "already has a LoRA adapter");
+}
+
+// --lora-targets' words, for fsdp-train and fsdp-inspect alike.
+TEST(Lora, TargetsParseAndRefuseEmptyNames) {
+  using fsdp::models::parse_lora_targets;
+  EXPECT_EQ(parse_lora_targets("q_proj"), (std::vector<std::string>{"q_proj"}));
+  EXPECT_EQ(parse_lora_targets(" q_proj , v_proj"), (std::vector<std::string>{"q_proj", "v_proj"}));
+  for (const char* bad : {"", " ", "q_proj,", ",q_proj", "q_proj,,v_proj", "q_proj, ,v_proj"}) {
+    EXPECT_EQ(usage_error_of([&] { parse_lora_targets(bad); }),
+              "--lora-targets '" + std::string(bad) + "' has an empty name; give comma-separated names of Linear "
+              "layers, e.g. q_proj,k_proj,v_proj,o_proj") << bad;
+  }
+}
+
+// --freeze REGEX (nn::freeze_matching), for fsdp-train and fsdp-inspect alike:
+// here on the Llama model, whose names its messages quote.
+TEST(Freeze, FreezesWhatThePatternFindsAndCountsIt) {
+  LlamaForCausalLM m = build_llama(small_cfg(), kMeta, 1);
+  EXPECT_EQ(fsdp::nn::freeze_matching(*m, "embed_tokens|layers\\.0\\."), 1 + 9);
+  for (const auto& p : m->named_parameters()) {
+    const bool frozen = p.key() == "model.embed_tokens.weight" || p.key().rfind("model.layers.0.", 0) == 0;
+    EXPECT_EQ(p.value().requires_grad(), !frozen) << p.key();
+  }
+  // Frozen ones count no more; a pattern that finds only them freezes nothing.
+  EXPECT_EQ(fsdp::nn::freeze_matching(*m, "layers\\.[01]\\.self_attn"), 4);
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::nn::freeze_matching(*m, "embed_tokens"); }),
+                  "--freeze 'embed_tokens' freezes no trainable parameter; parameter names look like "
+                  "'model.layers.0.");
+}
+
+TEST(Freeze, RefusesBadPatternsNothingAndEverything) {
+  LlamaForCausalLM m = build_llama(small_cfg(), kMeta, 1);
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::nn::freeze_matching(*m, "layers.("); }),
+                  "--freeze 'layers.(' is not a valid regular expression (");
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::nn::freeze_matching(*m, "experts"); }),
+                  "--freeze 'experts' freezes no trainable parameter; parameter names look like 'model.layers.0.");
+  EXPECT_EQ(usage_error_of([&] { fsdp::nn::freeze_matching(*m, "weight"); }),
+            "--freeze 'weight' freezes every trainable parameter: nothing is left to train; narrow the pattern");
+  // After LoRA only the adapters train: freezing them all leaves nothing.
+  LlamaForCausalLM l = build_llama(small_cfg(), kMeta, 1);
+  apply_lora(*l, lora(4, {"q_proj"}), 1);
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::nn::freeze_matching(*l, "embed_tokens"); }),
+                  "freezes no trainable parameter");
+  EXPECT_EQ(fsdp::nn::freeze_matching(*l, "layers\\.0\\..*lora_"), 2);
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::nn::freeze_matching(*l, "lora_"); }), "freezes every trainable parameter");
 }
 
 TEST(Lora, InitIsPeftsAndMetaShardsAgree) {

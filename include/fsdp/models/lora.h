@@ -43,6 +43,11 @@ struct LoraConfig {
   static std::vector<std::string> default_lora_targets() { return {"q_proj", "k_proj", "v_proj", "o_proj"}; }
 };
 
+// --lora-targets' spelling (fsdp-train's and fsdp-inspect's): "q_proj,v_proj"
+// -> {"q_proj", "v_proj"} (spaces around names ignored). UsageError for an
+// empty name; check_lora_config and apply_lora check the names.
+std::vector<std::string> parse_lora_targets(const std::string& s);
+
 // UsageError naming the value and the fix: rank < 1, alpha not finite or
 // <= 0, dropout outside [0, 1), no targets, an empty or repeated target.
 void check_lora_config(const LoraConfig& cfg);

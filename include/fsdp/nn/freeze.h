@@ -1,0 +1,27 @@
+// Freezing parameters by name: fsdp-train's and fsdp-inspect's --freeze REGEX.
+//
+// Order: freeze after the model is built (and after models::apply_lora) and
+// BEFORE fully_shard, which takes which parameters are frozen from
+// requires_grad when it lays the units out (Note [Frozen parameters] in the
+// engine).
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace torch::nn {
+class Module;
+}
+
+namespace fsdp::nn {
+
+// Sets requires_grad false on every parameter of `module` whose qualified
+// name `pattern` finds (std::regex_search, ECMAScript). Returns how many of
+// them were trainable before.
+// Throws UsageError naming --freeze and the pattern: not a valid regex; it
+// freezes no trainable parameter (naming an example parameter name); it
+// leaves no parameter trainable. `module` may be changed when it throws for
+// the last two.
+int64_t freeze_matching(torch::nn::Module& module, const std::string& pattern);
+
+}  // namespace fsdp::nn

@@ -1,0 +1,37 @@
+#include "fsdp/nn/freeze.h"
+
+#include <torch/nn/module.h>
+
+#include <regex>
+
+#include "fsdp/common/error.h"
+
+namespace fsdp::nn {
+
+int64_t freeze_matching(torch::nn::Module& module, const std::string& pattern) {
+  std::regex re;
+  try {
+    re = std::regex(pattern, std::regex::ECMAScript);
+  } catch (const std::regex_error& e) {
+    FSDP_CHECK(false, "--freeze '", pattern, "' is not a valid regular expression (", e.what(),
+               "); give an ECMAScript pattern searched in parameter names, e.g. 'embed_tokens|layers\\.[0-3]\\.'");
+  }
+  int64_t frozen = 0, trainable = 0;
+  std::string example;  // a decoder layer's parameter where there is one: names the user can pattern on
+  for (auto& p : module.named_parameters(/*recurse=*/true)) {
+    if (example.empty() || p.key().find("layers.0.") != std::string::npos) example = p.key();
+    if (std::regex_search(p.key(), re)) {
+      if (p.value().requires_grad()) ++frozen;
+      p.value().set_requires_grad(false);
+    } else if (p.value().requires_grad()) {
+      ++trainable;
+    }
+  }
+  FSDP_CHECK(frozen > 0, "--freeze '", pattern, "' freezes no trainable parameter; parameter names look like '",
+             example, "'");
+  FSDP_CHECK(trainable > 0, "--freeze '", pattern,
+             "' freezes every trainable parameter: nothing is left to train; narrow the pattern");
+  return frozen;
+}
+
+}  // namespace fsdp::nn
