@@ -11,6 +11,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/llama.h"
+#include "fsdp/nn/freeze.h"
 #include "fsdp/optim/adamw.h"
 
 namespace fsdp::testing {
@@ -61,10 +62,11 @@ struct ShardedLlama {
 inline ShardedLlama make_sharded_llama(comm::ProcessGroup& pg, const std::string& strategy,
                                        const std::string& wrap = "block", uint64_t seed = 7,
                                        const models::LlamaConfig& cfg = small_config(),
-                                       const std::string& precision = "fp32") {
+                                       const std::string& precision = "fp32", const std::string& freeze = "") {
   ShardedLlama m;
   m.cfg = cfg;
   m.impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), seed);
+  if (!freeze.empty()) nn::freeze_matching(*m.impl, freeze);  // --freeze
   m.root = std::make_shared<nn::UnitImpl<models::LlamaForCausalLMImpl>>(m.impl);
   FsdpOptions fo;
   fo.strategy = parse_sharding_strategy(strategy);
@@ -100,19 +102,24 @@ inline at::Tensor token_batch(int64_t b, int64_t t, int64_t vocab, int64_t seed)
 }
 
 // The full state by name: "param/<name>", "exp_avg/<name>", "exp_avg_sq/<name>"
-// (and "compensation/<name>" with a Kahan-compensated optimizer)
-// (collective over the shard group; every rank gets it).
+// (and "compensation/<name>" with a Kahan-compensated optimizer); frozen
+// parameters have no moments (collective over the shard group; every rank
+// gets it).
 inline std::map<std::string, at::Tensor> full_state(ShardedLlama& m) {
   std::map<std::string, at::Tensor> out;
   const auto& units = m.sharded->units();
-  auto& slots = m.opt->slots();
+  auto& slots = m.opt->slots();  // one per trainable entry, in order
   const bool replicated = units[0].shard_numel == units[0].padded_numel;
+  size_t slot = 0;
   for (size_t u = 0; u < units.size(); ++u) {
     const at::Tensor full = m.sharded->gather_unit(u);
     std::map<std::string, at::Tensor> moments;
-    std::vector<std::pair<std::string, at::Tensor>> kinds = {{"exp_avg", slots[u].exp_avg},
-                                                             {"exp_avg_sq", slots[u].exp_avg_sq}};
-    if (slots[u].compensation.defined()) kinds.emplace_back("compensation", slots[u].compensation);
+    std::vector<std::pair<std::string, at::Tensor>> kinds;
+    if (units[u].trainable) {
+      const auto& s = slots.at(slot++);
+      kinds = {{"exp_avg", s.exp_avg}, {"exp_avg_sq", s.exp_avg_sq}};
+      if (s.compensation.defined()) kinds.emplace_back("compensation", s.compensation);
+    }
     for (auto [kind, t] : kinds) {
       if (replicated) {
         moments[kind] = t.clone();

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <regex>
 
 #include <unistd.h>
 
@@ -280,6 +281,67 @@ TEST(ShardedCheckpoint, Bf16MasterWeightsAndKahanState) {
       it = it->first.rfind("compensation/", 0) == 0 ? reference.erase(it) : std::next(it);
     }
     testing::expect_same_state(testing::full_state(f), reference, "bf16 into fp32");
+  });
+}
+
+// Frozen shards hold the param dtype (Note [Frozen shards in the param dtype]):
+// bf16 under --mixed-precision bf16, fp32 without. A resume under the other
+// precision converts them: fp32 -> bf16 rounds each frozen value once, which
+// is what the fp32 run's all-gather computed with under bf16; bf16 -> fp32
+// widens exactly (the fp32 values were never in the bf16 run). Trainable
+// masters and both moments are fp32 either way and come back bit for bit, and
+// the resumed runs train.
+TEST(ShardedCheckpoint, FrozenShardsConvertWhenThePrecisionChanges) {
+  const std::string dir = testing::temp_dir("ckpt-frozen");
+  const std::string freeze = "self_attn|embed_tokens";  // the MLPs, norms and head train
+  const std::regex frozen(freeze);
+  auto is_frozen = [&](const std::string& key) {  // "param/<name>"
+    return key.rfind("param/", 0) == 0 && std::regex_search(key.substr(6), frozen);
+  };
+  // A checkpoint in `ckpt` and, beside it, the full state it holds.
+  auto save_with_state = [](testing::ShardedLlama& m, const std::string& ckpt, int64_t step, comm::ProcessGroup& pg) {
+    checkpoint::save_checkpoint(ckpt, step, *m.sharded, m.opt.get(), {}, {}, pg);
+    const auto state = testing::full_state(m);
+    if (pg.rank() == 0) write_state(ckpt + ".safetensors", state);
+  };
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    auto m = make_sharded_llama(pg, "full", "block", 7, testing::small_config(), "fp32", freeze);
+    train(m, 2, pg.size(), pg.rank());
+    save_with_state(m, dir + "/fp32", 2, pg);
+  });
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    auto m = make_sharded_llama(pg, "full", "block", 3, testing::small_config(), "bf16", freeze);
+    int64_t frozen_entries = 0;
+    for (const auto& s : m.sharded->shards()) {
+      if (s.trainable) continue;
+      EXPECT_EQ(s.param.scalar_type(), at::kBFloat16);
+      ++frozen_entries;
+    }
+    EXPECT_GT(frozen_entries, 0);
+    checkpoint::load_checkpoint(dir + "/fp32/step_00000002", *m.sharded, m.opt.get(), pg);
+    auto expected = read_state(dir + "/fp32.safetensors");
+    int64_t rounded = 0;
+    for (auto& [k, t] : expected) {
+      if (!is_frozen(k)) continue;
+      const at::Tensor r = t.to(at::kBFloat16);
+      rounded += r.to(at::kFloat).ne(t).sum().item<int64_t>();
+      t = r;
+    }
+    EXPECT_GT(rounded, 0) << "the test needs frozen values that bf16 cannot hold";
+    testing::expect_same_state(testing::full_state(m), expected, "fp32 into bf16");
+    train(m, 1, pg.size(), pg.rank());
+    save_with_state(m, dir + "/bf16", 3, pg);
+  });
+  testing::run_distributed(1, [&](comm::ProcessGroup& pg) {
+    auto m = make_sharded_llama(pg, "full", "block", 5, testing::small_config(), "fp32", freeze);
+    checkpoint::load_checkpoint(dir + "/bf16/step_00000003", *m.sharded, m.opt.get(), pg);
+    auto expected = read_state(dir + "/bf16.safetensors");
+    for (auto& [k, t] : expected) {
+      EXPECT_EQ(t.scalar_type(), is_frozen(k) ? at::kBFloat16 : at::kFloat) << k;
+      t = t.to(at::kFloat);
+    }
+    testing::expect_same_state(testing::full_state(m), expected, "bf16 into fp32");
+    train(m, 1, pg.size(), pg.rank());
   });
 }
 

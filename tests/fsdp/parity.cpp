@@ -2,6 +2,8 @@
 
 #include <gtest/gtest.h>
 
+#include <ATen/CPUGeneratorImpl.h>
+
 #include <cmath>
 #include <map>
 #include <regex>
@@ -262,6 +264,32 @@ ParityModel toy_parity_model(bool with_unused, int64_t d, int64_t f) {
     return net.forward(x, y);
   };
   return m;
+}
+
+at::Tensor counting_sequences(int64_t vocab, int64_t length, int64_t step, int64_t first, int64_t count) {
+  at::Tensor seq = at::empty({count, length}, at::kLong);
+  const at::Tensor offsets = at::arange(length, at::TensorOptions().dtype(at::kLong));
+  for (int64_t k = 0; k < count; ++k) {
+    at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(1000 * step + first + k));
+    const at::Tensor start = at::randint(vocab, {1}, gen, at::TensorOptions().dtype(at::kLong));
+    seq[k].copy_(at::remainder(start + offsets, vocab));
+  }
+  return seq;
+}
+
+double expect_learned(const ParityModel& model, const ParityConfig& config, const ParityReport& report) {
+  EXPECT_EQ(static_cast<int64_t>(report.losses.size()), config.steps);
+  if (report.losses.empty()) return 0.0;
+  const double untrained = [&] {
+    at::NoGradGuard no_grad;
+    auto fresh = model.build(/*meta=*/false, config.seed);
+    if (config.fsdp.mixed_precision.param_dtype != at::kFloat) fresh->to(config.fsdp.mixed_precision.param_dtype);
+    return model.loss(*fresh, config.steps - 1, 0, config.global_batch).to(at::kFloat).item<double>();
+  }();
+  EXPECT_LT(report.losses.back(), 0.99 * untrained)
+      << model.name << ": the last step's loss " << report.losses.back() << " is not 1% below the untrained model's "
+      << untrained << " on the same batch";
+  return untrained;
 }
 
 }  // namespace fsdp::testing

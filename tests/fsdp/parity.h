@@ -84,4 +84,17 @@ ParityReport run_parity(const comm::ProcessGroupPtr& world, const ParityModel& m
 // The toy model of toy_models.h as a ParityModel.
 ParityModel toy_parity_model(bool with_unused, int64_t d = 7, int64_t f = 13);
 
+// Samples [first, first + count) of step's global batch for a language model:
+// (count, length) token ids counting up from a random start, t -> t + 1 mod
+// vocab. Each sample is a pure function of (step, sample index), so any split
+// of the batch over ranks sees the same samples; the rule is learnable in a
+// few steps, where random tokens leave only noise to fit.
+at::Tensor counting_sequences(int64_t vocab, int64_t length, int64_t step, int64_t first, int64_t count);
+
+// Fails the test unless the trained run's last loss is at least 1% below what
+// the untrained model (a fresh eager build from config.seed, in the param
+// dtype) scores on the same last-step batch: each step draws a new batch, so a
+// loss that merely changed proves nothing. Returns the untrained loss.
+double expect_learned(const ParityModel& model, const ParityConfig& config, const ParityReport& report);
+
 }  // namespace fsdp::testing

@@ -9,8 +9,6 @@
 // every backward, with no token routed to it.
 #include <gtest/gtest.h>
 
-#include <ATen/CPUGeneratorImpl.h>
-
 #include <string>
 
 #include "fsdp/common/error.h"
@@ -61,13 +59,7 @@ testing::ParityModel moe_parity_model() {
   };
   m.init_rule = models::llama_init_rule(cfg);
   m.loss = [cfg](nn::UnitBase& root, int64_t step, int64_t first, int64_t count) {
-    // Sample k of step s: a pure function of (s, k), so any split of the global
-    // batch sees the same samples.
-    at::Tensor seq = at::empty({count, kSeqLen + 1}, at::kLong);
-    for (int64_t k = 0; k < count; ++k) {
-      at::Generator gen = at::make_generator<at::CPUGeneratorImpl>(static_cast<uint64_t>(1000 * step + first + k));
-      seq[k].copy_(at::randint(cfg.vocab_size, {kSeqLen + 1}, gen, at::TensorOptions().dtype(at::kLong)));
-    }
+    const at::Tensor seq = testing::counting_sequences(cfg.vocab_size, kSeqLen + 1, step, first, count);
     const at::Tensor tokens = seq.narrow(1, 0, kSeqLen).contiguous();
     const at::Tensor targets = seq.narrow(1, 1, kSeqLen).contiguous();
     return dynamic_cast<Root&>(root).forward(tokens, targets);
@@ -90,9 +82,14 @@ void check_strategy(ShardingStrategy s) {
   const testing::ParityModel model = moe_parity_model();
   for (int w : {2, 4}) {
     run_distributed(w, [&](comm::ProcessGroup& pg) {
-      const testing::ParityReport r = testing::run_parity(borrow(pg), model, moe_parity_config(s, pg.size()));
-      // Training moved the loss: the comparison is of a model that learns.
-      EXPECT_NE(r.losses.front(), r.losses.back());
+      const ParityConfig c = moe_parity_config(s, pg.size());
+      const testing::ParityReport r = testing::run_parity(borrow(pg), model, c);
+      // The comparison is of a model that learns: it beats the untrained
+      // model on the last step's batch (measured 3.87 vs 4.95).
+      const double untrained = testing::expect_learned(model, c, r);
+      if (pg.rank() == 0) {
+        std::cout << "[moe] untrained loss on the last batch " << untrained << ", trained " << r.losses.back() << "\n";
+      }
     });
   }
 }
