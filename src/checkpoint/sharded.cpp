@@ -265,6 +265,30 @@ void check_compatible(const Manifest& m, const std::vector<UnitInfo>& units, con
   }
 }
 
+// A parameter that was frozen when the checkpoint was saved has no optimizer
+// state in it. Training it now would start its moments at zero under the
+// run's step count, and AdamW's bias correction at step N assumes moments
+// averaged over N steps: its updates would be up to ~6x too large for hundreds
+// of steps. Such a resume is refused. The other way round (trainable then,
+// frozen now) only leaves state this run does not use, and is allowed.
+void check_nothing_unfrozen(const Manifest& m, const std::vector<UnitInfo>& units, const std::string& name) {
+  std::set<int64_t> with_state;  // saved units with optimizer state
+  for (const auto& f : m.files) {
+    for (const auto& s : f.sections) {
+      if (s.kind == "exp_avg") with_state.insert(s.unit);
+    }
+  }
+  for (const auto& u : units) {
+    if (!u.trainable) continue;
+    for (const auto& p : u.params) {
+      FSDP_CHECK(with_state.count(m.params.at(p.name).unit) == 1, "checkpoint ", name, " was saved with parameter '",
+                 p.name, "' frozen, so it holds no optimizer state for it, but this run trains it; resume with the "
+                 "--freeze and --lora-* flags it was saved with, or start a new run from its weights (--export-hf, "
+                 "then --init-from)");
+    }
+  }
+}
+
 // One contiguous byte range of a saved file going to one contiguous element
 // range of a local state tensor.
 struct ReadRequest {
@@ -672,6 +696,7 @@ LoadResult load_checkpoint(const std::string& path, ShardedModel& model, optim::
       FSDP_CHECK(optimizer == nullptr || m.kinds.count(k) == 1, "checkpoint ", path,
                  " holds no optimizer state (", k, "); it cannot resume training");
     }
+    if (optimizer != nullptr) check_nothing_unfrozen(m, units, name);
     // Every file: present, with the size the manifest records.
     for (size_t f = 0; f < m.files.size(); ++f) {
       std::error_code ec;

@@ -345,6 +345,43 @@ TEST(ShardedCheckpoint, FrozenShardsConvertWhenThePrecisionChanges) {
   });
 }
 
+// Resuming with another --freeze: freezing more drops optimizer state the run
+// does not use, and the rest comes back bit for bit; training a parameter that
+// was frozen at the save is refused (its moments were never kept, and zeros
+// under the saved step count would make its first updates far too large).
+TEST(ShardedCheckpoint, ResumeMayFreezeMoreButNotTrainWhatWasFrozen) {
+  const std::string dir = testing::temp_dir("ckpt-refreeze");
+  const std::string freeze = "self_attn";
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    auto m = make_sharded_llama(pg, "full", "block", 7, testing::small_config(), "fp32", freeze);
+    train(m, 2, pg.size(), pg.rank());
+    checkpoint::save_checkpoint(dir, 2, *m.sharded, m.opt.get(), {}, {}, pg);
+    const auto state = testing::full_state(m);
+    if (pg.rank() == 0) write_state(dir + "/state.safetensors", state);
+  });
+  testing::run_distributed(1, [&](comm::ProcessGroup& pg) {
+    auto more = make_sharded_llama(pg, "full", "block", 3, testing::small_config(), "fp32", freeze + "|mlp");
+    checkpoint::load_checkpoint(dir + "/step_00000002", *more.sharded, more.opt.get(), pg);
+    auto expected = read_state(dir + "/state.safetensors");
+    for (auto it = expected.begin(); it != expected.end();) {  // the MLPs' moments are not kept now
+      const bool mlp_moment = it->first.rfind("param/", 0) != 0 && it->first.find(".mlp.") != std::string::npos;
+      it = mlp_moment ? expected.erase(it) : std::next(it);
+    }
+    testing::expect_same_state(testing::full_state(more), expected, "frozen more");
+    train(more, 1, pg.size(), pg.rank());
+
+    auto fewer = make_sharded_llama(pg, "full", "block", 3, testing::small_config(), "fp32", "k_proj");
+    try {
+      checkpoint::load_checkpoint(dir + "/step_00000002", *fewer.sharded, fewer.opt.get(), pg);
+      ADD_FAILURE() << "expected a UsageError";
+    } catch (const UsageError& e) {
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find("'model.layers.0.self_attn.q_proj.weight' frozen"), std::string::npos) << msg;
+      EXPECT_NE(msg.find("--freeze"), std::string::npos) << msg;
+    }
+  });
+}
+
 // A checkpoint of another model is a usage error naming the parameter and both shapes.
 TEST(ShardedCheckpoint, AnotherModelIsAUsageError) {
   const std::string dir = testing::temp_dir("ckpt-other");
