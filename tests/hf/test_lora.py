@@ -20,8 +20,9 @@ Parts (one ctest test each; `python3 test_lora.py PART --probe ... --train ... -
           merge_and_unload weights and the adapted logits; the CLI
           (`fsdp-train --init-from --lora-rank --export-hf`, with and without
           --merge-lora): trained adapters that peft reads with our logits; the
-          CLI's refusals of bad --lora-* flags; and a LoRA run resumed from its
-          checkpoint at another world size.
+          CLI's refusals of bad --lora-* flags; a LoRA run resumed from its
+          checkpoint at another world size, and that checkpoint converted
+          (--max-steps 0); --init-adapter with and without --sync-module-states.
 
 Tolerance: max|ours - theirs| <= 1e-5 x max|theirs| (fp32; see test_transformers.py).
 """
@@ -237,6 +238,41 @@ def part_export(args):
             tt.compare("resumed at world size 1", name, b[name], a[name], TOL, w)
         print("[export] LoRA checkpoint of 2 processes resumed on 1: adapters after 4 steps vs uninterrupted: %s"
               % w.text(), flush=True)
+
+        # 5. Converting that checkpoint (--max-steps 0): its newest step is the resumed run's
+        #    last, so the adapter equals the one that run exported, tensor for tensor.
+        conv = os.path.join(args.work, "converted")
+        rc, text, _ = tt.run([args.train, "--max-steps", "0", "--resume", "--checkpoint-dir", ck, "--export-hf", conv,
+                              "--lora-rank", str(RANK), "--lora-alpha", str(ALPHA), "--lora-targets",
+                              ",".join(TARGETS)], timeout=180)
+        if rc == 0:
+            check_adapter_dir("--max-steps 0 conversion of a LoRA checkpoint", conv, resumed)
+            print("[export] --max-steps 0 conversion of the LoRA checkpoint: peft reads it; the tensors equal the "
+                  "run's own export", flush=True)
+
+    # 6. --init-adapter at 2 processes, each rank reading its own shards or (--sync-module-states)
+    #    rank 0 reading everything and broadcasting: the two runs give the same adapter bit for
+    #    bit, and 2 steps at lr 1e-2 leave it near the one it started from (a fresh lora_B would
+    #    be 0, and peft's here is not).
+    source = load_file(os.path.join(adapter, "adapter_model.safetensors"))
+    runs = {}
+    for label, extra in [("own shards", []), ("--sync-module-states", ["--sync-module-states"])]:
+        out = os.path.join(args.work, "init-adapter-%d" % len(runs))
+        rc, _, _ = train(args, base, corpus, out, "--init-adapter", adapter, *extra, steps=2, procs=2)
+        if rc == 0:
+            runs[label] = load_file(os.path.join(out, "adapter_model.safetensors"))
+    if len(runs) == 2:
+        a, b = runs["own shards"], runs["--sync-module-states"]
+        tt.check(sorted(a) == sorted(b) == sorted(source), "--init-adapter: tensors %s, %s, peft's %s" % (
+            sorted(a)[:2], sorted(b)[:2], sorted(source)[:2]))
+        differ = [k for k in a if k in b and not torch.equal(a[k], b[k])]
+        tt.check(not differ, "--init-adapter with --sync-module-states differs from without in %s" % differ[:3])
+        moved = max((a[k] - source[k]).abs().max().item() for k in source if k in a)
+        start = max(source[k].abs().max().item() for k in source if ".lora_B." in k)
+        tt.check(moved < 0.1 < start, "--init-adapter: the adapter moved by %.3g from peft's (lora_B up to %.3g): "
+                 "it did not start from it" % (moved, start))
+        print("[export] --init-adapter at 2 processes, own shards vs --sync-module-states: identical; moved %.3g "
+              "from peft's adapter in 2 steps (its lora_B reaches %.3g)" % (moved, start), flush=True)
 
 
 def main():
