@@ -22,7 +22,8 @@ Parts (one ctest test each; `python3 test_lora.py PART --probe ... --train ... -
           --merge-lora): trained adapters that peft reads with our logits; the
           CLI's refusals of bad --lora-* flags; a LoRA run resumed from its
           checkpoint at another world size, and that checkpoint converted
-          (--max-steps 0); --init-adapter with and without --sync-module-states.
+          (--max-steps 0); --lora-dropout resumed and recomputed; --init-adapter
+          with and without --sync-module-states.
 
 Tolerance: max|ours - theirs| <= 1e-5 x max|theirs| (fp32; see test_transformers.py).
 """
@@ -249,6 +250,32 @@ def part_export(args):
             check_adapter_dir("--max-steps 0 conversion of a LoRA checkpoint", conv, resumed)
             print("[export] --max-steps 0 conversion of the LoRA checkpoint: peft reads it; the tensors equal the "
                   "run's own export", flush=True)
+
+        # 5b. --lora-dropout 0.1 at 2 processes. The masks are keyed by (seed, step, micro-batch,
+        #     rank), so a run resumed at the same world size and one that recomputes its layers
+        #     (--activation-checkpointing) draw the same masks: both equal the uninterrupted run
+        #     bit for bit. Negative control: the adapter differs from the run without dropout.
+        drop = ["--lora-dropout", "0.1"]
+        ck_d = os.path.join(args.work, "ck-dropout")
+        outs = {label: os.path.join(args.work, "dropout-" + label) for label in ("straight", "resumed", "recomputed")}
+        rcs = [train(args, base, corpus, outs["straight"], *drop, steps=4, procs=2)[0],
+               train(args, base, corpus, None, *drop, "--checkpoint-dir", ck_d, steps=2, procs=2)[0],
+               train(args, base, corpus, outs["resumed"], *drop, "--checkpoint-dir", ck_d, "--resume", steps=4,
+                     procs=2)[0],
+               train(args, base, corpus, outs["recomputed"], *drop, "--activation-checkpointing", steps=4,
+                     procs=2)[0]]
+        if rcs == [0, 0, 0, 0]:
+            d = {k: load_file(os.path.join(v, "adapter_model.safetensors")) for k, v in outs.items()}
+            for label in ("resumed", "recomputed"):
+                differ = [k for k in d["straight"] if not torch.equal(d["straight"][k], d[label][k])]
+                tt.check(not differ, "--lora-dropout 0.1, %s: differs from the uninterrupted run in %s" % (
+                    label, differ[:3]))
+            no_dropout = a  # part 4's uninterrupted run: the same 4 steps at 2 processes
+            gap = max((d["straight"][k] - no_dropout[k]).abs().max().item() for k in no_dropout)
+            tt.check(gap > 0, "--lora-dropout 0.1 gave the adapter of a run without dropout")
+            print("[export] --lora-dropout 0.1 at 2 processes: resumed after 2 of 4 steps and recomputed under "
+                  "--activation-checkpointing, both identical to the uninterrupted run; %.3g from the run "
+                  "without dropout" % gap, flush=True)
 
     # 6. --init-adapter at 2 processes, each rank reading its own shards or (--sync-module-states)
     #    rank 0 reading everything and broadcasting: the two runs give the same adapter bit for
