@@ -2,6 +2,7 @@
 #include "fsdp/data/dataset.h"
 
 #include "data_file.h"
+#include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/json_input.h"
 #include "fsdp/common/files.h"
@@ -270,10 +271,6 @@ struct DataFile {
 // The last path component holds a wildcard: the path is a pattern over one directory.
 bool is_pattern(const std::string& path) {
   return fs::path(path).filename().string().find_first_of("*?[") != std::string::npos;
-}
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
 }
 
 // The format a file name stands for ("x.json.gz" -> kJsonl); kAuto when it names none.

@@ -124,9 +124,15 @@ std::vector<PlannedUnit> plan_units(const std::shared_ptr<nn::UnitBase>& root, c
 
 // ---- planning -------------------------------------------------------------------
 
+namespace {
+// Whether shards live on the compute device (FlatParamOptions::shard_device ==
+// device): only CPU offload from an accelerator moves them elsewhere.
+bool shards_on_compute_device(const FsdpOptions& o) { return !o.cpu_offload || o.device.is_cpu(); }
+}  // namespace
+
 bool detail::keeps_single_copy(const FsdpOptions& o, int shard_size) {
   const MixedPrecision& mp = o.mixed_precision;
-  return shard_size == 1 && mp.param_dtype == mp.master_dtype && (!o.cpu_offload || o.device.is_cpu());
+  return shard_size == 1 && mp.param_dtype == mp.master_dtype && shards_on_compute_device(o);
 }
 
 ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_size, int rank,
@@ -155,8 +161,7 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
   const int64_t sbytes = static_cast<int64_t>(c10::elementSize(optimizer_state_dtype));
   // Frozen shards hold the param dtype, and under NO_SHARD are the compute
   // copy itself (Note [Frozen shards in the param dtype] in model.cpp).
-  const bool frozen_in_place = options.strategy == ShardingStrategy::kNoShard &&
-                               (!options.cpu_offload || options.device.is_cpu());
+  const bool frozen_in_place = options.strategy == ShardingStrategy::kNoShard && shards_on_compute_device(options);
 
   // Padded elements: of parameters (trainable and frozen), and of gradients
   // (trainable only: frozen parameters have no gradient buffers).

@@ -3,14 +3,11 @@
 #include <cmath>
 #include <limits>
 
+#include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
 
 namespace fsdp::models {
 namespace {
-
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
 
 // HF's rotate_half: the pair of element j is element j + Dh/2 (halves, not
 // interleaved): (x1, x2) -> (-x2, x1).

@@ -19,10 +19,6 @@ namespace {
 constexpr const char* kLoraA = ".lora_A.weight";
 constexpr const char* kLoraB = ".lora_B.weight";
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 std::string last_component(const std::string& name) {
   const size_t dot = name.rfind('.');
   return dot == std::string::npos ? name : name.substr(dot + 1);

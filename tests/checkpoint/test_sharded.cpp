@@ -47,6 +47,14 @@ void write_state(const std::string& path, const std::map<std::string, at::Tensor
   checkpoint::save_safetensors(path, v);
 }
 
+// A checkpoint in `ckpt` and, beside it in `ckpt`.safetensors, the full state
+// it holds (collective).
+void save_with_state(testing::ShardedLlama& m, const std::string& ckpt, int64_t step, comm::ProcessGroup& pg) {
+  checkpoint::save_checkpoint(ckpt, step, *m.sharded, m.opt.get(), {}, {}, pg);
+  const auto state = testing::full_state(m);
+  if (pg.rank() == 0) write_state(ckpt + ".safetensors", state);
+}
+
 void write_notes(const std::string& dir) {
   fs::create_directories(dir);
   std::ofstream(dir + "/notes.txt") << "notes";
@@ -298,12 +306,6 @@ TEST(ShardedCheckpoint, FrozenShardsConvertWhenThePrecisionChanges) {
   auto is_frozen = [&](const std::string& key) {  // "param/<name>"
     return key.rfind("param/", 0) == 0 && std::regex_search(key.substr(6), frozen);
   };
-  // A checkpoint in `ckpt` and, beside it, the full state it holds.
-  auto save_with_state = [](testing::ShardedLlama& m, const std::string& ckpt, int64_t step, comm::ProcessGroup& pg) {
-    checkpoint::save_checkpoint(ckpt, step, *m.sharded, m.opt.get(), {}, {}, pg);
-    const auto state = testing::full_state(m);
-    if (pg.rank() == 0) write_state(ckpt + ".safetensors", state);
-  };
   testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
     auto m = make_sharded_llama(pg, "full", "block", 7, testing::small_config(), "fp32", freeze);
     train(m, 2, pg.size(), pg.rank());
@@ -355,14 +357,12 @@ TEST(ShardedCheckpoint, ResumeMayFreezeMoreButNotTrainWhatWasFrozen) {
   testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
     auto m = make_sharded_llama(pg, "full", "block", 7, testing::small_config(), "fp32", freeze);
     train(m, 2, pg.size(), pg.rank());
-    checkpoint::save_checkpoint(dir, 2, *m.sharded, m.opt.get(), {}, {}, pg);
-    const auto state = testing::full_state(m);
-    if (pg.rank() == 0) write_state(dir + "/state.safetensors", state);
+    save_with_state(m, dir + "/ckpt", 2, pg);
   });
   testing::run_distributed(1, [&](comm::ProcessGroup& pg) {
     auto more = make_sharded_llama(pg, "full", "block", 3, testing::small_config(), "fp32", freeze + "|mlp");
-    checkpoint::load_checkpoint(dir + "/step_00000002", *more.sharded, more.opt.get(), pg);
-    auto expected = read_state(dir + "/state.safetensors");
+    checkpoint::load_checkpoint(dir + "/ckpt/step_00000002", *more.sharded, more.opt.get(), pg);
+    auto expected = read_state(dir + "/ckpt.safetensors");
     for (auto it = expected.begin(); it != expected.end();) {  // the MLPs' moments are not kept now
       const bool mlp_moment = it->first.rfind("param/", 0) != 0 && it->first.find(".mlp.") != std::string::npos;
       it = mlp_moment ? expected.erase(it) : std::next(it);
@@ -372,7 +372,7 @@ TEST(ShardedCheckpoint, ResumeMayFreezeMoreButNotTrainWhatWasFrozen) {
 
     auto fewer = make_sharded_llama(pg, "full", "block", 3, testing::small_config(), "fp32", "k_proj");
     try {
-      checkpoint::load_checkpoint(dir + "/step_00000002", *fewer.sharded, fewer.opt.get(), pg);
+      checkpoint::load_checkpoint(dir + "/ckpt/step_00000002", *fewer.sharded, fewer.opt.get(), pg);
       ADD_FAILURE() << "expected a UsageError";
     } catch (const UsageError& e) {
       const std::string msg = e.what();

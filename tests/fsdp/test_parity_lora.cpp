@@ -16,12 +16,12 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
-#include <iostream>
 #include <string>
 
+#include "fsdp/common/encoding.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/lora.h"
-#include "parity.h"
+#include "llama_parity.h"
 #include "support/multiproc.h"
 
 namespace fsdp {
@@ -63,10 +63,6 @@ models::LoraConfig lora_config() {
   return c;
 }
 
-bool ends_with(const std::string& s, const std::string& suffix) {
-  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
-}
-
 // lora_init_rule with a nonzero lora_B. A pure function of the name: the
 // sharded side's shards and the reference's eager values come from it alike.
 nn::InitRuleFn lora_parity_init_rule(const models::LlamaConfig& cfg, const models::LoraConfig& lcfg) {
@@ -81,7 +77,7 @@ nn::InitRuleFn lora_parity_init_rule(const models::LlamaConfig& cfg, const model
   };
 }
 
-using Root = nn::UnitImpl<models::LlamaForCausalLMImpl>;
+using Root = testing::LlamaRoot;
 
 testing::ParityModel lora_parity_model() {
   const models::LlamaConfig cfg = lora_base_config();
@@ -107,13 +103,7 @@ testing::ParityModel lora_parity_model() {
     return std::make_shared<Root>(impl);
   };
   m.init_rule = rule;
-  m.loss = [cfg](nn::UnitBase& root, int64_t step, int64_t first, int64_t count) {
-    // Counting sequences: a rule the adapters can learn in a few steps.
-    const at::Tensor seq = testing::counting_sequences(cfg.vocab_size, kSeqLen + 1, step, first, count);
-    const at::Tensor tokens = seq.narrow(1, 0, kSeqLen).contiguous();
-    const at::Tensor targets = seq.narrow(1, 1, kSeqLen).contiguous();
-    return dynamic_cast<Root&>(root).forward(tokens, targets);
-  };
+  m.loss = testing::counting_lm_loss(cfg.vocab_size, kSeqLen);  // a rule the adapters learn in a few steps
   return m;
 }
 
@@ -131,14 +121,7 @@ int64_t expected_adapter_numel() {
 }
 
 ParityConfig lora_parity_config(ShardingStrategy s, int world) {
-  ParityConfig c;
-  c.steps = 6;
-  c.global_batch = 8;
-  c.lr = 1e-2;
-  c.fsdp.strategy = s;
-  c.fsdp.hybrid_shard_size = world >= 4 ? 2 : 1;
-  c.fsdp.wrap = WrapPolicy::by_type({models::llama_block_type()});
-  return c;
+  return testing::llama_parity_config(s, world, /*lr=*/1e-2);
 }
 
 // The engine's view of the same model under `c`: frozen entries hold exactly
@@ -180,8 +163,7 @@ void check(const ParityConfig& c, const testing::ParityModel& model, comm::Proce
   // The trained model beats the untrained one on the last batch (measured
   // 4.050 vs 4.140); with the base frozen, only the adapters can have made the
   // difference.
-  const double untrained = testing::expect_learned(model, c, r);
-  std::cout << "[lora] untrained loss on the last batch " << untrained << ", trained " << r.losses.back() << "\n";
+  testing::expect_learned(model, c, r);
   expect_frozen_base_trainable_adapters(pg, model, c);
 }
 

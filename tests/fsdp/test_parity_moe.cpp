@@ -13,7 +13,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/models/llama.h"
-#include "parity.h"
+#include "llama_parity.h"
 #include "support/multiproc.h"
 
 namespace fsdp {
@@ -46,7 +46,7 @@ models::LlamaConfig moe_config() {
   return c;
 }
 
-using Root = nn::UnitImpl<models::LlamaForCausalLMImpl>;
+using Root = testing::LlamaRoot;
 
 testing::ParityModel moe_parity_model() {
   const models::LlamaConfig cfg = moe_config();
@@ -58,24 +58,12 @@ testing::ParityModel moe_parity_model() {
     return std::make_shared<Root>(impl);
   };
   m.init_rule = models::llama_init_rule(cfg);
-  m.loss = [cfg](nn::UnitBase& root, int64_t step, int64_t first, int64_t count) {
-    const at::Tensor seq = testing::counting_sequences(cfg.vocab_size, kSeqLen + 1, step, first, count);
-    const at::Tensor tokens = seq.narrow(1, 0, kSeqLen).contiguous();
-    const at::Tensor targets = seq.narrow(1, 1, kSeqLen).contiguous();
-    return dynamic_cast<Root&>(root).forward(tokens, targets);
-  };
+  m.loss = testing::counting_lm_loss(cfg.vocab_size, kSeqLen);
   return m;
 }
 
 ParityConfig moe_parity_config(ShardingStrategy s, int world) {
-  ParityConfig c;
-  c.steps = 6;
-  c.global_batch = 8;
-  c.lr = 3e-3;
-  c.fsdp.strategy = s;
-  c.fsdp.hybrid_shard_size = world >= 4 ? 2 : 1;
-  c.fsdp.wrap = WrapPolicy::by_type({models::llama_block_type()});
-  return c;
+  return testing::llama_parity_config(s, world, /*lr=*/3e-3);
 }
 
 void check_strategy(ShardingStrategy s) {
@@ -86,10 +74,7 @@ void check_strategy(ShardingStrategy s) {
       const testing::ParityReport r = testing::run_parity(borrow(pg), model, c);
       // The comparison is of a model that learns: it beats the untrained
       // model on the last step's batch (measured 3.87 vs 4.95).
-      const double untrained = testing::expect_learned(model, c, r);
-      if (pg.rank() == 0) {
-        std::cout << "[moe] untrained loss on the last batch " << untrained << ", trained " << r.losses.back() << "\n";
-      }
+      testing::expect_learned(model, c, r);
     });
   }
 }

@@ -1,4 +1,4 @@
-// Small encodings and hashes shared by several layers.
+// Small encodings, hashes and string tests shared by several layers.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +7,11 @@
 #include <string_view>
 
 namespace fsdp {
+
+// Whether `s` ends with `suffix` (std::string::ends_with before C++20).
+inline bool ends_with(std::string_view s, std::string_view suffix) {
+  return s.size() >= suffix.size() && s.substr(s.size() - suffix.size()) == suffix;
+}
 
 // Standard base64 (RFC 4648 alphabet) with '=' padding.
 std::string base64_encode(std::string_view bytes);
