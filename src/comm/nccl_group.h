@@ -17,6 +17,7 @@
 #pragma once
 
 #include "fsdp/comm/backends.h"
+#include "comm/store_barrier.h"
 #include "fsdp/comm/process_group.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>

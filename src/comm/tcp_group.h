@@ -7,6 +7,7 @@
 // make_tcp_group's in fsdp/comm/backends.h.
 #pragma once
 
+#include "comm/store_barrier.h"
 #include "comm/tcp_transport.h"
 #include "fsdp/comm/backends.h"
 #include "fsdp/comm/process_group.h"

@@ -50,3 +50,41 @@ TEST(Files, RegularFilesPassOthersAreNamedByKind) {
   }
   ::close(fd);
 }
+
+// write_file_atomically: the new bytes replace the old file whole; a write
+// that cannot happen is a Failure naming the flag, the path and why, the old
+// file stays as it was, and no temporary file is left beside it.
+TEST(Files, AtomicWriteReplacesWholeOrNotAtAll) {
+  namespace fs = std::filesystem;
+  const std::string dir = fsdp::testing::temp_dir("atomic");
+  const std::string file = dir + "/metrics.jsonl";
+  std::ofstream(file) << "old\n";
+  fsdp::write_file_atomically(file, "new contents\n", "--metrics-file");
+  std::ifstream in(file);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(text, "new contents\n");
+
+  auto failure_of = [](auto f) -> std::string {
+    try {
+      f();
+    } catch (const fsdp::UsageError& e) {
+      return std::string("UsageError: ") + e.what();
+    } catch (const fsdp::Failure& e) {
+      return e.what();
+    }
+    return "nothing thrown";
+  };
+  // The target is a directory: the rename fails; the directory is untouched.
+  fs::create_directories(dir + "/taken");
+  const std::string why =
+      failure_of([&] { fsdp::write_file_atomically(dir + "/taken", "x", "--profile-file"); });
+  EXPECT_NE(why.find("--profile-file " + dir + "/taken: writing failed (renaming"), std::string::npos) << why;
+  EXPECT_TRUE(fs::is_directory(dir + "/taken"));
+  // The directory does not exist: nothing can be created.
+  const std::string missing =
+      failure_of([&] { fsdp::write_file_atomically(dir + "/no/such/dir/f", "x", "--metrics-file"); });
+  EXPECT_NE(missing.find("writing failed (creating " + dir + "/no/such/dir/f.tmp-"), std::string::npos) << missing;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    EXPECT_EQ(e.path().filename().string().find(".tmp-"), std::string::npos) << "left behind: " << e.path();
+  }
+}
