@@ -14,6 +14,7 @@
 #include <fmt/format.h>
 
 #include "cli_numbers.h"
+#include "option_names.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/main.h"
 #include "fsdp/common/memory.h"
@@ -164,4 +165,6 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return fsdp::run_main("fsdp-inspect", [&] { return run(argc, argv); }); }
+int main(int argc, char** argv) {
+  return fsdp::run_main("fsdp-inspect", [&] { return fsdp::cli::with_flag_names([&] { return run(argc, argv); }); });
+}

@@ -39,6 +39,7 @@
 #include <thread>
 
 #include "cli_numbers.h"
+#include "option_names.h"
 #include "train_flags.h"
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
@@ -483,4 +484,7 @@ int run(int argc, char** argv) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return fsdp::run_main("fsdp-train", [&] { return run(argc, argv); }); }
+// The library's errors name its options; the user gave flags (option_names.h).
+int main(int argc, char** argv) {
+  return fsdp::run_main("fsdp-train", [&] { return fsdp::cli::with_flag_names([&] { return run(argc, argv); }); });
+}

@@ -7,6 +7,7 @@
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/common/error.h"
 #include "fsdp/models/lora.h"
+#include "option_names.h"
 
 namespace fsdp::cli {
 
@@ -23,7 +24,11 @@ train::WrapChoice parse_wrap(const std::string& s) {
   // The engine's parser (its words and messages), with a stand-in block type:
   // the trainer fills in its model's.
   using Kind = train::WrapChoice::Kind;
-  const WrapPolicy p = parse_wrap_policy(s, std::type_index(typeid(void)));
+  WrapPolicy p;
+  with_flag_names([&] {
+    p = parse_wrap_policy(s, std::type_index(typeid(void)));
+    return 0;
+  });
   switch (p.kind) {
     case WrapPolicy::Kind::kByType: return {Kind::kBlock, 0};
     case WrapPolicy::Kind::kSize: return {Kind::kSize, p.min_num_params};

@@ -1,4 +1,6 @@
-// FsdpOptions: names of the choices and the checks fully_shard makes.
+// FsdpOptions: names of the choices and the checks fully_shard makes. The
+// messages name the options as this library spells them (FsdpOptions::wrap,
+// ...); a program maps them to its own flags (fsdp-train: apps/option_names.h).
 #include "fsdp/common/error.h"
 #include "fsdp/fsdp.h"
 
@@ -53,11 +55,11 @@ WrapPolicy parse_wrap_policy(const std::string& spec, std::type_index block_type
     } catch (const std::exception&) {
       used = 0;
     }
-    FSDP_CHECK(!num.empty() && used == num.size() && n >= 1, "--wrap ", spec,
+    FSDP_CHECK(!num.empty() && used == num.size() && n >= 1, "FsdpOptions::wrap ", spec,
                ": the minimum parameter count after 'size:' must be a positive integer, e.g. size:1000000");
     return WrapPolicy::size_based(n);
   }
-  FSDP_CHECK(false, "--wrap '", spec, "' is not one of: block, size:N, root, all");
+  FSDP_CHECK(false, "FsdpOptions::wrap '", spec, "' is not one of: block, size:N, root, all");
   return {};
 }
 
@@ -83,7 +85,7 @@ MixedPrecision MixedPrecision::preset(const std::string& name) {
 }
 
 void check_options(const FsdpOptions& o, int world_size) {
-  FSDP_CHECK(o.limit_all_gathers >= 1, "--limit-all-gathers must be >= 1 (all-gathers issued ahead of use), got ",
+  FSDP_CHECK(o.limit_all_gathers >= 1, "FsdpOptions::limit_all_gathers must be >= 1 (all-gathers issued ahead of use), got ",
              o.limit_all_gathers);
   const MixedPrecision& mp = o.mixed_precision;
   for (at::ScalarType t : {mp.param_dtype, mp.reduce_dtype, mp.buffer_dtype}) {
@@ -95,14 +97,15 @@ void check_options(const FsdpOptions& o, int world_size) {
   FSDP_CHECK(!o.cpu_offload || o.device.is_cpu() || o.device.is_cuda(), "CPU offload needs a CPU or CUDA device, got ",
              o.device);
   FSDP_CHECK(!o.offload_checkpoint_inputs || o.checkpoint_all_units || !o.checkpoint_types.empty(),
-             "offloading checkpointed inputs needs activation checkpointing (--activation-checkpointing)");
+             "FsdpOptions::offload_checkpoint_inputs needs activation checkpointing (FsdpOptions::checkpoint_types)");
   if (o.strategy == ShardingStrategy::kHybridShard) {
     const int s = o.hybrid_shard_size;
-    FSDP_CHECK(s >= 1, "HYBRID_SHARD needs a shard-group size >= 1 (--hybrid-shard-size, default LOCAL_WORLD_SIZE); "
+    FSDP_CHECK(s >= 1, "HYBRID_SHARD needs a shard-group size >= 1 (FsdpOptions::hybrid_shard_size, default "
+               "LOCAL_WORLD_SIZE); "
                "got ", s);
     FSDP_CHECK(world_size <= 0 || world_size % s == 0, "world size ", world_size,
                " is not a multiple of the hybrid shard size ", s,
-               "; choose a --hybrid-shard-size that divides the world size");
+               "; choose a FsdpOptions::hybrid_shard_size that divides the world size");
   }
 }
 

@@ -138,16 +138,16 @@ bool detail::keeps_single_copy(const FsdpOptions& o, int shard_size) {
 ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_size, int rank,
                            const FsdpOptions& options, at::ScalarType optimizer_state_dtype) {
   FSDP_CHECK(root != nullptr, "plan_sharding: the root module is null");
-  FSDP_CHECK(world_size >= 1, "the world size (--world-size, the number of processes) must be >= 1, got ",
+  FSDP_CHECK(world_size >= 1, "plan_sharding: world_size (the number of processes) must be >= 1, got ",
              world_size);
-  FSDP_CHECK(rank >= 0 && rank < world_size, "rank ", rank, " (--rank) is outside [0, ", world_size,
+  FSDP_CHECK(rank >= 0 && rank < world_size, "plan_sharding: rank ", rank, " is outside [0, ", world_size,
              ") — give a rank below the world size ", world_size);
   ShardingPlan plan;
   switch (options.strategy) {
     case ShardingStrategy::kNoShard: plan.shard_size = 1; break;
     case ShardingStrategy::kHybridShard:
       FSDP_CHECK(options.hybrid_shard_size >= 1 && world_size % options.hybrid_shard_size == 0,
-                 "--sharding hybrid: --hybrid-shard-size ", options.hybrid_shard_size,
+                 "HYBRID_SHARD: FsdpOptions::hybrid_shard_size ", options.hybrid_shard_size,
                  " must be >= 1 and divide the world size ", world_size, " (ranks per shard group)");
       plan.shard_size = options.hybrid_shard_size;
       break;

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include "support/errors.h"
+#include "option_names.h"
 #include "train_flags.h"
 
 namespace fsdp::cli {
@@ -133,6 +134,36 @@ TEST(TrainFlags, LrScalesParseAndRefuseBadValues) {
   flags.lr_scales = {"lora_(=2"};  // not a regex
   EXPECT_NE(usage_error_of([&] { apply_train_flags(flags, o); }).find("'lora_(' is not a valid regular expression"),
             std::string::npos);
+}
+
+}  // namespace fsdp::cli
+
+namespace fsdp::cli {
+
+// The engine names its options (FsdpOptions::...); the programs say their
+// flags instead, in every place a name occurs.
+TEST(OptionNames, EngineTermsBecomeFlags) {
+  EXPECT_EQ(in_flag_terms("[rank 0/2] HYBRID_SHARD needs a shard-group size >= 1 (FsdpOptions::hybrid_shard_size, "
+                          "default LOCAL_WORLD_SIZE); choose a FsdpOptions::hybrid_shard_size that divides it"),
+            "[rank 0/2] HYBRID_SHARD needs a shard-group size >= 1 (--hybrid-shard-size, default LOCAL_WORLD_SIZE); "
+            "choose a --hybrid-shard-size that divides it");
+  EXPECT_EQ(in_flag_terms("FsdpOptions::offload_checkpoint_inputs needs activation checkpointing "
+                          "(FsdpOptions::checkpoint_types)"),
+            "--offload-activations needs activation checkpointing (--activation-checkpointing)");
+  EXPECT_EQ(in_flag_terms("FsdpOptions::limit_all_gathers must be >= 1"), "--limit-all-gathers must be >= 1");
+  EXPECT_EQ(in_flag_terms("no option here"), "no option here");
+  // A UsageError through with_flag_names keeps its type, in flag terms.
+  EXPECT_EQ(usage_error_of([] {
+              with_flag_names([]() -> int {
+                check_options([] {
+                  FsdpOptions o;
+                  o.limit_all_gathers = 0;
+                  return o;
+                }(), 2);
+                return 0;
+              });
+            }),
+            "--limit-all-gathers must be >= 1 (all-gathers issued ahead of use), got 0");
 }
 
 }  // namespace fsdp::cli
