@@ -1,5 +1,11 @@
 // fsdp-train: trains a Llama-family model with Fully Sharded Data Parallel.
 //
+// Modes: `fsdp-train [train] ...` trains; `fsdp-train eval ...` (or --eval-only)
+// evaluates the starting weights; `fsdp-train convert --checkpoint-dir DIR
+// --export-hf OUT` converts a checkpoint to Hugging Face files. The old
+// spelling of a conversion, --max-steps 0 --resume, still works and says it is
+// deprecated.
+//
 // Process model: with --nproc-per-node N (> 1) this process becomes a local
 // launcher — it checks the flags, starts N workers (this same program and
 // arguments) with torchrun's environment, supervises them and exits with the
@@ -50,6 +56,8 @@
 #include "fsdp/common/memory.h"
 #include "fsdp/data/dataset.h"
 #include "fsdp/models/registry.h"
+#include "fsdp/train/metrics.h"
+#include "fsdp/train/prometheus.h"
 #include "fsdp/train/trainer.h"
 
 namespace {
@@ -149,9 +157,10 @@ void check_nproc(int nproc, at::DeviceType device) {
 // command line or in --config) as keys, every other option's default as a
 // comment. Defaults stay comments because a key counts as given: replaying
 // `model = "tiny"` beside --init-from, or `timeout = ""`, would change the run.
-std::string effective_config(const CLI::App& app) {
+std::string effective_config(const CLI::App& app, const std::string& mode) {
   std::set<std::string> given;
-  std::string text = "# fsdp-train's effective configuration (fsdp-train --config FILE replays it)\n";
+  std::string text = "# fsdp-train's effective configuration (fsdp-train " + (mode.empty() ? "" : mode + " ") +
+                     "--config FILE replays it)\n";
   std::istringstream g(app.config_to_str(/*default_also=*/false, /*write_description=*/false));
   for (std::string line; std::getline(g, line);) {
     if (line.empty() || line[0] == '#' || line[0] == '[') continue;
@@ -254,19 +263,40 @@ int run(int argc, char** argv) {
   app.add_option("--clip-grad", o.step.clip_grad, "Clip the global gradient norm to this (0: off)")
       ->capture_default_str();
   app.add_option("--max-steps", o.step.max_steps,
-                 "Optimizer steps; the cosine decay ends here. 0 with --resume --checkpoint-dir DIR --export-hf OUT: "
-                 "convert DIR's newest checkpoint to Hugging Face files (no data needed; the model is the "
-                 "checkpoint's) and exit")
+                 "Optimizer steps; the cosine decay ends here. (0 with --resume: deprecated spelling of "
+                 "'fsdp-train convert')")
       ->capture_default_str();
   app.add_option("--seed", o.step.seed, "Seed for initialization and data order")->capture_default_str();
   app.add_flag("!--no-shuffle", o.data.shuffle, "Read windows in order instead of a seeded shuffle per epoch");
   app.add_option("--log-every", o.log.log_every, "Log every N steps (and the last)")->capture_default_str();
+  using fsdp::train::MetricScope;
   app.add_option("--metrics-file", o.log.metrics_file,
-                 "Append one JSON object per logged step: step, loss, lr, grad_norm, samples_per_s, tokens_per_s, "
-                 "step_time_s, peak_mem_bytes, allgather_bytes, reduce_scatter_bytes, allreduce_bytes");
+                 "Append one JSON object per logged step (" +
+                     fsdp::train::metric_names(MetricScope::kStep, fsdp::train::kToJson) + ") and per evaluation (" +
+                     fsdp::train::metric_names(MetricScope::kEval, fsdp::train::kToJson) +
+                     "); --list-metrics says what each means");
   app.add_option("--tensorboard", o.log.tensorboard_dir,
-                 "Write TensorBoard event files into this directory (rank 0): train/loss, lr, grad_norm, "
-                 "tokens_per_s, samples_per_s, step_time_s, peak_mem_bytes at each logged step, and eval/loss");
+                 "Write TensorBoard event files into this directory (rank 0): " +
+                     fsdp::train::metric_names(MetricScope::kStep, fsdp::train::kToTensorBoard) +
+                     " at each logged step, and " +
+                     fsdp::train::metric_names(MetricScope::kEval, fsdp::train::kToTensorBoard));
+  app.add_option("--metrics-port", o.log.metrics_port,
+                 "Serve the metrics for Prometheus on http://HOST:PORT/metrics while the run goes on (rank 0; "
+                 "labelled rank=\"0\"): the --metrics-file values as " +
+                     fsdp::train::metric_names(MetricScope::kStep, fsdp::train::kToPrometheus) + ", " +
+                     fsdp::train::metric_names(MetricScope::kEval, fsdp::train::kToPrometheus) +
+                     ". 0: any free port (logged). A port in use is an error before training");
+  app.add_option("--metrics-host", o.log.metrics_host,
+                 "Address --metrics-port listens on: 0.0.0.0 (every interface: a Prometheus server elsewhere) or "
+                 "127.0.0.1 (this machine only)")
+      ->capture_default_str();
+  app.add_flag("--metrics-every-rank", o.log.metrics_every_rank,
+               "Every process serves its own metrics on --metrics-port + its local rank (labelled rank=\"R\")");
+  bool list_metrics = false;
+  app.add_flag("--list-metrics", list_metrics,
+               "Print the table of metrics (--metrics-file keys, TensorBoard tags, Prometheus names, meanings) "
+               "and exit")
+      ->configurable(false);
   app.add_option("--profile-steps", profile_steps,
                  "Trace steps A..B-1 ('A:B', steps numbered as in 'Batch N'): every rank's all-gathers and "
                  "reduce-scatters (issue, wait, the collective itself, bytes), forward, backward, optimizer, data "
@@ -386,9 +416,10 @@ int run(int argc, char** argv) {
   ev->add_option("--eval-windows", o.eval.max_windows,
                  "Periodic evaluation uses only the first N windows of --val-data (0: all)")
       ->capture_default_str();
-  ev->add_flag("--eval-only", o.eval.only,
+  bool eval_only = false;
+  ev->add_flag("--eval-only", eval_only,
                "Evaluate the weights from --init-from or --resume on all of --val-data (exact mean loss over every "
-               "target token), print 'Eval Loss: X', and exit");
+               "target token), print 'Eval Loss: X', and exit (the same as 'fsdp-train eval')");
   // --config FILE: TOML (or INI) with the long flag names as keys, e.g.
   //   model = "llama3.2-1b"   seq-len = 2048   mixed-precision = "bf16"
   // Flags on the command line override the file; a key that names no flag is an error.
@@ -399,6 +430,17 @@ int run(int argc, char** argv) {
                "Print the effective configuration (the --config file with command-line overrides and defaults "
                "applied) as TOML, and exit")
       ->configurable(false);
+  // The modes: training (no subcommand, or `train`), evaluation, conversion.
+  // Every option may follow the subcommand (fallthrough to this app's options).
+  app.fallthrough();
+  app.require_subcommand(0, 1);
+  auto* train_cmd = app.add_subcommand("train", "Train (the default)");
+  auto* eval_cmd = app.add_subcommand(
+      "eval", "Evaluate the weights of --init-from or --resume on all of --val-data, then export if asked "
+              "(= --eval-only)");
+  auto* convert_cmd = app.add_subcommand(
+      "convert", "Convert the newest checkpoint of --checkpoint-dir to Hugging Face files in --export-hf (no data "
+                 "needed; the model is the checkpoint's)");
   fsdp::cli::strict_numbers(app);  // before --version: it is no number
   app.set_version_flag("--version", std::string("fsdp-train 0.1.0 (LibTorch ") + fsdp::internals::torch_version() + ")")
       ->configurable(false);
@@ -423,8 +465,28 @@ int run(int argc, char** argv) {
     return kExitUsage;
   }
 
+  if (list_metrics) {
+    std::cout << fsdp::train::metrics_markdown();
+    return 0;
+  }
+  // --max-steps 0: the old spelling of a conversion.
+  const bool deprecated_conversion = app.count("--max-steps") > 0 && o.step.max_steps == 0 &&
+                                     convert_cmd->parsed() == false && eval_cmd->parsed() == false;
+  FSDP_CHECK(!deprecated_conversion || o.checkpoint.resume, "--max-steps 0 (the deprecated spelling of 'fsdp-train "
+             "convert') converts a checkpoint and needs --resume --checkpoint-dir DIR --export-hf OUT; give "
+             "--max-steps >= 1 to train");
+  FSDP_CHECK(!(convert_cmd->parsed() && eval_only), "'fsdp-train convert' and --eval-only are two modes; give one");
+  FSDP_CHECK(!(train_cmd->parsed() && (eval_only || deprecated_conversion)), "'fsdp-train train' trains; leave out ",
+             eval_only ? "--eval-only" : "--max-steps 0", " or use 'fsdp-train ", eval_only ? "eval" : "convert", "'");
+  const std::string mode = convert_cmd->parsed() || deprecated_conversion ? "convert"
+                           : eval_cmd->parsed() || eval_only               ? "eval"
+                                                                           : "";
+  o.mode = mode == "convert" ? fsdp::train::Mode::kConvert
+           : mode == "eval"  ? fsdp::train::Mode::kEvaluate
+                             : fsdp::train::Mode::kTrain;
+
   // The effective configuration: printed on request, recorded by every run beside its metrics.
-  o.log.config_text = effective_config(app);
+  o.log.config_text = effective_config(app, mode);
   if (print_config) {
     std::cout << o.log.config_text;
     return 0;
@@ -437,9 +499,9 @@ int run(int argc, char** argv) {
   if (o.eval.val_data == "embedded") o.eval.val_data = validation_split(o.data.path);
   // --init-from DIR without --model: the model is DIR's config.json.
   if (!o.hf.init_from.empty() && app.count("--model") == 0) o.model = o.hf.init_from;
-  // Converting a checkpoint (--max-steps 0) without --model: the checkpoint's
-  // model (an empty model spec; train/trainer.h).
-  if (o.step.max_steps == 0 && app.count("--model") == 0) o.model.clear();
+  // Converting a checkpoint without --model: the checkpoint's model (an empty
+  // model spec; train/trainer.h).
+  if (o.mode == fsdp::train::Mode::kConvert && app.count("--model") == 0) o.model.clear();
   fsdp::comm::InitOptions init;
   if (app.count("--timeout") > 0) {  // given: '' is refused too, not taken as "not given"
     init.timeout = init.store_timeout = fsdp::comm::parse_timeout(timeout_text, "--timeout");
@@ -449,9 +511,20 @@ int run(int argc, char** argv) {
 
   const fsdp::comm::WorldInfo world = fsdp::comm::detect_world();
   const bool is_worker = world.launcher != "single";
+  // Said once: by the process the user started, not again by the local launcher's workers.
+  if (deprecated_conversion && world.launcher != "fsdp-train" && world.rank == 0) {
+    std::cerr << "fsdp-train: warning: --max-steps 0 to convert a checkpoint is deprecated; use 'fsdp-train convert "
+                 "--checkpoint-dir DIR --export-hf OUT'\n";
+  }
   if (!is_worker) check_nproc(nproc, o.device);  // under torchrun/srun/PyTorchJob the flag is ignored
   if (nproc > 1 && !is_worker) {
     fsdp::train::validate_options(o, nproc);  // fail once, before starting anything
+    // The Prometheus ports the workers will listen on: free now, or an error before anything starts.
+    if (o.log.metrics_port > 0 && o.mode != fsdp::train::Mode::kConvert) {
+      for (int r = 0; r < (o.log.metrics_every_rank ? nproc : 1); ++r) {
+        fsdp::train::check_metrics_address(o.log.metrics_host, o.log.metrics_port + r);
+      }
+    }
     // Every local worker's memory at once, before any of them allocates.
     fsdp::train::check_memory(o, nproc, nproc, std::nullopt);
     fsdp::comm::LaunchOptions lo;

@@ -17,6 +17,10 @@ PACKAGES=(
   # loads libsentencepiece at run time.
   libsentencepiece-dev sentencepiece
   fortunes # the embedded corpus (scripts/prepare_data.sh)
+  # fsdp-train --metrics-port: CivetWeb serves the Prometheus endpoint. The tests read it with the
+  # Prometheus project's own parser (python3-prometheus-client) and check the Grafana dashboard
+  # against its schema with python3-jsonschema (Debian's Python, /usr/bin/python3).
+  libcivetweb-dev python3-prometheus-client python3-jsonschema
   # The fuzz targets (tests/fuzz, built into build-fuzz by scripts/test.sh): clang with libFuzzer and
   # the sanitizer runtimes; llvm for llvm-symbolizer (readable sanitizer reports).
   clang libclang-rt-14-dev llvm

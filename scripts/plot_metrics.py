@@ -20,7 +20,7 @@ has no step and is left out here). This writes, with matplotlib's Agg backend
 
 A step recorded twice (a file older than the resume logic, which drops the
 records of steps a resumed run trains again: Note [Metrics after a resume] in
-src/train/trainer.cpp) is plotted with its last record, the run that went on.
+src/train/run_state.cpp) is plotted with its last record, the run that went on.
 
 Exit status: 0 with the plots written, 2 for a file that cannot be read as a
 metrics file (the reason and the line number printed).

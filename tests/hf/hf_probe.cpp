@@ -98,7 +98,7 @@ models::AttentionKernel kernel_of(const std::string& name) {
 }
 
 // What `fsdp-train --init-from DIR --mixed-precision PRECISION` builds before
-// its first step (train/trainer.cpp): the config from DIR, the model on the
+// its first step (src/train/trainer.cpp, model_build.cpp): the config from DIR, the model on the
 // meta device under fully_shard, then the weights from DIR.
 struct Loaded {
   models::LlamaConfig cfg;

@@ -11,7 +11,7 @@ their own. Checks (each prints one summary line; the test fails if any fails):
                ETA; a 'Run summary' line that names the checkpoint directory
   metrics      --metrics-file: each step 0..8 once after the resume, although the
                crashed run left a step-7 record behind (Note [Metrics after a
-               resume], src/train/trainer.cpp); every field of a step record;
+               resume], src/train/run_state.cpp); every field of a step record;
                the engine's unsharded-buffer peak within [0.9, 1] x the plan's
                bound at every step (the memory contract, as the trainer logs it)
   tensorboard  --tensorboard: the event files read back by TensorBoard's own

@@ -247,7 +247,7 @@ TEST(Eval, EvalOnlyMatchesADirectComputation) {
       o.model = dir + "/hf";
       o.hf.init_from = dir + "/hf";
       o.eval.val_data = kValCorpus;
-      o.eval.only = true;
+      o.mode = train::Mode::kEvaluate;
       o.step.batch_size = 3;  // windows do not divide evenly: padding rows and a partial last window
       o.log.metrics_file = dir + "/metrics" + std::to_string(w) + ".jsonl";
       auto s = train::train(o, runtime_of(pg));

@@ -6,13 +6,19 @@
 //   gradient norm, AdamW on the local shards, learning rate from the schedule.
 // Rank 0 logs
 //   Batch 90 Loss: 7.24291, Speed: 9.41 samples/sec, lr: 0.000010 | step 91/500,
-//     1204 tokens/s, grad norm 0.8123, peak mem 281 MiB, ETA 3m12s
+//     1204 tokens/s, grad norm 0.8123, peak mem 281 MiB, unsharded 1.2 MiB (plan 1.5 MiB), ETA 3m12s
 // (one line) where Loss is the mean over the whole global batch (all ranks),
 // Speed counts global samples per second over the steps since the previous log
-// line, the ETA extrapolates that interval, and (with a metrics file) appends
-// one JSON object per logged step; on a terminal a progress bar stays below the
-// log lines; at the end one "Run summary: ..." line says what was trained and
-// where its checkpoints, export, metrics, TensorBoard files and trace went.
+// line, the ETA extrapolates that interval, and the same step's metrics
+// (train/metrics.h: one table of names and meanings) go to the metrics file,
+// TensorBoard and the Prometheus endpoint when asked for; on a terminal a
+// progress bar stays below the log lines; at the end one "Run summary: ..."
+// line says what was trained and where its checkpoints, export, metrics,
+// TensorBoard files and trace went.
+//
+// Three modes (TrainOptions::mode): training; evaluation only (the starting
+// weights on every validation window); conversion of a checkpoint to Hugging
+// Face files (convert_checkpoint, no data and no training).
 #pragma once
 
 #include <cstdint>
@@ -48,7 +54,7 @@ struct DataOptions {
 struct StepOptions {
   int64_t batch_size = 8;  // B, per rank and micro-step
   int64_t grad_accum = 1;
-  int64_t max_steps = 500;  // 0: convert a checkpoint, no training (see train())
+  int64_t max_steps = 500;  // >= 1 when training
   double clip_grad = 1.0;  // 0: no clipping
   uint64_t seed = 1337;
 };
@@ -75,6 +81,12 @@ struct LogOptions {
   int64_t profile_begin = 0;
   int64_t profile_end = 0;
   std::string profile_file = "fsdp-trace.json";
+  // Prometheus (train/prometheus.h): -1 off; else rank 0 serves its metrics
+  // on metrics_host:metrics_port (0: any free port, logged) at /metrics, and
+  // with metrics_every_rank every process on metrics_port + its local rank.
+  int metrics_port = -1;
+  std::string metrics_host = "0.0.0.0";
+  bool metrics_every_rank = false;
 };
 
 // Which modules of the Llama model become FSDP units: the engine's
@@ -159,12 +171,19 @@ struct EvalOptions {
   std::string val_data;     // "": no evaluation; same formats and tokenizer as DataOptions
   int64_t every = 0;        // evaluate after every N completed steps (and after the last)
   int64_t max_windows = 0;  // periodic evaluation: only the first N windows (0: all)
-  bool only = false;        // evaluate the initial weights (--init-from / --resume) on ALL windows, then stop
+};
+
+// What a run does.
+enum class Mode {
+  kTrain,     // step.max_steps steps, with evaluation, checkpoints and the export as asked
+  kEvaluate,  // the starting weights (hf.init_from or checkpoint.resume) on ALL eval windows, then the export if asked
+  kConvert,   // checkpoint.dir's newest checkpoint to hf.export_dir (convert_checkpoint): no data, no training
 };
 
 struct TrainOptions {
+  Mode mode = Mode::kTrain;
   // Preset name, HF config.json, or a directory holding one. Converting a
-  // checkpoint (step.max_steps == 0): "" takes the checkpoint's model.
+  // checkpoint (Mode::kConvert): "" takes the checkpoint's model.
   std::string model = "tiny";
   // kCPU, or kCUDA: each worker trains on cuda:<its local rank>.
   at::DeviceType device = at::kCPU;
@@ -196,6 +215,7 @@ struct EvalRecord {
   int64_t step = 0;         // completed steps when evaluated
   double loss = 0;          // mean over every target token of the windows evaluated
   int64_t targets = 0;      // target tokens evaluated (all ranks)
+  double seconds = 0;       // wall time of the evaluation
 };
 
 struct StepRecord {
@@ -213,6 +233,8 @@ struct StepRecord {
   // logged step (ShardedModel::unsharded_memory), and the plan's bound for it.
   int64_t unsharded_peak_bytes = 0;
   int64_t unsharded_bound_bytes = 0;
+  double mfu = -1;            // model FLOPs utilization of this rank; -1 where the device's peak is not known
+  int64_t skipped_steps = 0;  // fp16: steps skipped so far (the loss scaler's count)
   StepCounters comm;
 };
 
@@ -227,18 +249,20 @@ struct TrainSummary {
   int stop_reason = 0;            // non-zero: stopped early by stop_requested (its agreed value)
   std::string last_checkpoint;    // path of the last checkpoint saved by this call, "" if none
   std::string trace_file;         // rank 0: the --profile-steps trace written by this call, "" if none
+  std::string metrics_url;        // rank 0: where its Prometheus metrics were served, "" if not
 };
 
 // Cheap checks that need no process group (flags, files exist, the model
 // resolves, shapes fit): run before launching workers so bad input fails
-// once, fast, with exit code 2. With step.max_steps == 0 only what a
-// conversion uses is checked (no data, no training flags).
+// once, fast, with exit code 2. With Mode::kConvert only what a conversion
+// uses is checked (no data, no training flags). The Prometheus address is
+// not checked here (the workers bind it): see check_metrics_address.
 // world_size: the number of processes when known before they start (the
 // local launcher), else 0.
 void validate_options(const TrainOptions& options, int world_size = 0);
 
 // Memory a run needs, checked before anything is allocated (Note [Memory
-// check] in trainer.cpp): per rank, the sharding plan's bytes (parameter,
+// check] in src/train/memory_check.cpp): per rank, the sharding plan's bytes (parameter,
 // gradient and optimizer shards, unsharded units during a step) and the
 // logits of one micro-batch (B x T x V), a lower bound of what training
 // takes. Throws UsageError naming the need, its parts and what is available.
@@ -250,7 +274,7 @@ void validate_options(const TrainOptions& options, int world_size = 0);
 // Nothing is checked where the machine does not say what it has.
 // Returns the plan's bound on one rank's unsharded buffers during a step
 // (ShardingPlan::unsharded_bound of --grad-accum), which the trainer logs
-// beside the engine's measured peak; 0 when nothing is trained (--max-steps 0).
+// beside the engine's measured peak; 0 for Mode::kConvert.
 int64_t check_memory(const TrainOptions& options, int world_size, int local_world_size,
                      std::optional<c10::Device> this_rank);
 
@@ -280,9 +304,10 @@ int64_t check_memory(const TrainOptions& options, int world_size, int local_worl
 // checkpoint.dir); no method may be called.
 class Trainer {
  public:
-  // Collective. Checks the options (validate_options; UsageError). With
-  // step.max_steps == 0 (a conversion) nothing else: only run() may follow.
-  // Otherwise makes cuda:<local rank> current (device kCUDA), checks this
+  // Collective. Checks the options (validate_options; UsageError; Mode::kConvert
+  // is refused: convert_checkpoint converts). Starts the Prometheus endpoint
+  // (log.metrics_port; UsageError when its port is in use), makes
+  // cuda:<local rank> current (device kCUDA), checks this
   // rank's memory (check_memory), opens checkpoint.dir (rank 0 locks it until
   // the Trainer is destroyed), loads the tokenizer and the data, builds the
   // model sharded over the world group with the seeded initialization (with
@@ -299,10 +324,9 @@ class Trainer {
   // loss scale, step); else, or when it holds none, hf.init_from's weights
   // when given; else the seeded initialization stays. Then rank 0 opens the
   // metrics file (dropping the records of the steps trained again, Note
-  // [Metrics after a resume] in trainer.cpp) and the TensorBoard directory.
-  // Requires: once, before any other method; not a conversion. With eval.only
-  // and neither a checkpoint found nor hf.init_from: UsageError (nothing to
-  // evaluate).
+  // [Metrics after a resume] in src/train/run_state.cpp) and the TensorBoard directory.
+  // Requires: once, before any other method. With Mode::kEvaluate and neither
+  // a checkpoint found nor hf.init_from: UsageError (nothing to evaluate).
   void restore();
 
   // Collective. One optimizer step, step() -> step() + 1: grad_accum
@@ -313,7 +337,7 @@ class Trainer {
   // On a logged step (every log_every, the last, a stopping one) rank 0 logs
   // the step line and writes its metrics and TensorBoard records. The record
   // is returned and appended to summary().steps.
-  // Requires: restore() done; not eval.only; step() < step.max_steps.
+  // Requires: restore() done; Mode::kTrain; step() < step.max_steps.
   // Throws UsageError when the loss is not finite.
   StepRecord train_step();
 
@@ -332,7 +356,7 @@ class Trainer {
   // Collective. Writes the weights now as Hugging Face safetensors and
   // config.json into hf.export_dir (hf.export_dtype, files of at most
   // hf.export_shard_bytes; the special token ids and tokenizer files of Note
-  // [Export extras] in trainer.cpp) and logs it. With LoRA: the PEFT adapter
+  // [Export extras] in src/train/export.cpp) and logs it. With LoRA: the PEFT adapter
   // directory (checkpoint/peft.h; with the tokenizer files), or with
   // lora.merge the merged model.
   // Requires: restore() done; hf.export_dir set.
@@ -355,28 +379,30 @@ class Trainer {
   std::unique_ptr<Impl> impl_;
 };
 
-// Trains on the given runtime: Trainer(options, runtime).run() (every rank
-// calls it). Throws UsageError for bad input, Failure for runtime failures.
+// Runs options.mode on the given runtime (every rank calls it):
+// Trainer(options, runtime).run(), or convert_checkpoint for Mode::kConvert.
+// Throws UsageError for bad input, Failure for runtime failures.
 //
 // Order of events: resume from checkpoint.dir (if asked and one exists), else
 // initialize from hf.init_from (if given), else the seeded initialization;
-// with eval.only, evaluate and skip training; otherwise steps start_step ..
+// with Mode::kEvaluate, evaluate and skip training; otherwise steps start_step ..
 // max_steps-1, with evaluation and checkpoints after every N completed steps,
 // a final checkpoint (when checkpoint.dir is set) and finally the export
 // (hf.export_dir) — not when stopped early. Rank 0 logs (besides the step lines)
 //   Eval Loss: 5.12345 (step 100, 40960 tokens)
 //   Saved checkpoint step_00000100 in 0.04 s: 3.2 MB, 0.08 GB/s (<dir>)
 //   Resumed from <dir>/step_00000100: 3.2 MB in 0.02 s, 0.16 GB/s
-// and appends {"step", "eval_loss"} records to the metrics file.
-//
-// Conversion (step.max_steps == 0, with checkpoint.resume, checkpoint.dir and
-// hf.export_dir; Note [Checkpoint conversion] in trainer.cpp): loads the
+// and appends {"step", "eval_loss", "eval_tokens"} records to the metrics file.
+TrainSummary train(const TrainOptions& options, const comm::Runtime& runtime);
+
+// Mode::kConvert (with checkpoint.dir and hf.export_dir; Note [Checkpoint
+// conversion] in src/train/validate.cpp), collective: checks the options, loads the
 // parameters of checkpoint.dir's newest valid checkpoint into the model its
 // manifest describes (options.model, when non-empty, must describe the same
 // model), exports them to hf.export_dir as that run's --export-hf would have
 // (the same special token ids and carried tokenizer/generation files, recorded
 // in the checkpoint), and returns: no data, tokenizer or optimizer state is
 // read. Any world size and sharding give the same files.
-TrainSummary train(const TrainOptions& options, const comm::Runtime& runtime);
+TrainSummary convert_checkpoint(const TrainOptions& options, const comm::Runtime& runtime);
 
 }  // namespace fsdp::train

@@ -1,0 +1,28 @@
+// The checks before a run, with the model configuration resolved once by the
+// caller (train/model_build.h resolve_model_config); trainer.h's
+// validate_options and check_memory resolve it themselves and call these.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <string>
+
+#include "fsdp/models/llama_config.h"
+#include "fsdp/train/trainer.h"
+
+namespace fsdp::train {
+
+// trainer.h's validate_options. `resolved`: the configuration, or null to
+// resolve it here (where the checks come to it, after the flags that need no
+// files). Returns the configuration.
+models::LlamaConfig validate_options(const TrainOptions& options, int world_size,
+                                     const models::LlamaConfig* resolved);
+
+int64_t check_memory(const TrainOptions& options, int world_size, int local_world_size,
+                     std::optional<c10::Device> this_rank, const models::LlamaConfig& cfg);
+
+// A file rank 0 writes (--metrics-file, --profile-file): its directory exists,
+// it is no directory itself, and this process may write it. `flag` names it.
+void check_output_file(const std::string& path, const char* flag);
+
+}  // namespace fsdp::train

@@ -1,0 +1,100 @@
+// check_memory: whether a run fits this machine, before anything is allocated.
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "fsdp/common/device.h"
+#include "fsdp/common/encoding.h"
+#include "fsdp/common/error.h"
+#include "fsdp/common/memory.h"
+#include "train/checks.h"
+#include "train/model_build.h"
+
+namespace fsdp::train {
+
+// Note [Memory check]
+// Overcommitting kernels let a process map far more than the machine has; the run
+// then dies at the first touch (the OOM killer: SIGKILL, no message) or LibTorch
+// throws from deep inside a step. So before anything is allocated, the plan's bytes
+// (plan_sharding on the meta device: no memory), the logits of one micro-batch and
+// a lower bound on its activations are compared with what the machine says it has:
+// /proc/meminfo's MemAvailable within the cgroup's limit, and cudaMemGetInfo's free
+// bytes. It is a lower bound (attention scores, communication buffers and LibTorch
+// itself come on top), so it refuses only runs that cannot fit. The local launcher checks
+// all of its processes at once before starting them; every rank then checks its
+// own share, which its siblings' allocations cannot make fail (the launcher saw
+// room for all of them).
+int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size,
+                     std::optional<c10::Device> this_rank) {
+  if (o.mode == Mode::kConvert) return 0;  // a conversion holds one unit at a time
+  return check_memory(o, world_size, local_world_size, this_rank, resolve_model_config(o));
+}
+
+int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size,
+                     std::optional<c10::Device> this_rank, const models::LlamaConfig& cfg) {
+  if (o.mode == Mode::kConvert) return 0;
+  const bool eval_only = o.mode == Mode::kEvaluate;
+  // A frozen base (LoRA, --freeze) has no gradient or optimizer state.
+  const BuiltModel m = build_model(o, cfg, BuildOptions{});
+  FsdpOptions fo = engine_options(o, *m.family, world_size);
+  if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = local_world_size;
+  const bool pure = fo.mixed_precision.master_dtype == at::kBFloat16;
+  const ShardingPlan plan = plan_sharding(m.root, world_size, 0, fo, pure ? at::kBFloat16 : at::kFloat);
+  // The sizes are bounded (LlamaConfig limits, validate_options' products), except
+  // what grows with a micro-batch: B x T x (elements per token) of the compute dtype.
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(fo.mixed_precision.param_dtype));
+  const int64_t kHuge = std::numeric_limits<int64_t>::max() / 4;  // "more than any machine": no overflow below
+  const auto bytes_per_micro_batch = [&](int64_t elements_per_token) {
+    const std::optional<int64_t> b = checked_product({o.step.batch_size, o.data.seq_len, elements_per_token, elem});
+    return std::min(b.value_or(kHuge), kHuge);
+  };
+  const int64_t logit_bytes = bytes_per_micro_batch(cfg.vocab_size);
+  // Activations kept for backward, a lower bound per token and decoder layer: the
+  // norms, q/k/v/o and residuals (10 x hidden_size) and the MLP's gate, up, act
+  // and product (4 x intermediate_size); attention scores are left out (a fused
+  // kernel keeps none). With --activation-checkpointing only each layer's input
+  // stays, plus one layer while it is recomputed. (Measured on the tiny model:
+  // 281 MB over the weights' at B=16, T=256; this says 210 MB.)
+  const int64_t per_layer = 10 * cfg.hidden_size + 4 * cfg.intermediate_size;
+  const int64_t per_token = eval_only ? per_layer
+                            : o.sharding.activation_checkpointing
+                                ? cfg.num_hidden_layers * cfg.hidden_size + per_layer
+                                : cfg.num_hidden_layers * per_layer;
+  const int64_t activation_bytes = bytes_per_micro_batch(per_token);
+  const int64_t shards = plan.param_shard_bytes + (eval_only ? 0 : plan.grad_shard_bytes + plan.optimizer_bytes);
+  const int64_t unsharded = plan.unsharded_bound(o.step.grad_accum);
+  const int64_t step = unsharded + logit_bytes + activation_bytes;
+  const bool on_device = this_rank && this_rank->is_cuda();
+  const bool cuda_run = o.device == at::kCUDA;
+  // Host: everything on CPU runs; the offloaded shards with --cpu-offload on CUDA.
+  const int64_t host = cuda_run ? (o.sharding.cpu_offload ? shards : 0) : shards + step;
+  const std::string parts = fmt::format(
+      "parameter and gradient shards {}, optimizer state {}, unsharded units during a step {}, logits of one "
+      "micro-batch {} (--batch-size {} x --seq-len {} x vocab_size {}), activations {}",
+      format_bytes(plan.param_shard_bytes + (eval_only ? 0 : plan.grad_shard_bytes)),
+      format_bytes(eval_only ? 0 : plan.optimizer_bytes), format_bytes(unsharded),
+      format_bytes(logit_bytes), o.step.batch_size, o.data.seq_len, cfg.vocab_size, format_bytes(activation_bytes));
+  const char* fix = "reduce --batch-size or --seq-len, add --activation-checkpointing, shard over more processes or "
+                    "machines, use --cpu-offload, bf16 (--mixed-precision) or a smaller model";
+  const int ranks = this_rank ? 1 : std::max(local_world_size, 1);
+  if (host > 0) {
+    const int64_t available = available_host_memory_bytes();
+    const std::optional<int64_t> need = checked_mul(host, ranks);
+    FSDP_CHECK(available < 0 || (need && *need <= available), "model '", cfg.name, "' needs at least ",
+               format_bytes(host), " of host memory per process (", parts, ")",
+               ranks > 1 ? fmt::format(" x {} processes on this machine = {}", ranks,
+                                       need ? format_bytes(*need) : std::string("beyond 64-bit integers"))
+                         : std::string(),
+               ", but this machine has ", format_bytes(available), " available — ", fix);
+  }
+  if (on_device) {
+    const int64_t device_need = (o.sharding.cpu_offload ? 0 : shards) + step;
+    const int64_t free = free_memory_bytes(*this_rank);
+    FSDP_CHECK(free < 0 || device_need <= free, "model '", cfg.name, "' needs at least ", format_bytes(device_need),
+               " on ", this_rank->str(), " (", parts, "), but it has ", format_bytes(free), " free — ", fix);
+  }
+  return unsharded;
+}
+
+}  // namespace fsdp::train

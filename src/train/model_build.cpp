@@ -1,0 +1,196 @@
+#include "train/model_build.h"
+
+#include <fmt/format.h>
+#include <nlohmann/json.hpp>
+
+#include <filesystem>
+#include <fstream>
+
+#include "fsdp/checkpoint/hf.h"
+#include "fsdp/checkpoint/sharded.h"
+#include "fsdp/common/error.h"
+#include "fsdp/models/registry.h"
+#include "fsdp/nn/freeze.h"
+
+namespace fsdp::train {
+
+// Note [Building the model]
+// Every model the trainer uses comes from build_model: the one it trains
+// (on the meta device, each rank materializing its own shards; on the CPU
+// for rank 0 under --sync-module-states), the one validate_options builds to
+// check the LoRA targets and --freeze, the one check_memory plans, and the
+// one a conversion loads a checkpoint into. The steps are always the same and
+// in this order: the family's model of the resolved config; LoRA adapters
+// (models/lora.h), whose init rule extends the family's; --freeze; what the
+// caller reads into the whole model (before_root); the root unit, which
+// registers the model's parameters as they are then. The configuration is
+// resolved by resolve_model_config, once per process and purpose: the
+// Trainer resolves it once and hands it to the checks and the build.
+
+namespace {
+
+// The Llama family: Llama 2/3, Mistral, Mixtral, Qwen2, Qwen3 (one model class
+// with per-type switches, models/llama.h).
+ModelFamily llama_family() {
+  ModelFamily f;
+  f.name = "llama";
+  f.accepts = [](const models::LlamaConfig&) { return true; };  // every model_type the registry parses
+  f.make = [](const models::LlamaConfig& cfg, const at::TensorOptions& options, uint64_t seed) {
+    return std::static_pointer_cast<torch::nn::Module>(
+        std::make_shared<models::LlamaForCausalLMImpl>(cfg, options, seed));
+  };
+  f.root = [](const std::shared_ptr<torch::nn::Module>& model) {
+    auto impl = std::dynamic_pointer_cast<models::LlamaForCausalLMImpl>(model);
+    FSDP_ASSERT(impl != nullptr, "the llama family's root needs a LlamaForCausalLMImpl, got ", model->name());
+    nn::Unit<models::LlamaForCausalLMImpl> unit(impl);
+    RootedModel r;
+    r.root = unit.ptr();
+    r.loss = [unit](const at::Tensor& tokens, const at::Tensor& targets, models::LossReduction reduction) mutable {
+      // The mean through the two-argument call, as the model's own loss() spells it.
+      return reduction == models::LossReduction::kMean ? unit(tokens, targets) : unit(tokens, targets, reduction);
+    };
+    return r;
+  };
+  f.block_type = models::llama_block_type();
+  f.init_rule = [](const models::LlamaConfig& cfg) { return models::llama_init_rule(cfg); };
+  return f;
+}
+
+// The model config an --init-from run uses: --model when it names the same
+// directory (or was not given: the CLI then sets it to the directory).
+models::LlamaConfig init_config(const TrainOptions& o) {
+  models::LlamaConfig cfg = models::resolve_model_config(o.model);
+  if (o.hf.init_from.empty()) return cfg;
+  const models::LlamaConfig from = models::resolve_model_config(o.hf.init_from);
+  const std::string diff = checkpoint::config_mismatch(cfg, from);
+  FSDP_CHECK(diff.empty(), "--model ", o.model, " and --init-from ", o.hf.init_from, "/config.json describe different "
+             "models (", diff, "); leave out --model to take the config from ", o.hf.init_from);
+  // The special token ids name tokens of the vocabulary the weights were
+  // trained with, whatever --model says; --export-hf writes them back.
+  cfg.bos_token_id = from.bos_token_id;
+  cfg.eos_token_id = from.eos_token_id;
+  return cfg;
+}
+
+// The model config of the newest checkpoint in `dir` whose manifest parses
+// (checkpoints of one directory hold one model: resume refuses another).
+models::LlamaConfig checkpoint_model_config(const std::string& dir) {
+  const auto list = checkpoint::list_checkpoints(dir);
+  FSDP_CHECK(!list.empty(), "--checkpoint-dir ", dir, " holds no checkpoint (step_NNNNNNNN/ with manifest.json) to "
+             "convert; converting needs an existing checkpoint — point --checkpoint-dir at the run's directory");
+  std::string why;
+  for (const auto& c : list) {
+    const std::string path = (std::filesystem::path(c.path) / "manifest.json").string();
+    try {
+      std::ifstream in(path);
+      const nlohmann::json manifest = nlohmann::json::parse(in);
+      return models::parse_hf_config(manifest.at("model_config").dump(), c.path);
+    } catch (const nlohmann::json::exception& e) {
+      why += fmt::format("; {}: {}", path, e.what());
+    }
+  }
+  FSDP_FAIL("no checkpoint in ", dir, " has a readable manifest", why);
+}
+
+// The config a conversion exports: the checkpoint's, which --model (when
+// given: non-empty) must agree with.
+models::LlamaConfig conversion_config(const TrainOptions& o) {
+  models::LlamaConfig cfg = checkpoint_model_config(o.checkpoint.dir);
+  if (!o.model.empty()) {
+    const models::LlamaConfig named = models::resolve_model_config(o.model);
+    const std::string diff = checkpoint::config_mismatch(named, cfg);
+    FSDP_CHECK(diff.empty(), "--model ", o.model, " and the checkpoints in ", o.checkpoint.dir,
+               " describe different models (", diff, "); leave out --model to convert the checkpoint's model");
+  }
+  return cfg;
+}
+
+WrapPolicy wrap_policy(const WrapChoice& w, std::type_index block_type) {
+  switch (w.kind) {
+    case WrapChoice::Kind::kBlock: return WrapPolicy::by_type({block_type});
+    case WrapChoice::Kind::kSize: return WrapPolicy::size_based(w.min_num_params);
+    case WrapChoice::Kind::kRoot: return WrapPolicy::root_only();
+    case WrapChoice::Kind::kAll: return WrapPolicy::every_unit();
+  }
+  FSDP_ASSERT(false, "unknown WrapChoice::Kind ", static_cast<int>(w.kind));
+  return {};
+}
+
+}  // namespace
+
+const std::vector<ModelFamily>& model_families() {
+  static const std::vector<ModelFamily> families = {llama_family()};
+  return families;
+}
+
+const ModelFamily& model_family(const models::LlamaConfig& cfg) {
+  for (const ModelFamily& f : model_families()) {
+    if (f.accepts(cfg)) return f;
+  }
+  FSDP_CHECK(false, "model '", cfg.name, "' has model_type '", cfg.model_type, "', which no model family builds");
+  return model_families().front();
+}
+
+models::LlamaConfig resolve_model_config(const TrainOptions& o) {
+  return o.mode == Mode::kConvert ? conversion_config(o) : init_config(o);
+}
+
+models::LoraConfig lora_config(const TrainOptions& o) {
+  models::LoraConfig c;
+  c.rank = o.lora.rank;
+  c.alpha = o.lora.effective_alpha();
+  c.dropout = o.lora.dropout;
+  c.targets = o.lora.targets;
+  return c;
+}
+
+BuiltModel build_model(const TrainOptions& o, const models::LlamaConfig& cfg, const BuildOptions& b) {
+  BuiltModel m;
+  m.family = &model_family(cfg);
+  m.config = cfg;
+  m.model = m.family->make(cfg, at::TensorOptions().device(b.device), b.seed);
+  m.init_rule = m.family->init_rule(cfg);
+  if (o.lora.enabled()) {
+    // UsageError for values and targets the model lacks.
+    models::apply_lora(*m.model, lora_config(o), b.seed);
+    m.init_rule = models::lora_init_rule(*m.model, m.init_rule);
+  }
+  // Before fully_shard lays the units out (Note [Frozen parameters] in the engine).
+  if (b.freeze && !o.freeze.empty()) nn::freeze_matching(*m.model, o.freeze);
+  if (b.before_root) b.before_root(*m.model);
+  RootedModel r = m.family->root(m.model);
+  m.root = std::move(r.root);
+  m.loss = std::move(r.loss);
+  return m;
+}
+
+FsdpOptions engine_options(const TrainOptions& o, const ModelFamily& family, int world_size) {
+  const ShardingOptions& s = o.sharding;
+  FSDP_CHECK(s.wrap.kind != WrapChoice::Kind::kSize || s.wrap.min_num_params >= 1, "--wrap size:",
+             s.wrap.min_num_params, ": the minimum parameter count after 'size:' must be a positive integer, e.g. "
+             "size:1000000");
+  FsdpOptions fo;
+  fo.strategy = s.strategy;
+  fo.wrap = wrap_policy(s.wrap, family.block_type);
+  fo.hybrid_shard_size = s.hybrid_shard_size;
+  fo.sync_module_states = s.sync_module_states;
+  fo.mixed_precision = s.mixed_precision;
+  if (s.activation_checkpointing) fo.checkpoint_types = {family.block_type};
+  fo.offload_checkpoint_inputs = s.offload_activations;
+  fo.cpu_offload = s.cpu_offload;
+  fo.backward_prefetch = s.backward_prefetch;
+  fo.forward_prefetch = s.forward_prefetch;
+  fo.limit_all_gathers = s.limit_all_gathers;
+  fo.device = at::Device(o.device);
+  check_options(fo, world_size);
+  return fo;
+}
+
+void check_engine_options(const TrainOptions& o, int world_size) {
+  ModelFamily any;  // its block type only names the units, which the checks do not look at
+  engine_options(o, any, world_size);
+}
+
+std::string device_name(at::DeviceType type) { return c10::DeviceTypeName(type, /*lower_case=*/true); }
+
+}  // namespace fsdp::train

@@ -1,0 +1,105 @@
+#include "train/run_state.h"
+
+#include <fmt/format.h>
+
+#include <filesystem>
+#include <fstream>
+
+#include "fsdp/checkpoint/hf.h"
+#include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
+#include "fsdp/models/registry.h"
+
+namespace fsdp::train {
+
+nlohmann::json trainer_state(const TrainOptions& o, const RunState& s) {
+  const optim::LrSchedule& sched = *s.schedule;
+  nlohmann::json ts{{"step", s.completed},
+                    {"samples_seen", s.completed * s.global_batch},
+                    {"epochs", s.epochs},
+                    {"seed", o.step.seed},
+                    {"global_batch_size", s.global_batch},
+                    {"batch_size", o.step.batch_size},
+                    {"grad_accum", o.step.grad_accum},
+                    {"world_size", s.world_size},
+                    {"seq_len", o.data.seq_len},
+                    {"shuffle", o.data.shuffle},
+                    {"data", o.data.path},
+                    {"tokenizer", o.data.tokenizer},
+                    {"schedule",
+                     {{"lr", sched.lr},
+                      {"min_lr", sched.min_lr},
+                      {"warmup_steps", sched.warmup_steps},
+                      {"max_steps", sched.max_steps}}},
+                    // Training draws no random numbers: parameters are initialized from (seed, name)
+                    // and the data order is a pure function of (seed, step), so seed and step are the
+                    // whole RNG state.
+                    {"rng", "none consumed: seed and step determine initialization and data order"},
+                    {"hf_export", *s.hf_extras}};
+  if (s.scaler != nullptr) {
+    ts["grad_scaler"] = {{"scale", s.scaler->scale_value()},
+                         {"growth_tracker", s.scaler->growth_tracker()},
+                         {"skipped_steps", s.scaler->skipped_steps()}};
+  }
+  return ts;
+}
+
+int64_t resume_from(const TrainOptions& o, const checkpoint::LoadResult& r, const models::LlamaConfig& cfg,
+                    int64_t global_batch, optim::ShardedGradScaler* scaler, const LogLine& say, const LogLine& warn) {
+  const models::LlamaConfig saved = models::parse_hf_config(r.manifest->at("model_config").dump(), r.path);
+  const std::string diff = checkpoint::config_mismatch(cfg, saved);
+  FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " was saved from another model (", diff,
+             "); resume with the model it was saved with or use another --checkpoint-dir");
+  const nlohmann::json& ts = *r.trainer_state;
+  const int64_t start = ts.at("step").get<int64_t>();
+  if (scaler != nullptr && ts.contains("grad_scaler")) {
+    scaler->set_state(ts["grad_scaler"].at("scale").get<double>(),
+                      ts["grad_scaler"].at("growth_tracker").get<int64_t>());
+  }
+  say(fmt::format("Resumed from {} (step {}): {} in {:.2f} s, {:.2f} GB/s", r.path, start, megabytes(r.io.bytes),
+                  r.io.seconds, r.io.gb_per_s()));
+  auto differs = [&](const char* key, const nlohmann::json& now, const char* flag) {
+    if (ts.contains(key) && ts[key] != now) {
+      warn(fmt::format("the checkpoint was saved with {} {} (now {}): the data order from step {} on differs "
+                       "from the saved run's", flag, ts[key].dump(), now.dump(), start));
+    }
+  };
+  differs("global_batch_size", global_batch, "a global batch of");
+  differs("seq_len", o.data.seq_len, "--seq-len");
+  differs("seed", o.step.seed, "--seed");
+  differs("shuffle", o.data.shuffle, "shuffle =");
+  differs("data", o.data.path, "--data");
+  return start;
+}
+
+// Note [Metrics after a resume]
+// A run resumed from the checkpoint of step S trains steps S, S+1, ... again;
+// the interrupted run may have logged some of them (it stopped after its last
+// checkpoint). Their records are dropped from --metrics-file before the
+// resumed run appends, so each step is in the file once, with the values of
+// the run that continues. So is the evaluation at step S (of the checkpoint's
+// own weights), as TensorBoard drops it (train/tensorboard.h): both show the
+// same points. Lines that are not JSON objects with a "step" (an
+// --eval-only record, a user's note) are kept as they are. The file is
+// rewritten atomically.
+int64_t drop_metrics_from(const std::string& path, int64_t first_step) {
+  std::error_code ec;
+  if (!std::filesystem::is_regular_file(path, ec)) return 0;
+  std::ifstream in(path);
+  std::string line, kept;
+  int64_t dropped = 0;
+  while (std::getline(in, line)) {
+    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
+    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
+        j["step"].get<int64_t>() >= first_step) {
+      ++dropped;
+      continue;
+    }
+    kept += line + "\n";
+  }
+  FSDP_CHECK(!in.bad(), "--metrics-file ", path, ": cannot read it back to drop the steps trained again");
+  if (dropped > 0) write_file_atomically(path, kept, "--metrics-file");
+  return dropped;
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,241 @@
+// One training step and its record, and evaluation (Trainer::Impl, trainer_impl.h).
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "fsdp/common/device.h"
+#include "fsdp/common/encoding.h"
+#include "fsdp/common/error.h"
+#include "fsdp/common/memory.h"
+#include "fsdp/common/trace.h"
+#include "fsdp/data/sampler.h"
+#include "fsdp/models/lora.h"
+#include "train/trainer_impl.h"
+
+namespace fsdp::train {
+namespace {
+
+// Evaluation mode (no LoRA dropout) for the scope of one evaluation.
+class EvalMode {
+ public:
+  explicit EvalMode(torch::nn::Module& module) : m_(module) { m_.eval(); }
+  ~EvalMode() { m_.train(); }
+  EvalMode(const EvalMode&) = delete;
+  EvalMode& operator=(const EvalMode&) = delete;
+
+ private:
+  torch::nn::Module& m_;
+};
+
+}  // namespace
+
+// One record to every output this rank has.
+void Trainer::Impl::publish(MetricScope scope, const StepRecord* step, const EvalRecord* eval) {
+  if (sinks_.empty()) return;
+  MetricSource source;
+  source.step = step;
+  source.eval = eval;
+  source.world_size = W_;
+  source.eval_only = eval_only_;
+  const MetricsRecord record = make_metrics_record(scope, source);
+  for (const auto& sink : sinks_) sink->write(record);
+}
+
+
+// --- evaluation: exact mean over every target of the windows (sampler.h, EvalWindows)
+EvalRecord Trainer::Impl::evaluate(int64_t max_windows) {
+  require_restored("evaluate");
+  FSDP_CHECK(data_.validation != nullptr, "Trainer::evaluate needs eval.val_data (--val-data PATH)");
+  const int64_t completed = step_;
+  trace::Span span("eval", "eval", -1, {}, completed);
+  const auto t0 = Clock::now();
+  data::EvalWindows windows(data_.validation, o_.data.seq_len, W_, rank_, max_windows);
+  at::NoGradGuard no_grad;
+  EvalMode eval_mode(*model_.model);
+  double sum = 0.0;
+  const int64_t batches = windows.num_batches(o_.step.batch_size);
+  for (int64_t b = 0; b < batches; ++b) {
+    const data::Batch batch = windows.batch(b, o_.step.batch_size);
+    sum += model_.loss(batch.inputs.to(device_), batch.targets.to(device_), models::LossReduction::kSum)
+               .item<double>();
+  }
+  at::Tensor t = at::full({1}, sum, at::TensorOptions().dtype(at::kDouble));
+  scalars_->all_reduce(t, comm::ReduceOp::kSum)->wait();
+  EvalRecord rec;
+  rec.step = completed;
+  rec.targets = windows.total_targets();
+  rec.loss = t.item<double>() / static_cast<double>(rec.targets);
+  if (!std::isfinite(rec.loss)) {  // the same value on every rank: all fail together
+    const char* value = std::isnan(rec.loss) ? "NaN" : rec.loss > 0 ? "inf" : "-inf";
+    FSDP_FAIL("the evaluation loss is ", value, " at step ", completed,
+              ": the weights or the --val-data produce NaN/inf",
+              eval_only_ ? "; check the weights being evaluated"
+                         : "; lower --lr or raise --warmup-steps, or clip harder with --clip-grad");
+  }
+  rec.seconds = seconds_since(t0);
+  say_(fmt::format("Eval Loss: {:.5f} (step {}, {} tokens, {:.2f} s)", rec.loss, completed, rec.targets,
+                   rec.seconds));
+  publish(MetricScope::kEval, nullptr, &rec);
+  summary_.evals.push_back(rec);
+  sharded_->take_step_counters();  // evaluation's all-gathers are not a step's
+  return rec;
+}
+
+
+// The data loader and the step counters start here, not in restore(): an
+// --eval-only run reads no training batches, and a resume's loading and the
+// first evaluation are not a step.
+void Trainer::Impl::begin_training() {
+  data::LoaderOptions lopt;
+  lopt.queue_depth = o_.data.prefetch;
+  loader_ = std::make_unique<data::BackgroundLoader>(data_.sampler, /*start_step=*/step_, lopt);
+  sharded_->take_step_counters();
+  sharded_->reset_unsharded_peak();
+  interval_start_ = Clock::now();
+  interval_steps_ = 0;
+}
+
+// Forward and backward of every micro-batch (gradient synchronization on the
+// last only); returns this rank's loss summed over them, each divided by
+// grad_accum, i.e. its mean.
+double Trainer::Impl::forward_backward() {
+  double local = 0.0;
+  for (int64_t a = 0; a < o_.step.grad_accum; ++a) {
+    data::Batch batch;
+    {
+      trace::Span span("data", "data");
+      batch = loader_->next();
+    }
+    sharded_->set_requires_gradient_sync(a == o_.step.grad_accum - 1);
+    if (o_.lora.dropout > 0) {
+      // Masks keyed by (seed, step, micro-batch, rank): a recompute draws the same, a resumed run too.
+      const auto micro = static_cast<uint64_t>((step_ * o_.step.grad_accum + a) * W_ + rank_);
+      models::set_lora_dropout_key(*model_.model, splitmix64(o_.step.seed ^ splitmix64(micro)));
+    }
+    at::Tensor loss = model_.loss(batch.inputs.to(device_), batch.targets.to(device_), models::LossReduction::kMean) /
+                      static_cast<double>(o_.step.grad_accum);
+    (scaler_ ? scaler_->scale(loss) : loss).backward();
+    local += loss.item<double>();
+  }
+  return local;
+}
+
+StepRecord Trainer::Impl::train_step() {
+  require_restored("train_step");
+  FSDP_CHECK(!eval_only_, "Trainer::train_step: Mode::kEvaluate evaluates and trains nothing");
+  FSDP_CHECK(step_ < o_.step.max_steps, "Trainer::train_step: ", step_, " steps are done, step.max_steps is ",
+             o_.step.max_steps, "; the schedule ends there");
+  if (!loader_) begin_training();
+  const int64_t step = step_;
+  const auto t0 = Clock::now();
+  const int64_t step_begin_us = trace::enabled() ? trace::now_us() : -1;
+  const double lr = sched_.at(step);
+  opt_->set_lr(lr);
+  sharded_->zero_grad();
+  const double local = forward_backward();
+  const double loss_scale = scaler_ ? scaler_->scale_value() : 0.0;
+  double norm = 0.0;
+  bool skipped = false;
+  {
+    trace::Span span("optimizer", "optim");
+    skipped = scaler_ && scaler_->unscale(sharded_->shards());
+    if (!skipped) {
+      norm = o_.step.clip_grad > 0 ? sharded_->clip_grad_norm(o_.step.clip_grad) : sharded_->grad_norm();
+      opt_->step();
+    }
+  }
+  if (skipped) {
+    warn_(fmt::format("step {}: inf/nan gradients at loss scale {}: step skipped on every rank", step, loss_scale));
+  }
+  if (scaler_) scaler_->update(skipped);
+
+  // One all-reduce for the loss (sum, then / W: the same bits as an average)
+  // and the stop flag (any rank's request stops every rank after this step).
+  stop_local_ = o_.stop_requested ? o_.stop_requested() : 0;
+  at::Tensor lt = at::tensor({local, static_cast<double>(stop_local_)}, at::TensorOptions().dtype(at::kDouble));
+  {
+    trace::Span span("loss all_reduce wait", "comm");
+    scalars_->all_reduce(lt, comm::ReduceOp::kSum)->wait();
+  }
+  const double loss_sum = lt[0].item<double>();
+  stop_ = lt[1].item<double>() > 0;
+  StepRecord rec;
+  rec.step = step;
+  rec.loss = W_ > 1 ? loss_sum / static_cast<double>(W_) : loss_sum;
+  rec.lr = lr;
+  rec.grad_norm = norm;
+  rec.loss_scale = loss_scale;
+  rec.skipped = skipped;
+  rec.skipped_steps = scaler_ ? scaler_->skipped_steps() : 0;
+  synchronize(device_);  // the optimizer's kernels belong to this step's time
+  rec.step_time_s = seconds_since(t0);
+  trace::record("step", "step", step_begin_us, trace::now_us(), -1, {}, step);
+  rec.comm = sharded_->take_step_counters();
+  rec.peak_mem_bytes = peak_memory_bytes(device_);
+  const UnshardedMemory unsharded = sharded_->unsharded_memory();
+  rec.unsharded_peak_bytes = unsharded.peak;
+  rec.unsharded_bound_bytes = unsharded_bound_;
+  check_unsharded_contract(step, unsharded);
+  FSDP_CHECK(std::isfinite(rec.loss), "the loss became ", rec.loss, " at step ", step, " (lr ", lr,
+             "); lower --lr or raise --warmup-steps, or clip harder with --clip-grad");
+  ++interval_steps_;
+  if ((step % o_.log.log_every == 0) || step == o_.step.max_steps - 1 || stop_) log_step(rec);
+  summary_.steps.push_back(rec);
+  step_ = step + 1;
+  summary_.end_step = step_;
+  return rec;
+}
+
+// The plan's bound is a contract (tests/fsdp/test_memory_contract.cpp): say so when it fails.
+void Trainer::Impl::check_unsharded_contract(int64_t step, const UnshardedMemory& unsharded) {
+  if (unsharded.peak <= unsharded_bound_ || contract_broken_) return;
+  contract_broken_ = true;
+  warn_(fmt::format("step {}: the engine held {} of unsharded buffers at once ({} parameters, {} gradients, {} in "
+                    "reductions, {} accumulated), more than the plan's bound {}; the run goes on, but memory "
+                    "planning is wrong for this configuration — please report it with --print-config's output",
+                    step, format_bytes(unsharded.peak), format_bytes(unsharded.at_peak.params),
+                    format_bytes(unsharded.at_peak.grads), format_bytes(unsharded.at_peak.reductions),
+                    format_bytes(unsharded.at_peak.accumulated), format_bytes(unsharded_bound_)));
+}
+
+// The step line and the metrics record of a logged step; fills in rec's rates
+// over the steps since the previous logged one.
+void Trainer::Impl::log_step(StepRecord& rec) {
+  const int64_t step = rec.step;
+  const double dt = seconds_since(interval_start_);
+  seconds_per_step_ = dt / static_cast<double>(interval_steps_);
+  rec.samples_per_s = static_cast<double>(data_.global_batch * interval_steps_) / dt;
+  rec.tokens_per_s = rec.samples_per_s * static_cast<double>(o_.data.seq_len);
+  rec.mfu = device_peak_flops_ > 0
+                ? rec.tokens_per_s / static_cast<double>(W_) * flops_per_token_ / device_peak_flops_
+                : -1;
+  // The familiar prefix first (scripts grep it), then what people watch.
+  say_(fmt::format("Batch {} Loss: {:.5f}, Speed: {:.2f} samples/sec, lr: {:.6f} | step {}/{}, {:.0f} tokens/s{}, "
+                   "grad norm {:.4g}{}, peak mem {}, unsharded {} (plan {}), ETA {}",
+                   step, rec.loss, rec.samples_per_s, rec.lr, step + 1, o_.step.max_steps, rec.tokens_per_s,
+                   rec.mfu >= 0 ? fmt::format(", MFU {:.1f}%", 100 * rec.mfu) : std::string(), rec.grad_norm,
+                   scaler_ ? fmt::format(", loss scale {:g}{}", rec.loss_scale, rec.skipped ? " (skipped)" : "") : "",
+                   rec.peak_mem_bytes >= 0 ? format_bytes(rec.peak_mem_bytes) : std::string("?"),
+                   format_bytes(rec.unsharded_peak_bytes), format_bytes(unsharded_bound_),
+                   duration_text(seconds_per_step_ * static_cast<double>(o_.step.max_steps - step - 1))));
+  publish(MetricScope::kStep, &rec, nullptr);
+  interval_start_ = Clock::now();
+  interval_steps_ = 0;
+  sharded_->reset_unsharded_peak();  // the next logged figure covers the steps after this one
+}
+
+void Trainer::Impl::finish_trace() {
+  const std::string file = tracer_.finish(*scalars_, cfg_.name, std::max(o_.log.profile_begin, start_step_),
+                                          std::min(o_.log.profile_end, summary_.end_step) - 1, say_);
+  if (lead_) summary_.trace_file = file;
+}
+
+// The reason every rank reports: the largest request (e.g. the signal number).
+int Trainer::Impl::agree_stop_reason() {
+  at::Tensor why = at::full({1}, static_cast<double>(stop_local_), at::TensorOptions().dtype(at::kDouble));
+  scalars_->all_reduce(why, comm::ReduceOp::kMax)->wait();
+  return std::max(1, static_cast<int>(why.item<double>()));
+}
+
+}  // namespace fsdp::train

@@ -1,0 +1,240 @@
+// validate_options: the checks that need no process group, so that bad input
+// fails once, fast, with exit code 2 (trainer.h).
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <limits>
+
+#include "fsdp/checkpoint/hf.h"
+#include "fsdp/checkpoint/ownership.h"
+#include "fsdp/checkpoint/peft.h"
+#include "fsdp/checkpoint/sharded.h"
+#include "fsdp/common/device.h"
+#include "fsdp/common/error.h"
+#include "fsdp/common/memory.h"
+#include "fsdp/data/dataset.h"
+#include "fsdp/data/tokenizer.h"
+#include "train/checks.h"
+#include "train/export.h"
+#include "train/model_build.h"
+
+namespace fsdp::train {
+namespace {
+
+// The --lora-* flags, and their targets (and --freeze) against the model,
+// built on the meta device.
+void validate_lora(const TrainOptions& o, const models::LlamaConfig& cfg) {
+  if (!o.lora.enabled()) {
+    for (const auto& [given, flag] : {std::pair<bool, const char*>{o.lora.merge, "--merge-lora"},
+                                      {!o.lora.init_adapter.empty(), "--init-adapter"},
+                                      {o.lora.alpha != 0, "--lora-alpha"},
+                                      {o.lora.dropout != 0, "--lora-dropout"}}) {
+      FSDP_CHECK(!given, flag, " needs LoRA: give --lora-rank N (e.g. 8)");
+    }
+    return;
+  }
+  FSDP_CHECK(o.lora.rank >= 1, "--lora-rank ", o.lora.rank, " must be >= 1 (e.g. 8 or 16; 0 turns LoRA off)");
+  FSDP_CHECK(!o.lora.merge || !o.hf.export_dir.empty(), "--merge-lora merges the adapters into the --export-hf "
+             "files; give --export-hf DIR (or leave out --merge-lora)");
+  BuildOptions meta;
+  meta.freeze = false;  // --freeze is checked with the whole build (validate_options)
+  build_model(o, cfg, meta);  // UsageError: LoRA values, targets the model lacks
+  if (!o.lora.init_adapter.empty()) {
+    const models::LoraConfig a = checkpoint::read_peft_adapter_config(o.lora.init_adapter);
+    std::vector<std::string> ours = o.lora.targets;
+    std::sort(ours.begin(), ours.end());
+    FSDP_CHECK(a.rank == o.lora.rank && a.targets == ours, "--init-adapter ", o.lora.init_adapter, " has r ", a.rank,
+               " on ", fmt::format("{}", fmt::join(a.targets, ",")), " but the run has --lora-rank ", o.lora.rank,
+               " --lora-targets ", fmt::format("{}", fmt::join(o.lora.targets, ",")), "; give the adapter's");
+  }
+}
+
+// Note [Checkpoint conversion]
+// Mode::kConvert (fsdp-train convert --checkpoint-dir CK --export-hf OUT; the
+// deprecated spelling --max-steps 0 --resume ...): load the newest valid
+// checkpoint of CK (its parameters only: no optimizer state, no data, no
+// tokenizer) into the model its manifest describes, and export it exactly as
+// the run's --export-hf would have (Note [Export extras]). Any world size,
+// sharding or wrap: the checkpoint is re-cut on load and the export gathers
+// whole units, so the files do not depend on them.
+models::LlamaConfig validate_conversion(const TrainOptions& o, int world_size, const models::LlamaConfig* resolved) {
+  worker_device(device_name(o.device), /*local_rank=*/0);
+  const char* what = "converting a checkpoint to Hugging Face files (fsdp-train convert)";
+  std::string missing;
+  for (const auto& [absent, flag] : {std::pair<bool, const char*>{o.checkpoint.dir.empty(), "--checkpoint-dir DIR"},
+                                     {o.hf.export_dir.empty(), "--export-hf OUT"}}) {
+    if (absent) missing += std::string(missing.empty() ? "" : ", ") + flag;
+  }
+  FSDP_CHECK(missing.empty(), what, " needs --checkpoint-dir DIR --export-hf OUT (missing: ", missing, ")");
+  FSDP_CHECK(o.hf.init_from.empty(), what, ": the weights come from the checkpoint, so --init-from ",
+             o.hf.init_from, " has no use — leave it out (the run's --init-from files are carried over from the "
+             "checkpoint's record)");
+  FSDP_CHECK(std::filesystem::is_directory(o.checkpoint.dir), "--checkpoint-dir ", o.checkpoint.dir,
+             " is not a directory holding checkpoints");
+  check_export_target(o);
+  checkpoint::hf_dtype_name(o.hf.export_dtype);  // float32, bfloat16 or float16, else UsageError
+  check_engine_options(o, world_size);
+  models::LlamaConfig cfg = resolved != nullptr ? *resolved : resolve_model_config(o);
+  validate_lora(o, cfg);
+  return cfg;
+}
+
+// The step numbers and their products.
+void validate_steps(const TrainOptions& o, int world_size) {
+  FSDP_CHECK(o.step.batch_size >= 1, "--batch-size must be >= 1, got ", o.step.batch_size);
+  FSDP_CHECK(o.step.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.step.grad_accum);
+  FSDP_CHECK(o.step.max_steps >= 1, "--max-steps must be >= 1, got ", o.step.max_steps,
+             " (to convert a checkpoint without training: fsdp-train convert --checkpoint-dir DIR --export-hf OUT)");
+  FSDP_CHECK(o.step.clip_grad >= 0, "--clip-grad must be >= 0 (0 disables clipping), got ", o.step.clip_grad);
+  FSDP_CHECK(o.log.log_every >= 1, "--log-every must be >= 1, got ", o.log.log_every);
+  FSDP_CHECK(o.data.seq_len >= 1, "--seq-len must be >= 1, got ", o.data.seq_len);
+  FSDP_CHECK(o.data.prefetch >= 1, "the loader's prefetch depth must be >= 1, got ", o.data.prefetch);
+  // Products of flags must fit in 64 bits before anything is sized or indexed by them
+  // (the global batch, the sample index of the last step, a micro-batch's tokens).
+  const int64_t procs = std::max(world_size, 1);
+  auto fits = [](std::initializer_list<int64_t> factors) { return checked_product(factors).has_value(); };
+  const auto& st = o.step;
+  FSDP_CHECK(fits({st.batch_size, st.grad_accum, procs}), "the global batch, --batch-size ", st.batch_size,
+             " x --grad-accum ", st.grad_accum, " x ", procs, " process", procs == 1 ? "" : "es",
+             ", is beyond 64-bit integers — use values whose product is a batch this machine can hold");
+  FSDP_CHECK(fits({st.batch_size, st.grad_accum, procs, st.max_steps}), "--max-steps ", st.max_steps,
+             " global batches of ", st.batch_size * st.grad_accum * procs, " samples (--batch-size x --grad-accum x ",
+             procs, " process", procs == 1 ? "" : "es", ") number samples beyond 64-bit integers — use fewer steps "
+             "or a smaller batch");
+  FSDP_CHECK(fits({st.batch_size, o.data.seq_len, 2}), "a micro-batch of --batch-size ", st.batch_size,
+             " x --seq-len ", o.data.seq_len, " tokens is beyond 64-bit integers — use smaller values");
+}
+
+// The learning-rate schedule and AdamW's numbers.
+void validate_optimizer(const TrainOptions& o) {
+  optim::LrSchedule sched = o.schedule;
+  sched.max_steps = o.step.max_steps;
+  // The optimizer takes these as 32-bit float scalars: 1e300 is a finite double but no float.
+  for (const auto& [flag, v] : {std::pair<const char*, double>{"--lr", o.schedule.lr}, {"--min-lr", o.schedule.min_lr},
+                                {"--weight-decay", o.adamw.weight_decay}, {"--beta1", o.adamw.beta1},
+                                {"--beta2", o.adamw.beta2}}) {
+    FSDP_CHECK(std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max(), flag, " ", v,
+               " is outside the range of a 32-bit float (|x| <= 3.4e38), which the optimizer computes in");
+  }
+  sched.validate();
+  FSDP_CHECK(o.adamw.weight_decay >= 0, "--weight-decay must be >= 0, got ", o.adamw.weight_decay);
+  FSDP_CHECK(o.adamw.beta1 >= 0 && o.adamw.beta1 < 1, "--beta1 must be in [0, 1), got ", o.adamw.beta1,
+             " (PyTorch's default is 0.9)");
+  FSDP_CHECK(o.adamw.beta2 >= 0 && o.adamw.beta2 < 1, "--beta2 must be in [0, 1), got ", o.adamw.beta2,
+             " (PyTorch's default is 0.999; Llama used 0.95)");
+}
+
+// --checkpoint-dir, --checkpoint-every, --keep-last, --resume.
+void validate_checkpoints(const TrainOptions& o) {
+  FSDP_CHECK(o.checkpoint.every >= 0, "--checkpoint-every must be >= 0 (0: only at the end), got ", o.checkpoint.every);
+  FSDP_CHECK(o.checkpoint.keep_last >= 0, "--keep-last must be >= 0 (0: keep all), got ", o.checkpoint.keep_last);
+  if (o.checkpoint.dir.empty()) {
+    FSDP_CHECK(!o.checkpoint.resume, "--resume needs --checkpoint-dir DIR (the directory checkpoints are saved to "
+               "and resumed from)");
+    FSDP_CHECK(o.checkpoint.every == 0, "--checkpoint-every needs --checkpoint-dir DIR");
+    FSDP_CHECK(o.checkpoint.keep_last == 0, "--keep-last needs --checkpoint-dir DIR");
+    return;
+  }
+  std::error_code ec;
+  FSDP_CHECK(!std::filesystem::exists(o.checkpoint.dir, ec) || std::filesystem::is_directory(o.checkpoint.dir, ec),
+             "--checkpoint-dir ", o.checkpoint.dir, " exists and is not a directory");
+  checkpoint::check_writable(o.checkpoint.dir, "--checkpoint-dir", /*directory=*/true);
+  checkpoint::check_checkpoint_dir(o.checkpoint.dir);  // Note [Ownership of what we delete]
+  // A new run would overwrite (and --keep-last delete) another run's checkpoints.
+  const auto existing = checkpoint::list_checkpoints(o.checkpoint.dir);
+  FSDP_CHECK(o.checkpoint.resume || existing.empty(), "--checkpoint-dir ", o.checkpoint.dir, " already holds ",
+             existing.size(), " checkpoint", existing.size() == 1 ? "" : "s", " (newest ",
+             existing.empty() ? "" : std::filesystem::path(existing.front().path).filename().string(),
+             "); add --resume to continue from it, or choose another directory");
+}
+
+// What rank 0 records: --metrics-file, --tensorboard, --profile-steps, --metrics-port.
+void validate_records(const TrainOptions& o) {
+  if (!o.log.metrics_file.empty()) check_output_file(o.log.metrics_file, "--metrics-file");
+  if (!o.log.tensorboard_dir.empty()) {
+    checkpoint::check_writable(o.log.tensorboard_dir, "--tensorboard", /*directory=*/true);
+  }
+  if (o.log.profile_end > o.log.profile_begin) {
+    FSDP_CHECK(o.log.profile_begin >= 0, "--profile-steps ", o.log.profile_begin, ":", o.log.profile_end,
+               " starts before step 0; steps are numbered from 0 as in the log's 'Batch N'");
+    FSDP_CHECK(o.mode != Mode::kTrain || o.log.profile_begin < o.step.max_steps, "--profile-steps ",
+               o.log.profile_begin, ":", o.log.profile_end, " starts at or after --max-steps ", o.step.max_steps,
+               ", so nothing would be traced; choose steps below ", o.step.max_steps);
+    FSDP_CHECK(!o.log.profile_file.empty(), "--profile-file is empty; give the trace's file name");
+    check_output_file(o.log.profile_file, "--profile-file");
+  }
+  FSDP_CHECK(o.log.metrics_port >= -1 && o.log.metrics_port <= 65535, "--metrics-port ", o.log.metrics_port,
+             " is not a TCP port; give one in [1, 65535] (or 0 for any free port)");
+  FSDP_CHECK(!o.log.metrics_every_rank || o.log.metrics_port >= 0,
+             "--metrics-every-rank needs --metrics-port PORT (rank r serves on PORT + its local rank)");
+}
+
+}  // namespace
+
+void check_output_file(const std::string& path, const char* flag) {
+  const auto parent = std::filesystem::path(path).parent_path();
+  FSDP_CHECK(parent.empty() || std::filesystem::is_directory(parent), flag, " ", path, ": directory ", parent.string(),
+             " does not exist");
+  FSDP_CHECK(!std::filesystem::is_directory(path), flag, " ", path, " is a directory; give a file name");
+  checkpoint::check_writable(path, flag, /*directory=*/false);
+}
+
+void validate_options(const TrainOptions& o, int world_size) { (void)validate_options(o, world_size, nullptr); }
+
+// The configuration is resolved where the checks come to it (when the caller
+// has not resolved it), so that a bad flag is named before the model files
+// are read.
+models::LlamaConfig validate_options(const TrainOptions& o, int world_size, const models::LlamaConfig* resolved) {
+  if (o.mode == Mode::kConvert) {  // Note [Checkpoint conversion]: no data, no training flags
+    return validate_conversion(o, world_size, resolved);
+  }
+  worker_device(device_name(o.device), /*local_rank=*/0);  // a known --device, a build that has it, at least one device
+  validate_steps(o, world_size);
+  FSDP_CHECK(!o.data.path.empty(), "--data is required: a text file, a JSON-lines file, a binary token file or a "
+             "directory of .bin shards");
+  // A file, a directory or a pattern (c4/en/c4-train.*.json.gz); data_files names what is missing.
+  FSDP_CHECK(!data::data_files({o.data.path, o.data.format}).empty(), "--data ", o.data.path, ": no data files");
+  data::tokenizer_file(o.data.tokenizer);  // exists, a regular file (not /dev/zero or a FIFO), not empty
+  validate_optimizer(o);
+  check_engine_options(o, world_size);
+  FSDP_CHECK(std::isfinite(o.sharding.initial_loss_scale) && o.sharding.initial_loss_scale > 0,
+             "--initial-loss-scale must be a finite number > 0 (e.g. 65536), got ", o.sharding.initial_loss_scale);
+  FSDP_CHECK(o.sharding.hybrid_shard_size >= 0, "--hybrid-shard-size must be >= 1 (or 0 for LOCAL_WORLD_SIZE), got ",
+             o.sharding.hybrid_shard_size);
+  validate_checkpoints(o);
+  if (!o.hf.init_from.empty()) {
+    checkpoint::find_hf_weights(o.hf.init_from);
+    FSDP_CHECK(std::filesystem::exists(std::filesystem::path(o.hf.init_from) / "config.json"), "--init-from ",
+               o.hf.init_from, " has no config.json (a Hugging Face model directory has config.json and "
+               "*.safetensors)");
+  }
+  if (!o.hf.export_dir.empty()) {
+    check_export_target(o);
+    checkpoint::hf_dtype_name(o.hf.export_dtype);  // float32, bfloat16 or float16, else UsageError
+  }
+  FSDP_CHECK(o.eval.every >= 0, "--eval-every must be >= 0 (0: no periodic evaluation), got ", o.eval.every);
+  FSDP_CHECK(o.eval.max_windows >= 0, "--eval-windows must be >= 0 (0: all), got ", o.eval.max_windows);
+  const bool eval_only = o.mode == Mode::kEvaluate;
+  if (o.eval.val_data.empty()) {
+    FSDP_CHECK(o.eval.every == 0, "--eval-every needs --val-data PATH");
+    FSDP_CHECK(!eval_only, "--eval-only needs --val-data PATH");
+  } else {
+    FSDP_CHECK(!data::data_files({o.eval.val_data, o.data.format}).empty(), "--val-data ", o.eval.val_data,
+               ": no data files");
+  }
+  FSDP_CHECK(!eval_only || !o.hf.init_from.empty() || o.checkpoint.resume,
+             "--eval-only evaluates existing weights: give --init-from DIR or --resume with --checkpoint-dir DIR");
+  models::LlamaConfig cfg = resolved != nullptr ? *resolved : resolve_model_config(o);
+  validate_lora(o, cfg);
+  if (!o.freeze.empty()) build_model(o, cfg, BuildOptions{});  // UsageError: a --freeze that freezes nothing or all
+  FSDP_CHECK(o.data.seq_len <= cfg.max_position_embeddings, "--seq-len ", o.data.seq_len, " is longer than model '",
+             cfg.name, "' supports (max_position_embeddings = ", cfg.max_position_embeddings,
+             "); use --seq-len <= ", cfg.max_position_embeddings);
+  validate_records(o);
+  return cfg;
+}
+
+}  // namespace fsdp::train
