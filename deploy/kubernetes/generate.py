@@ -121,6 +121,9 @@ def parse_args(argv):
     train.add_argument("--data", help="training data path (default: MOUNT_PATH/data/corpus.jsonl)")
     train.add_argument("--train-args", default="",
                        help="more fsdp-train flags, shell-quoted, appended last (they override), e.g. \"--max-steps 2000 --lr 1e-4\"")
+    train.add_argument("--metrics-port", type=integer("metrics-port", 0, 65535), default=9400,
+                       help="fsdp-train --metrics-port on every pod (its local rank 0; local rank r on the port + r) "
+                            "with the prometheus.io/scrape annotations for Prometheus' pod discovery; 0: none")
     train.add_argument("--nccl-debug", default="INFO", choices=("VERSION", "WARN", "INFO", "TRACE"),
                        help="NCCL_DEBUG")
     train.add_argument("--env", action="append", default=[], metavar="NAME=VALUE",
@@ -260,6 +263,16 @@ def resolve(a):
     if not a.no_checkpoint:
         train_args += ["--checkpoint-dir", a.checkpoint_dir, "--checkpoint-every", str(a.checkpoint_every),
                        "--keep-last", str(a.keep_last), "--resume"]
+    if a.metrics_port:
+        check(a.metrics_port + a.procs_per_node - 1 <= 65535,
+              f"--metrics-port {a.metrics_port}: the pod's {a.procs_per_node} processes serve on "
+              f"{a.metrics_port}..{a.metrics_port + a.procs_per_node - 1}, past 65535 — choose a lower port")
+        check(a.metrics_port != a.etcd_port, f"--metrics-port {a.metrics_port} is --etcd-port's; choose another")
+        train_args += ["--metrics-port", str(a.metrics_port), "--metrics-host", "0.0.0.0", "--metrics-every-rank"]
+    for arg in extra:
+        check(not arg.startswith("--metrics-port") or not a.metrics_port,
+              f"--train-args has '{arg}': the pods' metrics port is the generator's --metrics-port (it also "
+              "writes the scrape annotations)")
     train_args += extra
 
     values = {
@@ -273,13 +286,14 @@ def resolve(a):
         "PVC": a.pvc, "MOUNT_PATH": a.mount_path, "CHECKPOINT_DIR": a.checkpoint_dir,
         "PVC_SIZE": a.create_pvc, "STORAGE_CLASS": a.storage_class,
         "ETCD_SERVICE": a.etcd_service, "ETCD_PORT": a.etcd_port, "ETCD_IMAGE": a.etcd_image,
-        "RDZV_ID": a.rdzv_id,
+        "RDZV_ID": a.rdzv_id, "METRICS_PORT": a.metrics_port, "METRICS_PORT_TEXT": str(a.metrics_port),
     }
     conditions = {
         "gpu": a.gpus_per_node > 0, "efa": a.efa_per_node > 0,
         "accel": a.gpus_per_node > 0 or a.efa_per_node > 0,
         "instance_type": a.instance_type != "", "shm_size": a.shm_size != "",
         "checkpoint": not a.no_checkpoint, "storage_class": a.storage_class != "",
+        "metrics": a.metrics_port != 0,
     }
     return values, conditions
 
@@ -366,6 +380,11 @@ def self_check(documents, values):
     expect("rdzvHost", job["spec"]["elasticPolicy"]["rdzvHost"], values["ETCD_SERVICE"])
     service = next(d for d in documents["etcd.yaml"] if d["kind"] == "Service")
     expect("etcd port", service["spec"]["ports"][0]["port"], values["ETCD_PORT"])
+    if values["METRICS_PORT"]:
+        pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+        expect("scrape port", (pod["metadata"].get("annotations") or {}).get("prometheus.io/port"),
+               str(values["METRICS_PORT"]))
+        expect("metrics containerPort", (container.get("ports") or [{}])[0].get("containerPort"), values["METRICS_PORT"])
     if "shared-pvc.yaml" in documents:
         expect("claim name", documents["shared-pvc.yaml"][0]["metadata"]["name"], values["PVC"])
 

@@ -166,8 +166,21 @@ def check_job_set(name, args, p):
     if ckpt:
         expected_train += ["--checkpoint-dir", ckpt, "--checkpoint-every", str(p.get("every", 100)),
                            "--keep-last", str(p.get("keep", 3)), "--resume"]
+    metrics_port = p.get("metrics_port", 9400)
+    if metrics_port:
+        expected_train += ["--metrics-port", str(metrics_port), "--metrics-host", "0.0.0.0", "--metrics-every-rank"]
     expected_train += p.get("extra", [])
     expect(train == expected_train, f"{name}: fsdp-train arguments\n    {train}\n  expected\n    {expected_train}")
+
+    # Prometheus: the pods are annotated for scraping on the port fsdp-train serves, which the container declares.
+    annotations = worker["template"]["metadata"].get("annotations") or {}
+    ports = {x.get("name"): x["containerPort"] for x in c.get("ports") or []}
+    if metrics_port:
+        expect(annotations == {"prometheus.io/scrape": "true", "prometheus.io/port": str(metrics_port),
+                               "prometheus.io/path": "/metrics"}, f"{name}: scrape annotations {annotations}")
+        expect(ports == {"metrics": metrics_port}, f"{name}: container ports {ports} != metrics {metrics_port}")
+    else:
+        expect(not annotations and not ports, f"{name}: --metrics-port 0 but annotations {annotations} ports {ports}")
 
     # Resources: GPUs and EFA requested == limited == the parameters, absent when 0.
     res = c.get("resources") or {}
@@ -231,20 +244,20 @@ CASES = [
       "--max-restarts", "50", "--rdzv-id", "llama70b-ft-1", "--etcd-service", "rdzv", "--etcd-port", "12379",
       "--nccl-debug", "WARN", "--create-pvc", "2400Gi", "--storage-class", "fsx-sc",
       "--train-args", "--sharding hybrid --max-steps 20000 --lr 1.5e-4 --metrics-file '/data/metrics run.jsonl'",
-      "--env", "HF_HOME=/data/hf", "--env", "NCCL_ALGO=Ring"],
+      "--env", "HF_HOME=/data/hf", "--env", "NCCL_ALGO=Ring", "--metrics-port", "19090"],
      dict(job="llama70b-ft", image=IMAGE, namespace="ml-team", nodes=16, min=8, max=32, procs=4, gpus=4, efa=0,
           instance_type="g5.12xlarge", model="llama3.1-70b", data="/data/tokens", device="cuda", pvc="fsx-claim",
           mount="/data", checkpoint_dir="/data/checkpoints/llama70b-ft", every=250, keep=2, grace=1800,
           shm="128Gi", rdzv_id="llama70b-ft-1", nccl_debug="WARN", pvc_size="2400Gi", storage_class="fsx-sc",
           extra=["--sharding", "hybrid", "--max-steps", "20000", "--lr", "1.5e-4", "--metrics-file",
                  "/data/metrics run.jsonl"],
-          env={"HF_HOME": "/data/hf", "NCCL_ALGO": "Ring"})),
+          env={"HF_HOME": "/data/hf", "NCCL_ALGO": "Ring"}, metrics_port=19090)),
     ("one CPU node, tiny model, no checkpoints, odd argument strings",
      ["--image", "fsdp-cpp:cpu", "--job-name", "cpu-smoke", "--nodes", "1", "--gpus-per-node", "0",
       "--procs-per-node", "2", "--model", "tiny", "--data", "/fsx/corpus: yes.jsonl", "--no-checkpoint",
-      "--binary", "/opt/fsdp/bin/fsdp-train", "--rdzv-id", "cpu-smoke-1",
+      "--binary", "/opt/fsdp/bin/fsdp-train", "--rdzv-id", "cpu-smoke-1", "--metrics-port", "0",
       "--train-args", "--max-steps 10 --text-field 'on' --seed 0x10 --lr 1e-3 --tokenizer \"a # b\" --log-every 1"],
-     dict(job="cpu-smoke", image="fsdp-cpp:cpu", nodes=1, procs=2, gpus=0, efa=0, instance_type=None,
+     dict(job="cpu-smoke", image="fsdp-cpp:cpu", nodes=1, procs=2, gpus=0, efa=0, instance_type=None, metrics_port=0,
           model="tiny", data="/fsx/corpus: yes.jsonl", device="cpu", binary="/opt/fsdp/bin/fsdp-train",
           rdzv_id="cpu-smoke-1",
           extra=["--max-steps", "10", "--text-field", "on", "--seed", "0x10", "--lr", "1e-3", "--tokenizer",
@@ -279,6 +292,9 @@ BAD = [
     ("--nproc-per-node in train args", ["--train-args", "--max-steps 5 --nproc-per-node 8"], "--nproc-per-node"),
     ("unbalanced quote in train args", ["--train-args", "--metrics-file 'a.jsonl"], "--train-args"),
     ("port out of range", ["--etcd-port", "70000"], "--etcd-port"),
+    ("metrics port out of range", ["--metrics-port", "65536"], "--metrics-port"),
+    ("metrics ports past 65535", ["--metrics-port", "65530"], "--metrics-port"),
+    ("metrics port in train args", ["--train-args", "--metrics-port 9000"], "--metrics-port"),
     ("grace period too short", ["--grace-seconds", "5"], "--grace-seconds"),
     ("checkpoint dir off the claim", ["--checkpoint-dir", "/tmp/ckpt"], "--checkpoint-dir"),
     ("relative mount path", ["--mount-path", "fsx"], "--mount-path"),

@@ -228,7 +228,9 @@ def train_through_etcd(tmp, port, checkpoints):
     if not checkpoints:
         print("  note: this fsdp-train has no --checkpoint-dir yet; generated with --no-checkpoint")
     common = ["--image", "local", "--job-name", "e2e", "--nodes", "2", "--gpus-per-node", "0", "--procs-per-node", "1",
-              "--model", "tiny", "--data", str(CORPUS), "--binary", FSDP_TRAIN, "--etcd-port", str(port), *ckpt_args]
+              "--model", "tiny", "--data", str(CORPUS), "--binary", FSDP_TRAIN, "--etcd-port", str(port), *ckpt_args,
+              # Both "pods" run on this machine: their metrics ports would collide (tests/observe covers them).
+              "--metrics-port", "0"]
     rdzv_id = f"e2e-{os.getpid()}"
     _, container, logs = run_pods(tmp, "train", [*common, "--rdzv-id", rdzv_id, "--train-args",
                                                 f"--max-steps {STEPS} --seq-len 64 --batch-size 2 --log-every 1"])
