@@ -222,8 +222,12 @@ TEST(TrainCli, HuggingFaceExportInitFromAndEvalOnly) {
   std::vector<double> losses;
   for (const char* procs : {" --nproc-per-node 2", ""}) {
     const std::string metrics = dir + "/eval" + std::to_string(std::string(procs).size()) + ".jsonl";
-    Command e = run_command(kTrainBin + " --init-from " + dir + "/hf --data " + kCorpus + " --val-data " + kValCorpus +
-                                " --seq-len 32 --batch-size 3 --eval-only --metrics-file " + metrics + procs, 120);
+    // The evaluation mode in both spellings: `fsdp-train eval` and --eval-only.
+    const std::string mode = *procs != '\0' ? " eval" : "";
+    const std::string flag = *procs != '\0' ? "" : " --eval-only";
+    Command e = run_command(kTrainBin + mode + " --init-from " + dir + "/hf --data " + kCorpus + " --val-data " +
+                                kValCorpus + " --seq-len 32 --batch-size 3" + flag + " --metrics-file " + metrics + procs,
+                            120);
     ASSERT_EQ(e.exit_code, 0) << e.output;
     EXPECT_NE(e.output.find("Initialized from " + dir + "/hf (" + std::to_string(files.size()) + " files)"),
               std::string::npos) << e.output;
@@ -250,10 +254,11 @@ TEST(TrainCli, HuggingFaceExportInitFromAndEvalOnly) {
   EXPECT_NE(bad.output.find("describe different models"), std::string::npos) << bad.output;
 }
 
-// The one-command conversion of a sharded checkpoint (--max-steps 0 with
-// --resume --checkpoint-dir --export-hf): no data is read (--data names no
-// file), the model comes from the checkpoint, and at world sizes 1 and 3 the
-// files equal the training run's own export at world size 2, byte for byte.
+// The one-command conversion of a sharded checkpoint (fsdp-train convert, and
+// its deprecated spelling --max-steps 0 with --resume --checkpoint-dir
+// --export-hf): no data is read (--data names no file), the model comes from
+// the checkpoint, and at world sizes 1, 2 and 3 the files equal the training
+// run's own export at world size 2, byte for byte.
 TEST(TrainCli, ConvertACheckpointToHuggingFaceWithoutData) {
   const std::string dir = testing::temp_dir("cli-convert");
   Command c = run_command(flags(3) + " --nproc-per-node 2 --checkpoint-dir " + dir + "/ck --export-hf " + dir + "/run",
@@ -266,9 +271,20 @@ TEST(TrainCli, ConvertACheckpointToHuggingFaceWithoutData) {
     ASSERT_EQ(v.exit_code, 0) << v.output;
     EXPECT_NE(v.output.find("Loaded checkpoint " + dir + "/ck/step_00000003 (step 3"), std::string::npos) << v.output;
     EXPECT_EQ(v.output.find("Batch "), std::string::npos) << "a conversion trains nothing: " << v.output;
+    // The old spelling still works, and says so once (not once per worker).
+    EXPECT_EQ(testing::count(v.output, "--max-steps 0 to convert a checkpoint is deprecated; use 'fsdp-train "
+                                       "convert"), 1u) << v.output;
     for (const char* file : {"model.safetensors", "config.json"}) {
       EXPECT_EQ(read_file(out + "/" + file), read_file(dir + "/run/" + file)) << procs << " ranks: " << file;
     }
+  }
+  // The conversion's own mode: the same files, no deprecation line.
+  Command m = run_command(kTrainBin + " convert --checkpoint-dir " + dir + "/ck --export-hf " + dir +
+                              "/converted-mode --nproc-per-node 2", 120);
+  ASSERT_EQ(m.exit_code, 0) << m.output;
+  EXPECT_EQ(m.output.find("deprecated"), std::string::npos) << m.output;
+  for (const char* file : {"model.safetensors", "config.json"}) {
+    EXPECT_EQ(read_file(dir + "/converted-mode/" + file), read_file(dir + "/run/" + file)) << "convert: " << file;
   }
   auto refused = [&](const std::string& args, const std::string& needle) {
     Command r = run_command(kTrainBin + " --max-steps 0 " + args, 60);
