@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <map>
 #include <optional>
-#include <regex>
 #include <set>
 
 #include "file_io.h"
@@ -208,10 +207,13 @@ constexpr const char* kLockFile = ".lock";
 
 // N of "step_N" (8 or more digits), else nothing.
 std::optional<int64_t> step_of(const std::string& name) {
-  static const std::regex kName("step_([0-9]{8,18})");
-  std::smatch m;
-  if (!std::regex_match(name, m, kName)) return std::nullopt;
-  return std::stoll(m[1].str());
+  const std::string prefix = "step_";
+  if (name.rfind(prefix, 0) != 0) return std::nullopt;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.size() < 8 || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  return std::stoll(digits);
 }
 
 // What interrupted saves leave: .tmp-step_N, .old-step_N and .del-step_N directories.

@@ -3,9 +3,10 @@
 #include <torch/nn/module.h>
 
 #include <cmath>
-#include <regex>
+#include <sstream>
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/name_pattern.h"
 
 namespace fsdp::optim {
 
@@ -23,24 +24,29 @@ ParamRule decay_everything() {
   return [](const std::string&, const std::vector<int64_t>&) { return ParamSetting{}; };
 }
 
-ParamRule param_rule(const ParamGroupOptions& options) {
-  std::vector<std::pair<std::regex, double>> scales;
-  for (const auto& [pattern, scale] : options.lr_scales) {
-    FSDP_CHECK(scale > 0 && std::isfinite(scale), "learning-rate scale ", scale, " for parameters matching '",
+namespace {
+
+std::vector<std::pair<NamePattern, double>> compile_lr_scales(const ParamGroupOptions& options) {
+  std::vector<std::pair<NamePattern, double>> scales;
+  for (const auto& scale : options.lr_scales) {
+    const auto& [pattern, factor] = scale;
+    FSDP_CHECK(factor > 0 && std::isfinite(factor), "learning-rate scale ", factor, " for parameters matching '",
                pattern, "' must be a finite number > 0");
-    try {
-      scales.emplace_back(std::regex(pattern, std::regex::ECMAScript), scale);
-    } catch (const std::regex_error& e) {
-      FSDP_CHECK(false, "'", pattern, "' is not a valid regular expression (", e.what(),
-                 "); give an ECMAScript pattern searched in parameter names, e.g. 'lora_B' or 'layers\\.0\\.'");
-    }
+    scales.emplace_back(NamePattern(pattern, "--lr-scale"), factor);  // Note [User patterns]
   }
+  return scales;
+}
+
+}  // namespace
+
+ParamRule param_rule(const ParamGroupOptions& options) {
+  std::vector<std::pair<NamePattern, double>> scales = compile_lr_scales(options);
   const bool decay_all = options.decay_all;
   return [scales = std::move(scales), decay_all](const std::string& name, const std::vector<int64_t>& shape) {
     ParamSetting s;
     s.decay = decay_all || (shape.size() >= 2 && name.find("embed") == std::string::npos);
-    for (const auto& [re, scale] : scales) {
-      if (std::regex_search(name, re)) {
+    for (const auto& [pattern, scale] : scales) {
+      if (pattern.found_in(name)) {
         s.lr_scale = scale;
         break;
       }

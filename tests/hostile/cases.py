@@ -1128,6 +1128,29 @@ def faults_cases() -> list:
     ]
 
 
+# --- second campaign (issue 30): user patterns, config files, values that scale training,
+# special files as outputs, adapters, vocabularies, export temporaries ----------------------
+
+REDOS = "^([a-z_.0-9]+)+!"              # std::regex backtracked on it without bound
+NESTED = "(" * 5000 + "proj" + ")" * 5000  # deep nesting; 20,000 levels overflowed std::regex's stack
+
+
+def pattern_cases() -> list:
+    c = "patterns"
+    return [
+        Case(c, "freeze-redos", TRAIN + ["--freeze", REDOS], USAGE, names=("--freeze",), timeout=20),
+        Case(c, "freeze-nested-groups", TRAIN + ["--freeze", NESTED], OK, timeout=30),
+        Case(c, "freeze-nested-groups-too-deep", TRAIN + ["--freeze", "(" * 20000 + "a" + ")" * 20000], USAGE,
+             names=("--freeze",), timeout=20),
+        Case(c, "freeze-backreference", TRAIN + ["--freeze", "(proj)\\1"], USAGE, names=("--freeze", "RE2")),
+        Case(c, "lr-scale-redos", TRAIN + ["--lr-scale", REDOS + "=2"], USAGE, names=("--lr-scale",), timeout=20),
+        Case(c, "lr-scale-nested-groups", TRAIN + ["--lr-scale", NESTED + "=2"], OK, timeout=30),
+        Case(c, "lr-scale-lookahead", TRAIN + ["--lr-scale", "(?=q)proj=2"], USAGE, names=("--lr-scale", "RE2")),
+        Case(c, "inspect-freeze-redos", INSPECT + ["--freeze", REDOS], USAGE, names=("--freeze",), timeout=20),
+        Case(c, "inspect-freeze-nested-groups", INSPECT + ["--freeze", NESTED], OK, timeout=30),
+    ]
+
+
 # --- the data preparation script ------------------------------------------------------------
 
 def prepare_cases() -> list:
@@ -1155,7 +1178,7 @@ def prepare_cases() -> list:
 def all_cases() -> list:
     cases = (cli_numeric() + cli_choices() + cli_syntax() + cli_conflicts() + config_cases() + data_cases()
              + tokenizer_cases() + safetensors_cases() + checkpoint_cases() + output_cases() + user_files_cases()
-             + faults_cases() + prepare_cases())
+             + faults_cases() + prepare_cases() + pattern_cases())
     seen = set()
     for case in cases:
         if case.id in seen:

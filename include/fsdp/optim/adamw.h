@@ -62,11 +62,12 @@ struct ParamGroupOptions {
   // biases (parameters with fewer than 2 dimensions) nor on embeddings (names
   // containing "embed"); true: decay every parameter (for comparison).
   bool decay_all = false;
-  // Learning-rate scales: the first pattern (std::regex, searched in the
+  // Learning-rate scales: the first pattern (NamePattern: RE2, searched in the
   // parameter's name) that matches sets lr_scale; none: 1.
   std::vector<std::pair<std::string, double>> lr_scales;
 };
-// UsageError for a pattern that is not a valid regex or a scale <= 0.
+// UsageError naming --lr-scale for a pattern that is not a valid pattern
+// (NamePattern: RE2 syntax, bounded), or a scale <= 0.
 ParamRule param_rule(const ParamGroupOptions& options);
 // Every parameter decayed, lr scale 1: AdamW's behaviour without groups.
 ParamRule decay_everything();
