@@ -26,6 +26,13 @@ ParamRule decay_everything() {
 
 namespace {
 
+// --lr-scale 'REGEX=FACTOR' as the user wrote it, for messages.
+std::string lr_scale_text(const std::pair<std::string, double>& scale) {
+  std::ostringstream os;
+  os << scale.first << "=" << scale.second;
+  return os.str();
+}
+
 std::vector<std::pair<NamePattern, double>> compile_lr_scales(const ParamGroupOptions& options) {
   std::vector<std::pair<NamePattern, double>> scales;
   for (const auto& scale : options.lr_scales) {
@@ -53,6 +60,27 @@ ParamRule param_rule(const ParamGroupOptions& options) {
     }
     return s;
   };
+}
+
+void check_lr_scales_match(const ParamGroupOptions& options, torch::nn::Module& model) {
+  const std::vector<std::pair<NamePattern, double>> scales = compile_lr_scales(options);
+  std::vector<bool> found(scales.size(), false), found_frozen(scales.size(), false);
+  std::string example;  // a decoder layer's trainable parameter where there is one
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    const bool trainable = p.value().requires_grad();
+    if (trainable && (example.empty() || p.key().find("layers.0.") != std::string::npos)) example = p.key();
+    for (size_t i = 0; i < scales.size(); ++i) {
+      if (!scales[i].first.found_in(p.key())) continue;
+      (trainable ? found : found_frozen)[i] = true;
+      if (trainable) break;  // the first match wins: later patterns do not see this parameter
+    }
+  }
+  for (size_t i = 0; i < scales.size(); ++i) {
+    FSDP_CHECK(found[i], "--lr-scale '", lr_scale_text(options.lr_scales[i]), "' matches no trainable parameter",
+               found_frozen[i] ? " (only frozen ones, which do not train)"
+                               : i > 0 ? " (none, or only ones an earlier --lr-scale pattern already took)" : "",
+               "; parameter names look like '", example, "' — fix the pattern or leave the flag out");
+  }
 }
 
 void AdamW::add(std::string name, at::Tensor param, std::function<at::Tensor()> grad, std::vector<Segment> segments) {

@@ -520,6 +520,7 @@ void check_export_target(const TrainOptions& o) {
 // before fully_shard lays the units out (Note [Frozen parameters] in the engine).
 void apply_freeze(const TrainOptions& o, torch::nn::Module& model) {
   if (!o.freeze.empty()) nn::freeze_matching(model, o.freeze);
+  optim::check_lr_scales_match(o.param_groups, model);  // as --freeze: a pattern must select something
 }
 
 // The --lora-* flags, and their targets against the model (built on the meta device).

@@ -1151,6 +1151,17 @@ def pattern_cases() -> list:
     ]
 
 
+def lr_scale_match_cases() -> list:
+    c = "patterns"
+    return [
+        # Issue 30, finding 5: --freeze refused a pattern matching nothing; --lr-scale now does too.
+        Case(c, "lr-scale-matches-nothing", TRAIN + ["--lr-scale", "no_such_layer=2"], USAGE,
+             names=("--lr-scale 'no_such_layer=2' matches no trainable parameter",)),
+        Case(c, "lr-scale-matches-only-frozen", TRAIN + ["--freeze", "embed", "--lr-scale", "embed_tokens=2"], USAGE,
+             names=("only frozen",)),
+    ]
+
+
 # --- the data preparation script ------------------------------------------------------------
 
 def prepare_cases() -> list:
@@ -1178,7 +1189,7 @@ def prepare_cases() -> list:
 def all_cases() -> list:
     cases = (cli_numeric() + cli_choices() + cli_syntax() + cli_conflicts() + config_cases() + data_cases()
              + tokenizer_cases() + safetensors_cases() + checkpoint_cases() + output_cases() + user_files_cases()
-             + faults_cases() + prepare_cases() + pattern_cases())
+             + faults_cases() + prepare_cases() + pattern_cases() + lr_scale_match_cases())
     seen = set()
     for case in cases:
         if case.id in seen:

@@ -69,6 +69,11 @@ struct ParamGroupOptions {
 // UsageError naming --lr-scale for a pattern that is not a valid pattern
 // (NamePattern: RE2 syntax, bounded), or a scale <= 0.
 ParamRule param_rule(const ParamGroupOptions& options);
+// UsageError naming --lr-scale and the pattern when one matches no trainable
+// parameter of `model` (none at all, only frozen ones, or only ones an earlier
+// pattern takes: the first match wins), as --freeze refuses a pattern that
+// freezes nothing. Call after freezing and adding adapters.
+void check_lr_scales_match(const ParamGroupOptions& options, torch::nn::Module& model);
 // Every parameter decayed, lr scale 1: AdamW's behaviour without groups.
 ParamRule decay_everything();
 
