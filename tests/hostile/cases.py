@@ -1162,6 +1162,57 @@ def lr_scale_match_cases() -> list:
     ]
 
 
+def _config(text):
+    return _files(run_DOT_toml=text)
+
+
+def config_file_cases() -> list:
+    c = "config-file"
+    cfg = ["--config", "{d}/run.toml"]
+    tiny = 'model = "tiny"\nseq-len = 16\nbatch-size = 2\nmax-steps = 1\n'
+    return [
+        Case(c, "control", ["train", "--data", "{corpus}"] + cfg, OK, setup=_config(tiny)),
+        Case(c, "dev-zero", TRAIN + ["--config", "/dev/zero"], USAGE, names=("/dev/zero",), timeout=20),
+        Case(c, "dev-zero-print-config", TRAIN + ["--config", "/dev/zero", "--print-config"], USAGE,
+             names=("/dev/zero",), timeout=20),
+        Case(c, "fifo-no-writer", TRAIN + cfg, USAGE, setup=_files(run_DOT_toml=_fifo), names=("run.toml",), timeout=20),
+        Case(c, "fifo-print-config", TRAIN + cfg + ["--print-config"], USAGE, setup=_files(run_DOT_toml=_fifo),
+             names=("run.toml",), timeout=20),
+        Case(c, "unclosed-string", TRAIN + cfg, USAGE, setup=_config('model = "tiny\n'), names=("line 1",)),
+        Case(c, "duplicate-key", TRAIN + cfg, USAGE, setup=_config("seq-len = 16\nseq-len = 32\n"),
+             names=("line 2",)),
+        Case(c, "unknown-key", TRAIN + cfg, USAGE, setup=_config("learning-rate = 0.1\n"), names=("learning-rate",)),
+        Case(c, "wrong-type-integer-as-string", TRAIN + cfg, USAGE, setup=_config('seq-len = "16"\n'),
+             names=("seq-len",)),
+        Case(c, "wrong-type-switch-as-string", TRAIN + cfg, USAGE, setup=_config('no-shuffle = "yes"\n'),
+             names=("no-shuffle",)),
+        Case(c, "wrong-type-text-as-number", TRAIN + cfg, USAGE, setup=_config("model = 5\n"), names=("model",)),
+        Case(c, "table", TRAIN + cfg, USAGE, setup=_config("[train]\nlr = 0.1\n"), names=("train",)),
+        Case(c, "bad-choice", TRAIN + cfg, USAGE, setup=_config('sharding = "zero3"\n'), names=("sharding",)),
+        Case(c, "infinite-float", TRAIN + cfg, USAGE, setup=_config("lr = inf\n"), names=("lr",)),
+        Case(c, "print-config-seq-len-0", TRAIN + ["--seq-len", "0", "--print-config"], USAGE, names=("--seq-len",)),
+        Case(c, "print-config-from-file-validates", TRAIN + cfg + ["--print-config"], USAGE,
+             setup=_config("grad-accum = 0\n"), names=("--grad-accum",)),
+        Case(c, "print-config-round-trip", TRAIN + cfg + ["--print-config"], OK,
+             setup=_config("freeze = 'layers\\.0\\.'\nno-shuffle = true\nlr-scale = ['q_proj=2']\nseed = 7\n"),
+             check=_print_config_reads_back),
+    ]
+
+
+def _print_config_reads_back(ctx: Ctx, r: Result) -> list:
+    """The printed configuration is TOML and replays the same options (the --no-shuffle switch included)."""
+    import tomllib
+    if r.code != 0:
+        return []
+    try:
+        table = tomllib.loads(r.stdout)
+    except tomllib.TOMLDecodeError as e:
+        return [("wrong exit", f"--print-config printed no TOML: {e}")]
+    want = {"freeze": "layers\\.0\\.", "no-shuffle": True, "lr-scale": ["q_proj=2"], "seed": 7}
+    bad = [f"{k} = {table.get(k)!r}, expected {v!r}" for k, v in want.items() if table.get(k) != v]
+    return [("wrong exit", "the printed configuration differs: " + "; ".join(bad))] if bad else []
+
+
 # --- the data preparation script ------------------------------------------------------------
 
 def prepare_cases() -> list:
@@ -1189,7 +1240,7 @@ def prepare_cases() -> list:
 def all_cases() -> list:
     cases = (cli_numeric() + cli_choices() + cli_syntax() + cli_conflicts() + config_cases() + data_cases()
              + tokenizer_cases() + safetensors_cases() + checkpoint_cases() + output_cases() + user_files_cases()
-             + faults_cases() + prepare_cases() + pattern_cases() + lr_scale_match_cases())
+             + faults_cases() + prepare_cases() + pattern_cases() + lr_scale_match_cases() + config_file_cases())
     seen = set()
     for case in cases:
         if case.id in seen:
