@@ -2,7 +2,9 @@
 
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cmath>
+#include <limits>
 #include <sstream>
 
 #include "fsdp/common/error.h"
@@ -37,14 +39,57 @@ std::vector<std::pair<NamePattern, double>> compile_lr_scales(const ParamGroupOp
   std::vector<std::pair<NamePattern, double>> scales;
   for (const auto& scale : options.lr_scales) {
     const auto& [pattern, factor] = scale;
-    FSDP_CHECK(factor > 0 && std::isfinite(factor), "learning-rate scale ", factor, " for parameters matching '",
-               pattern, "' must be a finite number > 0");
+    FSDP_CHECK(factor > 0 && factor <= kMaxLrScale, "--lr-scale '", lr_scale_text(scale), "': the factor ", factor,
+               " must be > 0 and at most ", kMaxLrScale, " (the learning rate times it must stay a finite 32-bit "
+               "float, which the optimizer computes in)");
     scales.emplace_back(NamePattern(pattern, "--lr-scale"), factor);  // Note [User patterns]
   }
   return scales;
 }
 
 }  // namespace
+
+void check_lr_range(double peak_lr, double min_lr, const AdamWOptions& adamw, const ParamGroupOptions& groups) {
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  std::vector<std::pair<std::string, double>> scales = {{"", 1.0}};
+  for (const auto& scale : groups.lr_scales) scales.emplace_back(" x --lr-scale '" + lr_scale_text(scale) + "'", scale.second);
+  // The first step divides by 1 - beta1 (bias correction); later steps by more.
+  const double first_step = adamw.beta1 >= 0 && adamw.beta1 < 1 ? 1.0 - adamw.beta1 : 1.0;
+  for (const auto& [flag, lr] : {std::pair<const char*, double>{"--lr", peak_lr}, {"--min-lr", min_lr}}) {
+    for (const auto& [scaled_by, factor] : scales) {
+      const double step = lr * factor / first_step;
+      FSDP_CHECK(std::isfinite(step) && step <= kFloatMax, flag, " ", lr, scaled_by, " gives a first AdamW step of ",
+                 lr * factor, " / (1 - --beta1 ", adamw.beta1, ") = ", step, ", beyond a 32-bit float (3.4e38), which "
+                 "the optimizer computes in; use a smaller ", flag, scaled_by.empty() ? "" : " or factor",
+                 " (learning rates are typically 1e-5 to 1e-2)");
+      const double decay = lr * factor * adamw.weight_decay;
+      FSDP_CHECK(std::isfinite(decay) && decay <= kFloatMax, flag, " ", lr, scaled_by, " x --weight-decay ",
+                 adamw.weight_decay, " = ", decay, " is beyond a 32-bit float (3.4e38), which the optimizer "
+                 "computes in; use smaller values");
+    }
+  }
+}
+
+void check_finite_training(const char* what, double value, int64_t step, double lr, const ParamGroupOptions& groups) {
+  if (std::isfinite(value)) return;
+  const char* shown = std::isnan(value) ? "NaN" : value > 0 ? "inf" : "-inf";
+  if (step == 0) {
+    FSDP_FAIL("the ", what, " is ", shown, " at step 0, before any update: the initial weights (--init-from, "
+              "--init-adapter, --resume) or the data produce NaN/inf; check them (a model trained in float16 may "
+              "overflow: try --mixed-precision bf16 or fp32). The run stopped; nothing was saved or exported");
+  }
+  double largest = 1.0;
+  std::string factors;
+  for (const auto& scale : groups.lr_scales) {
+    largest = std::max(largest, scale.second);
+    factors += (factors.empty() ? "; --lr-scale '" : "', '") + lr_scale_text(scale);
+  }
+  if (!factors.empty()) factors += "'";
+  FSDP_FAIL("the ", what, " became ", shown, " at step ", step, " (lr ", lr, factors, ", largest effective lr ",
+            lr * largest, "): training diverged, most likely from a learning rate too large for this model; lower "
+            "--lr", factors.empty() ? "" : " or the --lr-scale factors", ", raise --warmup-steps or clip with "
+            "--clip-grad 1.0. The run stopped at this step; checkpoints saved before it are intact");
+}
 
 ParamRule param_rule(const ParamGroupOptions& options) {
   std::vector<std::pair<NamePattern, double>> scales = compile_lr_scales(options);

@@ -670,6 +670,7 @@ void validate_options(const TrainOptions& o, int world_size) {
     FSDP_CHECK(std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max(), flag, " ", v,
                " is outside the range of a 32-bit float (|x| <= 3.4e38), which the optimizer computes in");
   }
+  optim::check_lr_range(o.schedule.lr, o.schedule.min_lr, o.adamw, o.param_groups);  // x --lr-scale, / (1 - beta1)
   sched.validate();
   FSDP_CHECK(o.adamw.weight_decay >= 0, "--weight-decay must be >= 0, got ", o.adamw.weight_decay);
   FSDP_CHECK(o.adamw.beta1 >= 0 && o.adamw.beta1 < 1, "--beta1 must be in [0, 1), got ", o.adamw.beta1,
@@ -1372,6 +1373,7 @@ StepRecord Trainer::Impl::train_step() {
     skipped = scaler_ && scaler_->unscale(sharded_->shards());
     if (!skipped) {
       norm = o_.step.clip_grad > 0 ? sharded_->clip_grad_norm(o_.step.clip_grad) : sharded_->grad_norm();
+      optim::check_finite_training("gradient norm", norm, step, lr, o_.param_groups);  // global: every rank stops
       opt_->step();
     }
   }
@@ -1406,8 +1408,7 @@ StepRecord Trainer::Impl::train_step() {
   rec.unsharded_peak_bytes = unsharded.peak;
   rec.unsharded_bound_bytes = unsharded_bound_;
   check_unsharded_contract(step, unsharded);
-  FSDP_CHECK(std::isfinite(rec.loss), "the loss became ", rec.loss, " at step ", step, " (lr ", lr,
-             "); lower --lr or raise --warmup-steps, or clip harder with --clip-grad");
+  optim::check_finite_training("loss", rec.loss, step, lr, o_.param_groups);
   ++interval_steps_;
   if ((step % o_.log.log_every == 0) || step == o_.step.max_steps - 1 || stop_) log_step(rec);
   summary_.steps.push_back(rec);

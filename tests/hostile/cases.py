@@ -1213,6 +1213,29 @@ def _print_config_reads_back(ctx: Ctx, r: Result) -> list:
     return [("wrong exit", "the printed configuration differs: " + "; ".join(bad))] if bad else []
 
 
+def _no_dir(rel: str):
+    def check(ctx: Ctx, r: Result) -> list:
+        return [("lost data", f"{rel} was written by a failed run")] if ctx.path(rel).exists() else []
+    return check
+
+
+def value_cases() -> list:
+    c = "training-values"
+    return [
+        # Issue 30, finding 4: beyond float32, the run went NaN at step 2 and exported 23 NaN tensors.
+        Case(c, "lr-scale-1e39", TRAIN + ["--lr-scale", "q_proj=1e39"], USAGE, names=("--lr-scale",)),
+        Case(c, "lr-3e38", TRAIN + ["--lr", "3e38"], USAGE, names=("--lr",)),
+        Case(c, "min-lr-3e38", TRAIN + ["--lr", "3e38", "--min-lr", "3e38"], USAGE, names=("--lr", "--min-lr")),
+        Case(c, "lr-times-weight-decay-beyond-float", TRAIN + ["--lr", "1e30", "--weight-decay", "1e30"], USAGE,
+             names=("--weight-decay",)),
+        Case(c, "lora-alpha-1e39", TRAIN + ["--lora-rank", "4", "--lora-alpha", "1e39"], USAGE, names=("--lora-alpha",)),
+        # Finite but far too large: the gradient norm turns non-finite; exit 1 naming the cause, nothing exported.
+        Case(c, "diverging-run-stops", TRAIN + ["--lr", "1", "--lr-scale", "q_proj=1e37", "--max-steps", "4",
+                                                "--warmup-steps", "0", "--export-hf", "{d}/out"], FAIL,
+             names=("learning rate too large",), check=_no_dir("out"), timeout=60),
+    ]
+
+
 # --- the data preparation script ------------------------------------------------------------
 
 def prepare_cases() -> list:
@@ -1240,7 +1263,8 @@ def prepare_cases() -> list:
 def all_cases() -> list:
     cases = (cli_numeric() + cli_choices() + cli_syntax() + cli_conflicts() + config_cases() + data_cases()
              + tokenizer_cases() + safetensors_cases() + checkpoint_cases() + output_cases() + user_files_cases()
-             + faults_cases() + prepare_cases() + pattern_cases() + lr_scale_match_cases() + config_file_cases())
+             + faults_cases() + prepare_cases() + pattern_cases() + lr_scale_match_cases() + config_file_cases()
+             + value_cases())
     seen = set()
     for case in cases:
         if case.id in seen:

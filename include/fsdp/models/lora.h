@@ -48,8 +48,8 @@ struct LoraConfig {
 // empty name; check_lora_config and apply_lora check the names.
 std::vector<std::string> parse_lora_targets(const std::string& s);
 
-// UsageError naming the value and the fix: rank < 1, alpha not finite or
-// <= 0, dropout outside [0, 1), no targets, an empty or repeated target.
+// UsageError naming the value and the fix: rank < 1, alpha not finite, <= 0
+// or beyond a 32-bit float (alpha / rank scales float outputs), dropout outside [0, 1), no targets, an empty or repeated target.
 void check_lora_config(const LoraConfig& cfg);
 
 // Adds an adapter to every Linear of `module` whose last name component is in
