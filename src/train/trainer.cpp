@@ -27,6 +27,7 @@
 #include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
+#include "fsdp/common/output_file.h"
 #include "fsdp/common/trace.h"
 #include "fsdp/data/loader.h"
 #include "fsdp/data/sampler.h"
@@ -254,17 +255,10 @@ class Console {
 };
 
 // Writes `text` to `path` through a temporary file in the same directory and
-// a rename: a reader (or a crash) sees the old file or the new one, never half.
+// a rename: a reader (or a crash) sees the old file or the new one, never half;
+// a device or FIFO is written in place (Note [Output targets]).
 void write_file_atomically(const std::string& path, const std::string& text, const char* flag) {
-  const std::string tmp = path + ".tmp-" + std::to_string(getpid());
-  try {
-    checkpoint::io::write_text_file(tmp, text);
-    checkpoint::io::rename_path(tmp, path);
-  } catch (const std::exception& e) {
-    std::error_code ec;
-    std::filesystem::remove(tmp, ec);
-    FSDP_FAIL(flag, " ", path, ": writing failed (", e.what(), "); free space on its disk or choose another path");
-  }
+  write_output_file(path, text, flag);
 }
 
 // Note [Metrics after a resume]
@@ -300,6 +294,7 @@ int64_t drop_metrics_from(const std::string& path, int64_t first_step) {
 // A file rank 0 writes (--metrics-file, --profile-file): its directory exists,
 // it is no directory itself, and this process may write it.
 void check_output_file(const std::string& path, const char* flag) {
+  check_output_target(path, flag);  // Note [Output targets]: a directory, block device, socket... is refused
   const auto parent = std::filesystem::path(path).parent_path();
   FSDP_CHECK(parent.empty() || std::filesystem::is_directory(parent), flag, " ", path, ": directory ", parent.string(),
              " does not exist");
@@ -1181,9 +1176,9 @@ void Trainer::Impl::open_records() {
                          n == 1 ? "" : "s", start_step_, o_.log.metrics_file));
       }
     }
-    metrics_.open(o_.log.metrics_file, std::ios::app);
+    open_output_for_append(metrics_, o_.log.metrics_file, "--metrics-file");  // a FIFO without reader: refused
     FSDP_CHECK(metrics_.good(), "--metrics-file ", o_.log.metrics_file, ": cannot open for appending");
-    if (!o_.log.config_text.empty()) {
+    if (!o_.log.config_text.empty() && may_write_beside(o_.log.metrics_file)) {  // never /dev/null.config.toml
       write_file_atomically(config_path_beside(o_.log.metrics_file), o_.log.config_text, "--metrics-file");
     }
   }

@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import struct
 import time
 from pathlib import Path
@@ -1236,6 +1237,66 @@ def value_cases() -> list:
     ]
 
 
+# Device numbers of /dev/null and /dev/full, for nodes made in a case's own folder.
+NULL_DEV, FULL_DEV = (1, 3), (1, 7)
+
+
+def _node(rel: str, dev=NULL_DEV, block: bool = False):
+    """mknod at rel (the campaign runs as root); the node must be the same node afterwards."""
+    def make(ctx: Ctx) -> None:
+        p = ctx.path(rel)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        os.mknod(p, (stat.S_IFBLK if block else stat.S_IFCHR) | 0o666, os.makedev(*dev))
+        ctx.nodes[p] = (stat.S_IFBLK if block else stat.S_IFCHR, os.makedev(*dev))
+    return make
+
+
+def _nothing_beside(*rels):
+    def check(ctx: Ctx, r: Result) -> list:
+        return [("lost data", f"{rel} was created beside a device node") for rel in rels if ctx.path(rel).exists()]
+    return check
+
+
+def output_node_cases() -> list:
+    c = "output-nodes"
+    prof = ["--max-steps", "2", "--profile-steps", "0:1", "--profile-file"]
+    return [
+        # Issue 30, finding 6: the trace was renamed over the node (c 1 3 became a 3,349-byte file).
+        Case(c, "profile-file-null-node", TRAIN + prof + ["{d}/null"], OK, setup=_node("null")),
+        Case(c, "profile-file-full-node", TRAIN + prof + ["{d}/full"], FAIL, setup=_node("full", FULL_DEV),
+             names=("--profile-file",)),
+        Case(c, "profile-file-block-node", TRAIN + prof + ["{d}/disk"], USAGE, setup=_node("disk", (7, 0), block=True),
+             names=("--profile-file", "block device"), check=_no_training),
+        Case(c, "profile-file-fifo-no-reader", TRAIN + prof + ["{d}/pipe"], USAGE,
+             setup=_files(pipe=_fifo), names=("--profile-file", "FIFO"), timeout=30),
+        # --metrics-file /dev/null created /dev/null.config.toml.
+        Case(c, "metrics-null-node", TRAIN + ["--metrics-file", "{d}/null"], OK, setup=_node("null"),
+             check=_nothing_beside("null.config.toml")),
+        Case(c, "metrics-fifo-no-reader", TRAIN + ["--metrics-file", "{d}/pipe"], USAGE, setup=_files(pipe=_fifo),
+             names=("--metrics-file", "FIFO"), timeout=20),
+        Case(c, "metrics-config-copy-is-node", TRAIN + ["--metrics-file", "{d}/m.jsonl"], OK,
+             setup=_node("m.config.toml")),
+        Case(c, "tensorboard-config-is-node", TRAIN + ["--tensorboard", "{d}/tb"], OK, setup=_node("tb/config.toml")),
+        Case(c, "write-hf-config-null-node", INSPECT + ["--write-hf-config", "{d}/null"], OK, setup=_node("null")),
+        Case(c, "write-hf-config-full-node", INSPECT + ["--write-hf-config", "{d}/full"], FAIL,
+             setup=_node("full", FULL_DEV), names=("--write-hf-config",)),
+        Case(c, "write-hf-config-fifo-no-reader", INSPECT + ["--write-hf-config", "{d}/pipe"], USAGE,
+             setup=_files(pipe=_fifo), names=("--write-hf-config",), timeout=20),
+        Case(c, "export-is-node", TRAIN + ["--export-hf", "{d}/out"], USAGE, setup=_node("out"),
+             names=("--export-hf",), check=_no_training),
+        Case(c, "export-tmp-is-node", TRAIN + ["--export-hf", "{d}/out"], USAGE, setup=_node(".tmp-out"),
+             names=(".tmp-out",), check=_no_training),
+        Case(c, "export-lock-is-node", TRAIN + ["--export-hf", "{d}/out"], E(1, 2), setup=_node(".out.lock"),
+             names=(".out.lock",)),
+        Case(c, "checkpoint-dir-is-node", TRAIN + ["--checkpoint-dir", "{d}/ck"], USAGE, setup=_node("ck"),
+             names=("--checkpoint-dir",), check=_no_training),
+        Case(c, "checkpoint-lock-is-node", TRAIN + ["--checkpoint-dir", "{d}/ck"], E(1, 2), setup=_node("ck/.lock"),
+             names=(".lock",)),
+        Case(c, "checkpoint-step-is-node", TRAIN + ["--checkpoint-dir", "{d}/ck", "--max-steps", "1"], E(0, 2),
+             setup=_node("ck/step_00000001"), names=("step_00000001",)),
+    ]
+
+
 # --- the data preparation script ------------------------------------------------------------
 
 def prepare_cases() -> list:
@@ -1264,7 +1325,7 @@ def all_cases() -> list:
     cases = (cli_numeric() + cli_choices() + cli_syntax() + cli_conflicts() + config_cases() + data_cases()
              + tokenizer_cases() + safetensors_cases() + checkpoint_cases() + output_cases() + user_files_cases()
              + faults_cases() + prepare_cases() + pattern_cases() + lr_scale_match_cases() + config_file_cases()
-             + value_cases())
+             + value_cases() + output_node_cases())
     seen = set()
     for case in cases:
         if case.id in seen:
