@@ -60,6 +60,13 @@ std::vector<std::string> parse_lora_targets(const std::string& s) {
   }
 }
 
+void check_adapter_alpha(const std::string& dir, const LoraConfig& adapter, double run_alpha) {
+  FSDP_CHECK(adapter.alpha == run_alpha, "--init-adapter ", dir, " has lora_alpha ", adapter.alpha, " (scale alpha / r = ",
+             adapter.alpha / static_cast<double>(adapter.rank), ") but the run has --lora-alpha ", run_alpha,
+             " (scale ", run_alpha / static_cast<double>(adapter.rank), "); its outputs would change: give --lora-alpha ",
+             adapter.alpha, " or leave --lora-alpha out to train at the adapter's own alpha");
+}
+
 void check_lora_config(const LoraConfig& cfg) {
   FSDP_CHECK(cfg.rank >= 1, "--lora-rank ", cfg.rank, " must be >= 1 (e.g. 8 or 16; 0 turns LoRA off)");
   FSDP_CHECK(std::isfinite(cfg.alpha) && cfg.alpha > 0 && cfg.alpha <= std::numeric_limits<float>::max(),

@@ -541,6 +541,7 @@ void validate_lora(const TrainOptions& o, const models::LlamaConfig& cfg) {
     FSDP_CHECK(a.rank == o.lora.rank && a.targets == ours, "--init-adapter ", o.lora.init_adapter, " has r ", a.rank,
                " on ", fmt::format("{}", fmt::join(a.targets, ",")), " but the run has --lora-rank ", o.lora.rank,
                " --lora-targets ", fmt::format("{}", fmt::join(o.lora.targets, ",")), "; give the adapter's");
+    models::check_adapter_alpha(o.lora.init_adapter, a, o.lora.effective_alpha());  // refused, never rescaled
   }
 }
 
@@ -1155,7 +1156,8 @@ void Trainer::Impl::restore() {
   if (!resumed_ && !o_.lora.init_adapter.empty()) {
     // With --sync-module-states rank 0 read it before sharding.
     if (!o_.sharding.sync_module_states) checkpoint::import_peft_adapter(o_.lora.init_adapter, *sharded_);
-    say_(fmt::format("LoRA adapters from {}", o_.lora.init_adapter));
+    say_(fmt::format("LoRA adapters from {} (lora_alpha {}: scale alpha / r = {})", o_.lora.init_adapter,
+                     o_.lora.effective_alpha(), o_.lora.effective_alpha() / static_cast<double>(o_.lora.rank)));
   }
   FSDP_CHECK(!o_.eval.only || resumed_ || !o_.hf.init_from.empty(), "--eval-only --resume: there is no checkpoint "
              "in ", o_.checkpoint.dir, " to evaluate; give --init-from DIR or a --checkpoint-dir that holds one");

@@ -1297,6 +1297,45 @@ def output_node_cases() -> list:
     ]
 
 
+def _adapter(alpha: int):
+    """The fixture's PEFT adapter (rank 4) with lora_alpha set to `alpha`."""
+    def setup(ctx: Ctx) -> None:
+        a = fxt.copy_tree(ctx.fx / "adapter", ctx.path("adapter"))
+        cfg = json.loads((a / "adapter_config.json").read_text())
+        cfg["lora_alpha"] = alpha
+        (a / "adapter_config.json").write_text(json.dumps(cfg))
+    return setup
+
+
+def _says(text: str):
+    def check(ctx: Ctx, r: Result) -> list:
+        return [] if text in r.stdout + r.stderr else [("unclear", f"the output does not say '{text}'")]
+    return check
+
+
+def adapter_cases() -> list:
+    c = "adapters"
+    lora = TRAIN + ["--lora-rank", "4", "--init-adapter", "{d}/adapter"]
+    return [
+        # Issue 30, finding 7: lora_alpha 1000 trained (and exported) as alpha 8, its scale 250 -> 2.
+        Case(c, "alpha-differs-from-lora-alpha", lora + ["--lora-alpha", "8"], USAGE, setup=_adapter(1000),
+             names=("lora_alpha 1000",)),
+        Case(c, "alpha-taken-from-adapter", lora + ["--export-hf", "{d}/out"], OK, setup=_adapter(1000),
+             check=_exported_alpha(1000)),
+    ]
+
+
+def _exported_alpha(alpha: int):
+    def check(ctx: Ctx, r: Result) -> list:
+        p = ctx.path("out/adapter_config.json")
+        if r.code != 0 or not p.is_file():
+            return []
+        got = json.loads(p.read_text()).get("lora_alpha")
+        bad = [] if got == alpha else [("wrong exit", f"exported lora_alpha {got}, the adapter's was {alpha}")]
+        return bad + _says(f"lora_alpha {alpha}")(ctx, r)
+    return check
+
+
 # --- the data preparation script ------------------------------------------------------------
 
 def prepare_cases() -> list:
@@ -1325,7 +1364,7 @@ def all_cases() -> list:
     cases = (cli_numeric() + cli_choices() + cli_syntax() + cli_conflicts() + config_cases() + data_cases()
              + tokenizer_cases() + safetensors_cases() + checkpoint_cases() + output_cases() + user_files_cases()
              + faults_cases() + prepare_cases() + pattern_cases() + lr_scale_match_cases() + config_file_cases()
-             + value_cases() + output_node_cases())
+             + value_cases() + output_node_cases() + adapter_cases())
     seen = set()
     for case in cases:
         if case.id in seen:
