@@ -380,6 +380,19 @@ void append_document(const Tokenizer& tok, std::string_view text, bool add_bos, 
   out.push_back(tok.eos_id());
 }
 
+// A tokenizer whose vocabulary cannot represent the text (an empty or
+// degenerate one) turns every document into its BOS/EOS markers alone:
+// training on that learns nothing, so it is refused.
+void check_tokens_carry_text(const Tokenizer& tok, const std::string& path, int64_t documents,
+                             const std::vector<int32_t>& tokens) {
+  for (const int32_t t : tokens) {
+    if (t != tok.eos_id() && t != tok.bos_id()) return;
+  }
+  FSDP_CHECK(false, "data ", path, ": tokenizer ", tok.name(), " encodes its ", documents, " document",
+             documents == 1 ? "" : "s", " into end-of-sequence markers only (", tokens.size(), " tokens, none of "
+             "them text): its vocabulary cannot represent the text — give the model's real tokenizer");
+}
+
 // Bytes a text source may hold in memory: DatasetOptions::memory_budget, within RLIMIT_DATA.
 int64_t text_memory_budget(const DatasetOptions& o) {
   int64_t budget = o.memory_budget;
@@ -468,6 +481,7 @@ std::shared_ptr<const TokenDataset> load_text_sources(const DatasetOptions& o, c
     check_tokens_fit(budget, f.path, tokens);
   }
   tokens.shrink_to_fit();
+  check_tokens_carry_text(*tok, o.path, documents, tokens);
   const std::string kind = any_text && any_jsonl ? "text+jsonl" : any_text ? "text" : "jsonl";
   return std::make_shared<MemoryDataset>(std::move(tokens), o.path, kind, documents, std::move(starts));
 }

@@ -1336,6 +1336,31 @@ def _exported_alpha(alpha: int):
     return check
 
 
+def vocabulary_cases() -> list:
+    c = "tokenizer"
+    tok = lambda path: TRAIN + ["--tokenizer", path]  # noqa: E731
+    return [_with_eos(case) for case in [
+        # Issue 30, finding 8: an empty BPE vocabulary turned a corpus into end-of-sequence tokens only.
+        # (The added "</s>" takes the id after the vocabulary, as the tokenizers library gives it.)
+        Case(c, "vocab-empty", tok("{d}/tokenizer.json"), USAGE,
+             setup=_files(tokenizer_DOT_json=_tok(vocab={}, merges=[], unk_token=None, root_added_tokens=[_eos_token(0)])),
+             names=("vocab",)),
+        Case(c, "vocab-only-unk", tok("{d}/tokenizer.json"), USAGE,
+             setup=_files(tokenizer_DOT_json=_tok(vocab={"<unk>": 0}, merges=[], root_added_tokens=[_eos_token(1)])),
+             names=("vocab",)),
+        # A vocabulary without the corpus's characters (and no unknown token) drops all of its text.
+        Case(c, "vocab-covers-no-text", tok("{d}/tokenizer.json"), USAGE,
+             setup=_files(tokenizer_DOT_json=_tok(vocab={"\u00ff": 0}, merges=[], unk_token=None,
+                                                  root_added_tokens=[_eos_token(1)])),
+             names=("end-of-sequence markers only",)),
+    ]]
+
+
+def _eos_token(token_id: int) -> dict:
+    return {"id": token_id, "content": "</s>", "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": True}
+
+
 # --- the data preparation script ------------------------------------------------------------
 
 def prepare_cases() -> list:
@@ -1364,7 +1389,7 @@ def all_cases() -> list:
     cases = (cli_numeric() + cli_choices() + cli_syntax() + cli_conflicts() + config_cases() + data_cases()
              + tokenizer_cases() + safetensors_cases() + checkpoint_cases() + output_cases() + user_files_cases()
              + faults_cases() + prepare_cases() + pattern_cases() + lr_scale_match_cases() + config_file_cases()
-             + value_cases() + output_node_cases() + adapter_cases())
+             + value_cases() + output_node_cases() + adapter_cases() + vocabulary_cases())
     seen = set()
     for case in cases:
         if case.id in seen:
