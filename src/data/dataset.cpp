@@ -285,7 +285,9 @@ DataFormat format_of_name(const std::string& name) {
 }
 
 // The regular files of `dir` whose names `keep` accepts, in byte order of their names;
-// hidden files (".name") are never data.
+// hidden files (".name") are never data, subdirectories are skipped. An entry
+// `keep` accepts that is neither (a dangling symbolic link, a FIFO, a device) is
+// refused by name: skipping it would train silently on less than the user gave.
 template <class Keep>
 std::vector<std::string> list_dir(const std::string& dir, Keep keep) {
   std::vector<std::string> names;
@@ -293,8 +295,16 @@ std::vector<std::string> list_dir(const std::string& dir, Keep keep) {
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     std::error_code ec2;
-    if (name.empty() || name[0] == '.' || !it->is_regular_file(ec2)) continue;
-    if (keep(name)) names.push_back(name);
+    if (name.empty() || name[0] == '.' || !keep(name) || it->is_directory(ec2)) continue;
+    if (!it->is_regular_file(ec2)) {
+      const std::string path = it->path().string();
+      std::error_code ec3;
+      const fs::path target = fs::is_symlink(it->symlink_status(ec3)) ? fs::read_symlink(path, ec3) : fs::path();
+      FSDP_CHECK(false, "data directory '", dir, "' holds '", name, "', which is ", path_kind(path),
+                 target.empty() ? std::string() : " (-> " + target.string() + ")",
+                 ", not a regular file — restore it or remove it from the directory (its files are all read)");
+    }
+    names.push_back(name);
   }
   FSDP_CHECK(!ec, "cannot list data directory '", dir, "': ", ec.message());
   std::sort(names.begin(), names.end());

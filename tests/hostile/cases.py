@@ -1361,6 +1361,13 @@ def _eos_token(token_id: int) -> dict:
             "normalized": False, "special": True}
 
 
+def data_link_cases() -> list:
+    # Issue 30, finding 9: a dangling link among the data files was skipped in silence.
+    return [Case("data", "directory-with-dangling-link", TRAIN + ["--data", "{d}/dir"], USAGE,
+                 setup=_files(dir__a_DOT_jsonl=_docs(), dir__b_DOT_jsonl=_symlink("{d}/gone.jsonl")),
+                 names=("b.jsonl",))]
+
+
 # --- the data preparation script ------------------------------------------------------------
 
 def prepare_cases() -> list:
@@ -1389,7 +1396,7 @@ def all_cases() -> list:
     cases = (cli_numeric() + cli_choices() + cli_syntax() + cli_conflicts() + config_cases() + data_cases()
              + tokenizer_cases() + safetensors_cases() + checkpoint_cases() + output_cases() + user_files_cases()
              + faults_cases() + prepare_cases() + pattern_cases() + lr_scale_match_cases() + config_file_cases()
-             + value_cases() + output_node_cases() + adapter_cases() + vocabulary_cases())
+             + value_cases() + output_node_cases() + adapter_cases() + vocabulary_cases() + data_link_cases())
     seen = set()
     for case in cases:
         if case.id in seen:
