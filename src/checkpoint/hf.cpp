@@ -171,6 +171,11 @@ void detail::check_export_dir_of(const std::string& dir, const std::string& flag
                                  const std::function<bool(const std::string&)>& is_export_file) {
   FSDP_CHECK(!dir.empty(), flag, " needs a directory");
   const ExportPaths paths = export_paths(dir);
+  const std::string leaf = paths.final.filename().string();
+  FSDP_CHECK(!leaf.empty() && leaf != "." && leaf != "..", flag, " ", dir, " names ",
+             leaf.empty() ? "the root directory" : leaf == "." ? "the current directory" : "a parent directory",
+             ", which an export cannot be: it writes a new directory beside the target and renames it into place; "
+             "give a directory name, e.g. ", flag, " ./export");
   check_writable(paths.parent.string(), flag + " " + dir + ": directory", /*directory=*/true);
   check_removable(paths.tmp.string());
   check_removable(paths.old.string());
@@ -179,6 +184,7 @@ void detail::check_export_dir_of(const std::string& dir, const std::string& flag
   FSDP_CHECK(fs::is_directory(dir, ec), flag, " ", dir, " exists and is not a directory; choose a new directory");
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
+    if (n == kOwnedMarker) continue;  // left by a kill just after an export moved in (Note [Marked until in place])
     FSDP_CHECK(e.is_regular_file(ec) && is_export_file(n), flag, " ", dir, " holds '", n,
                "', which an export does not write; an export replaces the whole directory, so choose a new or "
                "empty directory (files there are never deleted)");
@@ -345,15 +351,12 @@ HfExportResult detail::export_dir(const std::string& dir, ShardedModel& model, c
       io::write_text_file((tmp / name).string(), content);
       bytes += static_cast<int64_t>(content.size());
     }
-    // The model directory is the user's to share: it goes without our marker.
-    fs::remove(tmp / kOwnedMarker);
+    // The model directory is the user's to share: it goes without our marker,
+    // removed only once it is in place (Note [Marked until in place]).
     io::fsync_dir(tmp.string());
-    io::replace_directory(tmp.string(), final.string());
+    io::replace_directory(tmp.string(), final.string(), /*keep_marker=*/false);
   });
-  if (lead && !error.ok() && is_owned_directory(tmp.string())) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-  }
+  if (lead && !error.ok() && is_owned_directory(tmp.string())) discard_owned_directory(tmp.string());
   lock.reset();
   // Everyone learns whether rank 0 succeeded.
   agree(group, error).raise_if_failed("exporting " + spec.what + " to " + final.string() + " failed");

@@ -87,6 +87,27 @@ void remove_owned_directory(const std::string& path) {
   }
 }
 
+bool discard_owned_directory(const std::string& path) noexcept {
+  try {
+    std::error_code ec;
+    if (!fs::exists(fs::symlink_status(path, ec))) return true;
+    std::vector<fs::path> contents;
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      if (e.path().filename() != kOwnedMarker) contents.push_back(e.path());
+    }
+    bool ok = !ec;
+    for (const auto& p : contents) {
+      fs::remove_all(p, ec);
+      ok = ok && !ec;
+    }
+    if (!ok) return false;  // the marker stays with what is left
+    fs::remove(fs::path(path) / kOwnedMarker, ec);
+    return fs::remove(path, ec) && !ec;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 void check_writable(const std::string& path, const std::string& flag, bool directory) {
   FSDP_CHECK(!path.empty(), flag, " needs a path");
   std::error_code ec;

@@ -569,10 +569,7 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
   }
   const Agreement records = agree(group, written);
   if (!records.ok()) {
-    if (lead) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-    }
+    if (lead && is_owned_directory(tmp.string())) discard_owned_directory(tmp.string());  // the marker last
     records.raise_if_failed("saving checkpoint " + final.string() + " failed (the previous checkpoints are untouched)");
   }
 
@@ -662,15 +659,13 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
           if (!is_owned_directory(doomed.string())) mark_owned(doomed.string());  // saved by an older version
           io::rename_path(doomed.string(), del.string());
           io::fsync_dir(root.string());
-          std::error_code ec;
-          fs::remove_all(del, ec);
+          discard_owned_directory(del.string());  // the marker last: a kill leaves a removable .del-
           result.pruned.push_back(doomed.filename().string());
         }
       }
     } catch (const std::exception& e) {
       committed = RankStatus::of(e);
-      std::error_code ec;
-      if (is_owned_directory(tmp.string())) fs::remove_all(tmp, ec);  // not committed: nothing to keep
+      if (is_owned_directory(tmp.string())) discard_owned_directory(tmp.string());  // not committed: nothing to keep
     }
   }
   agree(group, committed).raise_if_failed("saving checkpoint " + final.string() + " failed");

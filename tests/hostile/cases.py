@@ -1368,6 +1368,29 @@ def data_link_cases() -> list:
                  names=("b.jsonl",))]
 
 
+def temporary_cases() -> list:
+    c = "user-files"
+    return [
+        # Issue 30, finding 11: what a kill between moving an export in and unmarking it leaves (the
+        # export, marked) is replaced by the next export; `--export-hf .` names no lock file as the user's.
+        Case(c, "export-over-marked-previous-export", TRAIN + ["--export-hf", "{d}/hf"], OK,
+             setup=lambda ctx: (_hf()(ctx), ctx.write("hf/.fsdp-cpp-owned", "left by a kill\n")),
+             check=lambda ctx, r: [("lost data", "the export kept the ownership marker")]
+             if ctx.path("hf/.fsdp-cpp-owned").exists() else []),
+        Case(c, "export-tmp-marked-with-files", TRAIN + ["--export-hf", "{d}/out"], OK,
+             setup=lambda ctx: (fxt.copy_tree(ctx.fx / "hf", ctx.path(".tmp-out")),
+                                ctx.write(".tmp-out/.fsdp-cpp-owned", "marked\n"))),
+        Case(c, "export-to-empty-cwd", TRAIN + ["--export-hf", "."], USAGE,
+             names=("current directory",), check=_not_said(".lock")),
+    ]
+
+
+def _not_said(text: str):
+    def check(ctx: Ctx, r: Result) -> list:
+        return [("unclear", f"the error names {text}")] if text in r.stderr else []
+    return check
+
+
 # --- the data preparation script ------------------------------------------------------------
 
 def prepare_cases() -> list:
@@ -1396,7 +1419,8 @@ def all_cases() -> list:
     cases = (cli_numeric() + cli_choices() + cli_syntax() + cli_conflicts() + config_cases() + data_cases()
              + tokenizer_cases() + safetensors_cases() + checkpoint_cases() + output_cases() + user_files_cases()
              + faults_cases() + prepare_cases() + pattern_cases() + lr_scale_match_cases() + config_file_cases()
-             + value_cases() + output_node_cases() + adapter_cases() + vocabulary_cases() + data_link_cases())
+             + value_cases() + output_node_cases() + adapter_cases() + vocabulary_cases() + data_link_cases()
+             + temporary_cases())
     seen = set()
     for case in cases:
         if case.id in seen:
