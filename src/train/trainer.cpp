@@ -662,9 +662,9 @@ void validate_options(const TrainOptions& o, int world_size) {
   // The optimizer takes these as 32-bit float scalars: 1e300 is a finite double but no float.
   for (const auto& [flag, v] : {std::pair<const char*, double>{"--lr", o.schedule.lr}, {"--min-lr", o.schedule.min_lr},
                                 {"--weight-decay", o.adamw.weight_decay}, {"--beta1", o.adamw.beta1},
-                                {"--beta2", o.adamw.beta2}, {"--initial-loss-scale", o.sharding.initial_loss_scale}}) {
+                                {"--beta2", o.adamw.beta2}}) {
     FSDP_CHECK(std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max(), flag, " ", v,
-               " is outside the range of a 32-bit float (|x| <= 3.4e38), which training computes in");
+               " is outside the range of a 32-bit float (|x| <= 3.4e38), which the optimizer computes in");
   }
   optim::check_lr_range(o.schedule.lr, o.schedule.min_lr, o.adamw, o.param_groups);  // x --lr-scale, / (1 - beta1)
   sched.validate();
