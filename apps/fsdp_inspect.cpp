@@ -18,6 +18,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/common/main.h"
 #include "fsdp/common/memory.h"
+#include "fsdp/common/output_file.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/lora.h"
@@ -77,18 +78,8 @@ int run(int argc, char** argv) {
              ") — give a rank below the world size");
   FSDP_CHECK(hybrid >= 0, "--hybrid-shard-size must be >= 1 (or 0: the world size), got ", hybrid);
   const fsdp::models::LlamaConfig cfg = fsdp::models::resolve_model_config(model);
-  if (!hf_config_out.empty()) {
-    std::ofstream out(hf_config_out);
-    FSDP_CHECK(out.is_open(), "--write-hf-config ", hf_config_out, ": cannot create the file (",
-               std::strerror(errno), "); choose a path in a directory you can write to");
-    errno = 0;
-    out << cfg.to_hf_config_json() << "\n";
-    out.close();  // flushes: a full disk shows only here
-    if (out.fail()) {
-      FSDP_FAIL("--write-hf-config ", hf_config_out, ": writing failed (",
-                errno != 0 ? std::strerror(errno) : "stream error", "); free space on its disk or choose another file");
-    }
-  }
+  // Note [Output targets]: a device or FIFO is written in place, a regular file replaced atomically.
+  if (!hf_config_out.empty()) fsdp::write_output_file(hf_config_out, cfg.to_hf_config_json() + "\n", "--write-hf-config");
   auto impl =
       std::make_shared<fsdp::models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
   int64_t lora_params = 0;

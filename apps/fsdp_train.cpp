@@ -46,6 +46,7 @@
 
 #include "cli_numbers.h"
 #include "option_names.h"
+#include "config_file.h"
 #include "train_flags.h"
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
@@ -151,29 +152,6 @@ void check_nproc(int nproc, at::DeviceType device) {
   FSDP_CHECK(nproc <= limit, "--nproc-per-node ", nproc, " is more processes than this machine can run: at most ",
              limit, " (", kProcessesPerCpu, " per CPU, ", cpus, " CPU", cpus == 1 ? "" : "s",
              " usable) with --device cpu — use fewer processes, or several machines (torchrun, Slurm, Kubeflow)");
-}
-
-// The effective configuration as a --config file: the options given (on the
-// command line or in --config) as keys, every other option's default as a
-// comment. Defaults stay comments because a key counts as given: replaying
-// `model = "tiny"` beside --init-from, or `timeout = ""`, would change the run.
-std::string effective_config(const CLI::App& app, const std::string& mode) {
-  std::set<std::string> given;
-  std::string text = "# fsdp-train's effective configuration (fsdp-train " + (mode.empty() ? "" : mode + " ") +
-                     "--config FILE replays it)\n";
-  std::istringstream g(app.config_to_str(/*default_also=*/false, /*write_description=*/false));
-  for (std::string line; std::getline(g, line);) {
-    if (line.empty() || line[0] == '#' || line[0] == '[') continue;
-    given.insert(line.substr(0, line.find('=')));
-    text += line + "\n";
-  }
-  text += "# defaults of the options not given:\n";
-  std::istringstream all(app.config_to_str(/*default_also=*/true, /*write_description=*/false));
-  for (std::string line; std::getline(all, line);) {
-    if (line.empty() || line[0] == '#' || line[0] == '[') continue;
-    if (given.count(line.substr(0, line.find('='))) == 0) text += "# " + line + "\n";
-  }
-  return text;
 }
 
 // --profile-steps A:B -> [A, B).
@@ -420,12 +398,13 @@ int run(int argc, char** argv) {
   ev->add_flag("--eval-only", eval_only,
                "Evaluate the weights from --init-from or --resume on all of --val-data (exact mean loss over every "
                "target token), print 'Eval Loss: X', and exit (the same as 'fsdp-train eval')");
-  // --config FILE: TOML (or INI) with the long flag names as keys, e.g.
+  // --config FILE: TOML with the long flag names as keys, e.g.
   //   model = "llama3.2-1b"   seq-len = 2048   mixed-precision = "bf16"
-  // Flags on the command line override the file; a key that names no flag is an error.
-  app.set_config("--config", "", "Read options from this TOML file (keys: the long flag names without '--'); "
-                                 "command-line flags override it");
-  app.allow_config_extras(CLI::config_extras_mode::error);
+  // Flags on the command line override the file (Note [Config files]).
+  std::string config_file;
+  app.add_option("--config", config_file, "Read options from this TOML file (keys: the long flag names without "
+                                          "'--'); command-line flags override it")
+      ->configurable(false);
   app.add_flag("--print-config", print_config,
                "Print the effective configuration (the --config file with command-line overrides and defaults "
                "applied) as TOML, and exit")
@@ -452,18 +431,10 @@ int run(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    // CLI11 says "INI was not able to parse KEY" for a --config key that names no flag.
-    const std::string what = e.what();
-    const std::string extra = "INI was not able to parse ";
-    if (what.rfind(extra, 0) == 0) {
-      std::cerr << "fsdp-train: error: --config: '" << what.substr(extra.size())
-                << "' is not an option of fsdp-train (keys are the long flag names without '--'; see fsdp-train "
-                   "--help)\n";
-      return kExitUsage;
-    }
-    std::cerr << "fsdp-train: error: " << what << " (see fsdp-train --help)\n";
+    std::cerr << "fsdp-train: error: " << e.what() << " (see fsdp-train --help)\n";
     return kExitUsage;
   }
+  if (app.count("--config") > 0) fsdp::cli::apply_config_file(app, config_file);
 
   if (list_metrics) {
     std::cout << fsdp::train::metrics_markdown();
@@ -485,12 +456,8 @@ int run(int argc, char** argv) {
            : mode == "eval"  ? fsdp::train::Mode::kEvaluate
                              : fsdp::train::Mode::kTrain;
 
-  // The effective configuration: printed on request, recorded by every run beside its metrics.
-  o.log.config_text = effective_config(app, mode);
-  if (print_config) {
-    std::cout << o.log.config_text;
-    return 0;
-  }
+  // The effective configuration: printed on request (once valid), recorded by every run beside its metrics.
+  o.log.config_text = fsdp::cli::effective_config(app, mode);
   fsdp::cli::apply_train_flags(flags, o);
   if (!profile_steps.empty()) parse_profile_steps(profile_steps, o.log);
   o.data.token_dtype = fsdp::data::parse_token_dtype(token_dtype);
@@ -507,6 +474,11 @@ int run(int argc, char** argv) {
     init.timeout = init.store_timeout = fsdp::comm::parse_timeout(timeout_text, "--timeout");
   } else if (const char* env = std::getenv("FSDP_TIMEOUT"); env != nullptr && *env != '\0') {
     init.timeout = init.store_timeout = fsdp::comm::parse_timeout(env, "FSDP_TIMEOUT");
+  }
+  if (print_config) {
+    fsdp::train::validate_options(o, std::max(nproc, 1));  // never print a configuration that cannot run
+    std::cout << o.log.config_text;
+    return 0;
   }
 
   const fsdp::comm::WorldInfo world = fsdp::comm::detect_world();

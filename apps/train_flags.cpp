@@ -5,6 +5,7 @@
 #include <typeinfo>
 
 #include "fsdp/checkpoint/hf.h"
+#include "fsdp/checkpoint/peft.h"
 #include "fsdp/common/error.h"
 #include "fsdp/models/lora.h"
 #include "option_names.h"
@@ -99,6 +100,11 @@ void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o) {
   o.param_groups.lr_scales.clear();
   for (const auto& s : flags.lr_scales) o.param_groups.lr_scales.push_back(parse_lr_scale(s));
   (void)optim::param_rule(o.param_groups);  // UsageError for a pattern that is not a regex
+  // --init-adapter without --lora-alpha trains at the adapter's own alpha (the
+  // trainer logs it); a different --lora-alpha is refused (models::check_adapter_alpha).
+  if (o.lora.enabled() && !o.lora.init_adapter.empty() && o.lora.alpha == 0) {
+    o.lora.alpha = checkpoint::read_peft_adapter_config(o.lora.init_adapter).alpha;
+  }
 }
 
 }  // namespace fsdp::cli

@@ -62,7 +62,8 @@ int64_t parse_export_shard_size(const std::string& s);
 std::pair<std::string, double> parse_lr_scale(const std::string& s);
 
 // Sets the typed fields of `o` from `flags`. --export-shard-size is read only
-// with --export-hf (o.hf.export_dir set), the only runs that use it.
+// with --export-hf (o.hf.export_dir set), the only runs that use it. With
+// --init-adapter and no --lora-alpha, o.lora.alpha becomes the adapter's.
 void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o);
 
 }  // namespace fsdp::cli

@@ -13,6 +13,9 @@ PACKAGES=(
   python3 python3-venv
   nlohmann-json3-dev libcli11-dev libgtest-dev
   zlib1g-dev # gzip-compressed data files (c4's .json.gz), read by the data layer
+  # RE2: the regular expressions users give (--freeze, --lr-scale) match in linear time; the
+  # programs load libre2 at run time. toml++ (header-only here) reads --config files.
+  libre2-dev libtomlplusplus-dev
   # SentencePiece: the demo's tokenizer is trained with spm_train at setup; the C++ tokenizer
   # loads libsentencepiece at run time.
   libsentencepiece-dev sentencepiece

@@ -142,7 +142,7 @@ bool exchange_paths(const std::string& a, const std::string& b) {
 }
 }  // namespace
 
-void replace_directory(const std::string& tmp, const std::string& final) {
+void replace_directory(const std::string& tmp, const std::string& final, bool keep_marker) {
   namespace fs = std::filesystem;
   const fs::path f(final);
   const std::string parent = f.parent_path().empty() ? "." : f.parent_path().string();
@@ -150,18 +150,21 @@ void replace_directory(const std::string& tmp, const std::string& final) {
   if (fs::exists(f, ec)) {
     const std::string old = (f.parent_path() / (".old-" + f.filename().string())).string();
     remove_owned_directory(old);  // Note [Ownership of what we delete]: never a directory we did not create
+    // The previous contents are ours (the caller checked): marked before they
+    // move, so wherever a kill leaves them (.tmp-, .old-) they are recognisably ours.
+    if (!is_owned_directory(final)) mark_owned(final);
     if (exchange_paths(tmp, final)) {
       rename_path(tmp, old);  // tmp now holds the previous contents
     } else {
       rename_path(final, old);
       rename_path(tmp, final);
     }
-    if (!is_owned_directory(old)) mark_owned(old);  // a crash before the removal leaves it recognisably ours
     fsync_dir(parent);
-    fs::remove_all(old, ec);
+    discard_owned_directory(old);
   } else {
     rename_path(tmp, final);
   }
+  if (!keep_marker) fs::remove(f / kOwnedMarker, ec);
   fsync_dir(parent);
 }
 

@@ -67,7 +67,13 @@ void rename_path(const std::string& from, const std::string& to);
 // previous contents are deleted afterwards. An existing .old-<name> is
 // removed first only if it carries our marker (UsageError otherwise; see
 // Note [Ownership of what we delete] in fsdp/checkpoint/ownership.h).
-void replace_directory(const std::string& tmp, const std::string& final);
+// Note [Marked until in place]: `tmp` carries the ownership marker from its
+// creation, and the previous `final` is marked before it moves, so a kill at
+// any instant leaves only marked temporaries (or an empty one) behind, which
+// the next run removes. With keep_marker false the marker is removed from
+// `final` last (an export: the directory is the user's to share); a kill just
+// before leaves `final` with the marker, which check_export_dir accepts.
+void replace_directory(const std::string& tmp, const std::string& final, bool keep_marker = true);
 // Writes `text` to `path` and fsyncs it (not atomic by itself: callers write
 // into a temporary directory that is renamed afterwards).
 void write_text_file(const std::string& path, const std::string& text);

@@ -7,8 +7,8 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <memory>
-#include <regex>
 #include <set>
 
 #include "export_dir.h"
@@ -17,6 +17,7 @@
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/name_pattern.h"
 #include "fsdp/common/json_input.h"
 #include "fsdp/models/lora.h"
 #include "progress.h"
@@ -39,8 +40,10 @@ std::string shape_str(const std::vector<int64_t>& s) {
 // Weights dropped on import without complaint.
 bool ignorable(const std::string& name, const models::LlamaConfig& cfg) {
   if (cfg.tie_word_embeddings && name == "lm_head.weight") return true;  // the tied head: embed_tokens
-  static const std::regex kInvFreq(R"(model\.layers\.\d+\.self_attn\.rotary_emb\.inv_freq)");
-  return std::regex_match(name, kInvFreq);  // a buffer older transformers versions saved
+  // A buffer older transformers versions saved. A file's names are the user's
+  // input: matched in linear time (Note [User patterns]), never by std::regex.
+  static const NamePattern kInvFreq("^model\\.layers\\.[0-9]+\\.self_attn\\.rotary_emb\\.inv_freq$", "inv_freq");
+  return kInvFreq.found_in(name);
 }
 
 std::string shard_name(size_t i, size_t n) {
@@ -52,19 +55,40 @@ std::string shard_name(size_t i, size_t n) {
 }  // namespace
 
 int64_t parse_byte_size(const std::string& text, const std::string& flag) {
-  static const std::regex kSize(R"(\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*)");
-  std::smatch m;
-  FSDP_CHECK(std::regex_match(text, m, kSize), flag, " '", text,
+  // \s* digits [. digits] \s* letters \s*, read by hand: the text is the user's (no std::regex).
+  const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  const auto letter = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; };
+  size_t i = 0;
+  const auto skip = [&](const auto& pred) {
+    const size_t from = i;
+    while (i < text.size() && pred(text[i])) ++i;
+    return i - from;
+  };
+  skip(space);
+  const size_t number_at = i;
+  bool ok = skip(digit) > 0;
+  if (ok && i < text.size() && text[i] == '.') {
+    ++i;
+    ok = skip(digit) > 0;
+  }
+  const std::string number = text.substr(number_at, i - number_at);
+  skip(space);
+  const size_t unit_at = i;
+  skip(letter);
+  std::string unit = text.substr(unit_at, i - unit_at);
+  const std::string given_unit = unit;
+  skip(space);
+  FSDP_CHECK(ok && i == text.size(), flag, " '", text,
              "' is not a size; write e.g. 5GB, 500MB, 2GiB or a number of bytes (0: no limit)");
-  const double v = std::stod(m[1].str());
-  std::string unit = m[2].str();
+  const double v = std::stod(number);
   std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
   static const std::map<std::string, double> kUnits = {
       {"", 1},        {"b", 1},          {"kb", 1e3},          {"mb", 1e6},         {"gb", 1e9},
       {"tb", 1e12},   {"kib", 1024.0},   {"mib", 1048576.0},   {"gib", 1073741824.0}, {"tib", 1099511627776.0},
       {"k", 1e3},     {"m", 1e6},        {"g", 1e9}};
   auto it = kUnits.find(unit);
-  FSDP_CHECK(it != kUnits.end(), flag, " '", text, "': unknown unit '", m[2].str(),
+  FSDP_CHECK(it != kUnits.end(), flag, " '", text, "': unknown unit '", given_unit,
              "'; use B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)");
   return static_cast<int64_t>(std::llround(v * it->second));
 }
@@ -107,10 +131,10 @@ std::vector<std::pair<std::string, std::string>> find_hf_side_files(const std::s
 }
 
 bool is_hf_export_file(const std::string& n) {
-  static const std::regex kShard(R"(model-\d{5}-of-\d{5}\.safetensors)");
+  static const NamePattern kShard("^model-[0-9]{5}-of-[0-9]{5}\\.safetensors$", "shard name");
   const auto& side = hf_side_file_names();
   return n == "config.json" || n == kSingleName || n == kIndexName ||
-         std::find(side.begin(), side.end(), n) != side.end() || std::regex_match(n, kShard);
+         std::find(side.begin(), side.end(), n) != side.end() || kShard.found_in(n);
 }
 
 namespace {
@@ -147,6 +171,11 @@ void detail::check_export_dir_of(const std::string& dir, const std::string& flag
                                  const std::function<bool(const std::string&)>& is_export_file) {
   FSDP_CHECK(!dir.empty(), flag, " needs a directory");
   const ExportPaths paths = export_paths(dir);
+  const std::string leaf = paths.final.filename().string();
+  FSDP_CHECK(!leaf.empty() && leaf != "." && leaf != "..", flag, " ", dir, " names ",
+             leaf.empty() ? "the root directory" : leaf == "." ? "the current directory" : "a parent directory",
+             ", which an export cannot be: it writes a new directory beside the target and renames it into place; "
+             "give a directory name, e.g. ", flag, " ./export");
   check_writable(paths.parent.string(), flag + " " + dir + ": directory", /*directory=*/true);
   check_removable(paths.tmp.string());
   check_removable(paths.old.string());
@@ -155,6 +184,7 @@ void detail::check_export_dir_of(const std::string& dir, const std::string& flag
   FSDP_CHECK(fs::is_directory(dir, ec), flag, " ", dir, " exists and is not a directory; choose a new directory");
   for (const auto& e : fs::directory_iterator(dir, ec)) {
     const std::string n = e.path().filename().string();
+    if (n == kOwnedMarker) continue;  // left by a kill just after an export moved in (Note [Marked until in place])
     FSDP_CHECK(e.is_regular_file(ec) && is_export_file(n), flag, " ", dir, " holds '", n,
                "', which an export does not write; an export replaces the whole directory, so choose a new or "
                "empty directory (files there are never deleted)");
@@ -321,15 +351,12 @@ HfExportResult detail::export_dir(const std::string& dir, ShardedModel& model, c
       io::write_text_file((tmp / name).string(), content);
       bytes += static_cast<int64_t>(content.size());
     }
-    // The model directory is the user's to share: it goes without our marker.
-    fs::remove(tmp / kOwnedMarker);
+    // The model directory is the user's to share: it goes without our marker,
+    // removed only once it is in place (Note [Marked until in place]).
     io::fsync_dir(tmp.string());
-    io::replace_directory(tmp.string(), final.string());
+    io::replace_directory(tmp.string(), final.string(), /*keep_marker=*/false);
   });
-  if (lead && !error.ok() && is_owned_directory(tmp.string())) {
-    std::error_code ec;
-    fs::remove_all(tmp, ec);
-  }
+  if (lead && !error.ok() && is_owned_directory(tmp.string())) discard_owned_directory(tmp.string());
   lock.reset();
   // Everyone learns whether rank 0 succeeded.
   agree(group, error).raise_if_failed("exporting " + spec.what + " to " + final.string() + " failed");

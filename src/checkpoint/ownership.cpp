@@ -13,6 +13,7 @@
 
 #include "file_io.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 
 namespace fsdp::checkpoint {
 
@@ -86,6 +87,27 @@ void remove_owned_directory(const std::string& path) {
   }
 }
 
+bool discard_owned_directory(const std::string& path) noexcept {
+  try {
+    std::error_code ec;
+    if (!fs::exists(fs::symlink_status(path, ec))) return true;
+    std::vector<fs::path> contents;
+    for (const auto& e : fs::directory_iterator(path, ec)) {
+      if (e.path().filename() != kOwnedMarker) contents.push_back(e.path());
+    }
+    bool ok = !ec;
+    for (const auto& p : contents) {
+      fs::remove_all(p, ec);
+      ok = ok && !ec;
+    }
+    if (!ok) return false;  // the marker stays with what is left
+    fs::remove(fs::path(path) / kOwnedMarker, ec);
+    return fs::remove(path, ec) && !ec;
+  } catch (const std::exception&) {
+    return false;
+  }
+}
+
 void check_writable(const std::string& path, const std::string& flag, bool directory) {
   FSDP_CHECK(!path.empty(), flag, " needs a path");
   std::error_code ec;
@@ -128,11 +150,22 @@ DirectoryLock::DirectoryLock(const std::string& lock_path, const std::string& wh
   // a new one created) between our open and our flock: retry until the lock
   // we hold is on the file the path names.
   for (;;) {
-    fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+    // Never through a link, never a device or FIFO (Note [Output targets]): the
+    // lock file is written and, on release, removed.
+    fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC, 0644);
     if (fd_ < 0) {
       const int e = errno;
+      FSDP_CHECK(e != ELOOP, what, ": its lock file ", lock_path, " is a symbolic link, which fsdp-cpp never "
+                 "writes through; remove it (fsdp-cpp creates the lock file itself)");
       FSDP_CHECK(false, what, ": cannot create the lock file ", lock_path, " (", std::strerror(e),
                  "); choose a directory you can write to");
+    }
+    struct stat opened {};
+    if (::fstat(fd_, &opened) != 0 || !S_ISREG(opened.st_mode)) {
+      ::close(fd_);
+      fd_ = -1;
+      FSDP_CHECK(false, what, ": its lock file ", lock_path, " is ", path_kind(lock_path), ", not a regular file; "
+                 "fsdp-cpp never writes or removes it — move it away (fsdp-cpp creates the lock file itself)");
     }
     if (::flock(fd_, LOCK_EX | LOCK_NB) != 0) {
       const int e = errno;
@@ -169,7 +202,14 @@ DirectoryLock::DirectoryLock(const std::string& lock_path, const std::string& wh
 
 DirectoryLock::~DirectoryLock() {
   if (fd_ < 0) return;
-  ::unlink(path_.c_str());  // while locked: no other process holds a lock on this file
+  // While locked: no other process holds a lock on this file. Only the file we
+  // locked is removed, never what replaced it meanwhile.
+  struct stat held {};
+  struct stat named {};
+  if (::fstat(fd_, &held) == 0 && ::lstat(path_.c_str(), &named) == 0 && S_ISREG(named.st_mode) &&
+      held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
+    ::unlink(path_.c_str());
+  }
   ::close(fd_);
 }
 

@@ -7,7 +7,6 @@
 #include <filesystem>
 #include <map>
 #include <optional>
-#include <regex>
 #include <set>
 
 #include "file_io.h"
@@ -208,10 +207,13 @@ constexpr const char* kLockFile = ".lock";
 
 // N of "step_N" (8 or more digits), else nothing.
 std::optional<int64_t> step_of(const std::string& name) {
-  static const std::regex kName("step_([0-9]{8,18})");
-  std::smatch m;
-  if (!std::regex_match(name, m, kName)) return std::nullopt;
-  return std::stoll(m[1].str());
+  const std::string prefix = "step_";
+  if (name.rfind(prefix, 0) != 0) return std::nullopt;
+  const std::string digits = name.substr(prefix.size());
+  if (digits.size() < 8 || digits.size() > 18 || digits.find_first_not_of("0123456789") != std::string::npos) {
+    return std::nullopt;
+  }
+  return std::stoll(digits);
 }
 
 // What interrupted saves leave: .tmp-step_N, .old-step_N and .del-step_N directories.
@@ -567,10 +569,7 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
   }
   const Agreement records = agree(group, written);
   if (!records.ok()) {
-    if (lead) {
-      std::error_code ec;
-      fs::remove_all(tmp, ec);
-    }
+    if (lead && is_owned_directory(tmp.string())) discard_owned_directory(tmp.string());  // the marker last
     records.raise_if_failed("saving checkpoint " + final.string() + " failed (the previous checkpoints are untouched)");
   }
 
@@ -660,15 +659,13 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
           if (!is_owned_directory(doomed.string())) mark_owned(doomed.string());  // saved by an older version
           io::rename_path(doomed.string(), del.string());
           io::fsync_dir(root.string());
-          std::error_code ec;
-          fs::remove_all(del, ec);
+          discard_owned_directory(del.string());  // the marker last: a kill leaves a removable .del-
           result.pruned.push_back(doomed.filename().string());
         }
       }
     } catch (const std::exception& e) {
       committed = RankStatus::of(e);
-      std::error_code ec;
-      if (is_owned_directory(tmp.string())) fs::remove_all(tmp, ec);  // not committed: nothing to keep
+      if (is_owned_directory(tmp.string())) discard_owned_directory(tmp.string());  // not committed: nothing to keep
     }
   }
   agree(group, committed).raise_if_failed("saving checkpoint " + final.string() + " failed");

@@ -1,9 +1,12 @@
 #include "fsdp/common/memory.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
+#include <filesystem>
 #include <fstream>
 #include <string>
 
@@ -45,36 +48,101 @@ int64_t stat_value(const std::string& path, const std::string& key) {
   return 0;
 }
 
-// This process's cgroup directory under the unified hierarchy ("0::/path").
-std::string cgroup_v2_dir() {
-  std::ifstream in("/proc/self/cgroup");
+// The directory of this process's memory cgroup: the path /proc/self/cgroup
+// gives for the v2 hierarchy ("0::/path") or the v1 "memory" controller
+// ("N:memory,...:/path") under `mount`, or `mount` itself when that path is
+// not there (a cgroup namespace mounts the process's own group as the root).
+// nullopt when this process is in no such hierarchy.
+std::optional<std::string> cgroup_dir(const std::string& self_cgroup, const std::string& mount, bool v2) {
+  std::ifstream in(self_cgroup);
   std::string line;
   while (std::getline(in, line)) {
-    if (line.rfind("0::", 0) == 0) return "/sys/fs/cgroup" + line.substr(3);
+    const size_t c1 = line.find(':');
+    const size_t c2 = c1 == std::string::npos ? c1 : line.find(':', c1 + 1);
+    if (c2 == std::string::npos) continue;
+    const std::string controllers = line.substr(c1 + 1, c2 - c1 - 1);
+    bool match = v2 ? line.compare(0, c1, "0") == 0 && controllers.empty() : false;
+    for (size_t b = 0; !v2 && b <= controllers.size();) {
+      const size_t e = std::min(controllers.find(',', b), controllers.size());
+      match = match || controllers.compare(b, e - b, "memory") == 0;
+      b = e + 1;
+    }
+    if (!match) continue;
+    std::string rel = line.substr(c2 + 1);
+    while (!rel.empty() && rel.back() == '/') rel.pop_back();
+    std::error_code ec;
+    if (!rel.empty() && std::filesystem::is_directory(mount + rel, ec)) return mount + rel;
+    return mount;
   }
-  return "/sys/fs/cgroup";
+  return std::nullopt;
+}
+
+// The least left under any limit from `dir` up to `mount` (inclusive), with
+// what set it; nullopt when no level has a limit.
+struct Left {
+  int64_t bytes;
+  std::string bound;
+};
+std::optional<Left> left_under_cgroups(std::string dir, const std::string& mount, bool v2) {
+  const char* limit_file = v2 ? "memory.max" : "memory.limit_in_bytes";
+  const char* usage_file = v2 ? "memory.current" : "memory.usage_in_bytes";
+  const char* cache_key = v2 ? "inactive_file" : "total_inactive_file";
+  std::optional<Left> best;
+  for (;;) {
+    const auto limit = read_number(dir + "/" + limit_file);
+    // v1 reports "no limit" as a huge page-rounded number.
+    if (limit && *limit < (int64_t{1} << 60)) {
+      const int64_t used = read_number(dir + "/" + usage_file).value_or(0);
+      const int64_t left = std::max<int64_t>(0, *limit - used + stat_value(dir + "/memory.stat", cache_key));
+      if (!best || left < best->bytes) {
+        best = Left{left, std::string("the cgroup ") + (v2 ? "v2" : "v1") + " limit " + limit_file + " = " +
+                              format_bytes(*limit) + " of " + dir};
+      }
+    }
+    if (dir.size() <= mount.size()) break;
+    const size_t slash = dir.rfind('/');
+    if (slash == std::string::npos || slash < mount.size()) break;
+    dir = dir.substr(0, slash);
+  }
+  return best;
 }
 
 }  // namespace
 
-int64_t available_host_memory_bytes() {
-  int64_t available = kib_field_bytes("/proc/meminfo", "MemAvailable");
-  // A container's limit: what is left under it.
-  std::optional<int64_t> left;
-  const std::string v2 = cgroup_v2_dir();
-  if (const auto max = read_number(v2 + "/memory.max")) {
-    if (const auto used = read_number(v2 + "/memory.current")) {
-      // The page cache counts as used but is given back under pressure.
-      left = *max - *used + stat_value(v2 + "/memory.stat", "inactive_file");
+HostMemory host_memory(const HostMemoryPaths& paths) {
+  HostMemory m;
+  auto lower = [&](int64_t bytes, std::string bound) {
+    bytes = std::max<int64_t>(bytes, 0);
+    if (m.available < 0 || bytes < m.available) {
+      m.available = bytes;
+      m.bound = std::move(bound);
     }
-  } else if (const auto limit = read_number("/sys/fs/cgroup/memory/memory.limit_in_bytes")) {
-    if (const auto used = read_number("/sys/fs/cgroup/memory/memory.usage_in_bytes")) {
-      // cgroup v1 reports "no limit" as a huge page-rounded number.
-      if (*limit < (int64_t{1} << 60)) left = *limit - *used;
+  };
+  if (const int64_t avail = kib_field_bytes(paths.meminfo.c_str(), "MemAvailable"); avail >= 0) {
+    lower(avail, "MemAvailable of /proc/meminfo");
+  }
+  for (const bool v2 : {true, false}) {
+    const std::string mount = v2 ? paths.cgroup_mount : paths.cgroup_mount + "/memory";
+    if (const auto dir = cgroup_dir(paths.self_cgroup, mount, v2)) {
+      if (const auto left = left_under_cgroups(*dir, mount, v2)) lower(left->bytes, left->bound);
     }
   }
-  if (left) available = available < 0 ? std::max<int64_t>(*left, 0) : std::min(available, std::max<int64_t>(*left, 0));
-  return available;
+  struct rlimit lim {};
+  if (paths.rlimit_data && ::getrlimit(RLIMIT_DATA, &lim) == 0 && lim.rlim_cur != RLIM_INFINITY) {
+    const auto limit = static_cast<int64_t>(std::min<rlim_t>(lim.rlim_cur, INT64_MAX));
+    const int64_t data = std::max<int64_t>(kib_field_bytes(paths.self_status.c_str(), "VmData"), 0);
+    lower(limit - data, "RLIMIT_DATA (ulimit -d) = " + format_bytes(limit) + ", " + format_bytes(data) +
+                            " of it in use");
+  }
+  return m;
+}
+
+int64_t available_host_memory_bytes() { return host_memory().available; }
+
+std::string available_host_memory_text() {
+  const HostMemory m = host_memory();
+  if (m.available < 0) return "an unknown amount available";
+  return format_bytes(m.available) + " (" + m.bound + ") available";
 }
 
 std::optional<int64_t> checked_mul(int64_t a, int64_t b) {

@@ -285,7 +285,9 @@ DataFormat format_of_name(const std::string& name) {
 }
 
 // The regular files of `dir` whose names `keep` accepts, in byte order of their names;
-// hidden files (".name") are never data.
+// hidden files (".name") are never data, subdirectories are skipped. An entry
+// `keep` accepts that is neither (a dangling symbolic link, a FIFO, a device) is
+// refused by name: skipping it would train silently on less than the user gave.
 template <class Keep>
 std::vector<std::string> list_dir(const std::string& dir, Keep keep) {
   std::vector<std::string> names;
@@ -293,8 +295,16 @@ std::vector<std::string> list_dir(const std::string& dir, Keep keep) {
   for (fs::directory_iterator it(dir, ec), end; !ec && it != end; it.increment(ec)) {
     const std::string name = it->path().filename().string();
     std::error_code ec2;
-    if (name.empty() || name[0] == '.' || !it->is_regular_file(ec2)) continue;
-    if (keep(name)) names.push_back(name);
+    if (name.empty() || name[0] == '.' || !keep(name) || it->is_directory(ec2)) continue;
+    if (!it->is_regular_file(ec2)) {
+      const std::string path = it->path().string();
+      std::error_code ec3;
+      const fs::path target = fs::is_symlink(it->symlink_status(ec3)) ? fs::read_symlink(path, ec3) : fs::path();
+      FSDP_CHECK(false, "data directory '", dir, "' holds '", name, "', which is ", path_kind(path),
+                 target.empty() ? std::string() : " (-> " + target.string() + ")",
+                 ", not a regular file — restore it or remove it from the directory (its files are all read)");
+    }
+    names.push_back(name);
   }
   FSDP_CHECK(!ec, "cannot list data directory '", dir, "': ", ec.message());
   std::sort(names.begin(), names.end());
@@ -378,6 +388,19 @@ void append_document(const Tokenizer& tok, std::string_view text, bool add_bos, 
   const auto ids = tok.encode(text);
   out.insert(out.end(), ids.begin(), ids.end());
   out.push_back(tok.eos_id());
+}
+
+// A tokenizer whose vocabulary cannot represent the text (an empty or
+// degenerate one) turns every document into its BOS/EOS markers alone:
+// training on that learns nothing, so it is refused.
+void check_tokens_carry_text(const Tokenizer& tok, const std::string& path, int64_t documents,
+                             const std::vector<int32_t>& tokens) {
+  for (const int32_t t : tokens) {
+    if (t != tok.eos_id() && t != tok.bos_id()) return;
+  }
+  FSDP_CHECK(false, "data ", path, ": tokenizer ", tok.name(), " encodes its ", documents, " document",
+             documents == 1 ? "" : "s", " into end-of-sequence markers only (", tokens.size(), " tokens, none of "
+             "them text): its vocabulary cannot represent the text — give the model's real tokenizer");
 }
 
 // Bytes a text source may hold in memory: DatasetOptions::memory_budget, within RLIMIT_DATA.
@@ -468,6 +491,7 @@ std::shared_ptr<const TokenDataset> load_text_sources(const DatasetOptions& o, c
     check_tokens_fit(budget, f.path, tokens);
   }
   tokens.shrink_to_fit();
+  check_tokens_carry_text(*tok, o.path, documents, tokens);
   const std::string kind = any_text && any_jsonl ? "text+jsonl" : any_text ? "text" : "jsonl";
   return std::make_shared<MemoryDataset>(std::move(tokens), o.path, kind, documents, std::move(starts));
 }

@@ -659,6 +659,13 @@ class Bpe {
       unk_token_ = it->get<std::string>();
       unk_id_ = id_of(*unk_token_);  // -1: the library fails only when it is needed; so do we
     }
+    // Nothing to encode text into: every document would become its end-of-sequence
+    // marker alone (or unknown tokens), and a run would train on nothing.
+    if (size_ == 0) refuse(w.at("vocab"), "is empty: no text can be encoded", "give the model's real tokenizer.json");
+    if (size_ == 1 && unk_id_ >= 0) {
+      refuse(w.at("vocab"), "holds only the unknown token \"" + *unk_token_ + "\": every text would encode to it",
+             "give the model's real tokenizer.json");
+    }
     for (int b = 0; b < 256; ++b) {
       static const char* digits = "0123456789ABCDEF";
       const std::string code = std::string("<0x") + digits[b >> 4] + digits[b & 15] + ">";

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <limits>
 #include <map>
 #include <memory>
 #include <set>
@@ -59,10 +60,18 @@ std::vector<std::string> parse_lora_targets(const std::string& s) {
   }
 }
 
+void check_adapter_alpha(const std::string& dir, const LoraConfig& adapter, double run_alpha) {
+  FSDP_CHECK(adapter.alpha == run_alpha, "--init-adapter ", dir, " has lora_alpha ", adapter.alpha, " (scale alpha / r = ",
+             adapter.alpha / static_cast<double>(adapter.rank), ") but the run has --lora-alpha ", run_alpha,
+             " (scale ", run_alpha / static_cast<double>(adapter.rank), "); its outputs would change: give --lora-alpha ",
+             adapter.alpha, " or leave --lora-alpha out to train at the adapter's own alpha");
+}
+
 void check_lora_config(const LoraConfig& cfg) {
   FSDP_CHECK(cfg.rank >= 1, "--lora-rank ", cfg.rank, " must be >= 1 (e.g. 8 or 16; 0 turns LoRA off)");
-  FSDP_CHECK(std::isfinite(cfg.alpha) && cfg.alpha > 0, "--lora-alpha ", cfg.alpha,
-             " must be a finite number > 0 (the adapter is scaled by alpha / rank; e.g. 2 x rank)");
+  FSDP_CHECK(std::isfinite(cfg.alpha) && cfg.alpha > 0 && cfg.alpha <= std::numeric_limits<float>::max(),
+             "--lora-alpha ", cfg.alpha, " must be a number > 0 within a 32-bit float (<= 3.4e38; the adapter is "
+             "scaled by alpha / rank; e.g. 2 x rank)");
   FSDP_CHECK(cfg.dropout >= 0 && cfg.dropout < 1, "--lora-dropout ", cfg.dropout,
              " must lie in [0, 1) (e.g. 0.05; 0 for none)");
   FSDP_CHECK(!cfg.targets.empty(), "--lora-targets is empty; name the projections to adapt, e.g. ",

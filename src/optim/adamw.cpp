@@ -2,10 +2,13 @@
 
 #include <torch/nn/module.h>
 
+#include <algorithm>
 #include <cmath>
-#include <regex>
+#include <limits>
+#include <sstream>
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/name_pattern.h"
 
 namespace fsdp::optim {
 
@@ -23,30 +26,106 @@ ParamRule decay_everything() {
   return [](const std::string&, const std::vector<int64_t>&) { return ParamSetting{}; };
 }
 
-ParamRule param_rule(const ParamGroupOptions& options) {
-  std::vector<std::pair<std::regex, double>> scales;
-  for (const auto& [pattern, scale] : options.lr_scales) {
-    FSDP_CHECK(scale > 0 && std::isfinite(scale), "learning-rate scale ", scale, " for parameters matching '",
-               pattern, "' must be a finite number > 0");
-    try {
-      scales.emplace_back(std::regex(pattern, std::regex::ECMAScript), scale);
-    } catch (const std::regex_error& e) {
-      FSDP_CHECK(false, "'", pattern, "' is not a valid regular expression (", e.what(),
-                 "); give an ECMAScript pattern searched in parameter names, e.g. 'lora_B' or 'layers\\.0\\.'");
+namespace {
+
+// --lr-scale 'REGEX=FACTOR' as the user wrote it, for messages.
+std::string lr_scale_text(const std::pair<std::string, double>& scale) {
+  std::ostringstream os;
+  os << scale.first << "=" << scale.second;
+  return os.str();
+}
+
+std::vector<std::pair<NamePattern, double>> compile_lr_scales(const ParamGroupOptions& options) {
+  std::vector<std::pair<NamePattern, double>> scales;
+  for (const auto& scale : options.lr_scales) {
+    const auto& [pattern, factor] = scale;
+    FSDP_CHECK(factor > 0 && factor <= kMaxLrScale, "--lr-scale '", lr_scale_text(scale), "': the factor ", factor,
+               " must be > 0 and at most ", kMaxLrScale, " (the learning rate times it must stay a finite 32-bit "
+               "float, which the optimizer computes in)");
+    scales.emplace_back(NamePattern(pattern, "--lr-scale"), factor);  // Note [User patterns]
+  }
+  return scales;
+}
+
+}  // namespace
+
+void check_lr_range(double peak_lr, double min_lr, const AdamWOptions& adamw, const ParamGroupOptions& groups) {
+  constexpr double kFloatMax = std::numeric_limits<float>::max();
+  std::vector<std::pair<std::string, double>> scales = {{"", 1.0}};
+  for (const auto& scale : groups.lr_scales) scales.emplace_back(" x --lr-scale '" + lr_scale_text(scale) + "'", scale.second);
+  // The first step divides by 1 - beta1 (bias correction); later steps by more.
+  const double first_step = adamw.beta1 >= 0 && adamw.beta1 < 1 ? 1.0 - adamw.beta1 : 1.0;
+  for (const auto& [flag, lr] : {std::pair<const char*, double>{"--lr", peak_lr}, {"--min-lr", min_lr}}) {
+    for (const auto& [scaled_by, factor] : scales) {
+      const double step = lr * factor / first_step;
+      FSDP_CHECK(std::isfinite(step) && step <= kFloatMax, flag, " ", lr, scaled_by, " gives a first AdamW step of ",
+                 lr * factor, " / (1 - --beta1 ", adamw.beta1, ") = ", step, ", beyond a 32-bit float (3.4e38), which "
+                 "the optimizer computes in; use a smaller ", flag, scaled_by.empty() ? "" : " or factor",
+                 " (learning rates are typically 1e-5 to 1e-2)");
+      const double decay = lr * factor * adamw.weight_decay;
+      FSDP_CHECK(std::isfinite(decay) && decay <= kFloatMax, flag, " ", lr, scaled_by, " x --weight-decay ",
+                 adamw.weight_decay, " = ", decay, " is beyond a 32-bit float (3.4e38), which the optimizer "
+                 "computes in; use smaller values");
     }
   }
+}
+
+void check_finite_training(const char* what, double value, int64_t step, double lr, const ParamGroupOptions& groups) {
+  if (std::isfinite(value)) return;
+  const char* shown = std::isnan(value) ? "NaN" : value > 0 ? "inf" : "-inf";
+  if (step == 0) {
+    FSDP_FAIL("the ", what, " is ", shown, " at step 0, before any update: the initial weights (--init-from, "
+              "--init-adapter, --resume) or the data produce NaN/inf; check them (a model trained in float16 may "
+              "overflow: try --mixed-precision bf16 or fp32). The run stopped; nothing was saved or exported");
+  }
+  double largest = 1.0;
+  std::string factors;
+  for (const auto& scale : groups.lr_scales) {
+    largest = std::max(largest, scale.second);
+    factors += (factors.empty() ? "; --lr-scale '" : "', '") + lr_scale_text(scale);
+  }
+  if (!factors.empty()) factors += "'";
+  FSDP_FAIL("the ", what, " became ", shown, " at step ", step, " (lr ", lr, factors, ", largest effective lr ",
+            lr * largest, "): training diverged, most likely from a learning rate too large for this model; lower "
+            "--lr", factors.empty() ? "" : " or the --lr-scale factors", ", raise --warmup-steps or clip with "
+            "--clip-grad 1.0. The run stopped at this step; checkpoints saved before it are intact");
+}
+
+ParamRule param_rule(const ParamGroupOptions& options) {
+  std::vector<std::pair<NamePattern, double>> scales = compile_lr_scales(options);
   const bool decay_all = options.decay_all;
   return [scales = std::move(scales), decay_all](const std::string& name, const std::vector<int64_t>& shape) {
     ParamSetting s;
     s.decay = decay_all || (shape.size() >= 2 && name.find("embed") == std::string::npos);
-    for (const auto& [re, scale] : scales) {
-      if (std::regex_search(name, re)) {
+    for (const auto& [pattern, scale] : scales) {
+      if (pattern.found_in(name)) {
         s.lr_scale = scale;
         break;
       }
     }
     return s;
   };
+}
+
+void check_lr_scales_match(const ParamGroupOptions& options, torch::nn::Module& model) {
+  const std::vector<std::pair<NamePattern, double>> scales = compile_lr_scales(options);
+  std::vector<bool> found(scales.size(), false), found_frozen(scales.size(), false);
+  std::string example;  // a decoder layer's trainable parameter where there is one
+  for (const auto& p : model.named_parameters(/*recurse=*/true)) {
+    const bool trainable = p.value().requires_grad();
+    if (trainable && (example.empty() || p.key().find("layers.0.") != std::string::npos)) example = p.key();
+    for (size_t i = 0; i < scales.size(); ++i) {
+      if (!scales[i].first.found_in(p.key())) continue;
+      (trainable ? found : found_frozen)[i] = true;
+      if (trainable) break;  // the first match wins: later patterns do not see this parameter
+    }
+  }
+  for (size_t i = 0; i < scales.size(); ++i) {
+    FSDP_CHECK(found[i], "--lr-scale '", lr_scale_text(options.lr_scales[i]), "' matches no trainable parameter",
+               found_frozen[i] ? " (only frozen ones, which do not train)"
+                               : i > 0 ? " (none, or only ones an earlier --lr-scale pattern already took)" : "",
+               "; parameter names look like '", example, "' — fix the pattern or leave the flag out");
+  }
 }
 
 void AdamW::add(std::string name, at::Tensor param, std::function<at::Tensor()> grad, std::vector<Segment> segments) {

@@ -86,7 +86,7 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
                ranks > 1 ? fmt::format(" x {} processes on this machine = {}", ranks,
                                        need ? format_bytes(*need) : std::string("beyond 64-bit integers"))
                          : std::string(),
-               ", but this machine has ", format_bytes(available), " available — ", fix);
+               ", but this process has ", available_host_memory_text(), " — ", fix);
   }
   if (on_device) {
     const int64_t device_need = (o.sharding.cpu_offload ? 0 : shards) + step;

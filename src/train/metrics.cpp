@@ -8,6 +8,7 @@
 #include <fstream>
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/output_file.h"
 #include "train/tensorboard.h"
 
 namespace fsdp::train {
@@ -128,7 +129,7 @@ namespace {
 class JsonLinesSink : public MetricSink {
  public:
   explicit JsonLinesSink(const std::string& path) : path_(path) {
-    out_.open(path, std::ios::app);
+    open_output_for_append(out_, path, "--metrics-file");  // a FIFO without reader: refused (Note [Output targets])
     FSDP_CHECK(out_.good(), "--metrics-file ", path, ": cannot open for appending");
   }
   void write(const MetricsRecord& record) override {

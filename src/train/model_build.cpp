@@ -11,6 +11,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/freeze.h"
+#include "fsdp/optim/adamw.h"
 
 namespace fsdp::train {
 
@@ -157,6 +158,7 @@ BuiltModel build_model(const TrainOptions& o, const models::LlamaConfig& cfg, co
   }
   // Before fully_shard lays the units out (Note [Frozen parameters] in the engine).
   if (b.freeze && !o.freeze.empty()) nn::freeze_matching(*m.model, o.freeze);
+  if (b.freeze) optim::check_lr_scales_match(o.param_groups, *m.model);  // as --freeze: a pattern must select something
   if (b.before_root) b.before_root(*m.model);
   RootedModel r = m.family->root(m.model);
   m.root = std::move(r.root);

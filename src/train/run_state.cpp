@@ -7,7 +7,7 @@
 
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/common/error.h"
-#include "fsdp/common/files.h"
+#include "fsdp/common/output_file.h"
 #include "fsdp/models/registry.h"
 
 namespace fsdp::train {
@@ -98,7 +98,7 @@ int64_t drop_metrics_from(const std::string& path, int64_t first_step) {
     kept += line + "\n";
   }
   FSDP_CHECK(!in.bad(), "--metrics-file ", path, ": cannot read it back to drop the steps trained again");
-  if (dropped > 0) write_file_atomically(path, kept, "--metrics-file");
+  if (dropped > 0) write_output_file(path, kept, "--metrics-file");
   return dropped;
 }
 

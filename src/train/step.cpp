@@ -142,6 +142,7 @@ StepRecord Trainer::Impl::train_step() {
     skipped = scaler_ && scaler_->unscale(sharded_->shards());
     if (!skipped) {
       norm = o_.step.clip_grad > 0 ? sharded_->clip_grad_norm(o_.step.clip_grad) : sharded_->grad_norm();
+      optim::check_finite_training("gradient norm", norm, step, lr, o_.param_groups);  // global: every rank stops
       opt_->step();
     }
   }
@@ -177,8 +178,7 @@ StepRecord Trainer::Impl::train_step() {
   rec.unsharded_peak_bytes = unsharded.peak;
   rec.unsharded_bound_bytes = unsharded_bound_;
   check_unsharded_contract(step, unsharded);
-  FSDP_CHECK(std::isfinite(rec.loss), "the loss became ", rec.loss, " at step ", step, " (lr ", lr,
-             "); lower --lr or raise --warmup-steps, or clip harder with --clip-grad");
+  optim::check_finite_training("loss", rec.loss, step, lr, o_.param_groups);
   ++interval_steps_;
   if ((step % o_.log.log_every == 0) || step == o_.step.max_steps - 1 || stop_) log_step(rec);
   summary_.steps.push_back(rec);

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <filesystem>
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include "fsdp/checkpoint/crc32c.h"
@@ -101,7 +102,9 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t resumed_at)
   }
   path_ = (std::filesystem::path(dir) / (prefix + std::to_string(seconds) + "." + host + "." + std::to_string(getpid())))
               .string();
-  file_ = std::fopen(path_.c_str(), "wb");
+  // A new file (O_EXCL): never over something already there (Note [Output targets]).
+  const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
+  file_ = fd >= 0 ? ::fdopen(fd, "wb") : nullptr;
   FSDP_CHECK(file_ != nullptr, "--tensorboard ", dir, ": cannot create ", path_, " (", std::strerror(errno),
              "); choose another directory");
   std::string version = event_header(now, 0);

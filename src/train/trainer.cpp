@@ -21,7 +21,7 @@
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
-#include "fsdp/common/files.h"
+#include "fsdp/common/output_file.h"
 #include "fsdp/common/memory.h"
 #include "fsdp/common/trace.h"
 #include "fsdp/train/prometheus.h"
@@ -227,7 +227,8 @@ void Trainer::Impl::restore() {
   if (!resumed_ && !o_.lora.init_adapter.empty()) {
     // With --sync-module-states rank 0 read it before sharding.
     if (!o_.sharding.sync_module_states) checkpoint::import_peft_adapter(o_.lora.init_adapter, *sharded_);
-    say_(fmt::format("LoRA adapters from {}", o_.lora.init_adapter));
+    say_(fmt::format("LoRA adapters from {} (lora_alpha {}: scale alpha / r = {})", o_.lora.init_adapter,
+                     o_.lora.effective_alpha(), o_.lora.effective_alpha() / static_cast<double>(o_.lora.rank)));
   }
   FSDP_CHECK(!eval_only_ || resumed_ || !o_.hf.init_from.empty(), "--eval-only --resume: there is no checkpoint "
              "in ", o_.checkpoint.dir, " to evaluate; give --init-from DIR or a --checkpoint-dir that holds one");
@@ -249,15 +250,15 @@ void Trainer::Impl::open_records() {
       }
     }
     sinks_.push_back(make_json_lines_sink(o_.log.metrics_file));
-    if (!o_.log.config_text.empty()) {
-      write_file_atomically(config_path_beside(o_.log.metrics_file), o_.log.config_text, "--metrics-file");
+    if (!o_.log.config_text.empty() && may_write_beside(o_.log.metrics_file)) {  // never /dev/null.config.toml
+      write_output_file(config_path_beside(o_.log.metrics_file), o_.log.config_text, "--metrics-file");
     }
   }
   if (lead_ && !o_.log.tensorboard_dir.empty()) {
     sinks_.push_back(make_tensorboard_sink(o_.log.tensorboard_dir, o_.checkpoint.resume ? start_step_ : -1));
     if (!o_.log.config_text.empty()) {
-      write_file_atomically((std::filesystem::path(o_.log.tensorboard_dir) / "config.toml").string(),
-                            o_.log.config_text, "--tensorboard");
+      write_output_file((std::filesystem::path(o_.log.tensorboard_dir) / "config.toml").string(),
+                        o_.log.config_text, "--tensorboard");
     }
   }
 }

@@ -15,8 +15,11 @@
 #include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
+#include "fsdp/common/output_file.h"
 #include "fsdp/data/dataset.h"
 #include "fsdp/data/tokenizer.h"
+#include "fsdp/models/lora.h"
+#include "fsdp/optim/adamw.h"
 #include "train/checks.h"
 #include "train/export.h"
 #include "train/model_build.h"
@@ -49,6 +52,7 @@ void validate_lora(const TrainOptions& o, const models::LlamaConfig& cfg) {
     FSDP_CHECK(a.rank == o.lora.rank && a.targets == ours, "--init-adapter ", o.lora.init_adapter, " has r ", a.rank,
                " on ", fmt::format("{}", fmt::join(a.targets, ",")), " but the run has --lora-rank ", o.lora.rank,
                " --lora-targets ", fmt::format("{}", fmt::join(o.lora.targets, ",")), "; give the adapter's");
+    models::check_adapter_alpha(o.lora.init_adapter, a, o.lora.effective_alpha());  // refused, never rescaled
   }
 }
 
@@ -119,6 +123,7 @@ void validate_optimizer(const TrainOptions& o) {
     FSDP_CHECK(std::isfinite(v) && std::fabs(v) <= std::numeric_limits<float>::max(), flag, " ", v,
                " is outside the range of a 32-bit float (|x| <= 3.4e38), which the optimizer computes in");
   }
+  optim::check_lr_range(o.schedule.lr, o.schedule.min_lr, o.adamw, o.param_groups);  // x --lr-scale, / (1 - beta1)
   sched.validate();
   FSDP_CHECK(o.adamw.weight_decay >= 0, "--weight-decay must be >= 0, got ", o.adamw.weight_decay);
   FSDP_CHECK(o.adamw.beta1 >= 0 && o.adamw.beta1 < 1, "--beta1 must be in [0, 1), got ", o.adamw.beta1,
@@ -175,6 +180,7 @@ void validate_records(const TrainOptions& o) {
 }  // namespace
 
 void check_output_file(const std::string& path, const char* flag) {
+  check_output_target(path, flag);  // Note [Output targets]: a directory, block device, socket... is refused
   const auto parent = std::filesystem::path(path).parent_path();
   FSDP_CHECK(parent.empty() || std::filesystem::is_directory(parent), flag, " ", path, ": directory ", parent.string(),
              " does not exist");

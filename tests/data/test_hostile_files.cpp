@@ -2,6 +2,8 @@
 // shrink under a running job (issue 16, finding 4).
 #include <gtest/gtest.h>
 
+#include <filesystem>
+
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -28,8 +30,18 @@ TEST(HostileFiles, DataPathsMustBeRegularFiles) {
     ByteTokenizer tok;
     EXPECT_CONTAINS(error_of<fsdp::UsageError>([&] { load_dataset({path}, &tok); }), kind);
   }
-  // A directory skips what is not a regular file.
+  // In a directory, an entry that would be read but is no regular file is named,
+  // not skipped (issue 30, finding 9): training on the rest would be silent.
   write_file(dir.file("real.jsonl"), "{\"text\": \"hello\"}\n");
+  EXPECT_CONTAINS(error_of<fsdp::UsageError>([&] { data_files({dir.path()}); }),
+                  "holds 'corpus.jsonl', which is a FIFO (named pipe), not a regular file");
+  std::filesystem::remove(fifo);
+  std::filesystem::create_symlink(dir.file("gone.jsonl"), dir.file("link.jsonl"));
+  EXPECT_CONTAINS(error_of<fsdp::UsageError>([&] { data_files({dir.path()}); }),
+                  "holds 'link.jsonl', which is a symbolic link to nothing (-> " + dir.file("gone.jsonl") + ")");
+  std::filesystem::remove(dir.file("link.jsonl"));
+  std::filesystem::create_directory(dir.file("sub.jsonl"));  // subdirectories and hidden files are skipped
+  write_file(dir.file(".hidden.jsonl"), "not read");
   EXPECT_EQ(data_files({dir.path()}), std::vector<std::string>{dir.file("real.jsonl")});
 }
 

@@ -16,6 +16,7 @@ import re
 import shutil
 import signal
 import socket
+import stat
 import struct
 import time
 from pathlib import Path
@@ -1128,6 +1129,268 @@ def faults_cases() -> list:
     ]
 
 
+# --- second campaign (issue 30): user patterns, config files, values that scale training,
+# special files as outputs, adapters, vocabularies, export temporaries ----------------------
+
+REDOS = "^([a-z_.0-9]+)+!"              # std::regex backtracked on it without bound
+NESTED = "(" * 5000 + "proj" + ")" * 5000  # deep nesting; 20,000 levels overflowed std::regex's stack
+
+
+def pattern_cases() -> list:
+    c = "patterns"
+    return [
+        Case(c, "freeze-redos", TRAIN + ["--freeze", REDOS], USAGE, names=("--freeze",), timeout=20),
+        Case(c, "freeze-nested-groups", TRAIN + ["--freeze", NESTED], OK, timeout=30),
+        Case(c, "freeze-nested-groups-too-deep", TRAIN + ["--freeze", "(" * 20000 + "a" + ")" * 20000], USAGE,
+             names=("--freeze",), timeout=20),
+        Case(c, "freeze-backreference", TRAIN + ["--freeze", "(proj)\\1"], USAGE, names=("--freeze", "RE2")),
+        Case(c, "lr-scale-redos", TRAIN + ["--lr-scale", REDOS + "=2"], USAGE, names=("--lr-scale",), timeout=20),
+        Case(c, "lr-scale-nested-groups", TRAIN + ["--lr-scale", NESTED + "=2"], OK, timeout=30),
+        Case(c, "lr-scale-lookahead", TRAIN + ["--lr-scale", "(?=q)proj=2"], USAGE, names=("--lr-scale", "RE2")),
+        Case(c, "inspect-freeze-redos", INSPECT + ["--freeze", REDOS], USAGE, names=("--freeze",), timeout=20),
+        Case(c, "inspect-freeze-nested-groups", INSPECT + ["--freeze", NESTED], OK, timeout=30),
+    ]
+
+
+def lr_scale_match_cases() -> list:
+    c = "patterns"
+    return [
+        # Issue 30, finding 5: --freeze refused a pattern matching nothing; --lr-scale now does too.
+        Case(c, "lr-scale-matches-nothing", TRAIN + ["--lr-scale", "no_such_layer=2"], USAGE,
+             names=("--lr-scale 'no_such_layer=2' matches no trainable parameter",)),
+        Case(c, "lr-scale-matches-only-frozen", TRAIN + ["--freeze", "embed", "--lr-scale", "embed_tokens=2"], USAGE,
+             names=("only frozen",)),
+    ]
+
+
+def _config(text):
+    return _files(run_DOT_toml=text)
+
+
+def config_file_cases() -> list:
+    c = "config-file"
+    cfg = ["--config", "{d}/run.toml"]
+    tiny = 'model = "tiny"\nseq-len = 16\nbatch-size = 2\nmax-steps = 1\n'
+    return [
+        Case(c, "control", ["train", "--data", "{corpus}"] + cfg, OK, setup=_config(tiny)),
+        Case(c, "dev-zero", TRAIN + ["--config", "/dev/zero"], USAGE, names=("/dev/zero",), timeout=20),
+        Case(c, "dev-zero-print-config", TRAIN + ["--config", "/dev/zero", "--print-config"], USAGE,
+             names=("/dev/zero",), timeout=20),
+        Case(c, "fifo-no-writer", TRAIN + cfg, USAGE, setup=_files(run_DOT_toml=_fifo), names=("run.toml",), timeout=20),
+        Case(c, "fifo-print-config", TRAIN + cfg + ["--print-config"], USAGE, setup=_files(run_DOT_toml=_fifo),
+             names=("run.toml",), timeout=20),
+        Case(c, "unclosed-string", TRAIN + cfg, USAGE, setup=_config('model = "tiny\n'), names=("line 1",)),
+        Case(c, "duplicate-key", TRAIN + cfg, USAGE, setup=_config("seq-len = 16\nseq-len = 32\n"),
+             names=("line 2",)),
+        Case(c, "unknown-key", TRAIN + cfg, USAGE, setup=_config("learning-rate = 0.1\n"), names=("learning-rate",)),
+        Case(c, "wrong-type-integer-as-string", TRAIN + cfg, USAGE, setup=_config('seq-len = "16"\n'),
+             names=("seq-len",)),
+        Case(c, "wrong-type-switch-as-string", TRAIN + cfg, USAGE, setup=_config('no-shuffle = "yes"\n'),
+             names=("no-shuffle",)),
+        Case(c, "wrong-type-text-as-number", TRAIN + cfg, USAGE, setup=_config("model = 5\n"), names=("model",)),
+        Case(c, "table", TRAIN + cfg, USAGE, setup=_config("[train]\nlr = 0.1\n"), names=("train",)),
+        Case(c, "bad-choice", TRAIN + cfg, USAGE, setup=_config('sharding = "zero3"\n'), names=("sharding",)),
+        Case(c, "infinite-float", TRAIN + cfg, USAGE, setup=_config("lr = inf\n"), names=("lr",)),
+        Case(c, "print-config-seq-len-0", TRAIN + ["--seq-len", "0", "--print-config"], USAGE, names=("--seq-len",)),
+        Case(c, "print-config-from-file-validates", TRAIN + cfg + ["--print-config"], USAGE,
+             setup=_config("grad-accum = 0\n"), names=("--grad-accum",)),
+        Case(c, "print-config-round-trip", TRAIN + cfg + ["--print-config"], OK,
+             setup=_config("freeze = 'layers\\.0\\.'\nno-shuffle = true\nlr-scale = ['q_proj=2']\nseed = 7\n"),
+             check=_print_config_reads_back),
+    ]
+
+
+def _print_config_reads_back(ctx: Ctx, r: Result) -> list:
+    """The printed configuration is TOML and replays the same options (the --no-shuffle switch included)."""
+    import tomllib
+    if r.code != 0:
+        return []
+    try:
+        table = tomllib.loads(r.stdout)
+    except tomllib.TOMLDecodeError as e:
+        return [("wrong exit", f"--print-config printed no TOML: {e}")]
+    want = {"freeze": "layers\\.0\\.", "no-shuffle": True, "lr-scale": ["q_proj=2"], "seed": 7}
+    bad = [f"{k} = {table.get(k)!r}, expected {v!r}" for k, v in want.items() if table.get(k) != v]
+    return [("wrong exit", "the printed configuration differs: " + "; ".join(bad))] if bad else []
+
+
+def _no_dir(rel: str):
+    def check(ctx: Ctx, r: Result) -> list:
+        return [("lost data", f"{rel} was written by a failed run")] if ctx.path(rel).exists() else []
+    return check
+
+
+def value_cases() -> list:
+    c = "training-values"
+    return [
+        # Issue 30, finding 4: beyond float32, the run went NaN at step 2 and exported 23 NaN tensors.
+        Case(c, "lr-scale-1e39", TRAIN + ["--lr-scale", "q_proj=1e39"], USAGE, names=("--lr-scale",)),
+        Case(c, "lr-3e38", TRAIN + ["--lr", "3e38"], USAGE, names=("--lr",)),
+        Case(c, "min-lr-3e38", TRAIN + ["--lr", "3e38", "--min-lr", "3e38"], USAGE, names=("--lr", "--min-lr")),
+        Case(c, "lr-times-weight-decay-beyond-float", TRAIN + ["--lr", "1e30", "--weight-decay", "1e30"], USAGE,
+             names=("--weight-decay",)),
+        Case(c, "lora-alpha-1e39", TRAIN + ["--lora-rank", "4", "--lora-alpha", "1e39"], USAGE, names=("--lora-alpha",)),
+        # Finite but far too large: the gradient norm turns non-finite; exit 1 naming the cause, nothing exported.
+        Case(c, "diverging-run-stops", TRAIN + ["--lr", "1", "--lr-scale", "q_proj=1e37", "--max-steps", "4",
+                                                "--warmup-steps", "0", "--export-hf", "{d}/out"], FAIL,
+             names=("learning rate too large",), check=_no_dir("out"), timeout=60),
+    ]
+
+
+# Device numbers of /dev/null and /dev/full, for nodes made in a case's own folder.
+NULL_DEV, FULL_DEV = (1, 3), (1, 7)
+
+
+def _node(rel: str, dev=NULL_DEV, block: bool = False):
+    """mknod at rel (the campaign runs as root); the node must be the same node afterwards."""
+    def make(ctx: Ctx) -> None:
+        p = ctx.path(rel)
+        p.parent.mkdir(parents=True, exist_ok=True)
+        os.mknod(p, (stat.S_IFBLK if block else stat.S_IFCHR) | 0o666, os.makedev(*dev))
+        ctx.nodes[p] = (stat.S_IFBLK if block else stat.S_IFCHR, os.makedev(*dev))
+    return make
+
+
+def _nothing_beside(*rels):
+    def check(ctx: Ctx, r: Result) -> list:
+        return [("lost data", f"{rel} was created beside a device node") for rel in rels if ctx.path(rel).exists()]
+    return check
+
+
+def output_node_cases() -> list:
+    c = "output-nodes"
+    prof = ["--max-steps", "2", "--profile-steps", "0:1", "--profile-file"]
+    return [
+        # Issue 30, finding 6: the trace was renamed over the node (c 1 3 became a 3,349-byte file).
+        Case(c, "profile-file-null-node", TRAIN + prof + ["{d}/null"], OK, setup=_node("null")),
+        Case(c, "profile-file-full-node", TRAIN + prof + ["{d}/full"], FAIL, setup=_node("full", FULL_DEV),
+             names=("--profile-file",)),
+        Case(c, "profile-file-block-node", TRAIN + prof + ["{d}/disk"], USAGE, setup=_node("disk", (7, 0), block=True),
+             names=("--profile-file", "block device"), check=_no_training),
+        Case(c, "profile-file-fifo-no-reader", TRAIN + prof + ["{d}/pipe"], USAGE,
+             setup=_files(pipe=_fifo), names=("--profile-file", "FIFO"), timeout=30),
+        # --metrics-file /dev/null created /dev/null.config.toml.
+        Case(c, "metrics-null-node", TRAIN + ["--metrics-file", "{d}/null"], OK, setup=_node("null"),
+             check=_nothing_beside("null.config.toml")),
+        Case(c, "metrics-fifo-no-reader", TRAIN + ["--metrics-file", "{d}/pipe"], USAGE, setup=_files(pipe=_fifo),
+             names=("--metrics-file", "FIFO"), timeout=20),
+        Case(c, "metrics-config-copy-is-node", TRAIN + ["--metrics-file", "{d}/m.jsonl"], OK,
+             setup=_node("m.config.toml")),
+        Case(c, "tensorboard-config-is-node", TRAIN + ["--tensorboard", "{d}/tb"], OK, setup=_node("tb/config.toml")),
+        Case(c, "write-hf-config-null-node", INSPECT + ["--write-hf-config", "{d}/null"], OK, setup=_node("null")),
+        Case(c, "write-hf-config-full-node", INSPECT + ["--write-hf-config", "{d}/full"], FAIL,
+             setup=_node("full", FULL_DEV), names=("--write-hf-config",)),
+        Case(c, "write-hf-config-fifo-no-reader", INSPECT + ["--write-hf-config", "{d}/pipe"], USAGE,
+             setup=_files(pipe=_fifo), names=("--write-hf-config",), timeout=20),
+        Case(c, "export-is-node", TRAIN + ["--export-hf", "{d}/out"], USAGE, setup=_node("out"),
+             names=("--export-hf",), check=_no_training),
+        Case(c, "export-tmp-is-node", TRAIN + ["--export-hf", "{d}/out"], USAGE, setup=_node(".tmp-out"),
+             names=(".tmp-out",), check=_no_training),
+        Case(c, "export-lock-is-node", TRAIN + ["--export-hf", "{d}/out"], E(1, 2), setup=_node(".out.lock"),
+             names=(".out.lock",)),
+        Case(c, "checkpoint-dir-is-node", TRAIN + ["--checkpoint-dir", "{d}/ck"], USAGE, setup=_node("ck"),
+             names=("--checkpoint-dir",), check=_no_training),
+        Case(c, "checkpoint-lock-is-node", TRAIN + ["--checkpoint-dir", "{d}/ck"], E(1, 2), setup=_node("ck/.lock"),
+             names=(".lock",)),
+        Case(c, "checkpoint-step-is-node", TRAIN + ["--checkpoint-dir", "{d}/ck", "--max-steps", "1"], E(0, 2),
+             setup=_node("ck/step_00000001"), names=("step_00000001",)),
+    ]
+
+
+def _adapter(alpha: int):
+    """The fixture's PEFT adapter (rank 4) with lora_alpha set to `alpha`."""
+    def setup(ctx: Ctx) -> None:
+        a = fxt.copy_tree(ctx.fx / "adapter", ctx.path("adapter"))
+        cfg = json.loads((a / "adapter_config.json").read_text())
+        cfg["lora_alpha"] = alpha
+        (a / "adapter_config.json").write_text(json.dumps(cfg))
+    return setup
+
+
+def _says(text: str):
+    def check(ctx: Ctx, r: Result) -> list:
+        return [] if text in r.stdout + r.stderr else [("unclear", f"the output does not say '{text}'")]
+    return check
+
+
+def adapter_cases() -> list:
+    c = "adapters"
+    lora = TRAIN + ["--lora-rank", "4", "--init-adapter", "{d}/adapter"]
+    return [
+        # Issue 30, finding 7: lora_alpha 1000 trained (and exported) as alpha 8, its scale 250 -> 2.
+        Case(c, "alpha-differs-from-lora-alpha", lora + ["--lora-alpha", "8"], USAGE, setup=_adapter(1000),
+             names=("lora_alpha 1000",)),
+        Case(c, "alpha-taken-from-adapter", lora + ["--export-hf", "{d}/out"], OK, setup=_adapter(1000),
+             check=_exported_alpha(1000)),
+    ]
+
+
+def _exported_alpha(alpha: int):
+    def check(ctx: Ctx, r: Result) -> list:
+        p = ctx.path("out/adapter_config.json")
+        if r.code != 0 or not p.is_file():
+            return []
+        got = json.loads(p.read_text()).get("lora_alpha")
+        bad = [] if got == alpha else [("wrong exit", f"exported lora_alpha {got}, the adapter's was {alpha}")]
+        return bad + _says(f"lora_alpha {alpha}")(ctx, r)
+    return check
+
+
+def vocabulary_cases() -> list:
+    c = "tokenizer"
+    tok = lambda path: TRAIN + ["--tokenizer", path]  # noqa: E731
+    return [_with_eos(case) for case in [
+        # Issue 30, finding 8: an empty BPE vocabulary turned a corpus into end-of-sequence tokens only.
+        # (The added "</s>" takes the id after the vocabulary, as the tokenizers library gives it.)
+        Case(c, "vocab-empty", tok("{d}/tokenizer.json"), USAGE,
+             setup=_files(tokenizer_DOT_json=_tok(vocab={}, merges=[], unk_token=None, root_added_tokens=[_eos_token(0)])),
+             names=("vocab",)),
+        Case(c, "vocab-only-unk", tok("{d}/tokenizer.json"), USAGE,
+             setup=_files(tokenizer_DOT_json=_tok(vocab={"<unk>": 0}, merges=[], root_added_tokens=[_eos_token(1)])),
+             names=("vocab",)),
+        # A vocabulary without the corpus's characters (and no unknown token) drops all of its text.
+        Case(c, "vocab-covers-no-text", tok("{d}/tokenizer.json"), USAGE,
+             setup=_files(tokenizer_DOT_json=_tok(vocab={"\u00ff": 0}, merges=[], unk_token=None,
+                                                  root_added_tokens=[_eos_token(1)])),
+             names=("end-of-sequence markers only",)),
+    ]]
+
+
+def _eos_token(token_id: int) -> dict:
+    return {"id": token_id, "content": "</s>", "single_word": False, "lstrip": False, "rstrip": False,
+            "normalized": False, "special": True}
+
+
+def data_link_cases() -> list:
+    # Issue 30, finding 9: a dangling link among the data files was skipped in silence.
+    return [Case("data", "directory-with-dangling-link", TRAIN + ["--data", "{d}/dir"], USAGE,
+                 setup=_files(dir__a_DOT_jsonl=_docs(), dir__b_DOT_jsonl=_symlink("{d}/gone.jsonl")),
+                 names=("b.jsonl",))]
+
+
+def temporary_cases() -> list:
+    c = "user-files"
+    return [
+        # Issue 30, finding 11: what a kill between moving an export in and unmarking it leaves (the
+        # export, marked) is replaced by the next export; `--export-hf .` names no lock file as the user's.
+        Case(c, "export-over-marked-previous-export", TRAIN + ["--export-hf", "{d}/hf"], OK,
+             setup=lambda ctx: (_hf()(ctx), ctx.write("hf/.fsdp-cpp-owned", "left by a kill\n")),
+             check=lambda ctx, r: [("lost data", "the export kept the ownership marker")]
+             if ctx.path("hf/.fsdp-cpp-owned").exists() else []),
+        Case(c, "export-tmp-marked-with-files", TRAIN + ["--export-hf", "{d}/out"], OK,
+             setup=lambda ctx: (fxt.copy_tree(ctx.fx / "hf", ctx.path(".tmp-out")),
+                                ctx.write(".tmp-out/.fsdp-cpp-owned", "marked\n"))),
+        Case(c, "export-to-empty-cwd", TRAIN + ["--export-hf", "."], USAGE,
+             names=("current directory",), check=_not_said(".lock")),
+    ]
+
+
+def _not_said(text: str):
+    def check(ctx: Ctx, r: Result) -> list:
+        return [("unclear", f"the error names {text}")] if text in r.stderr else []
+    return check
+
+
 # --- the data preparation script ------------------------------------------------------------
 
 def prepare_cases() -> list:
@@ -1155,7 +1418,9 @@ def prepare_cases() -> list:
 def all_cases() -> list:
     cases = (cli_numeric() + cli_choices() + cli_syntax() + cli_conflicts() + config_cases() + data_cases()
              + tokenizer_cases() + safetensors_cases() + checkpoint_cases() + output_cases() + user_files_cases()
-             + faults_cases() + prepare_cases())
+             + faults_cases() + prepare_cases() + pattern_cases() + lr_scale_match_cases() + config_file_cases()
+             + value_cases() + output_node_cases() + adapter_cases() + vocabulary_cases() + data_link_cases()
+             + temporary_cases())
     seen = set()
     for case in cases:
         if case.id in seen:

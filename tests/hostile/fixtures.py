@@ -6,6 +6,7 @@ build() makes, once per campaign, in one fixtures directory:
   ck/              sharded checkpoints step_00000001 and step_00000002 of a tiny run
   tokenizer.json   a hand-written character-level BPE (printable ASCII, <unk>, a few merges)
   tokens.bin       little-endian uint16 token ids below 256, enough for every case
+  adapter/         a PEFT LoRA adapter (rank 4) of the tiny model, exported by fsdp-train
 Cases copy what they damage into their own directory; the fixtures themselves stay intact.
 """
 
@@ -68,8 +69,10 @@ def build(env: Env) -> None:
     _run([env.train, *TINY, "--data", env.corpus, "--max-steps", "1", "--export-hf", str(fx / "hf")], "hf/")
     _run([env.train, *TINY, "--data", env.corpus, "--max-steps", "2", "--checkpoint-dir", str(fx / "ck"),
           "--checkpoint-every", "1"], "ck/")
+    _run([env.train, *TINY, "--data", env.corpus, "--max-steps", "1", "--lora-rank", "4", "--export-hf",
+          str(fx / "adapter")], "adapter/")
     for need in ("hf/config.json", "hf/model.safetensors", "ck/step_00000001/manifest.json",
-                 "ck/step_00000002/manifest.json"):
+                 "ck/step_00000002/manifest.json", "adapter/adapter_config.json"):
         if not (fx / need).is_file():
             raise FixtureError(f"fixture {need} was not written")
     (fx / "tokenizer.json").write_text(json.dumps(tokenizer_json()))

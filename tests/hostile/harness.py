@@ -22,6 +22,7 @@ import os
 import re
 import resource
 import signal
+import stat
 import subprocess
 import threading
 import time
@@ -93,6 +94,8 @@ class Ctx:
         self.d = d
         self.fx = env.fx
         self._sentinels: dict[Path, tuple[str, bytes]] = {}
+        # Device nodes a case made (mknod): each must be the same node afterwards (kind, device numbers).
+        self.nodes: dict[Path, tuple[int, int]] = {}
 
     def path(self, rel: str) -> Path:
         return self.d / rel
@@ -124,6 +127,15 @@ class Ctx:
 
     def lost(self) -> list[str]:
         bad = []
+        for p, (kind, rdev) in self.nodes.items():
+            rel = os.path.relpath(p, self.d)
+            try:
+                st = os.lstat(p)
+            except OSError:
+                bad.append(f"the device node {rel} is gone")
+                continue
+            if stat.S_IFMT(st.st_mode) != kind or st.st_rdev != rdev:
+                bad.append(f"the device node {rel} was replaced (now mode {oct(st.st_mode)}, {st.st_size} bytes)")
         for p, (how, want) in self._sentinels.items():
             rel = os.path.relpath(p, self.d)
             if not p.is_file():

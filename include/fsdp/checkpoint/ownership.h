@@ -38,6 +38,12 @@ void remove_owned_directory(const std::string& path);
 // The same check without removing anything: UsageError unless `path` is
 // absent, a directory holding the marker, or an empty directory.
 void check_removable(const std::string& path);
+// Removes directory `path`, which this process created marked (or marked
+// itself), the marker last: a kill at any instant leaves a marked or an empty
+// directory, which the next run removes (fs::remove_all removes in no set
+// order and could leave files without the marker, blocking every later run).
+// Never throws; false when something could not be removed.
+bool discard_owned_directory(const std::string& path) noexcept;
 
 // UsageError naming `flag` and `path` unless this process can write `path`
 // (a directory when `directory`, else a file): an existing one must be

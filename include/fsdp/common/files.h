@@ -22,12 +22,4 @@ std::string path_kind(const std::string& path);
 // what to give instead.
 void require_regular_file(const std::string& path, const std::string& what, const std::string& fix);
 
-// Writes `bytes` to `path` so that a reader, or a crash, sees the previous
-// file or the new one, never a part: into <path>.tmp-<pid> beside it,
-// fsynced, renamed over `path`, and the directory fsynced. Throws Failure
-//   "<what> <path>: writing failed (<reason>); free space on its disk or choose another path"
-// (`what` names the flag or file role, e.g. "--metrics-file"), after removing
-// the temporary file.
-void write_file_atomically(const std::string& path, std::string_view bytes, const std::string& what);
-
 }  // namespace fsdp

@@ -16,11 +16,41 @@ int64_t peak_rss_bytes();
 // Returns false where the kernel does not allow it.
 bool reset_peak_rss();
 
-// Memory this process could still allocate on the host before running out,
-// bytes: /proc/meminfo's MemAvailable, lowered to what is left under the
-// cgroup's limit (a container's memory.max, cgroup v1's memory.limit_in_bytes)
-// when there is one. -1 if unknown.
+// Note [Host memory limits]
+// Memory this process could still allocate on the host before running out is
+// the least of:
+//  - /proc/meminfo's MemAvailable (the machine);
+//  - for each memory cgroup from this process's own up to the hierarchy's root
+//    that has a limit, what is left under it: limit - usage + inactive page
+//    cache (given back under pressure). cgroup v2: memory.max, memory.current,
+//    memory.stat's inactive_file; v1 (the "memory" controller's line of
+//    /proc/self/cgroup): memory.limit_in_bytes, memory.usage_in_bytes,
+//    memory.stat's total_inactive_file. A process's cgroup path that is not
+//    under the mount (a container whose namespace mounts its own cgroup as
+//    the root) is read at the mount's root. Ancestors count: a group of 4 GiB
+//    inside one of 2 GiB has 2 GiB;
+//  - RLIMIT_DATA (ulimit -d) less this process's data segment (VmData).
+// Exceeding a cgroup limit gets the process SIGKILLed by the OOM killer with
+// no message, so every allocation-sizing decision reads this, not MemAvailable
+// alone.
+struct HostMemory {
+  int64_t available = -1;  // bytes; -1 if nothing could be read
+  std::string bound;       // what set `available`, for messages: "MemAvailable", "the cgroup v2 limit memory.max
+                           // = 4.00 GiB of <dir>", "RLIMIT_DATA (ulimit -d) = ..."; "" if unknown
+};
+// Where host_memory reads; tests point them at fake files.
+struct HostMemoryPaths {
+  std::string meminfo = "/proc/meminfo";
+  std::string self_cgroup = "/proc/self/cgroup";
+  std::string cgroup_mount = "/sys/fs/cgroup";  // v2 here; v1 controllers in <cgroup_mount>/memory
+  std::string self_status = "/proc/self/status";  // VmData
+  bool rlimit_data = true;                        // whether RLIMIT_DATA counts (tests turn it off)
+};
+HostMemory host_memory(const HostMemoryPaths& paths = HostMemoryPaths());
+// host_memory().available.
 int64_t available_host_memory_bytes();
+// "3.91 GiB (the cgroup v1 limit ...) available" for messages: host_memory() in words.
+std::string available_host_memory_text();
 
 // a * b, or nullopt when the product does not fit int64_t (sizes computed
 // from user flags are checked with it before anything is allocated).

@@ -48,9 +48,16 @@ struct LoraConfig {
 // empty name; check_lora_config and apply_lora check the names.
 std::vector<std::string> parse_lora_targets(const std::string& s);
 
-// UsageError naming the value and the fix: rank < 1, alpha not finite or
-// <= 0, dropout outside [0, 1), no targets, an empty or repeated target.
+// UsageError naming the value and the fix: rank < 1, alpha not finite, <= 0
+// or beyond a 32-bit float (alpha / rank scales float outputs), dropout outside [0, 1), no targets, an empty or repeated target.
 void check_lora_config(const LoraConfig& cfg);
+
+// UsageError naming --init-adapter `dir` and --lora-alpha when `adapter` (its
+// adapter_config.json) has another alpha than the run's `run_alpha`: loading
+// it would silently rescale its output from adapter.alpha / r to run_alpha / r.
+// fsdp-train takes the adapter's alpha when --lora-alpha is not given, so
+// only an explicit, different --lora-alpha is refused.
+void check_adapter_alpha(const std::string& dir, const LoraConfig& adapter, double run_alpha);
 
 // Adds an adapter to every Linear of `module` whose last name component is in
 // cfg.targets, then sets requires_grad false on every parameter that is not

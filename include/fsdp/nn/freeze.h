@@ -16,9 +16,9 @@ class Module;
 namespace fsdp::nn {
 
 // Sets requires_grad false on every parameter of `module` whose qualified
-// name `pattern` finds (std::regex_search, ECMAScript). Returns how many of
-// them were trainable before.
-// Throws UsageError naming --freeze and the pattern: not a valid regex; it
+// name `pattern` finds (NamePattern: RE2 syntax, searched anywhere in the
+// name, Note [User patterns]). Returns how many of them were trainable before.
+// Throws UsageError naming --freeze and the pattern: not a valid pattern; it
 // freezes no trainable parameter (naming an example parameter name); it
 // leaves no parameter trainable. `module` may be changed when it throws for
 // the last two.

@@ -196,7 +196,7 @@ struct TrainOptions {
   CheckpointOptions checkpoint;
   HfOptions hf;
   LoraOptions lora;
-  // --freeze REGEX: parameters whose name it finds (std::regex search, e.g.
+  // --freeze REGEX: parameters whose name it finds (NamePattern: RE2, e.g.
   // "embed_tokens|layers\.[0-7]\.") are frozen: gathered for compute, no
   // gradients, no optimizer state (besides LoRA's own freezing). "": none.
   std::string freeze;

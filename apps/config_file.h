@@ -1,0 +1,29 @@
+// fsdp-train's --config FILE and --print-config on CLI11 (Note [Config files]
+// in fsdp/common/config_file.h): the file is read by a TOML parser, each key
+// checked against the options of the command line it configures, and the
+// effective configuration written back as TOML that reads back unchanged.
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <string>
+
+namespace fsdp::cli {
+
+// Applies TOML file `path` to `app`, after app.parse(): each key that names a
+// configurable option not given on the command line (flags given there win)
+// is added to it and its checks run, as if given as a flag. UsageError naming
+// --config, the file, the line and the key: an unknown key, a non-configurable
+// one (config, print-config, help, version), a value of the wrong TOML type,
+// one the option's checks refuse; and read_config_file's errors.
+void apply_config_file(CLI::App& app, const std::string& path);
+
+// The effective configuration as a --config file: the options given (on the
+// command line or in --config) as keys, every other option's default as a
+// comment. Defaults stay comments because a key counts as given: replaying
+// `model = "tiny"` beside --init-from, or `timeout = ""`, would change the run.
+// `mode` is the subcommand the run was given ("", "eval", "convert"), named in
+// the header line so that the replay command is complete.
+std::string effective_config(const CLI::App& app, const std::string& mode);
+
+}  // namespace fsdp::cli

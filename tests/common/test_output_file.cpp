@@ -1,0 +1,126 @@
+// Writers never replace, truncate or rename over what is not a regular file
+// (Note [Output targets]): device nodes made for the test (mknod in a
+// temporary folder: the tests run as root) stay the same node, written in
+// place or refused with the flag named; a FIFO nobody reads is refused at
+// once; nothing is written beside a node.
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <cerrno>
+#include <cstring>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "fsdp/common/output_file.h"
+#include "support/errors.h"
+#include "support/multiproc.h"
+
+namespace fs = std::filesystem;
+using fsdp::testing::error_of;
+using fsdp::testing::usage_error_of;
+
+namespace {
+
+// A character device like /dev/null (1, 3) or /dev/full (1, 7), at `path`.
+void make_node(const std::string& path, mode_t kind, unsigned major, unsigned minor) {
+  ASSERT_EQ(::mknod(path.c_str(), kind | 0666, makedev(major, minor)), 0)
+      << "mknod " << path << " failed (these tests run as root): " << std::strerror(errno);
+}
+
+// The node is still the node it was: same kind and device numbers.
+void expect_node(const std::string& path, mode_t kind, unsigned major, unsigned minor) {
+  struct stat st {};
+  ASSERT_EQ(::lstat(path.c_str(), &st), 0) << path << " is gone";
+  EXPECT_EQ(st.st_mode & S_IFMT, kind) << path << " is no longer the node it was";
+  EXPECT_EQ(st.st_rdev, makedev(major, minor)) << path;
+}
+
+}  // namespace
+
+TEST(OutputFile, RegularFilesAreReplacedAtomically) {
+  const std::string dir = fsdp::testing::temp_dir("out");
+  const std::string path = dir + "/trace.json";
+  fsdp::write_output_file(path, "first", "--profile-file");
+  fsdp::write_output_file(path, "second", "--profile-file");
+  std::ifstream in(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), "second");
+  // A link to a regular file: the file is replaced, the link kept.
+  fs::create_symlink(path, dir + "/link.json");
+  fsdp::write_output_file(dir + "/link.json", "third", "--profile-file");
+  EXPECT_TRUE(fs::is_symlink(dir + "/link.json"));
+  std::ifstream again(path);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(again), {}), "third");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 2) << "a temporary was left";
+}
+
+// --profile-file renamed its trace over a node: run as root, `--profile-file
+// /dev/null` replaced the system's /dev/null with a regular file.
+TEST(OutputFile, CharacterDevicesAreWrittenInPlace) {
+  const std::string dir = fsdp::testing::temp_dir("out");
+  const std::string null = dir + "/null";
+  make_node(null, S_IFCHR, 1, 3);
+  fsdp::write_output_file(null, "a trace", "--profile-file");
+  expect_node(null, S_IFCHR, 1, 3);
+  std::ofstream metrics;
+  fsdp::open_output_for_append(metrics, null, "--metrics-file");
+  metrics << "{}\n" << std::flush;
+  EXPECT_TRUE(metrics.good());
+  metrics.close();
+  expect_node(null, S_IFCHR, 1, 3);
+  EXPECT_FALSE(fsdp::may_write_beside(null));  // no null.config.toml beside it
+  EXPECT_TRUE(fsdp::may_write_beside(dir + "/metrics.jsonl"));
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir), fs::directory_iterator()), 1) << "something was created";
+
+  const std::string full = dir + "/full";
+  make_node(full, S_IFCHR, 1, 7);
+  const std::string error = error_of<fsdp::Failure>([&] { fsdp::write_output_file(full, "x", "--profile-file"); });
+  EXPECT_CONTAINS(error, "--profile-file " + full + ": writing failed (No space left on device)");
+  expect_node(full, S_IFCHR, 1, 7);
+}
+
+TEST(OutputFile, OtherKindsAreRefusedUnchanged) {
+  const std::string dir = fsdp::testing::temp_dir("out");
+  const std::string block = dir + "/disk";
+  make_node(block, S_IFBLK, 7, 0);  // a loop device: writing a trace there would overwrite a disk
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::write_output_file(block, "x", "--profile-file"); }),
+                  "--profile-file " + block + " is a block device, not a file");
+  expect_node(block, S_IFBLK, 7, 0);
+  std::ofstream out;
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::open_output_for_append(out, block, "--metrics-file"); }),
+                  "--metrics-file " + block + " is a block device");
+  expect_node(block, S_IFBLK, 7, 0);
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::write_output_file(dir, "x", "--write-hf-config"); }), "is a directory");
+  fs::create_symlink(dir + "/nowhere", dir + "/dangling");
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::write_output_file(dir + "/dangling", "x", "--profile-file"); }),
+                  "a symbolic link to nothing");
+  EXPECT_TRUE(fs::is_symlink(dir + "/dangling"));
+  EXPECT_FALSE(fs::exists(dir + "/nowhere"));
+}
+
+// A FIFO with no reader: an error at once, never a wait (the test would hang).
+TEST(OutputFile, FifoWithoutReaderIsRefusedAtOnce) {
+  const std::string dir = fsdp::testing::temp_dir("out");
+  const std::string fifo = dir + "/pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::write_output_file(fifo, "x", "--profile-file"); }),
+                  "is a FIFO (named pipe) that no process reads");
+  std::ofstream out;
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::open_output_for_append(out, fifo, "--metrics-file"); }),
+                  "that no process reads");
+  struct stat st {};
+  ASSERT_EQ(::lstat(fifo.c_str(), &st), 0);
+  EXPECT_TRUE(S_ISFIFO(st.st_mode));
+  // With a reader, the text goes through the pipe.
+  const int reader = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);
+  ASSERT_GE(reader, 0);
+  fsdp::write_output_file(fifo, "through the pipe", "--profile-file");
+  char buf[64] = {0};
+  EXPECT_EQ(::read(reader, buf, sizeof(buf) - 1), 16);
+  EXPECT_EQ(std::string(buf), "through the pipe");
+  ::close(reader);
+}
