@@ -17,6 +17,7 @@ PACKAGES=(
   # loads libsentencepiece at run time.
   libsentencepiece-dev sentencepiece
   fortunes # the embedded corpus (scripts/prepare_data.sh)
+  doxygen # the API reference from the public headers (target docs; test Docs.Doxygen)
   # The fuzz targets (tests/fuzz, built into build-fuzz by scripts/test.sh): clang with libFuzzer and
   # the sanitizer runtimes; llvm for llvm-symbolizer (readable sanitizer reports).
   clang libclang-rt-14-dev llvm
