@@ -7,8 +7,9 @@ One CTest fixture chain (tests/examples/CMakeLists.txt), each STEP one test:
   build     every example of examples/ configured against DIR/prefix with only CMAKE_PREFIX_PATH
             set (not the build tree: nothing of it is on the include or library path), and the
             complete program of docs/library.md, extracted from the page, as a project of its own.
-  package   the package's LibTorch lookup: Torch_DIR is honoured; a directory that is not LibTorch
-            and a LibTorch of another version are refused with one clear error.
+  package   the package's LibTorch lookup: Torch_DIR is honoured; a directory that is not LibTorch,
+            a LibTorch of another version, and no LibTorch at all (the one it was built against gone,
+            no python3 with torch on PATH) are refused with one clear error.
   doc       docs/library.md's program runs and trains; README.md's C++ lines are lines of it.
   vit, t5, custom_loop
             the example at 1 process, and at 2 processes started by torchrun --no-python and by the
@@ -174,6 +175,23 @@ def step_package(a):
     if not re.search(r"LibTorch 2\.1 at .*but fsdp_cpp was built against LibTorch 2\.\d+", " ".join(out.split())):
         raise Failed(f"a LibTorch of another version: unclear error:\n{out[-2000:]}")
     print("another LibTorch version: refused")
+    # None at all: the LibTorch it was built against gone, no python3 with torch on PATH.
+    moved = consumer / "prefix-moved"
+    shutil.copytree(a.work / "prefix", moved)
+    config = moved / "lib" / "cmake" / "fsdp_cpp" / "fsdp_cppConfig.cmake"
+    text = config.read_text()
+    built = re.search(r'set\(FSDP_TORCH_BUILT_DIR "([^"]*)"\)', text).group(1)
+    config.write_text(text.replace(built, str(consumer / "gone" / "torch")))
+    venv_bin = str(Path(a.python).parent)
+    path = os.pathsep.join(p for p in os.environ.get("PATH", "").split(os.pathsep) if p and p != venv_bin)
+    build = consumer / "build"
+    shutil.rmtree(build, ignore_errors=True)
+    rc, out = run([a.cmake, "-S", consumer, "-B", build, f"-DCMAKE_PREFIX_PATH={moved}"], env={"PATH": path},
+                  expect_ok=False)
+    flat = " ".join(out.split())
+    if rc == 0 or "no LibTorch found. Tried:" not in flat or f"{consumer / 'gone' / 'torch'} (gone)" not in flat:
+        raise Failed(f"no LibTorch anywhere: expected one error listing what was tried, got exit {rc}:\n{out[-2000:]}")
+    print("no LibTorch anywhere: refused, naming what was tried")
 
 
 # ---------------------------------------------------------------- runs
