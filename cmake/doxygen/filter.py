@@ -38,7 +38,7 @@ def main(path):
         opening = False
         # Code followed by a comment: the comment documents the member declared on this line. Only
         # outside string literals (a quote before the // leaves the line alone).
-        m = re.match(r'^([^"/]*?[;,{]\s*)//(.*)$', line)
+        m = re.match(r'^([^"/]*?[;,{}]\s*)//(.*)$', line)
         if m and not stripped.startswith("#"):
             out.append(m.group(1) + "///< " + escape(m.group(2).lstrip("/")))
             continue
