@@ -100,13 +100,6 @@ void handle_stop_signals(void (*handler)(int), int flags) {
   sigaction(SIGINT, &sa, nullptr);
 }
 
-std::string self_exe(const char* argv0) {
-  char buf[4096];
-  const ssize_t n = readlink("/proc/self/exe", buf, sizeof(buf) - 1);
-  if (n > 0) return std::string(buf, static_cast<size_t>(n));
-  return argv0;
-}
-
 // The default corpus: built by scripts/prepare_data.sh, or the small one in
 // the repository when it has not been built.
 std::string embedded_corpus() {
@@ -500,16 +493,9 @@ int run(int argc, char** argv) {
     // Every local worker's memory at once, before any of them allocates.
     fsdp::train::check_memory(o, nproc, nproc, std::nullopt);
     fsdp::comm::LaunchOptions lo;
-    lo.argv.push_back(self_exe(argv[0]));
-    for (int i = 1; i < argc; ++i) lo.argv.emplace_back(argv[i]);
     lo.nproc = nproc;
     lo.signal_timeout = init.timeout;
-    // The summary comes first, before the workers' error lines; the final
-    // message repeats it with what happened to the other ranks.
-    lo.on_failure = [](const std::string& summary) { std::cerr << "fsdp-train: " << summary << std::endl; };
-    const fsdp::comm::LaunchResult r = fsdp::comm::launch_local(lo);
-    if (!r.ok) std::cerr << "fsdp-train: " << r.message << "\n";
-    return r.exit_code;
+    return fsdp::comm::launch_self("fsdp-train", argc, argv, lo);
   }
 
   if (o.device == at::kCUDA) {

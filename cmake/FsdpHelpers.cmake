@@ -53,14 +53,20 @@ function(fsdp_add_python_test name)
 endfunction()
 
 # fsdp_add_library(NAME SOURCES a.cpp ... [DEPS other_fsdp_libs...])
-# One static library per layer (see docs/design.md); DEPS may only name lower layers.
+# One static library per layer (see docs/design.md); DEPS may only name lower layers. Each is
+# installed and exported (cmake/FsdpInstall.cmake) as fsdp::<NAME without "fsdp_">, e.g.
+# fsdp_engine -> fsdp::engine; fsdp::fsdp is all of them.
 function(fsdp_add_library name)
   cmake_parse_arguments(L "" "" "SOURCES;DEPS" ${ARGN})
   add_library(${name} STATIC ${L_SOURCES})
-  target_include_directories(${name} PUBLIC ${PROJECT_SOURCE_DIR}/include
+  target_include_directories(${name} PUBLIC $<BUILD_INTERFACE:${PROJECT_SOURCE_DIR}/include>
+                                            $<INSTALL_INTERFACE:${CMAKE_INSTALL_INCLUDEDIR}>
                                      PRIVATE ${PROJECT_SOURCE_DIR}/src)
-  target_link_libraries(${name} PUBLIC ${L_DEPS} torch Threads::Threads)
+  target_link_libraries(${name} PUBLIC ${L_DEPS} fsdp::torch Threads::Threads)
   target_precompile_headers(${name} REUSE_FROM fsdp_pch)
+  string(REGEX REPLACE "^fsdp_" "" export_name "${name}")
+  set_target_properties(${name} PROPERTIES EXPORT_NAME ${export_name})
+  set_property(GLOBAL APPEND PROPERTY FSDP_LIBRARIES ${name})
 endfunction()
 
 # Development aid: -DFSDP_AREAS="common;comm;fsdp" configures only those

@@ -24,6 +24,7 @@ PACKAGES=(
   # Prometheus project's own parser (python3-prometheus-client) and check the Grafana dashboard
   # against its schema with python3-jsonschema (Debian's Python, /usr/bin/python3).
   libcivetweb-dev python3-prometheus-client python3-jsonschema
+  doxygen # the API reference from the public headers (target docs; test Docs.Doxygen)
   # The fuzz targets (tests/fuzz, built into build-fuzz by scripts/test.sh): clang with libFuzzer and
   # the sanitizer runtimes; llvm for llvm-symbolizer (readable sanitizer reports).
   clang libclang-rt-14-dev llvm

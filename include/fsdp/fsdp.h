@@ -111,35 +111,43 @@
 
 namespace fsdp {
 
+// What is sharded, and when parameters are gathered (PyTorch's ShardingStrategy).
 enum class ShardingStrategy {
   kFullShard,    // parameters resharded after forward and after backward
   kShardGradOp,  // parameters stay unsharded from forward to the end of backward
   kNoShard,      // everything replicated; gradients all-reduced (DDP)
   kHybridShard,  // FULL_SHARD within a shard group, replicated across groups
 };
-const char* to_string(ShardingStrategy s);
+const char* to_string(ShardingStrategy s);  // "full", "grad-op", "none", "hybrid"
 // "full" | "grad-op" | "none" | "hybrid" (also PyTorch's FULL_SHARD etc.).
 ShardingStrategy parse_sharding_strategy(const std::string& s);
 
+// When backward gathers the previous unit's parameters: not ahead, before the
+// current unit's gradient computation (kPre), or after it (kPost).
 enum class BackwardPrefetch { kNone, kPre, kPost };
-const char* to_string(BackwardPrefetch p);
+const char* to_string(BackwardPrefetch p);  // "none", "pre", "post"
 BackwardPrefetch parse_backward_prefetch(const std::string& s);  // "none" | "pre" | "post"
 
 // Which marked boundaries become their own unit.
 struct WrapPolicy {
+  // The rule.
   enum class Kind {
     kEveryUnit,  // every fsdp::nn::Unit in the model
     kByType,     // Units whose inner type is in `types`
     kSize,       // a Unit whose not-yet-wrapped parameters reach min_num_params
     kRootOnly,   // the whole model is one unit
   };
-  Kind kind = Kind::kEveryUnit;
-  std::vector<std::type_index> types;
-  int64_t min_num_params = 0;
+  Kind kind = Kind::kEveryUnit;         // the rule
+  std::vector<std::type_index> types;   // kByType: the inner types that become units
+  int64_t min_num_params = 0;           // kSize: the threshold
 
+  // Every Unit.
   static WrapPolicy every_unit() { return {}; }
+  // Units of these inner types, e.g. {typeid(BlockImpl)}.
   static WrapPolicy by_type(std::vector<std::type_index> t) { return {Kind::kByType, std::move(t), 0}; }
+  // Units whose not yet wrapped parameters number at least n.
   static WrapPolicy size_based(int64_t n) { return {Kind::kSize, {}, n}; }
+  // The whole model as one unit.
   static WrapPolicy root_only() { return {Kind::kRootOnly, {}, 0}; }
 };
 
@@ -163,14 +171,15 @@ struct MixedPrecision {
   static MixedPrecision preset(const std::string& name);
 };
 
+// The options of fully_shard: the same on every rank.
 struct FsdpOptions {
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;
-  WrapPolicy wrap = WrapPolicy::every_unit();
+  ShardingStrategy strategy = ShardingStrategy::kFullShard;  // what is sharded
+  WrapPolicy wrap = WrapPolicy::every_unit();                 // which Unit marks become units
   // HYBRID_SHARD: ranks per shard group (consecutive ranks). 0: LOCAL_WORLD_SIZE.
   int hybrid_shard_size = 0;
-  MixedPrecision mixed_precision;
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
-  bool forward_prefetch = false;
+  MixedPrecision mixed_precision;                               // dtypes of the copies kept
+  BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;  // gather the previous unit early in backward
+  bool forward_prefetch = false;                                // gather the next unit early in forward
   // At most this many all-gathers issued ahead of use (prefetches). >= 1.
   int limit_all_gathers = 2;
   // Keep parameter and gradient shards (hence optimizer state, which the
@@ -182,13 +191,13 @@ struct FsdpOptions {
   // non-root unit) keep only their inputs in forward and recompute their
   // forward in backward. Only units without nested units can be checkpointed.
   std::vector<std::type_index> checkpoint_types;
-  bool checkpoint_all_units = false;
+  bool checkpoint_all_units = false;  // checkpoint every non-root unit (whatever checkpoint_types says)
   // Keep the checkpointed units' saved inputs in host memory (GPU runs).
   bool offload_checkpoint_inputs = false;
   // Parameters on the meta device are materialized shard by shard with this
   // rule (fsdp::nn::init_slice); required when the model was built on meta.
   nn::InitRuleFn init_rule;
-  uint64_t seed = 0;
+  uint64_t seed = 0;  // init_rule's seed
   // Broadcast rank 0's parameter values before sharding: rank 0's parameters
   // must be materialized; the other ranks' may be on the meta device (only
   // rank 0 then needs memory for, or files of, the whole model).
@@ -210,9 +219,9 @@ struct ShardRef {
 // Per-parameter placement, for checkpoints and HF export.
 struct ParamPlacement {
   std::string name;              // fully qualified, as in named_parameters()
-  std::vector<int64_t> shape;
+  std::vector<int64_t> shape;    // as the module declares it
   int64_t flat_offset = 0;       // offset in the unit's unpadded flat parameter
-  int64_t numel = 0;
+  int64_t numel = 0;             // elements (the product of shape)
 };
 
 // One flat parameter of a unit. A unit's parameters are laid out in two flat
@@ -225,14 +234,14 @@ struct ParamPlacement {
 // parameters has only its frozen entry.
 struct UnitInfo {
   std::string name;              // "" for the root
-  std::string type_name;
+  std::string type_name;         // the unit's inner module type (UnitBase::inner_type_name)
   bool trainable = true;         // false: this entry holds the unit's frozen parameters
   int64_t numel = 0;             // unpadded
   int64_t padded_numel = 0;      // multiple of the shard-group size
   int64_t shard_numel = 0;       // padded_numel / shard-group size
   int64_t shard_offset = 0;      // this rank's first element in the padded flat
-  bool checkpointed = false;
-  std::vector<ParamPlacement> params;
+  bool checkpointed = false;     // recomputed in backward (activation checkpointing)
+  std::vector<ParamPlacement> params;  // its parameters, in the flat parameter's order
 };
 
 // The units among `entries` (ShardedModel::units(), ShardingPlan::units): a
@@ -244,8 +253,8 @@ int64_t count_units(const std::vector<UnitInfo>& entries);
 struct MemoryPlacement {
   std::string what;    // "parameter shards", "gradient shards", "unsharded parameters (resident)", ...
   std::string device;  // "cpu", "cuda:0"
-  int64_t bytes = 0;
-  bool pinned = false;
+  int64_t bytes = 0;    // their size
+  bool pinned = false;  // page-locked host memory (CPU offload with CUDA present)
 };
 
 // The engine's own count of the buffers it allocates for a step beyond the
@@ -256,28 +265,32 @@ struct UnshardedBytes {
   int64_t reductions = 0;   // gradients in flight to a reduction: reduce-dtype copies,
                             // and reduction outputs that cannot land in the gradient shard
   int64_t accumulated = 0;  // gradients kept across micro-batches without synchronization
-  int64_t total() const { return params + grads + reductions + accumulated; }
+  int64_t total() const { return params + grads + reductions + accumulated; }  // all four
 };
 
+// ShardedModel::unsharded_memory(): the unsharded buffers held now and at the peak.
 struct UnshardedMemory {
   UnshardedBytes now;      // held at this moment
   UnshardedBytes at_peak;  // what was held when the total peaked
   int64_t peak = 0;        // the largest total since the last reset (or since fully_shard)
 };
 
+// ShardedModel::take_step_counters(): bytes this rank's collectives moved (comm::CommCounters).
 struct StepCounters {
-  int64_t allgather_bytes = 0;
-  int64_t reduce_scatter_bytes = 0;
-  int64_t allreduce_bytes = 0;
+  int64_t allgather_bytes = 0;       // parameter all-gathers
+  int64_t reduce_scatter_bytes = 0;  // gradient reduce-scatters
+  int64_t allreduce_bytes = 0;       // all-reduces (NO_SHARD, HYBRID replicas, norms)
 };
 
 namespace detail {
 class ShardedModelImpl;
 }
 
+// A model sharded by fully_shard: the engine's state (units, flat parameters,
+// shards, hooks). See "The contract" at the top of this file.
 class ShardedModel {
  public:
-  ~ShardedModel();
+  ~ShardedModel();  // removes the hooks; the module's parameters keep pointing where they point
 
   // Local shards and their gradients, one per entry of units(), in that
   // order (frozen entries included, marked !trainable). Local.
@@ -303,14 +316,14 @@ class ShardedModel {
   // Layout and this rank's placement: one entry per flat parameter (a unit
   // with frozen and trainable parameters has two; see UnitInfo).
   const std::vector<UnitInfo>& units() const;
-  std::vector<MemoryPlacement> memory_placement() const;
+  std::vector<MemoryPlacement> memory_placement() const;  // where the engine's bytes live
   // Bytes this rank communicated since the last call (and resets them).
   StepCounters take_step_counters();
   // The unsharded buffers this rank holds and has held at most (the engine's
   // ledger: every allocation and release of them goes through it), and the
   // start of a new peak. ShardingPlan::step_unsharded_bytes bounds `peak`.
   UnshardedMemory unsharded_memory() const;
-  void reset_unsharded_peak();
+  void reset_unsharded_peak();  // unsharded_memory().peak starts again from what is held now
 
   // Full (unpadded) flat parameter of entry `u` of units(), gathered to every rank of the
   // shard group, in the master dtype (fp32; bf16 for pure-bf16 training).
@@ -320,9 +333,9 @@ class ShardedModel {
   // rank's shard. Local; between steps.
   void load_unit(size_t u, const at::Tensor& full);
 
-  const comm::ProcessGroupPtr& shard_group() const;
+  const comm::ProcessGroupPtr& shard_group() const;      // the ranks that share one copy of the parameters
   const comm::ProcessGroupPtr& replicate_group() const;  // null unless hybrid
-  const FsdpOptions& options() const;
+  const FsdpOptions& options() const;                    // as given to fully_shard
   // A multi-line description: units, sizes, padding, strategy.
   std::string describe() const;
 
@@ -370,8 +383,9 @@ struct ShardingPlan {
   int64_t unsharded_bound(int64_t micro_batches) const {
     return step_unsharded_bytes + (micro_batches > 1 ? accumulation_bytes : 0);
   }
-  std::string describe() const;
+  std::string describe() const;  // a multi-line description (what fsdp-inspect prints)
 };
+// See ShardingPlan. `optimizer_state_dtype`: AdamW's moments (optimizer_bytes).
 ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_size, int rank,
                            const FsdpOptions& options, at::ScalarType optimizer_state_dtype = at::kFloat);
 

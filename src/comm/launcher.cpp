@@ -1,5 +1,6 @@
 #include "fsdp/comm/launcher.h"
 
+#include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
@@ -20,6 +21,7 @@
 #include <chrono>
 #include <cstring>
 #include <fstream>
+#include <iostream>
 #include <memory>
 #include <thread>
 
@@ -631,6 +633,40 @@ LaunchResult launch_local(const LaunchOptions& o) {
   result.message = msg.str();
   result.exit_code = launch_exit_code(result);
   return result;
+}
+
+int launch_self(const std::string& program, int argc, char** argv, LaunchOptions options) {
+  char buf[4096];
+  const ssize_t n = ::readlink("/proc/self/exe", buf, sizeof(buf) - 1);
+  options.argv.assign(1, n > 0 ? std::string(buf, static_cast<size_t>(n)) : std::string(argv[0]));
+  for (int i = 1; i < argc; ++i) options.argv.emplace_back(argv[i]);
+  // The summary comes first, before the workers' error lines; the final
+  // message repeats it with what happened to the other ranks.
+  if (!options.on_failure)
+    options.on_failure = [program](const std::string& summary) { std::cerr << program << ": " << summary << std::endl; };
+  const LaunchResult r = launch_local(options);
+  if (!r.ok) std::cerr << program << ": " << r.message << "\n";
+  return launch_exit_code(r);
+}
+
+Job start_job(const std::string& program, int argc, char** argv, int nproc_per_node, const std::string& device,
+              InitOptions init, LaunchOptions options) {
+  FSDP_CHECK(nproc_per_node >= 1, "--nproc-per-node must be >= 1, got ", nproc_per_node);
+  FSDP_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
+  Job job;
+  const WorldInfo world = detect_world();
+  if (nproc_per_node > 1 && world.launcher == "single") {  // not started by a launcher: become one
+    options.nproc = nproc_per_node;
+    job.launched = launch_self(program, argc, argv, options);
+    return job;
+  }
+  if (device == "cuda") {
+    job.device = worker_device("cuda", world.local_rank);
+    set_current_device(job.device);  // before NCCL or any CUDA work
+    init.backend = "nccl";
+  }
+  job.runtime = init_process_group(world, init);
+  return job;
 }
 
 }  // namespace fsdp::comm

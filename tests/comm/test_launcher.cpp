@@ -295,6 +295,18 @@ TEST(Launcher, BadOptionsAreUsageErrors) {
   EXPECT_TRUE(r.ok) << r.message;
 }
 
+TEST(Launcher, StartJobRefusesBadArgumentsBeforeStartingAnything) {
+  char prog[] = "prog";
+  char* argv[] = {prog, nullptr};
+  EXPECT_THROW(start_job("prog", 1, argv, 0, "cpu"), UsageError);
+  EXPECT_THROW(start_job("prog", 1, argv, 2, "tpu"), UsageError);
+  // One process on the CPU outside any launcher: a world of one, no launch.
+  const Job job = start_job("prog", 1, argv, 1, "cpu");
+  EXPECT_FALSE(job.launched.has_value());
+  EXPECT_EQ(job.runtime.world.world_size, 1);
+  EXPECT_TRUE(job.device.is_cpu());
+}
+
 TEST(Launcher, ExitCodeMapping) {
   LaunchResult r;
   r.ranks.resize(2);

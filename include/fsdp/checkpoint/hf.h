@@ -55,6 +55,7 @@ at::ScalarType parse_export_dtype(const std::string& s);
 // Hugging Face's dtype name (config.json "dtype"): "float32", "bfloat16", "float16".
 std::string hf_dtype_name(at::ScalarType t);
 
+// How export_hf writes.
 struct HfExportOptions {
   at::ScalarType dtype = at::kFloat;        // float32 (exact), bfloat16 or float16
   int64_t max_shard_bytes = 5'000'000'000;  // transformers' default "5GB"; <= 0: one file
@@ -72,8 +73,9 @@ struct HfExportOptions {
   double lora_scaling = 0;
 };
 
+// What export_hf wrote.
 struct HfExportResult {
-  std::string dir;
+  std::string dir;                 // the model directory
   std::vector<std::string> files;  // file names written (weights, index, config)
   IoStats io;                      // bytes rank 0 wrote (the same on every rank)
 };
@@ -112,8 +114,10 @@ struct HfWeights {
   std::vector<std::string> files;                  // paths
   std::map<std::string, std::string> weight_map;   // tensor name -> path (empty: read headers)
 };
+// See HfWeights.
 HfWeights find_hf_weights(const std::string& dir);
 
+// What import_hf read.
 struct HfImportResult {
   std::vector<std::string> files;    // safetensors files opened
   std::vector<std::string> ignored;  // tensors in the files that the model does not use (tied lm_head.weight, rotary inv_freq)

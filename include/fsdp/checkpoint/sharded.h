@@ -101,9 +101,10 @@ namespace fsdp::checkpoint {
 // A checkpoint that cannot be used: names the checkpoint and the file.
 class DamagedCheckpoint : public Failure {
  public:
+  // The message names `checkpoint`, `file` and says `why`.
   DamagedCheckpoint(const std::string& checkpoint, const std::string& file, const std::string& why);
-  const std::string& checkpoint() const { return checkpoint_; }
-  const std::string& file() const { return file_; }
+  const std::string& checkpoint() const { return checkpoint_; }  // the checkpoint directory
+  const std::string& file() const { return file_; }              // the damaged file in it
 
  private:
   std::string checkpoint_;
@@ -113,9 +114,10 @@ class DamagedCheckpoint : public Failure {
 // "step_00000100"
 std::string checkpoint_name(int64_t step);
 
+// One complete checkpoint found in a directory.
 struct CheckpointInfo {
-  int64_t step = 0;
-  std::string path;
+  int64_t step = 0;  // optimizer steps it holds the state after
+  std::string path;  // its step_N directory
 };
 // Complete checkpoints in `dir` (step_N directories holding manifest.json),
 // newest first; empty if `dir` does not exist. `ignored` (when given)
@@ -135,6 +137,7 @@ void check_checkpoint_dir(const std::string& dir);
 // marker. Call on one rank while no save is running.
 std::vector<std::string> remove_stale_temporaries(const std::string& dir);
 
+// What open_checkpoint_dir returns: keep it as long as the run writes the directory.
 struct CheckpointDirHold {
   std::unique_ptr<DirectoryLock> lock;  // rank 0's lock on the directory; null on the other ranks
   std::vector<std::string> removed;     // stale temporaries rank 0 removed (empty on the other ranks)
@@ -146,12 +149,15 @@ struct CheckpointDirHold {
 // UsageError on every rank.
 CheckpointDirHold open_checkpoint_dir(const std::string& dir, comm::ProcessGroup& group);
 
+// The size and duration of a collective save or load.
 struct IoStats {
   int64_t bytes = 0;     // read or written, summed over all ranks
   double seconds = 0;    // wall time of the whole collective operation
+  // bytes / seconds, in GB/s (0 when no time passed).
   double gb_per_s() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
 };
 
+// How save_checkpoint saves.
 struct SaveOptions {
   // > 0: afterwards keep only the newest K complete checkpoints up to this
   // step (this one included); checkpoints of later steps are not touched.
@@ -160,9 +166,10 @@ struct SaveOptions {
   int64_t block_size = 1 << 20;   // checksum granularity, bytes
 };
 
+// What save_checkpoint did.
 struct SaveResult {
   std::string path;                 // the complete checkpoint
-  IoStats io;
+  IoStats io;                       // bytes written by all ranks, and the time
   std::vector<std::string> pruned;  // checkpoints deleted by keep_last
 };
 
@@ -176,17 +183,19 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
                            const nlohmann::json& model_config, const nlohmann::json& trainer_state,
                            comm::ProcessGroup& group, const SaveOptions& options = {});
 
+// How load_checkpoint loads.
 struct LoadOptions {
   bool progress = false;  // progress bar on stderr for long loads
 };
 
+// What load_checkpoint or load_latest_checkpoint loaded.
 struct LoadResult {
-  bool loaded = false;
-  int64_t step = -1;
-  std::string path;
+  bool loaded = false;      // false: nothing was loaded (load_latest_checkpoint found no checkpoint)
+  int64_t step = -1;        // the checkpoint's step (optimizer steps done)
+  std::string path;         // its directory
   JsonValue manifest;       // model_config, trainer_state, ...
   JsonValue trainer_state;  // {} when the manifest has none
-  IoStats io;
+  IoStats io;               // bytes read by all ranks, and the time
   // Newer checkpoints skipped as damaged, one line each ("step_00000020: file
   // shard-00001-of-00002.bin: ..."), the same on every rank.
   std::vector<std::string> rejected;

@@ -39,11 +39,16 @@
 // is set (it installs process-wide SIGINT/SIGTERM handlers for the duration).
 #pragma once
 
+#include <c10/core/Device.h>
+
 #include <chrono>
 #include <functional>
 #include <map>
+#include <optional>
 #include <string>
 #include <vector>
+
+#include "fsdp/comm/rendezvous.h"
 
 namespace fsdp::comm {
 
@@ -116,5 +121,38 @@ LaunchResult launch_local(const LaunchOptions& options);
 // timeout stopped the job; 128 + the forwarded signal if workers were
 // interrupted without failing themselves.
 int launch_exit_code(const LaunchResult& result);
+
+// A program that launches itself, as fsdp-train's --nproc-per-node does:
+//   const fsdp::comm::WorldInfo world = fsdp::comm::detect_world();
+//   if (nproc > 1 && world.launcher == "single") {  // not started by a launcher: become one
+//     fsdp::comm::LaunchOptions lo;
+//     lo.nproc = nproc;
+//     return fsdp::comm::launch_self("my-program", argc, argv, lo);
+//   }
+//   fsdp::comm::Runtime rt = fsdp::comm::init_process_group(world);  // a worker (or the only process)
+// Runs options.nproc copies of this program (/proc/self/exe; argv[0] where that cannot be read)
+// with argv[1..argc) under launch_local and waits for them. Unless options.on_failure is set, the
+// failure's one-line summary goes to stderr as "<program>: <summary>" before the workers' error
+// lines, and the final message (which rank failed, which were stopped) after them. options.argv is
+// replaced. Returns launch_exit_code; throws as launch_local does.
+int launch_self(const std::string& program, int argc, char** argv, LaunchOptions options);
+
+// The first thing a training program does, under torchrun, Slurm, a PyTorchJob or on its own:
+//   fsdp::comm::Job job = fsdp::comm::start_job("my-program", argc, argv, nproc_per_node, "cpu");
+//   if (job.launched) return *job.launched;  // this process was the launcher: the workers are done
+//   ... train with job.runtime on job.device ...
+// Not started by a launcher (detect_world().launcher == "single") and nproc_per_node > 1: runs
+// launch_self with options.nproc = nproc_per_node and returns its exit code in `launched`.
+// Otherwise this process is a worker (or the only one): `device` "cpu" joins with init's backend;
+// "cuda" takes cuda:<local rank> (worker_device: UsageError without a CUDA build or device), makes
+// it current before any CUDA work, and joins with the "nccl" backend; anything else is a UsageError.
+// Then init_process_group(detect_world(), init). nproc_per_node is ignored under a launcher.
+struct Job {
+  std::optional<int> launched;  // set in the launcher process: the workers' exit code
+  Runtime runtime;              // a worker's job (unset when launched)
+  c10::Device device = c10::kCPU;  // where this worker computes
+};
+Job start_job(const std::string& program, int argc, char** argv, int nproc_per_node, const std::string& device,
+              InitOptions init = {}, LaunchOptions options = {});
 
 }  // namespace fsdp::comm

@@ -32,7 +32,9 @@ class Store;
 
 namespace fsdp::comm {
 
+// How a reduction combines the ranks' values: sum, mean (sum / size), maximum.
 enum class ReduceOp { kSum, kAvg, kMax };
+// "sum", "avg", "max" (for messages).
 const char* to_string(ReduceOp op);
 
 // Bytes moved by this rank's calls, counted on the full logical buffer of each
@@ -40,16 +42,17 @@ const char* to_string(ReduceOp op);
 // tensor, the broadcast tensor), in the tensors' own dtype. A group of one
 // rank counts calls but no bytes: nothing crosses the wire.
 struct CommCounters {
-  int64_t allgather_bytes = 0;
-  int64_t reduce_scatter_bytes = 0;
-  int64_t allreduce_bytes = 0;
-  int64_t broadcast_bytes = 0;
-  int64_t allgather_calls = 0;
-  int64_t reduce_scatter_calls = 0;
-  int64_t allreduce_calls = 0;
-  int64_t broadcast_calls = 0;
+  int64_t allgather_bytes = 0;       // all_gather outputs
+  int64_t reduce_scatter_bytes = 0;  // reduce_scatter inputs
+  int64_t allreduce_bytes = 0;       // all_reduce tensors
+  int64_t broadcast_bytes = 0;       // broadcast tensors
+  int64_t allgather_calls = 0;       // all_gather calls
+  int64_t reduce_scatter_calls = 0;  // reduce_scatter calls
+  int64_t allreduce_calls = 0;       // all_reduce calls
+  int64_t broadcast_calls = 0;       // broadcast calls
 };
 
+// The handle of a collective in flight (every collective is asynchronous).
 class Work {
  public:
   virtual ~Work() = default;
@@ -59,22 +62,27 @@ class Work {
   // True once the collective finished (successfully or not). Never blocks.
   virtual bool completed() = 0;
 };
+// Shared: the issuer and whoever waits may both hold it.
 using WorkPtr = std::shared_ptr<Work>;
 
 // A Work that is already done (world size 1, empty tensors).
 WorkPtr completed_work();
 
+// A group of ranks that run collectives together: the TCP group on CPU
+// (backends.h: make_tcp_group) or NCCL on GPU, made by init_process_group
+// (rendezvous.h) and new_group. Collectives are issued in the same order on
+// every rank of the group; each returns a Work to wait on.
 class ProcessGroup {
  public:
   virtual ~ProcessGroup() = default;
 
-  int rank() const { return rank_; }
-  int size() const { return size_; }
+  int rank() const { return rank_; }  // this process's rank in the group, 0 .. size() - 1
+  int size() const { return size_; }  // ranks in the group
   // Human-readable name used in errors ("world", "shard", "replicate", ...).
   const std::string& name() const { return name_; }
   // The device collectives expect tensors on (CPU for tcp, cuda:N for NCCL).
   virtual at::Device device() const = 0;
-  virtual std::string backend() const = 0;
+  virtual std::string backend() const = 0;  // "tcp" or "nccl"
 
   // out: size() * in.numel() elements; rank r's `in` lands in out[r*n, (r+1)*n).
   // `in` may be out's own chunk (in-place). Same dtype and device for both.
@@ -105,16 +113,21 @@ class ProcessGroup {
   // Default timeout of collectives issued on this group.
   std::chrono::milliseconds timeout() const { return timeout_; }
 
-  CommCounters counters() const;
-  void reset_counters();
+  CommCounters counters() const;  // this rank's traffic on this group since creation or reset_counters()
+  void reset_counters();          // counters() back to zero
 
  protected:
+  // For the backends: this process is `rank` of `size`; `name` for errors; `timeout` for collectives.
   ProcessGroup(int rank, int size, std::string name, std::chrono::milliseconds timeout);
 
-  // Arguments are validated and counted by the public wrappers.
+  // The backends' collectives, with the public wrappers' contracts; arguments are validated
+  // and counted by the wrappers.
   virtual WorkPtr do_all_gather(const at::Tensor& out, const at::Tensor& in) = 0;
+  // See reduce_scatter.
   virtual WorkPtr do_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) = 0;
+  // See all_reduce.
   virtual WorkPtr do_all_reduce(const at::Tensor& t, ReduceOp op) = 0;
+  // See broadcast.
   virtual WorkPtr do_broadcast(const at::Tensor& t, int root) = 0;
 
   // For new_group implementations: checks `ranks` and `tag` against new_group's
@@ -127,6 +140,7 @@ class ProcessGroup {
     // ranks, so each call's rendezvous keys are its own.
     std::string store_prefix;
   };
+  // See NewGroupPlan.
   NewGroupPlan plan_new_group(const std::vector<int>& ranks, const std::string& tag);
 
  private:
@@ -142,6 +156,7 @@ class ProcessGroup {
   std::map<std::string, int> new_group_count_;  // "<tag>/<ranks>" -> plan_new_group calls so far
 };
 
+// Shared by the runtime, the engine and the checkpoint code that use one group.
 using ProcessGroupPtr = std::shared_ptr<ProcessGroup>;
 
 // Two-level layout for HYBRID_SHARD: consecutive blocks of `shard_size` ranks
@@ -151,6 +166,7 @@ struct HybridGroups {
   ProcessGroupPtr shard;      // size shard_size
   ProcessGroupPtr replicate;  // size world/shard_size
 };
+// Builds this rank's HybridGroups (above). Collective over `world`.
 HybridGroups make_hybrid_groups(ProcessGroup& world, int shard_size);
 
 }  // namespace fsdp::comm

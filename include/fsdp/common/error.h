@@ -1,6 +1,6 @@
 // Errors and checks.
 //
-// Two families, following STYLE.md:
+// Two families:
 //  - FSDP_CHECK(cond, ...)  : a user error (bad flag, bad file, bad shape). Throws
 //    fsdp::UsageError; `main` turns it into exit code 2. The message says what was
 //    wrong, the values involved and how to fix it.

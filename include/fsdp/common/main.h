@@ -1,4 +1,4 @@
-// The one place exceptions become exit codes (STYLE.md: only main does this):
+// The one place exceptions become exit codes (only main does this):
 //   fsdp::UsageError          -> "<program>: error: <message>", exit 2 (bad usage)
 //   out of memory             -> "<program>: failed: out of memory (<what>) — <what to reduce>", exit 1
 //   anything else             -> "<program>: failed: <message>", exit 1

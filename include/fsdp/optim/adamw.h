@@ -34,12 +34,13 @@ class Module;
 
 namespace fsdp::optim {
 
+// torch.optim.AdamW's hyperparameters, and the AnyPrecision extras.
 struct AdamWOptions {
-  double lr = 1e-3;
-  double beta1 = 0.9;
-  double beta2 = 0.999;
-  double eps = 1e-8;
-  double weight_decay = 0.01;
+  double lr = 1e-3;            // learning rate (AdamW::set_lr changes it between steps)
+  double beta1 = 0.9;          // decay of the first moment
+  double beta2 = 0.999;        // decay of the second moment
+  double eps = 1e-8;           // added to sqrt(v) (after bias correction)
+  double weight_decay = 0.01;  // decoupled: p *= 1 - lr * weight_decay
   at::ScalarType state_dtype = at::kFloat;  // exp_avg and exp_avg_sq
   bool kahan_summation = false;             // compensated update (AnyPrecision AdamW)
 };
@@ -52,11 +53,13 @@ struct AdamWOptions {
 struct ParamSetting {
   bool decay = true;      // false: weight_decay 0 for this parameter
   double lr_scale = 1.0;  // its learning rate is lr * lr_scale
+  // Both fields equal.
   bool operator==(const ParamSetting& o) const { return decay == o.decay && lr_scale == o.lr_scale; }
 };
 // The setting of a parameter from its qualified name and shape.
 using ParamRule = std::function<ParamSetting(const std::string& name, const std::vector<int64_t>& shape)>;
 
+// How param_rule groups parameters (fsdp-train's --no-decay-all and --lr-scale).
 struct ParamGroupOptions {
   // The published recipes' grouping: no weight decay on norm weights and
   // biases (parameters with fewer than 2 dimensions) nor on embeddings (names
@@ -95,15 +98,19 @@ void check_finite_training(const char* what, double value, int64_t step, double 
 // Every parameter decayed, lr scale 1: AdamW's behaviour without groups.
 ParamRule decay_everything();
 
+// The optimizer: a list of slots (a tensor, its gradient, its moments), all
+// updated by step(). Sharded training adds the model's local shards
+// (add_shards): each rank updates only its shards, with no communication.
 class AdamW {
  public:
+  // No slots yet: add them with add, add_shards or add_module_parameters.
   explicit AdamW(AdamWOptions options);
 
   // Element ranges of a slot's tensor with their own setting.
   struct Segment {
-    int64_t begin = 0;
-    int64_t count = 0;
-    ParamSetting setting;
+    int64_t begin = 0;      // first element
+    int64_t count = 0;      // elements
+    ParamSetting setting;   // how they are updated
   };
 
   // `grad` returns the gradient at step time (may be undefined: zeros).
@@ -122,15 +129,16 @@ class AdamW {
 
   // One update of every tensor with the current learning rate.
   void step();
-  void set_lr(double lr) { options_.lr = lr; }
-  double lr() const { return options_.lr; }
-  int64_t step_count() const { return step_; }
-  const AdamWOptions& options() const { return options_; }
+  void set_lr(double lr) { options_.lr = lr; }   // the learning rate of the next steps
+  double lr() const { return options_.lr; }       // the current learning rate
+  int64_t step_count() const { return step_; }    // steps taken (restored by checkpoints)
+  const AdamWOptions& options() const { return options_; }  // as given, with the current lr
 
+  // One optimized tensor and its state.
   struct Slot {
-    std::string name;
-    at::Tensor param;
-    std::function<at::Tensor()> grad;
+    std::string name;                  // as given to add (a shard: its unit's name)
+    at::Tensor param;                  // updated in place
+    std::function<at::Tensor()> grad;  // its gradient at step time (undefined: zeros)
     at::Tensor exp_avg;       // same shape as param, state dtype
     at::Tensor exp_avg_sq;    // same shape as param, state dtype
     at::Tensor compensation;  // same shape and dtype as param; only with kahan_summation
@@ -138,7 +146,7 @@ class AdamW {
   };
   // For checkpoints: state tensors may be read and overwritten in place.
   std::vector<Slot>& slots() { return slots_; }
-  void set_step_count(int64_t s) { step_ = s; }
+  void set_step_count(int64_t s) { step_ = s; }  // for checkpoints: the restored step count
 
  private:
   AdamWOptions options_;
@@ -159,6 +167,7 @@ void adamw_update_kahan(at::Tensor& param, const at::Tensor& grad, at::Tensor& e
 // formula of torch.nn.utils.clip_grad_norm_. Returns the norm before clipping.
 // For unsharded training; sharded models use ShardedModel::clip_grad_norm.
 double clip_grad_norm(const std::vector<at::Tensor>& grads, double max_norm);
+// The same norm, without clipping.
 double grad_norm(const std::vector<at::Tensor>& grads);
 
 }  // namespace fsdp::optim
