@@ -299,8 +299,34 @@ const at::Tensor& LlamaForCausalLMImpl::output_weight() const {
   return cfg_.tie_word_embeddings ? model.embed_tokens()->weight() : lm_head_->weight();
 }
 
+at::Tensor LlamaForCausalLMImpl::project(const at::Tensor& hidden) {
+  // lm_head's own forward, so that a LoRA adapter on it takes part.
+  return lm_head_ ? lm_head_(hidden) : at::linear(hidden, output_weight());
+}
+
 at::Tensor LlamaForCausalLMImpl::logits_unchecked(const at::Tensor& tokens) {
-  return at::linear(model_(tokens), output_weight());  // (B, T, V)
+  return project(model_(tokens));  // (B, T, V)
+}
+
+void LlamaForCausalLMImpl::set_loss_chunk_rows(int64_t rows) {
+  FSDP_CHECK(rows >= 0, "model '", cfg_.name, "': the loss's chunk of rows must be >= 0 (0: chosen from the "
+             "vocabulary), got ", rows);
+  loss_chunk_rows_ = rows;
+}
+
+int64_t LlamaForCausalLMImpl::loss_chunk_rows() const {
+  return loss_chunk_rows_ > 0 ? loss_chunk_rows_ : default_loss_chunk_rows(cfg_.vocab_size);
+}
+
+at::Tensor LlamaForCausalLMImpl::head_loss(const at::Tensor& hidden, const at::Tensor& targets,
+                                           LossReduction reduction) {
+  const at::Tensor h = hidden.reshape({-1, cfg_.hidden_size});  // (N, D)
+  const at::Tensor t = targets.reshape({-1});                    // (N)
+  if (lm_head_ && lm_head_->has_lora()) {
+    const LowRankHead lora{lm_head_->lora_down(h), lm_head_->lora_B(), lm_head_->lora_scaling()};
+    return chunked_cross_entropy(h, output_weight(), t, reduction, loss_chunk_rows(), &lora);
+  }
+  return chunked_cross_entropy(h, output_weight(), t, reduction, loss_chunk_rows());
 }
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
@@ -329,7 +355,7 @@ std::vector<at::Tensor> LlamaForCausalLMImpl::forward(const at::Tensor& tokens, 
              "', which has no experts — only mixtral models route tokens");
   check_batch(cfg_, tokens, nullptr);
   RouterOutputs r;
-  r.logits = at::linear(model_->forward_with_router_logits(tokens, r.router_logits), output_weight());  // (B, T, V)
+  r.logits = project(model_->forward_with_router_logits(tokens, r.router_logits));  // (B, T, V)
   r.aux_loss = load_balancing_loss(r.router_logits, cfg_.num_local_experts, cfg_.num_experts_per_tok);
   return r.pack();
 }
@@ -338,25 +364,20 @@ at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor
   check_batch(cfg_, tokens, &targets);
   if (cfg_.moe()) {
     std::vector<at::Tensor> router_logits;
-    const at::Tensor logits = at::linear(model_->forward_with_router_logits(tokens, router_logits), output_weight()).to(at::kFloat);
-    const at::Tensor ce = at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab_size}), targets.reshape({-1}),
-                                                 /*weight=*/{}, at::Reduction::Mean, kIgnoreIndex);
+    const at::Tensor ce =
+        head_loss(model_->forward_with_router_logits(tokens, router_logits), targets, LossReduction::kMean);
     if (cfg_.router_aux_loss_coef == 0.0) return ce;
     // transformers: loss += router_aux_loss_coef * aux_loss.
     return ce + cfg_.router_aux_loss_coef *
                     load_balancing_loss(router_logits, cfg_.num_local_experts, cfg_.num_experts_per_tok);
   }
-  const at::Tensor logits = logits_unchecked(tokens).to(at::kFloat);  // (B, T, V) fp32
-  return at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab_size}), targets.reshape({-1}), /*weight=*/{},
-                                at::Reduction::Mean, kIgnoreIndex);
+  return head_loss(model_(tokens), targets, LossReduction::kMean);
 }
 
 at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, LossReduction reduction) {
   if (reduction == LossReduction::kMean) return loss(tokens, targets);
   check_batch(cfg_, tokens, &targets);
-  const at::Tensor logits = logits_unchecked(tokens).to(at::kFloat);  // (B, T, V) fp32
-  return at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab_size}), targets.reshape({-1}), /*weight=*/{},
-                                at::Reduction::Sum, kIgnoreIndex);
+  return head_loss(model_(tokens), targets, LossReduction::kSum);
 }
 
 void LlamaForCausalLMImpl::set_attention_kernel(AttentionKernel kernel) {

@@ -633,6 +633,8 @@ void validate_options(const TrainOptions& o, int world_size) {
   worker_device(device_name(o.device), /*local_rank=*/0);  // a known --device, a build that has it, at least one device
   FSDP_CHECK(o.step.batch_size >= 1, "--batch-size must be >= 1, got ", o.step.batch_size);
   FSDP_CHECK(o.step.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.step.grad_accum);
+  FSDP_CHECK(o.step.loss_chunk_rows >= 0, "--loss-chunk-rows must be >= 0 (0: chosen from the vocabulary), got ",
+             o.step.loss_chunk_rows);
   FSDP_CHECK(o.step.max_steps >= 1, "--max-steps must be >= 1 (or 0 with --resume --checkpoint-dir DIR --export-hf "
              "OUT: convert the newest checkpoint to Hugging Face files), got ", o.step.max_steps);
   FSDP_CHECK(o.step.clip_grad >= 0, "--clip-grad must be >= 0 (0 disables clipping), got ", o.step.clip_grad);
@@ -773,7 +775,14 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
     const std::optional<int64_t> b = checked_product({o.step.batch_size, o.data.seq_len, elements_per_token, elem});
     return std::min(b.value_or(kHuge), kHuge);
   };
-  const int64_t logit_bytes = bytes_per_micro_batch(cfg.vocab_size);
+  // The loss holds one chunk of logits at a time (models/chunked_loss.h).
+  const int64_t loss_rows = o.step.loss_chunk_rows > 0 ? o.step.loss_chunk_rows
+                                                       : models::default_loss_chunk_rows(cfg.vocab_size);
+  const std::optional<int64_t> tokens = checked_product({o.step.batch_size, o.data.seq_len});
+  const int64_t logit_bytes =
+      std::min(models::chunked_loss_bytes(std::min(tokens.value_or(kHuge), loss_rows), cfg.vocab_size,
+                                          cfg.hidden_size, fo.mixed_precision.param_dtype),
+               kHuge);
   // Activations kept for backward, a lower bound per token and decoder layer: the
   // norms, q/k/v/o and residuals (10 x hidden_size) and the MLP's gate, up, act
   // and product (4 x intermediate_size); attention scores are left out (a fused
@@ -794,11 +803,12 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   // Host: everything on CPU runs; the offloaded shards with --cpu-offload on CUDA.
   const int64_t host = cuda_run ? (o.sharding.cpu_offload ? shards : 0) : shards + step;
   const std::string parts = fmt::format(
-      "parameter and gradient shards {}, optimizer state {}, unsharded units during a step {}, logits of one "
-      "micro-batch {} (--batch-size {} x --seq-len {} x vocab_size {}), activations {}",
+      "parameter and gradient shards {}, optimizer state {}, unsharded units during a step {}, the loss's logits "
+      "of one micro-batch {} (chunks of {} of its --batch-size {} x --seq-len {} tokens x vocab_size {}), "
+      "activations {}",
       format_bytes(plan.param_shard_bytes + (o.eval.only ? 0 : plan.grad_shard_bytes)),
-      format_bytes(o.eval.only ? 0 : plan.optimizer_bytes), format_bytes(unsharded),
-      format_bytes(logit_bytes), o.step.batch_size, o.data.seq_len, cfg.vocab_size, format_bytes(activation_bytes));
+      format_bytes(o.eval.only ? 0 : plan.optimizer_bytes), format_bytes(unsharded), format_bytes(logit_bytes),
+      loss_rows, o.step.batch_size, o.data.seq_len, cfg.vocab_size, format_bytes(activation_bytes));
   const char* fix = "reduce --batch-size or --seq-len, add --activation-checkpointing, shard over more processes or "
                     "machines, use --cpu-offload, bf16 (--mixed-precision) or a smaller model";
   const int ranks = this_rank ? 1 : std::max(local_world_size, 1);
@@ -995,6 +1005,7 @@ void Trainer::Impl::build() {
   const bool rank0_materializes = o_.sharding.sync_module_states && rank_ == 0;
   model_ = std::make_shared<models::LlamaForCausalLMImpl>(
       cfg_, at::TensorOptions().device(rank0_materializes ? at::kCPU : at::kMeta), o_.step.seed);
+  model_->set_loss_chunk_rows(o_.step.loss_chunk_rows);
   engine_ = worker_engine_options(o_, rt_, cfg_, device_);
   add_lora(o_, *model_, &engine_);
   apply_freeze(o_, *model_);

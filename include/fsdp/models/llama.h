@@ -82,6 +82,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/models/chunked_loss.h"
 #include "fsdp/models/layers.h"
 #include "fsdp/models/llama_config.h"
 #include "fsdp/models/moe.h"
@@ -89,12 +90,6 @@
 #include "fsdp/nn/unit.h"
 
 namespace fsdp::models {
-
-// Targets equal to this are left out of the loss (HF / torch convention).
-inline constexpr int64_t kIgnoreIndex = -100;
-
-// Reduction of LlamaForCausalLMImpl::loss over the non-ignored targets.
-enum class LossReduction { kMean, kSum };
 
 // How attention is computed. Results agree to rounding.
 enum class AttentionKernel {
@@ -258,6 +253,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // int64 is already shifted (targets[b][t] is the token after tokens[b][t]);
   // positions with target == kIgnoreIndex are left out of the mean (all ignored
   // gives NaN, as in torch). Log-softmax runs in fp32 whatever the param dtype.
+  // The output projection and the cross-entropy run in chunks of
+  // loss_chunk_rows() rows (chunked_loss.h): the (B, T, V) logits never exist
+  // at once; the result equals that of cross_entropy(forward(tokens)) to
+  // rounding. A LoRA adapter on lm_head takes part (peft's output).
   // Mixtral adds router_aux_loss_coef x the load-balancing loss of this
   // micro-batch's router logits (all of its tokens, ignored targets included:
   // transformers' training path passes no attention mask), which is
@@ -290,12 +289,23 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // Applies to every layer's attention (default kAuto).
   void set_attention_kernel(AttentionKernel kernel);
 
+  // Rows of (B x T) per chunk of the loss's logits. 0 (the default):
+  // default_loss_chunk_rows(vocab_size); a value >= B x T computes the whole
+  // micro-batch at once. Requires: rows >= 0.
+  void set_loss_chunk_rows(int64_t rows);
+  int64_t loss_chunk_rows() const;
+
  private:
   at::Tensor logits_unchecked(const at::Tensor& tokens);  // (B, T) -> (B, T, V)
+  // hidden (B, T, D) after the final norm -> cross-entropy (chunked_loss.h).
+  at::Tensor head_loss(const at::Tensor& hidden, const at::Tensor& targets, LossReduction reduction);
+  // (..., D) -> (..., V): lm_head (with its adapter), or the tied embedding.
+  at::Tensor project(const at::Tensor& hidden);
 
   LlamaConfig cfg_;
   LlamaModel model_{nullptr};
   Linear lm_head_{nullptr};  // weight (V, D); null when tie_word_embeddings
+  int64_t loss_chunk_rows_ = 0;  // 0: default_loss_chunk_rows(V)
 };
 TORCH_MODULE(LlamaForCausalLM);
 
