@@ -1088,6 +1088,7 @@ void Trainer::Impl::log_plan_and_memory() {
   say_(fmt::format("model {} ({} parameters{}), {} ranks ({}), {} units, global batch {} x {} tokens", cfg_.name,
                    cfg_.num_parameters(), frozen, W_, rt_.world.launcher, count_units(sharded_->units()),
                    global_batch_, o_.data.seq_len));
+  if (W_ > 1) say_(fmt::format("process group: {}", rt_.world_group->transport()));
   say_(fmt::format("data {}, {} windows of {} tokens per epoch", dataset_->describe(), sampler_->samples_per_epoch(),
                    o_.data.seq_len));
   if (lead_ && !o_.log.quiet) std::cout << summary_.plan << std::flush;
