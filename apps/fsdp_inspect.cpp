@@ -106,6 +106,8 @@ int run(int argc, char** argv) {
   fsdp::FsdpOptions o;
   o.strategy = fsdp::parse_sharding_strategy(sharding);
   o.wrap = fsdp::parse_wrap_policy(wrap, fsdp::models::llama_block_type());
+  // As fsdp-train: "block" also makes the embedding and the head units.
+  if (o.wrap.kind == fsdp::WrapPolicy::Kind::kByType) o.wrap.types = fsdp::models::llama_unit_types();
   o.hybrid_shard_size = hybrid > 0 ? hybrid : world_size;
   o.mixed_precision = fsdp::MixedPrecision::preset(precision);
   o.limit_all_gathers = limit;

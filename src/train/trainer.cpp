@@ -111,7 +111,7 @@ std::string device_name(at::DeviceType type) { return c10::DeviceTypeName(type, 
 
 WrapPolicy wrap_policy(const WrapChoice& w) {
   switch (w.kind) {
-    case WrapChoice::Kind::kBlock: return WrapPolicy::by_type({models::llama_block_type()});
+    case WrapChoice::Kind::kBlock: return WrapPolicy::by_type(models::llama_unit_types());
     case WrapChoice::Kind::kSize: return WrapPolicy::size_based(w.min_num_params);
     case WrapChoice::Kind::kRoot: return WrapPolicy::root_only();
     case WrapChoice::Kind::kAll: return WrapPolicy::every_unit();

@@ -84,7 +84,7 @@ struct LogOptions {
 // WrapPolicy with the decoder layer as the block.
 struct WrapChoice {
   enum class Kind {
-    kBlock,  // one unit per decoder layer (WrapPolicy::by_type of models::llama_block_type())
+    kBlock,  // one unit per decoder layer, the embedding and the head (by_type of models::llama_unit_types())
     kSize,   // a block becomes a unit once it holds min_num_params parameters not yet wrapped
     kRoot,   // the whole model as one unit
     kAll,    // every marked boundary
