@@ -53,7 +53,7 @@ function(fsdp_add_python_test name)
 endfunction()
 
 # fsdp_add_library(NAME SOURCES a.cpp ... [DEPS other_fsdp_libs...])
-# One static library per layer (see DESIGN.md); DEPS may only name lower layers.
+# One static library per layer (see docs/design.md); DEPS may only name lower layers.
 function(fsdp_add_library name)
   cmake_parse_arguments(L "" "" "SOURCES;DEPS" ${ARGN})
   add_library(${name} STATIC ${L_SOURCES})

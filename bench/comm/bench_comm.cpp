@@ -2,7 +2,7 @@
 // memory between the ranks of one host unless FSDP_SHM=0). Not part of
 // the test suite. bench/comm/run.sh runs it beside PyTorch's own gloo backend
 // (bench/comm/torch_gloo.py, same sizes, same timing rule) and prints the ratio
-// (DESIGN.md: benchmarks print ratios against a reference measured in the same run).
+// (docs/benchmarks.md: benchmarks print ratios against a reference measured in the same run).
 //
 //   bench_comm [--nproc N] [--iters K] [--mib a,b,c]
 //

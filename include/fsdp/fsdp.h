@@ -35,7 +35,7 @@
 //
 // End of example.
 //
-// What fully_shard does (DESIGN.md, "One training step"):
+// What fully_shard does (docs/design.md, "One training step"):
 //  - Every fsdp::nn::Unit boundary chosen by the wrap policy becomes a unit;
 //    the others fold into their parent. The root is always a unit.
 //  - Each unit owns one flat parameter: its parameters in registration order,

@@ -63,7 +63,7 @@ struct Where {
 [[noreturn]] void unsupported(const Where& w, const std::string& what) {
   refuse(w, what + " is not supported",
          "fsdp-cpp implements the tokenizer.json components of the Llama 3, Qwen2/2.5/3, SmolLM2, Llama 2, "
-         "Mistral and TinyLlama files (README: Data formats); use one of those tokenizers or a SentencePiece / "
+         "Mistral and TinyLlama files (docs/data.md); use one of those tokenizers or a SentencePiece / "
          "tiktoken tokenizer.model");
 }
 

@@ -19,7 +19,7 @@
 namespace fsdp::detail {
 
 // Writes into buffers that parameters view, without bumping the version
-// counters autograd checks (DESIGN.md: a plain copy_ under NoGradGuard makes
+// counters autograd checks (docs/design.md: a plain copy_ under NoGradGuard makes
 // backward fail with "modified by an inplace operation").
 struct RawWriteGuard {
   at::NoGradGuard no_grad;

@@ -209,7 +209,7 @@ void FlatParam::prepare_full_grad(bool keep) {
     full_grad_.zero_();
   }
   // Re-point every .grad each time: AccumulateGrad replaces an undefined
-  // .grad instead of adding into it (DESIGN.md, prototype pitfalls).
+  // .grad instead of adding into it (docs/design.md, "Pitfalls met on the way").
   for (size_t i = 0; i < params_.size(); ++i) {
     const auto& pl = layout_.params[i];
     params_[i].mutable_grad() = full_grad_.narrow(0, pl.flat_offset, pl.numel).view(pl.shape);

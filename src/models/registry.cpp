@@ -263,7 +263,7 @@ void refuse_unknown_keys(const json& j, const Fields& f, const std::string& mode
     FSDP_CHECK(false, f.where(), "key '", key, "' = ", shown(it.value()), " is not one this reader knows for "
                "model_type \"", model_type, "\"; it may change the model's math, so the config is refused rather "
                "than guessed at — if transformers ignores it for this model, delete it from config.json; "
-               "otherwise this model is not supported yet (see README, Hugging Face)");
+               "otherwise this model is not supported yet (see docs/huggingface.md, \"Reading config.json\")");
   }
 }
 

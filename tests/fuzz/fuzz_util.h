@@ -1,4 +1,4 @@
-// Shared by the libFuzzer targets in this directory (README.md, "Fuzzing").
+// Shared by the libFuzzer targets in this directory (docs/testing.md, "Fuzzing").
 //
 // What counts as a finding: the parsers read files a user hands us, so for any
 // bytes they may return or throw the project's documented errors

@@ -5,7 +5,7 @@
 # REGRESSIONS and WORK/corpus (what earlier runs found, kept between runs), so that a clean
 # checkout always tries the same inputs and a test result does not depend on the machine's
 # speed; SECONDS (300) caps the time. RUNS = -1 fuzzes for SECONDS with a random seed (the
-# exploring mode of README.md, "Fuzzing"). Exits non-zero on a finding, whose input is saved
+# exploring mode of docs/testing.md, "Fuzzing"). Exits non-zero on a finding, whose input is saved
 # as WORK/crash-* (or leak-*, timeout-*, oom-*): to keep it as a regression, copy it into
 # REGRESSIONS once the bug is fixed.
 set -euo pipefail

@@ -1,5 +1,5 @@
 // The LibTorch internals the engine relies on, behind one small interface: storage
-// release and refill (the FSDP1 trick, DESIGN.md), rebinding a parameter to a view
+// release and refill (the FSDP1 trick, docs/design.md), rebinding a parameter to a view
 // of a flat buffer, and the autograd hooks FSDP needs (AccumulateGrad post-hooks,
 // end-of-backward callbacks). Each is checked by a unit test (tests/fsdp,
 // tests/common); if a LibTorch release changes one of these internals, this file
@@ -19,7 +19,7 @@ namespace fsdp::internals {
 // "2.11.0" etc., for logs and --version.
 inline const char* torch_version() { return TORCH_VERSION; }
 
-// ---- storage release / refill (the FSDP1 trick; see DESIGN.md) -------------
+// ---- storage release / refill (the FSDP1 trick; see docs/design.md) -------------
 // Releases the bytes of t's storage. Every view of that storage keeps its
 // sizes and strides but has no data until alloc_storage.
 void free_storage(const at::Tensor& t);

@@ -1,6 +1,6 @@
 // The training loop for Llama-family language models on top of fully_shard.
 //
-// One step, on every rank (DESIGN.md "One training step"):
+// One step, on every rank (docs/design.md "One training step"):
 //   for each of grad_accum micro-batches: forward + backward of loss/grad_accum
 //   (gradient synchronization only on the last one), then clip the global
 //   gradient norm, AdamW on the local shards, learning rate from the schedule.
@@ -258,7 +258,7 @@ void validate_options(const TrainOptions& options, int world_size = 0);
 int64_t check_memory(const TrainOptions& options, int world_size, int local_world_size,
                      std::optional<c10::Device> this_rank);
 
-// One training run on this rank (DESIGN.md "One training step"). Every rank
+// One training run on this rank (docs/design.md "One training step"). Every rank
 // of runtime.world_group constructs a Trainer with the same options and then
 // calls the same methods in the same order: the constructor and every method
 // marked "Collective" run collectives over the world group (or the trainer's
