@@ -98,6 +98,8 @@ int run(int argc, char** argv) {
   fsdp::FsdpOptions o;
   o.strategy = fsdp::parse_sharding_strategy(sharding);
   o.wrap = fsdp::parse_wrap_policy(wrap, fsdp::models::llama_block_type());
+  // As fsdp-train: "block" also makes the embedding and the head units.
+  if (o.wrap.kind == fsdp::WrapPolicy::Kind::kByType) o.wrap.types = fsdp::models::llama_unit_types();
   o.hybrid_shard_size = hybrid > 0 ? hybrid : world_size;
   o.mixed_precision = fsdp::MixedPrecision::preset(precision);
   o.limit_all_gathers = limit;
@@ -134,6 +136,15 @@ int run(int argc, char** argv) {
   std::cout << fmt::format("  total per rank without activations: {} ({} resident{} + {} during a step)\n",
                            fsdp::format_bytes(resident + plan.step_unsharded_bytes), fsdp::format_bytes(resident),
                            offload ? " in host memory" : "", fsdp::format_bytes(plan.step_unsharded_bytes));
+  // The loss never holds a micro-batch's whole logits (models/chunked_loss.h):
+  // what it takes does not grow with the batch beyond one chunk.
+  const int64_t loss_rows = fsdp::models::default_loss_chunk_rows(cfg.vocab_size);
+  std::cout << fmt::format("  loss: {} tokens per chunk of logits: at most {} during a step (one chunk's logits "
+                           "and their gradient, the output head's gradient)\n",
+                           loss_rows,
+                           fsdp::format_bytes(fsdp::models::chunked_loss_bytes(loss_rows, cfg.vocab_size,
+                                                                               cfg.hidden_size,
+                                                                               o.mixed_precision.param_dtype)));
   // fsdp-inspect plans for any machine (a 70B model over 64 GPUs elsewhere), so a
   // plan beyond this machine is no error; fsdp-train refuses such a run.
   const int64_t here = fsdp::available_host_memory_bytes();

@@ -214,6 +214,10 @@ int run(int argc, char** argv) {
   app.add_option("--grad-accum", o.step.grad_accum,
                  "Micro-batches per optimizer step; gradients are synchronized on the last one only")
       ->capture_default_str();
+  app.add_option("--loss-chunk-rows", o.step.loss_chunk_rows,
+                 "Tokens per chunk of the output projection and loss, which never hold the whole B x T x vocab "
+                 "logits (0: chosen from the vocabulary, 64 MiB of fp32 logits per chunk)")
+      ->capture_default_str();
   app.add_option("--lr", o.schedule.lr, "Peak learning rate")->capture_default_str();
   app.add_option("--warmup-steps", o.schedule.warmup_steps, "Linear warmup steps")->capture_default_str();
   app.add_option("--min-lr", o.schedule.min_lr, "Learning rate at the end of the cosine decay")

@@ -1,4 +1,5 @@
-// Collective bandwidth of the CPU process group (our TCP transport). Not part of
+// Collective bandwidth of the CPU process group (our TCP transport, with shared
+// memory between the ranks of one host unless FSDP_SHM=0). Not part of
 // the test suite. bench/comm/run.sh runs it beside PyTorch's own gloo backend
 // (bench/comm/torch_gloo.py, same sizes, same timing rule) and prints the ratio
 // (docs/benchmarks.md: benchmarks print ratios against a reference measured in the same run).
@@ -83,8 +84,8 @@ int worker(const Args& args) {
   ProcessGroup& pg = *rt.world_group;
   const int w = pg.size();
   if (pg.rank() == 0) {
-    std::printf("bench_comm: %s group, %d processes, fp32, %d calls per size\n", pg.backend().c_str(), w,
-                args.iters);
+    std::printf("bench_comm: %s group (%s), %d processes, fp32, %d calls per size\n", pg.backend().c_str(),
+                pg.transport().c_str(), w, args.iters);
   }
   for (int64_t mib : args.mib) {
     const int64_t total = mib * (1 << 20) / 4 / w * w;  // elements, a multiple of w

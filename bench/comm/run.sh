@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# Collective bandwidth of the CPU process group (bench_comm: our TCP transport) against
-# PyTorch's own gloo backend (torch_gloo.py in the project's Python environment), same
-# sizes, same timing rule, same run, on 127.0.0.1. The two alternate for --rounds rounds
-# (a shared machine's load drifts) and each keeps its best round. Prints GB/s of both and
-# the ratio, and appends the table to bench/RESULTS.md with the command, the date and the
-# machine (--no-record: print only).
+# Collective bandwidth of the CPU process group (bench_comm) through shared memory between
+# the ranks (the default on one host), through loopback TCP (FSDP_SHM=0), and of PyTorch's
+# own gloo backend (torch_gloo.py in the project's Python environment), same sizes, same
+# timing rule, same run, on 127.0.0.1. The three alternate for --rounds rounds (a shared
+# machine's load drifts) and each keeps its best round. Prints GB/s of each and the ratios,
+# and appends the table to bench/RESULTS.md with the command, the date and the machine
+# (--no-record: print only).
 #
 #   bench/comm/run.sh [--build DIR] [--nproc N] [--iters K] [--mib a,b,c] [--rounds R] [--no-record]
 #
@@ -36,8 +37,10 @@ out=$(mktemp -d)
 trap 'rm -rf "$out"' EXIT
 load_before=$(cut -d' ' -f1-3 /proc/loadavg)
 for ((i = 1; i <= rounds; ++i)); do
-  echo "--- round $i/$rounds: bench_comm"
-  "$bin" --nproc "$nproc" --iters "$iters" --mib "$mib" | tee "$out/ours.$i"
+  echo "--- round $i/$rounds: bench_comm (shared memory)"
+  FSDP_SHM=1 "$bin" --nproc "$nproc" --iters "$iters" --mib "$mib" | tee "$out/shm.$i"
+  echo "--- round $i/$rounds: bench_comm (loopback TCP, FSDP_SHM=0)"
+  FSDP_SHM=0 "$bin" --nproc "$nproc" --iters "$iters" --mib "$mib" | tee "$out/ours.$i"
   echo "--- round $i/$rounds: torch gloo"
   "$python" bench/comm/torch_gloo.py --nproc "$nproc" --iters "$iters" --mib "$mib" | tee "$out/theirs.$i"
 done
@@ -54,16 +57,18 @@ def best(pattern):
                 key = (op, int(mib))
                 r[key] = max(r.get(key, 0.0), float(gbs))
     return r
-ours, theirs = best("ours"), best("theirs")
+shm, ours, theirs = best("shm"), best("ours"), best("theirs")
 print(f"{nproc} processes on 127.0.0.1, fp32, {iters} calls per size, best of {rounds} alternating rounds; "
       "GB/s of the full buffer (higher is better)")
 print()
-print("| op             |   MiB |   tcp GB/s | torch gloo GB/s |  ratio |")
-print("|----------------|-------|------------|-----------------|--------|")
+print("| op             |   MiB |   shm GB/s |   tcp GB/s | torch gloo GB/s | shm / tcp | shm / gloo |")
+print("|----------------|-------|------------|------------|-----------------|-----------|------------|")
+def ratio(a, b):
+    return f"{a / b:.2f}" if a and b else "-"
 for key in sorted(ours, key=lambda k: (k[1], ["all_gather", "reduce_scatter", "all_reduce"].index(k[0]))):
-    a, b = ours[key], theirs.get(key)
-    ratio = f"{a / b:6.2f}" if b else "     -"
-    print(f"| {key[0]:<14} | {key[1]:>5} | {a:>10.2f} | {(b or 0):>15.2f} | {ratio} |")
+    s, a, b = shm.get(key), ours[key], theirs.get(key)
+    print(f"| {key[0]:<14} | {key[1]:>5} | {(s or 0):>10.2f} | {a:>10.2f} | {(b or 0):>15.2f} | "
+          f"{ratio(s, a):>9} | {ratio(s, b):>10} |")
 EOF
 )
 echo
@@ -71,7 +76,7 @@ echo "$table"
 if [[ $record == 1 ]]; then
   {
     echo
-    echo "## Collectives: TCP group vs PyTorch gloo — $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "## Collectives: shared memory and TCP vs PyTorch gloo — $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
     echo "Command: \`bench/comm/run.sh ${args[*]}\` ($bin; bench/comm/torch_gloo.py, torch $("$python" -c 'import torch; print(torch.__version__)'))"
     echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -m), load average $load_before before the run"

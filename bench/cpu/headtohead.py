@@ -45,14 +45,17 @@ PEER = os.path.join(ROOT, "tests", "peers", "fsdp2_peer.py")
 MODELS = {
     "small": "the `small` preset (fsdp-inspect --write-hf-config)",
     "100m": "bench/cpu/llama-100m.json",
+    "128k": "bench/cpu/llama-128k.json: Llama 3's 128,256-token vocabulary on a small model (the logits dominate)",
 }
+# Rows measured at their own sequence length (else --seq-len).
+MODEL_SEQ_LEN = {"128k": 512}
 
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--build", required=True, help="build directory with apps/fsdp-train, apps/fsdp-inspect, "
                                                   "tests/peers/peer_batches")
-    p.add_argument("--models", default="small,100m", help="comma-separated: small, 100m")
+    p.add_argument("--models", default="small,100m,128k", help="comma-separated: small, 100m, 128k")
     p.add_argument("--nproc", default="1,2", help="comma-separated process counts")
     p.add_argument("--seq-len", type=int, default=256)
     p.add_argument("--batch-size", type=int, default=4, help="per rank")
@@ -60,7 +63,7 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=3, help="steps before the measured ones")
     p.add_argument("--threads", type=int, default=0, help="threads per process (0: cores / processes)")
     p.add_argument("--timeout-s", type=float, default=1800, help="limit for each run")
-    p.add_argument("--profile", action="store_true", help="also profile both sides at one process")
+    p.add_argument("--profile", action="store_true", help="also profile both sides (rank 0) at each process count")
     p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--table-out", default="", help="also write the Markdown table here")
     p.add_argument("--keep", default="", help="keep work files (logs, metrics, profiles) in this directory")
@@ -79,7 +82,7 @@ def prepare_model(a, name, work):
         subprocess.run([os.path.join(a.build, "apps", "fsdp-inspect"), "--model", "small", "--write-hf-config",
                         cfg_path], check=True, stdout=subprocess.DEVNULL, timeout=120)
     else:
-        shutil.copyfile(os.path.join(HERE, "llama-100m.json"), cfg_path)
+        shutil.copyfile(os.path.join(HERE, f"llama-{name}.json"), cfg_path)
     with open(cfg_path) as f:
         cfg = json.load(f)
     keep = {k: v for k, v in cfg.items() if k not in ("architectures", "transformers_version", "torch_dtype", "dtype")}
@@ -205,8 +208,8 @@ def perf_line(line, width=150):
     return text if len(text) <= width else text[:width - 3] + "..."
 
 
-def profile_side(a, side, tag, hf_dir, tokens, batches, threads, work):
-    """One process; `perf record -p` attached from the end of the warm-up steps to the end of
+def profile_side(a, side, tag, hf_dir, tokens, batches, threads, work, nproc=1):
+    """`nproc` ranks; `perf record -p` attached to rank 0 from the end of the warm-up steps to the end of
     --profile-steps more (user-space CPU samples, by shared object and symbol: the steady state
     only, no start-up or loading). The FSDP2 side then runs --profile-steps more steps under
     torch.profiler (after perf has stopped, so neither profiler sees the other). Returns the
@@ -221,7 +224,7 @@ def profile_side(a, side, tag, hf_dir, tokens, batches, threads, work):
         os.remove(metrics)
     data = os.path.join(work, f"{tag}.{side}.perf.data")
     torch_table = os.path.join(work, f"{tag}.{side}.torch-profile.txt") if side == "theirs" else ""
-    argv = side_argv(a, side, hf_dir, tokens, batches, metrics, steps, 1, threads)
+    argv = side_argv(a, side, hf_dir, tokens, batches, metrics, steps, nproc, threads)
     if torch_table:
         argv += ["--profile-steps", str(p), "--profile-start", str(a.warmup + p), "--profile-out", torch_table]
     state = {"perf": None, "stopped": False}
@@ -233,9 +236,13 @@ def profile_side(a, side, tag, hf_dir, tokens, batches, threads, work):
         except OSError:
             return 0
 
+    port = peerlib.free_port()
     with peerlib.ProcessSet() as ps, peerlib.ProcessSet() as perf_ps:
-        proc = ps.start(f"{side} (profiled)", argv, ranks_env(1, threads, 0, 0),
+        proc = ps.start(f"{side} (profiled)", argv, ranks_env(nproc, threads, 0, port),
                         os.path.join(work, f"{tag}.{side}.profile.log"))
+        for r in range(1, nproc):
+            ps.start(f"{side} rank {r} (profiled run)", argv, ranks_env(nproc, threads, r, port),
+                     os.path.join(work, f"{tag}.{side}.profile.rank{r}.log"))
 
         def on_poll():
             n = logged_steps()
@@ -257,7 +264,7 @@ def profile_side(a, side, tag, hf_dir, tokens, batches, threads, work):
                             "--percent-limit", limit], capture_output=True, text=True, timeout=600)
         out.append("\n".join(perf_line(l) for l in r.stdout.splitlines() if l.strip() and not l.startswith("#"))
                    or r.stderr.strip())
-    text = (f"perf record -p (cpu-clock, 999 Hz), steps {a.warmup}..{a.warmup + p - 1} of this process:\n"
+    text = (f"perf record -p (cpu-clock, 999 Hz), steps {a.warmup}..{a.warmup + p - 1} of rank 0 of {nproc}:\n"
             f"by shared object:\n{out[0]}\n\nby symbol (>= 1%):\n{out[1]}\n")
     if torch_table and os.path.exists(torch_table):
         with open(torch_table) as f:
@@ -304,7 +311,9 @@ def main():
     rows, profiles = [], []
     try:
         floor = startup_floor(a, work)
+        base_seq = a.seq_len
         for m in models:
+            a.seq_len = MODEL_SEQ_LEN.get(m, base_seq)
             hf_dir, cfg = prepare_model(a, m, work)
             n_params = count_params(cfg)
             tokens = os.path.join(work, f"{m}.tokens.bin")
@@ -325,18 +334,20 @@ def main():
                           file=sys.stderr, flush=True)
                 (t_ours, _, rss_ours, m_ours), (t_theirs, _, rss_theirs, m_theirs) = result["ours"], result["theirs"]
                 l0, l1 = m_ours[0]["loss"], m_theirs[0]["loss"]
-                rows.append(dict(model=m, params=n_params, nproc=nproc, threads=threads, tps_ours=t_ours,
+                rows.append(dict(model=m, params=n_params, nproc=nproc, threads=threads, seq=a.seq_len, tps_ours=t_ours,
                                  tps_theirs=t_theirs, rss_ours=max(rss_ours), rss_theirs=max(rss_theirs),
                                  loss0_rel=abs(l0 - l1) / abs(l1), losses_ours=[r["loss"] for r in m_ours],
                                  losses_theirs=[r["loss"] for r in m_theirs]))
             if a.profile:
-                threads = a.threads or cores
-                batches = os.path.join(work, f"{m}.profile.batches")
-                write_batches(a, tokens, 1, a.warmup + 2 * a.profile_steps + 1, batches)
-                for side in ("ours", "theirs"):
-                    name = "fsdp-train" if side == "ours" else "FSDP2"
-                    profiles.append(f"### {m}, 1 process, {threads} threads: {name}\n\n```\n"
-                                    f"{profile_side(a, side, m + '.w1', hf_dir, tokens, batches, threads, work)}```\n")
+                for nproc in nprocs:
+                    threads = a.threads or max(1, cores // nproc)
+                    batches = os.path.join(work, f"{m}.w{nproc}.profile.batches")
+                    write_batches(a, tokens, nproc, a.warmup + 2 * a.profile_steps + 1, batches)
+                    for side in ("ours", "theirs"):
+                        name = "fsdp-train" if side == "ours" else "FSDP2"
+                        report = profile_side(a, side, f"{m}.w{nproc}", hf_dir, tokens, batches, threads, work, nproc)
+                        profiles.append(f"### {m}, {nproc} process{'es' if nproc > 1 else ''} x {threads} threads, "
+                                        f"rank 0: {name}\n\n```\n{report}```\n")
     except (peerlib.PeerError, subprocess.SubprocessError) as e:
         print(f"headtohead.py: FAIL: {e}", file=sys.stderr)
         print(f"work files: {work}", file=sys.stderr)
@@ -345,15 +356,17 @@ def main():
         if not a.keep:
             shutil.rmtree(work, ignore_errors=True)
 
-    lines = [f"fsdp-train (ours) vs PyTorch FSDP2 eager (theirs): FULL_SHARD, one unit per decoder layer + root, "
-             f"fp32, seq {a.seq_len} x batch {a.batch_size} per rank, {a.warmup} warm-up + {a.steps} measured steps, "
+    seqs = ", ".join(f"{m} {MODEL_SEQ_LEN.get(m, base_seq)}" for m in models)
+    lines = [f"fsdp-train (ours; --wrap block: decoder layers, embedding and head) vs PyTorch FSDP2 eager (theirs: one "
+             f"unit per decoder layer + root), FULL_SHARD, "
+             f"fp32, seq ({seqs}) x batch {a.batch_size} per rank, {a.warmup} warm-up + {a.steps} measured steps, "
              f"AdamW lr 3e-4 wd 0.01, clip 1.0; PyTorch {torch_version()}, {cores} cores",
              "",
-             "| model | params | procs x threads | tokens/s ours | tokens/s FSDP2 | x | peak RSS/rank ours | "
+             "| model | params | seq | procs x threads | tokens/s ours | tokens/s FSDP2 | x | peak RSS/rank ours | "
              "peak RSS/rank FSDP2 | x | step-0 loss rel. diff |",
-             "|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['nproc']} x {r['threads']} | "
+        lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['seq']} | {r['nproc']} x {r['threads']} | "
                      f"{r['tps_ours']:,.0f} | {r['tps_theirs']:,.0f} | {r['tps_ours'] / r['tps_theirs']:.2f} | "
                      f"{mib(r['rss_ours'])} | {mib(r['rss_theirs'])} | {r['rss_ours'] / r['rss_theirs']:.2f} | "
                      f"{r['loss0_rel']:.1e} |")

@@ -315,6 +315,11 @@ WorldInfo detect_world(const GetEnv& getenv) {
     w = from_slurm(env);
   }
   if (const auto ifname = env.get("GLOO_SOCKET_IFNAME")) w.socket_ifname = first_of_list(*ifname);
+  if (const auto shm = env.get("FSDP_SHM")) {
+    FSDP_CHECK(*shm == "0" || *shm == "1", "FSDP_SHM='", *shm, "' must be 1 (ranks on one host exchange through "
+               "shared memory, the default) or 0 (loopback TCP)");
+    w.shared_memory = *shm == "1";
+  }
   return w;
 }
 
@@ -534,6 +539,7 @@ Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
   t.master_addr = world.master_addr;
   t.socket_ifname = world.socket_ifname;
   t.single_node = world.local_world_size == world.world_size;
+  t.shared_memory = world.shared_memory;
   if (cpu) {
     rt.world_group = make_tcp_group(pg_store, world.rank, world.world_size, "world", options.timeout, t);
   } else {

@@ -351,6 +351,11 @@ TcpProcessGroup::TcpProcessGroup(c10::intrusive_ptr<c10d::Store> store, int rank
               " needs an address and a store");
   gather_lane_ = connect_lane(store_, *address_, this->name(), "gather", rank, size, timeout);
   reduce_lane_ = connect_lane(store_, *address_, this->name(), "reduce", rank, size, timeout);
+  // Read before any work is queued: the meshes' transports are fixed once connected.
+  const tcp::Mesh& mesh = gather_lane_->mesh();
+  const int peers = std::min(mesh.shm_peers(), reduce_lane_->mesh().shm_peers());
+  transport_ = peers > 0 ? detail::cat("tcp, shared memory with ", peers, " of ", size - 1, " peers")
+                         : detail::cat("tcp (no shared memory: ", mesh.shm_note(), ")");
 }
 
 TcpProcessGroup::~TcpProcessGroup() = default;  // each lane drains, joins its thread, closes its mesh

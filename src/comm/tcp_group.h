@@ -31,6 +31,7 @@ class TcpProcessGroup final : public ProcessGroup {
 
   at::Device device() const override { return at::kCPU; }
   std::string backend() const override { return "tcp"; }
+  std::string transport() const override { return transport_; }
   void barrier(std::chrono::milliseconds timeout) override;
   std::shared_ptr<ProcessGroup> new_group(const std::vector<int>& ranks,
                                           const std::string& tag) override;
@@ -47,6 +48,7 @@ class TcpProcessGroup final : public ProcessGroup {
   std::unique_ptr<TcpLane> gather_lane_;               // all_gather, broadcast
   std::unique_ptr<TcpLane> reduce_lane_;               // reduce_scatter, all_reduce
   StoreBarrier barrier_;
+  std::string transport_ = "tcp";
 };
 
 }  // namespace fsdp::comm

@@ -76,6 +76,10 @@ constexpr auto kRefusedGrace = std::chrono::seconds(3);
 // says nothing for this long is not a rank and must not hold up the others
 // waiting in the listen backlog.
 constexpr auto kHelloGrace = std::chrono::seconds(10);
+// Waiting on shared memory (Note [Shared memory]): spins (~10 us) before
+// sleeping, and the longest sleep between looks at the peers' sockets.
+constexpr int kShmSpins = 2000;
+constexpr int kShmSleepMs = 2;
 
 // Owns a file descriptor.
 class Fd {
@@ -431,7 +435,18 @@ Fd dial(const PeerAddress& a, Clock::time_point deadline, std::string* error) {
 
 }  // namespace
 
+namespace {
+ListenAddress choose_listen_host(const TcpTransportOptions& t);
+}  // namespace
+
 ListenAddress choose_listen_address(const TcpTransportOptions& t) {
+  ListenAddress a = choose_listen_host(t);
+  a.shared_memory = t.shared_memory;
+  return a;
+}
+
+namespace {
+ListenAddress choose_listen_host(const TcpTransportOptions& t) {
   if (is_loopback(t.master_addr)) return {"127.0.0.1", "loopback (MASTER_ADDR is local)"};
   if (!t.socket_ifname.empty()) {
     std::string available;
@@ -453,6 +468,7 @@ ListenAddress choose_listen_address(const TcpTransportOptions& t) {
              t.master_addr, " (e.g. GLOO_SOCKET_IFNAME=eth0)");
   return {"127.0.0.1", "loopback (hostname does not resolve)"};
 }
+}  // namespace
 
 Mesh::Mesh(c10::intrusive_ptr<c10d::Store> store, std::string group, std::string lane, int rank, int size)
     : store_(std::move(store)),
@@ -566,7 +582,25 @@ std::unique_ptr<Mesh> Mesh::connect(const c10::intrusive_ptr<c10d::Store>& store
     set_nodelay(fd.get());
     mesh->peers_[static_cast<size_t>(hello.rank)].fd = fd.release();
   }
+  if (address.shared_memory) {
+    mesh->segment_ = shm::HostSegment::connect(store, lane, where, rank, size, deadline, &mesh->shm_note_);
+    for (int q = 0; q < size && mesh->segment_; ++q) {
+      if (q == rank || !mesh->segment_->shares(q)) continue;
+      Peer& p = mesh->peers_[static_cast<size_t>(q)];
+      p.shm = true;
+      p.tx = mesh->segment_->send_ring(q);
+      p.rx = mesh->segment_->recv_ring(q);
+    }
+  } else {
+    mesh->shm_note_ = "off";
+  }
   return mesh;
+}
+
+int Mesh::shm_peers() const {
+  int n = 0;
+  for (const Peer& p : peers_) n += p.shm ? 1 : 0;
+  return n;
 }
 
 void Mesh::post_send(int peer, const void* data, size_t n) {
@@ -663,24 +697,118 @@ void Mesh::pump_recvs(int q, Peer& p, bool& moved) {
   }
 }
 
+void Mesh::pump_shm_sends(int q, Peer& p, bool& moved) {
+  size_t budget = kPassBytes;
+  bool wrote = false;
+  while (!p.sends.empty() && budget > 0) {
+    Range& r = p.sends.front();
+    const size_t n = p.tx.write(r.data, std::min(r.left, budget));
+    if (n == 0) break;  // the ring is full
+    r.data += n;
+    r.left -= n;
+    p.sent += n;
+    budget -= n;
+    wrote = true;
+    if (r.left == 0) p.sends.pop_front();
+  }
+  if (wrote) {
+    moved = true;
+    segment_->ring(q);
+  }
+}
+
+void Mesh::pump_shm_recvs(int q, Peer& p, bool& moved) {
+  size_t budget = kPassBytes;
+  bool read = false;
+  while (!p.recvs.empty() && budget > 0) {
+    Range& r = p.recvs.front();
+    const size_t n = p.rx.read(r.data, std::min(r.left, budget));
+    if (n == 0) break;  // nothing more has arrived
+    r.data += n;
+    r.left -= n;
+    p.received += n;
+    budget -= n;
+    read = true;
+    if (r.left == 0) p.recvs.pop_front();
+  }
+  if (read) {
+    moved = true;
+    segment_->ring(q);  // space for its next bytes
+  }
+}
+
+void Mesh::wait_shm(uint32_t bell, const pollfd* tcp, size_t n_tcp, int wait_ms) {
+  // A short busy spin first (no yield: on a loaded machine a yield can give
+  // the core away for a whole time slice, where a futex wake-up is prompt).
+  for (int i = 0; i < kShmSpins; ++i) {
+    if (segment_->bell() != bell) return;
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+  }
+  if (n_tcp == 0) {
+    segment_->wait(bell, std::min(wait_ms, kShmSleepMs));
+  } else if (::poll(const_cast<pollfd*>(tcp), n_tcp, 1) < 0 && errno != EINTR) {
+    throw TransportError(TransportError::Kind::kSocket, -1, detail::cat("poll failed: ", errno_text(errno)));
+  }
+  // Has a peer we wait for gone? Its socket, silent otherwise, reports EOF.
+  for (int q = 0; q < size_; ++q) {
+    Peer& p = peers_[static_cast<size_t>(q)];
+    if (!p.shm || p.fd < 0 || (p.sends.empty() && p.recvs.empty())) continue;
+    pollfd one{p.fd, POLLIN, 0};
+    if (::poll(&one, 1, 0) > 0) p.closed_seen = true;  // EOF, reset or stray bytes: the next pass decides
+  }
+}
+
 bool Mesh::progress(int wait_ms) {
+  const uint32_t bell = segment_ ? segment_->bell() : 0;  // before the pass: no wake-up is missed
   bool moved = false;
   for (int q = 0; q < size_; ++q) {
     Peer& p = peers_[static_cast<size_t>(q)];
     if (p.fd < 0) continue;
-    if (!p.recvs.empty()) pump_recvs(q, p, moved);
-    if (!p.sends.empty()) pump_sends(q, p, moved);
+    if (p.shm) {
+      if (!p.recvs.empty()) pump_shm_recvs(q, p, moved);
+      if (!p.sends.empty()) pump_shm_sends(q, p, moved);
+    } else {
+      if (!p.recvs.empty()) pump_recvs(q, p, moved);
+      if (!p.sends.empty()) pump_sends(q, p, moved);
+    }
   }
   if (moved || wait_ms == 0) return moved;
+  // Nothing moved: a shared-memory peer whose socket closed will send nothing more.
+  for (int q = 0; q < size_; ++q) {
+    Peer& p = peers_[static_cast<size_t>(q)];
+    if (p.shm && p.closed_seen && p.fd >= 0 && (!p.sends.empty() || !p.recvs.empty())) {
+      char byte;
+      const ssize_t k = ::recv(p.fd, &byte, 1, MSG_DONTWAIT | MSG_PEEK);
+      if (k == 0) fail_socket(q, 0, "recv");
+      if (k < 0 && errno != EAGAIN && errno != EWOULDBLOCK && errno != EINTR) fail_socket(q, errno, "recv");
+      if (k > 0) {
+        throw TransportError(TransportError::Kind::kSocket, q,
+                             detail::cat("rank ", q, " sent bytes on the socket of a shared-memory connection — "
+                                         "run the same fsdp-cpp build on every rank"));
+      }
+      p.closed_seen = false;
+    }
+  }
   pollfd fds[64];
   std::vector<pollfd> many;
   pollfd* set = size_ <= 64 ? fds : (many.resize(static_cast<size_t>(size_)), many.data());
   nfds_t n = 0;
+  bool shm_waiting = false;
   for (int q = 0; q < size_; ++q) {
     const Peer& p = peers_[static_cast<size_t>(q)];
     if (p.fd < 0) continue;
+    if (p.shm) {
+      shm_waiting = shm_waiting || !p.recvs.empty() || !p.sends.empty();
+      continue;
+    }
     const short events = static_cast<short>((p.recvs.empty() ? 0 : POLLIN) | (p.sends.empty() ? 0 : POLLOUT));
     if (events != 0) set[n++] = pollfd{p.fd, events, 0};
+  }
+  if (shm_waiting) {
+    wait_shm(bell, set, n, wait_ms);
+    return false;
   }
   FSDP_ASSERT(n > 0, "group '", group_, "' (", lane_, " lane): waiting with nothing queued");
   // Readiness, hang-up and errors all lead to the next pass's I/O, which reports them.
@@ -774,7 +902,10 @@ void Mesh::close(const std::string& reason) {
     p.fd = -1;
     p.sends.clear();
     p.recvs.clear();
+    p.shm = false;
+    p.tx = p.rx = shm::Ring();
   }
+  segment_.reset();
 }
 
 }  // namespace fsdp::comm::tcp

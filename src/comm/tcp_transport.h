@@ -9,6 +9,7 @@
 // connection is the only matching needed (no tags, no slots).
 #pragma once
 
+#include "comm/shm_transport.h"
 #include "fsdp/comm/backends.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -22,6 +23,8 @@
 #include <string>
 #include <vector>
 
+struct pollfd;
+
 namespace fsdp::comm::tcp {
 
 using Clock = std::chrono::steady_clock;
@@ -30,6 +33,9 @@ using Clock = std::chrono::steady_clock;
 struct ListenAddress {
   std::string host;  // numeric ("127.0.0.1", "10.1.2.3", "fe80::1%eth0")
   std::string how;   // for errors: "loopback (MASTER_ADDR is local)", "interface eth0 (GLOO_SOCKET_IFNAME)"
+  // Exchange with the ranks of the same host through shared memory (Note
+  // [Shared memory] in shm_transport.cpp); their sockets stay open, silent.
+  bool shared_memory = false;
 };
 
 // MASTER_ADDR local: 127.0.0.1. Else GLOO_SOCKET_IFNAME's interface (its first
@@ -76,6 +82,9 @@ class Mesh {
 
   int rank() const { return rank_; }
   int size() const { return size_; }
+  // Peers whose bytes go through shared memory, and why none do ("" when some do).
+  int shm_peers() const;
+  const std::string& shm_note() const { return shm_note_; }
 
   // Queue `n` bytes at `data` to `peer` after everything already queued to it;
   // the memory must stay valid and unchanged until sent(peer) covers it.
@@ -115,6 +124,11 @@ class Mesh {
     uint64_t send_posted = 0, sent = 0, recv_posted = 0, received = 0;
     // At begin_op(), for timeout messages.
     uint64_t op_send_posted = 0, op_sent = 0, op_recv_posted = 0, op_received = 0;
+    // Shared memory (Note [Shared memory]): bytes move through the rings, the
+    // socket only tells that the peer is gone.
+    bool shm = false;
+    shm::Ring tx, rx;
+    bool closed_seen = false;  // its socket reported EOF or an error while we waited
   };
 
   Mesh(c10::intrusive_ptr<c10d::Store> store, std::string group, std::string lane, int rank, int size);
@@ -123,6 +137,11 @@ class Mesh {
   bool progress(int wait_ms);
   void pump_sends(int q, Peer& p, bool& moved);
   void pump_recvs(int q, Peer& p, bool& moved);
+  void pump_shm_sends(int q, Peer& p, bool& moved);
+  void pump_shm_recvs(int q, Peer& p, bool& moved);
+  // Shared-memory peers with queued work: sleep on the doorbell (or poll the
+  // TCP peers' sockets) and look whether their sockets closed.
+  void wait_shm(uint32_t bell, const pollfd* tcp, size_t n_tcp, int wait_ms);
   [[noreturn]] void fail_socket(int q, int err, const char* what);
   std::string missing_report() const;
 
@@ -141,6 +160,8 @@ class Mesh {
   const int rank_;
   const int size_;
   std::vector<Peer> peers_;  // indexed by rank; peers_[rank_].fd == -1
+  std::unique_ptr<shm::HostSegment> segment_;  // null: every peer over TCP
+  std::string shm_note_;
 };
 
 }  // namespace fsdp::comm::tcp

@@ -5,6 +5,7 @@
 #include <ATen/core/grad_mode.h>
 
 #include <algorithm>
+#include <map>
 
 #include "fsdp/common/internals.h"
 #include "fsdp/common/error.h"
@@ -63,18 +64,25 @@ void ShardedModelImpl::build_units() {
   fpo.replicated = replicated_;
   fpo.ledger = ledger_;
   if (options_.device.is_cpu()) {
-    // Cache up to two blocks of the largest non-root unit: what the next unit
+    // Cache up to two blocks of the largest repeated unit: what the next unit
     // takes while the previous one is being released (Note [Host buffers from
-    // mmap]). The root's block is larger than that in language models
-    // (embeddings) and is not kept between steps.
-    int64_t largest = 0;
+    // mmap]). Repeated: a size several units share (the decoder layers); a
+    // language model's embedding and head, gathered twice a step each, are
+    // larger and are not kept between uses (they would stay resident). With no
+    // repeated size, the largest non-root unit.
     const auto padded = [&](const std::vector<FlatParam::Source>& sources) {
       int64_t numel = 0;
       for (const auto& s : sources) numel += s.param.numel();
       return (numel + fpo.shard_size - 1) / fpo.shard_size * fpo.shard_size;
     };
-    for (size_t k = 1; k < plan.size(); ++k) {
-      largest = std::max(largest, padded(plan[k].sources) + padded(plan[k].frozen));
+    std::map<int64_t, int> sizes;  // padded elements of a non-root unit -> how many units have it
+    for (size_t k = 1; k < plan.size(); ++k) ++sizes[padded(plan[k].sources) + padded(plan[k].frozen)];
+    int64_t largest = sizes.empty() ? 0 : sizes.rbegin()->first;
+    for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
+      if (it->second >= 2) {
+        largest = it->first;
+        break;
+      }
     }
     host_pool_ = std::make_shared<internals::HostBufferPool>(
         static_cast<size_t>(2 * largest) * c10::elementSize(fpo.param_dtype));

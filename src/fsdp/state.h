@@ -68,6 +68,24 @@ struct PlannedUnit {
 std::vector<PlannedUnit> plan_units(const std::shared_ptr<nn::UnitBase>& root, const FsdpOptions& options);
 UnitInfo unit_info(const PlannedUnit& pu, const FlatLayout& layout, int64_t shard_offset, bool trainable);
 
+// One unit as plan_sharding's replay of a step sees it (Note [Unsharded
+// memory] in plan.cpp).
+struct StepUnit {
+  int64_t params = 0;  // padded elements gathered for compute (frozen ones too, but not under NO_SHARD)
+  int64_t grads = 0;   // padded trainable elements: its gradient buffer
+  bool trains = false;          // has trainable parameters
+  bool reduces_at_end = false;  // post-backward at the end of backward (a root with frozen parameters)
+};
+// The units (indices into plan_units' result) in the order one forward calls
+// them, from the root's nn::CallOrder when its inner module has one; 0 (the
+// root) marks where the root's own parameters are first used.
+std::vector<int> call_sequence(const std::shared_ptr<nn::UnitBase>& root, const std::vector<PlannedUnit>& planned);
+// The most a synchronized step holds at once of unsharded parameters,
+// gradients and reductions in flight, replaying the engine's schedule over
+// `calls` with shard groups of `shard_size` ranks.
+int64_t replay_step(const std::vector<StepUnit>& units, const std::vector<int>& calls, const FsdpOptions& o,
+                    int shard_size);
+
 // Whether this rank holds the unsharded parameters.
 enum class ShardState {
   kSharded,     // only shard_ is resident; full_ has no bytes

@@ -313,6 +313,11 @@ void ShardedUnit::post_backward(bool flush) {
   // (nested units' spans lie inside the root's).
   trace::record("backward", "compute", backward_begin_us_, trace::now_us(), -1, name_);
   backward_begin_us_ = -1;
+  // Every gradient has arrived: nothing reads the parameters any more, so they
+  // go before the reduce-dtype copy is made, not after (Note [Unsharded memory]:
+  // the copy, the gradients and the parameters were the peak of a large unit's
+  // post-backward).
+  if (root_->reshards_after_backward()) reshard();
   const at::ScalarType reduce_dtype = root_->options().mixed_precision.reduce_dtype;
 
   MemoryLedger& ledger = root_->ledger();
@@ -351,8 +356,6 @@ void ShardedUnit::post_backward(bool flush) {
                     /*may_land_in_shard=*/!grad_shard_holds_sum(), ledger, name_);
     transition_to(grad_state_, GradState::kReduceIssued, "post_backward", label());
   }
-
-  if (root_->reshards_after_backward()) reshard();
   root_->after_post_backward(*this);  // queue/drain reductions, BACKWARD_POST prefetch
 }
 

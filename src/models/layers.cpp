@@ -20,6 +20,11 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
   at::Tensor y = at::linear(x, weight_, bias_);
   if (!lora_A_) return y;
   // peft's LoraLayer.forward, in its order: result + lora_B(lora_A(dropout(x))) * scaling.
+  return y + lora_B_->forward(lora_down(x)) * lora_scaling_;
+}
+
+at::Tensor LinearImpl::lora_down(const at::Tensor& x) {
+  FSDP_ASSERT(lora_A_, "lora_down of a Linear without an adapter");
   at::Tensor h = x;
   if (lora_dropout_ > 0 && is_training()) {
     // Masks from a generator of x's device seeded with (micro-batch key, this
@@ -33,7 +38,7 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
     const at::Tensor keep = at::empty_like(x).bernoulli_(1.0 - lora_dropout_, gen);
     h = x * keep.div_(1.0 - lora_dropout_);
   }
-  return y + lora_B_->forward(lora_A_->forward(h)) * lora_scaling_;
+  return lora_A_->forward(h);
 }
 
 void LinearImpl::add_lora(int64_t rank, double alpha, double dropout, uint64_t mask_key) {

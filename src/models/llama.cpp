@@ -234,9 +234,24 @@ std::vector<at::Tensor> LlamaDecoderLayerImpl::forward(const at::Tensor& x, cons
   return {h + moe_out, router_logits};
 }
 
+at::Tensor LlamaEmbeddingImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, HeadLoss how) {
+  return chunked_cross_entropy(hidden, weight(), targets, how.reduction, how.chunk_rows);
+}
+
+at::Tensor LlamaEmbeddingImpl::forward(const at::Tensor& hidden, HeadLogits) { return at::linear(hidden, weight()); }
+
+at::Tensor LlamaHeadImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, HeadLoss how) {
+  if (has_lora()) {
+    const LowRankHead lora{lora_down(hidden), lora_B(), lora_scaling()};
+    return chunked_cross_entropy(hidden, weight(), targets, how.reduction, how.chunk_rows, &lora);
+  }
+  return chunked_cross_entropy(hidden, weight(), targets, how.reduction, how.chunk_rows);
+}
+
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& cfg, const at::TensorOptions& options) {
-  embed_tokens_ =
-      register_module("embed_tokens", Embedding(cfg.vocab_size, cfg.hidden_size, options, cfg.pad_token_id));
+  embed_tokens_ = LlamaEmbedding(
+      std::make_shared<LlamaEmbeddingImpl>(cfg.vocab_size, cfg.hidden_size, options, cfg.pad_token_id));
+  register_module("embed_tokens", embed_tokens_.ptr());
   layers_ = register_module("layers", torch::nn::ModuleList());
   blocks_.reserve(cfg.num_hidden_layers);
   for (int64_t i = 0; i < cfg.num_hidden_layers; ++i) {
@@ -289,18 +304,43 @@ LlamaForCausalLMImpl::LlamaForCausalLMImpl(const LlamaConfig& cfg, const at::Ten
   cfg_.validate();
   model_ = register_module("model", LlamaModel(cfg_, options));
   if (!cfg_.tie_word_embeddings) {
-    lm_head_ = register_module("lm_head", Linear(cfg_.hidden_size, cfg_.vocab_size, /*bias=*/false, options));
+    lm_head_ = LlamaHead(std::make_shared<LlamaHeadImpl>(cfg_.hidden_size, cfg_.vocab_size, options));
+    register_module("lm_head", lm_head_.ptr());
   }
   if (options.device().type() != at::kMeta) nn::init_module(*this, llama_init_rule(cfg_), seed);
 }
 
 const at::Tensor& LlamaForCausalLMImpl::output_weight() const {
   const LlamaModelImpl& model = *model_;
-  return cfg_.tie_word_embeddings ? model.embed_tokens()->weight() : lm_head_->weight();
+  return cfg_.tie_word_embeddings ? model.embed_tokens().weight() : lm_head_->impl_ptr()->weight();
+}
+
+at::Tensor LlamaForCausalLMImpl::project(const at::Tensor& hidden) {
+  // Through the head's unit (lm_head's own forward, so that a LoRA adapter on
+  // it takes part), or the embedding's when tied.
+  return lm_head_ ? lm_head_(hidden) : model_->embed_unit()(hidden, HeadLogits{});
 }
 
 at::Tensor LlamaForCausalLMImpl::logits_unchecked(const at::Tensor& tokens) {
-  return at::linear(model_(tokens), output_weight());  // (B, T, V)
+  return project(model_(tokens));  // (B, T, V)
+}
+
+void LlamaForCausalLMImpl::set_loss_chunk_rows(int64_t rows) {
+  FSDP_CHECK(rows >= 0, "model '", cfg_.name, "': the loss's chunk of rows must be >= 0 (0: chosen from the "
+             "vocabulary), got ", rows);
+  loss_chunk_rows_ = rows;
+}
+
+int64_t LlamaForCausalLMImpl::loss_chunk_rows() const {
+  return loss_chunk_rows_ > 0 ? loss_chunk_rows_ : default_loss_chunk_rows(cfg_.vocab_size);
+}
+
+at::Tensor LlamaForCausalLMImpl::head_loss(const at::Tensor& hidden, const at::Tensor& targets,
+                                           LossReduction reduction) {
+  const at::Tensor h = hidden.reshape({-1, cfg_.hidden_size});  // (N, D)
+  const at::Tensor t = targets.reshape({-1});                    // (N)
+  const HeadLoss how{reduction, loss_chunk_rows()};
+  return lm_head_ ? lm_head_(h, t, how) : model_->embed_unit()(h, t, how);
 }
 
 at::Tensor LlamaForCausalLMImpl::forward(const at::Tensor& tokens) {
@@ -329,7 +369,7 @@ std::vector<at::Tensor> LlamaForCausalLMImpl::forward(const at::Tensor& tokens, 
              "', which has no experts — only mixtral models route tokens");
   check_batch(cfg_, tokens, nullptr);
   RouterOutputs r;
-  r.logits = at::linear(model_->forward_with_router_logits(tokens, r.router_logits), output_weight());  // (B, T, V)
+  r.logits = project(model_->forward_with_router_logits(tokens, r.router_logits));  // (B, T, V)
   r.aux_loss = load_balancing_loss(r.router_logits, cfg_.num_local_experts, cfg_.num_experts_per_tok);
   return r.pack();
 }
@@ -338,25 +378,28 @@ at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor
   check_batch(cfg_, tokens, &targets);
   if (cfg_.moe()) {
     std::vector<at::Tensor> router_logits;
-    const at::Tensor logits = at::linear(model_->forward_with_router_logits(tokens, router_logits), output_weight()).to(at::kFloat);
-    const at::Tensor ce = at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab_size}), targets.reshape({-1}),
-                                                 /*weight=*/{}, at::Reduction::Mean, kIgnoreIndex);
+    const at::Tensor ce =
+        head_loss(model_->forward_with_router_logits(tokens, router_logits), targets, LossReduction::kMean);
     if (cfg_.router_aux_loss_coef == 0.0) return ce;
     // transformers: loss += router_aux_loss_coef * aux_loss.
     return ce + cfg_.router_aux_loss_coef *
                     load_balancing_loss(router_logits, cfg_.num_local_experts, cfg_.num_experts_per_tok);
   }
-  const at::Tensor logits = logits_unchecked(tokens).to(at::kFloat);  // (B, T, V) fp32
-  return at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab_size}), targets.reshape({-1}), /*weight=*/{},
-                                at::Reduction::Mean, kIgnoreIndex);
+  return head_loss(model_(tokens), targets, LossReduction::kMean);
 }
 
 at::Tensor LlamaForCausalLMImpl::loss(const at::Tensor& tokens, const at::Tensor& targets, LossReduction reduction) {
   if (reduction == LossReduction::kMean) return loss(tokens, targets);
   check_batch(cfg_, tokens, &targets);
-  const at::Tensor logits = logits_unchecked(tokens).to(at::kFloat);  // (B, T, V) fp32
-  return at::cross_entropy_loss(logits.reshape({-1, cfg_.vocab_size}), targets.reshape({-1}), /*weight=*/{},
-                                at::Reduction::Sum, kIgnoreIndex);
+  return head_loss(model_(tokens), targets, LossReduction::kSum);
+}
+
+std::vector<std::string> LlamaForCausalLMImpl::unit_call_order() const {
+  std::vector<std::string> order = {"model.embed_tokens"};
+  for (int64_t i = 0; i < cfg_.num_hidden_layers; ++i) order.push_back("model.layers." + std::to_string(i));
+  order.push_back("");  // model.norm, the root's own
+  order.push_back(cfg_.tie_word_embeddings ? "model.embed_tokens" : "lm_head");
+  return order;
 }
 
 void LlamaForCausalLMImpl::set_attention_kernel(AttentionKernel kernel) {
@@ -392,5 +435,9 @@ nn::InitRuleFn llama_init_rule(const LlamaConfig& cfg) {
 }
 
 std::type_index llama_block_type() { return std::type_index(typeid(LlamaDecoderLayerImpl)); }
+
+std::vector<std::type_index> llama_unit_types() {
+  return {llama_block_type(), std::type_index(typeid(LlamaEmbeddingImpl)), std::type_index(typeid(LlamaHeadImpl))};
+}
 
 }  // namespace fsdp::models

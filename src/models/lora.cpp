@@ -12,6 +12,7 @@
 #include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
 #include "fsdp/models/layers.h"
+#include "fsdp/nn/unit.h"
 
 namespace fsdp::models {
 
@@ -31,13 +32,21 @@ std::string join(const std::vector<std::string>& v) {
   return out;
 }
 
-// The Linear layers of `module` that are not themselves a part of an adapter.
-std::vector<std::pair<std::string, std::shared_ptr<LinearImpl>>> base_linears(torch::nn::Module& module) {
-  std::vector<std::pair<std::string, std::shared_ptr<LinearImpl>>> out;
+// The Linear layers of `module` that are not themselves a part of an adapter,
+// also one that is the inner module of a unit boundary (nn::Unit: Llama's
+// lm_head), with that unit.
+struct BaseLinear {
+  std::string name;
+  std::shared_ptr<LinearImpl> linear;
+  std::shared_ptr<nn::UnitBase> unit;  // null: a plain module
+};
+std::vector<BaseLinear> base_linears(torch::nn::Module& module) {
+  std::vector<BaseLinear> out;
   for (const auto& m : module.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
-    auto linear = std::dynamic_pointer_cast<LinearImpl>(m.value());
+    auto unit = std::dynamic_pointer_cast<nn::UnitBase>(m.value());
+    auto linear = std::dynamic_pointer_cast<LinearImpl>(unit ? unit->inner_ptr() : m.value());
     const std::string last = last_component(m.key());
-    if (linear && last != "lora_A" && last != "lora_B") out.emplace_back(m.key(), linear);
+    if (linear && last != "lora_A" && last != "lora_B") out.push_back({m.key(), linear, unit});
   }
   return out;
 }
@@ -89,7 +98,7 @@ std::vector<std::string> apply_lora(torch::nn::Module& module, const LoraConfig&
   check_lora_config(cfg);
   const auto linears = base_linears(module);
   std::set<std::string> available;
-  for (const auto& [name, linear] : linears) available.insert(last_component(name));
+  for (const auto& l : linears) available.insert(last_component(l.name));
   for (const auto& t : cfg.targets) {
     FSDP_CHECK(available.count(t), "--lora-targets: '", t, "' matches no Linear layer of the model; its Linear "
                "layers are named ", join(std::vector<std::string>(available.begin(), available.end())),
@@ -97,11 +106,12 @@ std::vector<std::string> apply_lora(torch::nn::Module& module, const LoraConfig&
   }
   const std::set<std::string> targets(cfg.targets.begin(), cfg.targets.end());
   std::vector<std::string> adapted;
-  for (const auto& [name, linear] : linears) {
-    if (!targets.count(last_component(name))) continue;
-    FSDP_CHECK(!linear->has_lora(), "'", name, "' already has a LoRA adapter; apply_lora applies once per model");
-    linear->add_lora(cfg.rank, cfg.alpha, cfg.dropout, splitmix64(seed ^ fnv1a64(name)));
-    adapted.push_back(name);
+  for (const auto& l : linears) {
+    if (!targets.count(last_component(l.name))) continue;
+    FSDP_CHECK(!l.linear->has_lora(), "'", l.name, "' already has a LoRA adapter; apply_lora applies once per model");
+    l.linear->add_lora(cfg.rank, cfg.alpha, cfg.dropout, splitmix64(seed ^ fnv1a64(l.name)));
+    if (l.unit) l.unit->adopt_new_members();  // the adapter's parameters under the unit's name
+    adapted.push_back(l.name);
   }
   // Frozen base: only the adapters train (peft's mark_only_lora_as_trainable, bias "none").
   for (auto& p : module.named_parameters(/*recurse=*/true)) p.value().set_requires_grad(is_lora_parameter(p.key()));
@@ -128,8 +138,8 @@ nn::InitRuleFn lora_init_rule(torch::nn::Module& module, nn::InitRuleFn base) {
   // kaiming_uniform_(a=sqrt(5)) on (r, in): gain sqrt(2 / (1 + 5)), bound
   // gain * sqrt(3 / fan_in) = 1 / sqrt(in) (torch.nn.init, peft's default init).
   std::map<std::string, double> bounds;
-  for (const auto& [name, linear] : base_linears(module)) {
-    if (linear->has_lora()) bounds[name + kLoraA] = 1.0 / std::sqrt(static_cast<double>(linear->in_features()));
+  for (const auto& l : base_linears(module)) {
+    if (l.linear->has_lora()) bounds[l.name + kLoraA] = 1.0 / std::sqrt(static_cast<double>(l.linear->in_features()));
   }
   return [bounds = std::move(bounds), base = std::move(base)](const std::string& name) -> nn::InitRule {
     if (ends_with(name, kLoraB)) return nn::InitRule::zeros();
@@ -147,8 +157,8 @@ nn::InitRuleFn lora_init_rule(torch::nn::Module& module, nn::InitRuleFn base) {
 }
 
 void set_lora_dropout_key(torch::nn::Module& module, uint64_t key) {
-  for (const auto& [name, linear] : base_linears(module)) {
-    if (linear->has_lora()) linear->set_lora_dropout_key(key);
+  for (const auto& l : base_linears(module)) {
+    if (l.linear->has_lora()) l.linear->set_lora_dropout_key(key);
   }
 }
 

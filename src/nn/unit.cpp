@@ -7,14 +7,20 @@ UnitBase::UnitBase(std::shared_ptr<torch::nn::Module> inner, std::type_index typ
   // Adopt the inner module's members under the same names, so the unit adds
   // no level to parameter names. The inner module itself is not a child:
   // every parameter is reachable exactly once from the root.
+  adopt_new_members();
+}
+
+void UnitBase::adopt_new_members() {
   for (auto& p : inner_->named_parameters(/*recurse=*/false)) {
-    register_parameter(p.key(), p.value(), p.value().requires_grad());
+    if (named_parameters(/*recurse=*/false).find(p.key()) == nullptr) {
+      register_parameter(p.key(), p.value(), p.value().requires_grad());
+    }
   }
   for (auto& b : inner_->named_buffers(/*recurse=*/false)) {
-    register_buffer(b.key(), b.value());
+    if (named_buffers(/*recurse=*/false).find(b.key()) == nullptr) register_buffer(b.key(), b.value());
   }
   for (auto& c : inner_->named_children()) {
-    register_module(c.key(), c.value());
+    if (named_children().find(c.key()) == nullptr) register_module(c.key(), c.value());
   }
 }
 

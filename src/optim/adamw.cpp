@@ -247,9 +247,132 @@ void adamw_update_kahan(at::Tensor& param, const at::Tensor& grad, at::Tensor& e
   compensation.add_(before.sub_(param));  // what rounding kept out of param
 }
 
+bool AdamW::fuses(const Slot& s) const {
+  if (!options_.fused || options_.kahan_summation) return false;
+  const at::Tensor& p = s.param;
+  return (p.is_cpu() || p.is_cuda()) && p.is_contiguous() && at::isFloatingType(p.scalar_type()) &&
+         s.exp_avg.scalar_type() == p.scalar_type() && s.exp_avg_sq.scalar_type() == p.scalar_type();
+}
+
+// Note [Fused AdamW tails]
+// at::_fused_adamw_ runs most elements through its vector loop and the last
+// few of each tensor (fewer than a vector) through a scalar loop, which the
+// compiler may contract into fused multiply-adds: the same element can round
+// differently depending on where it lies in the tensor it is passed in (seen:
+// exp_avg_sq of the last element). A flat shard and the parameters of an
+// unsharded reference cut the same elements differently, so every call here
+// gets whole multiples of kFusedAlign elements: each segment's aligned prefix
+// in place, and the remainders of all segments of one setting copied into one
+// zero-padded scratch, kFusedAlign elements per remainder, and copied back.
+// Zero padding is harmless (p = m = v = g = 0 stays 0). Every element then
+// takes the vector loop, whose result depends only on its own values.
+namespace {
+constexpr int64_t kFusedAlign = 64;  // a multiple of every vector width in elements (AVX-512: 16 fp32, 32 bf16)
+
+struct FusedCall {
+  double lr = 0, weight_decay = 0;
+  at::Device device = at::kCPU;
+  at::ScalarType dtype = at::kFloat;
+  std::vector<at::Tensor> params, grads, exp_avgs, exp_avg_sqs;
+  // Remainders: where they come from, in order.
+  std::vector<at::Tensor> tail_params, tail_grads, tail_exp_avgs, tail_exp_avg_sqs;
+};
+}  // namespace
+
+void AdamW::step_fused(const std::vector<Slot*>& slots) {
+  at::NoGradGuard no_grad;
+  std::vector<FusedCall> calls;
+  const auto call_for = [&](double lr, double wd, const at::Tensor& p) -> FusedCall& {
+    for (auto& c : calls) {
+      if (c.lr == lr && c.weight_decay == wd && c.device == p.device() && c.dtype == p.scalar_type()) return c;
+    }
+    FusedCall c;
+    c.lr = lr;
+    c.weight_decay = wd;
+    c.device = p.device();
+    c.dtype = p.scalar_type();
+    calls.push_back(std::move(c));
+    return calls.back();
+  };
+  for (Slot* s : slots) {
+    at::Tensor g = s->grad();
+    if (!g.defined()) g = at::zeros_like(s->param);  // the missing-gradient rule: zeros
+    FSDP_ASSERT(g.sizes() == s->param.sizes(), "gradient of '", s->name, "' has shape ", g.sizes(), ", parameter ",
+                s->param.sizes());
+    if (g.scalar_type() != s->param.scalar_type() || g.device() != s->param.device() || !g.is_contiguous()) {
+      g = g.to(s->param.options()).contiguous();
+    }
+    const at::Tensor p = s->param.view({-1}), m = s->exp_avg.view({-1}), v = s->exp_avg_sq.view({-1}),
+                     gf = g.view({-1});
+    for (const Segment& seg : s->segments) {
+      if (seg.count == 0) continue;
+      FusedCall& c = call_for(options_.lr * seg.setting.lr_scale, seg.setting.decay ? options_.weight_decay : 0.0, p);
+      const int64_t aligned = seg.count / kFusedAlign * kFusedAlign;
+      const auto push = [&](std::vector<at::Tensor>& to, const at::Tensor& t, int64_t off, int64_t n) {
+        to.push_back(t.narrow(0, seg.begin + off, n));
+      };
+      if (aligned > 0) {
+        push(c.params, p, 0, aligned);
+        push(c.grads, gf, 0, aligned);
+        push(c.exp_avgs, m, 0, aligned);
+        push(c.exp_avg_sqs, v, 0, aligned);
+      }
+      if (aligned < seg.count) {
+        push(c.tail_params, p, aligned, seg.count - aligned);
+        push(c.tail_grads, gf, aligned, seg.count - aligned);
+        push(c.tail_exp_avgs, m, aligned, seg.count - aligned);
+        push(c.tail_exp_avg_sqs, v, aligned, seg.count - aligned);
+      }
+    }
+  }
+  for (FusedCall& c : calls) {
+    const at::TensorOptions opts = at::TensorOptions().dtype(c.dtype).device(c.device);
+    // Scratch for the remainders: 4 tensors of kFusedAlign elements per remainder.
+    const int64_t tails = static_cast<int64_t>(c.tail_params.size());
+    at::Tensor scratch;
+    if (tails > 0) {
+      scratch = at::zeros({4, tails * kFusedAlign}, opts);
+      const std::vector<at::Tensor>* from[4] = {&c.tail_params, &c.tail_grads, &c.tail_exp_avgs,
+                                                &c.tail_exp_avg_sqs};
+      for (int k = 0; k < 4; ++k) {
+        for (int64_t i = 0; i < tails; ++i) {
+          const at::Tensor& src = (*from[k])[static_cast<size_t>(i)];
+          scratch[k].narrow(0, i * kFusedAlign, src.numel()).copy_(src);
+        }
+      }
+      c.params.push_back(scratch[0]);
+      c.grads.push_back(scratch[1]);
+      c.exp_avgs.push_back(scratch[2]);
+      c.exp_avg_sqs.push_back(scratch[3]);
+    }
+    // The kernel reads the (already incremented) step count from a float tensor per parameter.
+    const at::Tensor step = at::full({}, static_cast<double>(step_), at::TensorOptions().dtype(at::kFloat).device(c.device));
+    const std::vector<at::Tensor> steps(c.params.size(), step);
+    at::_fused_adamw_(c.params, c.grads, c.exp_avgs, c.exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, c.lr,
+                      options_.beta1, options_.beta2, c.weight_decay, options_.eps, /*amsgrad=*/false,
+                      /*maximize=*/false);
+    if (tails > 0) {
+      // Parameters and moments back from the scratch (the gradients were only read).
+      const std::vector<at::Tensor>* to[3] = {&c.tail_params, &c.tail_exp_avgs, &c.tail_exp_avg_sqs};
+      const int rows[3] = {0, 2, 3};
+      for (int k = 0; k < 3; ++k) {
+        for (int64_t i = 0; i < tails; ++i) {
+          at::Tensor dst = (*to[k])[static_cast<size_t>(i)];
+          dst.copy_(scratch[rows[k]].narrow(0, i * kFusedAlign, dst.numel()));
+        }
+      }
+    }
+  }
+}
+
 void AdamW::step() {
   ++step_;
+  std::vector<Slot*> fused;
   for (auto& s : slots_) {
+    if (fuses(s)) {
+      fused.push_back(&s);
+      continue;
+    }
     at::Tensor g = s.grad();
     if (g.defined()) {
       FSDP_ASSERT(g.sizes() == s.param.sizes(), "gradient of '", s.name, "' has shape ", g.sizes(),
@@ -272,6 +395,7 @@ void AdamW::step() {
       }
     }
   }
+  if (!fused.empty()) step_fused(fused);
 }
 
 double grad_norm(const std::vector<at::Tensor>& grads) {

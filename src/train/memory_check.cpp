@@ -8,6 +8,7 @@
 #include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
+#include "fsdp/models/chunked_loss.h"
 #include "train/checks.h"
 #include "train/model_build.h"
 
@@ -49,7 +50,14 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
     const std::optional<int64_t> b = checked_product({o.step.batch_size, o.data.seq_len, elements_per_token, elem});
     return std::min(b.value_or(kHuge), kHuge);
   };
-  const int64_t logit_bytes = bytes_per_micro_batch(cfg.vocab_size);
+  // The loss holds one chunk of logits at a time (models/chunked_loss.h).
+  const int64_t loss_rows = o.step.loss_chunk_rows > 0 ? o.step.loss_chunk_rows
+                                                       : models::default_loss_chunk_rows(cfg.vocab_size);
+  const std::optional<int64_t> tokens = checked_product({o.step.batch_size, o.data.seq_len});
+  const int64_t logit_bytes =
+      std::min(models::chunked_loss_bytes(std::min(tokens.value_or(kHuge), loss_rows), cfg.vocab_size,
+                                          cfg.hidden_size, fo.mixed_precision.param_dtype),
+               kHuge);
   // Activations kept for backward, a lower bound per token and decoder layer: the
   // norms, q/k/v/o and residuals (10 x hidden_size) and the MLP's gate, up, act
   // and product (4 x intermediate_size); attention scores are left out (a fused
@@ -70,11 +78,12 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   // Host: everything on CPU runs; the offloaded shards with --cpu-offload on CUDA.
   const int64_t host = cuda_run ? (o.sharding.cpu_offload ? shards : 0) : shards + step;
   const std::string parts = fmt::format(
-      "parameter and gradient shards {}, optimizer state {}, unsharded units during a step {}, logits of one "
-      "micro-batch {} (--batch-size {} x --seq-len {} x vocab_size {}), activations {}",
+      "parameter and gradient shards {}, optimizer state {}, unsharded units during a step {}, the loss's logits "
+      "of one micro-batch {} (chunks of {} of its --batch-size {} x --seq-len {} tokens x vocab_size {}), "
+      "activations {}",
       format_bytes(plan.param_shard_bytes + (eval_only ? 0 : plan.grad_shard_bytes)),
-      format_bytes(eval_only ? 0 : plan.optimizer_bytes), format_bytes(unsharded),
-      format_bytes(logit_bytes), o.step.batch_size, o.data.seq_len, cfg.vocab_size, format_bytes(activation_bytes));
+      format_bytes(eval_only ? 0 : plan.optimizer_bytes), format_bytes(unsharded), format_bytes(logit_bytes),
+      loss_rows, o.step.batch_size, o.data.seq_len, cfg.vocab_size, format_bytes(activation_bytes));
   const char* fix = "reduce --batch-size or --seq-len, add --activation-checkpointing, shard over more processes or "
                     "machines, use --cpu-offload, bf16 (--mixed-precision) or a smaller model";
   const int ranks = this_rank ? 1 : std::max(local_world_size, 1);

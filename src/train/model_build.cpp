@@ -53,6 +53,12 @@ ModelFamily llama_family() {
     return r;
   };
   f.block_type = models::llama_block_type();
+  f.unit_types = models::llama_unit_types();
+  f.set_loss_chunk_rows = [](torch::nn::Module& model, int64_t rows) {
+    auto* impl = dynamic_cast<models::LlamaForCausalLMImpl*>(&model);
+    FSDP_ASSERT(impl != nullptr, "the llama family's loss needs a LlamaForCausalLMImpl, got ", model.name());
+    impl->set_loss_chunk_rows(rows);
+  };
   f.init_rule = [](const models::LlamaConfig& cfg) { return models::llama_init_rule(cfg); };
   return f;
 }
@@ -106,9 +112,9 @@ models::LlamaConfig conversion_config(const TrainOptions& o) {
   return cfg;
 }
 
-WrapPolicy wrap_policy(const WrapChoice& w, std::type_index block_type) {
+WrapPolicy wrap_policy(const WrapChoice& w, const std::vector<std::type_index>& unit_types) {
   switch (w.kind) {
-    case WrapChoice::Kind::kBlock: return WrapPolicy::by_type({block_type});
+    case WrapChoice::Kind::kBlock: return WrapPolicy::by_type(unit_types);
     case WrapChoice::Kind::kSize: return WrapPolicy::size_based(w.min_num_params);
     case WrapChoice::Kind::kRoot: return WrapPolicy::root_only();
     case WrapChoice::Kind::kAll: return WrapPolicy::every_unit();
@@ -151,6 +157,7 @@ BuiltModel build_model(const TrainOptions& o, const models::LlamaConfig& cfg, co
   m.config = cfg;
   m.model = m.family->make(cfg, at::TensorOptions().device(b.device), b.seed);
   m.init_rule = m.family->init_rule(cfg);
+  m.family->set_loss_chunk_rows(*m.model, o.step.loss_chunk_rows);
   if (o.lora.enabled()) {
     // UsageError for values and targets the model lacks.
     models::apply_lora(*m.model, lora_config(o), b.seed);
@@ -173,7 +180,7 @@ FsdpOptions engine_options(const TrainOptions& o, const ModelFamily& family, int
              "size:1000000");
   FsdpOptions fo;
   fo.strategy = s.strategy;
-  fo.wrap = wrap_policy(s.wrap, family.block_type);
+  fo.wrap = wrap_policy(s.wrap, family.unit_types);
   fo.hybrid_shard_size = s.hybrid_shard_size;
   fo.sync_module_states = s.sync_module_states;
   fo.mixed_precision = s.mixed_precision;

@@ -44,8 +44,12 @@ struct ModelFamily {
       make;
   // The root unit around a model that `make` built (after LoRA and freezing).
   std::function<RootedModel(const std::shared_ptr<torch::nn::Module>& model)> root;
-  // The transformer block: the unit of WrapChoice::kBlock and of activation checkpointing.
+  // The transformer block: the unit of activation checkpointing.
   std::type_index block_type = std::type_index(typeid(void));
+  // The units of WrapChoice::kBlock: the blocks, the embedding and the output head.
+  std::vector<std::type_index> unit_types;
+  // Rows per chunk of the loss's logits (StepOptions::loss_chunk_rows; 0: the model's choice).
+  std::function<void(torch::nn::Module& model, int64_t rows)> set_loss_chunk_rows;
   // How the engine materializes the shards of a model built on the meta device.
   std::function<nn::InitRuleFn(const models::LlamaConfig& cfg)> init_rule;
 };

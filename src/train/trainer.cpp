@@ -172,6 +172,7 @@ void Trainer::Impl::log_plan_and_memory() {
   say_(fmt::format("model {} ({} parameters{}), {} ranks ({}), {} units, global batch {} x {} tokens", cfg_.name,
                    cfg_.num_parameters(), frozen, W_, rt_.world.launcher, count_units(sharded_->units()),
                    data_.global_batch, o_.data.seq_len));
+  if (W_ > 1) say_(fmt::format("process group: {}", rt_.world_group->transport()));
   say_(fmt::format("data {}, {} windows of {} tokens per epoch", data_.train->describe(),
                    data_.sampler->samples_per_epoch(), o_.data.seq_len));
   if (console_.on()) std::cout << summary_.plan << std::flush;

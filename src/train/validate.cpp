@@ -90,6 +90,8 @@ models::LlamaConfig validate_conversion(const TrainOptions& o, int world_size, c
 void validate_steps(const TrainOptions& o, int world_size) {
   FSDP_CHECK(o.step.batch_size >= 1, "--batch-size must be >= 1, got ", o.step.batch_size);
   FSDP_CHECK(o.step.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.step.grad_accum);
+  FSDP_CHECK(o.step.loss_chunk_rows >= 0, "--loss-chunk-rows must be >= 0 (0: chosen from the vocabulary), got ",
+             o.step.loss_chunk_rows);
   FSDP_CHECK(o.step.max_steps >= 1, "--max-steps must be >= 1, got ", o.step.max_steps,
              " (to convert a checkpoint without training: fsdp-train convert --checkpoint-dir DIR --export-hf OUT)");
   FSDP_CHECK(o.step.clip_grad >= 0, "--clip-grad must be >= 0 (0 disables clipping), got ", o.step.clip_grad);

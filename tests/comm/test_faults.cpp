@@ -94,5 +94,31 @@ TEST(Faults, SigtermWhileJoiningEndsTheProcess) {
   EXPECT_EQ(c.output.find("frame #"), std::string::npos) << c.output;
 }
 
+// Shared memory between the ranks of one host (Note [Shared memory]): the two
+// ranks exchange through it (the log says so), a rank killed with SIGKILL in
+// the middle of training is named by the survivor within --timeout, and no
+// segment of the job is in /dev/shm while it runs nor after the crash.
+TEST(Faults, KilledWorkerOverSharedMemoryIsNamedAndLeavesNoSegment) {
+  const std::string dir = temp_dir("run");
+  const Command c = run_command(
+      "bash -c '"
+      "D=" + dir + "; " + kTrain + " --max-steps 1000000 --log-every 1 --nproc-per-node 2 --timeout 20 "
+      ">$D/out 2>$D/err & L=$!; "
+      "for i in $(seq 600); do grep -q Loss $D/out && break; sleep 0.2; done; "
+      "W=; P=$L; for p in $(pgrep -P $L); do P=\"$P $p\"; tr \"\\0\" \"\\n\" </proc/$p/environ | grep -qx RANK=1 && "
+      "W=$p; done; [ -n \"$W\" ] || { echo no-rank-1; kill -9 $L; exit 1; }; "
+      "for p in $P; do ls /dev/shm | grep \"^fsdp-cpp\\.$p\\.\" >>$D/during; done; "
+      "kill -9 $W; wait $L; echo exit=$?; "
+      "for p in $P; do ls /dev/shm | grep \"^fsdp-cpp\\.$p\\.\" >>$D/after; done; true'",
+      150);
+  const std::string out = read_file(dir + "/out"), err = read_file(dir + "/err");
+  EXPECT_HAS(c.output, "exit=1");
+  EXPECT_HAS(out + err, "process group: tcp, shared memory with 1 of 1 peers");
+  EXPECT_HAS(err, "rank 1");
+  EXPECT_EQ(read_file(dir + "/during"), "") << "segments in /dev/shm while the job ran";
+  EXPECT_EQ(read_file(dir + "/after"), "") << "segments in /dev/shm after the crash";
+  EXPECT_EQ(err.find("frame #"), std::string::npos) << err;
+}
+
 }  // namespace
 }  // namespace fsdp::testing

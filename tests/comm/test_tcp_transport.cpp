@@ -11,11 +11,15 @@
 
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
+#include <fcntl.h>
 #include <netdb.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cstring>
+#include <filesystem>
 #include <future>
 #include <sstream>
 #include <thread>
@@ -27,6 +31,9 @@ using std::chrono::milliseconds;
 using std::chrono::seconds;
 
 const ListenAddress kLoopback{"127.0.0.1", "loopback (test)"};
+// The same, with the ranks of this host (threads of this process here)
+// exchanging through shared memory (Note [Shared memory]).
+const ListenAddress kShm{"127.0.0.1", "loopback (test)", /*shared_memory=*/true};
 
 // Runs body(rank) on `size` threads and rethrows the first exception.
 void run_ranks(int size, const std::function<void(int)>& body) {
@@ -48,12 +55,16 @@ void run_ranks(int size, const std::function<void(int)>& body) {
 }
 
 // A connected mesh per rank (index = rank).
-std::vector<std::unique_ptr<Mesh>> connect_all(int size, const std::string& lane = "test") {
+std::vector<std::unique_ptr<Mesh>> connect_all(int size, const ListenAddress& address = kLoopback,
+                                               const std::string& lane = "test") {
   auto store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::unique_ptr<Mesh>> meshes(static_cast<size_t>(size));
   run_ranks(size, [&](int r) {
-    meshes[static_cast<size_t>(r)] = Mesh::connect(store, kLoopback, "g", lane, r, size, seconds(30));
+    meshes[static_cast<size_t>(r)] = Mesh::connect(store, address, "g", lane, r, size, seconds(30));
   });
+  for (auto& m : meshes) {
+    EXPECT_EQ(m->shm_peers(), address.shared_memory ? size - 1 : 0) << m->shm_note();
+  }
   return meshes;
 }
 
@@ -66,10 +77,10 @@ Clock::time_point in(milliseconds ms) { return Clock::now() + ms; }
 // Every rank sends more to every peer than the kernel buffers of a connection
 // hold, posting in different orders, before anyone waits: a transport that
 // blocked on one direction or one peer at a time would deadlock here.
-TEST(TcpTransport, SimultaneousLargeTransfersBetweenEveryPairComplete) {
+void simultaneous_large_transfers(const ListenAddress& address) {
   constexpr int kSize = 3;
-  constexpr size_t kBytes = (size_t{24} << 20) + 5;  // > send + receive buffer (2 x 8 MiB)
-  auto meshes = connect_all(kSize);
+  constexpr size_t kBytes = (size_t{24} << 20) + 5;  // > send + receive buffer (2 x 8 MiB), > a ring (4 MiB)
+  auto meshes = connect_all(kSize, address);
   run_ranks(kSize, [&](int r) {
     Mesh& m = *meshes[static_cast<size_t>(r)];
     std::vector<std::vector<uint8_t>> out(kSize), got(kSize);
@@ -129,10 +140,13 @@ TEST(TcpTransport, SimultaneousLargeTransfersBetweenEveryPairComplete) {
   });
 }
 
+TEST(TcpTransport, SimultaneousLargeTransfersBetweenEveryPairComplete) { simultaneous_large_transfers(kLoopback); }
+TEST(TcpTransport, SimultaneousLargeTransfersThroughSharedMemoryComplete) { simultaneous_large_transfers(kShm); }
+
 // Rank 2 sends only 400 of the 1000 bytes rank 0 expects: the timeout names
 // rank 2 and how much arrived, and not rank 1, whose bytes all arrived.
-TEST(TcpTransport, TimeoutNamesTheMissingRankAndWhatArrived) {
-  auto meshes = connect_all(3);
+void timeout_names_the_missing_rank(const ListenAddress& address) {
+  auto meshes = connect_all(3, address);
   std::promise<void> rank0_done;
   std::shared_future<void> rank0_finished = rank0_done.get_future().share();
   std::string message;
@@ -161,12 +175,17 @@ TEST(TcpTransport, TimeoutNamesTheMissingRankAndWhatArrived) {
   EXPECT_EQ(message.find("rank 1"), std::string::npos) << message;
 }
 
+TEST(TcpTransport, TimeoutNamesTheMissingRankAndWhatArrived) { timeout_names_the_missing_rank(kLoopback); }
+TEST(TcpTransport, TimeoutOverSharedMemoryNamesTheMissingRankAndWhatArrived) {
+  timeout_names_the_missing_rank(kShm);
+}
+
 // A peer that closes while bytes are expected from it fails the wait at once
 // (the deadline is a minute away) naming it; with a reason recorded, the
 // survivor reports that reason instead of blaming the peer.
-TEST(TcpTransport, PeerClosingFailsTheWaitAtOnceNamingIt) {
+void peer_closing_fails_the_wait_at_once(const ListenAddress& address) {
   for (const std::string reason : {"", "all_reduce #4 failed: rank 7 vanished"}) {
-    auto meshes = connect_all(2);
+    auto meshes = connect_all(2, address);
     std::string message;
     run_ranks(2, [&](int r) {
       Mesh& m = *meshes[static_cast<size_t>(r)];
@@ -196,6 +215,55 @@ TEST(TcpTransport, PeerClosingFailsTheWaitAtOnceNamingIt) {
       EXPECT_CONTAINS(message, "after failing first: " + reason);
     }
   }
+}
+
+TEST(TcpTransport, PeerClosingFailsTheWaitAtOnceNamingIt) { peer_closing_fails_the_wait_at_once(kLoopback); }
+// Over shared memory the peer's silent socket tells that it closed; the bytes
+// it wrote before closing are still read (10 arrived).
+TEST(TcpTransport, PeerClosingOverSharedMemoryFailsTheWaitAtOnceNamingIt) {
+  peer_closing_fails_the_wait_at_once(kShm);
+}
+
+// Segments live in /dev/shm only while a lane connects: once every rank of the
+// host mapped it, each unlinks its name, so nothing is left behind however
+// the job ends. Names left by a creator that died in between are removed by
+// the next creation.
+TEST(TcpTransport, SharedMemorySegmentsLeaveNoNameBehind) {
+  const auto ours = [] {
+    std::vector<std::string> names;
+    const std::string prefix = std::string(shm::kSegmentPrefix) + std::to_string(getpid()) + ".";
+    for (const auto& e : std::filesystem::directory_iterator("/dev/shm")) {
+      const std::string n = e.path().filename().string();
+      if (n.rfind(prefix, 0) == 0) names.push_back(n);
+    }
+    return names;
+  };
+  {
+    auto meshes = connect_all(3, kShm);
+    EXPECT_EQ(ours(), std::vector<std::string>{}) << "a segment's name outlived the connection of its lane";
+    // The mappings still work without the name.
+    int32_t x = 7, y = 0;
+    meshes[1]->post_send(2, &x, sizeof(x));
+    meshes[2]->post_recv(1, &y, sizeof(y));
+    run_ranks(3, [&](int r) { meshes[static_cast<size_t>(r)]->wait_all(in(seconds(30))); });
+    EXPECT_EQ(y, 7);
+  }
+  // A name whose creator is gone (a child that exited), and one whose creator lives (us).
+  const pid_t child = fork();
+  if (child == 0) _exit(0);
+  ASSERT_GT(child, 0);
+  waitpid(child, nullptr, 0);
+  const std::string dead = "/" + std::string(shm::kSegmentPrefix) + std::to_string(child) + ".test";
+  const std::string alive = "/" + std::string(shm::kSegmentPrefix) + std::to_string(getpid()) + ".test";
+  for (const std::string& n : {dead, alive}) {
+    const int fd = shm_open(n.c_str(), O_CREAT | O_RDWR, 0600);
+    ASSERT_GE(fd, 0) << n;
+    close(fd);
+  }
+  EXPECT_GE(shm::remove_stale_segments(), 1);
+  EXPECT_FALSE(std::filesystem::exists("/dev/shm" + dead));
+  EXPECT_TRUE(std::filesystem::exists("/dev/shm" + alive));
+  shm_unlink(alive.c_str());
 }
 
 // Something that is not a rank (a port scanner, a health check) connecting to

@@ -62,6 +62,33 @@ TEST(Plan, Llama2_70bOnTheMetaDeviceInMilliseconds) {
   EXPECT_LT(seconds, 5.0);
 }
 
+// fsdp-train's --wrap block (models::llama_unit_types): the embedding and the
+// output head are units of their own, so the root keeps only the final norm
+// and llama3.1-8b on 8 ranks in bf16 plans at most 5 GiB of unsharded
+// parameters, gradients and reductions per rank (9.45 GiB with both in the
+// root before the head and embedding were units and a post-backward resharded
+// before its reduce copy). The plan replays the model's call order
+// (nn::CallOrder); test_memory_contract.cpp holds such a plan to the byte.
+TEST(Plan, Llama3_8bWithEmbeddingAndHeadUnitsFitsFiveGibPerRank) {
+  const models::LlamaConfig cfg = models::resolve_model_config("llama3.1-8b");
+  auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
+  nn::Unit<models::LlamaForCausalLMImpl> root(impl);
+  FsdpOptions o;
+  o.wrap = WrapPolicy::by_type(models::llama_unit_types());
+  o.mixed_precision = MixedPrecision::preset("bf16");
+  const ShardingPlan plan = plan_sharding(root.ptr(), 8, 0, o);
+  std::cout << "[plan] llama3.1-8b on 8 ranks, bf16, embedding and head as units:\n" << plan.describe();
+  EXPECT_EQ(plan.units.size(), static_cast<size_t>(cfg.num_hidden_layers + 3));
+  EXPECT_EQ(plan.units[0].params.size(), 1u);  // model.norm.weight
+  EXPECT_LE(plan.step_unsharded_bytes, int64_t{5} << 30);
+  // The largest unit is the head (or the embedding): V x D bf16, 1 GiB minus padding.
+  EXPECT_EQ(plan.largest_unit_bytes, cfg.vocab_size * cfg.hidden_size * 2);
+  // Both in the root (wrap by block type only): more.
+  FsdpOptions blocks = o;
+  blocks.wrap = WrapPolicy::by_type({models::llama_block_type()});
+  EXPECT_GT(plan_sharding(root.ptr(), 8, 0, blocks).step_unsharded_bytes, plan.step_unsharded_bytes + (int64_t{2} << 30));
+}
+
 }  // namespace fsdp
 
 namespace fsdp {

@@ -19,6 +19,12 @@ struct ToyConfig {
   int64_t d_out = 3;   // Dout
   int64_t blocks = 3;
   bool with_unused = false;  // a parameter that never gets a gradient
+  // A decoder's layout (ToyIoNetImpl): the input and output projections as
+  // units of their own, and between the blocks and the output a root-owned
+  // scale (as a final norm); `tied`: the output uses the input unit's matrix
+  // (d_in == d_out), one unit called twice.
+  bool io_units = false;
+  bool tied = false;
 };
 
 struct ToyBlockImpl : torch::nn::Module {
@@ -59,9 +65,71 @@ struct ToyNetImpl : torch::nn::Module {
   }
 };
 
+// Input projection as a unit: x (B, Din) -> (B, D); tied, also the loss of the
+// output projection through the same matrix.
+struct ToyInImpl : torch::nn::Module {
+  torch::Tensor weight;  // (D, Din)
+  ToyInImpl(const ToyConfig& c, const at::TensorOptions& o) {
+    weight = register_parameter("weight", torch::empty({c.d, c.d_in}, o));
+  }
+  torch::Tensor forward(const torch::Tensor& x) { return x.matmul(weight.t()); }
+  // h (B, D), y (B, Din): mean squared error of h W against y.
+  torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& y) { return (h.matmul(weight) - y).pow(2).mean(); }
+};
+
+// Output projection and loss as a unit: h (B, D), y (B, Dout).
+struct ToyOutImpl : torch::nn::Module {
+  torch::Tensor weight;  // (Dout, D)
+  ToyOutImpl(const ToyConfig& c, const at::TensorOptions& o) {
+    weight = register_parameter("weight", torch::empty({c.d_out, c.d}, o));
+  }
+  torch::Tensor forward(const torch::Tensor& h, const torch::Tensor& y) {
+    return (h.matmul(weight.t()) - y).pow(2).mean();
+  }
+};
+
+// ToyConfig::io_units: in -> blocks -> h * scale (the root's own) -> out (or in, tied).
+struct ToyIoNetImpl : torch::nn::Module, nn::CallOrder {
+  nn::Unit<ToyInImpl> in{nullptr};
+  torch::nn::ModuleList blocks_list{nullptr};
+  std::vector<nn::Unit<ToyBlockImpl>> blocks;
+  torch::Tensor scale;  // (D)
+  nn::Unit<ToyOutImpl> out{nullptr};
+  ToyIoNetImpl(const ToyConfig& c, const at::TensorOptions& o) {
+    in = register_module("in", nn::make_unit<ToyInImpl>(c, o).ptr());
+    blocks_list = register_module("blocks", torch::nn::ModuleList());
+    for (int64_t i = 0; i < c.blocks; ++i) {
+      blocks.push_back(nn::make_unit<ToyBlockImpl>(c, o));
+      blocks_list->push_back(blocks.back().ptr());
+    }
+    scale = register_parameter("scale", torch::empty({c.d}, o));
+    if (!c.tied) out = register_module("out", nn::make_unit<ToyOutImpl>(c, o).ptr());
+  }
+  torch::Tensor forward(const torch::Tensor& x, const torch::Tensor& y) {
+    torch::Tensor h = in(x);
+    for (auto& b : blocks) h = b(h);
+    h = h * scale;
+    return out ? out(h, y) : in(h, y);
+  }
+  std::vector<std::string> unit_call_order() const override {
+    std::vector<std::string> order = {"in"};
+    for (size_t i = 0; i < blocks.size(); ++i) order.push_back("blocks." + std::to_string(i));
+    order.push_back("");  // scale
+    order.push_back(out ? "out" : "in");
+    return order;
+  }
+};
+
 inline nn::InitRule toy_init_rule(const std::string& name) {
   if (name.size() >= 2 && name.compare(name.size() - 2, 2, "b1") == 0) return nn::InitRule::uniform(0.1);
   return nn::InitRule::normal(0.4);
+}
+
+inline nn::Unit<ToyIoNetImpl> make_toy_io(const ToyConfig& c, bool meta, uint64_t seed) {
+  auto o = at::TensorOptions().dtype(at::kFloat).device(meta ? at::kMeta : at::kCPU);
+  auto m = nn::Unit<ToyIoNetImpl>(std::make_shared<ToyIoNetImpl>(c, o));
+  if (!meta) nn::init_module(*m, toy_init_rule, seed);
+  return m;
 }
 
 inline nn::Unit<ToyNetImpl> make_toy(const ToyConfig& c, bool meta, uint64_t seed) {

@@ -3,6 +3,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -182,16 +183,30 @@ TEST(Llama, EveryPresetOnMetaHasItsAnalyticParameterCount) {
   }
 }
 
+// Every decoder layer is a unit of the block type; the embedding and the
+// head are units of their own types (llama_unit_types), the head absent when
+// tied; the model tells planning its call order.
 TEST(Llama, EveryDecoderLayerIsAUnitOfTheBlockType) {
-  const LlamaConfig cfg = small_cfg();
-  LlamaForCausalLM m = build_llama(cfg, kMeta, 0);
-  const auto units = fsdp::nn::find_units(m.ptr());
-  ASSERT_EQ(units.size(), 2u);
-  for (size_t i = 0; i < units.size(); ++i) {
-    EXPECT_EQ(units[i].first, "model.layers." + std::to_string(i));
-    EXPECT_EQ(units[i].second->inner_type(), fsdp::models::llama_block_type());
-    EXPECT_NE(units[i].second->inner_type_name().find("LlamaDecoderLayerImpl"), std::string::npos)
-        << units[i].second->inner_type_name();
+  for (bool tied : {false, true}) {
+    const LlamaConfig cfg = small_cfg(tied);
+    LlamaForCausalLM m = build_llama(cfg, kMeta, 0);
+    const auto units = fsdp::nn::find_units(m.ptr());
+    ASSERT_EQ(units.size(), tied ? 3u : 4u);
+    EXPECT_EQ(units[0].first, "model.embed_tokens");
+    for (size_t i = 1; i <= 2; ++i) {
+      EXPECT_EQ(units[i].first, "model.layers." + std::to_string(i - 1));
+      EXPECT_EQ(units[i].second->inner_type(), fsdp::models::llama_block_type());
+      EXPECT_NE(units[i].second->inner_type_name().find("LlamaDecoderLayerImpl"), std::string::npos)
+          << units[i].second->inner_type_name();
+    }
+    if (!tied) EXPECT_EQ(units[3].first, "lm_head");
+    const auto types = fsdp::models::llama_unit_types();
+    for (const auto& u : units) {
+      EXPECT_NE(std::find(types.begin(), types.end(), u.second->inner_type()), types.end()) << u.first;
+    }
+    const std::vector<std::string> order = m->unit_call_order();
+    EXPECT_EQ(order, (std::vector<std::string>{"model.embed_tokens", "model.layers.0", "model.layers.1", "",
+                                               tied ? "model.embed_tokens" : "lm_head"}));
   }
 }
 
@@ -220,7 +235,10 @@ TEST(Llama, BlocksReplayUnderUnitHooks) {
   const at::Tensor g_plain = m->named_parameters().find("model.layers.0.self_attn.q_proj.weight")->grad().clone();
   m->zero_grad();
   auto hooks = std::make_shared<ReplayHooks>();
-  for (auto& u : fsdp::nn::find_units(m.ptr())) u.second->set_hooks(hooks);
+  for (auto& u : fsdp::nn::find_units(m.ptr())) {
+    // The blocks (the embedding and the head are units too, with other inputs).
+    if (u.second->inner_type() == fsdp::models::llama_block_type()) u.second->set_hooks(hooks);
+  }
   const at::Tensor hooked = m->loss(tok, tgt);
   hooked.backward();
   EXPECT_EQ(hooks->calls, 2);
@@ -442,7 +460,10 @@ TEST(Llama, PerLayerWindowsAndReplayWithMasks) {
   const at::Tensor g = m->named_parameters().find("model.layers.1.self_attn.k_proj.bias")->grad().clone();
   m->zero_grad();
   auto hooks = std::make_shared<ReplayHooks>();
-  for (auto& u : fsdp::nn::find_units(m.ptr())) u.second->set_hooks(hooks);
+  for (auto& u : fsdp::nn::find_units(m.ptr())) {
+    // The blocks (the embedding and the head are units too, with other inputs).
+    if (u.second->inner_type() == fsdp::models::llama_block_type()) u.second->set_hooks(hooks);
+  }
   const at::Tensor hooked = m->loss(tok, tok);
   hooked.backward();
   EXPECT_EQ(hooks->calls, 2);

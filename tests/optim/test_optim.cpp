@@ -123,6 +123,7 @@ TEST(AdamW, ParamGroupsSplitAFlatShardByParameter) {
   optim::AdamWOptions o;
   o.lr = 0.1;
   o.weight_decay = 0.5;
+  o.fused = false;  // compared with adamw_update, the loop's arithmetic (the fused kernel: below)
   torch::manual_seed(0);
   const at::Tensor flat = at::randn({16});
   at::Tensor shard = flat.narrow(0, 3, 13).clone();
@@ -163,6 +164,122 @@ TEST(AdamW, ParamGroupsSplitAFlatShardByParameter) {
   for (const auto& [first, count] : {std::pair<int64_t, int64_t>{0, 1}, {1, 6}, {7, 5}}) {
     EXPECT_FALSE(plain_shard.narrow(0, first, count).equal(shard.narrow(0, first, count))) << first;
   }
+}
+
+// The fused kernel (at::_fused_adamw_) against the loop: the same update in
+// another order of operations, so equal to rounding (printed: the largest
+// difference and the share of elements that differ), on shards whose segments
+// have different settings and lengths that are not multiples of the vector width.
+TEST(AdamW, FusedStepEqualsTheLoopToRounding) {
+  const int64_t n = 100003;
+  torch::manual_seed(1);
+  const at::Tensor start = at::randn({n});
+  // Three segments: decayed, not decayed, decayed at half the learning rate.
+  const std::vector<optim::AdamW::Segment> segments = {
+      {0, 40001, {true, 1.0}}, {40001, 777, {false, 1.0}}, {40778, n - 40778, {true, 0.5}}};
+  for (at::ScalarType dt : {at::kFloat, at::kBFloat16}) {
+    optim::AdamWOptions o;
+    o.lr = 1e-3;
+    o.weight_decay = 0.1;
+    o.state_dtype = dt;
+    optim::AdamWOptions loop_o = o;
+    loop_o.fused = false;
+    at::Tensor pf = start.to(dt).clone(), pl = start.to(dt).clone(), g;
+    optim::AdamW fused(o), loop(loop_o);
+    fused.add("p", pf, [&] { return g; }, segments);
+    loop.add("p", pl, [&] { return g; }, segments);
+    ASSERT_TRUE(fused.fuses(fused.slots()[0]));
+    ASSERT_FALSE(loop.fuses(loop.slots()[0]));
+    for (int step = 0; step < 20; ++step) {
+      g = at::randn({n}).to(dt);
+      fused.step();
+      loop.step();
+    }
+    const at::Tensor d = (pf.to(at::kFloat) - pl.to(at::kFloat)).abs();
+    const double moved = (pl.to(at::kFloat) - start.to(dt).to(at::kFloat)).abs().max().item<double>();
+    const double worst = d.max().item<double>();
+    const double share = d.gt(0).to(at::kDouble).mean().item<double>();
+    std::cout << "[fused AdamW] " << c10::toString(dt) << ", 20 steps: largest difference from the loop " << worst
+              << " (the loop moved the weights up to " << moved << "), " << 100 * share << "% of elements differ\n";
+    EXPECT_GT(worst, 0.0) << "the fused kernel did not run: the loop's result, bit for bit";
+    if (dt == at::kFloat) {
+      // Rounding of the update, not another update: at most one ulp of the largest weight.
+      const double wmax = pl.abs().max().item<double>();
+      EXPECT_LE(worst, std::ldexp(1.0, std::ilogb(wmax) - 23)) << "largest weight " << wmax;
+      EXPECT_LT(share, 0.1);
+    } else {
+      // bf16: the kernel keeps the arithmetic in fp32 and rounds once; the loop
+      // rounds each operation to bf16. One bf16 ulp of the weights (|w| < 8).
+      EXPECT_LE(worst, std::ldexp(1.0, -5));
+    }
+  }
+}
+
+// Every element gets the same bits wherever it lies in the tensors passed to
+// the kernel (Note [Fused AdamW tails]): a flat parameter cut into two shards
+// at an odd offset (two slots, one segment each: a setting shared by
+// neighbouring parameters merges into one segment) equals one slot per
+// parameter, bit for bit — what makes sharded training equal its unsharded
+// reference.
+TEST(AdamW, FusedStepIsTheSameWhereverAnElementLies) {
+  torch::manual_seed(2);
+  const std::vector<int64_t> sizes = {1, 17, 63, 64, 65, 1000, 4099};
+  int64_t total = 0;
+  for (int64_t s : sizes) total += s;
+  const at::Tensor start = at::randn({total});
+  optim::AdamWOptions o;
+  o.lr = 1e-2;
+  o.weight_decay = 0.1;
+  const int64_t cut = total / 2 + 3;
+  at::Tensor flat = start.clone(), flat_grad;
+  optim::AdamW sharded(o);
+  sharded.add("shard0", flat.narrow(0, 0, cut), [&] { return flat_grad.narrow(0, 0, cut); });
+  sharded.add("shard1", flat.narrow(0, cut, total - cut), [&] { return flat_grad.narrow(0, cut, total - cut); });
+  std::vector<at::Tensor> parts, part_grads(sizes.size());
+  optim::AdamW reference(o);
+  int64_t at = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    parts.push_back(start.narrow(0, at, sizes[i]).clone());
+    at::Tensor* g = &part_grads[i];
+    reference.add("p" + std::to_string(i), parts.back(), [g] { return *g; });
+    at += sizes[i];
+  }
+  for (int step = 0; step < 30; ++step) {
+    flat_grad = at::randn({total});
+    at = 0;
+    for (size_t i = 0; i < sizes.size(); ++i) {
+      part_grads[i] = flat_grad.narrow(0, at, sizes[i]).clone();
+      at += sizes[i];
+    }
+    sharded.step();
+    reference.step();
+  }
+  const at::Tensor v = at::cat({sharded.slots()[0].exp_avg_sq, sharded.slots()[1].exp_avg_sq});
+  at = 0;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    EXPECT_TRUE(flat.narrow(0, at, sizes[i]).equal(parts[i])) << "parameter " << i << " of " << sizes[i];
+    EXPECT_TRUE(v.narrow(0, at, sizes[i]).equal(reference.slots()[i].exp_avg_sq)) << "exp_avg_sq of parameter " << i;
+    at += sizes[i];
+  }
+}
+
+// Kahan-compensated bf16 and moments in another dtype than the parameter
+// keep the loop.
+TEST(AdamW, FusedKernelOnlyWhereItApplies) {
+  optim::AdamWOptions kahan;
+  kahan.state_dtype = at::kBFloat16;
+  kahan.kahan_summation = true;
+  optim::AdamW a(kahan);
+  a.add("p", at::ones({8}, at::kBFloat16), [] { return at::Tensor(); });
+  EXPECT_FALSE(a.fuses(a.slots()[0]));
+  optim::AdamWOptions mixed;
+  mixed.state_dtype = at::kBFloat16;
+  optim::AdamW b(mixed);
+  b.add("p", at::ones({8}), [] { return at::Tensor(); });
+  EXPECT_FALSE(b.fuses(b.slots()[0]));
+  optim::AdamW c(optim::AdamWOptions{});
+  c.add("p", at::ones({8}), [] { return at::Tensor(); });
+  EXPECT_TRUE(c.fuses(c.slots()[0]));
 }
 
 // Frozen shards hold no optimizer state.

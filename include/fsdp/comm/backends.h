@@ -27,6 +27,12 @@ struct TcpTransportOptions {
   // All ranks on this host: if the hostname does not resolve to a usable
   // address, fall back to 127.0.0.1 instead of failing.
   bool single_node = true;
+  // Ranks on the same host (same boot id and /dev/shm) exchange through a
+  // shared-memory segment per lane instead of loopback TCP; ranks on other
+  // hosts, and any pair whose segment could not be mapped, through TCP. The
+  // results are the same to the bit. See Note [Shared memory] in
+  // src/comm/shm_transport.cpp.
+  bool shared_memory = true;
 };
 
 // The CPU process group (backend() == "tcp"): `size` ranks over our own TCP

@@ -83,6 +83,9 @@ class ProcessGroup {
   // The device collectives expect tensors on (CPU for tcp, cuda:N for NCCL).
   virtual at::Device device() const = 0;
   virtual std::string backend() const = 0;  // "tcp" or "nccl"
+  // How bytes move between this rank and its peers, for logs: backend() unless
+  // the backend says more ("tcp, shared memory with 3 of 3 peers").
+  virtual std::string transport() const { return backend(); }
 
   // out: size() * in.numel() elements; rank r's `in` lands in out[r*n, (r+1)*n).
   // `in` may be out's own chunk (in-place). Same dtype and device for both.

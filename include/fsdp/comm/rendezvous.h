@@ -52,6 +52,9 @@ struct WorldInfo {
   std::string store_prefix;  // key prefix for every key this job uses ("" for none)
   std::string launcher = "single";  // "torchrun", "fsdp-train", "env", "slurm", "single"
   std::string socket_ifname;        // first entry of GLOO_SOCKET_IFNAME, or ""
+  // FSDP_SHM: ranks on one host exchange through shared memory (default 1;
+  // 0 keeps loopback TCP, e.g. to compare). TcpTransportOptions::shared_memory.
+  bool shared_memory = true;
 };
 
 // Returns the variable's value, or nullopt when it is unset.

@@ -45,6 +45,9 @@ class LinearImpl : public torch::nn::Module {
   // p == 0 draws nothing. Requires: no adapter yet, rank >= 1.
   void add_lora(int64_t rank, double alpha, double dropout, uint64_t mask_key);
   bool has_lora() const { return lora_A_ != nullptr; }
+  // The adapter's first half, lora_A(dropout(x)): x (..., in) -> (..., r);
+  // forward adds lora_B of it times lora_scaling(). Requires: has_lora().
+  at::Tensor lora_down(const at::Tensor& x);
   // Requires: has_lora().
   const at::Tensor& lora_A() const;  // (r, in)
   const at::Tensor& lora_B() const;  // (out, r)

@@ -57,8 +57,15 @@
 // device the constructor initializes every parameter with llama_init_rule(cfg)
 // and `seed` through nn::init_module.
 //
-// Units: every decoder layer is an nn::Unit<LlamaDecoderLayerImpl> (names
-// unchanged by the mark); wrap policies "by block type" use llama_block_type().
+// Units: every decoder layer is an nn::Unit<LlamaDecoderLayerImpl>, the token
+// embedding an nn::Unit<LlamaEmbeddingImpl> and the output head an
+// nn::Unit<LlamaHeadImpl> (names unchanged by the marks); wrap policies "by
+// block type" use llama_block_type(), and llama_unit_types() adds the
+// embedding and the head (fsdp-train's --wrap block). The output projection
+// and the loss run inside the head's unit — tied, inside the embedding's unit,
+// which the forward then calls twice (LlamaForCausalLMImpl::unit_call_order).
+// The final norm stays with the root: its HF name (model.norm) is not under
+// lm_head, and it is hidden_size elements.
 //
 // Note [Sliding-window mask]
 // Where T >= W (the same test as transformers' _ignore_causal_mask_sdpa), a
@@ -82,6 +89,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/models/chunked_loss.h"
 #include "fsdp/models/layers.h"
 #include "fsdp/models/llama_config.h"
 #include "fsdp/models/moe.h"
@@ -89,12 +97,6 @@
 #include "fsdp/nn/unit.h"
 
 namespace fsdp::models {
-
-// Targets equal to this are left out of the loss (HF / torch convention).
-inline constexpr int64_t kIgnoreIndex = -100;
-
-// Reduction of LlamaForCausalLMImpl::loss over the non-ignored targets.
-enum class LossReduction { kMean, kSum };
 
 // How attention is computed. Results agree to rounding.
 enum class AttentionKernel {
@@ -159,6 +161,39 @@ TORCH_MODULE(LlamaMLP);
 // result type (several tensors) is fixed at compile time.
 struct WithRouterLogits {};
 
+// Tags of the output head's forwards (LlamaHeadImpl, and LlamaEmbeddingImpl
+// when tied): the loss over targets, or the logits.
+struct HeadLoss {
+  LossReduction reduction = LossReduction::kMean;
+  int64_t chunk_rows = 1;  // rows of logits per chunk (chunked_loss.h)
+};
+struct HeadLogits {};
+
+// The token embedding, a unit boundary of its own. Tied (no lm_head), the
+// output head runs here too, so that the one matrix belongs to one unit.
+class LlamaEmbeddingImpl : public EmbeddingImpl {
+ public:
+  using EmbeddingImpl::EmbeddingImpl;
+  using EmbeddingImpl::forward;  // tokens (B, T) -> (B, T, D)
+  // hidden (N, D), targets (N) -> chunked cross-entropy with this weight as the head (fp32 ()).
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& targets, HeadLoss how);
+  // hidden (..., D) -> logits (..., V).
+  at::Tensor forward(const at::Tensor& hidden, HeadLogits);
+};
+using LlamaEmbedding = nn::Unit<LlamaEmbeddingImpl>;
+
+// The output projection lm_head (a Linear, so LoRA can adapt it) and the loss,
+// a unit boundary of its own.
+class LlamaHeadImpl : public LinearImpl {
+ public:
+  LlamaHeadImpl(int64_t hidden_size, int64_t vocab_size, const at::TensorOptions& options)
+      : LinearImpl(hidden_size, vocab_size, /*bias=*/false, options) {}
+  using LinearImpl::forward;  // hidden (..., D) -> logits (..., V), adapter included
+  // hidden (N, D), targets (N) -> chunked cross-entropy (fp32 ()), adapter included.
+  at::Tensor forward(const at::Tensor& hidden, const at::Tensor& targets, HeadLoss how);
+};
+using LlamaHead = nn::Unit<LlamaHeadImpl>;
+
 // One pre-norm transformer block; the unit of sharding.
 class LlamaDecoderLayerImpl : public torch::nn::Module {
  public:
@@ -202,14 +237,16 @@ class LlamaModelImpl : public torch::nn::Module {
   // forward overload: ModuleHolder's call needs forward unambiguous.)
   at::Tensor forward_with_router_logits(const at::Tensor& tokens, std::vector<at::Tensor>& router_logits);
 
-  Embedding& embed_tokens() { return embed_tokens_; }
-  const Embedding& embed_tokens() const { return embed_tokens_; }
+  LlamaEmbeddingImpl& embed_tokens() { return embed_tokens_->impl(); }
+  const LlamaEmbeddingImpl& embed_tokens() const { return *embed_tokens_->impl_ptr(); }
+  // The embedding's unit: calls through it are gathered when it is sharded.
+  LlamaEmbedding& embed_unit() { return embed_tokens_; }
   const std::vector<LlamaBlock>& layers() const { return blocks_; }
   // (Dh/2) fp32 on CPU; not a parameter or buffer.
   const at::Tensor& inv_freq() const { return inv_freq_; }
 
  private:
-  Embedding embed_tokens_{nullptr};     // weight (V, D)
+  LlamaEmbedding embed_tokens_{nullptr};  // weight (V, D)
   torch::nn::ModuleList layers_{nullptr};  // "layers.{i}", holds blocks_
   std::vector<LlamaBlock> blocks_;      // L, typed handles to the same modules
   RMSNorm norm_{nullptr};               // weight (D)
@@ -232,7 +269,7 @@ struct RouterOutputs {
 };
 
 // The trainer's model.
-class LlamaForCausalLMImpl : public torch::nn::Module {
+class LlamaForCausalLMImpl : public torch::nn::Module, public nn::CallOrder {
  public:
   // Builds on options.device()/dtype(); see the file comment for meta vs real
   // devices. Throws UsageError if cfg.validate() does.
@@ -258,6 +295,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // int64 is already shifted (targets[b][t] is the token after tokens[b][t]);
   // positions with target == kIgnoreIndex are left out of the mean (all ignored
   // gives NaN, as in torch). Log-softmax runs in fp32 whatever the param dtype.
+  // The output projection and the cross-entropy run in chunks of
+  // loss_chunk_rows() rows (chunked_loss.h): the (B, T, V) logits never exist
+  // at once; the result equals that of cross_entropy(forward(tokens)) to
+  // rounding. A LoRA adapter on lm_head takes part (peft's output).
   // Mixtral adds router_aux_loss_coef x the load-balancing loss of this
   // micro-batch's router logits (all of its tokens, ignored targets included:
   // transformers' training path passes no attention mask), which is
@@ -287,15 +328,30 @@ class LlamaForCausalLMImpl : public torch::nn::Module {
   // The (V, D) output matrix: lm_head.weight, or embed_tokens.weight when tied.
   const at::Tensor& output_weight() const;
 
+  // The embedding, every layer, the root's final norm (""), then the head
+  // (tied: the embedding again), for plan_sharding (nn::CallOrder).
+  std::vector<std::string> unit_call_order() const override;
+
   // Applies to every layer's attention (default kAuto).
   void set_attention_kernel(AttentionKernel kernel);
 
+  // Rows of (B x T) per chunk of the loss's logits. 0 (the default):
+  // default_loss_chunk_rows(vocab_size); a value >= B x T computes the whole
+  // micro-batch at once. Requires: rows >= 0.
+  void set_loss_chunk_rows(int64_t rows);
+  int64_t loss_chunk_rows() const;
+
  private:
   at::Tensor logits_unchecked(const at::Tensor& tokens);  // (B, T) -> (B, T, V)
+  // hidden (B, T, D) after the final norm -> cross-entropy (chunked_loss.h).
+  at::Tensor head_loss(const at::Tensor& hidden, const at::Tensor& targets, LossReduction reduction);
+  // (..., D) -> (..., V): lm_head (with its adapter), or the tied embedding.
+  at::Tensor project(const at::Tensor& hidden);
 
   LlamaConfig cfg_;
   LlamaModel model_{nullptr};
-  Linear lm_head_{nullptr};  // weight (V, D); null when tie_word_embeddings
+  LlamaHead lm_head_{nullptr};  // weight (V, D); null when tie_word_embeddings
+  int64_t loss_chunk_rows_ = 0;  // 0: default_loss_chunk_rows(V)
 };
 TORCH_MODULE(LlamaForCausalLM);
 
@@ -315,6 +371,9 @@ nn::InitRuleFn llama_init_rule(const LlamaConfig& cfg);
 // typeid(LlamaDecoderLayerImpl): the transformer block type for wrap policies,
 // compared with nn::UnitBase::inner_type().
 std::type_index llama_block_type();
+// The block, the embedding and the head: fsdp-train's --wrap block, which
+// shards the embedding and the head as units of their own.
+std::vector<std::type_index> llama_unit_types();
 
 // Rotary inverse frequencies (Dh/2) fp32 on CPU: 1 / theta^(2j/Dh), then the
 // llama3 rescaling when cfg.rope_scaling is set — the same fp32 operations, in

@@ -45,6 +45,21 @@ class UnitHooks {
   virtual std::vector<at::Tensor> run(const TensorFn& fn, const std::vector<at::Tensor>& inputs) = 0;
 };
 
+// What a model may tell planning about the order of its unit calls, so that
+// plan_sharding can replay a step exactly (Note [Unsharded memory] in
+// src/fsdp/plan.cpp). Implemented by a root's inner module; a model without it
+// is planned as calling each unit once in registration order, with the root's
+// own parameters used first.
+class CallOrder {
+ public:
+  virtual ~CallOrder() = default;
+  // The names (relative to the root) of the unit boundaries one forward calls,
+  // in call order, a boundary called twice listed twice; "" stands for the
+  // root's own parameters, listed where the forward first uses them (their
+  // gradients are complete once backward has passed that place).
+  virtual std::vector<std::string> unit_call_order() const = 0;
+};
+
 // The part of a unit that does not depend on the inner type; the engine finds
 // units by walking modules and dynamic_cast-ing to UnitBase.
 class UnitBase : public torch::nn::Module {
@@ -55,6 +70,10 @@ class UnitBase : public torch::nn::Module {
   const std::string& inner_type_name() const { return inner_->name(); }
   torch::nn::Module& inner() { return *inner_; }
   const std::shared_ptr<torch::nn::Module>& inner_ptr() const { return inner_; }
+
+  // Registers the members the inner module gained since the unit was built
+  // (an adapter added to it: models/lora.h), under the same names.
+  void adopt_new_members();
 
   // nullptr restores the plain call.
   void set_hooks(std::shared_ptr<UnitHooks> hooks) { hooks_ = std::move(hooks); }

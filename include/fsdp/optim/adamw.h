@@ -13,6 +13,19 @@
 // rounding lost into the next step (Kahan summation):
 //   c += -lr/(1-b1^t) * m / (sqrt(v)/sqrt(1-b2^t) + eps);  old = p;  p += c;  c += old - p
 //
+// Fused step (AdamWOptions::fused, the default): LibTorch's fused AdamW kernel
+// (at::_fused_adamw_, CPU and CUDA) updates every slot whose parameter,
+// gradient and moments share one dtype and device, in one call per parameter
+// setting (Segment) and device; the loop below (adamw_update) runs where it
+// does not apply: Kahan-compensated bf16, moments in another dtype than the
+// parameter. The kernel computes the same update in another order of
+// operations (moments as m*b1 + g*(1-b1); p += (-step_size * m) / denom;
+// half-precision parameters in fp32 registers), so it differs from the loop by
+// rounding: about 1 ulp of the update on ~1.5% of fp32 elements
+// (tests/optim/test_optim.cpp prints and bounds it). It gives every element
+// the same bits wherever it lies in a shard (Note [Fused AdamW tails] in
+// adamw.cpp), so sharded training equals its unsharded reference to the bit.
+//
 // Rule for missing gradients: a tensor whose gradient is undefined in a step
 // is updated with a zero gradient (moments decay, weight decay applies). A
 // flat shard cannot skip part of itself, so the unsharded reference follows
@@ -43,6 +56,7 @@ struct AdamWOptions {
   double weight_decay = 0.01;  // decoupled: p *= 1 - lr * weight_decay
   at::ScalarType state_dtype = at::kFloat;  // exp_avg and exp_avg_sq
   bool kahan_summation = false;             // compensated update (AnyPrecision AdamW)
+  bool fused = true;                        // at::_fused_adamw_ where it applies (see above)
 };
 
 // Parameter groups: how one parameter is optimized, relative to the
@@ -144,11 +158,15 @@ class AdamW {
     at::Tensor compensation;  // same shape and dtype as param; only with kahan_summation
     std::vector<Segment> segments;  // element ranges of param in order (never empty)
   };
+  // Whether step() updates `slot` with the fused kernel.
+  bool fuses(const Slot& slot) const;
   // For checkpoints: state tensors may be read and overwritten in place.
   std::vector<Slot>& slots() { return slots_; }
   void set_step_count(int64_t s) { step_ = s; }  // for checkpoints: the restored step count
 
  private:
+  void step_fused(const std::vector<Slot*>& slots);
+
   AdamWOptions options_;
   std::vector<Slot> slots_;
   int64_t step_ = 0;

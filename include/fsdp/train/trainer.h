@@ -54,6 +54,9 @@ struct DataOptions {
 struct StepOptions {
   int64_t batch_size = 8;  // B, per rank and micro-step
   int64_t grad_accum = 1;
+  // Rows (of B x T) per chunk of the loss's logits; 0: chosen from the
+  // vocabulary (models::default_loss_chunk_rows).
+  int64_t loss_chunk_rows = 0;
   int64_t max_steps = 500;  // >= 1 when training
   double clip_grad = 1.0;  // 0: no clipping
   uint64_t seed = 1337;
@@ -93,7 +96,7 @@ struct LogOptions {
 // WrapPolicy with the decoder layer as the block.
 struct WrapChoice {
   enum class Kind {
-    kBlock,  // one unit per decoder layer (WrapPolicy::by_type of models::llama_block_type())
+    kBlock,  // one unit per decoder layer, the embedding and the head (by_type of models::llama_unit_types())
     kSize,   // a block becomes a unit once it holds min_num_params parameters not yet wrapped
     kRoot,   // the whole model as one unit
     kAll,    // every marked boundary
@@ -264,8 +267,9 @@ void validate_options(const TrainOptions& options, int world_size = 0);
 // Memory a run needs, checked before anything is allocated (Note [Memory
 // check] in src/train/memory_check.cpp): per rank, the sharding plan's bytes (parameter,
 // gradient and optimizer shards, unsharded units during a step) and the
-// logits of one micro-batch (B x T x V), a lower bound of what training
-// takes. Throws UsageError naming the need, its parts and what is available.
+// loss's logits (one chunk of B x T x V: models::chunked_loss_bytes), a lower
+// bound of what training takes. Throws UsageError naming the need, its parts
+// and what is available.
 //   this_rank == nullopt: all local_world_size processes of this machine, in
 //     host memory (the local launcher, before it starts them);
 //   this_rank == a device: this process only: its host part against the

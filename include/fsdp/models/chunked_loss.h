@@ -1,0 +1,71 @@
+// The output projection and cross-entropy of a language model, computed in
+// chunks of rows so that the whole (N, V) logits never exist at once.
+//
+// Unchunked, a batch of N = B x T rows costs N x V logits in the compute dtype,
+// their fp32 copy, log-softmax and gradient: 4 x 2048 x 128,256 fp32 is 4 GiB
+// per buffer at Llama 3's vocabulary. Here each chunk of rows computes its
+// logits in the compute dtype and their log-softmax and loss in fp32, and
+// keeps nothing of them for backward; backward recomputes each chunk's logits
+// to form their gradient and adds the chunk's share to the gradients of the
+// hidden states, the weight and the optional low-rank (LoRA) term. At most one
+// chunk's logits (and their fp32 log-softmax) exist at any time.
+//
+// The unchunked path's kernels on each chunk (logits in the compute dtype,
+// cast to fp32, log_softmax and its backward in fp32, the logits' gradient
+// cast back to the compute dtype before the matrix products): each row's
+// gradient of the logits is the unchunked one's to the bit, and only sums over
+// chunks (the loss, the weight's gradient) add in another order — within 1e-6
+// relative in fp32 (tests/models/test_chunked_loss.cpp); in bf16/fp16 the
+// weight's gradient is summed chunk by chunk in its dtype.
+#pragma once
+
+#include <ATen/ATen.h>
+
+#include <cstdint>
+
+namespace fsdp::models {
+
+// Targets equal to this are left out of the loss (HF / torch convention).
+inline constexpr int64_t kIgnoreIndex = -100;
+
+// Reduction of a cross-entropy over the non-ignored targets.
+enum class LossReduction { kMean, kSum };
+
+// Rows per chunk for a vocabulary of `vocab_size`: the largest power of two
+// whose fp32 logits take at most 64 MiB (2^24 elements), at least 16 rows —
+// 128 rows at V = 128,256, 512 rows at V = 32,000, every row of a small model's
+// batch at V = 256. Requires: vocab_size >= 1.
+int64_t default_loss_chunk_rows(int64_t vocab_size);
+
+// The most the loss holds at once beyond its inputs, for `rows` rows per chunk
+// (min(B x T, chunk rows)): in backward, a chunk's logits in `dtype` and the
+// gradient in `dtype`, three fp32 buffers of the chunk (the logits, their
+// log-softmax, its gradient), and the weight's (V, D) gradient in `dtype`
+// before autograd adds it to the parameter's.
+int64_t chunked_loss_bytes(int64_t rows, int64_t vocab_size, int64_t hidden_size, at::ScalarType dtype);
+
+// A LoRA adapter on the output projection, split where it is cheap: the
+// (N, r) down-projection u = dropout(hidden) A^T is computed by the caller
+// (ordinary autograd: its gradient flows back through A and the dropout);
+// the up-projection B (V, r) is applied per chunk:
+//   logits = hidden W^T + (u B^T) * scaling        (peft's order of operations)
+struct LowRankHead {
+  at::Tensor u;         // (N, r), the compute dtype
+  at::Tensor b;         // (V, r), the compute dtype
+  double scaling = 1;   // alpha / r
+};
+
+// Cross-entropy of logits = hidden W^T (+ the low-rank term) against `targets`,
+// `chunk_rows` rows of logits at a time:
+//   kMean: sum over non-ignored rows of (logsumexp(logits_i) - logits_i[t_i]) /
+//          their count (NaN when every target is ignored, as torch);
+//   kSum:  the same sum (0 when every target is ignored).
+// hidden (N, D) and weight (V, D) in one floating dtype (the compute dtype);
+// targets (N) int64 in [0, V) or kIgnoreIndex (the caller checks the range).
+// Returns a () fp32 tensor, differentiable with respect to hidden, weight,
+// lora->u and lora->b (those that require grad). chunk_rows >= 1; chunk_rows
+// >= N computes the whole batch as one chunk.
+at::Tensor chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
+                                 LossReduction reduction, int64_t chunk_rows, const LowRankHead* lora = nullptr);
+
+}  // namespace fsdp::models
