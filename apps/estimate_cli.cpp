@@ -10,6 +10,8 @@
 #include <sstream>
 #include <thread>
 
+#include <time.h>
+
 #include <ATen/Parallel.h>
 #include <fmt/format.h>
 #include <nlohmann/json.hpp>
@@ -27,6 +29,12 @@ namespace {
 using Clock = std::chrono::steady_clock;
 
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double process_cpu_s() {
+  timespec ts{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &ts);
+  return static_cast<double>(ts.tv_sec) + static_cast<double>(ts.tv_nsec) * 1e-9;
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -162,7 +170,7 @@ Calibration calibrate_compute(const std::shared_ptr<models::LlamaForCausalLMImpl
   return cal;
 }
 
-LinkSpec calibrate_link(double seconds) {
+LinkCalibration calibrate_link(double seconds) {
   const comm::WorldInfo w = comm::detect_world();
   FSDP_CHECK(w.world_size >= 2, "--calibrate-link measures the link between nodes: start it on each node as a "
              "job of >= 2 processes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as torchrun or a plain "
@@ -199,21 +207,28 @@ LinkSpec calibrate_link(double seconds) {
   std::vector<double> big;
   const at::Tensor in = at::ones({piece});
   const at::Tensor out = at::empty({piece * W});
+  const double cpu0 = process_cpu_s();
   for (int i = 0; i < 3; ++i) {
     const auto t0 = Clock::now();
     g->all_gather(out, in)->wait();
     big.push_back(seconds_since(t0));
   }
+  // The CPU this process spent moving them (its lanes' copies, the kernel's TCP
+  // work on its behalf): per byte sent and received.
+  const double moved = 3 * 2 * static_cast<double>(piece) * 4 * (static_cast<double>(W) - 1);
+  at::Tensor cpu = at::tensor({(process_cpu_s() - cpu0) / moved}, at::kDouble);
+  g->all_reduce(cpu, comm::ReduceOp::kMax)->wait();
   at::Tensor worst = at::tensor({median(big)}, at::kDouble);
   g->all_reduce(worst, comm::ReduceOp::kMax)->wait();
   // A node's link carries, per all-gather, its processes' pieces to every rank off the node.
   const double lws = static_cast<double>(w.local_world_size);
   const double bytes = lws * static_cast<double>(piece) * 4 * (static_cast<double>(W) - lws);
-  LinkSpec link;
-  link.latency_s = latency;
-  link.bytes_per_s = bytes / std::max(1e-9, worst.item<double>() - latency);
+  LinkCalibration result;
+  result.link.latency_s = latency;
+  result.link.bytes_per_s = bytes / std::max(1e-9, worst.item<double>() - latency);
+  result.host_cpu_s_per_byte = cpu.item<double>();
   g->barrier(std::chrono::minutes(1));
-  return link;
+  return result;
 }
 
 void write_text_file(const std::string& path, const std::string& text) {
@@ -331,11 +346,12 @@ UnitCostFn calibrated_cost(const Calibration& cal, const std::string& model, int
 std::string estimate_text(const StepEstimate& e, const ClusterSpec& c, bool units) {
   std::ostringstream os;
   const double step = e.step_time_s;
-  os << fmt::format("Estimate on {} ({} node{} x {} process{}): step {:.4g} s — compute {:.4g} s, optimizer {:.3g} s; "
-                    "communication {:.4g} s on the network, exposed {:.4g} s ({:.0f}% of the step)\n",
+  os << fmt::format("Estimate on {} ({} node{} x {} process{}): step {:.4g} s — compute {:.4g} s{}, optimizer {:.3g} "
+                    "s; communication {:.4g} s on the network, exposed {:.4g} s ({:.0f}% of the step)\n",
                     c.name, c.nodes, c.nodes == 1 ? "" : "s", c.procs_per_node, c.procs_per_node == 1 ? "" : "es",
-                    step, e.compute_s, e.optimizer_s, e.comm_s, e.exposed_comm_s,
-                    step > 0 ? 100 * e.exposed_comm_s / step : 0.0);
+                    step, e.compute_s,
+                    e.comm_cpu_s > 0 ? fmt::format(" (+ {:.3g} s moving bytes)", e.comm_cpu_s) : std::string(),
+                    e.optimizer_s, e.comm_s, e.exposed_comm_s, step > 0 ? 100 * e.exposed_comm_s / step : 0.0);
   os << fmt::format("  {:.0f} tokens/s ({:.0f} per process){}, scaling efficiency {:.3f} (tokens/s per process vs "
                     "one node)\n",
                     e.tokens_per_s, e.tokens_per_s_per_process,
@@ -366,6 +382,7 @@ std::string estimate_json(const StepEstimate& e, const ClusterSpec& c, const std
   j["tokens_per_s"] = e.tokens_per_s;
   j["tokens_per_s_per_process"] = e.tokens_per_s_per_process;
   j["compute_s"] = e.compute_s;
+  j["comm_cpu_s"] = e.comm_cpu_s;
   j["optimizer_s"] = e.optimizer_s;
   j["comm_s"] = e.comm_s;
   j["exposed_comm_s"] = e.exposed_comm_s;

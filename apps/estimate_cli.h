@@ -38,9 +38,15 @@ Calibration calibrate_compute(const std::shared_ptr<models::LlamaForCausalLMImpl
 // Measures the link between this process and the others of the job it was
 // started in (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT; one process per
 // node): all-gathers of a small and a large buffer over our TCP group. Returns
-// the rate of one node's link (bytes it sent to other nodes per second) and the
-// latency of a small all-gather. Collective over the job; every rank returns them.
-LinkSpec calibrate_link(double seconds);
+// the rate of one node's link (bytes it sent to other nodes per second), the
+// latency of a small all-gather, and the CPU time a process spent per byte it
+// sent or received (the largest over the ranks). Collective over the job;
+// every rank returns the same.
+struct LinkCalibration {
+  LinkSpec link;
+  double host_cpu_s_per_byte = 0;
+};
+LinkCalibration calibrate_link(double seconds);
 
 // Writes `text` to `path` through a temporary file renamed over it: `path`
 // holds either its old content or all of the new. UsageError naming the path

@@ -162,16 +162,19 @@ int run(int argc, char** argv) {
              "--calibrate-link-seconds must be in (0, 600], got ", calibrate_link_seconds);
   if (!calibrate_link_file.empty()) {
     // One process per node of a job: measure, and rank 0 writes the link into the file.
-    const fsdp::LinkSpec link = fsdp::cli::calibrate_link(calibrate_link_seconds);
+    const fsdp::cli::LinkCalibration measured = fsdp::cli::calibrate_link(calibrate_link_seconds);
+    const fsdp::LinkSpec& link = measured.link;
     if (fsdp::comm::detect_world().rank == 0) {
       fsdp::ClusterSpec c;
       c.name = "calibrated";
       if (std::ifstream(calibrate_link_file).good()) c = fsdp::cli::read_cluster(calibrate_link_file, compute_dtype,
                                                                                   &calibration);
       c.inter = link;
+      c.host_cpu_s_per_byte = measured.host_cpu_s_per_byte;
       fsdp::cli::write_text_file(calibrate_link_file, fsdp::cli::calibration_file_json(c, calibration) + "\n");
-      std::cout << fmt::format("Link: {:.4g} Gbit/s per node, latency {:.1f} us -> {}\n", link.bytes_per_s * 8 / 1e9,
-                               link.latency_s * 1e6, calibrate_link_file);
+      std::cout << fmt::format("Link: {:.4g} Gbit/s per node, latency {:.1f} us, {:.3g} ns of CPU per byte moved -> "
+                               "{}\n", link.bytes_per_s * 8 / 1e9, link.latency_s * 1e6,
+                               measured.host_cpu_s_per_byte * 1e9, calibrate_link_file);
     }
     return 0;
   }

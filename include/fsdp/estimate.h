@@ -62,6 +62,11 @@ struct ClusterSpec {
   // assumption, used by their UnitCostFn); 0 where unit times are measured.
   double compute_efficiency = 0;
   double optimizer_s_per_element = 0;  // AdamW on one element of a shard (master dtype)
+  // CPU time a process spends per byte it sends or receives (copies, the
+  // kernel's TCP stack) — with Execution::kHost, where its cores also compute,
+  // added to its compute when a collective starts (the cores are assumed busy
+  // computing, as in a CPU run). 0 on GPUs (the NICs and NVLink move bytes).
+  double host_cpu_s_per_byte = 0;
   std::string notes;             // the assumptions behind the numbers, for people
 };
 
@@ -109,6 +114,7 @@ struct StepEstimate {
   int shard_size = 1;
   int replicas = 1;
   double compute_s = 0;       // forward + backward + recomputation, all micro-batches
+  double comm_cpu_s = 0;      // host CPU spent moving bytes (ClusterSpec::host_cpu_s_per_byte)
   double optimizer_s = 0;
   double comm_s = 0;          // time some collective was on the network
   double exposed_comm_s = 0;  // time compute waited for communication
@@ -146,7 +152,7 @@ std::vector<std::string> cluster_preset_names();
 // --calibrate writes): {"name", "nodes", "procs_per_node", "intra": {"gbit_per_s",
 // "latency_us"}, "inter": {...}, "algorithm": "mesh"|"ring", "execution":
 // "host"|"device", "peak_tflops" (null: unknown), "compute_efficiency",
-// "optimizer_ns_per_element", "notes"}, every field optional over `base`.
+// "optimizer_ns_per_element", "host_cpu_ns_per_byte", "notes"}, every field optional over `base`.
 // UsageError naming the field for a wrong type or a value out of range.
 ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, const std::string& source);
 std::string cluster_to_json(const ClusterSpec& c);

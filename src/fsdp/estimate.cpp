@@ -126,6 +126,14 @@ double collective_s(Collective op, double bytes, const GroupShape& g, const Clus
   return t + latency;
 }
 
+// Bytes one process sends plus receives in a collective of `bytes` (Note [Collective volumes]).
+double process_bytes(Collective op, double bytes, const GroupShape& g, const ClusterSpec& c) {
+  if (g.size <= 1 || bytes <= 0) return 0;
+  const double W = g.size;
+  const double sent = c.algorithm == CollectiveAlgorithm::kMesh ? bytes / W * (W - 1) : bytes * (W - 1) / W;
+  return 2 * sent * (op == Collective::kAllReduce ? 2 : 1);
+}
+
 // ---- the network: lanes sharing one link ------------------------------------------------
 
 // Collectives wait in their lane's queue (a lane runs one at a time, in order);
@@ -271,17 +279,24 @@ class Network {
 //  step      gradient norm (one scalar all-reduce), AdamW on the local shards,
 //            the loss all-reduce.
 // Micro-batches before the last (--grad-accum) skip the reductions.
+// Execution::kHost: the CPU a collective costs this process (host_cpu_s_per_byte x
+// the bytes it sends and receives) is spent on the training thread when the
+// collective is issued: the cores are taken to be busy with compute, so the
+// lanes' copies and the kernel's TCP work come out of it.
 // Execution::kDevice (CUDA): the host runs ahead of the compute stream, so the
 // all-gathers of the next limit_all_gathers units are issued while a unit computes,
 // in forward and (BACKWARD_PRE) in backward. Waits order the compute stream after
 // the collective (NCCL), which for the model is the same as the host waiting.
 class Schedule {
  public:
-  Schedule(const std::vector<PlannedCost>& units, const FsdpOptions& o, const ClusterSpec& c,
-           const std::vector<double>& gather_s, const std::vector<double>& reduce_s,
-           const std::vector<double>& replica_s, const std::vector<double>& latency_s)
-      : u_(units), o_(o), c_(c), gather_s_(gather_s), reduce_s_(reduce_s), replica_s_(replica_s),
-        latency_s_(latency_s) {}
+  // The *_s vectors: each unit's collectives alone on the network; *_cpu_s: the host
+  // CPU they cost this process (ClusterSpec::host_cpu_s_per_byte).
+  struct PerUnit {
+    std::vector<double> gather_s, reduce_s, replica_s, latency_s, gather_cpu_s, reduce_cpu_s, replica_cpu_s;
+  };
+  Schedule(const std::vector<PlannedCost>& units, const FsdpOptions& o, const ClusterSpec& c, const PerUnit& p)
+      : u_(units), o_(o), c_(c), gather_s_(p.gather_s), reduce_s_(p.reduce_s), replica_s_(p.replica_s),
+        latency_s_(p.latency_s), p_(p) {}
 
   void micro_batch(bool sync, bool last) {
     const bool device = c_.execution == Execution::kDevice;
@@ -342,6 +357,7 @@ class Schedule {
 
   double now() const { return now_; }
   double compute_s() const { return compute_s_; }
+  double comm_cpu_s() const { return comm_cpu_s_; }
   double optimizer_s() const { return optimizer_s_; }
   double exposed_s() const { return exposed_s_; }
   const Network& network() const { return net_; }
@@ -368,6 +384,8 @@ class Schedule {
     now_ += s;
     if (std::string(what) == "optimizer") {
       optimizer_s_ += s;
+    } else if (std::string(what) == "comm cpu") {
+      comm_cpu_s_ += s;
     } else {
       compute_s_ += s;
     }
@@ -386,6 +404,7 @@ class Schedule {
   void gather(size_t k) {
     if (gathered_[k] != -1 || gather_s_[k] <= 0) return;
     gathered_[k] = net_.issue(Network::kGather, now_, gather_s_[k], latency_s_[k], "all_gather " + label(k));
+    compute("comm cpu", k, p_.gather_cpu_s[k]);
   }
   void prefetch(size_t k) {
     if (k == 0 || gathered_[k] != -1 || gather_s_[k] <= 0) return;
@@ -411,6 +430,7 @@ class Schedule {
     Pending p;
     p.unit = k;
     if (reduce_s_[k] > 0) p.op = net_.issue(Network::kReduce, now_, reduce_s_[k], latency_s_[k], "reduce " + label(k));
+    compute("comm cpu", k, p_.reduce_cpu_s[k]);
     pending_.push_back(p);
     while (pending_.size() > kMaxInFlight) finish_oldest();
   }
@@ -425,6 +445,7 @@ class Schedule {
     if (replica_s_[p.unit] > 0) {
       const int r = net_.issue(Network::kReplica, now_, replica_s_[p.unit], latency_s_[p.unit],
                                "all_reduce (replicas) " + label(p.unit));
+      compute("comm cpu", p.unit, p_.replica_cpu_s[p.unit]);
       wait_comm(r, "all_reduce (replicas) " + label(p.unit));
     }
   }
@@ -442,9 +463,11 @@ class Schedule {
   const std::vector<double>& reduce_s_;
   const std::vector<double>& replica_s_;
   const std::vector<double>& latency_s_;
+  const PerUnit& p_;
   Network net_;
   double now_ = 0;
   double compute_s_ = 0;
+  double comm_cpu_s_ = 0;
   double optimizer_s_ = 0;
   double exposed_s_ = 0;
   std::vector<int> gathered_;  // op id in flight, -1: sharded, -2: gathered
@@ -466,6 +489,7 @@ void check_cluster(const ClusterSpec& c) {
   FSDP_CHECK(c.nodes == 1 || c.inter.bytes_per_s > 0, "cluster '", c.name,
              "': the inter-node rate must be > 0 (inter.gbit_per_s), got ", c.inter.bytes_per_s * 8 / 1e9, " Gbit/s");
   FSDP_CHECK(c.intra.latency_s >= 0 && c.inter.latency_s >= 0 && c.optimizer_s_per_element >= 0 &&
+                 c.host_cpu_s_per_byte >= 0 &&
                  c.peak_flops >= 0 && c.compute_efficiency >= 0 && c.compute_efficiency <= 1,
              "cluster '", c.name, "': latencies, the optimizer rate and the peak must be >= 0 and the compute "
              "efficiency in [0, 1]");
@@ -503,7 +527,17 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
   est.shard_size = plan.shard_size;
   est.replicas = plan.replicas;
   const size_t n = units.size();
-  std::vector<double> gather_s(n, 0), reduce_s(n, 0), replica_s(n, 0), latency_s(n, 0);
+  Schedule::PerUnit per;
+  for (auto* v : {&per.gather_s, &per.reduce_s, &per.replica_s, &per.latency_s, &per.gather_cpu_s, &per.reduce_cpu_s,
+                  &per.replica_cpu_s}) {
+    v->assign(n, 0.0);
+  }
+  std::vector<double>& gather_s = per.gather_s;
+  std::vector<double>& reduce_s = per.reduce_s;
+  std::vector<double>& replica_s = per.replica_s;
+  std::vector<double>& latency_s = per.latency_s;
+  const bool host = cluster.execution == Execution::kHost;
+  const double cpu = host ? cluster.host_cpu_s_per_byte : 0.0;
   int64_t shard_elems = 0;
   for (size_t k = 0; k < n; ++k) {
     PlannedCost& u = units[k];
@@ -521,16 +555,21 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
     if (!no_shard && !single_copy && plan.shard_size > 1) {
       ue.gather_bytes = static_cast<int64_t>(static_cast<double>(u.gather_elems) * pbytes);
       gather_s[k] = collective_s(Collective::kAllGather, static_cast<double>(ue.gather_bytes), shard, cluster);
+      per.gather_cpu_s[k] = cpu * process_bytes(Collective::kAllGather, static_cast<double>(ue.gather_bytes), shard,
+                                                cluster);
     }
     if (u.reduce_elems > 0) {
       ue.reduce_bytes = static_cast<int64_t>(static_cast<double>(u.reduce_elems) * rbytes);
+      const double rb = static_cast<double>(ue.reduce_bytes);
       if (no_shard) {
-        reduce_s[k] = collective_s(Collective::kAllReduce, static_cast<double>(ue.reduce_bytes), everyone, cluster);
+        reduce_s[k] = collective_s(Collective::kAllReduce, rb, everyone, cluster);
+        per.reduce_cpu_s[k] = cpu * process_bytes(Collective::kAllReduce, rb, everyone, cluster);
       } else {
-        reduce_s[k] = collective_s(Collective::kReduceScatter, static_cast<double>(ue.reduce_bytes), shard, cluster);
+        reduce_s[k] = collective_s(Collective::kReduceScatter, rb, shard, cluster);
+        per.reduce_cpu_s[k] = cpu * process_bytes(Collective::kReduceScatter, rb, shard, cluster);
         if (plan.replicas > 1) {
-          replica_s[k] = collective_s(Collective::kAllReduce,
-                                      static_cast<double>(ue.reduce_bytes) / plan.shard_size, replicas, cluster);
+          replica_s[k] = collective_s(Collective::kAllReduce, rb / plan.shard_size, replicas, cluster);
+          per.replica_cpu_s[k] = cpu * process_bytes(Collective::kAllReduce, rb / plan.shard_size, replicas, cluster);
         }
       }
     }
@@ -545,7 +584,7 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
   }
   if (world == 1) std::fill(latency_s.begin(), latency_s.end(), 0.0);
 
-  Schedule s(units, o, cluster, gather_s, reduce_s, replica_s, latency_s);
+  Schedule s(units, o, cluster, per);
   for (int64_t m = 0; m < workload.grad_accum; ++m) {
     const bool last = m + 1 == workload.grad_accum;
     if (last) s.start_timeline();
@@ -553,6 +592,7 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
   }
   s.optimizer(shard_elems);
   est.compute_s = s.compute_s();
+  est.comm_cpu_s = s.comm_cpu_s();
   est.optimizer_s = s.optimizer_s();
   est.exposed_comm_s = s.exposed_s();
   est.comm_s = s.network().busy_s();
@@ -660,11 +700,12 @@ ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, 
   FSDP_CHECK(j.is_object(), source, ": a cluster description is a JSON object, got ", j.type_name());
   static const std::set<std::string> kKnown = {"name", "nodes", "procs_per_node", "intra", "inter", "algorithm",
                                                "execution", "peak_tflops", "compute_efficiency",
-                                               "optimizer_ns_per_element", "notes", "calibration"};
+                                               "optimizer_ns_per_element", "host_cpu_ns_per_byte", "notes",
+                                               "calibration"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     FSDP_CHECK(kKnown.count(it.key()) > 0, source, ": unknown field '", it.key(), "' (fields: name, nodes, "
                "procs_per_node, intra, inter, algorithm, execution, peak_tflops, compute_efficiency, "
-               "optimizer_ns_per_element, notes, calibration)");
+               "optimizer_ns_per_element, host_cpu_ns_per_byte, notes, calibration)");
   }
   ClusterSpec c = base;
   auto number = [&](const nlohmann::json& v, const std::string& field, double lo) {
@@ -726,6 +767,9 @@ ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, 
   if (j.contains("optimizer_ns_per_element")) {
     c.optimizer_s_per_element = number(j["optimizer_ns_per_element"], "optimizer_ns_per_element", 0) * 1e-9;
   }
+  if (j.contains("host_cpu_ns_per_byte")) {
+    c.host_cpu_s_per_byte = number(j["host_cpu_ns_per_byte"], "host_cpu_ns_per_byte", 0) * 1e-9;
+  }
   return c;
 }
 
@@ -741,6 +785,7 @@ std::string cluster_to_json(const ClusterSpec& c) {
   j["peak_tflops"] = c.peak_flops > 0 ? nlohmann::json(c.peak_flops / 1e12) : nlohmann::json(nullptr);
   j["compute_efficiency"] = c.compute_efficiency;
   j["optimizer_ns_per_element"] = c.optimizer_s_per_element * 1e9;
+  j["host_cpu_ns_per_byte"] = c.host_cpu_s_per_byte * 1e9;
   j["notes"] = c.notes;
   return j.dump(2);
 }

@@ -92,6 +92,19 @@ TEST(Estimate, ConcurrentCollectivesShareTheLink) {
   EXPECT_NEAR(e.step_time_s, 4.5 + 0.322 + exposed, 1e-9);
 }
 
+TEST(Estimate, HostCpuPerByteIsSpentOnTheTrainingThread) {
+  // Every byte a process sends or receives costs it 1 ms on the host: the
+  // root's gather and reduce-scatter move 2 x 112 bytes each, a block's 2 x 392,
+  // and blocks are gathered twice: 224 + 6 x 784 + 3 x 784 + 224 bytes.
+  ClusterSpec c = two_nodes();
+  c.host_cpu_s_per_byte = 1e-3;
+  const StepEstimate e = estimate_step(toy(), options(ShardingStrategy::kFullShard), c, StepWorkload{}, toy_cost);
+  EXPECT_NEAR(e.comm_cpu_s, (224 + 9 * 784 + 224) * 1e-3, 1e-9);
+  EXPECT_NEAR(e.step_time_s, e.compute_s + e.comm_cpu_s + e.optimizer_s + e.exposed_comm_s, 1e-9);
+  c.execution = Execution::kDevice;  // a GPU's bytes cost the host nothing
+  EXPECT_EQ(estimate_step(toy(), options(ShardingStrategy::kFullShard), c, StepWorkload{}, toy_cost).comm_cpu_s, 0);
+}
+
 TEST(Estimate, ShardGradOpKeepsParametersThroughBackward) {
   // Forward as FULL_SHARD; backward gathers nothing: the reduce-scatters of
   // blocks 3 and 2 hide under the next backward, block 1's (1) and the
@@ -154,12 +167,13 @@ TEST(Estimate, StepIsComputePlusOptimizerPlusExposedOnTheHost) {
             c.procs_per_node = 2;
             c.intra = {2000, 1e-3};
             c.inter.latency_s = 1e-2;
+            c.host_cpu_s_per_byte = 1e-5;
             StepWorkload w;
             w.grad_accum = accum;
             const StepEstimate e = estimate_step(toy(), o, c, w, toy_cost);
             SCOPED_TRACE(::testing::Message() << to_string(s) << " prefetch " << to_string(p) << " fwd " << fwd
                                               << " ckpt " << ckpt << " accum " << accum);
-            EXPECT_NEAR(e.step_time_s, e.compute_s + e.optimizer_s + e.exposed_comm_s, 1e-9);
+            EXPECT_NEAR(e.step_time_s, e.compute_s + e.comm_cpu_s + e.optimizer_s + e.exposed_comm_s, 1e-9);
             EXPECT_NEAR(e.compute_s, accum * (9.3 + (ckpt ? 3.0 : 0.0)), 1e-9);
             EXPECT_GE(e.exposed_comm_s, 0);
             EXPECT_LE(e.exposed_comm_s, e.comm_s + 1e-9);
