@@ -45,6 +45,7 @@ import time
 
 PREFIX = "fsdpc-"
 SUBNET = "10.29.0"
+GSO_MAX = 16384  # bytes: the largest segment a link carries (see _build)
 
 
 def _run(argv, check=True):
@@ -185,6 +186,11 @@ class Cluster:
                   "netns", self.switch])
             _run(["ip", "-n", self.switch, "link", "set", f"p{i}", "master", "br0"])
             _run(["ip", "-n", self.switch, "link", "set", f"p{i}", "up"])
+            # Segments of at most 16 KiB (a veth's default is 64 KiB): tbf drops a
+            # packet larger than its bucket, and a small bucket keeps short transfers
+            # from passing faster than the rate.
+            for where, dev in ((ns, "eth0"), (self.switch, f"p{i}")):
+                _run(["ip", "-n", where, "link", "set", "dev", dev, "gso_max_size", str(GSO_MAX)])
             _run(["ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0"])
             _run(["ip", "-n", ns, "link", "set", "eth0", "up"])
 
@@ -195,9 +201,8 @@ class Cluster:
     def shape(self, rate_mbit):
         """tbf at rate_mbit on both directions of every node's link (None: unshaped)."""
         self.rate_mbit = rate_mbit
-        # Burst: 10 ms at the rate, at least 128 KiB (a GSO segment of a veth can be
-        # 64 KiB; tbf drops packets larger than its bucket).
-        burst = max(128 * 1024, int(rate_mbit * 1e6 / 8 * 0.01)) if rate_mbit else 0
+        # Bucket: 2 ms at the rate, at least a segment and a bit (GSO_MAX, set in _build).
+        burst = max(GSO_MAX + 4096, int(rate_mbit * 1e6 / 8 * 0.002)) if rate_mbit else 0
         for i, ns in enumerate(self.names):
             for where, dev in ((ns, "eth0"), (self.switch, f"p{i}")):
                 if rate_mbit is None:
