@@ -343,7 +343,8 @@ UnitCostFn calibrated_cost(const Calibration& cal, const std::string& model, int
   };
 }
 
-std::string estimate_text(const StepEstimate& e, const ClusterSpec& c, bool units) {
+std::string estimate_text(const StepEstimate& e, const ClusterSpec& c, bool units,
+                          const std::vector<std::pair<int, StepEstimate>>& curve) {
   std::ostringstream os;
   const double step = e.step_time_s;
   os << fmt::format("Estimate on {} ({} node{} x {} process{}): step {:.4g} s — compute {:.4g} s{}, optimizer {:.3g} "
@@ -357,6 +358,14 @@ std::string estimate_text(const StepEstimate& e, const ClusterSpec& c, bool unit
                     e.tokens_per_s, e.tokens_per_s_per_process,
                     e.mfu >= 0 ? fmt::format(", MFU {:.1f}%", 100 * e.mfu) : std::string(", MFU unknown (no peak)"),
                     e.scaling_efficiency);
+  if (curve.size() > 1) {
+    os << "  scaling:";
+    for (const auto& [nodes, x] : curve) {
+      os << fmt::format(" {} node{} {:.0f} tokens/s ({:.2f}){}", nodes, nodes == 1 ? "" : "s", x.tokens_per_s,
+                        x.scaling_efficiency, nodes == curve.back().first ? "" : ";");
+    }
+    os << "\n";
+  }
   if (!c.notes.empty()) os << "  assumptions: " << c.notes << "\n";
   if (units) {
     for (const UnitEstimate& u : e.units) {
@@ -371,7 +380,8 @@ std::string estimate_text(const StepEstimate& e, const ClusterSpec& c, bool unit
   return os.str();
 }
 
-std::string estimate_json(const StepEstimate& e, const ClusterSpec& c, const std::string& run, bool timeline) {
+std::string estimate_json(const StepEstimate& e, const ClusterSpec& c, const std::string& run, bool timeline,
+                          const std::vector<std::pair<int, StepEstimate>>& curve) {
   nlohmann::json j;
   j["run"] = run;
   j["cluster"] = nlohmann::json::parse(cluster_to_json(c));
@@ -402,6 +412,15 @@ std::string estimate_json(const StepEstimate& e, const ClusterSpec& c, const std
                      {"replica_all_reduce_s", u.replica_all_reduce_s}});
   }
   j["units"] = units;
+  nlohmann::json scaling = nlohmann::json::array();
+  for (const auto& [nodes, x] : curve) {
+    scaling.push_back({{"nodes", nodes},
+                       {"step_time_s", x.step_time_s},
+                       {"tokens_per_s", x.tokens_per_s},
+                       {"exposed_comm_s", x.exposed_comm_s},
+                       {"scaling_efficiency", x.scaling_efficiency}});
+  }
+  j["scaling"] = scaling;
   if (timeline) {
     nlohmann::json t = nlohmann::json::array();
     for (const EstimateSpan& s : e.timeline) {

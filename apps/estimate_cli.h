@@ -7,6 +7,8 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "fsdp/estimate.h"
 #include "fsdp/models/llama.h"
@@ -74,7 +76,11 @@ UnitCostFn calibrated_cost(const Calibration& cal, const std::string& model, int
 // The estimate for people (and with `units`, one line per unit), and as JSON
 // (step_time_s, tokens_per_s, exposed_comm_s, mfu (null without a peak),
 // scaling_efficiency, and the rest).
-std::string estimate_text(const StepEstimate& e, const ClusterSpec& c, bool units);
-std::string estimate_json(const StepEstimate& e, const ClusterSpec& c, const std::string& run, bool timeline);
+// `curve`: the same run at 1, 2, 4, ... nodes up to the cluster's (and it), as
+// estimate_scaling computes each.
+std::string estimate_text(const StepEstimate& e, const ClusterSpec& c, bool units,
+                          const std::vector<std::pair<int, StepEstimate>>& curve);
+std::string estimate_json(const StepEstimate& e, const ClusterSpec& c, const std::string& run, bool timeline,
+                          const std::vector<std::pair<int, StepEstimate>>& curve);
 
 }  // namespace fsdp::cli

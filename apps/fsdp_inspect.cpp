@@ -352,15 +352,28 @@ int run(int argc, char** argv) {
     w.model_flops_per_token = cfg.training_flops_per_token(seq_len);
     o.hybrid_shard_size = hybrid;  // 0: one node, as fsdp-train
     const fsdp::StepEstimate e = fsdp::estimate_scaling(root.ptr(), o, cluster, w, cost);
+    // The same run from one node up: 1, 2, 4, ... and the cluster's own count.
+    std::vector<std::pair<int, fsdp::StepEstimate>> curve;
+    for (int n = 1; n < cluster.nodes; n *= 2) {
+      fsdp::ClusterSpec smaller = cluster;
+      smaller.nodes = n;
+      fsdp::FsdpOptions on_n = o;
+      if (o.strategy == fsdp::ShardingStrategy::kHybridShard && o.hybrid_shard_size > 0 &&
+          (n * cluster.procs_per_node) % o.hybrid_shard_size != 0) {
+        continue;  // a shard group that does not fit n nodes
+      }
+      curve.emplace_back(n, fsdp::estimate_scaling(root.ptr(), on_n, smaller, w, cost));
+    }
+    if (cluster.nodes > 1) curve.emplace_back(cluster.nodes, e);
     const std::string run = fmt::format("{} {} {}{} batch {} x seq {}{} on {} x {}", model, sharding, precision,
                                         ckpt ? " activation-checkpointing" : "", batch_size, seq_len,
                                         grad_accum > 1 ? fmt::format(" x accum {}", grad_accum) : std::string(),
                                         cluster.nodes, cluster.procs_per_node);
     if (json) {
-      std::cout << fsdp::cli::estimate_json(e, cluster, run, timeline) << "\n";
+      std::cout << fsdp::cli::estimate_json(e, cluster, run, timeline, curve) << "\n";
       return 0;
     }
-    std::cout << fsdp::cli::estimate_text(e, cluster, units);
+    std::cout << fsdp::cli::estimate_text(e, cluster, units, curve);
   }
   if (units && !estimating) {
     for (const auto& u : plan.units) {

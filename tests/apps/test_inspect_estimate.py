@@ -7,7 +7,8 @@ Checks (each prints one line; exit 1 if any fails):
   preset     --estimate --cluster p5.48xlarge --json for torchtitan's Llama 3.1 8B run: every
              promised field (step_time_s, tokens_per_s, exposed_comm_s, mfu, scaling_efficiency)
              is a number, mfu in (0, 1), one unit per decoder layer plus the root, and
-             tokens_per_s = 8 x tokens_per_s_per_process; 16 nodes of the same: more tokens/s.
+             tokens_per_s = 8 x tokens_per_s_per_process; 16 nodes of the same: more tokens/s,
+             and a scaling curve at 1, 2, 4, 8 and 16 nodes.
   calibrate  --calibrate FILE on the tiny model measures every unit on this machine and the
              estimate read back from FILE has mfu null (no known peak) and a positive step time;
              the same FILE with another --seq-len is refused (exit 2, naming --seq-len).
@@ -52,6 +53,10 @@ if r.returncode == 0:
     e16 = json.loads(r16.stdout) if r16.returncode == 0 else {}
     check(e16.get("tokens_per_s", 0) > e["tokens_per_s"], "16 nodes estimate more tokens/s than one")
     check(e16.get("world_size") == 128, f"16 nodes x 8: world size 128 ({e16.get('world_size')})")
+    curve = e16.get("scaling", [])
+    check([x["nodes"] for x in curve] == [1, 2, 4, 8, 16], f"scaling curve at 1, 2, 4, 8, 16 nodes: {curve}")
+    check(curve and curve[0]["scaling_efficiency"] == 1 and curve[-1]["tokens_per_s"] == e16["tokens_per_s"],
+          "the curve starts at efficiency 1 and ends with the estimate itself")
 
 cal = WORK / "tiny.cluster.json"
 tiny = ["--model", "tiny", "--seq-len", "64", "--batch-size", "2"]
