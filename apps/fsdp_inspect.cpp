@@ -4,17 +4,33 @@
 // parameter memory is allocated and no process group is needed).
 //
 //   fsdp-inspect --model llama3.1-70b --world-size 64 --sharding full --mixed-precision bf16
+//
+// With --estimate, also the step-time model (fsdp/estimate.h) for the run that
+// fsdp-train's flags describe, on a cluster (a preset or a JSON file):
+//
+//   fsdp-inspect --estimate --cluster p5.48xlarge --nnodes 16 --model llama3.1-70b --batch-size 1
+//       --seq-len 8192 --mixed-precision bf16 --activation-checkpointing [--json]
+//
+// --calibrate FILE measures this machine's unit compute times for exactly that
+// run and writes a cluster file; --calibrate-link FILE (one process per node,
+// under torchrun or RANK/WORLD_SIZE/MASTER_ADDR/MASTER_PORT) measures the link
+// between nodes into it.
 #include <CLI/CLI.hpp>
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 #include <fstream>
 #include <iostream>
+#include <optional>
+#include <sstream>
 
 #include <fmt/format.h>
 
 #include "cli_numbers.h"
 #include "option_names.h"
+#include "estimate_cli.h"
+#include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/main.h"
 #include "fsdp/common/memory.h"
@@ -26,6 +42,12 @@
 #include "fsdp/nn/freeze.h"
 
 namespace {
+
+// Bounds of --estimate's cluster (far above any job: 100k GPUs), so that
+// products of them stay small.
+constexpr int kMaxNodes = 1 << 16;
+constexpr int kMaxProcsPerNode = 1 << 10;
+constexpr int64_t kMaxWorld = int64_t{1} << 20;
 
 int run(int argc, char** argv) {
   std::string model = "tiny";
@@ -43,6 +65,23 @@ int run(int argc, char** argv) {
   std::string freeze;
   int64_t lora_rank = 0;
   std::string lora_targets = "q_proj,k_proj,v_proj,o_proj";
+  // --estimate: fsdp-train's flags for the run, and the cluster.
+  bool estimate = false;
+  std::string cluster_spec;
+  int nnodes = 1;
+  int nproc = 0;  // 0: the cluster's processes per node
+  int64_t batch_size = 8, seq_len = 256, grad_accum = 1;  // fsdp-train's defaults
+  std::string backward_prefetch = "pre";
+  bool forward_prefetch = false;
+  std::string reduce_dtype;
+  double inter_gbps = 0, inter_latency_us = 0, intra_gbps = 0, intra_latency_us = 0;  // read when given
+  double peak_tflops = 0, compute_efficiency = 0;
+  bool json = false, timeline = false;
+  std::string calibrate_file, calibrate_link_file;
+  int calibrate_steps = 3;
+  double calibrate_link_seconds = 4;
+  uint64_t seed = 0;
+  std::vector<std::string> ignored;
 
   CLI::App app{"fsdp-inspect: the FSDP sharding plan and per-rank memory of a model, without running it."};
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
@@ -64,6 +103,48 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--write-hf-config", hf_config_out,
                  "Also write the model's Hugging Face config.json to this file (e.g. for a transformers baseline)");
+  auto* est = app.add_option_group("Estimate", "Step time of the run fsdp-train's flags describe (--estimate)");
+  est->add_flag("--estimate", estimate, "Predict the step time, tokens/s, exposed communication, MFU and scaling");
+  est->add_option("--cluster", cluster_spec,
+                  "Preset (p5.48xlarge|h100, p5en.48xlarge|h200, p4de.24xlarge|a100) or a cluster JSON file "
+                  "(--calibrate writes one)");
+  est->add_option("--nnodes", nnodes, "Nodes (fsdp-train / torchrun --nnodes)")->capture_default_str();
+  est->add_option("--nproc-per-node", nproc, "Processes per node (default: the cluster's GPUs per node)");
+  est->add_option("--batch-size", batch_size, "Samples per process per micro-batch (fsdp-train's)")
+      ->capture_default_str();
+  est->add_option("--seq-len", seq_len, "Tokens per sample")->capture_default_str();
+  est->add_option("--grad-accum", grad_accum, "Micro-batches per step")->capture_default_str();
+  est->add_option("--backward-prefetch", backward_prefetch, "pre | post | none")->capture_default_str();
+  est->add_flag("--forward-prefetch", forward_prefetch, "Prefetch the next unit's all-gather in forward");
+  est->add_option("--reduce-dtype", reduce_dtype, "fp32 | bf16 | fp16 (default: the precision preset's)");
+  est->add_option("--inter-node-gbps", inter_gbps, "Override: one node's link to the others, Gbit/s each way");
+  est->add_option("--inter-node-latency-us", inter_latency_us, "Override: latency of a collective between nodes");
+  est->add_option("--intra-node-gbps", intra_gbps, "Override: a process's link inside its node, Gbit/s each way");
+  est->add_option("--intra-node-latency-us", intra_latency_us, "Override: latency inside a node");
+  est->add_option("--peak-tflops", peak_tflops, "Override: a process's dense peak at the compute dtype");
+  est->add_option("--compute-efficiency", compute_efficiency, "Override: fraction of the peak units reach");
+  est->add_flag("--json", json, "Print the estimate as JSON (step_time_s, tokens_per_s, exposed_comm_s, mfu, ...)");
+  est->add_flag("--timeline", timeline, "With --json: the replayed schedule of the last micro-batch");
+  est->add_option("--calibrate", calibrate_file,
+                  "Measure this machine's unit compute times for this run (--model, --batch-size, --seq-len, "
+                  "precision, checkpointing) and write a cluster file");
+  est->add_option("--calibrate-steps", calibrate_steps, "Measured steps of --calibrate (medians)")
+      ->capture_default_str();
+  est->add_option("--calibrate-link", calibrate_link_file,
+                  "Measure the inter-node link from this job of one process per node and write (or update) the "
+                  "cluster file (rank 0)");
+  est->add_option("--calibrate-link-seconds", calibrate_link_seconds, "About how long --calibrate-link measures")
+      ->capture_default_str();
+  est->add_option("--seed", seed, "Seed of --calibrate's model and batch")->capture_default_str();
+  // fsdp-train's flags that do not change a step's time: accepted, so that a
+  // run's command line can be pasted after --estimate.
+  for (const char* f : {"--data", "--max-steps", "--lr", "--warmup-steps", "--min-lr", "--weight-decay",
+                        "--log-every", "--metrics-file", "--checkpoint-dir", "--checkpoint-every", "--keep-last",
+                        "--timeout", "--tokenizer", "--profile-steps", "--profile-file", "--tensorboard",
+                        "--node-rank", "--master-addr", "--master-port", "--device", "--eval-every", "--val-data",
+                        "--clip-grad"}) {
+    est->add_option(f, ignored, "(fsdp-train's; no effect on the estimate)")->group("");
+  }
   fsdp::cli::strict_numbers(app);
   try {
     app.parse(argc, argv);
@@ -73,6 +154,80 @@ int run(int argc, char** argv) {
     return fsdp::kExitUsage;
   }
 
+  const bool estimating = estimate || !calibrate_file.empty() || !calibrate_link_file.empty();
+  std::optional<fsdp::cli::Calibration> calibration;
+  fsdp::ClusterSpec cluster;
+  const at::ScalarType compute_dtype = fsdp::MixedPrecision::preset(precision).param_dtype;
+  FSDP_CHECK(calibrate_steps >= 1 && calibrate_steps <= 1000, "--calibrate-steps must be in [1, 1000], got ",
+             calibrate_steps);
+  FSDP_CHECK(std::isfinite(calibrate_link_seconds) && calibrate_link_seconds > 0 && calibrate_link_seconds <= 600,
+             "--calibrate-link-seconds must be in (0, 600], got ", calibrate_link_seconds);
+  if (!calibrate_link_file.empty()) {
+    // One process per node of a job: measure, and rank 0 writes the link into the file.
+    const fsdp::cli::LinkCalibration measured = fsdp::cli::calibrate_link(calibrate_link_seconds);
+    const fsdp::LinkSpec& link = measured.link;
+    if (fsdp::comm::detect_world().rank == 0) {
+      fsdp::ClusterSpec c;
+      c.name = "calibrated";
+      if (std::ifstream(calibrate_link_file).good()) c = fsdp::cli::read_cluster(calibrate_link_file, compute_dtype,
+                                                                                  &calibration);
+      c.inter = link;
+      c.host_cpu_s_per_byte = measured.host_cpu_s_per_byte;
+      fsdp::cli::write_text_file(calibrate_link_file, fsdp::cli::calibration_file_json(c, calibration) + "\n");
+      std::cout << fmt::format("Link: {:.4g} Gbit/s per node, latency {:.1f} us, {:.3g} ns of CPU per byte moved -> "
+                               "{}\n", link.bytes_per_s * 8 / 1e9, link.latency_s * 1e6,
+                               measured.host_cpu_s_per_byte * 1e9, calibrate_link_file);
+    }
+    return 0;
+  }
+  if (estimating) {
+    FSDP_CHECK(nnodes >= 1 && nnodes <= kMaxNodes, "--nnodes must be in [1, ", kMaxNodes, "], got ", nnodes);
+    FSDP_CHECK(app.count("--nproc-per-node") == 0 || (nproc >= 1 && nproc <= kMaxProcsPerNode),
+               "--nproc-per-node must be in [1, ", kMaxProcsPerNode, "], got ", nproc);
+    // Rates must be positive, latencies and the peak non-negative: a flag given is a flag used.
+    const auto positive = [&](const char* flag, double v, bool zero_ok) {
+      FSDP_CHECK(app.count(flag) == 0 || (std::isfinite(v) && (zero_ok ? v >= 0 : v > 0)), flag, " must be a ",
+                 zero_ok ? "number >= 0" : "number > 0", ", got ", v);
+    };
+    positive("--inter-node-gbps", inter_gbps, false);
+    positive("--intra-node-gbps", intra_gbps, false);
+    positive("--inter-node-latency-us", inter_latency_us, true);
+    positive("--intra-node-latency-us", intra_latency_us, true);
+    positive("--peak-tflops", peak_tflops, true);
+    positive("--compute-efficiency", compute_efficiency, false);
+    FSDP_CHECK(app.count("--compute-efficiency") == 0 || compute_efficiency <= 1,
+               "--compute-efficiency is a fraction of the peak in (0, 1], got ", compute_efficiency);
+    if (!calibrate_file.empty()) {
+      cluster.name = "calibrated";
+      if (!cluster_spec.empty()) cluster = fsdp::cli::read_cluster(cluster_spec, compute_dtype, nullptr);
+      cluster.algorithm = fsdp::CollectiveAlgorithm::kMesh;
+      cluster.execution = fsdp::Execution::kHost;
+      cluster.procs_per_node = nproc > 0 ? nproc : 1;
+    } else {
+      FSDP_CHECK(!cluster_spec.empty(), "--estimate needs --cluster: a preset (",
+                 [] {
+                   std::string s;
+                   for (const auto& n : fsdp::cluster_preset_names()) s += (s.empty() ? "" : ", ") + n;
+                   return s;
+                 }(),
+                 ") or a cluster JSON file (fsdp-inspect --calibrate FILE measures this machine)");
+      cluster = fsdp::cli::read_cluster(cluster_spec, compute_dtype, &calibration);
+    }
+    if (nproc > 0) cluster.procs_per_node = nproc;
+    cluster.nodes = nnodes;
+    if (app.count("--inter-node-gbps") > 0) cluster.inter.bytes_per_s = inter_gbps * 1e9 / 8;
+    if (app.count("--inter-node-latency-us") > 0) cluster.inter.latency_s = inter_latency_us * 1e-6;
+    if (app.count("--intra-node-gbps") > 0) cluster.intra.bytes_per_s = intra_gbps * 1e9 / 8;
+    if (app.count("--intra-node-latency-us") > 0) cluster.intra.latency_s = intra_latency_us * 1e-6;
+    if (app.count("--peak-tflops") > 0) cluster.peak_flops = peak_tflops * 1e12;
+    if (app.count("--compute-efficiency") > 0) cluster.compute_efficiency = compute_efficiency;
+    FSDP_CHECK(static_cast<int64_t>(cluster.nodes) * cluster.procs_per_node <= kMaxWorld, "--nnodes ", cluster.nodes,
+               " x --nproc-per-node ", cluster.procs_per_node, " is more than ", kMaxWorld, " processes");
+    const int estimated_world = cluster.nodes * cluster.procs_per_node;
+    FSDP_CHECK(app.count("--world-size") == 0 || world_size == estimated_world, "--world-size ", world_size,
+               " differs from --nnodes x --nproc-per-node = ", estimated_world, "; give one or the other");
+    world_size = estimated_world;
+  }
   FSDP_CHECK(world_size >= 1, "--world-size must be >= 1 (the number of processes), got ", world_size);
   FSDP_CHECK(rank >= 0 && rank < world_size, "--rank ", rank, " is outside [0, --world-size ", world_size,
              ") — give a rank below the world size");
@@ -100,8 +255,16 @@ int run(int argc, char** argv) {
   o.wrap = fsdp::parse_wrap_policy(wrap, fsdp::models::llama_block_type());
   // As fsdp-train: "block" also makes the embedding and the head units.
   if (o.wrap.kind == fsdp::WrapPolicy::Kind::kByType) o.wrap.types = fsdp::models::llama_unit_types();
-  o.hybrid_shard_size = hybrid > 0 ? hybrid : world_size;
+  o.hybrid_shard_size = hybrid > 0 ? hybrid : estimating ? cluster.procs_per_node : world_size;
   o.mixed_precision = fsdp::MixedPrecision::preset(precision);
+  if (!reduce_dtype.empty()) {
+    FSDP_CHECK(reduce_dtype == "fp32" || reduce_dtype == "bf16" || reduce_dtype == "fp16", "--reduce-dtype '",
+               reduce_dtype, "' is not one of: fp32, bf16, fp16");
+    o.mixed_precision.reduce_dtype = reduce_dtype == "fp32" ? at::kFloat : reduce_dtype == "bf16" ? at::kBFloat16
+                                                                                                  : at::kHalf;
+  }
+  o.backward_prefetch = fsdp::parse_backward_prefetch(backward_prefetch);
+  o.forward_prefetch = forward_prefetch;
   o.limit_all_gathers = limit;
   o.cpu_offload = offload;
   if (ckpt) o.checkpoint_types = {fsdp::models::llama_block_type()};
@@ -110,21 +273,23 @@ int run(int argc, char** argv) {
   const fsdp::ShardingPlan plan =
       fsdp::plan_sharding(root.ptr(), world_size, rank, o, pure ? at::kBFloat16 : at::kFloat);
 
-  std::cout << cfg.summary() << "\n"
+  std::ostringstream discarded;  // --estimate --json prints the JSON alone
+  std::ostream& out = estimating && json ? static_cast<std::ostream&>(discarded) : std::cout;
+  out << cfg.summary() << "\n"
             << fmt::format("{} over {} ranks, wrap {}, {} (param {}, reduce {}, master {}){}\n",
                            fsdp::to_string(o.strategy), world_size, wrap, precision,
                            c10::toString(o.mixed_precision.param_dtype), c10::toString(o.mixed_precision.reduce_dtype),
                            c10::toString(o.mixed_precision.master_dtype), offload ? ", CPU offload" : "")
             << plan.describe();
   if (lora_rank != 0) {
-    std::cout << fmt::format("  LoRA rank {} on {}: {} adapter parameters ({:.3f}% of the model's {})\n", lora_rank,
+    out << fmt::format("  LoRA rank {} on {}: {} adapter parameters ({:.3f}% of the model's {})\n", lora_rank,
                              lora_targets, lora_params, 100.0 * static_cast<double>(lora_params) /
                                  static_cast<double>(cfg.num_parameters()), cfg.num_parameters());
   }
   if (cfg.moe()) {
     // Every rank holds 1/shard of every expert; a decoder layer gathers all E of
     // them, and each token computes with K.
-    std::cout << fmt::format("  mixture of experts: {} experts per layer, {} per token: {} parameters, {} active per "
+    out << fmt::format("  mixture of experts: {} experts per layer, {} per token: {} parameters, {} active per "
                              "token ({:.1f}%); per rank {} of them in shards\n",
                              cfg.num_local_experts, cfg.num_experts_per_tok, cfg.num_parameters(),
                              cfg.active_parameters(),
@@ -133,13 +298,13 @@ int run(int argc, char** argv) {
                              (cfg.num_parameters() + plan.shard_size - 1) / plan.shard_size);
   }
   const int64_t resident = plan.param_shard_bytes + plan.grad_shard_bytes + plan.optimizer_bytes;
-  std::cout << fmt::format("  total per rank without activations: {} ({} resident{} + {} during a step)\n",
+  out << fmt::format("  total per rank without activations: {} ({} resident{} + {} during a step)\n",
                            fsdp::format_bytes(resident + plan.step_unsharded_bytes), fsdp::format_bytes(resident),
                            offload ? " in host memory" : "", fsdp::format_bytes(plan.step_unsharded_bytes));
   // The loss never holds a micro-batch's whole logits (models/chunked_loss.h):
   // what it takes does not grow with the batch beyond one chunk.
   const int64_t loss_rows = fsdp::models::default_loss_chunk_rows(cfg.vocab_size);
-  std::cout << fmt::format("  loss: {} tokens per chunk of logits: at most {} during a step (one chunk's logits "
+  out << fmt::format("  loss: {} tokens per chunk of logits: at most {} during a step (one chunk's logits "
                            "and their gradient, the output head's gradient)\n",
                            loss_rows,
                            fsdp::format_bytes(fsdp::models::chunked_loss_bytes(loss_rows, cfg.vocab_size,
@@ -148,13 +313,72 @@ int run(int argc, char** argv) {
   // fsdp-inspect plans for any machine (a 70B model over 64 GPUs elsewhere), so a
   // plan beyond this machine is no error; fsdp-train refuses such a run.
   const int64_t here = fsdp::available_host_memory_bytes();
-  if (!offload && here >= 0 && resident + plan.step_unsharded_bytes > here) {
+  if (!offload && !estimating && here >= 0 && resident + plan.step_unsharded_bytes > here) {
     std::cerr << fmt::format("fsdp-inspect: note: one rank needs {} without activations, more than the {} of host "
                              "memory available here (fine when planning for GPUs or other machines; fsdp-train "
                              "--device cpu refuses such a run on this machine)\n",
                              fsdp::format_bytes(resident + plan.step_unsharded_bytes), fsdp::format_bytes(here));
   }
-  if (units) {
+  if (estimating) {
+    FSDP_CHECK(batch_size >= 1 && seq_len >= 1 && grad_accum >= 1, "--batch-size, --seq-len and --grad-accum must "
+               "be >= 1, got ", batch_size, ", ", seq_len, ", ", grad_accum);
+    FSDP_CHECK(seq_len <= cfg.max_position_embeddings, "--seq-len ", seq_len, " is longer than the model's ",
+               cfg.max_position_embeddings, " positions (max_position_embeddings)");
+    FSDP_CHECK(batch_size <= (int64_t{1} << 30) && grad_accum <= (int64_t{1} << 30), "--batch-size ", batch_size,
+               " or --grad-accum ", grad_accum, " is beyond any run (at most 2^30 each)");
+    fsdp::UnitCostFn cost;
+    if (!calibrate_file.empty()) {
+      std::cerr << fmt::format("fsdp-inspect: calibrating: {} steps of {} on this machine, batch {} x {} tokens, {} "
+                               "threads\n", calibrate_steps + 1, model, batch_size, seq_len, at::get_num_threads());
+      auto real = std::make_shared<fsdp::models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), seed);
+      fsdp::cli::Calibration cal =
+          fsdp::cli::calibrate_compute(real, cfg, o, batch_size, seq_len, calibrate_steps, seed);
+      cal.model = model;
+      cal.mixed_precision = precision;
+      cal.activation_checkpointing = ckpt;
+      cluster.optimizer_s_per_element = cal.optimizer_s_per_element;
+      calibration = cal;
+      fsdp::cli::write_text_file(calibrate_file, fsdp::cli::calibration_file_json(cluster, calibration) + "\n");
+      std::cerr << "fsdp-inspect: wrote " << calibrate_file << "\n";
+    }
+    if (calibration) {
+      cluster.optimizer_s_per_element = calibration->optimizer_s_per_element > 0 ? calibration->optimizer_s_per_element
+                                                                                 : cluster.optimizer_s_per_element;
+      cost = fsdp::cli::calibrated_cost(*calibration, model, batch_size, seq_len, precision, ckpt);
+    } else {
+      cost = fsdp::cli::flops_cost(cfg, cluster, batch_size * seq_len, seq_len);
+    }
+    fsdp::StepWorkload w;
+    w.batch_size = batch_size;
+    w.seq_len = seq_len;
+    w.grad_accum = grad_accum;
+    w.model_flops_per_token = cfg.training_flops_per_token(seq_len);
+    o.hybrid_shard_size = hybrid;  // 0: one node, as fsdp-train
+    const fsdp::StepEstimate e = fsdp::estimate_scaling(root.ptr(), o, cluster, w, cost);
+    // The same run from one node up: 1, 2, 4, ... and the cluster's own count.
+    std::vector<std::pair<int, fsdp::StepEstimate>> curve;
+    for (int n = 1; n < cluster.nodes; n *= 2) {
+      fsdp::ClusterSpec smaller = cluster;
+      smaller.nodes = n;
+      fsdp::FsdpOptions on_n = o;
+      if (o.strategy == fsdp::ShardingStrategy::kHybridShard && o.hybrid_shard_size > 0 &&
+          (n * cluster.procs_per_node) % o.hybrid_shard_size != 0) {
+        continue;  // a shard group that does not fit n nodes
+      }
+      curve.emplace_back(n, fsdp::estimate_scaling(root.ptr(), on_n, smaller, w, cost));
+    }
+    if (cluster.nodes > 1) curve.emplace_back(cluster.nodes, e);
+    const std::string run = fmt::format("{} {} {}{} batch {} x seq {}{} on {} x {}", model, sharding, precision,
+                                        ckpt ? " activation-checkpointing" : "", batch_size, seq_len,
+                                        grad_accum > 1 ? fmt::format(" x accum {}", grad_accum) : std::string(),
+                                        cluster.nodes, cluster.procs_per_node);
+    if (json) {
+      std::cout << fsdp::cli::estimate_json(e, cluster, run, timeline, curve) << "\n";
+      return 0;
+    }
+    std::cout << fsdp::cli::estimate_text(e, cluster, units, curve);
+  }
+  if (units && !estimating) {
     for (const auto& u : plan.units) {
       std::cout << fmt::format("  unit {:<24} {:>4} params {:>14} elements  padded {:>14}  shard {:>12} at {}{}{}\n",
                                u.name.empty() ? "<root>" : u.name, u.params.size(), u.numel, u.padded_numel,

@@ -11,6 +11,8 @@
 // arguments) with torchrun's environment, supervises them and exits with the
 // first failing worker's status. Under torchrun, Kubeflow PyTorchJob or Slurm
 // srun every process is a worker already and --nproc-per-node is ignored.
+// Several nodes without torchrun: the same command on each node with --nnodes
+// N --node-rank i --master-addr <node 0's address> (node 0 hosts the store).
 //
 // Exit codes: 0 success, 2 bad usage (flags, files, shapes), 1 other failures.
 // SIGTERM/SIGINT: every rank finishes its current step, a checkpoint is saved
@@ -174,6 +176,10 @@ int run(int argc, char** argv) {
   fsdp::train::TrainOptions o;
   fsdp::cli::TrainFlags flags;  // the choices in words, typed into `o` after parsing
   int nproc = 1;
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;
+  int master_port = 29500;  // torchrun's default
   std::string token_dtype = "u16";
   std::string format = "auto";
   std::string timeout_text;
@@ -282,6 +288,13 @@ int run(int argc, char** argv) {
   app.add_option("--nproc-per-node", nproc,
                  "Start N local worker processes and supervise them (ignored under torchrun/srun/PyTorchJob)")
       ->capture_default_str();
+  app.add_option("--nnodes", nnodes,
+                 "Nodes of the job when fsdp-train launches them itself: run it once per node with the same flags "
+                 "and --node-rank 0..N-1; node 0 hosts the store at --master-addr:--master-port")
+      ->capture_default_str();
+  app.add_option("--node-rank", node_rank, "This node's rank in [0, --nnodes)")->capture_default_str();
+  app.add_option("--master-addr", master_addr, "Node 0's address as the other nodes reach it (--nnodes > 1)");
+  app.add_option("--master-port", master_port, "The store's port on node 0 (--nnodes > 1)")->capture_default_str();
   app.add_option("--timeout", timeout_text,
                  "Seconds to wait for other ranks: each collective, and joining the job (default: 600 for "
                  "collectives, 300 for joining; env FSDP_TIMEOUT). A rank that does not arrive in time "
@@ -486,8 +499,16 @@ int run(int argc, char** argv) {
                  "--checkpoint-dir DIR --export-hf OUT'\n";
   }
   if (!is_worker) check_nproc(nproc, o.device);  // under torchrun/srun/PyTorchJob the flag is ignored
-  if (nproc > 1 && !is_worker) {
-    fsdp::train::validate_options(o, nproc);  // fail once, before starting anything
+  if (!is_worker) {
+    FSDP_CHECK(nnodes >= 1 && nnodes <= 65536, "--nnodes must be in [1, 65536], got ", nnodes);
+    FSDP_CHECK(node_rank >= 0 && node_rank < nnodes, "--node-rank ", node_rank, " must be in [0, --nnodes ", nnodes,
+               ") — number the nodes 0..", nnodes - 1);
+    FSDP_CHECK(nnodes == 1 || !master_addr.empty(), "--nnodes ", nnodes,
+               " needs --master-addr: node 0's address as every node reaches it (and the same --master-port on all)");
+    FSDP_CHECK(master_port >= 1 && master_port <= 65535, "--master-port must be in [1, 65535], got ", master_port);
+  }
+  if ((nproc > 1 || nnodes > 1) && !is_worker) {
+    fsdp::train::validate_options(o, nproc * nnodes);  // fail once, before starting anything
     // The Prometheus ports the workers will listen on: free now, or an error before anything starts.
     if (o.log.metrics_port > 0 && o.mode != fsdp::train::Mode::kConvert) {
       for (int r = 0; r < (o.log.metrics_every_rank ? nproc : 1); ++r) {
@@ -495,9 +516,13 @@ int run(int argc, char** argv) {
       }
     }
     // Every local worker's memory at once, before any of them allocates.
-    fsdp::train::check_memory(o, nproc, nproc, std::nullopt);
+    fsdp::train::check_memory(o, nproc * nnodes, nproc, std::nullopt);
     fsdp::comm::LaunchOptions lo;
     lo.nproc = nproc;
+    lo.nnodes = nnodes;
+    lo.node_rank = node_rank;
+    lo.master_addr = master_addr;
+    lo.master_port = master_port;
     lo.signal_timeout = init.timeout;
     return fsdp::comm::launch_self("fsdp-train", argc, argv, lo);
   }

@@ -364,8 +364,8 @@ pid_t spawn(const ChildSpec& spec, int max_fd) {
   return pid;
 }
 
-std::vector<std::string> worker_env(const LaunchOptions& o, int rank, int lws, int port,
-                                    const std::string& run_id) {
+std::vector<std::string> worker_env(const LaunchOptions& o, int rank, int lws, const std::string& master_addr,
+                                    int port, const std::string& run_id) {
   std::map<std::string, std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     const std::string kv = *e;
@@ -373,14 +373,15 @@ std::vector<std::string> worker_env(const LaunchOptions& o, int rank, int lws, i
     if (eq != std::string::npos) env[kv.substr(0, eq)] = kv.substr(eq + 1);
   }
   for (const auto& k : o.unset_env) env.erase(k);
-  env["MASTER_ADDR"] = "127.0.0.1";
+  const int world = o.nproc * o.nnodes;
+  env["MASTER_ADDR"] = master_addr;
   env["MASTER_PORT"] = std::to_string(port);
   env["RANK"] = std::to_string(rank);
-  env["WORLD_SIZE"] = std::to_string(o.nproc);
+  env["WORLD_SIZE"] = std::to_string(world);
   env["LOCAL_RANK"] = std::to_string(rank % lws);
   env["LOCAL_WORLD_SIZE"] = std::to_string(lws);
   env["GROUP_RANK"] = std::to_string(rank / lws);
-  env["GROUP_WORLD_SIZE"] = std::to_string(o.nproc / lws);
+  env["GROUP_WORLD_SIZE"] = std::to_string(world / lws);
   env["TORCHELASTIC_USE_AGENT_STORE"] = "True";
   env["TORCHELASTIC_RESTART_COUNT"] = "0";
   env["TORCHELASTIC_MAX_RESTARTS"] = "0";
@@ -407,8 +408,18 @@ std::vector<std::string> worker_env(const LaunchOptions& o, int rank, int lws, i
 LaunchResult launch_local(const LaunchOptions& o) {
   FSDP_CHECK(!o.argv.empty(), "launch_local: argv is empty — pass the program and its arguments");
   FSDP_CHECK(o.nproc >= 1, "launch_local: nproc=", o.nproc, " must be at least 1");
+  FSDP_CHECK(o.nnodes >= 1 && o.node_rank >= 0 && o.node_rank < o.nnodes, "launch_local: node_rank=", o.node_rank,
+             " must be in [0, nnodes=", o.nnodes, ")");
+  const bool multi_node = o.nnodes > 1;
+  FSDP_CHECK(!multi_node || (!o.master_addr.empty() && o.master_port >= 1 && o.master_port <= 65535),
+             "launch_local: with nnodes=", o.nnodes, " the master address and port must be set (got '",
+             o.master_addr, "':", o.master_port, ") — every node's launcher needs node 0's address and a port");
+  FSDP_CHECK(!multi_node || o.local_world_size == 0 || o.local_world_size == o.nproc,
+             "launch_local: with nnodes > 1 a node's processes are one node: local_world_size must be nproc");
   int lws = o.local_world_size;
-  if (lws == 0) {
+  if (multi_node) {
+    lws = o.nproc;
+  } else if (lws == 0) {
     const auto it = o.env.find("LOCAL_WORLD_SIZE");  // simulated nodes requested through env
     lws = it == o.env.end() ? o.nproc : std::atoi(it->second.c_str());
   }
@@ -422,28 +433,39 @@ LaunchResult launch_local(const LaunchOptions& o) {
     FSDP_CHECK(stat(o.log_dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), "launch_local: log_dir '",
                o.log_dir, "' is not an existing directory — create it first");
   }
-  const std::string run_id = o.run_id.empty()
-                                 ? detail::cat("fsdp-", getpid(), "-",
-                                               Clock::now().time_since_epoch().count())
-                                 : o.run_id;
+  std::string run_id = o.run_id;
+  if (run_id.empty()) {
+    run_id = multi_node ? detail::cat("fsdp-", o.master_addr, "-", o.master_port)  // the same on every node
+                        : detail::cat("fsdp-", getpid(), "-", Clock::now().time_since_epoch().count());
+  }
 
   // The agent store: workers connect to it as clients (TORCHELASTIC_USE_AGENT_STORE).
+  // Several nodes: node 0 hosts it on the agreed port, the others none.
   c10d::TCPStoreOptions store_opts;
-  store_opts.port = 0;
+  store_opts.port = multi_node ? static_cast<uint16_t>(o.master_port) : 0;
   store_opts.isServer = true;
   store_opts.waitWorkers = false;
+  const std::string store_host = multi_node ? o.master_addr : "127.0.0.1";
   std::unique_ptr<c10d::TCPStore> store;
-  try {
-    store = std::make_unique<c10d::TCPStore>("127.0.0.1", store_opts);
-    if (store->getPort() == 0) {  // a LibTorch that does not report the bound port
-      store.reset();
-      store_opts.port = static_cast<uint16_t>(probe_free_port());
-      store = std::make_unique<c10d::TCPStore>("127.0.0.1", store_opts);
+  if (!multi_node || o.node_rank == 0) {
+    try {
+      store = std::make_unique<c10d::TCPStore>(store_host, store_opts);
+      if (!multi_node && store->getPort() == 0) {  // a LibTorch that does not report the bound port
+        store.reset();
+        store_opts.port = static_cast<uint16_t>(probe_free_port());
+        store = std::make_unique<c10d::TCPStore>(store_host, store_opts);
+      }
+    } catch (const std::exception& e) {
+      FSDP_FAIL("launch_local: cannot host the rendezvous store on ", store_host, ":", store_opts.port, ": ",
+                e.what(), multi_node ? " — is the port in use? choose another --master-port" : "");
     }
-  } catch (const std::exception& e) {
-    FSDP_FAIL("launch_local: cannot host the rendezvous store on 127.0.0.1: ", e.what());
   }
-  const int port = store->getPort();
+  const int port = store ? static_cast<int>(store->getPort()) : o.master_port;
+  const int first = o.node_rank * o.nproc;  // global rank of local worker 0
+  const auto global = [first](std::vector<int> local) {
+    for (int& r : local) r += first;
+    return local;
+  };
 
   LaunchResult result;
   result.ranks.resize(static_cast<size_t>(o.nproc));
@@ -456,11 +478,11 @@ LaunchResult launch_local(const LaunchOptions& o) {
     ChildSpec spec;
     spec.program = program;
     spec.argv = o.argv;
-    spec.env = worker_env(o, r, lws, port, run_id);
+    spec.env = worker_env(o, first + r, lws, store_host, port, run_id);
     auto& out = result.ranks[static_cast<size_t>(r)];
-    out.rank = r;
+    out.rank = first + r;
     if (!o.log_dir.empty()) {
-      out.log_file = detail::cat(o.log_dir, "/rank", r, ".log");
+      out.log_file = detail::cat(o.log_dir, "/rank", first + r, ".log");
       spec.log_fd = open(out.log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
       if (spec.log_fd < 0) FSDP_FAIL("launch_local: cannot create ", out.log_file, ": ", std::strerror(errno));
     }
@@ -520,13 +542,13 @@ LaunchResult launch_local(const LaunchOptions& o) {
     const RankOutcome& n = result.ranks[static_cast<size_t>(noticed)];
     if (suspended.empty()) {
       result.failed_rank = noticed;
-      blame = detail::cat("rank ", noticed, " ", n.describe());
+      blame = detail::cat("rank ", n.rank, " ", n.describe());
     } else {
       result.failed_rank = suspended.front();
-      blame = detail::cat(suspended.size() == 1 ? "rank " : "ranks ", join_ranks(suspended),
+      blame = detail::cat(suspended.size() == 1 ? "rank " : "ranks ", join_ranks(global(suspended)),
                           suspended.size() == 1 ? " was" : " were",
                           " suspended (process state T, e.g. SIGSTOP): the others waited for ",
-                          suspended.size() == 1 ? "it" : "them", " (rank ", noticed, " ", n.describe(), ")");
+                          suspended.size() == 1 ? "it" : "them", " (rank ", n.rank, " ", n.describe(), ")");
     }
   };
 
@@ -609,7 +631,7 @@ LaunchResult launch_local(const LaunchOptions& o) {
   if (result.timed_out) {
     msg << "timed out after " << o.timeout.count() << " ms; "
         << (still_running_at_timeout.size() == 1 ? "rank " : "ranks ")
-        << join_ranks(still_running_at_timeout)
+        << join_ranks(global(still_running_at_timeout))
         << (still_running_at_timeout.size() == 1 ? " was" : " were") << " still running (stopped)";
   } else if (result.failed_rank >= 0) {
     msg << blame;

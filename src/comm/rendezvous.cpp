@@ -126,8 +126,10 @@ WorldInfo from_torchrun(const Env& env) {
   const auto use_agent = env.get("TORCHELASTIC_USE_AGENT_STORE");
   w.agent_store = use_agent && parse_bool("TORCHELASTIC_USE_AGENT_STORE", *use_agent);
   if (w.agent_store) {
-    const auto attempt = env.optional_integer("TORCHELASTIC_RESTART_COUNT", 0, kMaxInt).value_or(0);
-    w.store_prefix = detail::cat("/worker/attempt_", attempt);
+    // Validated, but not part of the prefix: each agent counts its own restarts,
+    // so after a lost node the agents' counts can differ (Note [Join generations]).
+    (void)env.optional_integer("TORCHELASTIC_RESTART_COUNT", 0, kMaxInt);
+    w.store_prefix = "/worker/fsdp";
   }
   validate(w, {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"});
   return w;
@@ -411,15 +413,35 @@ void wait_until_listening(const Addresses& addresses, Clock::time_point deadline
 std::string text_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
 std::vector<uint8_t> bytes_of(const std::string& s) { return std::vector<uint8_t>(s.begin(), s.end()); }
 
-constexpr const char* kAbortKey = "fsdp/job/abort";
+// Note [Join generations]
+// Joining writes claims into the store: the job's WORLD_SIZE, each RANK's
+// holder, and then each rank's "ready" once it saw every claim. Under
+// torchrun (agent store) the store outlives the workers, and the restart
+// count cannot tell worker groups apart: a membership change restarts them
+// without a new TORCHELASTIC_RESTART_COUNT, and each agent counts only its own
+// workers' failures (after a node's link is cut and restored, one agent may
+// be at attempt 1 and the other at 2), so all of them use one prefix and the
+// claims of killed workers stay. So
+// the keys live under a generation, fsdp/job/<g>/, and under torchrun a claim
+// found taken (the agent hands out ranks: it can only be a dead incarnation's)
+// or another WORLD_SIZE (an elastic job that changed size) moves the job to
+// generation g + 1 (compare-and-set, so once), and every process waiting in
+// g follows. A rank is through when every rank is ready in one generation:
+// ready needs every claim of that generation, which a rank whose claim was
+// taken never makes there, so no rank finishes in a generation that others
+// left. Elsewhere (plain environment, Slurm) ranks are the user's: a taken
+// RANK or another WORLD_SIZE is a mistake, refused for every process (the
+// note under "abort"). Everything the job stores afterwards goes under its
+// generation's prefix (init_process_group).
+constexpr const char* kGenerationKey = "fsdp/job/generation";
 
 // Records why the job cannot start, for the processes still joining, and
 // throws it. The store's host keeps it up a little longer: the others poll
 // for the note at least every 500 ms, and without the store they could only
 // say that it went away.
-[[noreturn]] void abort_join(c10d::Store& store, const std::string& note, bool hosting) {
+[[noreturn]] void abort_join(c10d::Store& store, const std::string& abort_key, const std::string& note, bool hosting) {
   try {
-    store.compareSet(kAbortKey, {}, bytes_of(note));  // the first reason stays
+    store.compareSet(abort_key, {}, bytes_of(note));  // the first reason stays
   } catch (const std::exception&) {  // best effort: this process fails anyway
   }
   if (hosting) std::this_thread::sleep_for(std::chrono::milliseconds(1500));
@@ -429,62 +451,95 @@ constexpr const char* kAbortKey = "fsdp/job/abort";
 // c10d's messages carry a C++ stack trace after their first line.
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
 
-// Steps 2 and 3 of joining (rendezvous.h).
-void join_job(c10d::Store& store, const WorldInfo& w, const InitOptions& o, Clock::time_point deadline,
-              bool hosting) {
+int64_t generation_of(c10d::Store& store) {
+  if (!store.check({kGenerationKey})) return 0;
+  return std::stoll(text_of(store.get(kGenerationKey)));
+}
+
+// Steps 2 and 3 of joining (rendezvous.h); returns the generation's key prefix.
+std::string join_job(c10d::Store& store, const WorldInfo& w, const InitOptions& o, Clock::time_point deadline,
+                     bool hosting) {
   const std::string where = detail::cat("the job at ", w.master_addr, ":", w.master_port);
+  const bool elastic = w.agent_store;
   const std::string mine = std::to_string(w.world_size);
-  const std::string job = text_of(store.compareSet("fsdp/job/world_size", {}, bytes_of(mine)));
-  if (job != mine) {
-    abort_join(store, detail::cat("WORLD_SIZE mismatch: a process started as rank ", w.rank, " with WORLD_SIZE=",
-                                  mine, " joined ", where, ", which has WORLD_SIZE=", job,
-                                  " — start every process of a job with the same WORLD_SIZE"),
-               hosting);
-  }
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
   const std::string me = detail::cat(host, " pid ", getpid(), " #", std::random_device{}());
-  const std::string holder = text_of(store.compareSet(detail::cat("fsdp/job/rank/", w.rank), {}, bytes_of(me)));
-  if (holder != me) {
-    abort_join(store, detail::cat("RANK=", w.rank, " is taken twice in ", where, ": by ",
-                                  holder.substr(0, holder.find(" #")), " and by ", host, " pid ", getpid(),
-                                  " — give every process a distinct RANK in [0, ", w.world_size, ")"),
-               hosting);
-  }
-  std::vector<std::string> keys;
-  for (int r = 0; r < w.world_size; ++r) keys.push_back(detail::cat("fsdp/job/rank/", r));
-  auto missing = [&] {
-    std::ostringstream os;
-    int n = 0;
-    for (int r = 0; r < w.world_size; ++r) {
-      if (!store.check({keys[static_cast<size_t>(r)]})) os << (n++ ? ", " : "") << r;
-    }
-    return std::make_pair(n, os.str());
-  };
   const auto note_at = Clock::now() + std::chrono::seconds(10);
   bool noted = false;
-  auto pause = std::chrono::milliseconds(10);
   for (;;) {
-    // Polled, not a store wait(): c10d logs a warning for every wait that
-    // times out, and a note from a failed process must be seen within a second.
-    if (store.check(keys)) return;
-    if (store.check({kAbortKey})) detail::throw_usage(text_of(store.get(kAbortKey)));
-    const auto [n, ranks] = missing();
-    if (n == 0) return;
-    const char* which = n == 1 ? "rank " : "ranks ";
-    if (Clock::now() >= deadline) {
-      FSDP_FAIL(which, ranks, " did not join ", where, " within ",
-                seconds_text(o.store_timeout), " (", o.timeout_source, "): ", n == 1 ? "it" : "they",
-                " did not start, failed before joining, or cannot reach the store — see ",
-                n == 1 ? "its" : "their", " log; every process needs the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE");
+    const int64_t g = generation_of(store);
+    const std::string prefix = detail::cat("fsdp/job/", g, "/");
+    const std::string abort_key = prefix + "abort";
+    const auto next_generation = [&] {
+      store.compareSet(kGenerationKey, g == 0 ? std::vector<uint8_t>{} : bytes_of(std::to_string(g)),
+                       bytes_of(std::to_string(g + 1)));
+    };
+    const std::string job = text_of(store.compareSet(prefix + "world_size", {}, bytes_of(mine)));
+    if (job != mine) {
+      if (elastic) {
+        next_generation();
+        continue;
+      }
+      abort_join(store, abort_key,
+                 detail::cat("WORLD_SIZE mismatch: a process started as rank ", w.rank, " with WORLD_SIZE=", mine,
+                             " joined ", where, ", which has WORLD_SIZE=", job,
+                             " — start every process of a job with the same WORLD_SIZE"),
+                 hosting);
     }
-    if (!noted && Clock::now() >= note_at) {
-      std::cerr << rank_tag() << "waiting for " << which << ranks << " to join " << where << " (giving up after "
-                << seconds_text(o.store_timeout) << ", " << o.timeout_source << ")\n";
-      noted = true;
+    const std::string holder = text_of(store.compareSet(detail::cat(prefix, "rank/", w.rank), {}, bytes_of(me)));
+    if (holder != me) {
+      if (elastic) {
+        next_generation();
+        continue;
+      }
+      abort_join(store, abort_key,
+                 detail::cat("RANK=", w.rank, " is taken twice in ", where, ": by ",
+                             holder.substr(0, holder.find(" #")), " and by ", host, " pid ", getpid(),
+                             " — give every process a distinct RANK in [0, ", w.world_size, ")"),
+                 hosting);
     }
-    std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
-    pause = std::min(pause * 2, std::chrono::milliseconds(500));
+    // Waits until every rank has `what` in this generation: true; false when the job moved on.
+    const auto wait_for_all = [&](const char* what) {
+      std::vector<std::string> keys;
+      for (int r = 0; r < w.world_size; ++r) keys.push_back(detail::cat(prefix, what, "/", r));
+      auto missing = [&] {
+        std::ostringstream os;
+        int n = 0;
+        for (int r = 0; r < w.world_size; ++r) {
+          if (!store.check({keys[static_cast<size_t>(r)]})) os << (n++ ? ", " : "") << r;
+        }
+        return std::make_pair(n, os.str());
+      };
+      auto pause = std::chrono::milliseconds(10);
+      for (;;) {
+        // Polled, not a store wait(): c10d logs a warning for every wait that
+        // times out, and a note from a failed process must be seen within a second.
+        if (store.check(keys)) return true;
+        if (store.check({abort_key})) detail::throw_usage(text_of(store.get(abort_key)));
+        if (generation_of(store) != g) return false;
+        const auto [n, ranks] = missing();
+        if (n == 0) return true;
+        const char* which = n == 1 ? "rank " : "ranks ";
+        if (Clock::now() >= deadline) {
+          FSDP_FAIL(which, ranks, " did not join ", where, " within ", seconds_text(o.store_timeout), " (",
+                    o.timeout_source, "): ", n == 1 ? "it" : "they",
+                    " did not start, failed before joining, or cannot reach the store — see ", n == 1 ? "its" : "their",
+                    " log; every process needs the same MASTER_ADDR, MASTER_PORT and WORLD_SIZE");
+        }
+        if (!noted && Clock::now() >= note_at) {
+          std::cerr << rank_tag() << "waiting for " << which << ranks << " to join " << where << " (giving up after "
+                    << seconds_text(o.store_timeout) << ", " << o.timeout_source << ")\n";
+          noted = true;
+        }
+        std::this_thread::sleep_for(std::min<Clock::duration>(pause, deadline - Clock::now()));
+        pause = std::min(pause * 2, std::chrono::milliseconds(500));
+      }
+    };
+    if (!wait_for_all("rank")) continue;
+    store.set(detail::cat(prefix, "ready/", w.rank), bytes_of(me));
+    if (!wait_for_all("ready")) continue;
+    return prefix;
   }
 }
 
@@ -524,7 +579,8 @@ Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
       rt.store = c10::make_intrusive<c10d::PrefixStore>(world.store_prefix, tcp);
     }
     try {
-      join_job(*rt.store, world, options, deadline, o.isServer);
+      const std::string generation = join_job(*rt.store, world, options, deadline, o.isServer);
+      rt.store = c10::make_intrusive<c10d::PrefixStore>(generation, rt.store);
     } catch (const fsdp::Failure&) {
       throw;
     } catch (const std::exception& e) {  // the store itself failed

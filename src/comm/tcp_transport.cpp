@@ -17,6 +17,9 @@
 #include <cerrno>
 #include <climits>
 #include <cstring>
+#include <functional>
+#include <future>
+#include <memory>
 #include <random>
 #include <set>
 #include <sstream>
@@ -873,26 +876,56 @@ void Mesh::wait_all(Clock::time_point deadline) {
       deadline);
 }
 
+// Note [Failure notes off the critical path]
+// The failure notes go through the store, which lives on one node: when that
+// node is unreachable (its link cut, not closed), a store operation blocks in
+// the kernel's retransmissions for many minutes, whatever the store's timeout
+// (c10d's client sets none on an established connection). So each note runs
+// on a thread of its own and is waited for at most kNoteGrace; a thread left
+// behind holds its own reference to the store and dies with the process.
+constexpr auto kNoteGrace = std::chrono::seconds(2);
+
+namespace {
+// Runs `fn` (which must not throw) and waits for it at most kNoteGrace; false if it is still running.
+bool within_grace(std::function<void()> fn) {
+  auto done = std::make_shared<std::promise<void>>();
+  std::future<void> f = done->get_future();
+  std::thread([fn = std::move(fn), done] {
+    fn();
+    done->set_value();
+  }).detach();
+  return f.wait_for(kNoteGrace) == std::future_status::ready;
+}
+}  // namespace
+
 std::string Mesh::failure_note(int q) const {
-  try {  // best effort: the store may be gone with the process that hosted it
-    const std::string key = failure_key(lane_, q);
-    if (!store_ || !store_->check({key})) return "";
-    const auto note = store_->get(key);
-    return std::string(note.begin(), note.end());
-  } catch (const std::exception&) {
-    return "";
-  }
+  if (!store_) return "";
+  auto note = std::make_shared<std::string>();
+  const c10::intrusive_ptr<c10d::Store> store = store_;
+  const std::string key = failure_key(lane_, q);
+  const bool answered = within_grace([store, key, note] {
+    try {  // best effort: the store may be gone with the process that hosted it
+      if (!store->check({key})) return;
+      const auto v = store->get(key);
+      note->assign(v.begin(), v.end());
+    } catch (const std::exception&) {
+    }
+  });
+  return answered ? *note : "";
 }
 
 void Mesh::close(const std::string& reason) {
   if (!reason.empty() && store_) {
-    try {  // best effort, as failure_note
-      const std::string key = failure_key(lane_, rank_);
-      store_->set(key, std::vector<uint8_t>(reason.begin(), reason.end()));
-      // A round trip on the same connection: the note is in the store before any peer sees EOF.
-      store_->check({key});
-    } catch (const std::exception&) {
-    }
+    const c10::intrusive_ptr<c10d::Store> store = store_;
+    const std::string key = failure_key(lane_, rank_);
+    within_grace([store, key, reason] {
+      try {  // best effort, as failure_note
+        store->set(key, std::vector<uint8_t>(reason.begin(), reason.end()));
+        // A round trip on the same connection: the note is in the store before any peer sees EOF.
+        store->check({key});
+      } catch (const std::exception&) {
+      }
+    });
   }
   for (Peer& p : peers_) {
     if (p.fd >= 0) {

@@ -49,6 +49,28 @@ double LlamaConfig::training_flops_per_token(int64_t seq_len) const {
   return 6 * matmul_weights + 12 * L * H * Dh * static_cast<double>(seq_len);
 }
 
+double LlamaConfig::forward_flops_per_token(const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
+                                            int64_t seq_len) const {
+  const auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  double flops = 0;
+  for (const auto& [name, shape] : params) {
+    if (shape.size() != 2) continue;  // norms, biases: no matrix product
+    double numel = static_cast<double>(shape[0]) * static_cast<double>(shape[1]);
+    if (ends_with(name, "embed_tokens.weight")) {
+      if (!tie_word_embeddings) continue;  // a lookup; tied, it is also the LM head
+    } else if (name.find(".experts.") != std::string::npos && moe()) {
+      numel *= static_cast<double>(num_experts_per_tok) / static_cast<double>(num_local_experts);
+    }
+    flops += 2 * numel;
+    if (ends_with(name, "self_attn.q_proj.weight")) {
+      flops += 4 * static_cast<double>(num_attention_heads) * static_cast<double>(dh()) * static_cast<double>(seq_len);
+    }
+  }
+  return flops;
+}
+
 // Note [Config size limits]
 // A config.json is input: vocab_size 1e12 or hidden_size 2^40 would otherwise be
 // found only when the first tensor of that size is allocated (1e15 bytes, an

@@ -191,7 +191,13 @@ FsdpOptions engine_options(const TrainOptions& o, const ModelFamily& family, int
   fo.forward_prefetch = s.forward_prefetch;
   fo.limit_all_gathers = s.limit_all_gathers;
   fo.device = at::Device(o.device);
-  check_options(fo, world_size);
+  // 0 (LOCAL_WORLD_SIZE) is resolved where the node's size is known (worker_engine_options,
+  // check_memory); the other checks hold for any shard-group size.
+  FsdpOptions checked = fo;
+  if (checked.strategy == ShardingStrategy::kHybridShard && checked.hybrid_shard_size == 0) {
+    checked.hybrid_shard_size = 1;
+  }
+  check_options(checked, world_size);
   return fo;
 }
 

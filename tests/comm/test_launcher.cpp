@@ -72,6 +72,31 @@ TEST(Launcher, AllRanksSucceedWithTorchrunEnvironment) {
   }
 }
 
+// Node 1 of 2 (it hosts no store: its workers would connect to node 0's):
+// global ranks 2 and 3 in the environment, the outcomes and the messages.
+TEST(Launcher, SecondNodeStartsItsGlobalRanks) {
+  const std::string dir = testing::temp_dir("logs");
+  LaunchOptions o = sh(
+      "echo \"rank=$RANK world=$WORLD_SIZE local=$LOCAL_RANK/$LOCAL_WORLD_SIZE group=$GROUP_RANK/$GROUP_WORLD_SIZE "
+      "addr=$MASTER_ADDR port=$MASTER_PORT run=$TORCHELASTIC_RUN_ID\"; [ $RANK = 3 ] && exit 4; exit 0",
+      2, dir);
+  o.nnodes = 2;
+  o.node_rank = 1;
+  o.master_addr = "10.0.0.1";
+  o.master_port = 29555;
+  const LaunchResult r = launch_local(o);
+  ASSERT_EQ(r.ranks.size(), 2u);
+  EXPECT_EQ(r.ranks[0].rank, 2);
+  EXPECT_EQ(r.ranks[1].rank, 3);
+  EXPECT_HAS(read_file(r.ranks[0].log_file),
+             "rank=2 world=4 local=0/2 group=1/2 addr=10.0.0.1 port=29555 run=fsdp-10.0.0.1-29555");
+  EXPECT_HAS(read_file(dir + "/rank3.log"), "rank=3 world=4 local=1/2 group=1/2");
+  EXPECT_FALSE(r.ok);
+  EXPECT_EQ(r.exit_code, 4);
+  EXPECT_EQ(r.ranks[static_cast<size_t>(r.failed_rank)].rank, 3);
+  EXPECT_HAS(r.message, "rank 3 exited with code 4");
+}
+
 TEST(Launcher, FailingRankIsNamedAndOthersAreStopped) {
   const auto start = std::chrono::steady_clock::now();
   const LaunchResult r = launch_local(
@@ -291,6 +316,16 @@ TEST(Launcher, BadOptionsAreUsageErrors) {
   o.log_dir = "/definitely/not/a/dir";
   EXPECT_THROW(launch_local(o), UsageError);
   o.log_dir = "";
+  o.nnodes = 2;  // several nodes: node 0's address and port are needed, and a node rank below nnodes
+  EXPECT_THROW(launch_local(o), UsageError);
+  o.master_addr = "10.0.0.1";
+  o.master_port = 0;
+  EXPECT_THROW(launch_local(o), UsageError);
+  o.master_port = 29555;
+  o.node_rank = 2;
+  EXPECT_THROW(launch_local(o), UsageError);
+  o.nnodes = 1;
+  o.node_rank = 0;
   const LaunchResult r = launch_local(o);  // PATH lookup, pass-through output
   EXPECT_TRUE(r.ok) << r.message;
 }

@@ -75,7 +75,7 @@ TEST(Rendezvous, TorchrunUsesTheAgentStoreWithAttemptPrefix) {
   EXPECT_EQ(w.master_addr, "node01");
   EXPECT_EQ(w.master_port, 29500);
   EXPECT_TRUE(w.agent_store);
-  EXPECT_EQ(w.store_prefix, "/worker/attempt_2");
+  EXPECT_EQ(w.store_prefix, "/worker/fsdp");  // not the restart count: agents count their own
   EXPECT_EQ(w.launcher, "torchrun");
   EXPECT_EQ(w.socket_ifname, "eth1");
 }
@@ -86,7 +86,7 @@ TEST(Rendezvous, OurLauncherNamesItselfAndNonAgentTorchrunHasNoPrefix) {
          {"TORCHELASTIC_USE_AGENT_STORE", "True"}};
   WorldInfo w = detect(v);
   EXPECT_EQ(w.launcher, "fsdp-train");
-  EXPECT_EQ(w.store_prefix, "/worker/attempt_0");
+  EXPECT_EQ(w.store_prefix, "/worker/fsdp");
   EXPECT_EQ(w.local_world_size, 2);  // defaults to one node
   v["TORCHELASTIC_USE_AGENT_STORE"] = "False";
   w = detect(v);

@@ -83,6 +83,10 @@ TRAIN_NUMERIC = [
      {"huge": ANY_END, "2^64": ANY_END}),
     ("--export-shard-size", "size", ["--export-hf", "{d}/hf"],
      {"zero": OK, "huge": OK, "2^63": E(0, 2), "2^64": E(0, 2)}),
+    # Several nodes: refused before anything starts (no --master-addr, a rank outside the job, a bad port).
+    ("--nnodes", "int", [], {}),
+    ("--node-rank", "int", ["--nnodes", "2", "--master-addr", "127.0.0.1"], {"zero": None}),
+    ("--master-port", "int", [], {}),
 ]
 TIMEOUT_NUMERIC = ("--timeout", "double", [], {"huge": E(0, 2), "2^64": E(0, 2)})
 # fsdp-inspect parses its flags like fsdp-train; a few classes each.
@@ -92,6 +96,13 @@ INSPECT_NUMERIC = [
     ("--rank", "int", [], {"zero": OK}),
     ("--hybrid-shard-size", "int", ["--sharding", "hybrid"], {"zero": OK}),
     ("--limit-all-gathers", "int", [], {"zero": E(0, 2), "huge": E(0, 2)}),
+    # --estimate: the run's shape and the cluster's numbers.
+    ("--nnodes", "int", ["--estimate", "--cluster", "h100"], {}),
+    ("--nproc-per-node", "int", ["--estimate", "--cluster", "h100"], {}),
+    ("--batch-size", "int64", ["--estimate", "--cluster", "h100"], {}),
+    ("--seq-len", "int64", ["--estimate", "--cluster", "h100"], {}),
+    ("--inter-node-gbps", "double", ["--estimate", "--cluster", "h100"], {"huge": OK}),
+    ("--compute-efficiency", "double", ["--estimate", "--cluster", "h100"], {}),
 ]
 
 

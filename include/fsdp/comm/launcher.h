@@ -1,4 +1,5 @@
 // Local launcher: N worker processes on this host, supervised like torchrun.
+// With nnodes > 1, one such launcher per node (Multi-node below).
 //
 // launch_local() hosts a c10d::TCPStore server on 127.0.0.1 (port chosen by the
 // OS), starts `nproc` copies of `argv` with torchrun's environment
@@ -32,6 +33,15 @@
 // job fails, on_failure(summary) runs before any held line is written, so the
 // launcher's one-line summary is the first line of the failure on stderr,
 // followed by the workers' own messages.
+//
+// Multi-node. With nnodes > 1 the launcher of node `node_rank` starts the
+// ranks node_rank * nproc .. node_rank * nproc + nproc - 1 of nnodes * nproc
+// (GROUP_RANK node_rank, LOCAL_WORLD_SIZE nproc). Node 0's launcher hosts the
+// store on master_port (every interface); every worker connects to
+// master_addr:master_port (the other launchers host nothing). Each launcher
+// supervises only its own workers: a rank lost on another node shows up here
+// as a local rank failing (the collective timeout names the missing ranks).
+// RankOutcome::rank and the messages use global ranks.
 //
 // Threading: launch_local must be called from a thread that outlives the call
 // (the workers' parent-death signal follows the thread that forked them), and
@@ -78,12 +88,19 @@ struct LaunchOptions {
   // (see Failure output above). Empty: nothing is called and workers' stderr
   // is not relayed.
   std::function<void(const std::string&)> on_failure;
-  std::string run_id;  // TORCHELASTIC_RUN_ID; "" generates one
+  std::string run_id;  // TORCHELASTIC_RUN_ID; "" generates one (nnodes > 1: from master_addr:master_port)
+  // Multi-node (see above): nnodes >= 1, 0 <= node_rank < nnodes; with nnodes > 1
+  // master_addr must be set and 1 <= master_port <= 65535, and local_world_size
+  // is nproc.
+  int nnodes = 1;
+  int node_rank = 0;
+  std::string master_addr;
+  int master_port = 0;
   bool forward_signals = true;
 };
 
 struct RankOutcome {
-  int rank = 0;
+  int rank = 0;  // global rank (node_rank * nproc + local index)
   int pid = 0;
   bool signaled = false;  // died from a signal (then `signal`), else exited (`code`)
   int code = 0;
@@ -98,8 +115,9 @@ struct RankOutcome {
 struct LaunchResult {
   bool ok = false;        // every rank exited with code 0
   int exit_code = 0;      // see launch_exit_code
-  // The root cause (see Blame above); -1 if none. A suspended rank is blamed
-  // even though it was the launcher that ended it.
+  // The root cause (see Blame above) as an index into `ranks` (its global rank
+  // is ranks[failed_rank].rank; the same number on one node); -1 if none. A
+  // suspended rank is blamed even though it was the launcher that ended it.
   int failed_rank = -1;
   bool timed_out = false;
   int signal_received = 0;  // SIGINT/SIGTERM forwarded to the workers, 0 if none
@@ -107,7 +125,7 @@ struct LaunchResult {
   // "rank 1 was suspended (process state T, e.g. SIGSTOP): the others waited
   // for it (rank 0 exited with code 1); stopped ranks 0, 1".
   std::string message;
-  std::vector<RankOutcome> ranks;  // indexed by rank
+  std::vector<RankOutcome> ranks;  // this launcher's workers, by local index
 };
 
 // Throws fsdp::UsageError for bad options (empty argv, program not found,

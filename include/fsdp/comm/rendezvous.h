@@ -7,10 +7,13 @@
 //  1. torchrun / fsdp-train's launcher: any TORCHELASTIC_* variable is set.
 //     RANK, WORLD_SIZE, LOCAL_RANK, LOCAL_WORLD_SIZE, GROUP_RANK, MASTER_ADDR,
 //     MASTER_PORT. With TORCHELASTIC_USE_AGENT_STORE=True the agent hosts the
-//     TCPStore: every worker connects as a client, keys under
-//     "/worker/attempt_<TORCHELASTIC_RESTART_COUNT>" (Debian's torchrun 1.13;
-//     starting a server there fails with "address in use"). FSDP_LAUNCHER names
-//     the launcher ("fsdp-train"), default "torchrun".
+//     TCPStore: every worker connects as a client (starting a server there
+//     fails with "address in use"), keys under "/worker/fsdp" and the join's
+//     generation: the store outlives worker groups that torchrun restarts, and
+//     the agents' TORCHELASTIC_RESTART_COUNTs can differ after a lost node, so
+//     the restart count does not separate them (Note [Join generations] in
+//     rendezvous.cpp). FSDP_LAUNCHER names the launcher ("fsdp-train"), default
+//     "torchrun".
 //  2. Plain env (Kubeflow PyTorchJob, hand-rolled scripts): RANK and WORLD_SIZE,
 //     MASTER_ADDR and MASTER_PORT when WORLD_SIZE > 1; optional LOCAL_RANK,
 //     LOCAL_WORLD_SIZE (default 0 and 1: one process per pod), GROUP_RANK or
@@ -101,8 +104,9 @@ struct InitOptions {
 
 struct Runtime {
   WorldInfo world;
-  // The job's store, already under world.store_prefix. Never null: an in-memory
-  // store for a single process.
+  // The job's store, already under world.store_prefix and the join's generation
+  // (Note [Join generations] in rendezvous.cpp). Never null: an in-memory store
+  // for a single process.
   c10::intrusive_ptr<c10d::Store> store;
   ProcessGroupPtr world_group;  // name "world"
   // A TCP group over the same ranks (name "cpu") for host-side agreement —
@@ -129,6 +133,9 @@ struct Runtime {
 //     makes every process still joining fail with the same message.
 //  3. Every rank must join: while some are missing, one note names them after
 //     10 s; at the deadline fsdp::Failure names the ranks that never joined.
+//     Under torchrun a RANK or WORLD_SIZE left in the store by workers that a
+//     membership change killed starts a new generation of the join instead of
+//     failing (Note [Join generations] in rendezvous.cpp).
 // Only then are the groups' connections made (options.timeout).
 Runtime init_process_group(const WorldInfo& world, const InitOptions& options = {});
 

@@ -43,6 +43,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 namespace fsdp::models {
@@ -157,6 +158,16 @@ struct LlamaConfig {
   // the same. Mixtral counts the weights a token passes through: K experts
   // and the (E, D) router per layer.
   double training_flops_per_token(int64_t seq_len) const;
+
+  // Forward FLOPs per token of the part of the model that owns `params` (names
+  // as named_parameters() gives them, shapes), counted as
+  // training_flops_per_token counts them, so that over all parameters it is a
+  // third of it: 2 x each matrix (2-D) weight — the embedding table only when
+  // tied (it is then the LM head), a Mixtral expert's weights times K / E (the
+  // share of tokens that visit it) — plus 4 x H x Dh x T for a layer's
+  // attention where its q_proj weight is among them. Norms and biases: 0.
+  double forward_flops_per_token(const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
+                                 int64_t seq_len) const;
 
   // Size limits (Note [Config size limits] in llama_config.cpp): far above every
   // published model, low enough that no product of sizes overflows int64.

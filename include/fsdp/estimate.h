@@ -1,0 +1,160 @@
+// Step-time model: how long one training step of a sharded model takes on a
+// cluster, and how much of its communication is exposed — without running it.
+//
+// estimate_step() takes what plan_sharding takes (the model's structure, the
+// options) plus a cluster description and what each unit costs to compute,
+// and replays the engine's schedule (Note [Estimated schedule] in
+// src/fsdp/estimate.cpp): units in the plan's order, the root gathered once,
+// FULL_SHARD / HYBRID re-gathering each unit in backward, SHARD_GRAD_OP not,
+// NO_SHARD all-reducing instead, forward and backward prefetch within
+// limit_all_gathers, at most two reductions in flight, HYBRID's replica
+// all-reduce after each unit's reduce-scatter, the optimizer on the local
+// shards. Communication runs on the engine's two lanes (all-gathers; reductions)
+// which share the network fairly while both are busy.
+//
+// What it does not know: activations' memory, data loading, stragglers,
+// interference of communication with compute on the same cores or memory,
+// congestion beyond one node's link, kernel-level effects (a unit's time is
+// what UnitCompute says). Its inputs carry the rest: a calibrated cluster
+// (fsdp-inspect --calibrate) measures a unit's time on this machine; a preset
+// states data-sheet rates and the efficiencies assumed (ClusterSpec::notes).
+#pragma once
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "fsdp/fsdp.h"
+
+namespace fsdp {
+
+// One link's achievable rate (bytes per second in each direction, already
+// multiplied by any efficiency) and the fixed cost of one collective on it.
+struct LinkSpec {
+  double bytes_per_s = 0;
+  double latency_s = 0;
+};
+
+// How a backend moves a collective's bytes (Note [Collective volumes] in estimate.cpp).
+enum class CollectiveAlgorithm {
+  kMesh,  // every rank sends to every peer directly: our TCP group (CPU)
+  kRing,  // rings over all of a node's NICs: NCCL (GPU)
+};
+
+// Who waits for what (Note [Estimated schedule]).
+enum class Execution {
+  kHost,    // compute runs on the training thread; a wait blocks it (CPU)
+  kDevice,  // the host runs ahead: collectives are issued limit_all_gathers
+            // units ahead of compute and waited for by the compute stream (CUDA)
+};
+
+struct ClusterSpec {
+  std::string name;              // "p5.48xlarge", "calibrated: <host>", ...
+  int nodes = 1;
+  int procs_per_node = 1;        // processes (GPUs) per node
+  LinkSpec intra;                // between two processes of one node, per process
+  LinkSpec inter;                // one node's link to the others, shared by its processes
+  CollectiveAlgorithm algorithm = CollectiveAlgorithm::kMesh;
+  Execution execution = Execution::kHost;
+  double peak_flops = 0;         // per process, dense, at the run's compute dtype; 0: unknown (no MFU)
+  // The fraction of peak_flops a unit's counted FLOPs reach (presets' stated
+  // assumption, used by their UnitCostFn); 0 where unit times are measured.
+  double compute_efficiency = 0;
+  double optimizer_s_per_element = 0;  // AdamW on one element of a shard (master dtype)
+  // CPU time a process spends per byte it sends or receives (copies, the
+  // kernel's TCP stack) — with Execution::kHost, where its cores also compute,
+  // added to its compute when a collective starts (the cores are assumed busy
+  // computing, as in a CPU run). 0 on GPUs (the NICs and NVLink move bytes).
+  double host_cpu_s_per_byte = 0;
+  std::string notes;             // the assumptions behind the numbers, for people
+};
+
+// What one unit's own code costs on one process for one micro-batch (its
+// nested units not included).
+struct UnitCompute {
+  double forward_s = 0;
+  double backward_s = 0;    // gradients of its inputs and parameters
+  double recompute_s = -1;  // activation checkpointing's second forward; < 0: forward_s
+};
+
+// The run's shape, as fsdp-train's flags give it.
+struct StepWorkload {
+  int64_t batch_size = 1;   // samples per process per micro-batch (--batch-size)
+  int64_t seq_len = 1;      // tokens per sample (--seq-len)
+  int64_t grad_accum = 1;   // micro-batches per step (--grad-accum), the last one synchronized
+  double model_flops_per_token = 0;  // forward + backward, no recomputation (for MFU); 0: no MFU
+};
+
+// One unit's share of the step (all micro-batches of it).
+struct UnitEstimate {
+  std::string name;           // "" for the root
+  double forward_s = 0;
+  double backward_s = 0;
+  double recompute_s = 0;     // activation checkpointing's second forward
+  int64_t gather_bytes = 0;   // its unsharded parameters (0: never gathered)
+  int64_t reduce_bytes = 0;   // its unsharded gradients in the reduce dtype (0: nothing reduced)
+  double all_gather_s = 0;    // one all-gather of it, alone on the network
+  double reduce_s = 0;        // one reduce-scatter (NO_SHARD: all-reduce) of it, alone on the network
+  double replica_all_reduce_s = 0;  // HYBRID: one all-reduce of its gradient shard across replicas
+  int gathers = 0;            // all-gathers of it per step
+};
+
+// One interval of the replayed schedule (Chrome-trace-like, for people and tests).
+struct EstimateSpan {
+  std::string lane;  // "compute", "all_gather", "reduce", "wait"
+  std::string what;  // "forward layers.3", "all_gather layers.4", ...
+  double begin_s = 0;
+  double end_s = 0;
+};
+
+struct StepEstimate {
+  std::vector<UnitEstimate> units;  // the plan's units (a unit's trainable and frozen entries as one)
+  int world_size = 1;
+  int shard_size = 1;
+  int replicas = 1;
+  double compute_s = 0;       // forward + backward + recomputation, all micro-batches
+  double comm_cpu_s = 0;      // host CPU spent moving bytes (ClusterSpec::host_cpu_s_per_byte)
+  double optimizer_s = 0;
+  double comm_s = 0;          // time some collective was on the network
+  double exposed_comm_s = 0;  // time compute waited for communication
+  double step_time_s = 0;
+  double tokens_per_s = 0;    // the whole job's
+  double tokens_per_s_per_process = 0;
+  double mfu = -1;            // model FLOPs per second over peak; < 0: no known peak
+  double scaling_efficiency = 1;  // tokens/s per process here over the same on one node (filled by estimate_scaling)
+  std::vector<EstimateSpan> timeline;  // the last micro-batch's schedule and the optimizer
+};
+
+// The per-unit compute cost, asked once per unit of the plan with its entries
+// (ShardingPlan::units: the trainable one, then the frozen one if any).
+using UnitCostFn = std::function<UnitCompute(const std::vector<UnitInfo>& entries)>;
+
+// The estimate for `cluster.nodes * cluster.procs_per_node` processes. Plans
+// with plan_sharding (UsageError for options it refuses). Requires:
+// cluster rates > 0 (UsageError naming the field).
+StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const FsdpOptions& options,
+                           const ClusterSpec& cluster, const StepWorkload& workload, const UnitCostFn& cost);
+
+// estimate_step at cluster.nodes, with scaling_efficiency against one node of
+// the same cluster (same per-process workload; HYBRID with a shard group
+// spanning more than one node is compared with one node sharded alone).
+StepEstimate estimate_scaling(const std::shared_ptr<nn::UnitBase>& root, const FsdpOptions& options,
+                              const ClusterSpec& cluster, const StepWorkload& workload, const UnitCostFn& cost);
+
+// Presets ("p5.48xlarge" = "h100", "p5en.48xlarge" = "h200", "p4de.24xlarge" = "a100"): data-sheet rates
+// times the efficiencies stated in ClusterSpec::notes, one node (set nodes after). `compute_dtype`
+// picks the peak. UsageError naming the presets for another name.
+ClusterSpec cluster_preset(const std::string& name, at::ScalarType compute_dtype);
+std::vector<std::string> cluster_preset_names();
+
+// A cluster description as JSON (what fsdp-inspect --cluster FILE reads and
+// --calibrate writes): {"name", "nodes", "procs_per_node", "intra": {"gbit_per_s",
+// "latency_us"}, "inter": {...}, "algorithm": "mesh"|"ring", "execution":
+// "host"|"device", "peak_tflops" (null: unknown), "compute_efficiency",
+// "optimizer_ns_per_element", "host_cpu_ns_per_byte", "notes"}, every field optional over `base`.
+// UsageError naming the field for a wrong type or a value out of range.
+ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, const std::string& source);
+std::string cluster_to_json(const ClusterSpec& c);
+
+}  // namespace fsdp

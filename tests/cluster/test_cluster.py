@@ -1,0 +1,468 @@
+#!/usr/bin/env python3
+"""Multi-node training on an emulated cluster (netcluster.py: network namespaces
+joined by a bridge, tc tbf for a slow link).
+
+    test_cluster.py CHECK --train FSDP_TRAIN --source SOURCE_DIR
+
+CHECK is one of:
+
+  parity    Every multi-node launch trains bit-identically to the same ranks on
+            one host: fsdp-train's own launcher (--nnodes 2 --node-rank i
+            --master-addr), torchrun --nnodes 2 --node-rank i with the c10d
+            rendezvous, and torchrun with the etcd rendezvous (etcd in node 0),
+            FULL_SHARD over 2 nodes x 1 process against 2 local processes; and
+            HYBRID with one shard group per node, 2 nodes x 2 processes against 4
+            local processes with --hybrid-shard-size 2. Equal: every step's loss
+            and gradient norm in the metrics file (exactly: the TCP group sums
+            in rank order on every topology) and the exported model.safetensors,
+            byte for byte.
+  linkcut   2 nodes x 2 processes, --timeout 5: node 1's link is cut (ip link set
+            eth0 down) while training. Every rank exits, each node's launcher
+            within --timeout + its kill grace of the cut, non-zero; the ranks of
+            node 0 name node 1's ranks (those whose bytes were missing: 2, 3 or
+            both) as the ones that did not arrive, and node 1's ranks name node 0's.
+  elastic   torchrun (c10d, --max-restarts 2) on 2 nodes, a checkpoint every
+            step: node 1's link is cut mid-run and restored; the workers fail,
+            torchrun restarts them, they resume from the last checkpoint and
+            finish; the exported model equals an uninterrupted run's, byte for byte.
+  cleanup   The fixture leaves nothing: a test process SIGKILLed while its cluster
+            runs a process loses its namespaces and processes (the watchdog), and
+            a dead run's namespace is reaped by the next cluster.
+  slowlink  2 nodes x 1 process with --profile-steps: on links shaped to 100
+            Mbit/s the traced steps take at least the time the bytes sent need
+            at that rate (the shaping works), wait for communication most of the
+            time (exposed >= 50% of the step, from the trace's own summary line
+            and from the merged Chrome trace), and more than on the unshaped link.
+
+Each check creates its own cluster, named with this process's id and start time,
+and removes it (namespaces, interfaces, processes) when it ends, fails, or is
+killed (netcluster's watchdog; and the next run reaps what a dead one left).
+Exit 0 pass, 1 fail. A host that cannot build the cluster (not root, no
+iproute2, no tbf) fails with the missing capability named: there is no skip.
+"""
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+import netcluster  # noqa: E402
+
+BUDGET_S = 170  # every check ends (and cleans up) well inside CTest's TIMEOUT
+DEADLINE = time.time() + BUDGET_S
+failures = []
+
+
+def expect(cond, message):
+    if not cond:
+        failures.append(message)
+        print(f"  FAIL: {message}", flush=True)
+    return cond
+
+
+def left():
+    return max(1.0, DEADLINE - time.time())
+
+
+def train_args(a, tmp, name, steps, extra=()):
+    return [a.train, "--model", "tiny", "--data", str(Path(a.source) / "data" / "fallback_corpus.jsonl"),
+            "--seq-len", "64", "--batch-size", "2", "--max-steps", str(steps), "--log-every", "1", "--seed", "3",
+            "--metrics-file", str(tmp / f"{name}.metrics.jsonl"), "--export-hf", str(tmp / f"{name}.hf"), *extra]
+
+
+def env_for(extra=None):
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"
+    env["GLOO_SOCKET_IFNAME"] = "eth0"  # each node's own address (inside its namespace)
+    env.pop("MASTER_ADDR", None)
+    env.pop("MASTER_PORT", None)
+    env.update(extra or {})
+    return env
+
+
+def wait_all(procs, timeout):
+    end = time.time() + min(timeout, left())
+    for p in procs:
+        try:
+            p.wait(timeout=max(0.1, end - time.time()))
+        except subprocess.TimeoutExpired:
+            pass
+    return [p.poll() for p in procs]
+
+
+def show_logs(logs, tail=3000):
+    for log in logs:
+        text = Path(log).read_text(errors="replace") if Path(log).exists() else "(no log)"
+        print(f"----- {log} (tail)\n{text[-tail:]}")
+
+
+def run_nodes(c, tmp, name, argvs, env=None, timeout=90):
+    """argvs[i] runs on node i; all must exit 0."""
+    logs = [tmp / f"{name}.node{i}.log" for i in range(len(argvs))]
+    procs = [c.popen(i, argv, env=env or env_for(), log=logs[i]) for i, argv in enumerate(argvs)]
+    codes = wait_all(procs, timeout)
+    ok = all(code == 0 for code in codes)
+    if not expect(ok, f"{name}: exit codes {codes} (None: still running after {timeout} s)"):
+        show_logs(logs)
+    return ok
+
+
+def records(tmp, name):
+    path = tmp / f"{name}.metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def same_training(tmp, ref, other):
+    """Bit-identical: losses and gradient norms of every step, and the exported weights."""
+    a, b = records(tmp, ref), records(tmp, other)
+    steps_a = [(r["step"], r["loss"], r["grad_norm"]) for r in a]
+    steps_b = [(r["step"], r["loss"], r["grad_norm"]) for r in b]
+    ok = expect(len(steps_a) > 0 and steps_a == steps_b,
+                f"{other}: per-step (step, loss, grad norm) {steps_b} differ from {ref}'s {steps_a}")
+    wa, wb = tmp / f"{ref}.hf" / "model.safetensors", tmp / f"{other}.hf" / "model.safetensors"
+    ok = expect(wa.exists() and wb.exists() and wa.read_bytes() == wb.read_bytes(),
+                f"{other}: exported model.safetensors differs from {ref}'s (or is missing)") and ok
+    if ok:
+        print(f"  {other} == {ref}: {len(steps_a)} steps, last loss {steps_a[-1][1]!r}, weights identical", flush=True)
+    return ok
+
+
+def torchrun_argv(nnodes, node, nproc, rdzv, endpoint, run_id, addr, extra=(), max_restarts=0):
+    # c10d: node 0's agent hosts the rendezvous store. torchrun decides that by matching the
+    # endpoint with the host name, which in a namespace is the host's; so it is said (is_host).
+    conf = [f"--rdzv-conf=is_host={1 if node == 0 else 0}"] if rdzv == "c10d" else []
+    return ["torchrun", f"--nnodes={nnodes}", f"--node-rank={node}", f"--nproc-per-node={nproc}",
+            f"--rdzv-backend={rdzv}", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", f"--local-addr={addr}",
+            *conf, f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "--redirects=1", "--tee=1",
+            "--no-python", *extra]
+
+
+def start_etcd(c, tmp):
+    etcd = shutil.which("etcd")
+    if not expect(etcd is not None, "etcd not found (Debian: etcd-server, installed by scripts/deps.sh)"):
+        return None
+    url = f"http://{c.addr(0)}:2379"
+    c.popen(0, ["timeout", "-k", "5", str(int(left()) + 10), etcd, "--name", "rdzv",
+                "--data-dir", str(tmp / "etcd-data"), "--enable-v2=true", "--listen-client-urls", url,
+                "--advertise-client-urls", url, "--listen-peer-urls", f"http://{c.addr(0)}:2380",
+                "--initial-advertise-peer-urls", f"http://{c.addr(0)}:2380",
+                "--initial-cluster", f"rdzv=http://{c.addr(0)}:2380"], log=tmp / "etcd.log")
+    for _ in range(100):
+        r = subprocess.run(c.argv(0, ["python3", "-c", f"import urllib.request,json;"
+                                      f"print(json.load(urllib.request.urlopen('{url}/health',timeout=1))['health'])"]),
+                           capture_output=True, text=True)
+        if r.stdout.strip() == "true":
+            return f"{c.addr(0)}:2379"
+        time.sleep(0.2)
+    expect(False, "etcd did not come up in node 0")
+    show_logs([tmp / "etcd.log"])
+    return None
+
+
+# ---- checks ---------------------------------------------------------------------------------------
+
+def check_parity(a, tmp):
+    steps = 3
+    with netcluster.Cluster(2, tag="par") as c:
+        master = c.addr(0)
+        print("reference: 2 processes on one host (FULL_SHARD)", flush=True)
+        run_nodes(c, tmp, "ref2", [train_args(a, tmp, "ref2", steps, ["--nproc-per-node", "2"])])
+
+        print("fsdp-train's launcher: 2 nodes x 1 process (--nnodes 2 --node-rank i --master-addr)", flush=True)
+        run_nodes(c, tmp, "own2x1", [train_args(a, tmp, "own2x1", steps, [
+            "--nnodes", "2", "--node-rank", str(i), "--master-addr", master, "--master-port", "29500"])
+            for i in range(2)])
+        same_training(tmp, "ref2", "own2x1")
+
+        print("torchrun --nnodes 2 --node-rank i, c10d rendezvous", flush=True)
+        run_nodes(c, tmp, "c10d2x1", [torchrun_argv(2, i, 1, "c10d", f"{master}:29400", "c10d-parity", c.addr(i),
+                                                    train_args(a, tmp, "c10d2x1", steps)) for i in range(2)])
+        same_training(tmp, "ref2", "c10d2x1")
+
+        endpoint = start_etcd(c, tmp)
+        if endpoint:
+            print("torchrun --nnodes 2 --node-rank i, etcd rendezvous (etcd in node 0)", flush=True)
+            run_nodes(c, tmp, "etcd2x1", [torchrun_argv(2, i, 1, "etcd", endpoint, f"etcd-parity-{os.getpid()}",
+                                                        c.addr(i), train_args(a, tmp, "etcd2x1", steps))
+                                          for i in range(2)])
+            same_training(tmp, "ref2", "etcd2x1")
+
+        print("HYBRID, one shard group per node: 2 nodes x 2 processes vs 4 local processes, shard size 2",
+              flush=True)
+        hybrid = ["--sharding", "hybrid"]
+        run_nodes(c, tmp, "ref4h", [train_args(a, tmp, "ref4h", steps,
+                                               [*hybrid, "--hybrid-shard-size", "2", "--nproc-per-node", "4"])])
+        run_nodes(c, tmp, "own2x2h", [train_args(a, tmp, "own2x2h", steps, [
+            *hybrid, "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", str(i), "--master-addr", master])
+            for i in range(2)])
+        same_training(tmp, "ref4h", "own2x2h")
+        # The shard groups really were the nodes: the default shard size is LOCAL_WORLD_SIZE.
+        text = (tmp / "own2x2h.node0.log").read_text(errors="replace")
+        expect(re.search(r"shard group 2 x 2 replicas", text) is not None,
+               "HYBRID over 2 nodes x 2: the plan line does not say 'shard group 2 x 2 replicas'")
+
+
+def check_linkcut(a, tmp):
+    timeout_s = 5
+    with netcluster.Cluster(2, tag="cut") as c:
+        argvs = [train_args(a, tmp, "cut", 100000, [
+            "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", str(i), "--master-addr", c.addr(0),
+            "--timeout", str(timeout_s)]) for i in range(2)]
+        logs = [tmp / f"cut.node{i}.log" for i in range(2)]
+        procs = [c.popen(i, argv, env=env_for(), log=logs[i]) for i, argv in enumerate(argvs)]
+        # Cut once training runs (rank 0 logged a few steps): a step is a few ms of
+        # compute and many collectives, so the cut lands inside one.
+        while time.time() < DEADLINE - 60 and all(p.poll() is None for p in procs):
+            if len(re.findall(r"Batch \d+ Loss", logs[0].read_text(errors="replace"))) >= 3:
+                break
+            time.sleep(0.1)
+        if not expect(all(p.poll() is None for p in procs), "the job ended before the cut"):
+            show_logs(logs)
+            return
+        cut_at = time.time()
+        c.link(1, up=False)
+        print(f"  cut node 1's link (ip link set eth0 down) after step 3", flush=True)
+        # Bound: --timeout for the collective, then the launcher's kill grace (10 s) for
+        # siblings that are stuck elsewhere, plus start-up slack of a loaded machine.
+        bound = timeout_s + 10 + 10
+        exited = [None, None]
+        while time.time() < cut_at + bound + 5 and None in exited:
+            for i, p in enumerate(procs):
+                if exited[i] is None and p.poll() is not None:
+                    exited[i] = time.time() - cut_at
+            time.sleep(0.05)
+        codes = [p.poll() for p in procs]
+        print(f"  node launchers exited {['%.1f s' % e if e is not None else 'no' for e in exited]} after the cut, "
+              f"codes {codes}", flush=True)
+        ok = expect(all(e is not None and e <= bound for e in exited),
+                    f"every node's launcher must exit within {bound} s of the cut (--timeout {timeout_s} + kill "
+                    f"grace + slack); exited after {exited}")
+        ok = expect(all(code not in (None, 0) for code in codes), f"exit codes {codes}: a lost node is a failure") and ok
+        text0 = logs[0].read_text(errors="replace")
+        errors0 = [line for line in text0.splitlines() if "error" in line or "did not" in line]
+        for line in errors0[:6]:
+            print(f"  node 0: {line}")
+        names_lost = [line for line in errors0 if re.search(r"\branks? (2|3)\b|\branks 2, 3\b|\brank [23]\b", line)]
+        ok = expect(len(names_lost) > 0, "node 0's ranks did not name node 1's ranks (2, 3) in their errors") and ok
+        text1 = logs[1].read_text(errors="replace")
+        ok = expect(re.search(r"\brank [01]\b|\branks 0, 1\b", text1) is not None,
+                    "node 1's ranks did not name node 0's ranks (0, 1) in their errors") and ok
+        if not ok:
+            show_logs(logs)
+
+
+def check_elastic(a, tmp):
+    steps = 24
+    ckpt = ["--checkpoint-dir", str(tmp / "ckpt"), "--checkpoint-every", "1", "--keep-last", "2", "--resume",
+            "--timeout", "4"]
+    with netcluster.Cluster(2, tag="ela") as c:
+        print("reference: the same run uninterrupted, 2 processes on one host", flush=True)
+        run_nodes(c, tmp, "ref", [train_args(a, tmp, "ref", steps, ["--nproc-per-node", "2"])])
+        print("torchrun c10d --max-restarts 2 on 2 nodes; node 1's link cut mid-run, then restored", flush=True)
+        logs = [tmp / f"ela.node{i}.log" for i in range(2)]
+        argvs = [torchrun_argv(2, i, 1, "c10d", f"{c.addr(0)}:29400", "elastic", c.addr(i),
+                               train_args(a, tmp, "ela", steps, ckpt), max_restarts=2) for i in range(2)]
+        procs = [c.popen(i, argv, env=env_for(), log=logs[i]) for i, argv in enumerate(argvs)]
+        while time.time() < DEADLINE - 60 and all(p.poll() is None for p in procs):
+            if len(re.findall(r"Batch \d+ Loss", logs[0].read_text(errors="replace") +
+                              logs[1].read_text(errors="replace"))) >= 4:
+                break
+            time.sleep(0.1)
+        if not expect(all(p.poll() is None for p in procs), "the job ended before the cut"):
+            show_logs(logs)
+            return
+        c.link(1, up=False)
+        print("  cut node 1's link", flush=True)
+        # Wait until a worker has failed (the timeout names the missing rank), then restore.
+        t0 = time.time()
+        while time.time() < t0 + 30 and not any("did not" in l.read_text(errors="replace") for l in logs):
+            time.sleep(0.2)
+        time.sleep(1)
+        c.link(1, up=True)
+        print(f"  restored it after {time.time() - t0:.1f} s", flush=True)
+        codes = wait_all(procs, 120)
+        text = logs[0].read_text(errors="replace") + logs[1].read_text(errors="replace")
+        ok = expect(codes == [0, 0], f"after the restart both nodes must finish: exit codes {codes}")
+        resumed = re.findall(r"Resumed from .*?step (\d+)", text)
+        ok = expect(len(resumed) > 0, "no worker resumed from a checkpoint after the restart") and ok
+        ok = expect("failed (exitcode: 1)" in text,
+                    "torchrun did not report a failed worker (its restart is what this checks)") and ok
+        if resumed:
+            print(f"  resumed at step {resumed[0]}", flush=True)
+        ok = same_training_weights(tmp, "ref", "ela") and ok
+        if not ok:
+            show_logs(logs, 5000)
+
+
+def same_training_weights(tmp, ref, other):
+    wa, wb = tmp / f"{ref}.hf" / "model.safetensors", tmp / f"{other}.hf" / "model.safetensors"
+    ok = expect(wa.exists() and wb.exists() and wa.read_bytes() == wb.read_bytes(),
+                f"{other}: the exported weights differ from the uninterrupted run's (or are missing)")
+    if ok:
+        print(f"  {other}'s exported weights == {ref}'s, byte for byte", flush=True)
+    return ok
+
+
+PROFILE = re.compile(r"Profile step (\d+): ([\d.]+) ms \(rank 0\).*communication ([\d.]+) ms on the lanes, "
+                     r"exposed ([\d.]+) ms")
+
+
+def traced(a, tmp, c, name):
+    argvs = [train_args(a, tmp, name, 5, ["--nnodes", "2", "--node-rank", str(i), "--master-addr", c.addr(0),
+                                          "--profile-steps", "2:4", "--profile-file", str(tmp / f"{name}.trace.json")])
+             for i in range(2)]
+    if not run_nodes(c, tmp, name, argvs):
+        return None
+    lines = PROFILE.findall((tmp / f"{name}.node0.log").read_text(errors="replace"))
+    if not expect(len(lines) == 2, f"{name}: expected 2 'Profile step' lines, got {lines}"):
+        return None
+    step = sum(float(s) for _, s, _, _ in lines)
+    exposed = sum(float(e) for _, _, _, e in lines)
+    lanes = sum(float(l) for _, _, l, _ in lines)
+    # The same from the merged Chrome trace: rank 0's training thread, comm spans, inside the steps.
+    trace = json.loads((tmp / f"{name}.trace.json").read_text())
+    events = trace["traceEvents"] if isinstance(trace, dict) else trace
+    names = {(e["pid"], e["tid"]): e["args"]["name"] for e in events if e.get("ph") == "M" and e.get("name") == "thread_name"}
+    steps = [e for e in events if e.get("ph") == "X" and e.get("pid") == 0 and e.get("cat") == "step"]
+    main_comm = [e for e in events if e.get("ph") == "X" and e.get("pid") == 0 and e.get("cat") == "comm"
+                 and names.get((0, e["tid"])) == "main"]
+    covered = 0.0
+    for s in steps:
+        b, end = s["ts"], s["ts"] + s["dur"]
+        spans = sorted((max(b, e["ts"]), min(end, e["ts"] + e["dur"])) for e in main_comm
+                       if e["ts"] < end and e["ts"] + e["dur"] > b)
+        cur = None
+        for x, y in spans:
+            if cur is None or x > cur[1]:
+                if cur:
+                    covered += cur[1] - cur[0]
+                cur = [x, y]
+            else:
+                cur[1] = max(cur[1], y)
+        if cur:
+            covered += cur[1] - cur[0]
+    trace_step = sum(s["dur"] for s in steps) / 1e3
+    # Bytes rank 0 sent in the traced steps: each collective's logical buffer (the
+    # metrics' counters), half of which goes to the other rank (2 ranks).
+    sent = sum(r["allgather_bytes"] + r["reduce_scatter_bytes"] + r["allreduce_bytes"]
+               for r in records(tmp, name) if r["step"] in (2, 3)) / 2
+    print(f"  {name}: traced steps {step:.1f} ms, exposed {exposed:.1f} ms ({100 * exposed / step:.0f}%), "
+          f"lanes {lanes:.1f} ms, {sent / 1e6:.2f} MB sent; from the trace: {covered / 1e3:.1f} of {trace_step:.1f} "
+          f"ms waiting", flush=True)
+    return step, exposed, covered / 1e3, trace_step, sent
+
+
+def check_slowlink(a, tmp):
+    with netcluster.Cluster(2, tag="slo") as c:
+        fast = traced(a, tmp, c, "fast")
+        c.shape(100)
+        print("  links shaped to 100 Mbit/s (tc tbf, both directions)", flush=True)
+        slow = traced(a, tmp, c, "slow")
+    if not fast or not slow:
+        return
+    # The shaper's floor: 100 Mbit/s cannot move rank 0's bytes faster (a check that
+    # the link was shaped, not a timing: a loaded machine only makes steps longer).
+    floor_ms = slow[4] / (100e6 / 8) * 1e3
+    expect(slow[0] >= 0.9 * floor_ms, f"the traced steps took {slow[0]:.1f} ms, below the {floor_ms:.1f} ms that "
+           f"{slow[4] / 1e6:.2f} MB need at 100 Mbit/s: the link was not shaped")
+    ratio = slow[1] / slow[0]
+    expect(ratio >= 0.5, f"at 100 Mbit/s the exposed communication is only {100 * ratio:.0f}% of the traced steps "
+           "(expected >= 50%: the tiny model's ~3.6 MB of parameters move 3 times per step over a 12.5 MB/s link)")
+    expect(slow[2] / slow[3] >= 0.5, f"the merged trace shows rank 0 waiting {slow[2]:.1f} of {slow[3]:.1f} ms "
+           "at 100 Mbit/s (expected >= 50%)")
+    expect(ratio > fast[1] / fast[0], f"exposed share at 100 Mbit/s ({100 * ratio:.0f}%) is not above the unshaped "
+           f"link's ({100 * fast[1] / fast[0]:.0f}%)")
+
+
+def check_cleanup(a, tmp):
+    """The fixture leaves nothing behind: a test process killed with SIGKILL while its
+    cluster runs a process (the watchdog reaps), and a dead run's namespaces (the next
+    cluster reaps them)."""
+    script = tmp / "victim.py"
+    script.write_text(
+        "import sys, time\n"
+        f"sys.path.insert(0, {str(Path(__file__).resolve().parent)!r})\n"
+        "import netcluster\n"
+        "c = netcluster.Cluster(3, rate_mbit=100, tag='victim')\n"
+        "c.popen(1, ['sleep', '300'])\n"
+        "print(c.run_prefix, flush=True)\n"
+        "time.sleep(300)\n")
+    victim = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True)
+    prefix = victim.stdout.readline().strip()
+    ours = lambda: [ns for ns in netcluster._namespaces() if prefix and ns.startswith(prefix)]  # noqa: E731
+    expect(len(ours()) == 4, f"the victim's cluster should have 4 namespaces (3 nodes, the switch): {ours()}")
+    sleepers = [p for p in netcluster._namespaces() if p.startswith(prefix)]
+    pids = [pid for ns in sleepers for pid in netcluster._run(["ip", "netns", "pids", ns], check=False).stdout.split()]
+    expect(len(pids) == 1, f"the victim's node 1 should run one process (sleep), got {pids}")
+    victim.kill()  # SIGKILL: no clean-up code of its own runs
+    victim.wait()
+    end = time.time() + 15
+    while time.time() < end and ours():
+        time.sleep(0.1)
+    expect(not ours(), f"SIGKILL of the test process left namespaces behind: {ours()}")
+    def running(pid):  # a killed process may stay a zombie until its new parent reaps it
+        try:
+            return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+        except OSError:
+            return False
+    expect(not any(running(pid) for pid in pids),
+           f"SIGKILL of the test process left its cluster's processes running: {pids}")
+    # A dead run's leftovers (as if even the watchdog had been killed): the next cluster reaps them.
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    stale = f"{netcluster.PREFIX}{dead.pid}-0-stale-n0"
+    netcluster._run(["ip", "netns", "add", stale])
+    with netcluster.Cluster(1, tag="cln"):
+        expect(stale not in netcluster._namespaces(), f"a new cluster did not reap the dead run's namespace {stale}")
+    netcluster._run(["ip", "netns", "delete", stale], check=False)
+    print(f"  SIGKILLed test: its 4 namespaces and 1 process gone; a dead run's namespace reaped", flush=True)
+
+
+CHECKS = {"cleanup": check_cleanup, "parity": check_parity, "linkcut": check_linkcut, "elastic": check_elastic, "slowlink": check_slowlink}
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("check", choices=sorted(CHECKS))
+    ap.add_argument("--train", required=True)
+    ap.add_argument("--source", required=True)
+    a = ap.parse_args()
+    a.train = str(Path(a.train).resolve())
+    t0 = time.time()
+    missing = netcluster.check_capabilities()
+    if missing:
+        print(f"FAIL: this host cannot build the emulated cluster: {missing}")
+        return 1
+    if shutil.which("torchrun") is None and a.check in ("parity", "elastic"):
+        print("FAIL: torchrun not found on PATH (the project's Python environment: scripts/venv.sh)")
+        return 1
+    tmp = Path(tempfile.mkdtemp(prefix=f"fsdp-cluster-{a.check}."))
+    # A signal from CTest (timeout) must still run the clean-up below.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
+    try:
+        CHECKS[a.check](a, tmp)
+    except Exception as e:  # noqa: BLE001 — report, clean up, fail
+        failures.append(f"{type(e).__name__}: {e}")
+        print(f"  FAIL: {type(e).__name__}: {e}")
+    finally:
+        if os.environ.get("FSDP_KEEP_TEST_DIR") == "1":
+            print(f"kept {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
+    print(f"{'PASS' if not failures else 'FAIL'}: {a.check}, {len(failures)} failure(s), {time.time() - t0:.0f} s")
+    return 1 if failures else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,274 @@
+// The step-time model (fsdp/estimate.h) against schedules worked out by hand
+// on the toy model, its invariants over the option matrix, its cluster files,
+// and the per-unit FLOPs it is fed for Llama models.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "fsdp/common/error.h"
+#include "fsdp/estimate.h"
+#include "fsdp/models/llama.h"
+#include "fsdp/models/registry.h"
+#include "toy_models.h"
+
+namespace fsdp {
+namespace {
+
+using testing::ToyConfig;
+
+// The toy model: root (w_in 7x5, w_out 3x7: 56 elements) and three blocks of
+// 195 elements (196 padded over 2 ranks: 784 bytes fp32).
+std::shared_ptr<nn::UnitBase> toy() { return testing::make_toy(ToyConfig{}, /*meta=*/true, 0).ptr(); }
+
+// Block: forward 1 s, backward 2 s; root: 0.1 s and 0.2 s.
+UnitCompute toy_cost(const std::vector<UnitInfo>& entries) {
+  if (entries.front().name.empty()) return {0.1, 0.2, -1};
+  return {1.0, 2.0, -1};
+}
+
+// Two nodes of one process; a node's link moves 392 bytes per second, so a
+// block's all-gather or reduce-scatter (each rank sends 392 bytes) takes 1 s
+// alone on the network and the root's (112 bytes) 2/7 s. AdamW: 1 ms per element.
+ClusterSpec two_nodes() {
+  ClusterSpec c;
+  c.name = "toy";
+  c.nodes = 2;
+  c.procs_per_node = 1;
+  c.inter = {392, 0};
+  c.intra = {1e12, 0};
+  c.algorithm = CollectiveAlgorithm::kMesh;
+  c.execution = Execution::kHost;
+  c.optimizer_s_per_element = 1e-3;
+  return c;
+}
+
+FsdpOptions options(ShardingStrategy s) {
+  FsdpOptions o;
+  o.strategy = s;
+  o.wrap = WrapPolicy::every_unit();
+  return o;
+}
+
+constexpr double kRoot = 112.0 / 392.0;  // the root's all-gather and reduce-scatter, seconds
+
+TEST(Estimate, FullShardScheduleWorkedOutByHand) {
+  // Forward: root gathered (exposed 2/7), then per block a gather exposed (1)
+  // and its forward (1); the root's own forward 0.1. Backward: the root's 0.2;
+  // block 3 gathered (exposed 1) with block 2 prefetched behind it; block 3's
+  // backward (2), its reduce-scatter then shares the network with block 1's
+  // prefetch (both take 2 s instead of 1); blocks 2 and 1 find their
+  // parameters ready; the last reduce-scatter (1) and the root's (2/7) are
+  // waited for at the end of backward. AdamW: 322 shard elements.
+  const StepEstimate e =
+      estimate_step(toy(), options(ShardingStrategy::kFullShard), two_nodes(), StepWorkload{}, toy_cost);
+  const double compute = 3 * 1.0 + 0.1 + 0.2 + 3 * 2.0;
+  const double exposed = kRoot + 3 * 1.0 + 1.0 + 1.0 + kRoot;
+  const double optimizer = 322 * 1e-3;
+  EXPECT_NEAR(e.compute_s, compute, 1e-9);
+  EXPECT_NEAR(e.exposed_comm_s, exposed, 1e-9);
+  EXPECT_NEAR(e.optimizer_s, optimizer, 1e-9);
+  EXPECT_NEAR(e.step_time_s, compute + exposed + optimizer, 1e-9);
+  ASSERT_EQ(e.units.size(), 4u);
+  EXPECT_NEAR(e.units[1].all_gather_s, 1.0, 1e-12);
+  EXPECT_NEAR(e.units[1].reduce_s, 1.0, 1e-12);
+  EXPECT_EQ(e.units[0].gathers, 1);  // the root: gathered once
+  EXPECT_EQ(e.units[1].gathers, 2);  // blocks: again in backward
+  EXPECT_EQ(e.units[1].gather_bytes, 784);
+}
+
+TEST(Estimate, ConcurrentCollectivesShareTheLink) {
+  // Blocks' backward 0.5 s, the root free: in backward the all-gathers of
+  // blocks 2 and 1 (prefetched) share the network with the reduce-scatters of
+  // blocks 3 and 2, each at half rate while both run. Waited for: 2/7 and 3 in
+  // forward as above; block 3's gather 1; block 2's 1 (its second half shared);
+  // block 1's 1.5 (shared with two reduce-scatters); block 1's reduce-scatter 1
+  // and the root's 2/7 at the end of backward.
+  const auto cost = [](const std::vector<UnitInfo>& e) {
+    return e.front().name.empty() ? UnitCompute{0, 0, -1} : UnitCompute{1.0, 0.5, -1};
+  };
+  const StepEstimate e = estimate_step(toy(), options(ShardingStrategy::kFullShard), two_nodes(), StepWorkload{}, cost);
+  const double exposed = kRoot + 3 * 1.0 + 1.0 + 1.0 + 1.5 + 1.0 + kRoot;
+  EXPECT_NEAR(e.exposed_comm_s, exposed, 1e-9);
+  EXPECT_NEAR(e.step_time_s, 4.5 + 0.322 + exposed, 1e-9);
+}
+
+TEST(Estimate, HostCpuPerByteIsSpentOnTheTrainingThread) {
+  // Every byte a process sends or receives costs it 1 ms on the host: the
+  // root's gather and reduce-scatter move 2 x 112 bytes each, a block's 2 x 392,
+  // and blocks are gathered twice: 224 + 6 x 784 + 3 x 784 + 224 bytes.
+  ClusterSpec c = two_nodes();
+  c.host_cpu_s_per_byte = 1e-3;
+  const StepEstimate e = estimate_step(toy(), options(ShardingStrategy::kFullShard), c, StepWorkload{}, toy_cost);
+  EXPECT_NEAR(e.comm_cpu_s, (224 + 9 * 784 + 224) * 1e-3, 1e-9);
+  EXPECT_NEAR(e.step_time_s, e.compute_s + e.comm_cpu_s + e.optimizer_s + e.exposed_comm_s, 1e-9);
+  c.execution = Execution::kDevice;  // a GPU's bytes cost the host nothing
+  EXPECT_EQ(estimate_step(toy(), options(ShardingStrategy::kFullShard), c, StepWorkload{}, toy_cost).comm_cpu_s, 0);
+}
+
+TEST(Estimate, ShardGradOpKeepsParametersThroughBackward) {
+  // Forward as FULL_SHARD; backward gathers nothing: the reduce-scatters of
+  // blocks 3 and 2 hide under the next backward, block 1's (1) and the
+  // root's (2/7) are waited for.
+  const StepEstimate e =
+      estimate_step(toy(), options(ShardingStrategy::kShardGradOp), two_nodes(), StepWorkload{}, toy_cost);
+  EXPECT_NEAR(e.exposed_comm_s, kRoot + 3 * 1.0 + 1.0 + kRoot, 1e-9);
+  EXPECT_EQ(e.units[1].gathers, 1);
+}
+
+TEST(Estimate, ForwardPrefetchHidesForwardGathers) {
+  FsdpOptions o = options(ShardingStrategy::kFullShard);
+  const StepEstimate plain = estimate_step(toy(), o, two_nodes(), StepWorkload{}, toy_cost);
+  o.forward_prefetch = true;
+  const StepEstimate pre = estimate_step(toy(), o, two_nodes(), StepWorkload{}, toy_cost);
+  // Block 1's gather is still exposed; blocks 2 and 3 were gathered while the previous computed.
+  EXPECT_NEAR(plain.exposed_comm_s - pre.exposed_comm_s, 2.0, 1e-9);
+}
+
+TEST(Estimate, OneProcessCommunicatesNothing) {
+  ClusterSpec c = two_nodes();
+  c.nodes = 1;
+  const StepEstimate e = estimate_step(toy(), options(ShardingStrategy::kFullShard), c, StepWorkload{}, toy_cost);
+  EXPECT_EQ(e.exposed_comm_s, 0);
+  EXPECT_EQ(e.comm_s, 0);
+  EXPECT_NEAR(e.step_time_s, 9.3 + (3 * 195 + 56) * 1e-3, 1e-9);
+}
+
+TEST(Estimate, HybridShardsWithinANodeAndAllReducesAcrossNodes) {
+  ClusterSpec c = two_nodes();
+  c.procs_per_node = 2;
+  FsdpOptions o = options(ShardingStrategy::kHybridShard);  // hybrid_shard_size 0: one node
+  const StepEstimate e = estimate_step(toy(), o, c, StepWorkload{}, toy_cost);
+  EXPECT_EQ(e.shard_size, 2);
+  EXPECT_EQ(e.replicas, 2);
+  // Shard groups inside a node: loopback only (1e12 B/s): next to nothing.
+  EXPECT_LT(e.units[1].all_gather_s, 1e-6);
+  // A block's gradient shard (98 fp32 = 392 bytes) all-reduced with the other
+  // node: each process sends half of it in the reduce-scatter and half in the
+  // all-gather, both processes of a node at once: 784 bytes over the link.
+  EXPECT_NEAR(e.units[1].replica_all_reduce_s, 2.0, 1e-12);
+  // FULL_SHARD over the same 4 ranks crosses the slow link with every all-gather instead.
+  const StepEstimate full = estimate_step(toy(), options(ShardingStrategy::kFullShard), c, StepWorkload{}, toy_cost);
+  EXPECT_GT(full.units[1].all_gather_s, 0.5);
+}
+
+TEST(Estimate, StepIsComputePlusOptimizerPlusExposedOnTheHost) {
+  // On the host every second of the step is compute, the optimizer, or a wait.
+  for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard,
+                 ShardingStrategy::kHybridShard}) {
+    for (auto p : {BackwardPrefetch::kNone, BackwardPrefetch::kPre, BackwardPrefetch::kPost}) {
+      for (bool fwd : {false, true}) {
+        for (bool ckpt : {false, true}) {
+          for (int accum : {1, 3}) {
+            FsdpOptions o = options(s);
+            o.backward_prefetch = p;
+            o.forward_prefetch = fwd;
+            o.checkpoint_all_units = ckpt;
+            ClusterSpec c = two_nodes();
+            c.procs_per_node = 2;
+            c.intra = {2000, 1e-3};
+            c.inter.latency_s = 1e-2;
+            c.host_cpu_s_per_byte = 1e-5;
+            StepWorkload w;
+            w.grad_accum = accum;
+            const StepEstimate e = estimate_step(toy(), o, c, w, toy_cost);
+            SCOPED_TRACE(::testing::Message() << to_string(s) << " prefetch " << to_string(p) << " fwd " << fwd
+                                              << " ckpt " << ckpt << " accum " << accum);
+            EXPECT_NEAR(e.step_time_s, e.compute_s + e.comm_cpu_s + e.optimizer_s + e.exposed_comm_s, 1e-9);
+            EXPECT_NEAR(e.compute_s, accum * (9.3 + (ckpt ? 3.0 : 0.0)), 1e-9);
+            EXPECT_GE(e.exposed_comm_s, 0);
+            EXPECT_LE(e.exposed_comm_s, e.comm_s + 1e-9);
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(Estimate, ScalingEfficiencyAgainstOneNode) {
+  ClusterSpec c = two_nodes();
+  c.procs_per_node = 2;
+  c.intra = {1e12, 0};
+  c.optimizer_s_per_element = 0;  // (smaller shards on more ranks would make the optimizer faster)
+  const StepEstimate slow = estimate_scaling(toy(), options(ShardingStrategy::kFullShard), c, StepWorkload{}, toy_cost);
+  EXPECT_LT(slow.scaling_efficiency, 0.8);  // every gather crosses the slow link
+  c.inter.bytes_per_s = 1e12;
+  const StepEstimate fast = estimate_scaling(toy(), options(ShardingStrategy::kFullShard), c, StepWorkload{}, toy_cost);
+  EXPECT_NEAR(fast.scaling_efficiency, 1.0, 1e-6);
+  EXPECT_NEAR(fast.tokens_per_s, 4 * fast.tokens_per_s_per_process, 1e-9);
+}
+
+TEST(Estimate, MfuFromThePeak) {
+  ClusterSpec c = two_nodes();
+  StepWorkload w;
+  w.batch_size = 2;
+  w.seq_len = 10;
+  w.model_flops_per_token = 100;
+  EXPECT_LT(estimate_step(toy(), options(ShardingStrategy::kFullShard), c, w, toy_cost).mfu, 0);  // no peak: unknown
+  c.peak_flops = 1000;
+  const StepEstimate e = estimate_step(toy(), options(ShardingStrategy::kFullShard), c, w, toy_cost);
+  EXPECT_NEAR(e.mfu, 20.0 / e.step_time_s * 100 / 1000, 1e-12);
+}
+
+TEST(Estimate, RingAndMeshVolumes) {
+  // One 8-process node, NVLink-like: a ring moves S (W-1)/W per process, so does a mesh.
+  ClusterSpec c = two_nodes();
+  c.nodes = 1;
+  c.procs_per_node = 8;
+  c.intra = {1000, 0};
+  c.algorithm = CollectiveAlgorithm::kRing;
+  FsdpOptions o = options(ShardingStrategy::kFullShard);
+  const StepEstimate ring = estimate_step(toy(), o, c, StepWorkload{}, toy_cost);
+  // The block pads to 200 elements over 8 ranks: 800 bytes; 7/8 of it at 1000 B/s.
+  EXPECT_NEAR(ring.units[1].all_gather_s, 800.0 * 7 / 8 / 1000, 1e-12);
+  c.algorithm = CollectiveAlgorithm::kMesh;
+  const StepEstimate mesh = estimate_step(toy(), o, c, StepWorkload{}, toy_cost);
+  EXPECT_NEAR(mesh.units[1].all_gather_s, 800.0 * 7 / 8 / 1000, 1e-12);
+  // Two such nodes: a ring's node link carries S (W-1)/W, a mesh's g S (n-1)/n = 8 x (S/16) x 8 = 4 S.
+  c.nodes = 2;
+  c.inter = {1000, 0};
+  const StepEstimate mesh2 = estimate_step(toy(), o, c, StepWorkload{}, toy_cost);  // 208 padded: 832 bytes
+  EXPECT_NEAR(mesh2.units[1].all_gather_s, 8 * (832.0 / 16) * 8 / 1000, 1e-12);
+  c.algorithm = CollectiveAlgorithm::kRing;
+  const StepEstimate ring2 = estimate_step(toy(), o, c, StepWorkload{}, toy_cost);
+  EXPECT_NEAR(ring2.units[1].all_gather_s, 832.0 * 15 / 16 / 1000, 1e-12);
+}
+
+TEST(Estimate, ClusterFiles) {
+  const ClusterSpec p5 = cluster_preset("p5.48xlarge", at::kBFloat16);
+  EXPECT_EQ(p5.procs_per_node, 8);
+  EXPECT_NEAR(p5.peak_flops, 989.4e12, 1e9);
+  EXPECT_NEAR(cluster_preset("h100", at::kFloat).peak_flops, 66.9e12, 1e9);
+  EXPECT_FALSE(p5.notes.empty());
+  const ClusterSpec back = cluster_from_json(cluster_to_json(p5), ClusterSpec{}, "test");
+  EXPECT_EQ(back.procs_per_node, 8);
+  EXPECT_NEAR(back.inter.bytes_per_s, p5.inter.bytes_per_s, 1);
+  EXPECT_EQ(back.algorithm, CollectiveAlgorithm::kRing);
+  EXPECT_THROW(cluster_preset("dgx-9000", at::kFloat), UsageError);
+  EXPECT_THROW(cluster_from_json(R"({"nodes": 2, "inter_gbps": 3})", ClusterSpec{}, "f.json"), UsageError);
+  EXPECT_THROW(cluster_from_json(R"({"nodes": "two"})", ClusterSpec{}, "f.json"), UsageError);
+  EXPECT_THROW(cluster_from_json(R"({"inter": {"gbit_per_s": -1}})", ClusterSpec{}, "f.json"), UsageError);
+  EXPECT_THROW(cluster_from_json("[1", ClusterSpec{}, "f.json"), UsageError);
+  const ClusterSpec partial = cluster_from_json(R"({"inter": {"gbit_per_s": 0.1}})", p5, "f.json");
+  EXPECT_NEAR(partial.inter.bytes_per_s, 0.1e9 / 8, 1e-3);
+  EXPECT_EQ(partial.procs_per_node, 8);  // the rest from the base
+  ClusterSpec bad = two_nodes();
+  bad.inter.bytes_per_s = 0;
+  EXPECT_THROW(estimate_step(toy(), options(ShardingStrategy::kFullShard), bad, StepWorkload{}, toy_cost), UsageError);
+}
+
+// A third of the training FLOPs per token, unit by unit: the per-unit counts
+// the presets' estimate uses add up to the count MFU uses.
+TEST(Estimate, LlamaUnitFlopsAddUpToTheModelCount) {
+  for (const char* name : {"tiny", "llama3.1-8b", "llama3.2-1b", "tiny-mixtral"}) {
+    SCOPED_TRACE(name);
+    const models::LlamaConfig cfg = models::resolve_model_config(name);
+    auto m = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
+    std::vector<std::pair<std::string, std::vector<int64_t>>> params;
+    for (const auto& p : m->named_parameters(true)) params.emplace_back(p.key(), p.value().sizes().vec());
+    const int64_t T = 512;
+    EXPECT_NEAR(3 * cfg.forward_flops_per_token(params, T) / cfg.training_flops_per_token(T), 1.0, 1e-12);
+  }
+}
+
+}  // namespace
+}  // namespace fsdp
