@@ -19,7 +19,7 @@ function(fsdp_add_test name)
   gtest_discover_tests(${name}
     DISCOVERY_TIMEOUT 60
     PROPERTIES TIMEOUT ${T_TIMEOUT} ${labels}
-               ENVIRONMENT "FSDP_PYTHON=${FSDP_PYTHON}"
+               ENVIRONMENT "FSDP_PYTHON=${FSDP_PYTHON};FSDP_TEST_TMPDIR=${PROJECT_BINARY_DIR}/test-tmp"
                ENVIRONMENT_MODIFICATION "PATH=path_list_prepend:${FSDP_VENV_BIN}")
 endfunction()
 

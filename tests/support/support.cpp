@@ -19,10 +19,6 @@
 #include <mutex>
 #include <sstream>
 
-#ifndef FSDP_TEST_TMP_ROOT
-#define FSDP_TEST_TMP_ROOT "/tmp/fsdp-test-tmp"
-#endif
-
 namespace fsdp::testing {
 namespace {
 
@@ -97,7 +93,7 @@ const std::string& temp_root_locked() {
                " — workers are started by run_distributed");
     return h.temp_root;
   }
-  const fs::path base = env_or("FSDP_TEST_TMPDIR", FSDP_TEST_TMP_ROOT);
+  const fs::path base = env_or("FSDP_TEST_TMPDIR", (fs::path(env_or("TMPDIR", "/tmp")) / "fsdp-test-tmp").string());
   fs::create_directories(base);
   std::string pattern = (base / "run-XXXXXX").string();
   FSDP_CHECK(mkdtemp(pattern.data()) != nullptr, "cannot create a temp dir under ", base.string(),
