@@ -6,6 +6,7 @@
 
 #include <algorithm>
 
+#include "fsdp/common/device.h"
 #include "fsdp/common/internals.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
@@ -62,7 +63,16 @@ void ShardedModelImpl::build_units() {
   fpo.shard_size = replicated_ ? 1 : shard_group_->size();
   fpo.replicated = replicated_;
   fpo.ledger = ledger_;
-  if (options_.device.is_cpu()) {
+  if (options_.device.is_cuda() || options_.unsharded_pool) {
+    // Note [Preallocated pool]: the plan's bound for one step, plus the
+    // alignment of the blocks live at once (a few dozen at most).
+    const ShardingPlan sp = plan_sharding(root_module_, world_->size(), world_->rank(), options_);
+    if (sp.step_unsharded_bytes > 0) {
+      pool_ = std::make_shared<UnshardedPool>(options_.device,
+                                              sp.step_unsharded_bytes + kPoolAlignmentBlocks * UnshardedPool::kAlignment);
+      fpo.pool = pool_;
+    }
+  } else if (options_.device.is_cpu()) {
     // Cache up to two blocks of the largest non-root unit: what the next unit
     // takes while the previous one is being released (Note [Host buffers from
     // mmap]). The root's block is larger than that in language models
@@ -307,6 +317,12 @@ void ShardedModelImpl::end_of_backward() {
     pending_reduces_.pop_front();
   }
   release_iteration();
+  if (options_.cpu_offload && options_.device.is_cuda()) {
+    // The reductions' results reach the host shards by non-blocking copies,
+    // and the optimizer reads them on the host next: the one host wait of an
+    // offloaded step (none without offload).
+    synchronize(options_.device);
+  }
   if (sync_grads_) {
     for (auto& u : units_) u->ensure_grad_valid();
   }

@@ -7,6 +7,11 @@
 // at 4 ranks (HYBRID: 2 x 2), on two shapes of model — a root (the embedding
 // and head of a decoder) smaller than one block and one larger than two.
 //
+// Every combination runs with the preallocated pool (FsdpOptions::unsharded_pool,
+// what CUDA always uses): sized by the plan, it must hold every unsharded
+// buffer of the step — no overflow to the device allocator, whatever the
+// order in which buffers of different sizes come and go.
+//
 // The bound is exact for these models (four equal blocks, the root's gradients
 // completing last): the measured peak equals it in every combination. NO_SHARD
 // with fp32 or pure bf16 keeps every unit as its own single copy (the shard is
@@ -62,6 +67,9 @@ struct Outcome {
   int64_t left_over = 0;  // UnshardedMemory::now after the last step
   UnshardedBytes at_peak;
   int64_t shard_bytes = 0;  // this rank's parameter shards, as allocated
+  int64_t pool_capacity = 0;   // FsdpOptions::unsharded_pool
+  int64_t pool_peak = 0;
+  int64_t pool_overflows = 0;
 };
 
 // The toy model with the parameters whose name `freeze` finds frozen ("": none).
@@ -101,6 +109,9 @@ Outcome run_steps(comm::ProcessGroup& pg, const testing::ToyConfig& shape, const
       out.at_peak = mem.at_peak;
     }
     out.left_over = mem.now.total();
+    out.pool_capacity = mem.pool_capacity;
+    out.pool_peak = std::max(out.pool_peak, mem.pool_peak);
+    out.pool_overflows = mem.pool_overflows;
   }
   for (const ShardRef& e : sharded->shards()) out.shard_bytes += static_cast<int64_t>(e.param.nbytes());
   return out;
@@ -131,6 +142,7 @@ TEST(MemoryContract, EveryCombinationPeaksWithinTheBoundAndAtLeastNinetyPercentO
               o.backward_prefetch = pf.backward;
               o.forward_prefetch = pf.forward;
               o.checkpoint_all_units = ckpt;
+              o.unsharded_pool = true;
               const bool pure = o.mixed_precision.master_dtype == at::kBFloat16;
               const ShardingPlan plan = plan_sharding(testing::make_toy(shape.config, true, 3).ptr(), pg.size(),
                                                       pg.rank(), o, pure ? at::kBFloat16 : at::kFloat);
@@ -147,6 +159,15 @@ TEST(MemoryContract, EveryCombinationPeaksWithinTheBoundAndAtLeastNinetyPercentO
               // Nothing stays allocated between steps but NO_SHARD's resident compute copy.
               const int64_t resident = s == ShardingStrategy::kNoShard && bound > 0 ? got.at_peak.params : 0;
               EXPECT_EQ(got.left_over, resident) << what;
+              // The pool: the plan's bound (plus alignment), and nothing outside it.
+              EXPECT_EQ(got.pool_overflows, 0) << what << ": an unsharded buffer did not fit the pool";
+              EXPECT_LE(got.pool_peak, got.pool_capacity) << what;
+              if (bound > 0) {
+                EXPECT_GE(got.pool_capacity, bound) << what;
+                EXPECT_LE(static_cast<double>(got.pool_capacity), 1.01 * static_cast<double>(bound) + 8192) << what;
+              } else {
+                EXPECT_EQ(got.pool_capacity, 0) << what << ": nothing unsharded, no pool";
+              }
               ++checked;
             }
           }
