@@ -38,7 +38,11 @@ namespace fsdp::detail {
 // so the ranges it gets are the same every step once the first has run.
 struct UnshardedPool::State final : c10::Allocator {
   State(at::Device d, int64_t capacity) : device(d) {
-    base = at::empty({capacity}, at::TensorOptions().dtype(at::kByte).device(device));
+    // One alignment more, so that the first block starts aligned whatever
+    // the device allocator's own alignment (the CPU's is 64 bytes).
+    base = at::empty({capacity + kAlignment}, at::TensorOptions().dtype(at::kByte).device(device));
+    const auto addr = reinterpret_cast<uintptr_t>(base.data_ptr());
+    start = static_cast<uint8_t*>(base.data_ptr()) + (kAlignment - addr % kAlignment) % kAlignment;
     stats.capacity = capacity;
     free_ranges[0] = capacity;
   }
@@ -83,7 +87,7 @@ struct UnshardedPool::State final : c10::Allocator {
         if (rest > 0) free_ranges[offset + bytes] = rest;
         stats.in_use += bytes;
         stats.peak = std::max(stats.peak, stats.in_use);
-        void* p = static_cast<uint8_t*>(base.data_ptr()) + offset;
+        void* p = start + offset;
         return c10::DataPtr(p, new Block{offset, bytes, self.lock()}, &State::release, device);
       }
       ++stats.overflows;
@@ -97,7 +101,8 @@ struct UnshardedPool::State final : c10::Allocator {
   }
 
   const at::Device device;
-  at::Tensor base;  // (capacity) bytes: every block lies in it
+  at::Tensor base;         // (capacity + kAlignment) bytes: every block lies in it
+  uint8_t* start = nullptr;  // base's first kAlignment-aligned byte: block offsets count from here
   std::weak_ptr<State> self;
   mutable std::mutex mu;               // guards the members below
   std::map<int64_t, int64_t> free_ranges;  // offset -> bytes, disjoint, never adjacent
