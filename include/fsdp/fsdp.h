@@ -274,6 +274,7 @@ struct UnshardedMemory {
   // The preallocated pool (FsdpOptions::unsharded_pool; always on CUDA), zeros without one.
   int64_t pool_capacity = 0;   // bytes allocated by fully_shard
   int64_t pool_peak = 0;       // the most of them in use at once since the last reset (sizes rounded up)
+  int64_t pool_reclaims = 0;   // reductions finished early because the pool was too fragmented to place a buffer
   int64_t pool_overflows = 0;  // buffers the pool could not hold, taken from the device allocator instead
 };
 

@@ -96,6 +96,7 @@ UnshardedMemory ShardedModelImpl::unsharded_memory() const {
     const UnshardedPool::Stats s = pool_->stats();
     m.pool_capacity = s.capacity;
     m.pool_peak = s.peak;
+    m.pool_reclaims = s.reclaims;
     m.pool_overflows = s.overflows;
   }
   return m;

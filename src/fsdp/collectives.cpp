@@ -36,7 +36,7 @@ void Reduction::hold(const at::Tensor& t, MemoryLedger& ledger) {
 }
 
 at::Tensor new_unsharded(UnshardedPool* pool, int64_t numel, at::ScalarType dtype, const at::Tensor& like) {
-  if (pool != nullptr) return pool->empty(numel, dtype);
+  if (pool != nullptr) return pool->empty(numel, dtype, UnshardedPool::End::kHigh);
   return at::empty({numel}, like.options().dtype(dtype));
 }
 

@@ -60,9 +60,9 @@ struct Reduction {
   void hold(const at::Tensor& t, MemoryLedger& ledger);
 };
 
-// A new unsharded buffer (1-D, `numel` of `dtype`, uninitialized): from
-// `pool` when there is one (Note [Preallocated pool]), else from the
-// allocator of `like`'s device.
+// A new buffer for a reduction in flight (1-D, `numel` of `dtype`,
+// uninitialized): from `pool`'s high end when there is one (Note
+// [Preallocated pool]), else from the allocator of `like`'s device.
 at::Tensor new_unsharded(UnshardedPool* pool, int64_t numel, at::ScalarType dtype, const at::Tensor& like);
 
 // Copy-in: `grads` in `reduce_dtype` — `grads` itself when already of it, else

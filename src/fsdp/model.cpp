@@ -36,6 +36,7 @@ ShardedModelImpl::ShardedModelImpl(const std::shared_ptr<nn::UnitBase>& root, co
 }
 
 ShardedModelImpl::~ShardedModelImpl() {
+  if (pool_) pool_->set_reclaim(nullptr);  // its blocks may outlive the engine
   for (auto& m : unit_modules_) m->set_hooks(nullptr);
 }
 
@@ -70,6 +71,13 @@ void ShardedModelImpl::build_units() {
     if (sp.step_unsharded_bytes > 0) {
       pool_ = std::make_shared<UnshardedPool>(options_.device,
                                               sp.step_unsharded_bytes + kPoolAlignmentBlocks * UnshardedPool::kAlignment);
+      // A fragmented pool first gets back the oldest reduction's buffers.
+      pool_->set_reclaim([this] {
+        if (pending_reduces_.empty()) return false;
+        pending_reduces_.front()->finish_reduce();
+        pending_reduces_.pop_front();
+        return true;
+      });
       fpo.pool = pool_;
     }
   } else if (options_.device.is_cpu()) {

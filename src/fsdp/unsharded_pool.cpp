@@ -2,6 +2,8 @@
 
 #include <c10/core/Allocator.h>
 
+#include <algorithm>
+#include <functional>
 #include <map>
 #include <mutex>
 
@@ -33,10 +35,27 @@ namespace fsdp::detail {
 // need recordStream for the same guarantee, and would hold freed blocks
 // until the lanes' events complete (memory the plan cannot see).
 //
-// Allocation is first fit over free ranges sorted by offset, coalescing
-// neighbours on release. The schedule allocates in a fixed order every step,
-// so the ranges it gets are the same every step once the first has run.
-struct UnshardedPool::State final : c10::Allocator {
+// Placement: two ends. Buffers that live from a unit's use to its release
+// (parameters, gradients) are placed from the low end, first fit; buffers
+// in flight to a reduction, released first in first out (up to
+// kMaxInflightReduces at a time), from the high end, highest fit. Mixed in
+// one first-fit order, the reductions' queue splits the free space: the
+// memory-contract test found the root's last reduce-dtype copy without a
+// contiguous range while the total free sufficed (a root larger than two
+// blocks, bf16, NO_SHARD and HYBRID). Freed neighbours merge. The schedule
+// allocates in a fixed order every step, so the ranges are the same every
+// step once the first has run.
+//
+// What placement cannot prevent: at a moment where the plan's bound is
+// exact, reductions released first in first out leave a hole among the
+// live ones (three slots of a ring, two in use), and a larger buffer (the
+// root's last reduce-dtype copy) finds no contiguous range. Then the pool
+// asks the engine to reclaim (set_reclaim): the engine finishes its oldest
+// reduction in flight — a stream wait, no host sync — and the request is
+// tried again, so memory stays within the plan at the cost of one
+// reduction's overlap. Only when nothing is left to reclaim does a request
+// overflow to the device allocator.
+struct UnshardedPool::State {
   State(at::Device d, int64_t capacity) : device(d) {
     // One alignment more, so that the first block starts aligned whatever
     // the device allocator's own alignment (the CPU's is 64 bytes).
@@ -46,6 +65,17 @@ struct UnshardedPool::State final : c10::Allocator {
     stats.capacity = capacity;
     free_ranges[0] = capacity;
   }
+
+  // What a storage allocates from (its refills too): one per end.
+  struct End final : c10::Allocator {
+    End(State* s, bool h) : state(s), high(h) {}
+    c10::DataPtr allocate(size_t n) override { return state->allocate(n, high); }
+    void copy_data(void* dest, const void* src, std::size_t count) const override {
+      c10::GetAllocator(state->device.type())->copy_data(dest, src, count);
+    }
+    State* state;
+    bool high;
+  };
 
   struct Block {
     int64_t offset;
@@ -74,39 +104,56 @@ struct UnshardedPool::State final : c10::Allocator {
     s.free_ranges[begin] = size;
   }
 
-  c10::DataPtr allocate(size_t n) override {
+  c10::DataPtr allocate(size_t n, bool high) {
     if (n == 0) return c10::DataPtr(nullptr, device);
     const int64_t bytes = (static_cast<int64_t>(n) + kAlignment - 1) / kAlignment * kAlignment;
-    {
-      std::lock_guard<std::mutex> lock(mu);
-      for (auto it = free_ranges.begin(); it != free_ranges.end(); ++it) {
-        if (it->second < bytes) continue;
-        const int64_t offset = it->first;
-        const int64_t rest = it->second - bytes;
+    while (true) {
+      std::unique_lock<std::mutex> lock(mu);
+      auto fits = [&](const std::pair<const int64_t, int64_t>& r) { return r.second >= bytes; };
+      auto it = free_ranges.end();
+      if (high) {
+        auto r = std::find_if(free_ranges.rbegin(), free_ranges.rend(), fits);
+        if (r != free_ranges.rend()) it = std::prev(r.base());
+      } else {
+        it = std::find_if(free_ranges.begin(), free_ranges.end(), fits);
+      }
+      if (it != free_ranges.end()) {
+        const int64_t range = it->first, size = it->second;
         free_ranges.erase(it);
-        if (rest > 0) free_ranges[offset + bytes] = rest;
+        // Low: the range's start; high: its end.
+        const int64_t offset = high ? range + size - bytes : range;
+        if (size > bytes) free_ranges[high ? range : range + bytes] = size - bytes;
         stats.in_use += bytes;
         stats.peak = std::max(stats.peak, stats.in_use);
         void* p = start + offset;
         return c10::DataPtr(p, new Block{offset, bytes, self.lock()}, &State::release, device);
       }
+      // Outside the lock: reclaiming releases blocks.
+      const std::function<bool()> again = reclaim;
+      lock.unlock();
+      if (again && again()) {
+        std::lock_guard<std::mutex> relock(mu);
+        ++stats.reclaims;
+        continue;
+      }
+      lock.lock();
       ++stats.overflows;
       stats.overflow_bytes += bytes;
+      break;
     }
     return c10::GetAllocator(device.type())->allocate(n);
   }
 
-  void copy_data(void* dest, const void* src, std::size_t count) const override {
-    c10::GetAllocator(device.type())->copy_data(dest, src, count);
-  }
-
   const at::Device device;
+  End low{this, false};
+  End high{this, true};
   at::Tensor base;         // (capacity + kAlignment) bytes: every block lies in it
   uint8_t* start = nullptr;  // base's first kAlignment-aligned byte: block offsets count from here
   std::weak_ptr<State> self;
   mutable std::mutex mu;               // guards the members below
   std::map<int64_t, int64_t> free_ranges;  // offset -> bytes, disjoint, never adjacent
   Stats stats;
+  std::function<bool()> reclaim;  // may be empty
 };
 
 UnshardedPool::UnshardedPool(at::Device device, int64_t capacity_bytes) {
@@ -118,15 +165,21 @@ UnshardedPool::UnshardedPool(at::Device device, int64_t capacity_bytes) {
 
 UnshardedPool::~UnshardedPool() = default;
 
-at::Tensor UnshardedPool::empty(int64_t numel, at::ScalarType dtype) {
+at::Tensor UnshardedPool::empty(int64_t numel, at::ScalarType dtype, End end) {
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
-  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, state_.get(), /*resizable=*/false);
+  c10::Allocator* from = end == End::kHigh ? static_cast<c10::Allocator*>(&state_->high) : &state_->low;
+  c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, from, /*resizable=*/false);
   return at::empty({0}, at::TensorOptions().dtype(dtype).device(state_->device)).set_(storage, 0, {numel}, {1});
 }
 
 UnshardedPool::Stats UnshardedPool::stats() const {
   std::lock_guard<std::mutex> lock(state_->mu);
   return state_->stats;
+}
+
+void UnshardedPool::set_reclaim(std::function<bool()> reclaim) {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  state_->reclaim = std::move(reclaim);
 }
 
 void UnshardedPool::reset_peak() {

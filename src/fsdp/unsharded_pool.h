@@ -12,6 +12,7 @@
 #include <ATen/ATen.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 
 namespace fsdp::detail {
@@ -29,21 +30,34 @@ class UnshardedPool {
   UnshardedPool(const UnshardedPool&) = delete;
   UnshardedPool& operator=(const UnshardedPool&) = delete;
 
-  // An empty 1-D tensor of `numel` elements of `dtype` from the pool. When no
-  // free range is large enough (the plan was exceeded, or its free ranges are
-  // fragmented) the bytes come from the device's allocator instead, and
-  // overflows() counts it: correct, but outside the planned memory.
-  at::Tensor empty(int64_t numel, at::ScalarType dtype);
+  // Which end of the pool a buffer is placed from (Note [Preallocated pool]):
+  // kLow for buffers used and released by a unit (parameters, gradients),
+  // kHigh for buffers in flight to a reduction (released first in, first out).
+  enum class End { kLow, kHigh };
+
+  // An empty 1-D tensor of `numel` elements of `dtype` from the pool, placed
+  // from `end`. When no free range is large enough (the plan was exceeded,
+  // or its free ranges are fragmented) the bytes come from the device's
+  // allocator instead, and stats().overflows counts it: correct, but outside
+  // the planned memory.
+  at::Tensor empty(int64_t numel, at::ScalarType dtype, End end = End::kLow);
 
   struct Stats {
     int64_t capacity = 0;   // bytes of the one allocation
     int64_t in_use = 0;     // bytes of blocks handed out now (rounded sizes)
     int64_t peak = 0;       // the largest in_use since construction or reset_peak
+    int64_t reclaims = 0;   // times the reclaim callback freed something for a request
     int64_t overflows = 0;  // requests served by the device allocator instead
     int64_t overflow_bytes = 0;
   };
   Stats stats() const;
   void reset_peak();
+
+  // Called when no free range fits a request: it may release blocks (the
+  // engine finishes its oldest reduction in flight) and returns whether it
+  // did, and the request is tried again; false: the request overflows. Runs
+  // on the allocating thread, outside the pool's lock. Empty: none.
+  void set_reclaim(std::function<bool()> reclaim);
 
  private:
   struct State;

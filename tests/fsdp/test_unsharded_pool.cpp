@@ -36,6 +36,22 @@ TEST(UnshardedPool, BlocksAreAlignedDisjointAndComeBackWhenFreed) {
   EXPECT_EQ(pool.stats().peak, 4 * kA);
 }
 
+// Buffers in flight to a reduction come from the high end, so their
+// first-in-first-out releases do not split the low end's free space.
+TEST(UnshardedPool, ReductionBuffersComeFromTheHighEnd) {
+  UnshardedPool pool(at::kCPU, 8 * kA);
+  at::Tensor low = pool.empty(kA, at::kByte);
+  at::Tensor r1 = pool.empty(2 * kA, at::kByte, UnshardedPool::End::kHigh);
+  at::Tensor r2 = pool.empty(2 * kA, at::kByte, UnshardedPool::End::kHigh);
+  auto at_ = [&](const at::Tensor& t) { return static_cast<char*>(t.data_ptr()) - static_cast<char*>(low.data_ptr()); };
+  EXPECT_EQ(at_(r1), 6 * kA);
+  EXPECT_EQ(at_(r2), 4 * kA);
+  r1 = at::Tensor();  // the first reduction finishes
+  at::Tensor big = pool.empty(3 * kA, at::kByte);  // the low end stays whole: [1, 4)
+  EXPECT_EQ(at_(big), kA);
+  EXPECT_EQ(pool.stats().overflows, 0);
+}
+
 TEST(UnshardedPool, FreedNeighboursMergeSoALargeBlockFitsAgain) {
   UnshardedPool pool(at::kCPU, 4 * kA);
   std::vector<at::Tensor> four;
