@@ -204,19 +204,20 @@ if sys.byteorder != "little":
 open(sys.argv[2], "wb").write(a.tobytes())
 PY
   # A dry run compares the CPU with itself at a size the CPU runs in seconds.
-  local steps=30 batch=8 seq=64 rc=0 d
+  local steps=30 batch=8 seq=64 rc=0 d run=0
   [[ $mode == dry ]] && steps=8 batch=2 seq=32
-  for d in "$device" cpu; do
-    echo "--- fsdp-train --device $d"
+  for d in "$device" cpu; do  # run 1: the device under test; run 2: the CPU
+    run=$((run + 1))
+    echo "--- run $run: fsdp-train --device $d"
     timeout -k 10 $((PHASE_LIMIT / 2 - 5)) "$bin/fsdp-train" --model tiny --data "$work/tokens.bin" --token-dtype u32 \
       --seq-len "$seq" --batch-size "$batch" --max-steps "$steps" --log-every 1 --lr 3e-3 --warmup-steps 3 \
-      --mixed-precision bf16 --device "$d" --metrics-file "$work/metrics-$d.jsonl" || { rc=$?; detail="--device $d exited $rc"; return $rc; }
+      --mixed-precision bf16 --device "$d" --metrics-file "$work/metrics-$run.jsonl" || { rc=$?; detail="--device $d exited $rc"; return $rc; }
   done
-  detail=$("$PYTHON" - "$work/metrics-$device.jsonl" "$work/metrics-cpu.jsonl" "$device" <<'PY'
+  detail=$("$PYTHON" - "$work/metrics-1.jsonl" "$work/metrics-2.jsonl" "$device" "$steps" <<'PY'
 import json, sys
 def losses(p):
     return [r["loss"] for r in map(json.loads, open(p)) if "loss" in r and "step" in r]
-a, b, dev = losses(sys.argv[1]), losses(sys.argv[2]), sys.argv[3]
+a, b, dev, steps = losses(sys.argv[1]), losses(sys.argv[2]), sys.argv[3], int(sys.argv[4])
 tol = 0.02  # bf16 on both sides; another device's kernels round differently
 print(f"{'step':>4} {dev:>10} {'cpu':>10} {'rel diff':>9}", file=sys.stderr)
 worst = 0.0
@@ -224,8 +225,8 @@ for i, (x, y) in enumerate(zip(a, b)):
     d = abs(x - y) / abs(y)
     worst = max(worst, d)
     print(f"{i:>4} {x:>10.5f} {y:>10.5f} {d:>9.2e}", file=sys.stderr)
-ok = len(a) == len(b) and len(a) > 0 and worst <= tol and a[-1] < a[0]
-print(f"{len(a)} steps, worst relative difference {worst:.2e} (tolerance {tol}); loss {a[0]:.4f} -> {a[-1]:.4f}"
+ok = len(a) == len(b) == steps and worst <= tol and a[-1] < a[0]
+print(f"{len(a)} and {len(b)} steps (of {steps}), worst relative difference {worst:.2e} (tolerance {tol}); loss {a[0]:.4f} -> {a[-1]:.4f}"
       + ("" if ok else " — DISAGREE or did not learn"))
 sys.exit(0 if ok else 1)
 PY
