@@ -11,7 +11,9 @@ function(fsdp_add_test name)
   target_link_libraries(${name} PRIVATE ${T_LIBS} fsdp_test_support GTest::gtest)
   target_include_directories(${name} PRIVATE ${PROJECT_SOURCE_DIR}/src ${PROJECT_SOURCE_DIR}/tests)
   target_precompile_headers(${name} REUSE_FROM fsdp_pch)
-  # An empty LABELS value would vanish from the list and shift every later property.
+  # An empty LABELS value would vanish from the list and shift every later property. So would a
+  # list value: gtest_discover_tests passes each element on as its own word, so ENVIRONMENT holds
+  # one variable here (the temp area is found from the executable's place: tests/support).
   set(labels)
   if(T_LABELS)
     set(labels LABELS "${T_LABELS}")

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# The GPU build and its test suite, in one call on a machine with a GPU,
+# The GPU build and its test suite, in one call on a machine with a GPU and
+# the build's dependencies (scripts/deps.sh's headers; a machine without them,
+# like a lent GPU machine, runs the GPU pack instead: scripts/gpu-pack.sh),
 # a CUDA PyTorch 2.x (its LibTorch, CUDA runtime and NCCL packages), cmake and
 # ninja: nothing is installed or downloaded. Configures build-gpu/ against the
 # LibTorch inside that PyTorch with CUDA and NCCL on (the same configuration
@@ -25,12 +27,10 @@ read -r torch_version torch_cuda cuda_ok <<< "$torch_info"
 [[ $torch_cuda != None ]] || die "PyTorch $torch_version is a CPU build; the GPU build needs a CUDA PyTorch"
 echo "scripts/gpu.sh: PyTorch $torch_version (CUDA $torch_cuda, device available: $cuda_ok)"
 
-arch=${CUDA_ARCH:-90}
-export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$((arch / 10)).$((arch % 10))}
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
 cmake -S . -B "$BUILD_DIR" "${generator[@]}" -DCMAKE_BUILD_TYPE=Release -DFSDP_PYTHON="$PYTHON" \
-  -DCMAKE_CUDA_ARCHITECTURES="$arch" -DFSDP_WITH_CUDA=ON -DFSDP_WITH_NCCL=ON
+  -DFSDP_WITH_CUDA=ON -DFSDP_WITH_NCCL=ON
 cmake --build "$BUILD_DIR" -j "$(nproc)"
 [[ $build_only -eq 1 ]] && exit 0
 

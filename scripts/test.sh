@@ -2,29 +2,42 @@
 # README command 2: install dependencies, build, run the whole test suite (what CI runs).
 # Extra arguments go to ctest (e.g. -R Parity).
 #
-# Steps:
+# Steps (docs/testing.md, "How CI runs"):
 #  1. scripts/deps.sh: Debian packages and the project's Python environment.
-#  2. The CPU build (build/) and its test suite.
-#  3. The CUDA build (build-cuda/): every target compiled and linked against the CUDA LibTorch and
-#     NCCL of the same PyTorch wheel, so a GPU session has only running left. Nothing of it runs
-#     here (no GPU); FSDP_SKIP_CUDA_BUILD=1 leaves it out.
+#  2. The CUDA build (build-cuda/: -DFSDP_WITH_CUDA=ON -DFSDP_WITH_NCCL=ON against the CUDA LibTorch and
+#     NCCL of the same PyTorch wheel): every target, the CUDA tests included. The whole CPU suite
+#     runs from it (ctest -LE cuda: the tests labelled `cuda` need a GPU; their checks also run on
+#     the CPU as cpu.*), so a test that fails only in the CUDA configuration fails CI, and one build
+#     serves both (its start-up cost per test process is in docs/testing.md).
+#  3. The CPU-only configuration (build/, the default of scripts/build.sh): the libraries whose
+#     sources differ between the two configurations (fsdp_common: device.cpp; fsdp_comm: the NCCL
+#     stub) are compiled, so that configuration keeps building.
 #  4. The fuzz build (build-fuzz/: clang++, -DFSDP_FUZZ=ON, only the parsers, with the sanitizers) and
-#     its tests (label fuzz: each fuzz target replays its corpus, then fuzzes 20,000 inputs with a fixed seed); after the main
-#     suite. FSDP_SKIP_FUZZ=1 leaves it out.
+#     its tests (label fuzz: each fuzz target replays its corpus, then fuzzes 20,000 inputs with a
+#     fixed seed); after the main suite. FSDP_SKIP_FUZZ=1 leaves it out.
+#  5. The GPU pack (scripts/gpu-pack.sh), copied to a fresh folder away from the checkout and the
+#     build trees, and its run.sh --dry-run there with nothing but the environment's torch
+#     libraries on the library path. FSDP_SKIP_PACK=1 leaves it out (and it is left out when
+#     ctest arguments select tests).
 # Under CI=true a skipped test fails the run; the summary names every skipped test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scripts/deps.sh
-scripts/build.sh
+BUILD_DIR=${FSDP_BUILD_DIR:-build-cuda}
 
-if [[ "${FSDP_SKIP_CUDA_BUILD:-0}" != 1 ]]; then
-  echo "test.sh: linking the CUDA build (build-cuda: -DFSDP_WITH_CUDA=ON -DFSDP_WITH_NCCL=ON)"
-  SECONDS=0
-  mkdir -p build-cuda
-  FSDP_BUILD_DIR=build-cuda scripts/build.sh -DFSDP_WITH_CUDA=ON -DFSDP_WITH_NCCL=ON > build-cuda/build.log 2>&1 ||
-    { tail -n 40 build-cuda/build.log; echo "test.sh: the CUDA build failed (build-cuda/build.log)" >&2; exit 1; }
-  echo "test.sh: CUDA build linked every target in ${SECONDS}s"
-fi
+echo "test.sh: the CUDA build ($BUILD_DIR: -DFSDP_WITH_CUDA=ON -DFSDP_WITH_NCCL=ON)"
+SECONDS=0
+FSDP_BUILD_DIR=$BUILD_DIR scripts/build.sh -DFSDP_WITH_CUDA=ON -DFSDP_WITH_NCCL=ON
+echo "test.sh: CUDA build done in ${SECONDS}s"
+
+echo "test.sh: the CPU-only configuration (build: fsdp_common, fsdp_comm)"
+SECONDS=0
+mkdir -p build
+cmake -S . -B build -G Ninja -DCMAKE_BUILD_TYPE=Release -DFSDP_PYTHON="$(scripts/venv.sh)/bin/python" > build/configure.log ||
+  { cat build/configure.log; echo "test.sh: configuring build/ failed" >&2; exit 1; }
+cmake --build build -j "$(nproc)" --target fsdp_common fsdp_comm > build/build.log 2>&1 ||
+  { tail -n 40 build/build.log; echo "test.sh: the CPU-only configuration failed to compile (build/build.log)" >&2; exit 1; }
+echo "test.sh: CPU-only libraries compiled in ${SECONDS}s"
 
 fuzz=0
 if [[ "${FSDP_SKIP_FUZZ:-0}" != 1 ]]; then
@@ -37,20 +50,46 @@ if [[ "${FSDP_SKIP_FUZZ:-0}" != 1 ]]; then
   fuzz=1
 fi
 
-BUILD_DIR=${FSDP_BUILD_DIR:-build}
 junits=("$BUILD_DIR/ctest-junit.xml")
 rm -f "${junits[0]}" build-fuzz/ctest-junit.xml
 rc=0
-(cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" --timeout 900 --output-junit ctest-junit.xml "$@") || rc=$?
+SECONDS=0
+(cd "$BUILD_DIR" && ctest --output-on-failure -j "$(nproc)" --timeout 900 -LE '^cuda$' --output-junit ctest-junit.xml "$@") ||
+  rc=$?
+echo "test.sh: the CPU suite took ${SECONDS}s"
 if ((fuzz)); then
   junits+=(build-fuzz/ctest-junit.xml)
   (cd build-fuzz && ctest --output-on-failure -j "$(nproc)" --timeout 900 --output-junit ctest-junit.xml "$@") || rc=$?
 fi
 
-# Skipped tests: named always; a failure under CI=true. (The CPU suite has no CUDA-only test:
-# those live in the CUDA build, which scripts/gpu.sh runs on a GPU machine.)
+# The GPU pack, as the GPU machine gets it: built, copied away from the checkout and the build trees,
+# and dry-run there with only the environment's torch libraries to find (run.sh finds them through
+# the Python; the pack's binaries carry no path into this checkout or the environment).
+if [[ "${FSDP_SKIP_PACK:-0}" != 1 && $# -eq 0 ]]; then
+  SECONDS=0
+  staging=$(mktemp -d)
+  fresh=$(mktemp -d)
+  trap 'rm -rf "$staging" "$fresh"' EXIT
+  pack_rc=0
+  FSDP_CUDA_BUILD_DIR=$BUILD_DIR scripts/gpu-pack.sh "$staging/pack" || pack_rc=$?
+  if ((pack_rc == 0)); then
+    cp -a "$staging/pack" "$fresh/pack"
+    rm -rf "$staging"
+    python="$(scripts/venv.sh)/bin/python"
+    (cd "$fresh" && env -u LD_LIBRARY_PATH PATH=/usr/bin:/bin HOME="$HOME" PYTHON="$python" \
+       OUT="$fresh/out" TMPDIR="$fresh" "$fresh/pack/run.sh" --dry-run) || pack_rc=$?
+  fi
+  if ((pack_rc != 0)); then
+    echo "test.sh: the GPU pack's dry run failed (exit $pack_rc)" >&2
+    rc=1
+  fi
+  echo "test.sh: GPU pack built and dry-run in ${SECONDS}s"
+fi
+
+# Skipped tests: named always; a failure under CI=true.
 # CTest writes a skipped test (SKIP_RETURN_CODE, SKIP_REGULAR_EXPRESSION) as status="notrun" with
-# a <skipped> element, and a disabled one as status="disabled"; both count as skipped here.
+# a <skipped> element, and a disabled one as status="disabled"; both count as skipped here. Tests
+# excluded by -LE cuda are not in the report at all: they run on a GPU (scripts/gpu-pack.sh).
 skipped=()
 for junit in "${junits[@]}"; do
   [[ -f "$junit" ]] || continue

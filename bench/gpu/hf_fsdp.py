@@ -4,21 +4,28 @@ PyTorch FSDP, set up the way the published FSDP fine-tuning recipes do it.
 
   --impl fsdp1: torch.distributed.fsdp.FullyShardedDataParallel, FULL_SHARD,
                 transformer_auto_wrap_policy on LlamaDecoderLayer, bf16
-                MixedPrecision (param, reduce and buffer dtype), limit_all_gathers,
-                activation checkpointing by apply_activation_checkpointing
-                (non-reentrant checkpoint_wrapper on each decoder layer).
+                MixedPrecision (param and reduce dtype; buffers stay fp32, as
+                fsdp-train's), limit_all_gathers, activation checkpointing by
+                apply_activation_checkpointing (non-reentrant checkpoint_wrapper
+                on each decoder layer). At world size 1 FSDP1 replaces
+                FULL_SHARD by NO_SHARD: the row's "sharding" says what ran.
   --impl fsdp2: fully_shard on each decoder layer and on the root, with
                 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16).
 Both: torch.optim.AdamW (its default implementation), the model's own loss
 (labels = input ids), attention through SDPA.
 
+Fair to both sides: the model is built on the device it trains on (fp32
+parameters, as fsdp-train's masters); the peak memory counts from after the
+setup (model, wrapping, optimizer), as fsdp-train's does; a step's outputs
+(logits) are dropped before the next step, so only the loss survives it.
+
 Runs in one process (world size 1) unless started by torchrun. Tokens come
 from --tokens (raw little-endian uint32 ids, the file run.sh writes for
 fsdp-train too), read in the same order. Prints one JSON line:
-  {"impl", "tokens_per_s", "step_time_s", "peak_mem_bytes", "losses", ...}
+  {"impl", "sharding", "tokens_per_s", "step_time_s", "peak_mem_bytes", "losses", ...}
 tokens_per_s and step_time_s cover the --steps measured steps after --warmup;
-peak_mem_bytes is torch.cuda.max_memory_allocated() over the whole run (CPU:
-the process's peak resident set).
+peak_mem_bytes is torch.cuda.max_memory_allocated() from the end of the setup
+to the end of the run (CPU: the process's peak resident set).
 """
 import argparse
 import array
@@ -91,7 +98,8 @@ def main():
     except AttributeError:
         pass
     torch.manual_seed(0)
-    model = LlamaForCausalLM(config)
+    with torch.device(device):  # built where it trains: no host copy, no move
+        model = LlamaForCausalLM(config)
     n_params = sum(p.numel() for p in model.parameters())
     bf16 = torch.bfloat16 if a.precision == "bf16" else torch.float32
 
@@ -111,10 +119,11 @@ def main():
         model = FSDP(model,
                      auto_wrap_policy=policy,
                      sharding_strategy=ShardingStrategy.FULL_SHARD,
-                     mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=bf16, buffer_dtype=bf16),
+                     mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=bf16),
                      device_id=device if a.device == "cuda" else None,
                      limit_all_gathers=True,
                      use_orig_params=False)
+        sharding = model.sharding_strategy.name  # NO_SHARD at world size 1: FSDP1 switches by itself
     else:
         try:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # PyTorch >= 2.6
@@ -123,11 +132,11 @@ def main():
                 from torch.distributed._composable.fsdp import MixedPrecisionPolicy, fully_shard  # 2.4, 2.5
             except ImportError:
                 fail(f"FSDP2 (fully_shard) is not in PyTorch {torch.__version__}; it needs 2.4 or later")
-        model.to(device)
         mp = MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16)
         for layer in model.model.layers:
             fully_shard(layer, mp_policy=mp)
         fully_shard(model, mp_policy=mp)
+        sharding = "FULL_SHARD"  # fully_shard shards at any world size
 
     opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1)
 
@@ -144,7 +153,8 @@ def main():
     data = torch.tensor(tokens[:need], dtype=torch.long).view(a.warmup + a.steps, world, a.batch_size, window)
 
     if a.device == "cuda":
-        torch.cuda.reset_peak_memory_stats(device)
+        torch.cuda.synchronize(device)
+        torch.cuda.reset_peak_memory_stats(device)  # the peak from here: the setup is not counted
     losses = []
     seconds = 0.0
     for step in range(a.warmup + a.steps):
@@ -152,11 +162,11 @@ def main():
             torch.cuda.synchronize(device)
         t0 = time.perf_counter()
         x = data[step, rank].to(device, non_blocking=True)
-        out = model(input_ids=x, labels=x)
-        out.loss.backward()
+        loss = model(input_ids=x, labels=x).loss  # the logits die here, not at the next step
+        loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
-        loss = out.loss.detach().float()
+        loss = loss.detach().float()
         dist.all_reduce(loss)
         losses.append(loss.item() / world)  # .item() waits for the step
         if a.device == "cuda":
@@ -173,6 +183,8 @@ def main():
             "kind": "llama",
             "ckpt": a.activation_checkpointing,
             "impl": a.impl,
+            "sharding": sharding,
+            "note": "" if sharding == "FULL_SHARD" else f"FSDP1 ran {sharding} (it replaces FULL_SHARD at world size 1)",
             "torch": torch.__version__,
             "parameters": n_params,
             "world_size": world,

@@ -66,25 +66,30 @@ def table(a):
     print(f"matmul rate: {peak['tflops']:.4g} TFLOP/s ({peak['dtype']}, {peak['device']}); "
           f"{fpt / 1e9:.2f} GFLOP per token (N = {n / 1e6:.1f}M in matrix products, T = {a.seq_len})")
     print()
-    print("| run | act. ckpt | batch | tokens/s | MFU | peak memory | (a) / this, tokens/s | (a) / this, memory |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| run | act. ckpt | batch | tokens/s | MFU | peak memory | (a) / this: tokens/s | MFU | memory | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     missing = 0
     for ckpt in (False, True):
         group = [r for r in rows if r.get("kind") == "llama" and r["ckpt"] == ckpt]
-        ours = next((r for r in group if r["row"].startswith("(a)") and "error" not in r), None)
+        ours = next((r for r in group if r["row"].startswith("(a)") and "tokens_per_s" in r), None)
         for r in group:
+            if "skipped" in r:  # by design (a dry run), not a failure
+                print(f"| {r['row']} | {'on' if ckpt else 'off'} | - | skipped: {r['skipped']} | | | | | | |")
+                continue
             if "error" in r:
                 missing += 1
-                print(f"| {r['row']} | {'on' if ckpt else 'off'} | - | not run: {r['error']} | | | | |")
+                print(f"| {r['row']} | {'on' if ckpt else 'off'} | - | not run: {r['error']} | | | | | | |")
                 continue
             tps = r["tokens_per_s"]
             mfu = tps * fpt / (peak["tflops"] * 1e12)
-            rel_t = rel_m = "-"
-            if ours is not None and r is not ours:
+            rel_t = rel_f = rel_m = "-"
+            if ours is not None and not r["row"].startswith("(a)"):
+                ours_mfu = ours["tokens_per_s"] * fpt / (peak["tflops"] * 1e12)
                 rel_t = f"{ours['tokens_per_s'] / tps:.2f}x"
+                rel_f = f"{ours_mfu / mfu:.2f}x"
                 rel_m = f"{ours['peak_mem_bytes'] / r['peak_mem_bytes']:.2f}x"
             print(f"| {r['row']} | {'on' if ckpt else 'off'} | {r['batch_size']} | {tps:,.0f} | {100 * mfu:.1f}% | "
-                  f"{gib(r['peak_mem_bytes'])} | {rel_t} | {rel_m} |")
+                  f"{gib(r['peak_mem_bytes'])} | {rel_t} | {rel_f} | {rel_m} | {r.get('note', '')} |")
     mlp = [r for r in rows if r.get("kind") == "mlp"]
     if mlp:
         print()

@@ -1,34 +1,52 @@
 #!/usr/bin/env bash
-# Head-to-head on one GPU, in one call: fsdp-train (a) against PyTorch FSDP (b)
-# and FSDP2 (c), each training Hugging Face-shaped Llama 3.2 1B on the same
-# random tokens at world size 1, bf16, seq 2048, activation checkpointing off
-# and on; then the FSDP tutorial MLP (8 x Linear 20480) with and without CPU
-# offload. Prints tokens/s, MFU (against the bf16 matmul rate measured in the
-# same call) and peak device memory, with the ratios of (a) to (b) and (c),
-# and appends the table to bench/RESULTS.md with the command, date and card.
+# Head-to-head on one GPU: fsdp-train (a) against PyTorch FSDP (b) and FSDP2
+# (c), each training the Hugging Face-shaped Llama 3.2 1B on the same random
+# tokens at world size 1, bf16, seq 2048, activation checkpointing off and on;
+# then the FSDP tutorial MLP (8 x Linear 20480) with and without CPU offload.
+# Prints tokens/s, MFU (against the bf16 matmul rate measured in the same
+# call) and peak device memory (each side's peak after its setup), with the
+# ratios of (a) to (b) and (c).
 #
-#   bench/gpu/run.sh [--model llama3.2-1b] [--seq-len 2048] [--batch-size 8]
-#                    [--ckpt-batch-size 16] [--steps 10] [--warmup 3]
-#                    [--mlp-width 20480] [--mlp-batch-size 8] [--only a,b,c,mlp]
-#   bench/gpu/run.sh --dry-run   # CPU, tiny sizes, nothing recorded
+#   bench/gpu/run.sh [--bin DIR] [--out DIR] [--long] [--model llama3.2-1b] [--seq-len 2048]
+#                    [--batch-size 4] [--ckpt-batch-size 8] [--steps 5] [--warmup 2]
+#                    [--mlp-width 20480] [--mlp-batch-size 8] [--only a,b,c,mlp] [--run-timeout 150]
+#   bench/gpu/run.sh --dry-run   # CPU, tiny sizes
 #
-# GPU: uses the CUDA build in build-gpu/, building it with scripts/gpu.sh
-# --build-only when it is missing. (b) and (c) need PyTorch 2.x with
-# Hugging Face transformers (FSDP2: PyTorch >= 2.4).
-# --dry-run: the CPU build in build/, the `tiny` preset, a few steps: checks
-# the harness end to end on a machine without a GPU. (b) and (c) run there
-# only where transformers is installed; otherwise their rows say why not.
-# Exit status: 0 when every row produced a result, 1 otherwise.
+# Sizes: the defaults fit an 80 GB card on both sides (the peers upcast all
+# logits to fp32 for the loss: batch x 2048 x 128,256 x 4 bytes, 4.2 GB at
+# batch 4, and as much again in the log-softmax); --long measures longer
+# (10 steps) at batch 8 / 16 and adds a row of (a) at twice the
+# checkpointed batch, where fsdp-train may fit what the peers do not.
+#
+# --bin DIR: fsdp-train, fsdp-inspect and bench_mlp are in DIR (the GPU pack,
+#   scripts/gpu-pack.sh); otherwise the build tree's: build-gpu/ (built by
+#   scripts/gpu.sh --build-only when missing), build/ with --dry-run.
+# --out DIR: where the results stay: bench.log (every run's output, in
+#   order), results.jsonl (one line per run) and table.md. Default: a new
+#   folder under bench/gpu/out/. Nothing else is written outside a temporary
+#   folder, which is removed.
+# --dry-run: the CPU, the `tiny` preset, a few steps: the harness end to end on
+#   a machine without a GPU. (c) runs there where transformers is installed
+#   (otherwise its row says why not); (b) does not — PyTorch FSDP1 refuses a
+#   machine without an accelerator — and its rows say so.
+# The Python is $PYTHON, else the one that imports torch (scripts/torch-python.sh
+# in the checkout; python3 in the pack).
+# Exit status: 0 when every row produced a result, 1 otherwise, 2 usage.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+here=$(cd "$(dirname "$0")" && pwd)
 
-dry=0
-model=llama3.2-1b seq=2048 batch=8 ckpt_batch=16 steps=10 warmup=3
-mlp_width=20480 mlp_batch=8 only="a,b,c,mlp"
+dry=0 long=0 bin="" out=""
+model=llama3.2-1b seq=2048 batch=4 ckpt_batch=8 steps=5 warmup=2
+mlp_width=20480 mlp_batch=8 only="a,b,c,mlp" run_timeout=150
 args=("$@")
+usage() { echo "bench/gpu/run.sh: $*; see the header of bench/gpu/run.sh" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
+  [[ $1 == --dry-run || $1 == --long || $# -ge 2 ]] || usage "$1 needs a value"
   case "$1" in
     --dry-run) dry=1; model=tiny seq=64 batch=2 ckpt_batch=2 steps=2 warmup=1 mlp_width=256 mlp_batch=4; shift ;;
+    --long) long=1; batch=8 ckpt_batch=16 steps=10 warmup=3; shift ;;
+    --bin) bin=$2; shift 2 ;;
+    --out) out=$2; shift 2 ;;
     --model) model=$2; shift 2 ;;
     --seq-len) seq=$2; shift 2 ;;
     --batch-size) batch=$2; shift 2 ;;
@@ -38,39 +56,73 @@ while [[ $# -gt 0 ]]; do
     --mlp-width) mlp_width=$2; shift 2 ;;
     --mlp-batch-size) mlp_batch=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
-    *) echo "bench/gpu/run.sh: unknown argument '$1' (see the header of bench/gpu/run.sh)" >&2; exit 2 ;;
+    --run-timeout) run_timeout=$2; shift 2 ;;
+    *) usage "unknown argument '$1'" ;;
   esac
 done
-PYTHON=$(scripts/torch-python.sh)  # the Python that imports torch
+for n in "$seq" "$batch" "$ckpt_batch" "$steps" "$warmup" "$mlp_width" "$mlp_batch" "$run_timeout"; do
+  [[ $n =~ ^[1-9][0-9]*$ ]] || usage "'$n' is not a positive whole number"
+done
 wants() { [[ ",$only," == *",$1,"* ]]; }
 
-if [[ $dry -eq 1 ]]; then
-  device=cpu build=${FSDP_BUILD_DIR:-build}
-  [[ -x $build/bench/gpu/bench_mlp ]] || { scripts/deps.sh; scripts/build.sh; }
+device=$([[ $dry -eq 1 ]] && echo cpu || echo cuda)
+if [[ -n $bin ]]; then
+  train=$bin/fsdp-train inspect=$bin/fsdp-inspect mlp_bin=$bin/bench_mlp
+  PYTHON=${PYTHON:-python3}
 else
-  device=cuda build=${FSDP_GPU_BUILD_DIR:-build-gpu}
-  [[ -x $build/apps/fsdp-train && -x $build/bench/gpu/bench_mlp ]] || scripts/gpu.sh --build-only
+  root=$(cd "$here/../.." && pwd)
+  PYTHON=${PYTHON:-$("$root/scripts/torch-python.sh")}
+  if [[ $dry -eq 1 ]]; then
+    build=${FSDP_BUILD_DIR:-$root/build}
+    [[ -x $build/bench/gpu/bench_mlp ]] || (cd "$root" && scripts/deps.sh && scripts/build.sh)
+  else
+    build=${FSDP_GPU_BUILD_DIR:-$root/build-gpu}
+    [[ -x $build/apps/fsdp-train && -x $build/bench/gpu/bench_mlp ]] || "$root/scripts/gpu.sh" --build-only
+  fi
+  train=$build/apps/fsdp-train inspect=$build/apps/fsdp-inspect mlp_bin=$build/bench/gpu/bench_mlp
 fi
-
+for b in "$train" "$inspect" "$mlp_bin"; do [[ -x $b ]] || usage "no executable $b"; done
+if [[ -z $out ]]; then
+  mkdir -p "$here/out"
+  out=$(mktemp -d "$here/out/$(date -u +%Y%m%d-%H%M%S)-XXXX")
+fi
+mkdir -p "$out"
+[[ -z $(ls -A "$out") ]] || usage "--out $out is not empty: results are never overwritten; name a new folder"
+log=$out/bench.log results=$out/results.jsonl
+: > "$log"
+: > "$results"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-results=$work/results.jsonl
-: > "$results"
 
+# One run: its command and output appended to bench.log under a header;
+# bounded by --run-timeout. Returns the command's status (124: timed out).
+run_logged() {  # name command...
+  local name=$1 rc=0
+  shift
+  { echo; echo "=== $name ($(date -u +%H:%M:%S))"; echo "\$ $*"; } >> "$log"
+  timeout -k 10 "$run_timeout" "$@" > "$work/run.out" 2> "$work/run.err" || rc=$?
+  cat "$work/run.err" >> "$log"
+  [[ $rc -eq 124 ]] && echo "timed out after ${run_timeout}s" >> "$work/run.err"
+  echo "=== $name: exit $rc" >> "$log"
+  return $rc
+}
 # A row that failed: its reason (the last line of its error output) in place of numbers.
-failed_row() {  # row kind ckpt logfile
+failed_row() {  # row kind ckpt
   "$PYTHON" -c 'import json,sys; lines=[l.strip() for l in open(sys.argv[4], errors="replace") if l.strip()];
 print(json.dumps({"row": sys.argv[1], "kind": sys.argv[2], "ckpt": sys.argv[3] == "1",
-                  "error": (lines[-1] if lines else "no output")[:200]}))' "$@" >> "$results"
+                  "error": (lines[-1] if lines else "no output")[:200]}))' "$1" "$2" "$3" "$work/run.err" >> "$results"
 }
 
-echo "bench/gpu/run.sh: $model, seq $seq, batch $batch (checkpointing: $ckpt_batch), $warmup warm-up + $steps measured steps, device $device"
-"$build/apps/fsdp-inspect" --model "$model" --write-hf-config "$work/config.json" > /dev/null
-"$PYTHON" bench/gpu/matmul_peak.py --device "$device" $([[ $dry -eq 1 ]] && echo "--n 512 --iters 5") > "$work/peak.json"
+echo "bench/gpu/run.sh: $model, seq $seq, batch $batch (checkpointing: $ckpt_batch), $warmup warm-up + $steps measured steps, device $device; results in $out" | tee -a "$log"
+"$inspect" --model "$model" --write-hf-config "$work/config.json" > /dev/null
+run_logged "matmul peak" "$PYTHON" "$here/matmul_peak.py" --device "$device" $([[ $dry -eq 1 ]] && echo "--n 512 --iters 5")
+cp "$work/run.out" "$work/peak.json"
 vocab=$("$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$work/config.json")
 
 # Random token ids (uint32, below the vocabulary size): enough for the largest run.
-ntok=$(( (warmup + steps) * (batch > ckpt_batch ? batch : ckpt_batch) * seq + seq + 1 ))
+big=$((batch > ckpt_batch ? batch : ckpt_batch))
+[[ $long -eq 1 ]] && big=$((2 * ckpt_batch > batch ? 2 * ckpt_batch : batch))
+ntok=$(( (warmup + steps) * big * seq + seq + 1 ))
 "$PYTHON" - "$work/tokens.bin" "$ntok" "$vocab" <<'PY'
 import array, random, sys
 path, n, vocab = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
@@ -81,60 +133,66 @@ if sys.byteorder != "little":
 open(path, "wb").write(a.tobytes())
 PY
 
+ours() {  # row ckpt batch
+  local row=$1 ckpt=$2 b=$3
+  rm -f "$work/metrics.jsonl"
+  # Sequential windows (no shuffle effect on speed); bf16 params and bf16
+  # reduction, as the peers' MixedPrecision.
+  if run_logged "$row" "$train" --model "$model" --data "$work/tokens.bin" --token-dtype u32 --seq-len "$seq" \
+      --batch-size "$b" --max-steps $((warmup + steps)) --log-every 1 --metrics-file "$work/metrics.jsonl" \
+      --mixed-precision bf16 --reduce-dtype bf16 --lr 1e-4 --warmup-steps 1 --device "$device" \
+      $([[ $ckpt -eq 1 ]] && echo --activation-checkpointing); then
+    "$PYTHON" "$here/report.py" train-row --metrics "$work/metrics.jsonl" --row "$row" \
+      $([[ $ckpt -eq 1 ]] && echo --ckpt) --batch-size "$b" --seq-len "$seq" --warmup "$warmup" >> "$results"
+  else
+    failed_row "$row" llama "$ckpt"
+  fi
+}
+
 for ckpt in 0 1; do
   b=$([[ $ckpt -eq 1 ]] && echo "$ckpt_batch" || echo "$batch")
-  ac_flag=$([[ $ckpt -eq 1 ]] && echo "--activation-checkpointing" || true)
-  if wants a; then
-    rm -f "$work/metrics.jsonl"
-    # Sequential windows (no shuffle effect on speed); bf16 params and bf16
-    # reduction, as the recipes' MixedPrecision.
-    if "$build/apps/fsdp-train" --model "$model" --data "$work/tokens.bin" --token-dtype u32 --seq-len "$seq" \
-        --batch-size "$b" --max-steps $((warmup + steps)) --log-every 1 --metrics-file "$work/metrics.jsonl" \
-        --mixed-precision bf16 --reduce-dtype bf16 --lr 1e-4 --warmup-steps 1 --device "$device" $ac_flag \
-        > "$work/a.log" 2>&1; then
-      "$PYTHON" bench/gpu/report.py train-row --metrics "$work/metrics.jsonl" --row "(a) fsdp-train" \
-        $([[ $ckpt -eq 1 ]] && echo --ckpt) --batch-size "$b" --seq-len "$seq" --warmup "$warmup" >> "$results"
-    else
-      failed_row "(a) fsdp-train" llama "$ckpt" "$work/a.log"
-    fi
-  fi
+  wants a && ours "(a) fsdp-train" "$ckpt" "$b"
   for impl in fsdp1 fsdp2; do
     letter=$([[ $impl == fsdp1 ]] && echo b || echo c)
     name=$([[ $impl == fsdp1 ]] && echo "(b) PyTorch FSDP" || echo "(c) PyTorch FSDP2")
     wants "$letter" || continue
-    if ! "$PYTHON" bench/gpu/hf_fsdp.py --impl "$impl" --row "$name" --config "$work/config.json" \
+    if [[ $impl == fsdp1 && $device == cpu ]]; then
+      echo "{\"row\": \"$name\", \"kind\": \"llama\", \"ckpt\": $([[ $ckpt -eq 1 ]] && echo true || echo false), \"skipped\": \"PyTorch FSDP1 needs an accelerator (a dry run is on the CPU)\"}" >> "$results"
+      continue
+    fi
+    if run_logged "$name" "$PYTHON" "$here/hf_fsdp.py" --impl "$impl" --row "$name" --config "$work/config.json" \
         --tokens "$work/tokens.bin" --seq-len "$seq" --batch-size "$b" --steps "$steps" --warmup "$warmup" \
-        --device "$device" $ac_flag >> "$results" 2> "$work/$letter.log"; then
-      failed_row "$name" llama "$ckpt" "$work/$letter.log"
+        --device "$device" $([[ $ckpt -eq 1 ]] && echo --activation-checkpointing); then
+      cat "$work/run.out" >> "$results"
+    else
+      failed_row "$name" llama "$ckpt"
     fi
   done
 done
+# Where fsdp-train fits a larger batch than the peers were given.
+[[ $long -eq 1 ]] && wants a && ours "(a) fsdp-train, 2x batch" 1 $((2 * ckpt_batch))
 
 if wants mlp; then
   for offload in "" --cpu-offload; do
-    if ! "$build/bench/gpu/bench_mlp" --device "$device" --width "$mlp_width" --batch-size "$mlp_batch" \
-        --precision "$([[ $device == cuda ]] && echo bf16 || echo fp32)" --steps "$steps" --warmup "$warmup" \
-        $offload >> "$results" 2> "$work/mlp.log"; then
-      failed_row "MLP ${offload:-on-device}" mlp 0 "$work/mlp.log"
+    name="MLP ${offload:-on-device}"
+    if run_logged "$name" "$mlp_bin" --device "$device" --width "$mlp_width" --batch-size "$mlp_batch" \
+        --precision "$([[ $device == cuda ]] && echo bf16 || echo fp32)" --steps "$steps" --warmup "$warmup" $offload; then
+      cat "$work/run.out" >> "$results"
+    else
+      failed_row "$name" mlp 0
     fi
   done
 fi
 
 status=0
-"$PYTHON" bench/gpu/report.py table --results "$results" --config "$work/config.json" --seq-len "$seq" \
-  --peak "$work/peak.json" | tee "$work/table.md" || status=$?
-
-if [[ $dry -eq 0 ]]; then
-  {
-    echo
-    echo "## GPU head-to-head — $(date -u '+%Y-%m-%d %H:%M UTC')"
-    echo
-    echo "Command: \`bench/gpu/run.sh ${args[*]}\`"
-    echo "Card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null || echo unknown);" \
-         "PyTorch $("$PYTHON" -c 'import torch; print(torch.__version__)')"
-    echo
-    cat "$work/table.md"
-  } >> bench/RESULTS.md
-  echo "bench/gpu/run.sh: appended to bench/RESULTS.md"
-fi
+{
+  echo "Command: \`bench/gpu/run.sh ${args[*]}\`, $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "Card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true);" \
+       "PyTorch $("$PYTHON" -c 'import torch; print(torch.__version__)')"
+  echo
+  "$PYTHON" "$here/report.py" table --results "$results" --config "$work/config.json" --seq-len "$seq" \
+    --peak "$work/peak.json"
+} > "$out/table.md" || status=$?
+cat "$out/table.md"
+echo "bench/gpu/run.sh: results in $out (table.md, results.jsonl, bench.log)"
 exit $status

@@ -204,6 +204,14 @@ struct FsdpOptions {
   bool sync_module_states = false;
   // Device the unsharded parameters live on (CPU for the tcp group).
   at::Device device = at::kCPU;
+  // Unsharded parameters and gradients (and reduce-dtype copies, reduction
+  // scratch) come from one allocation made by fully_shard, sized by
+  // plan_sharding's step bound: peak memory is what the plan says, and no
+  // unsharded buffer goes through the caching allocator during a step. Always
+  // so on CUDA; on the CPU only when set (the host default, mmap'd blocks
+  // per unit, keeps less resident between steps); set it there to check the
+  // pool without a GPU. UnshardedMemory reports the pool's use.
+  bool unsharded_pool = false;
 };
 
 // The optimizer's view of one flat parameter's shard (ShardedModel::units()).
@@ -273,6 +281,11 @@ struct UnshardedMemory {
   UnshardedBytes now;      // held at this moment
   UnshardedBytes at_peak;  // what was held when the total peaked
   int64_t peak = 0;        // the largest total since the last reset (or since fully_shard)
+  // The preallocated pool (FsdpOptions::unsharded_pool; always on CUDA), zeros without one.
+  int64_t pool_capacity = 0;   // bytes allocated by fully_shard
+  int64_t pool_peak = 0;       // the most of them in use at once since the last reset (sizes rounded up)
+  int64_t pool_reclaims = 0;   // reductions finished early because the pool was too fragmented to place a buffer
+  int64_t pool_overflows = 0;  // buffers the pool could not hold, taken from the device allocator instead
 };
 
 // ShardedModel::take_step_counters(): bytes this rank's collectives moved (comm::CommCounters).
@@ -312,6 +325,12 @@ class ShardedModel {
   // torch.nn.utils.clip_grad_norm_ (coef = max_norm / (norm + 1e-6), capped
   // at 1). Returns the norm before clipping.
   double clip_grad_norm(double max_norm);
+  // The two above without waiting for the value: a (1) float64 tensor on the
+  // gradients' device, and clipping by a coefficient computed there too — no
+  // host synchronization on CUDA (Note [Norm on the device] in
+  // src/fsdp/api.cpp). Collective; between steps.
+  at::Tensor grad_norm_tensor();
+  at::Tensor clip_grad_norm_tensor(double max_norm);
 
   // Layout and this rank's placement: one entry per flat parameter (a unit
   // with frozen and trainable parameters has two; see UnitInfo).

@@ -77,6 +77,33 @@ int64_t peak_memory_bytes(const c10::Device& d) {
   return d.is_cpu() ? peak_rss_bytes() : -1;
 }
 
+int64_t allocated_memory_bytes(const c10::Device& d) {
+#if defined(FSDP_WITH_CUDA)
+  if (d.is_cuda()) {
+    return c10::cuda::CUDACachingAllocator::getDeviceStats(index_of(d)).allocated_bytes[kAggregate].current;
+  }
+#endif
+  (void)d;
+  return -1;
+}
+
+ForbidHostSync::ForbidHostSync(const c10::Device& d) {
+#if defined(FSDP_WITH_CUDA)
+  if (d.is_cuda()) {
+    previous_ = static_cast<int>(c10::cuda::warning_state().get_sync_debug_mode());
+    c10::cuda::warning_state().set_sync_debug_mode(c10::cuda::SyncDebugMode::L_ERROR);
+    active_ = true;
+  }
+#endif
+  (void)d;
+}
+
+ForbidHostSync::~ForbidHostSync() {
+#if defined(FSDP_WITH_CUDA)
+  if (active_) c10::cuda::warning_state().set_sync_debug_mode(static_cast<c10::cuda::SyncDebugMode>(previous_));
+#endif
+}
+
 int64_t reserved_memory_bytes(const c10::Device& d) {
 #if defined(FSDP_WITH_CUDA)
   if (d.is_cuda()) {

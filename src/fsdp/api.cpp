@@ -28,33 +28,56 @@ void ShardedModelImpl::zero_grad() {
   }
 }
 
-double ShardedModelImpl::grad_norm() {
+// Note [Norm on the device]
+// The norm is computed where the gradients are, and stays there: a (1) double
+// tensor, summed unit by unit in unit order (the same additions, in the same
+// order, as a host sum of each unit's value), all-reduced on the shard group's
+// device. Clipping multiplies by a coefficient computed on the device too, so
+// neither needs a host synchronization inside the step (docs/design.md, "GPU
+// specifics"); only a caller that reads the value waits for it. On the CPU
+// the values are the same bits as before, computed the same way.
+at::Tensor ShardedModelImpl::grad_norm_tensor() {
   assert_idle("grad_norm");
-  double local = 0.0;
+  at::Tensor sq;
   for (auto& u : units_) {
     u->ensure_grad_valid();
-    local += u->flat().grad_shard().to(at::kDouble).pow(2).sum().item<double>();
+    at::Tensor s = u->flat().grad_shard().to(at::kDouble).pow(2).sum().reshape({1});
+    sq = sq.defined() ? sq + s.to(sq.device()) : s;
   }
   if (!replicated_ && shard_group_->size() > 1) {
     // Shards are disjoint within the shard group; replicas (HYBRID) hold the
     // same shards and are not summed again.
-    at::Tensor t = at::full({1}, local, at::TensorOptions().dtype(at::kDouble));
-    shard_group_->all_reduce(t, comm::ReduceOp::kSum)->wait();
-    local = t.item<double>();
+    sq = sq.to(shard_group_->device());
+    shard_group_->all_reduce(sq, comm::ReduceOp::kSum)->wait();
   }
-  return std::sqrt(local);
+  return sq.sqrt();
 }
 
-double ShardedModelImpl::clip_grad_norm(double max_norm) {
+at::Tensor ShardedModelImpl::clip_grad_norm_tensor(double max_norm) {
   FSDP_CHECK(max_norm > 0, "clip_grad_norm: max_norm must be > 0, got ", max_norm);
-  const double norm = grad_norm();
-  const double coef = max_norm / (norm + 1e-6);
-  if (coef < 1.0) {
-    at::NoGradGuard no_grad;
-    for (auto& u : units_) u->flat().grad_shard().mul_(coef);
+  at::Tensor norm = grad_norm_tensor();
+  if (norm.is_cpu()) {
+    // A host value already: skip the multiplication when nothing is clipped.
+    const double coef = max_norm / (norm.item<double>() + 1e-6);
+    if (coef < 1.0) {
+      at::NoGradGuard no_grad;
+      for (auto& u : units_) u->flat().grad_shard().mul_(coef);
+    }
+    return norm;
+  }
+  // Capped at 1: multiplying by exactly 1 changes no value.
+  const at::Tensor coef = at::div(at::full_like(norm, max_norm), norm + 1e-6).clamp_max(1.0).to(at::kFloat);
+  at::NoGradGuard no_grad;
+  for (auto& u : units_) {
+    at::Tensor& g = u->flat().grad_shard();
+    g.mul_(coef.to(g.device()));  // the same device: no copy; offloaded host shards: synchronized anyway
   }
   return norm;
 }
+
+double ShardedModelImpl::grad_norm() { return grad_norm_tensor().item<double>(); }
+
+double ShardedModelImpl::clip_grad_norm(double max_norm) { return clip_grad_norm_tensor(max_norm).item<double>(); }
 
 namespace {
 // Adds what `group` counted since `base` to `s`, and moves `base` to now.
@@ -66,6 +89,23 @@ void take_since(const comm::ProcessGroup& group, comm::CommCounters& base, StepC
   base = now;
 }
 }  // namespace
+
+UnshardedMemory ShardedModelImpl::unsharded_memory() const {
+  UnshardedMemory m = ledger_->memory();
+  if (pool_) {
+    const UnshardedPool::Stats s = pool_->stats();
+    m.pool_capacity = s.capacity;
+    m.pool_peak = s.peak;
+    m.pool_reclaims = s.reclaims;
+    m.pool_overflows = s.overflows;
+  }
+  return m;
+}
+
+void ShardedModelImpl::reset_unsharded_peak() {
+  ledger_->reset_peak();
+  if (pool_) pool_->reset_peak();
+}
 
 StepCounters ShardedModelImpl::take_step_counters() {
   StepCounters s;
@@ -80,9 +120,12 @@ at::Tensor ShardedModelImpl::gather_unit(size_t u) {
              " entries in ShardedModel::units())");
   FlatParam& f = *entries_[u].flat;
   if (replicated_) return f.shard().narrow(0, 0, f.layout().numel).clone();
-  at::Tensor full = at::empty({f.layout().padded_numel}, f.shard().options());
-  shard_group_->all_gather(full, f.shard())->wait();
-  return full.narrow(0, 0, f.layout().numel);
+  // On the group's device (NCCL gathers device memory; offloaded shards are
+  // on the host), returned on the shard's.
+  const at::Device on = shard_group_->device();
+  at::Tensor full = at::empty({f.layout().padded_numel}, f.shard().options().device(on).pinned_memory(false));
+  shard_group_->all_gather(full, f.shard().to(on))->wait();
+  return full.narrow(0, 0, f.layout().numel).to(f.shard().device());
 }
 
 void ShardedModelImpl::load_unit(size_t u, const at::Tensor& full) {
@@ -146,6 +189,8 @@ void ShardedModel::zero_grad() { impl_->zero_grad(); }
 void ShardedModel::set_requires_gradient_sync(bool sync) { impl_->set_requires_gradient_sync(sync); }
 double ShardedModel::grad_norm() { return impl_->grad_norm(); }
 double ShardedModel::clip_grad_norm(double max_norm) { return impl_->clip_grad_norm(max_norm); }
+at::Tensor ShardedModel::grad_norm_tensor() { return impl_->grad_norm_tensor(); }
+at::Tensor ShardedModel::clip_grad_norm_tensor(double max_norm) { return impl_->clip_grad_norm_tensor(max_norm); }
 const std::vector<UnitInfo>& ShardedModel::units() const { return impl_->units(); }
 std::vector<MemoryPlacement> ShardedModel::memory_placement() const { return impl_->memory_placement(); }
 StepCounters ShardedModel::take_step_counters() { return impl_->take_step_counters(); }

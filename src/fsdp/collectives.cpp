@@ -13,7 +13,11 @@ AllGather all_gather_copy_in(comm::ProcessGroup& group, const at::Tensor& shard,
                              const at::Tensor& chunk) {
   {
     RawWriteGuard g;
-    chunk.copy_(shard);  // casts to the param dtype
+    // Casts to the param dtype. From a pinned host shard (CPU offload) the
+    // copy is asynchronous on the compute stream; the host writes the shard
+    // again only in the optimizer step, after the end of backward's
+    // synchronization.
+    chunk.copy_(shard, /*non_blocking=*/true);
   }
   return AllGather{group.all_gather(full, chunk)};
 }
@@ -28,18 +32,29 @@ void wait_all_gather(AllGather& g, const std::string& label) {
 void Reduction::hold(const at::Tensor& t, MemoryLedger& ledger) {
   ledger.add(BufferKind::kReductions, nbytes_of(t));
   held_bytes += nbytes_of(t);
+  held.push_back(t);
 }
 
-at::Tensor reduce_copy_in(const at::Tensor& grads, at::ScalarType reduce_dtype, Reduction& r, MemoryLedger& ledger) {
+at::Tensor new_unsharded(UnshardedPool* pool, int64_t numel, at::ScalarType dtype, const at::Tensor& like) {
+  if (pool != nullptr) return pool->empty(numel, dtype, UnshardedPool::End::kHigh);
+  return at::empty({numel}, like.options().dtype(dtype));
+}
+
+at::Tensor reduce_copy_in(const at::Tensor& grads, at::ScalarType reduce_dtype, Reduction& r, MemoryLedger& ledger,
+                          UnshardedPool* pool) {
   if (grads.scalar_type() == reduce_dtype) return grads;
-  at::Tensor copy = grads.to(reduce_dtype);
+  at::Tensor copy = new_unsharded(pool, grads.numel(), reduce_dtype, grads);
+  {
+    at::NoGradGuard no_grad;
+    copy.copy_(grads);
+  }
   r.hold(copy, ledger);
   return copy;
 }
 
 void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& group, bool replicated,
                      const at::Tensor& grad_shard, bool may_land_in_shard, MemoryLedger& ledger,
-                     const std::string& label) {
+                     UnshardedPool* pool, const std::string& label) {
   FSDP_ASSERT(!r.in_flight(), "a reduction of ", label, " is already in flight");
   r.input = input;
   r.into_grad_shard = false;
@@ -53,7 +68,7 @@ void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& 
     r.output = grad_shard;  // lands directly: nothing to fold later
     r.into_grad_shard = true;
   } else {
-    r.output = at::empty({n}, input.options());
+    r.output = new_unsharded(pool, n, input.scalar_type(), input);
     r.hold(r.output, ledger);
   }
   r.work = group.reduce_scatter(r.output, input, comm::ReduceOp::kAvg);
@@ -77,13 +92,20 @@ void finish_reduction(Reduction& r, comm::ProcessGroup* replicate_group, bool re
     if (r.into_grad_shard) {
       // already in place
     } else if (fold == Fold::kReplace) {
-      if (!r.output.is_same(grad_shard)) grad_shard.copy_(r.output);
+      // Non-blocking: a host shard is read only after the end of backward's
+      // synchronization (CPU offload).
+      if (!r.output.is_same(grad_shard)) grad_shard.copy_(r.output, /*non_blocking=*/true);
     } else if (fold == Fold::kAdd) {
       grad_shard.add_(r.output.to(grad_shard.device(), grad_shard.scalar_type()));
     } else {
-      grad_shard.copy_(r.output);
+      grad_shard.copy_(r.output, /*non_blocking=*/true);
     }
   }
+  // The held buffers' bytes go back now (to the pool, in the order the host
+  // releases them: Note [Preallocated pool]); the collective's handle may
+  // still reference the tensors.
+  for (const at::Tensor& t : r.held) internals::free_storage(t);
+  r.held.clear();
   r.input = at::Tensor();
   r.output = at::Tensor();
   ledger.release(BufferKind::kReductions, r.held_bytes);

@@ -52,23 +52,32 @@ struct Reduction {
   at::Tensor output;             // where `work` writes: the gradient shard itself, or a scratch
   bool into_grad_shard = false;  // output is the gradient shard: nothing to fold
   int64_t held_bytes = 0;        // input/output bytes beyond the unsharded gradient buffer (the ledger's kReductions)
+  std::vector<at::Tensor> held;  // those buffers: their bytes are released in finish_reduction
   bool in_flight() const { return work != nullptr; }
 
-  // Counts `t` as held by this reduction until finish_reduction.
+  // `t` belongs to this reduction until finish_reduction, which releases its
+  // bytes; the ledger counts them until then.
   void hold(const at::Tensor& t, MemoryLedger& ledger);
 };
 
+// A new buffer for a reduction in flight (1-D, `numel` of `dtype`,
+// uninitialized): from `pool`'s high end when there is one (Note
+// [Preallocated pool]), else from the allocator of `like`'s device.
+at::Tensor new_unsharded(UnshardedPool* pool, int64_t numel, at::ScalarType dtype, const at::Tensor& like);
+
 // Copy-in: `grads` in `reduce_dtype` — `grads` itself when already of it, else
-// a cast copy that `r` holds (the caller may then release `grads`).
-at::Tensor reduce_copy_in(const at::Tensor& grads, at::ScalarType reduce_dtype, Reduction& r, MemoryLedger& ledger);
+// a cast copy (from `pool` when not null) that `r` holds (the caller may then
+// release `grads`).
+at::Tensor reduce_copy_in(const at::Tensor& grads, at::ScalarType reduce_dtype, Reduction& r, MemoryLedger& ledger,
+                          UnshardedPool* pool);
 
 // Issues the reduction of `input` (from reduce_copy_in) over `group`:
 // replicated, an all-reduce in place; else a reduce-scatter into
 // `grad_shard` when `may_land_in_shard` and the dtype and device match, else
-// into a shard-sized scratch that `r` holds.
+// into a shard-sized scratch (from `pool` when not null) that `r` holds.
 void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& group, bool replicated,
                      const at::Tensor& grad_shard, bool may_land_in_shard, MemoryLedger& ledger,
-                     const std::string& label);
+                     UnshardedPool* pool, const std::string& label);
 
 // How a finished reduction lands in the gradient shard.
 enum class Fold {
@@ -80,6 +89,10 @@ enum class Fold {
 // Waits for `r`; with a replicate group (HYBRID), averages the shard group's
 // mean over the replicas (an all-reduce, waited for); folds the result into
 // `grad_shard`; releases what `r` held. Afterwards `r` is empty.
+// A gradient shard in host memory while the reduction ran on a device (CPU
+// offload) receives a non-blocking copy for kCopy and kReplace: the host may
+// read it only after synchronizing with the device (the engine does at the
+// end of backward); kAdd copies to the host and waits.
 void finish_reduction(Reduction& r, comm::ProcessGroup* replicate_group, bool replicated, at::Tensor& grad_shard,
                       Fold fold, MemoryLedger& ledger, const std::string& label);
 

@@ -166,6 +166,7 @@ void FlatParam::bind(bool keep_allocated) {
 // (about a tenth of a CPU step's time in the kernel); the pool keeps a couple of
 // released unit-sized blocks for the next unit, a bounded, known cost.
 at::Tensor FlatParam::new_full_buffer() const {
+  if (options_.pool) return options_.pool->empty(layout_.padded_numel, options_.param_dtype);
   if (options_.device.is_cpu() && options_.host_pool) {
     return options_.host_pool->empty(layout_.padded_numel, options_.param_dtype);
   }
@@ -219,6 +220,10 @@ void FlatParam::prepare_full_grad(bool keep) {
 void FlatParam::release_full_grad() {
   for (auto& p : params_) p.mutable_grad().reset();
   if (!single_copy_ && full_grad_.defined()) {
+    // Back to the pool now, not when the last reference goes (a collective's
+    // handle may hold one a little longer): the pool's next block is ordered
+    // after this one's uses (Note [Preallocated pool]).
+    internals::free_storage(full_grad_);
     full_grad_ = at::Tensor();
     options_.ledger->release(BufferKind::kGrads, full_bytes());
   }

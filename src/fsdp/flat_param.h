@@ -32,6 +32,7 @@
 
 #include "fsdp/common/internals.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/unsharded_pool.h"
 
 namespace fsdp::detail {
 
@@ -91,6 +92,9 @@ struct FlatParamOptions {
   // Host memory for full_ and full_grad_ on the CPU (shared by every unit of a
   // model; see Note [Host buffers from mmap]). Null: LibTorch's allocator.
   std::shared_ptr<internals::HostBufferPool> host_pool;
+  // The model's preallocated pool for full_ and full_grad_ (Note [Preallocated
+  // pool] in unsharded_pool.cpp): set on CUDA; takes precedence over host_pool.
+  std::shared_ptr<UnshardedPool> pool;
   // Where full_ and full_grad_ are counted (never null once the engine built it).
   std::shared_ptr<MemoryLedger> ledger;
 };
@@ -139,8 +143,10 @@ class FlatParam {
   // view. With `keep` the existing buffer and its contents stay.
   // Requires: trainable().
   void prepare_full_grad(bool keep);
-  // Drops .grad of every parameter and releases full_grad_ (unless single copy).
-  // Idempotent.
+  // Drops .grad of every parameter and releases full_grad_'s bytes (unless
+  // single copy) at once, whoever else still holds the tensor. Requires:
+  // nothing reads or writes full_grad_ on the device after work issued
+  // before this call (a reduction of it was waited for). Idempotent.
   void release_full_grad();
 
   // The module parameters (unique), in layout order.

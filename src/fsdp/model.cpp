@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <map>
 
+#include "fsdp/common/device.h"
 #include "fsdp/common/internals.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
@@ -36,6 +37,7 @@ ShardedModelImpl::ShardedModelImpl(const std::shared_ptr<nn::UnitBase>& root, co
 }
 
 ShardedModelImpl::~ShardedModelImpl() {
+  if (pool_) pool_->set_reclaim(nullptr);  // its blocks may outlive the engine
   for (auto& m : unit_modules_) m->set_hooks(nullptr);
 }
 
@@ -63,7 +65,23 @@ void ShardedModelImpl::build_units() {
   fpo.shard_size = replicated_ ? 1 : shard_group_->size();
   fpo.replicated = replicated_;
   fpo.ledger = ledger_;
-  if (options_.device.is_cpu()) {
+  if (options_.device.is_cuda() || options_.unsharded_pool) {
+    // Note [Preallocated pool]: the plan's bound for one step, plus the
+    // alignment of the blocks live at once (a few dozen at most).
+    const ShardingPlan sp = plan_sharding(root_module_, world_->size(), world_->rank(), options_);
+    if (sp.step_unsharded_bytes > 0) {
+      pool_ = std::make_shared<UnshardedPool>(options_.device,
+                                              sp.step_unsharded_bytes + kPoolAlignmentBlocks * UnshardedPool::kAlignment);
+      // A fragmented pool first gets back the oldest reduction's buffers.
+      pool_->set_reclaim([this] {
+        if (pending_reduces_.empty()) return false;
+        pending_reduces_.front()->finish_reduce();
+        pending_reduces_.pop_front();
+        return true;
+      });
+      fpo.pool = pool_;
+    }
+  } else if (options_.device.is_cpu()) {
     // Cache up to two blocks of the largest repeated unit: what the next unit
     // takes while the previous one is being released (Note [Host buffers from
     // mmap]). Repeated: a size several units share (the decoder layers); a
@@ -315,6 +333,12 @@ void ShardedModelImpl::end_of_backward() {
     pending_reduces_.pop_front();
   }
   release_iteration();
+  if (options_.cpu_offload && options_.device.is_cuda()) {
+    // The reductions' results reach the host shards by non-blocking copies,
+    // and the optimizer reads them on the host next: the one host wait of an
+    // offloaded step (none without offload).
+    synchronize(options_.device);
+  }
   if (sync_grads_) {
     for (auto& u : units_) u->ensure_grad_valid();
   }

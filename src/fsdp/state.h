@@ -45,6 +45,10 @@ class ShardedModelImpl;
 // collecting, two reducing).
 constexpr size_t kMaxInflightReduces = 2;
 
+// Blocks of alignment slack in the preallocated pool beyond the plan's bound
+// (each block's size is rounded up to UnshardedPool::kAlignment).
+constexpr int64_t kPoolAlignmentBlocks = 32;
+
 // Whether every unit's parameters are its shard itself — one copy, nothing
 // unsharded or freed (see Note [One-rank shard groups]): a shard group of one
 // rank with the master dtype as compute dtype, and the shard on the device.
@@ -292,6 +296,9 @@ class ShardedModelImpl {
   bool replicated() const { return replicated_; }
   bool sync_grads() const { return sync_grads_; }
   MemoryLedger& ledger() { return *ledger_; }
+  // The preallocated pool of unsharded buffers; null where there is none (the
+  // CPU by default). See Note [Preallocated pool].
+  UnshardedPool* pool() const { return pool_.get(); }
 
   // Public API (ShardedModel forwards here).
   std::vector<ShardRef> shards() const;
@@ -299,11 +306,13 @@ class ShardedModelImpl {
   void set_requires_gradient_sync(bool sync) { sync_grads_ = sync; }
   double grad_norm();
   double clip_grad_norm(double max_norm);
+  at::Tensor grad_norm_tensor();
+  at::Tensor clip_grad_norm_tensor(double max_norm);
   const std::vector<UnitInfo>& units() const { return infos_; }
   std::vector<MemoryPlacement> memory_placement() const;
   StepCounters take_step_counters();
-  UnshardedMemory unsharded_memory() const { return ledger_->memory(); }
-  void reset_unsharded_peak() { ledger_->reset_peak(); }
+  UnshardedMemory unsharded_memory() const;
+  void reset_unsharded_peak();
   at::Tensor gather_unit(size_t u);
   void load_unit(size_t u, const at::Tensor& full);
   std::string describe() const;
@@ -337,6 +346,7 @@ class ShardedModelImpl {
 
   bool replicated_ = false;
   std::shared_ptr<internals::HostBufferPool> host_pool_;  // CPU: unsharded buffers
+  std::shared_ptr<UnshardedPool> pool_;                   // CUDA (or FsdpOptions::unsharded_pool): unsharded buffers
   std::shared_ptr<MemoryLedger> ledger_ = std::make_shared<MemoryLedger>();
   bool sync_grads_ = true;
   TrainingState state_ = TrainingState::kIdle;

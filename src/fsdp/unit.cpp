@@ -347,13 +347,13 @@ void ShardedUnit::post_backward(bool flush) {
       ledger.release(BufferKind::kAccumulated, nbytes_of(in));
       reduction_.hold(in, ledger);
     } else {
-      in = reduce_copy_in(flat_->full_grad(), reduce_dtype, reduction_, ledger);
+      in = reduce_copy_in(flat_->full_grad(), reduce_dtype, reduction_, ledger, root_->pool());
     }
     // A copy in the reduce dtype holds the gradients now: the param-dtype
     // buffer goes before the reduction runs, not after (Note [Unsharded memory]).
     if (!in.is_same(flat_->full_grad())) flat_->release_full_grad();
     issue_reduction(reduction_, in, *root_->shard_group(), root_->replicated(), flat_->grad_shard(),
-                    /*may_land_in_shard=*/!grad_shard_holds_sum(), ledger, name_);
+                    /*may_land_in_shard=*/!grad_shard_holds_sum(), ledger, root_->pool(), name_);
     transition_to(grad_state_, GradState::kReduceIssued, "post_backward", label());
   }
   root_->after_post_backward(*this);  // queue/drain reductions, BACKWARD_POST prefetch

@@ -28,7 +28,8 @@ at::Tensor repeat_kv(const at::Tensor& x, int64_t n_rep) {
   return x.unsqueeze(2).expand({B, Hkv, n_rep, T, Dh}).reshape({B, Hkv * n_rep, T, Dh});
 }
 
-// Validates a batch with at most one host sync. See LlamaForCausalLMImpl::forward / loss.
+// Validates a batch: on the host, with a clear error; on a device, without
+// waiting for it. See LlamaForCausalLMImpl::forward / loss.
 void check_batch(const LlamaConfig& cfg, const at::Tensor& tokens, const at::Tensor* targets) {
   FSDP_CHECK(tokens.defined() && tokens.dim() == 2, "model '", cfg.name, "': tokens must be a (B, T) tensor, got ",
              tokens.defined() ? tokens.sizes() : at::IntArrayRef{}, " — batch token ids as (batch, sequence)");
@@ -57,9 +58,21 @@ void check_batch(const LlamaConfig& cfg, const at::Tensor& tokens, const at::Ten
     stats.push_back(std::get<0>(tgt));
     stats.push_back(std::get<1>(tgt));
   }
-  const at::Tensor host = at::stack(stats).to(at::kCPU);  // the one host sync
-  const int64_t* v = host.data_ptr<int64_t>();
   const int64_t V = cfg.vocab_size;
+  if (!tokens.is_cpu()) {
+    // On an accelerator the check must not wait for the device (no host
+    // synchronization inside a step, docs/design.md "GPU specifics"): it is
+    // asserted there, asynchronously. A failure stops the process with the
+    // message printed by the device. The trainer validates its data on the
+    // host before training, against the same vocab_size.
+    const at::Tensor v = at::stack(stats);
+    at::Tensor ok = v[0].ge(0).logical_and(v[1].lt(V));
+    if (targets != nullptr) ok = ok.logical_and(v[2].ge(0)).logical_and(v[3].lt(V));
+    at::_assert_async(ok, "token ids or targets outside [0, vocab_size) (targets may also be the ignore index)");
+    return;
+  }
+  const at::Tensor host = at::stack(stats);  // on the host already: no wait
+  const int64_t* v = host.data_ptr<int64_t>();
   FSDP_CHECK(v[0] >= 0 && v[1] < V, "model '", cfg.name, "': token ids must lie in [0, vocab_size=", V,
              "), got min ", v[0], " max ", v[1],
              " — the tokenizer does not match the model: use a model whose vocab_size exceeds every id (>= ",

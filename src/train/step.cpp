@@ -92,15 +92,20 @@ void Trainer::Impl::begin_training() {
   loader_ = std::make_unique<data::BackgroundLoader>(data_.sampler, /*start_step=*/step_, lopt);
   sharded_->take_step_counters();
   sharded_->reset_unsharded_peak();
+  // The device's peak from the first step on, as the benchmark's peers count
+  // it (the CPU's figure, the resident set, stays the process's peak).
+  if (device_.is_cuda()) reset_peak_memory(device_);
   interval_start_ = Clock::now();
   interval_steps_ = 0;
 }
 
 // Forward and backward of every micro-batch (gradient synchronization on the
 // last only); returns this rank's loss summed over them, each divided by
-// grad_accum, i.e. its mean.
-double Trainer::Impl::forward_backward() {
-  double local = 0.0;
+// grad_accum, i.e. its mean: a (1) float64 tensor on the device, not read
+// here (no host synchronization inside the step; summed in float64 as the
+// host sum it replaces, the same bits).
+at::Tensor Trainer::Impl::forward_backward() {
+  at::Tensor local;
   for (int64_t a = 0; a < o_.step.grad_accum; ++a) {
     data::Batch batch;
     {
@@ -113,10 +118,16 @@ double Trainer::Impl::forward_backward() {
       const auto micro = static_cast<uint64_t>((step_ * o_.step.grad_accum + a) * W_ + rank_);
       models::set_lora_dropout_key(*model_.model, splitmix64(o_.step.seed ^ splitmix64(micro)));
     }
-    at::Tensor loss = model_.loss(batch.inputs.to(device_), batch.targets.to(device_), models::LossReduction::kMean) /
+    // To a CUDA device through page-locked memory, without waiting: a copy
+    // from pageable memory would wait for the device.
+    const auto to_device = [&](const at::Tensor& t) {
+      return device_.is_cuda() ? t.pin_memory().to(device_, /*non_blocking=*/true) : t.to(device_);
+    };
+    at::Tensor loss = model_.loss(to_device(batch.inputs), to_device(batch.targets), models::LossReduction::kMean) /
                       static_cast<double>(o_.step.grad_accum);
     (scaler_ ? scaler_->scale(loss) : loss).backward();
-    local += loss.item<double>();
+    const at::Tensor l = loss.detach().to(at::kDouble).reshape({1});
+    local = local.defined() ? local + l : l;
   }
   return local;
 }
@@ -133,19 +144,26 @@ StepRecord Trainer::Impl::train_step() {
   const double lr = sched_.at(step);
   opt_->set_lr(lr);
   sharded_->zero_grad();
-  const double local = forward_backward();
+  const at::Tensor local_t = forward_backward();
   const double loss_scale = scaler_ ? scaler_->scale_value() : 0.0;
-  double norm = 0.0;
+  at::Tensor norm_t;
   bool skipped = false;
   {
     trace::Span span("optimizer", "optim");
     skipped = scaler_ && scaler_->unscale(sharded_->shards());
     if (!skipped) {
-      norm = o_.step.clip_grad > 0 ? sharded_->clip_grad_norm(o_.step.clip_grad) : sharded_->grad_norm();
-      optim::check_finite_training("gradient norm", norm, step, lr, o_.param_groups);  // global: every rank stops
+      norm_t = o_.step.clip_grad > 0 ? sharded_->clip_grad_norm_tensor(o_.step.clip_grad)
+                                     : sharded_->grad_norm_tensor();
       opt_->step();
     }
   }
+  // The step's wait for the device: its loss and gradient norm, read once the
+  // optimizer's kernels are queued (nothing inside the step waited). A NaN or
+  // inf norm stops the run here, before anything is saved: the update it fed
+  // lives only in this process's memory.
+  const double local = local_t.item<double>();
+  const double norm = norm_t.defined() ? norm_t.item<double>() : 0.0;
+  if (!skipped) optim::check_finite_training("gradient norm", norm, step, lr, o_.param_groups);  // global: every rank stops
   if (skipped) {
     warn_(fmt::format("step {}: inf/nan gradients at loss scale {}: step skipped on every rank", step, loss_scale));
   }

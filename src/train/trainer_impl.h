@@ -59,7 +59,7 @@ class Trainer::Impl {
   void open_records();
   void publish(MetricScope scope, const StepRecord* step, const EvalRecord* eval);
   void begin_training();
-  double forward_backward();
+  at::Tensor forward_backward();
   void log_step(StepRecord& rec);
   void check_unsharded_contract(int64_t step, const UnshardedMemory& unsharded);
   void finish_trace();

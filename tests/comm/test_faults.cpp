@@ -84,11 +84,16 @@ TEST(Faults, MissingRankIsNamedWithinTheTimeout) {
 
 // Issue 16, finding 2: the first SIGTERM while joining was ignored (it only
 // asked for a stop after the current step). It now ends the process, saying so.
+// The signal goes once the process says it waits (a fixed sleep raced with
+// start-up, slower where LibTorch's CUDA libraries load).
 TEST(Faults, SigtermWhileJoiningEndsTheProcess) {
   const std::string env = "RANK=0 WORLD_SIZE=2 MASTER_ADDR=127.0.0.1 MASTER_PORT=" + std::to_string(free_port());
-  const Command c = run_command("bash -c '" + env + " " + kTrain +
-                                    " --max-steps 2 & P=$!; sleep 2; kill -TERM $P; wait $P; echo exit=$?'",
-                                60);
+  const std::string out = temp_dir("sigterm") + "/out";
+  const Command c = run_command("bash -c '" + env + " " + kTrain + " --max-steps 2 > " + out + " 2>&1 & P=$!; " +
+                                    "for i in $(seq 600); do grep -q \"waiting for rank 1\" " + out +
+                                    " && break; sleep 0.1; done; kill -TERM $P; wait $P; echo exit=$?; cat " + out +
+                                    "'",
+                                90);
   EXPECT_HAS(c.output, "exit=143");
   EXPECT_HAS(c.output, "fsdp-train: error: stopped by SIGTERM while joining the job");
   EXPECT_EQ(c.output.find("frame #"), std::string::npos) << c.output;

@@ -262,7 +262,12 @@ ParityModel toy_parity_model(bool with_unused, int64_t d, int64_t f) {
       nn::init_slice(x[k], nn::InitRule::normal(1.0), 99, key + "/x", 0);
       nn::init_slice(y[k], nn::InitRule::normal(1.0), 99, key + "/y", 0);
     }
-    return net.forward(x, y);
+    // On the device and in the dtype the model computes in (a sharded root's
+    // parameters keep both while resharded; its units cast floating inputs
+    // to the same dtype): the same samples for a CUDA run, and for a plain
+    // model in a low precision.
+    const at::Tensor p = net.parameters().front();
+    return net.forward(x.to(p.device(), p.scalar_type()), y.to(p.device(), p.scalar_type()));
   };
   return m;
 }

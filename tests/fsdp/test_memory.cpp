@@ -1,13 +1,13 @@
 // Peak resident memory per rank, ~100M-parameter Llama at world size 4:
-// FULL_SHARD must peak at most 0.45x NO_SHARD's.
+// FULL_SHARD's growth must be at most 0.40x NO_SHARD's.
 //
 // How it is measured: each rank's VmHWM (peak resident set size, from
 // /proc/self/status) at the end of two training steps (forward, backward,
-// clip, AdamW — so optimizer state exists), taken as the maximum over the 4
-// ranks. It includes everything the process holds, LibTorch's own baseline
-// too, which makes the ratio conservative; the baseline before the model was
-// built is printed beside it. The model is built on the meta device, so no
-// rank ever holds an unsharded copy during initialization.
+// clip, AdamW — so optimizer state exists), less the rank's resident set
+// before the model was built (LibTorch's own baseline: 115 MB linked for the
+// CPU only, 350 MB with its CUDA libraries, which the CPU suite runs with
+// too), taken as the maximum over the 4 ranks. The model is built on the meta
+// device, so no rank ever holds an unsharded copy during initialization.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -60,7 +60,7 @@ void two_steps(comm::ProcessGroup& pg, ShardingStrategy s, const std::string& ou
 
 }  // namespace
 
-TEST(Memory, FullShardPeaksBelowPointFourFiveOfNoShardAtFourRanks) {
+TEST(Memory, FullShardGrowsBelowPointFourOfNoShardAtFourRanks) {
   ASSERT_GT(config_100m().num_parameters(), 95'000'000);
   ASSERT_LT(config_100m().num_parameters(), 105'000'000);
   const std::string dir = testing::temp_dir("memory");
@@ -83,11 +83,11 @@ TEST(Memory, FullShardPeaksBelowPointFourFiveOfNoShardAtFourRanks) {
   int64_t base_full = 0, base_none = 0;
   const int64_t full = peak("full", &base_full);
   const int64_t none = peak("none", &base_none);
-  const double ratio = static_cast<double>(full) / static_cast<double>(none);
+  const double ratio = static_cast<double>(full - base_full) / static_cast<double>(none - base_none);
   std::cout << "[memory] " << config_100m().num_parameters() << " parameters, 4 ranks: peak RSS FULL_SHARD "
-            << full / (1 << 20) << " MiB, NO_SHARD " << none / (1 << 20) << " MiB, ratio " << ratio
-            << " (baseline before the model " << base_full / (1 << 20) << " MiB)\n";
-  EXPECT_LE(ratio, 0.45);
+            << full / (1 << 20) << " MiB, NO_SHARD " << none / (1 << 20) << " MiB, baseline before the model "
+            << base_full / (1 << 20) << " / " << base_none / (1 << 20) << " MiB; growth ratio " << ratio << "\n";
+  EXPECT_LE(ratio, 0.40);
 }
 
 // Activation checkpointing lowers peak memory: the `small` preset's shape with

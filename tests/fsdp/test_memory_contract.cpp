@@ -13,6 +13,13 @@
 // bound is 0 and so is the ledger. With frozen parameters the bound holds and
 // is within 10%. Gradient accumulation adds ShardingPlan::accumulation_bytes,
 // an upper bound (checked: not exceeded).
+//
+// Every combination runs a second time with the preallocated pool
+// (FsdpOptions::unsharded_pool, what CUDA always uses): sized by the plan, it
+// must hold every unsharded buffer of the step — no overflow to the device
+// allocator, whatever the order in which buffers of different sizes come and
+// go — and the ledger stays within the bound there too. Where fragmentation
+// makes the pool finish a reduction early (a reclaim), the table says how often.
 #include <gtest/gtest.h>
 
 #include <fstream>
@@ -89,6 +96,10 @@ struct Outcome {
   int64_t left_over = 0;  // UnshardedMemory::now after the last step
   UnshardedBytes at_peak;
   int64_t shard_bytes = 0;  // this rank's parameter shards, as allocated
+  int64_t pool_capacity = 0;   // FsdpOptions::unsharded_pool
+  int64_t pool_peak = 0;
+  int64_t pool_overflows = 0;
+  int64_t pool_reclaims = 0;
 };
 
 // The toy model with the parameters whose name `freeze` finds frozen ("": none).
@@ -129,6 +140,10 @@ Outcome run_model(comm::ProcessGroup& pg, Root model, const testing::ToyConfig& 
       out.at_peak = mem.at_peak;
     }
     out.left_over = mem.now.total();
+    out.pool_capacity = mem.pool_capacity;
+    out.pool_peak = std::max(out.pool_peak, mem.pool_peak);
+    out.pool_overflows = mem.pool_overflows;
+    out.pool_reclaims = mem.pool_reclaims;
   }
   for (const ShardRef& e : sharded->shards()) out.shard_bytes += static_cast<int64_t>(e.param.nbytes());
   return out;
@@ -151,6 +166,7 @@ TEST(MemoryContract, EveryCombinationPeaksExactlyAtTheBound) {
   testing::run_distributed(4, [&](comm::ProcessGroup& pg) {
     std::ostringstream table;
     int checked = 0;
+    int64_t reclaims = 0;
     for (const Shape& shape : shapes()) {
       for (const auto& [combination, o] : combinations()) {
         const bool pure = o.mixed_precision.master_dtype == at::kBFloat16;
@@ -167,10 +183,27 @@ TEST(MemoryContract, EveryCombinationPeaksExactlyAtTheBound) {
         // Nothing stays allocated between steps but NO_SHARD's resident compute copy.
         const int64_t resident = o.strategy == ShardingStrategy::kNoShard && bound > 0 ? got.at_peak.params : 0;
         EXPECT_EQ(got.left_over, resident) << what;
+        // The pool: the plan's bound (plus alignment), and nothing outside it.
+        FsdpOptions op = o;
+        op.unsharded_pool = true;
+        const Outcome pooled = run_steps(pg, shape.config, op, /*steps=*/3, /*micro_batches=*/1);
+        table << "  with the pool: measured " << pooled.peak << ", pool peak " << pooled.pool_peak << " of "
+              << pooled.pool_capacity << ", reclaims " << pooled.pool_reclaims << "\n";
+        EXPECT_EQ(pooled.pool_overflows, 0) << what << ": an unsharded buffer did not fit the pool";
+        EXPECT_LE(pooled.peak, bound) << what << ", with the pool";
+        EXPECT_LE(pooled.pool_peak, pooled.pool_capacity) << what;
+        if (bound > 0) {
+          EXPECT_GE(pooled.pool_capacity, bound) << what;
+          EXPECT_LE(static_cast<double>(pooled.pool_capacity), 1.01 * static_cast<double>(bound) + 8192) << what;
+        } else {
+          EXPECT_EQ(pooled.pool_capacity, 0) << what << ": nothing unsharded, no pool";
+        }
+        reclaims += pooled.pool_reclaims;
         ++checked;
       }
     }
     EXPECT_EQ(checked, 2 * 4 * 3 * 4 * 2);
+    table << "reclaims with the pool, all combinations: " << reclaims << "\n";
     if (pg.rank() == 0) std::ofstream(dir + "/table.txt") << table.str();
   });
   if (!testing::is_worker()) std::cout << testing::tail_file(dir + "/table.txt", 1000);

@@ -47,8 +47,9 @@ void run_distributed(int world_size, const std::function<void(comm::ProcessGroup
                      std::chrono::seconds timeout = std::chrono::seconds(180),
                      const std::map<std::string, std::string>& env = {});
 
-// A fresh empty directory under the build's temp area (<build>/test-tmp, or
-// $FSDP_TEST_TMPDIR), removed at process exit (parent only). The path depends
+// A fresh empty directory under the temp area ($FSDP_TEST_TMPDIR, else
+// <build>/test-tmp for a test executable in a build tree, else
+// $TMPDIR/fsdp-test-tmp), removed at process exit (parent only). The path depends
 // only on the running test, `tag` and how many times this test asked for `tag`,
 // so the parent and every worker get the same directory for the same call
 // (workers create it if needed and never remove it).

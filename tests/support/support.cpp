@@ -19,10 +19,6 @@
 #include <mutex>
 #include <sstream>
 
-#ifndef FSDP_TEST_TMP_ROOT
-#define FSDP_TEST_TMP_ROOT "/tmp/fsdp-test-tmp"
-#endif
-
 namespace fsdp::testing {
 namespace {
 
@@ -87,6 +83,22 @@ std::string current_test_name() {
   return std::string(info->test_suite_name()) + "." + info->name();
 }
 
+// Without FSDP_TEST_TMPDIR: the build tree's test-tmp, found from where the
+// executable is (<build>/tests/<area>/<test>), never compiled in, so that a
+// test executable copied elsewhere (the GPU pack) carries no path of the
+// machine that built it; elsewhere than in a build tree, $TMPDIR/fsdp-test-tmp.
+std::string default_temp_base() {
+  std::error_code ec;
+  const fs::path exe = fs::read_symlink("/proc/self/exe", ec);
+  if (!ec) {
+    const fs::path build = exe.parent_path().parent_path().parent_path();
+    if (exe.parent_path().parent_path().filename() == "tests" && fs::exists(build / "CMakeCache.txt", ec)) {
+      return (build / "test-tmp").string();
+    }
+  }
+  return (fs::path(env_or("TMPDIR", "/tmp")) / "fsdp-test-tmp").string();
+}
+
 // Requires harness().mu held.
 const std::string& temp_root_locked() {
   Harness& h = harness();
@@ -97,7 +109,7 @@ const std::string& temp_root_locked() {
                " — workers are started by run_distributed");
     return h.temp_root;
   }
-  const fs::path base = env_or("FSDP_TEST_TMPDIR", FSDP_TEST_TMP_ROOT);
+  const fs::path base = env_or("FSDP_TEST_TMPDIR", default_temp_base());
   fs::create_directories(base);
   std::string pattern = (base / "run-XXXXXX").string();
   FSDP_CHECK(mkdtemp(pattern.data()) != nullptr, "cannot create a temp dir under ", base.string(),

@@ -35,6 +35,9 @@ void synchronize(const c10::Device& d);
 // activations and buffers used, without the allocator's cached slack); on CPU
 // the process's peak resident set (VmHWM). -1 if unavailable.
 int64_t peak_memory_bytes(const c10::Device& d);
+// Bytes the CUDA caching allocator has handed out on `d` now (live tensors);
+// -1 for the CPU (no allocator statistics there).
+int64_t allocated_memory_bytes(const c10::Device& d);
 // Bytes the CUDA caching allocator holds from the driver now (allocated plus
 // cached); CPU: current resident set.
 int64_t reserved_memory_bytes(const c10::Device& d);
@@ -44,6 +47,23 @@ int64_t free_memory_bytes(const c10::Device& d);
 // Starts a new peak window. Returns false where the platform cannot (CPU
 // kernels that refuse /proc/self/clear_refs).
 bool reset_peak_memory(const c10::Device& d);
+
+// While alive, every LibTorch call that would make the host wait for the
+// device — a copy to the host, .item(), a stream or device synchronize —
+// throws instead (c10's CUDA sync debug mode "error", process-wide), so a test
+// can show that a stretch of work has no host synchronization. Nothing on the
+// CPU or in a CPU-only build. One at a time.
+class ForbidHostSync {
+ public:
+  explicit ForbidHostSync(const c10::Device& d);
+  ~ForbidHostSync();
+  ForbidHostSync(const ForbidHostSync&) = delete;
+  ForbidHostSync& operator=(const ForbidHostSync&) = delete;
+
+ private:
+  bool active_ = false;
+  int previous_ = 0;
+};
 
 // The device's product name ("NVIDIA H100 80GB HBM3"); "" for the CPU.
 std::string device_model(const c10::Device& d);

@@ -278,7 +278,9 @@ class LlamaForCausalLMImpl : public torch::nn::Module, public nn::CallOrder {
   // tokens (B, T) int64 on the parameters' device -> logits (B, T, V) in the
   // parameters' dtype.
   // Throws UsageError: tokens not 2-D int64, T > max_position_embeddings, or an
-  // id outside [0, V) (checked with one aminmax over the batch: one host sync).
+  // id outside [0, V) (checked with one aminmax over the batch; on a CUDA
+  // device asserted there without a host sync: a bad id stops the process
+  // with the device's message instead of a UsageError).
   at::Tensor forward(const at::Tensor& tokens);
 
   // Mixtral: the logits with the router logits of every layer and the
@@ -305,7 +307,8 @@ class LlamaForCausalLMImpl : public torch::nn::Module, public nn::CallOrder {
   // transformers' `loss` with output_router_logits set (llama_config.h says
   // why it is always on here).
   // Throws UsageError as forward, and for targets of another shape or outside
-  // [0, V) other than kIgnoreIndex (tokens and targets share one host sync).
+  // [0, V) other than kIgnoreIndex (tokens and targets share one check; on a
+  // CUDA device an assertion there, as forward's).
   at::Tensor loss(const at::Tensor& tokens, const at::Tensor& targets);
   // The same loss through the module's call: a root fsdp::nn::Unit around this
   // model then covers the whole step (logits and loss) in one forward.

@@ -1,0 +1,353 @@
+// The CUDA tests (ctest label `cuda`; the GPU pack's run.sh runs this
+// executable on the GPU machine). Each checks the engine on a CUDA device at
+// world size 1 (one GPU: the NCCL group of one rank) against the CPU:
+//  - every NCCL collective on CUDA tensors of uneven sizes and several dtypes;
+//  - parity with the CPU reference: FULL_SHARD bf16 (collectives run at world
+//    size 1), the fp32 single-copy path, activation checkpointing, CPU offload
+//    with pinned shards;
+//  - no host synchronization inside a step (LibTorch's sync debug mode turns
+//    one into an error), attention on the flash / cuDNN kernels only;
+//  - the memory contract: the preallocated pool of unsharded buffers, as the
+//    caching allocator measures it, within 5% of plan_sharding's bound, and
+//    nothing unsharded taken from outside it;
+//  - a sharded checkpoint saved from CUDA loads on the CPU, bit for bit.
+//
+// FSDP_TEST_DEVICE=cpu runs the same checks on the CPU (the TCP group of one
+// rank; the pool enabled by FsdpOptions::unsharded_pool): the CUDA build's CPU
+// suite and run.sh --dry-run do, so the tests' own logic runs on every CI run.
+// On a machine without a GPU and without FSDP_TEST_DEVICE=cpu every test fails
+// (never skips), naming the variable.
+#include <gtest/gtest.h>
+#include <nlohmann/json.hpp>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+
+#include <ATen/CPUGeneratorImpl.h>
+#include <ATen/Context.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <iostream>
+#include <thread>
+
+#include "fsdp/checkpoint/sharded.h"
+#include "fsdp/comm/backends.h"
+#include "fsdp/common/device.h"
+#include "fsdp/fsdp.h"
+#include "fsdp/models/llama.h"
+#include "fsdp/optim/adamw.h"
+#include "parity.h"
+#include "support/multiproc.h"
+#include "toy_models.h"
+
+namespace fsdp {
+namespace {
+
+using namespace std::chrono_literals;
+
+// The device under test: FSDP_TEST_DEVICE ("cuda", the default, or "cpu").
+at::Device device_under_test() {
+  const char* v = std::getenv("FSDP_TEST_DEVICE");
+  const std::string kind = v != nullptr && *v != '\0' ? v : "cuda";
+  FSDP_CHECK(kind == "cuda" || kind == "cpu", "FSDP_TEST_DEVICE='", kind, "' is not one of: cuda, cpu");
+  return kind == "cpu" ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
+}
+
+// A group of one rank on `d`: NCCL for CUDA, the TCP group on the CPU.
+comm::ProcessGroupPtr one_rank_group(const at::Device& d, const std::string& name) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  if (d.is_cuda()) return comm::make_nccl_group(store, 0, 1, name, 60s, d.index());
+  return comm::make_tcp_group(store, 0, 1, name, 60s, {});
+}
+
+class Cuda : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    device_ = device_under_test();
+    if (device_.is_cuda()) {
+      ASSERT_TRUE(cuda_built()) << "this build has no CUDA (cmake -DFSDP_WITH_CUDA=ON)";
+      ASSERT_GT(cuda_device_count(), 0)
+          << "no CUDA device visible: run these tests on a GPU machine, or with FSDP_TEST_DEVICE=cpu";
+      set_current_device(device_);
+    }
+  }
+  at::Device device_ = at::kCPU;
+};
+
+at::Tensor random_of(at::ScalarType dtype, int64_t n, const at::Device& d, uint64_t seed) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  at::Tensor t = at::isFloatingType(dtype) ? at::randn({n}, gen).to(dtype)
+                                           : at::randint(-1000, 1000, {n}, gen, at::TensorOptions().dtype(dtype));
+  return t.to(d);
+}
+
+// ---- collectives ------------------------------------------------------------
+
+TEST_F(Cuda, EveryCollectiveOfOneRankOnUnevenSizesAndDtypes) {
+  auto pg = one_rank_group(device_, "collectives");
+  EXPECT_EQ(pg->device(), device_);
+  EXPECT_EQ(pg->backend(), device_.is_cuda() ? "nccl" : "tcp");
+  int checked = 0;
+  for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{4099}, int64_t{(1 << 22) + 5}}) {
+    for (const at::ScalarType dt : {at::kFloat, at::kBFloat16, at::kHalf, at::kLong}) {
+      const std::string what = c10::toString(dt) + std::string("[") + std::to_string(n) + "]";
+      const at::Tensor in = random_of(dt, n, device_, static_cast<uint64_t>(n) + 17);
+      // Out of place: the output starts as something else, so a read before
+      // the collective finished would see it.
+      at::Tensor out = at::full({n}, 3, in.options());
+      pg->all_gather(out, in)->wait();
+      EXPECT_TRUE(out.equal(in)) << "all_gather " << what;
+      at::Tensor inplace = in.clone();
+      pg->all_gather(inplace, inplace)->wait();
+      EXPECT_TRUE(inplace.equal(in)) << "all_gather in place " << what;
+      at::Tensor b = in.clone();
+      pg->broadcast(b, 0)->wait();
+      EXPECT_TRUE(b.equal(in)) << "broadcast " << what;
+      for (const comm::ReduceOp op : {comm::ReduceOp::kSum, comm::ReduceOp::kAvg, comm::ReduceOp::kMax}) {
+        if (dt == at::kLong && op == comm::ReduceOp::kAvg) continue;  // an average of integers is not one
+        at::Tensor rs = at::full({n}, 3, in.options());
+        pg->reduce_scatter(rs, in, op)->wait();
+        EXPECT_TRUE(rs.equal(in)) << "reduce_scatter " << comm::to_string(op) << " " << what;
+        at::Tensor ar = in.clone();
+        comm::WorkPtr w = pg->all_reduce(ar, op);
+        // completed() turns true without a wait (the watchdog or the event).
+        for (int i = 0; i < 1000 && !w->completed(); ++i) std::this_thread::sleep_for(10ms);
+        EXPECT_TRUE(w->completed()) << "all_reduce " << what << " not completed after 10 s";
+        w->wait();
+        EXPECT_TRUE(ar.equal(in)) << "all_reduce " << comm::to_string(op) << " " << what;
+      }
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 16);
+}
+
+// ---- parity with the CPU reference -------------------------------------------
+
+struct ParityCase {
+  const char* name;
+  const char* precision;
+  bool checkpointing;
+  bool offload;
+};
+
+TEST_F(Cuda, TrainsLikeTheCpuReference) {
+  auto pg = one_rank_group(device_, "parity");
+  const ParityCase cases[] = {
+      {"FULL_SHARD bf16 (gathers and reduce-scatters at world size 1)", "bf16", false, false},
+      {"fp32 single copy (the shard is the parameters)", "fp32", false, false},
+      {"bf16 + activation checkpointing", "bf16", true, false},
+      {"bf16 + CPU offload (pinned shards, non-blocking copies)", "bf16", false, true},
+  };
+  const testing::ParityModel model = testing::toy_parity_model(/*with_unused=*/false, /*d=*/64, /*f=*/96);
+  for (const ParityCase& k : cases) {
+    SCOPED_TRACE(k.name);
+    testing::ParityConfig c;
+    c.steps = 12;
+    c.global_batch = 8;
+    c.fsdp.device = device_;
+    c.fsdp.unsharded_pool = true;  // always so on CUDA; on the CPU the same path
+    c.fsdp.mixed_precision = MixedPrecision::preset(k.precision);
+    c.fsdp.checkpoint_all_units = k.checkpointing;
+    c.fsdp.cpu_offload = k.offload;
+    // Another device's kernels round differently: fp32 within 1e-4, bf16
+    // within a few bf16 ulps of the values (|w| ~ 0.4: ulp 2e-3).
+    const bool fp32 = std::string(k.precision) == "fp32";
+    c.loss_rtol = fp32 ? 1e-4 : 2e-2;
+    c.param_atol = fp32 ? 1e-4 : 3e-2;
+    const testing::ParityReport rep = testing::run_parity(pg, model, c);
+    testing::expect_learned(model, c, rep);
+  }
+}
+
+// ---- no host synchronization in a step; flash / cuDNN attention ---------------
+
+models::LlamaConfig tiny_llama() {
+  models::LlamaConfig c;
+  c.name = "cuda-test";
+  c.hidden_size = 128;
+  c.intermediate_size = 256;
+  c.num_attention_heads = 2;
+  c.num_key_value_heads = 1;  // grouped-query attention, as llama3.2-1b
+  c.num_hidden_layers = 2;
+  c.vocab_size = 256;
+  c.max_position_embeddings = 256;
+  return c;
+}
+
+struct Llama {
+  std::shared_ptr<nn::UnitImpl<models::LlamaForCausalLMImpl>> root;
+  std::shared_ptr<ShardedModel> sharded;
+  std::unique_ptr<optim::AdamW> opt;
+};
+
+Llama sharded_llama(const comm::ProcessGroupPtr& pg, const at::Device& d, const std::string& precision,
+                    bool offload = false) {
+  const models::LlamaConfig cfg = tiny_llama();
+  auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 5);
+  Llama m;
+  m.root = std::make_shared<nn::UnitImpl<models::LlamaForCausalLMImpl>>(impl);
+  FsdpOptions fo;
+  fo.wrap = WrapPolicy::by_type({models::llama_block_type()});
+  fo.init_rule = models::llama_init_rule(cfg);
+  fo.seed = 5;
+  fo.mixed_precision = MixedPrecision::preset(precision);
+  fo.device = d;
+  fo.unsharded_pool = true;
+  fo.cpu_offload = offload;
+  m.sharded = fully_shard(m.root, pg, fo);
+  optim::AdamWOptions ao;
+  ao.lr = 1e-3;
+  m.opt = std::make_unique<optim::AdamW>(ao);
+  m.opt->add_shards(m.sharded->shards());
+  return m;
+}
+
+at::Tensor tokens(int64_t b, int64_t t, int64_t vocab, uint64_t seed, const at::Device& d) {
+  at::Generator gen = at::detail::createCPUGenerator(seed);
+  return at::randint(vocab, {b, t + 1}, gen, at::TensorOptions().dtype(at::kLong)).to(d);
+}
+
+// One training step, returning the loss without reading it.
+at::Tensor step(Llama& m, const at::Tensor& batch) {
+  m.sharded->zero_grad();
+  const int64_t T = batch.size(1) - 1;
+  at::Tensor loss = m.root->forward(batch.narrow(1, 0, T), batch.narrow(1, 1, T));
+  loss.backward();
+  m.sharded->clip_grad_norm_tensor(1.0);
+  m.opt->step();
+  return loss.detach();
+}
+
+TEST_F(Cuda, AStepNeverWaitsForTheDeviceAndAttentionRunsOnFlashOrCudnn) {
+  auto pg = one_rank_group(device_, "nosync");
+  Llama m = sharded_llama(pg, device_, "bf16");
+  // Only the fused attention kernels: the model's SDPA call (causal, no mask,
+  // grouped-query heads) must be one they take, or it fails here.
+  at::Context& ctx = at::globalContext();
+  const bool math = ctx.userEnabledMathSDP(), efficient = ctx.userEnabledMemEfficientSDP();
+  if (device_.is_cuda()) {
+    ctx.setSDPUseMath(false);
+    ctx.setSDPUseMemEfficient(false);
+  }
+  std::vector<at::Tensor> losses;
+  try {
+    for (int s = 0; s < 4; ++s) {
+      const at::Tensor batch = tokens(2, 128, tiny_llama().vocab_size, 40 + s, device_);
+      ForbidHostSync no_sync(device_);  // from here to the end of the step
+      losses.push_back(step(m, batch));
+    }
+  } catch (const std::exception& e) {
+    ADD_FAILURE() << "a step synchronized with the host, or attention had no flash/cuDNN kernel: " << e.what();
+  }
+  ctx.setSDPUseMath(math);
+  ctx.setSDPUseMemEfficient(efficient);
+  ASSERT_EQ(losses.size(), 4u);
+  const double first = losses.front().item<double>(), last = losses.back().item<double>();
+  std::cout << "[nosync] loss " << first << " -> " << last << "\n";
+  EXPECT_TRUE(std::isfinite(first) && std::isfinite(last));
+}
+
+// ---- the memory contract --------------------------------------------------------
+
+TEST_F(Cuda, UnshardedBuffersComeFromThePoolSizedByThePlan) {
+  auto pg = one_rank_group(device_, "memory");
+  testing::ToyConfig shape;  // a root of 2 x 256 x 512, blocks of 2 x 512 x 1536 + 1536: the blocks dominate
+  shape.d_in = 256;
+  shape.d = 512;
+  shape.f = 1536;
+  shape.d_out = 256;
+  shape.blocks = 4;
+  auto model = testing::make_toy(shape, /*meta=*/true, 3);
+  FsdpOptions fo;
+  fo.device = device_;
+  fo.unsharded_pool = true;
+  fo.mixed_precision = MixedPrecision::preset("bf16");
+  fo.backward_prefetch = BackwardPrefetch::kPre;
+  fo.init_rule = testing::toy_init_rule;
+  fo.seed = 3;
+  const ShardingPlan plan = plan_sharding(model.ptr(), 1, 0, fo);
+  ASSERT_GT(plan.step_unsharded_bytes, 0);
+
+  synchronize(device_);
+  const int64_t before = allocated_memory_bytes(device_);
+  auto sharded = fully_shard(model.ptr(), pg, fo);
+  synchronize(device_);
+  const int64_t after = allocated_memory_bytes(device_);
+  const UnshardedMemory at_start = sharded->unsharded_memory();
+  const double bound = static_cast<double>(plan.step_unsharded_bytes);
+  EXPECT_GE(at_start.pool_capacity, plan.step_unsharded_bytes);
+  EXPECT_LE(at_start.pool_capacity, bound * 1.05) << "pool " << at_start.pool_capacity << " vs plan " << bound;
+  if (device_.is_cuda()) {
+    // What the caching allocator handed out for the model: the shards and
+    // gradient shards (fp32) and the pool; the pool within 5% of the plan.
+    const int64_t resident = plan.param_shard_bytes + plan.grad_shard_bytes;
+    const double measured = static_cast<double>(after - before - resident);
+    std::cout << "[memory] allocated by fully_shard beyond the shards: " << measured << " bytes, plan " << bound
+              << "\n";
+    EXPECT_GE(measured, bound * 0.95);
+    EXPECT_LE(measured, bound * 1.05);
+  }
+
+  optim::AdamW opt({1e-3});
+  opt.add_shards(sharded->shards());
+  for (int s = 0; s < 3; ++s) {
+    sharded->zero_grad();
+    sharded->reset_unsharded_peak();
+    const at::Tensor x = at::randn({4, shape.d_in}).to(device_);
+    const at::Tensor y = at::randn({4, shape.d_out}).to(device_);
+    {
+      ForbidHostSync no_sync(device_);
+      model->forward(x, y).backward();
+      sharded->clip_grad_norm_tensor(1.0);
+      opt.step();
+    }
+    const UnshardedMemory mem = sharded->unsharded_memory();
+    SCOPED_TRACE("step " + std::to_string(s));
+    EXPECT_EQ(mem.pool_overflows, 0) << "an unsharded buffer did not fit the pool";
+    EXPECT_LE(mem.peak, plan.step_unsharded_bytes);
+    EXPECT_GE(static_cast<double>(mem.peak), bound * 0.9) << "the plan's bound is loose: peak " << mem.peak;
+    EXPECT_GE(static_cast<double>(mem.pool_peak), bound * 0.9);
+    EXPECT_LE(mem.pool_peak, mem.pool_capacity);
+    EXPECT_EQ(mem.now.total(), 0) << "unsharded buffers left after the step";
+  }
+}
+
+// ---- a checkpoint saved on CUDA loads on the CPU --------------------------------
+
+TEST_F(Cuda, ACheckpointSavedFromTheDeviceLoadsOnTheCpuBitForBit) {
+  const std::string dir = testing::temp_dir("cuda-ckpt");
+  const nlohmann::json config = nlohmann::json::parse(tiny_llama().to_hf_config_json());
+  const nlohmann::json trainer_state = {{"step", 3}};
+  std::vector<at::Tensor> saved, saved_moments;
+  {
+    auto pg = one_rank_group(device_, "ckpt-save");
+    Llama m = sharded_llama(pg, device_, "bf16");
+    for (int s = 0; s < 3; ++s) step(m, tokens(2, 32, tiny_llama().vocab_size, 70 + s, device_));
+    // Checkpoints agree over a host group (the trainer's TCP group beside NCCL).
+    auto host = one_rank_group(at::kCPU, "ckpt-save-host");
+    checkpoint::save_checkpoint(dir, 3, *m.sharded, m.opt.get(), config, trainer_state, *host);
+    for (const ShardRef& r : m.sharded->shards()) saved.push_back(r.param.cpu());
+    for (const auto& slot : m.opt->slots()) saved_moments.push_back(slot.exp_avg_sq.cpu());
+  }
+  auto cpu_pg = one_rank_group(at::kCPU, "ckpt-load");
+  Llama cpu = sharded_llama(cpu_pg, at::kCPU, "bf16");
+  const checkpoint::LoadResult r = checkpoint::load_latest_checkpoint(dir, *cpu.sharded, cpu.opt.get(), *cpu_pg);
+  ASSERT_TRUE(r.loaded);
+  EXPECT_EQ(r.step, 3);
+  const std::vector<ShardRef> loaded = cpu.sharded->shards();
+  ASSERT_EQ(loaded.size(), saved.size());
+  for (size_t i = 0; i < saved.size(); ++i) {
+    EXPECT_TRUE(loaded[i].param.equal(saved[i])) << "shard " << i << " ('" << loaded[i].unit_name << "')";
+  }
+  ASSERT_EQ(cpu.opt->slots().size(), saved_moments.size());
+  for (size_t i = 0; i < saved_moments.size(); ++i) {
+    EXPECT_TRUE(cpu.opt->slots()[i].exp_avg_sq.equal(saved_moments[i])) << "second moment " << i;
+  }
+  EXPECT_EQ(cpu.opt->step_count(), 3);
+  // And it trains on.
+  const double loss = step(cpu, tokens(2, 32, tiny_llama().vocab_size, 99, at::kCPU)).item<double>();
+  EXPECT_TRUE(std::isfinite(loss));
+}
+
+}  // namespace
+}  // namespace fsdp
