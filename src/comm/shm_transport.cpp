@@ -30,9 +30,12 @@ namespace fsdp::comm::shm {
 // per-peer FIFOs of posted ranges (Note [TCP transport]), so the collectives,
 // their rank-order sums and their byte counts for timeout reports are the
 // TCP path's.
-// Which ranks share a host: each publishes the kernel's boot id and the
+// Which ranks share a host: each publishes the kernel's boot id, the
 // device and inode of /dev/shm (ranks in containers with private /dev/shm
-// mounts differ there), and tries; a pair uses the segment only when both
+// mounts differ there) and its network namespace (ranks that reach each
+// other through a network of their own are separate hosts to the job: pods,
+// or the emulated nodes of the cluster tests, whose links must carry the
+// bytes), and tries; a pair uses the segment only when both
 // ends mapped it, else its TCP connection, so a failure to create or map the
 // segment (a /dev/shm too small: docker's default is 64 MiB) costs speed, not
 // correctness. The segment's pages are reserved at creation
@@ -74,7 +77,10 @@ std::string host_identity() {
   if (::stat("/dev/shm", &st) != 0) return "";
   const std::string boot = read_line("/proc/sys/kernel/random/boot_id");
   if (boot.empty()) return "";
-  return detail::cat(boot, " ", static_cast<uint64_t>(st.st_dev), ":", static_cast<uint64_t>(st.st_ino));
+  struct stat net{};
+  if (::stat("/proc/self/ns/net", &net) != 0) return "";
+  return detail::cat(boot, " ", static_cast<uint64_t>(st.st_dev), ":", static_cast<uint64_t>(st.st_ino), " net:",
+                     static_cast<uint64_t>(net.st_ino));
 }
 
 std::string key(const std::string& lane, const std::string& what) { return detail::cat("shm/", lane, "/", what); }
