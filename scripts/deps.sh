@@ -20,10 +20,10 @@ PACKAGES=(
   # loads libsentencepiece at run time.
   libsentencepiece-dev sentencepiece
   fortunes # the embedded corpus (scripts/prepare_data.sh)
-  # fsdp-train --metrics-port: CivetWeb serves the Prometheus endpoint. The tests read it with the
+  # fsdp-train --metrics-port: Boost.Beast (header-only) serves the Prometheus endpoint. The tests read it with the
   # Prometheus project's own parser (python3-prometheus-client) and check the Grafana dashboard
   # against its schema with python3-jsonschema (Debian's Python, /usr/bin/python3).
-  libcivetweb-dev python3-prometheus-client python3-jsonschema
+  libboost-dev python3-prometheus-client python3-jsonschema
   doxygen # the API reference from the public headers (target docs; test Docs.Doxygen)
   # The fuzz targets (tests/fuzz, built into build-fuzz by scripts/test.sh): clang with libFuzzer and
   # the sanitizer runtimes; llvm for llvm-symbolizer (readable sanitizer reports).

@@ -5,14 +5,22 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
-#include <civetweb.h>
 #include <fmt/format.h>
 
+#include <boost/asio/ip/tcp.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+
+#include <atomic>
 #include <cerrno>
+#include <chrono>
 #include <cmath>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
+#include <optional>
+#include <thread>
 #include <vector>
 
 #include "fsdp/common/error.h"
@@ -25,22 +33,37 @@ namespace fsdp::train {
 // Rank 0 serves by default (its loss, learning rate and gradient norm are the
 // global ones; speeds, memory and communication are its own); with
 // --metrics-every-rank each process serves on --metrics-port + its local rank,
-// so every GPU's memory and speed can be watched. The server (CivetWeb,
-// Debian's libcivetweb) runs on its own threads: the training thread only
-// copies a record's values under the mutex, a scrape renders them under the
-// same mutex and writes the response without it. A client that sends
-// nothing, sends slowly or reads slowly holds one server thread until its
-// request timeout (kRequestTimeoutMs); a malformed request gets CivetWeb's
-// 400. Neither reaches the training thread. The address is checked before
-// anything is built (check_metrics_address): a port in use is a UsageError,
-// not a run that trains unobserved.
+// so every GPU's memory and speed can be watched. The server (Boost.Beast's
+// HTTP on Boost.Asio, header-only) runs on one thread of its own, every
+// connection asynchronous on it: the training thread only copies a record's
+// values under the mutex, a scrape renders them under the same mutex and
+// writes the response without it. A client that sends nothing, sends slowly
+// or reads slowly holds only its own connection, until its request timeout
+// (kRequestTimeout); at most kMaxConnections are open at once (more are
+// closed on arrival). A request that is not HTTP gets 400, a method other
+// than GET or HEAD 405, another path 404. None of it reaches the training
+// thread. The address is checked before anything is built
+// (check_metrics_address): a port in use is a UsageError, not a run that
+// trains unobserved.
+//
+// Why not CivetWeb, the first choice: it starts its threads with 100 KiB
+// stacks, and in a process that loads CUDA's libraries their static
+// thread-local storage alone is larger (about 170 KiB: cublasLt 92 KiB),
+// so glibc refuses to create them (EINVAL) and the endpoint could not start
+// in any CUDA build. std::thread's stacks are the process default.
 
 namespace {
 
-constexpr const char* kRequestTimeoutMs = "5000";
-constexpr const char* kServerThreads = "4";
+namespace beast = boost::beast;
+namespace http = boost::beast::http;
+namespace net = boost::asio;
+using tcp = boost::asio::ip::tcp;
 
-// A numeric address: its family, and its text as CivetWeb's listening_ports wants it.
+constexpr std::chrono::milliseconds kRequestTimeout{5000};
+constexpr int kMaxConnections = 64;
+constexpr uint32_t kRequestLimit = 8192;  // bytes of a request's header (and body)
+
+// A numeric address: its family and socket address.
 struct Address {
   int family = AF_INET;
   sockaddr_storage addr{};
@@ -121,35 +144,36 @@ class PrometheusExporter::Impl {
   Impl(const std::string& host, int port, int rank) : host_(host), rank_(rank) {
     const Address a = parse_address(host, port);
     check_metrics_address(host, port);
-    static std::once_flag init;
-    std::call_once(init, [] { mg_init_library(0); });
-    const std::string ports = listening_spec(host, port, a.family);
-    const char* options[] = {"listening_ports", ports.c_str(), "num_threads", kServerThreads,
-                             "request_timeout_ms", kRequestTimeoutMs, "enable_keep_alive", "no", nullptr};
-    mg_callbacks callbacks{};
-    // CivetWeb's own messages (a client's bad request) are no news for the training log.
-    callbacks.log_message = [](const mg_connection*, const char*) { return 1; };
-    mg_init_data init_data{};
-    init_data.callbacks = &callbacks;
-    init_data.user_data = this;
-    init_data.configuration_options = options;
-    char error_text[256] = {0};
-    unsigned error_code = 0;
-    mg_error_data error{};
-    error.code = &error_code;
-    error.text = error_text;
-    error.text_buffer_size = sizeof(error_text);
-    ctx_ = mg_start2(&init_data, &error);
-    FSDP_CHECK(ctx_ != nullptr, "--metrics-port ", port, ": cannot serve on ", ports, " (", error_text,
-               "); choose another port (or 0 for any free one)");
-    mg_server_port bound[2]{};
-    const int n = mg_get_server_ports(ctx_, 2, bound);
-    port_ = n >= 1 ? bound[0].port : port;
-    mg_set_request_handler(ctx_, "/metrics$", &Impl::handle, this);
+    beast::error_code ec;
+    const tcp::endpoint at(net::ip::make_address(host, ec), static_cast<uint16_t>(port));
+    FSDP_CHECK(!ec, "--metrics-host '", host, "': ", ec.message());
+    acceptor_.open(at.protocol(), ec);
+    if (!ec) acceptor_.set_option(net::socket_base::reuse_address(true), ec);
+    if (!ec) acceptor_.bind(at, ec);
+    if (!ec) acceptor_.listen(net::socket_base::max_listen_connections, ec);
+    FSDP_CHECK(!ec, "--metrics-port ", port, ": cannot serve on ", listening_spec(host, port, a.family), " (",
+               ec.message(), "); choose another port (or 0 for any free one)");
+    port_ = acceptor_.local_endpoint().port();
+    accept();
+    thread_ = std::thread([this] {
+      // A handler's exception (an allocation failing) ends that request, not the server.
+      while (true) {
+        try {
+          ioc_.run();
+          return;
+        } catch (const std::exception&) {
+        }
+      }
+    });
   }
 
   ~Impl() {
-    if (ctx_ != nullptr) mg_stop(ctx_);
+    net::post(ioc_, [this] {
+      beast::error_code ignored;
+      acceptor_.close(ignored);
+    });
+    ioc_.stop();
+    if (thread_.joinable()) thread_.join();
   }
 
   void write(const MetricsRecord& record) {
@@ -176,26 +200,82 @@ class PrometheusExporter::Impl {
   const std::string& host() const { return host_; }
 
  private:
-  static int handle(mg_connection* conn, void* self) {
-    const mg_request_info* ri = mg_get_request_info(conn);
-    const std::string method = ri != nullptr && ri->request_method != nullptr ? ri->request_method : "";
-    if (method != "GET" && method != "HEAD") {
-      mg_send_http_error(conn, 405, "%s", "only GET /metrics\n");
-      return 405;
+  // One connection: read one request (header and body within kRequestLimit
+  // bytes, all of it within kRequestTimeout), answer it, close.
+  class Session : public std::enable_shared_from_this<Session> {
+   public:
+    Session(tcp::socket socket, Impl* server) : stream_(std::move(socket)), server_(server) {
+      ++server_->connections_;
     }
-    const std::string body = static_cast<Impl*>(self)->exposition();
-    mg_printf(conn,
-              "HTTP/1.1 200 OK\r\nContent-Type: text/plain; version=0.0.4; charset=utf-8\r\n"
-              "Content-Length: %zu\r\nCache-Control: no-store\r\nConnection: close\r\n\r\n",
-              body.size());
-    if (method == "GET") mg_write(conn, body.data(), body.size());
-    return 200;
+    ~Session() { --server_->connections_; }
+
+    void start() {
+      parser_.emplace();
+      parser_->header_limit(kRequestLimit);
+      parser_->body_limit(kRequestLimit);
+      stream_.expires_after(kRequestTimeout);
+      http::async_read(stream_, buffer_, *parser_,
+                       [self = shared_from_this()](beast::error_code ec, size_t) { self->on_read(ec); });
+    }
+
+   private:
+    void on_read(beast::error_code ec) {
+      if (ec == http::error::end_of_stream || ec == beast::error::timeout || ec == net::error::operation_aborted ||
+          ec == net::error::connection_reset || ec == net::error::eof) {
+        return close();
+      }
+      if (ec) return answer(http::status::bad_request, "not an HTTP request; GET /metrics\n", false);
+      const auto& req = parser_->get();
+      const bool head = req.method() == http::verb::head;
+      if (req.method() != http::verb::get && !head) {
+        return answer(http::status::method_not_allowed, "only GET /metrics\n", false);
+      }
+      const beast::string_view target = req.target();
+      const beast::string_view path = target.substr(0, target.find('?'));
+      if (path != "/metrics") return answer(http::status::not_found, "not found; GET /metrics\n", false);
+      answer(http::status::ok, server_->exposition(), head);
+    }
+
+    void answer(http::status status, std::string body, bool head) {
+      auto res = std::make_shared<http::response<http::string_body>>(status, 11);
+      res->set(http::field::content_type, status == http::status::ok ? "text/plain; version=0.0.4; charset=utf-8"
+                                                                     : "text/plain; charset=utf-8");
+      res->set(http::field::cache_control, "no-store");
+      if (status == http::status::method_not_allowed) res->set(http::field::allow, "GET, HEAD");
+      res->keep_alive(false);
+      res->content_length(body.size());
+      if (!head) res->body() = std::move(body);
+      stream_.expires_after(kRequestTimeout);
+      http::async_write(stream_, *res, [self = shared_from_this(), res](beast::error_code, size_t) { self->close(); });
+    }
+
+    void close() {
+      beast::error_code ignored;
+      stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+      stream_.close();
+    }
+
+    beast::tcp_stream stream_;
+    beast::flat_buffer buffer_;
+    std::optional<http::request_parser<http::string_body>> parser_;
+    Impl* server_;
+  };
+
+  void accept() {
+    acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
+      if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
+      if (!ec && connections_ < kMaxConnections) std::make_shared<Session>(std::move(socket), this)->start();
+      accept();  // a refused or failed connection closes with its socket here
+    });
   }
 
   const std::string host_;
   const int rank_;
   int port_ = 0;
-  mg_context* ctx_ = nullptr;
+  std::atomic<int> connections_{0};  // open sessions; outlives ioc_, whose end destroys the last ones
+  net::io_context ioc_{1};
+  tcp::acceptor acceptor_{ioc_};
+  std::thread thread_;
   mutable std::mutex mu_;                 // guards values_
   std::map<const Metric*, double> values_;  // the latest value of each metric served
 };

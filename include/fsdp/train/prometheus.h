@@ -5,10 +5,10 @@
 // metrics_table() with a Prometheus name, as of the latest logged step and
 // evaluation, labelled rank="<rank>". The values are those the same record
 // wrote to --metrics-file; one scrape sees one record's values, never a mix
-// of two. The HTTP server is CivetWeb's on threads of its own: a slow,
-// stalled or malformed request occupies one of them for at most its request
-// timeout and never the training thread, which only swaps the values under a
-// mutex.
+// of two. The HTTP server (Boost.Beast) runs on a thread of its own: a slow,
+// stalled or malformed request holds its own connection for at most its
+// request timeout and never the training thread, which only swaps the values
+// under a mutex.
 #pragma once
 
 #include <memory>
