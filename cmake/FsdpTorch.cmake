@@ -118,6 +118,14 @@ function(fsdp_find_torch)
   if(major LESS 2)
     message(FATAL_ERROR "fsdp: LibTorch ${version} at ${dir}: fsdp-cpp needs LibTorch 2.x (${need}).")
   endif()
+  # An installed package checks the version before the CUDA parts: another LibTorch is the error
+  # to name, whatever else it lacks.
+  if(installed AND NOT version VERSION_EQUAL FSDP_TORCH_BUILT_VERSION)
+    message(FATAL_ERROR "fsdp_cpp: LibTorch ${version} at ${dir}, but fsdp_cpp was built against LibTorch "
+                        "${FSDP_TORCH_BUILT_VERSION} (${FSDP_TORCH_BUILT_DIR}) and the C++ ABI differs between "
+                        "versions. Point Torch_DIR, FSDP_PYTHON or FSDP_TORCH_DIR at LibTorch "
+                        "${FSDP_TORCH_BUILT_VERSION}, or rebuild fsdp_cpp against this one.")
+  endif()
 
   add_library(fsdp::torch INTERFACE IMPORTED GLOBAL)
   # The fmt that c10's headers include is the wheel's own (torch/include/fmt), used header-only
