@@ -2,19 +2,19 @@
 # fsdp-cpp on a GPU machine, in one call, from this pack alone (built by
 # scripts/gpu-pack.sh, which copies this file to <pack>/run.sh; docs/gpu.md).
 #
-#   ./run.sh             the probe, the CUDA tests, fsdp-train --device cuda
+#   PACK/run.sh          the probe, the CUDA tests, fsdp-train --device cuda
 #                        against --device cpu, the head-to-head at sizes that fit
 #                        80 GB and the tutorial MLP with and without CPU offload:
 #                        under 9 minutes
-#   ./run.sh --long      the probe, then the full head-to-head (a second call)
-#   ./run.sh --dry-run   the same phases on the CPU with tiny sizes, on any
+#   PACK/run.sh --long   the probe, then the full head-to-head (a second call)
+#   PACK/run.sh --dry-run  the same phases on the CPU with tiny sizes, on any
 #                        machine (CI runs it on every run)
 #
 # Results: the folder OUT (default <pack>/results, <pack>/results-long with
-# --long), new or empty — nothing is ever overwritten. summary.md has one row
+# --long), new or empty — nothing is ever overwritten. OUT/summary.md has one row
 # per phase (passed, FAILED or timed out; seconds; what it found) and the
 # head-to-head's table; each phase keeps its log: probe.log, cuda-tests.log,
-# agreement.log, and the head-to-head's bench.log, results.jsonl and table.md.
+# agreement.log, and the head-to-head's bench.log, results.jsonl and OUT/table.md.
 # Seven files (at most eight). Temporary files live in a folder under TMPDIR,
 # removed at the end.
 #

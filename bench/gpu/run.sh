@@ -22,7 +22,7 @@
 #   scripts/gpu-pack.sh); otherwise the build tree's: build-gpu/ (built by
 #   scripts/gpu.sh --build-only when missing), build/ with --dry-run.
 # --out DIR: where the results stay: bench.log (every run's output, in
-#   order), results.jsonl (one line per run) and table.md. Default: a new
+#   order), results.jsonl (one line per run) and DIR/table.md. Default: a new
 #   folder under bench/gpu/out/. Nothing else is written outside a temporary
 #   folder, which is removed.
 # --dry-run: the CPU, the `tiny` preset, a few steps: the harness end to end on

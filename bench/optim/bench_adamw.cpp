@@ -1,6 +1,6 @@
 // The optimizer's step on flat shards: the fused kernel (at::_fused_adamw_,
 // AdamWOptions::fused, the default) against the loop of ATen operations it
-// replaces, in the same run (DESIGN.md: benchmarks print ratios against a
+// replaces, in the same run (docs/benchmarks.md: benchmarks print ratios against a
 // reference measured in the same run). Not part of the test suite.
 //
 //   bench_adamw [--params N,...] [--ranks W,...] [--steps K] [--threads T]

@@ -325,11 +325,13 @@ class ShardedModel {
   // torch.nn.utils.clip_grad_norm_ (coef = max_norm / (norm + 1e-6), capped
   // at 1). Returns the norm before clipping.
   double clip_grad_norm(double max_norm);
-  // The two above without waiting for the value: a (1) float64 tensor on the
-  // gradients' device, and clipping by a coefficient computed there too — no
-  // host synchronization on CUDA (Note [Norm on the device] in
-  // src/fsdp/api.cpp). Collective; between steps.
+  // grad_norm() without waiting for the value: a (1) float64 tensor on the
+  // gradients' device — no host synchronization on CUDA (Note [Norm on the
+  // device] in src/fsdp/api.cpp). Collective; between steps.
   at::Tensor grad_norm_tensor();
+  // clip_grad_norm() without waiting: the norm as grad_norm_tensor() returns
+  // it, the clipping coefficient computed on the device too. Collective;
+  // between steps.
   at::Tensor clip_grad_norm_tensor(double max_norm);
 
   // Layout and this rank's placement: one entry per flat parameter (a unit

@@ -46,7 +46,7 @@ if r.returncode == 0:
     for k in ("step_time_s", "tokens_per_s", "exposed_comm_s", "mfu", "scaling_efficiency"):
         check(isinstance(e.get(k), (int, float)), f"'{k}' is a number: {e.get(k)!r}")
     check(0 < e["mfu"] < 1, f"mfu {e['mfu']} in (0, 1)")
-    check(len(e["units"]) == 33, f"33 units (root + 32 layers): {len(e['units'])}")
+    check(len(e["units"]) == 35, f"35 units (root, embedding, 32 layers, head): {len(e['units'])}")
     check(abs(e["tokens_per_s"] - 8 * e["tokens_per_s_per_process"]) < 1e-6 * e["tokens_per_s"],
           "tokens_per_s is 8 processes' worth")
     r16 = run(*titan, "--nnodes", "16")
@@ -64,7 +64,8 @@ r = run(*tiny, "--calibrate", str(cal), "--calibrate-steps", "1")
 check(r.returncode == 0 and cal.exists(), f"--calibrate writes the cluster file ({r.stderr.strip()[-200:]})")
 if cal.exists():
     units = json.loads(cal.read_text())["calibration"]["units"]
-    check(sorted(units) == ["", "model.layers.0", "model.layers.1", "model.layers.2", "model.layers.3"],
+    check(sorted(units) == ["", "lm_head", "model.embed_tokens", "model.layers.0", "model.layers.1", "model.layers.2",
+                            "model.layers.3"],
           f"every unit measured: {sorted(units)}")
     check(all(u["forward_s"] > 0 and u["backward_s"] > 0 for u in units.values()), "positive unit times")
     r = run(*tiny, "--estimate", "--cluster", str(cal), "--json")
