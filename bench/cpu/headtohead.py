@@ -99,7 +99,7 @@ def prepare_model(a, name, work):
 def write_batches(a, tokens, nproc, steps, prefix):
     """fsdp-train's batches for the peer (seed 1337 and shuffling: fsdp-train's defaults)."""
     subprocess.run([os.path.join(a.build, "tests", "peers", "peer_batches"), "--data", tokens, "--data-format", "bin",
-                    "--token-dtype", "u16", "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size),
+                    "--token-dtype", a.token_dtype, "--seq-len", str(a.seq_len), "--batch-size", str(a.batch_size),
                     "--world-size", str(nproc), "--seed", "1337", "--steps", str(steps), "--out", prefix],
                    check=True, stdout=subprocess.DEVNULL, timeout=120)
 
@@ -136,7 +136,7 @@ def side_argv(a, side, hf_dir, tokens, batches, metrics, steps, nproc, threads):
     h = common_flags(steps)
     if side == "ours":
         return [os.path.join(a.build, "apps", "fsdp-train"), "--init-from", hf_dir, "--data", tokens,
-                "--data-format", "bin", "--token-dtype", "u16", "--seq-len", str(a.seq_len),
+                "--data-format", "bin", "--token-dtype", a.token_dtype, "--seq-len", str(a.seq_len),
                 "--batch-size", str(a.batch_size), "--max-steps", str(steps), "--sharding", "full", "--wrap", "block",
                 "--lr", str(h["lr"]), "--min-lr", str(h["min_lr"]), "--warmup-steps", str(h["warmup_steps"]),
                 "--weight-decay", str(h["weight_decay"]), "--weight-decay-all",  # the peer: one parameter group
@@ -315,6 +315,7 @@ def main():
         for m in models:
             a.seq_len = MODEL_SEQ_LEN.get(m, base_seq)
             hf_dir, cfg = prepare_model(a, m, work)
+            a.token_dtype = peerlib.token_dtype(cfg["vocab_size"])  # 128k ids need u32
             n_params = count_params(cfg)
             tokens = os.path.join(work, f"{m}.tokens.bin")
             max_g = a.batch_size * max(nprocs)

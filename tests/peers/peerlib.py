@@ -37,17 +37,23 @@ def lr_at(step, lr, min_lr, warmup_steps, max_steps):
 
 # --- data ---
 
+def token_dtype(vocab_size):
+    """fsdp-train's --token-dtype for ids of this vocabulary: u16 up to 65,536 ids, else u32."""
+    if vocab_size > 2**32:
+        raise PeerError(f"vocab_size {vocab_size} does not fit uint32 token ids")
+    return "u16" if vocab_size <= 65536 else "u32"
+
+
 def write_token_file(path, n_tokens, vocab_size, seed):
-    """Raw little-endian uint16 ids (fsdp-train --data-format bin --token-dtype u16): a
-    learnable stream — a fixed random successor for each token, followed 3 times in 4,
+    """Raw little-endian ids (fsdp-train --data-format bin --token-dtype token_dtype(vocab_size)):
+    a learnable stream — a fixed random successor for each token, followed 3 times in 4,
     else a uniformly random token — so that the loss falls visibly within a few steps."""
-    if vocab_size > 65536:
-        raise PeerError(f"vocab_size {vocab_size} does not fit uint16 token ids; use a vocabulary <= 65536")
+    dtype = "<u2" if token_dtype(vocab_size) == "u16" else "<u4"
     rng = np.random.default_rng(seed)
     successor = rng.integers(0, vocab_size, size=vocab_size)
     follow = rng.random(n_tokens) < 0.75
     noise = rng.integers(0, vocab_size, size=n_tokens)
-    out = np.empty(n_tokens, dtype="<u2")
+    out = np.empty(n_tokens, dtype=dtype)
     t = int(noise[0])
     for i in range(n_tokens):
         t = int(successor[t]) if follow[i] else int(noise[i])
