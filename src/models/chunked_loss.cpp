@@ -42,91 +42,106 @@ at::Tensor chunk_logits(const at::Tensor& h, const at::Tensor& weight, const at:
 // Whether the (u, b) arguments hold a low-rank term (else empty placeholders).
 bool has_low_rank(const at::Tensor& u) { return u.dim() == 2; }
 
+// The gradients of the inputs, summed chunk by chunk (undefined where not needed).
+struct Gradients {
+  at::Tensor hidden, weight, u, b;
+  Gradients(const at::Tensor& h, const at::Tensor& w, const at::Tensor& u_in, const at::Tensor& b_in, bool need_h,
+            bool need_w, bool need_u, bool need_b)
+      : hidden(need_h ? at::empty_like(h) : at::Tensor()),
+        weight(need_w ? at::zeros_like(w) : at::Tensor()),
+        u(need_u ? at::empty_like(u_in) : at::Tensor()),
+        b(need_b ? at::zeros_like(b_in) : at::Tensor()) {}
+
+  // One chunk (rows r0 .. r0 + c): its log-softmax `logp` (fp32) and the
+  // targets' gradient of nll_loss give d loss / d logits, multiplied into the sums.
+  void add_chunk(const at::Tensor& logp, const at::Tensor& safe, const at::Tensor& target_grad, int64_t r0, int64_t c,
+                 const at::Tensor& h, const at::Tensor& w, const at::Tensor& u_c, const at::Tensor& b_all,
+                 double scaling) {
+    at::Tensor gc;  // d loss / d logits of this chunk, the compute dtype
+    {
+      at::Tensor grad_logp = at::zeros_like(logp);
+      grad_logp.scatter_(1, safe.narrow(0, r0, c).unsqueeze(1), target_grad.narrow(0, r0, c));
+      gc = at::_log_softmax_backward_data(grad_logp, logp, 1, at::kFloat).to(h.scalar_type());
+    }
+    if (hidden.defined()) {
+      at::Tensor out = hidden.narrow(0, r0, c);
+      at::mm_out(out, gc, w);
+    }
+    if (weight.defined()) weight.addmm_(gc.t(), h);
+    if (u.defined() || b.defined()) {
+      const at::Tensor gs = gc * scaling;
+      if (u.defined()) {
+        at::Tensor out = u.narrow(0, r0, c);
+        at::mm_out(out, gs, b_all);
+      }
+      if (b.defined()) b.addmm_(gs.t(), u_c);
+    }
+  }
+};
+
 // Note [Chunked cross-entropy]
 // Each chunk runs the unchunked path's own kernels on its rows: logits in the
 // compute dtype, cast to fp32, log_softmax; the loss sums -log p of the
-// targets of non-ignored rows. Forward keeps nothing of a chunk but the
-// inputs; the count of non-ignored targets is a () tensor (no host sync).
-// Backward recomputes each chunk's log-softmax and forms d loss / d logits
-// with _log_softmax_backward_data from nll_loss's gradient (-scale at each
-// non-ignored target, scale = grad / count for the mean), so every row's
-// gradient is the unchunked path's to the bit; it is cast to the compute
-// dtype, as the unchunked cast's backward does, and multiplied into the
+// targets of non-ignored rows. The count of non-ignored targets is a ()
+// tensor (no host sync). A chunk's d loss / d logits comes from
+// _log_softmax_backward_data of nll_loss's gradient (-scale at each
+// non-ignored target, scale = 1 / count for the mean), cast to the compute
+// dtype as the unchunked cast's backward does, and is multiplied into the
 // gradients: d hidden = G W (this chunk's rows), d W += G^T hidden, and with a
-// low-rank term d u = (G s) B, d B += (G s)^T u. Only the sums over chunks
-// (the loss, d W, d B) add in another order than one matrix product would.
+// low-rank term d u = (G s) B, d B += (G s)^T u.
+// When the loss is differentiated (grad mode on, an input requiring grad),
+// forward forms these gradients while the chunk's log-softmax is at hand, for
+// an upstream gradient of 1, and backward only multiplies them by the actual
+// one: the logits are computed once, not again in backward (the head's
+// matrix products were 4 per step, are 3: 25% of the head's work at a large
+// vocabulary). The cost is holding d hidden (N, D) and d W (V, D) from the
+// end of forward to the start of backward, which follow each other: the head
+// is the last unit called. For an upstream gradient of 1 (loss.backward())
+// every row's gradient is the unchunked path's to the bit; for another g the
+// product g x (G W) rounds once more than G' = g G would. Without grad mode
+// forward computes the loss alone (and autograd records nothing to call
+// backward on). Only the sums over chunks (the loss, d W,
+// d B) add in another order than one matrix product would.
 struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
+  // `grads`: form the gradients here (Note [Chunked cross-entropy]).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& u, const at::Tensor& b, const at::Tensor& targets, int64_t chunk_rows,
-                            double scaling, bool mean) {
+                            double scaling, bool mean, bool grads) {
     const int64_t N = hidden.size(0);
     const at::Tensor valid = targets.ne(kIgnoreIndex);                 // (N) bool
     const at::Tensor safe = targets.masked_fill(valid.logical_not(), 0);  // (N) ignored rows read class 0
+    const at::Tensor count = valid.sum().to(at::kFloat);
+    const bool low_rank = has_low_rank(u);
+    const bool need_hidden = grads && hidden.requires_grad(), need_weight = grads && weight.requires_grad();
+    const bool need_u = grads && low_rank && u.requires_grad(), need_b = grads && low_rank && b.requires_grad();
+    Gradients g(hidden, weight, u, b, need_hidden, need_weight, need_u, need_b);
+    // nll_loss's gradient at a non-ignored target for an upstream gradient of 1.
+    const at::Tensor target_grad =
+        grads ? (valid.to(at::kFloat) * (mean ? 1.0 / count : at::ones_like(count))).neg_().unsqueeze(1) : at::Tensor();
     at::Tensor total = at::zeros({}, hidden.options().dtype(at::kFloat));
     for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
       const int64_t c = std::min(chunk_rows, N - r0);
-      const at::Tensor logp = at::log_softmax(
-          chunk_logits(hidden.narrow(0, r0, c), weight, has_low_rank(u) ? u.narrow(0, r0, c) : at::Tensor(), b,
-                       scaling)
-              .to(at::kFloat),
-          1);  // (c, V) fp32
+      const at::Tensor h = hidden.narrow(0, r0, c);
+      const at::Tensor u_c = low_rank ? u.narrow(0, r0, c) : at::Tensor();
+      const at::Tensor logp = at::log_softmax(chunk_logits(h, weight, u_c, b, scaling).to(at::kFloat), 1);  // (c, V)
       const at::Tensor picked = logp.gather(1, safe.narrow(0, r0, c).unsqueeze(1)).squeeze(1);
       total.sub_(picked.masked_fill_(valid.narrow(0, r0, c).logical_not(), 0).sum());
+      if (grads) g.add_chunk(logp, safe, target_grad, r0, c, h, weight, u_c, b, scaling);
     }
-    const at::Tensor count = valid.sum().to(at::kFloat);
-    ctx->save_for_backward({hidden, weight, u, b, safe, valid, count});
-    ctx->saved_data["chunk_rows"] = chunk_rows;
-    ctx->saved_data["scaling"] = scaling;
-    ctx->saved_data["mean"] = mean;
+    ctx->save_for_backward({g.hidden, g.weight, g.u, g.b});
+    ctx->saved_data["grads"] = grads;
     return mean ? total / count : total;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     const variable_list saved = ctx->get_saved_variables();
-    const at::Tensor &hidden = saved[0], &weight = saved[1], &u = saved[2], &b = saved[3];
-    const at::Tensor &safe = saved[4], &valid = saved[5], &count = saved[6];
-    const int64_t chunk_rows = ctx->saved_data["chunk_rows"].toInt();
-    const double scaling = ctx->saved_data["scaling"].toDouble();
-    const bool mean = ctx->saved_data["mean"].toBool();
+    FSDP_ASSERT(ctx->saved_data["grads"].toBool(), "the chunked loss was differentiated without its gradients");
     at::NoGradGuard no_grad;
-
-    // nll_loss's gradient at a non-ignored target: -grad (/ count for the mean); 0 for ignored rows.
-    const at::Tensor scale = mean ? grad_outputs[0].to(at::kFloat) / count : grad_outputs[0].to(at::kFloat);
-    const at::Tensor target_grad = (valid.to(at::kFloat) * scale).neg_().unsqueeze(1);  // (N, 1)
-    const int64_t N = hidden.size(0);
-    const bool low_rank = has_low_rank(u);
-    const bool need_hidden = ctx->needs_input_grad(0), need_weight = ctx->needs_input_grad(1);
-    const bool need_u = low_rank && ctx->needs_input_grad(2), need_b = low_rank && ctx->needs_input_grad(3);
-    at::Tensor d_hidden = need_hidden ? at::empty_like(hidden) : at::Tensor();
-    at::Tensor d_weight = need_weight ? at::zeros_like(weight) : at::Tensor();
-    at::Tensor d_u = need_u ? at::empty_like(u) : at::Tensor();
-    at::Tensor d_b = need_b ? at::zeros_like(b) : at::Tensor();
-    for (int64_t r0 = 0; r0 < N; r0 += chunk_rows) {
-      const int64_t c = std::min(chunk_rows, N - r0);
-      const at::Tensor h = hidden.narrow(0, r0, c);
-      const at::Tensor u_c = low_rank ? u.narrow(0, r0, c) : at::Tensor();
-      at::Tensor gc;  // d loss / d logits of this chunk, the compute dtype
-      {
-        const at::Tensor logp = at::log_softmax(chunk_logits(h, weight, u_c, b, scaling).to(at::kFloat), 1);
-        at::Tensor grad_logp = at::zeros_like(logp);
-        grad_logp.scatter_(1, safe.narrow(0, r0, c).unsqueeze(1), target_grad.narrow(0, r0, c));
-        gc = at::_log_softmax_backward_data(grad_logp, logp, 1, at::kFloat).to(hidden.scalar_type());
-      }
-      if (need_hidden) {
-        at::Tensor out = d_hidden.narrow(0, r0, c);
-        at::mm_out(out, gc, weight);
-      }
-      if (need_weight) d_weight.addmm_(gc.t(), h);
-      if (need_u || need_b) {
-        const at::Tensor gs = gc * scaling;
-        if (need_u) {
-          at::Tensor out = d_u.narrow(0, r0, c);
-          at::mm_out(out, gs, b);
-        }
-        if (need_b) d_b.addmm_(gs.t(), u_c);
-      }
-    }
-    return {d_hidden, d_weight, d_u, d_b, at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
+    // Formed in forward for an upstream gradient of 1: scaled by the actual one.
+    const at::Tensor& up = grad_outputs[0];
+    const auto times_up = [&](const at::Tensor& t) { return t.defined() ? t * up.to(t.scalar_type()) : t; };
+    return {times_up(saved[0]), times_up(saved[1]), times_up(saved[2]), times_up(saved[3]), at::Tensor(), at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -153,8 +168,11 @@ at::Tensor chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& wei
     b = lora->b;
     scaling = lora->scaling;
   }
+  // Gradients in forward only when this loss will be differentiated (not in evaluation).
+  const bool grads = at::GradMode::is_enabled() &&
+                     (hidden.requires_grad() || weight.requires_grad() || u.requires_grad() || b.requires_grad());
   return ChunkedCrossEntropy::apply(hidden.contiguous(), weight, u, b, targets.contiguous(), chunk_rows, scaling,
-                                    reduction == LossReduction::kMean);
+                                    reduction == LossReduction::kMean, grads);
 }
 
 }  // namespace fsdp::models

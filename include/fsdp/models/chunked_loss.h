@@ -4,11 +4,13 @@
 // Unchunked, a batch of N = B x T rows costs N x V logits in the compute dtype,
 // their fp32 copy, log-softmax and gradient: 4 x 2048 x 128,256 fp32 is 4 GiB
 // per buffer at Llama 3's vocabulary. Here each chunk of rows computes its
-// logits in the compute dtype and their log-softmax and loss in fp32, and
-// keeps nothing of them for backward; backward recomputes each chunk's logits
-// to form their gradient and adds the chunk's share to the gradients of the
-// hidden states, the weight and the optional low-rank (LoRA) term. At most one
-// chunk's logits (and their fp32 log-softmax) exist at any time.
+// logits in the compute dtype and their log-softmax and loss in fp32, and,
+// when the loss will be differentiated, forms the chunk's share of the
+// gradients of the hidden states, the weight and the optional low-rank (LoRA)
+// term right then; backward only scales them by the upstream gradient. At
+// most one chunk's logits (and their fp32 log-softmax) exist at any time;
+// the gradients of the hidden states and the weight are held from forward to
+// backward.
 //
 // The unchunked path's kernels on each chunk (logits in the compute dtype,
 // cast to fp32, log_softmax and its backward in fp32, the logits' gradient
@@ -38,10 +40,11 @@ enum class LossReduction { kMean, kSum };
 int64_t default_loss_chunk_rows(int64_t vocab_size);
 
 // The most the loss holds at once beyond its inputs, for `rows` rows per chunk
-// (min(B x T, chunk rows)): in backward, a chunk's logits in `dtype` and the
+// (min(B x T, chunk rows)): in forward, a chunk's logits in `dtype` and their
 // gradient in `dtype`, three fp32 buffers of the chunk (the logits, their
 // log-softmax, its gradient), and the weight's (V, D) gradient in `dtype`
-// before autograd adds it to the parameter's.
+// until autograd adds it to the parameter's. (The hidden states' (B x T, D)
+// gradient, held as long, is counted with the activations.)
 int64_t chunked_loss_bytes(int64_t rows, int64_t vocab_size, int64_t hidden_size, at::ScalarType dtype);
 
 // A LoRA adapter on the output projection, split where it is cheap: the
