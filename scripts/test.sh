@@ -15,10 +15,11 @@
 #  4. The fuzz build (build-fuzz/: clang++, -DFSDP_FUZZ=ON, only the parsers, with the sanitizers) and
 #     its tests (label fuzz: each fuzz target replays its corpus, then fuzzes 20,000 inputs with a
 #     fixed seed); after the main suite. FSDP_SKIP_FUZZ=1 leaves it out.
-#  5. The GPU pack (scripts/gpu-pack.sh), copied to a fresh folder away from the checkout and the
-#     build trees, and its run.sh --dry-run there with nothing but the environment's torch
-#     libraries on the library path. FSDP_SKIP_PACK=1 leaves it out (and it is left out when
-#     ctest arguments select tests).
+#  5. The GPU pack (scripts/gpu-pack.sh) on a machine like the GPU machine: its run.sh --dry-run
+#     inside a minimal Debian 12 root (scripts/minroot.sh: debootstrap minbase plus python3, built
+#     once per machine and cached), where the only other things are the pack and the project's
+#     Python environment (read-only, at their own paths). FSDP_SKIP_PACK=1 leaves it out (and it
+#     is left out when ctest arguments select tests).
 # Under CI=true a skipped test fails the run; the summary names every skipped test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -62,28 +63,27 @@ if ((fuzz)); then
   (cd build-fuzz && ctest --output-on-failure -j "$(nproc)" --timeout 900 --output-junit ctest-junit.xml "$@") || rc=$?
 fi
 
-# The GPU pack, as the GPU machine gets it: built, copied away from the checkout and the build trees,
-# and dry-run there with only the environment's torch libraries to find (run.sh finds them through
-# the Python; the pack's binaries carry no path into this checkout or the environment).
+# The GPU pack, as the GPU machine gets it: built, then dry-run inside a minimal root that has
+# nothing else: no build tree, no checkout, none of this machine's libraries beyond the base system
+# (run.sh finds torch through the Python; the pack's binaries carry no path into the checkout or
+# the environment).
 if [[ "${FSDP_SKIP_PACK:-0}" != 1 && $# -eq 0 ]]; then
   SECONDS=0
-  staging=$(mktemp -d)
   fresh=$(mktemp -d)
-  trap 'rm -rf "$staging" "$fresh"' EXIT
+  trap 'rm -rf "$fresh"' EXIT
   pack_rc=0
-  FSDP_CUDA_BUILD_DIR=$BUILD_DIR scripts/gpu-pack.sh "$staging/pack" || pack_rc=$?
+  FSDP_CUDA_BUILD_DIR=$BUILD_DIR scripts/gpu-pack.sh "$fresh/pack" || pack_rc=$?
+  venv=$(scripts/venv.sh)
+  mkdir -p "$fresh/out"
   if ((pack_rc == 0)); then
-    cp -a "$staging/pack" "$fresh/pack"
-    rm -rf "$staging"
-    python="$(scripts/venv.sh)/bin/python"
-    (cd "$fresh" && env -u LD_LIBRARY_PATH PATH=/usr/bin:/bin HOME="$HOME" PYTHON="$python" \
-       OUT="$fresh/out" TMPDIR="$fresh" "$fresh/pack/run.sh" --dry-run) || pack_rc=$?
+    scripts/minroot.sh --ro "$fresh/pack" --ro "$venv" --rw "$fresh/out" -- \
+      /usr/bin/env PYTHON="$venv/bin/python" OUT="$fresh/out/dry-run" "$fresh/pack/run.sh" --dry-run || pack_rc=$?
   fi
   if ((pack_rc != 0)); then
     echo "test.sh: the GPU pack's dry run failed (exit $pack_rc)" >&2
     rc=1
   fi
-  echo "test.sh: GPU pack built and dry-run in ${SECONDS}s"
+  echo "test.sh: GPU pack built and dry-run in a minimal root in ${SECONDS}s"
 fi
 
 # Skipped tests: named always; a failure under CI=true.
