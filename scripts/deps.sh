@@ -20,7 +20,9 @@ PACKAGES=(
   # loads libsentencepiece at run time.
   libsentencepiece-dev sentencepiece
   fortunes # the embedded corpus (scripts/prepare_data.sh)
-  debootstrap # the minimal Debian root the GPU pack's dry run runs in (scripts/minroot.sh)
+  # The GPU pack (scripts/gpu-pack.sh): patchelf gives its libraries RUNPATH $ORIGIN; debootstrap
+  # builds the minimal Debian root its dry run runs in (scripts/minroot.sh).
+  patchelf debootstrap
   # fsdp-train --metrics-port: Boost.Beast (header-only) serves the Prometheus endpoint. The tests read it with the
   # Prometheus project's own parser (python3-prometheus-client) and check the Grafana dashboard
   # against its schema with python3-jsonschema (Debian's Python, /usr/bin/python3).

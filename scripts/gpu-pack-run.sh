@@ -20,7 +20,9 @@
 #
 # PYTHON (default python3) is the Python with PyTorch: the binaries use its
 # torch libraries (torch/lib and the nvidia-* packages beside it) and this
-# pack's lib/, nothing else. Every phase runs under its own timeout, inside a
+# pack's lib/, nothing else. lib/fallback/ (a newer libstdc++ than this machine
+# may have) is used only where the probe finds this machine's own copies do not
+# do, and then only by the pack's binaries, never by Python. Every phase runs under its own timeout, inside a
 # budget of 9 minutes for the call (FSDP_PACK_BUDGET_S to change it).
 #
 # Exit status: 0 every phase passed; 1 a phase failed or ran out of time; 2
@@ -112,33 +114,40 @@ PY
     echo "MISMATCH: $detail"
     return 2
   fi
-  # The binaries and lib/ with the torch libraries; lib/fallback/ (a newer
-  # libstdc++, ...) only where this machine's own copies do not do.
-  unresolved() {
-    local f out bad=""
-    for f in "$bin"/* "$pack"/lib/*.so*; do
-      out=$(ldd -r "$f" 2>&1)
+  # Every binary and library of the pack against the torch libraries and
+  # lib/: nothing "not found" or undefined, and every library the pack
+  # carries resolved to the pack's own copy (a copy of this machine's would
+  # hide a pack that is incomplete, as libsentencepiece once did).
+  unresolved() {  # LD_LIBRARY_PATH
+    local f out bad="" soname arrow path
+    for f in "$pack"/bin/* "$pack"/lib/*.so*; do
+      out=$(LD_LIBRARY_PATH=$1 ldd -r "$f" 2>&1)
       if grep -Eq 'not found|undefined symbol' <<< "$out"; then
-        bad+="$(basename "$f"): $(grep -E 'not found|undefined symbol' <<< "$out" | head -n 3 | tr '\n' ';') "
+        bad+="$(basename "$f"): $(grep -E 'not found|undefined symbol' <<< "$out" | head -n 3 | tr -s ' \t\n' ' '); "
       fi
+      while read -r soname arrow path _; do
+        [[ $arrow == "=>" && -e $pack/lib/$soname && $path != not ]] || continue
+        [[ $(realpath "$path") == "$(realpath "$pack/lib/$soname")" ]] ||
+          bad+="$(basename "$f"): $soname resolves to $path, not the pack's lib/$soname; "
+      done <<< "$out"
     done
     echo "$bad"
   }
-  export LD_LIBRARY_PATH=$(v libs)
-  local bad need have
-  bad=$(unresolved)
+  local libs bad need have fallback=""
+  libs=$(v libs)
+  bad=$(unresolved "$libs")
   need=$(pack_value glibc_needed)
-  if [[ -n $bad && -n $(ls -A "$pack/lib/fallback" 2> /dev/null) ]]; then
-    echo "without lib/fallback: $bad"
-    export LD_LIBRARY_PATH=$LD_LIBRARY_PATH:$pack/lib/fallback
-    bad=$(unresolved)
+  if [[ (-n $bad || -n ${FSDP_PACK_FORCE_FALLBACK:-}) && -n $(ls -A "$pack/lib/fallback" 2> /dev/null) ]]; then
+    echo "without lib/fallback: ${bad:-(resolves; FSDP_PACK_FORCE_FALLBACK is set)}"
+    fallback=$pack/lib/fallback
+    bad=$(unresolved "$libs:$fallback")
     local f n
-    for f in "$pack"/lib/fallback/*; do  # their C library needs count now
+    for f in "$fallback"/*; do  # their C library needs count now
       n=$(sed -n "s|^carried=lib/fallback/$(basename "$f") .*needs GLIBC \([0-9.]*\)).*|\1|p" "$pack/PACK")
       [[ -n $n && $(printf '%s\n%s\n' "$need" "$n" | sort -V | tail -n 1) == "$n" ]] && need=$n
     done
   fi
-  echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+  echo "LD_LIBRARY_PATH for every phase: $libs"
   have=$(ldd --version 2> /dev/null | head -n 1 | grep -o '[0-9]\+\.[0-9]\+$')
   echo "GLIBC: needed $need, here $have"
   if [[ -n $need && -n $have && $(printf '%s\n%s\n' "$need" "$have" | sort -V | tail -n 1) != "$have" ]]; then
@@ -149,13 +158,32 @@ PY
     echo "MISSING: $bad"
     return 2
   fi
+  # What the later phases use: the torch libraries for every process; the
+  # fallbacks only for the pack's binaries, through wrappers (a newer
+  # libstdc++ in Python's LD_LIBRARY_PATH would replace the one torch was
+  # loaded with there).
+  export LD_LIBRARY_PATH=$libs
+  if [[ -n $fallback ]]; then
+    mkdir -p "$work/bin"
+    local b
+    for b in "$pack"/bin/*; do
+      printf '#!/bin/sh\nLD_LIBRARY_PATH="$LD_LIBRARY_PATH:%s" exec %q "$@"\n' "$fallback" "$b" > "$work/bin/$(basename "$b")"
+      chmod +x "$work/bin/$(basename "$b")"
+    done
+    bin=$work/bin
+    echo "lib/fallback: for the pack's binaries only (wrappers in $work/bin)"
+  fi
   "$bin/fsdp-train" --version || { detail="fsdp-train does not start"; return 2; }
+  # Python, like every process but the pack's own binaries, never sees lib/fallback.
+  local py_path
+  py_path=$("$PYTHON" -c 'import os; print(os.environ.get("LD_LIBRARY_PATH", ""))')
+  [[ $py_path != *lib/fallback* ]] || { detail="lib/fallback leaked into Python's LD_LIBRARY_PATH ($py_path)"; return 2; }
   if [[ $mode != dry ]]; then
     [[ $(v cuda_available) == True ]] || { detail="torch sees no CUDA device here; use --dry-run on a machine without a GPU"; return 2; }
     nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2> /dev/null || true
-    detail="$(v device); NCCL $(v nccl) (pack: $(pack_value nccl_built)), cuDNN $(v cudnn); torch $(v torch_version) as built"
+    detail="$(v device); NCCL $(v nccl) (pack: $(pack_value nccl_built)), cuDNN $(v cudnn); torch $(v torch_version) as built${fallback:+; lib/fallback only for the binaries of the pack}"
   else
-    detail="dry run on the CPU; torch $(v torch_version) as built; libraries resolve"
+    detail="dry run on the CPU; torch $(v torch_version) as built; libraries resolve in the pack${fallback:+; lib/fallback only for the binaries of the pack}"
   fi
 }
 phase "probe" probe.log 90 probe

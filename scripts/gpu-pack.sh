@@ -13,10 +13,12 @@
 #   lib/     the shared libraries they need that neither the torch installation
 #            nor the C library provides — found from the binaries' own needs
 #            (ldd), e.g. zlib, libsentencepiece and its module — stripped,
-#            without RUNPATH; lib/fallback/ those of them that need a newer C
-#            library than the binaries do (this machine's libstdc++ and
-#            libgcc_s today): run.sh uses them only where the GPU machine's
-#            own copies are missing or too old
+#            RUNPATH $ORIGIN (each finds its carried neighbours beside it: the
+#            module its libsentencepiece, on a machine that has none);
+#            lib/fallback/ those of them that need a newer C library than the
+#            binaries do (this machine's libstdc++ and libgcc_s), RUNPATH
+#            $ORIGIN too: run.sh uses them only where the GPU machine's own
+#            copies are missing or too old, and only for the pack's binaries
 #   bench/   the head-to-head's scripts (bench/gpu/: run.sh, hf_fsdp.py,
 #            matmul_peak.py, report.py)
 #   run.sh   the one call on the GPU machine (see its header)
@@ -25,7 +27,10 @@
 #            and each carried library with the binary that needs it
 # Nothing in it names a path of this machine: run.sh finds the torch
 # libraries through the Python that imports torch on the machine it runs on.
-# At most 32 MB (checked: the command fails above that).
+# At most 32 MB (checked: the command fails above that). Every library the pack
+# carries must resolve to the pack's own copy from every file that needs it
+# (checked here with ldd, and again by run.sh's probe on the machine it runs
+# on). Needs patchelf (scripts/deps.sh installs it).
 set -euo pipefail
 shopt -s nullglob
 cd "$(dirname "$0")/.."
@@ -96,21 +101,32 @@ for soname in "${!carried[@]}"; do
   fi
 done
 
-# Strip; binaries find lib/ beside them, libraries find nothing by RUNPATH
-# (they are found by soname, already loaded, or through lib/).
-rpath_script=$(mktemp)
-trap 'rm -f "$rpath_script"' EXIT
-{
-  for f in "$dest"/bin/*; do echo "file(RPATH_SET FILE \"$f\" NEW_RPATH \"\$ORIGIN/../lib\")"; done
-  for f in "$dest"/lib/*.so* "$dest"/lib/fallback/*; do echo "file(RPATH_REMOVE FILE \"$f\")"; done
-} > "$rpath_script"
+# Strip, then set the search paths (patchelf after strip: the other order can
+# break the file): binaries find lib/ beside them; a library its neighbours
+# in its own folder. A library without it finds a carried neighbour only
+# where the machine has its own copy (libfsdp_spm_shim.so's libsentencepiece
+# did so at 9fc8542: found on a full machine, missing on the GPU machine).
+command -v patchelf > /dev/null || die "patchelf is not installed (scripts/deps.sh installs it)"
 libs=("$dest"/lib/*.so* "$dest"/lib/fallback/*)
 chmod u+w "${libs[@]}"
 strip --strip-unneeded "$dest"/bin/* "${libs[@]}"
-cmake -P "$rpath_script"
+for f in "$dest"/bin/*; do patchelf --set-rpath '$ORIGIN/../lib' "$f"; done
+for f in "${libs[@]}"; do patchelf --set-rpath '$ORIGIN' "$f"; done
 for f in "$dest"/bin/* "${libs[@]}"; do
+  want='$ORIGIN'
+  [[ $f == "$dest"/bin/* ]] && want='$ORIGIN/../lib'
   runpath=$(readelf -d "$f" | sed -n -E 's/.*\((RPATH|RUNPATH)\).*\[(.*)\]/\2/p')
-  [[ -z $runpath || $runpath == '$ORIGIN/../lib' ]] || die "$f keeps RUNPATH $runpath"
+  [[ $runpath == "$want" ]] || die "$f has RUNPATH '$runpath', not '$want'"
+done
+# Every carried library resolves to the pack's copy, with only the torch
+# libraries on the search path (as run.sh's probe sets it there).
+torch_libs=$torch_dir/lib$(printf ':%s' "$site"/nvidia/*/lib)
+for f in "$dest"/bin/* "$dest"/lib/*.so*; do
+  while read -r soname arrow path _; do
+    [[ $arrow == "=>" && -e $dest/lib/$soname ]] || continue
+    [[ $path != not && $(realpath "$path") == "$(realpath "$dest/lib/$soname")" ]] ||
+      die "$(basename "$f") finds $soname at $path, not the pack's lib/$soname"
+  done < <(LD_LIBRARY_PATH=$torch_libs ldd "$f")
 done
 
 # The highest GLIBC symbol version needed without the fallbacks: the probe
