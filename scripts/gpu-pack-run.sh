@@ -9,21 +9,31 @@
 #   PACK/run.sh --long   the probe, then the full head-to-head (a second call)
 #   PACK/run.sh --dry-run  the same phases on the CPU with tiny sizes, on any
 #                        machine (CI runs it on every run)
+#   PACK/run.sh --self-test  the probe, then a phase made to hang: it must be
+#                        reported TIMED OUT and leave no process behind (seconds)
 #
 # Results: the folder OUT (default <pack>/results, <pack>/results-long with
-# --long), new or empty — nothing is ever overwritten. OUT/summary.md has one row
-# per phase (passed, FAILED or timed out; seconds; what it found) and the
-# head-to-head's table; each phase keeps its log: probe.log, cuda-tests.log,
-# agreement.log, and the head-to-head's bench.log, results.jsonl and OUT/table.md.
-# Seven files (at most eight). Temporary files live in a folder under TMPDIR,
-# removed at the end.
+# --long), new or empty — nothing is ever overwritten. OUT/summary.md gets one
+# row per phase the moment the phase ends (passed, FAILED, TIMED OUT; seconds;
+# what it found), then the head-to-head's table: a call cut short still leaves
+# the rows of the phases it finished. Each phase keeps its log: probe.log,
+# cuda-tests.log, agreement.log, and the head-to-head's bench.log (with
+# results.jsonl and table.md, both rewritten after every row). Seven files (at
+# most eight). Temporary files live in a folder under TMPDIR, removed at the end.
 #
 # PYTHON (default python3) is the Python with PyTorch: the binaries use its
 # torch libraries (torch/lib and the nvidia-* packages beside it) and this
 # pack's lib/, nothing else. lib/fallback/ (a newer libstdc++ than this machine
 # may have) is used only where the probe finds this machine's own copies do not
-# do, and then only by the pack's binaries, never by Python. Every phase runs under its own timeout, inside a
-# budget of 9 minutes for the call (FSDP_PACK_BUDGET_S to change it).
+# do, and then only by the pack's binaries, never by Python.
+#
+# Every phase runs in its own process group under its own limit, inside a
+# budget of 9 minutes for the call (FSDP_PACK_BUDGET_S to change it); a phase
+# that runs out of time is stopped with its whole group (TERM, then KILL), and
+# anything a finished phase left running is killed and named. Collectives time
+# out well before their phase does (FSDP_TIMEOUT, a third of the limit of each
+# run unless set), so a hung collective is named in the phase's log instead of
+# the phase being killed silently; NCCL_DEBUG=WARN unless set.
 #
 # Exit status: 0 every phase passed; 1 a phase failed or ran out of time; 2
 # usage, or the probe found this machine unfit (another torch than the pack
@@ -35,8 +45,9 @@ case "${1:-}" in
   "") ;;
   --long) mode=long ;;
   --dry-run) mode=dry ;;
-  -h | --help) sed -n '2,30p' "$0"; exit 0 ;;
-  *) echo "run.sh: unknown argument '$1' (--long, --dry-run, or nothing)" >&2; exit 2 ;;
+  --self-test) mode=selftest ;;
+  -h | --help) sed -n '2,40p' "$0"; exit 0 ;;
+  *) echo "run.sh: unknown argument '$1' (--long, --dry-run, --self-test, or nothing)" >&2; exit 2 ;;
 esac
 [[ $# -le 1 ]] || { echo "run.sh: one argument at most" >&2; exit 2; }
 OUT=${OUT:-$pack/results$([[ $mode == long ]] && echo -long)}
@@ -44,40 +55,121 @@ mkdir -p "$OUT" || exit 2
 [[ -z $(ls -A "$OUT") ]] || { echo "run.sh: OUT=$OUT is not empty; results are never overwritten: set OUT to a new folder" >&2; exit 2; }
 PYTHON=${PYTHON:-python3}
 budget=${FSDP_PACK_BUDGET_S:-540}
+[[ $budget =~ ^[1-9][0-9]*$ ]] || { echo "run.sh: FSDP_PACK_BUDGET_S='$budget' is not a positive number of seconds" >&2; exit 2; }
+readonly kReserve=5  # seconds kept for the summary at the end of the budget
+readonly kGrace=10   # seconds between TERM and KILL
 start=$SECONDS
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-bin=$pack/bin
-device=$([[ $mode == dry ]] && echo cpu || echo cuda)
+bin=$pack/bin  # the probe may point it at wrappers that add lib/fallback
+device=$([[ $mode == dry || $mode == selftest ]] && echo cpu || echo cuda)
+export NCCL_DEBUG=${NCCL_DEBUG:-WARN}
 failed=0
-rows=()
+summary=$OUT/summary.md
+{
+  echo "# fsdp-cpp GPU pack: run.sh${1:+ $1}, started $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo
+  echo "Pack: $(sed -n 's/^project_commit=//p' "$pack/PACK" | head -n 1), torch $(sed -n 's/^torch_version=//p' "$pack/PACK" | head -n 1); budget ${budget}s."
+  echo
+  echo "| phase | result | seconds | details |"
+  echo "|---|---|---|---|"
+} > "$summary"
 
-# A phase: its log in OUT, its own timeout (never past the budget), one row.
-left() { echo $((budget - (SECONDS - start))); }
+# Seconds the call has left for a phase.
+left() { echo $((budget - kReserve - (SECONDS - start))); }
+# `timeout` for a command inside a phase: in the phase's process group
+# (--foreground: GNU timeout would otherwise start a group of its own, which
+# the phase's kill would miss), and never with 0 seconds (no limit at all).
+bounded() {  # seconds command...
+  local s=$1
+  shift
+  if ((s < 1)); then
+    echo "run.sh: no time left to run $1" >&2
+    return 124
+  fi
+  timeout --foreground -k "$kGrace" "$s" "$@"
+}
+# The collective timeout for a run limited to `s` seconds: a third of it
+# (at least 10 s), unless FSDP_TIMEOUT is set.
+collective_timeout() { local t=$(($1 / 3)); echo "${FSDP_TIMEOUT_SET:-$((t < 10 ? 10 : t))}"; }
+FSDP_TIMEOUT_SET=${FSDP_TIMEOUT:-}
+# The live processes of group `pgid`, as "pid command" (no ps on a minimal
+# machine); zombies, already dead and waiting to be reaped, are not counted.
+group_members() {
+  local stat f pid rest state pg
+  for f in /proc/[0-9]*/stat; do
+    { stat=$(< "$f"); } 2> /dev/null || continue
+    pid=${stat%% *}
+    rest=${stat##*) }  # after the command name, which may hold spaces
+    read -r state _ pg _ <<< "$rest"
+    [[ $pg == "$1" && $state != Z ]] && echo "$pid $(tr '\0' ' ' < "/proc/$pid/cmdline" 2> /dev/null | cut -c1-60)"
+  done
+}
+
+# A phase: its function in a process group of its own, its output appended to
+# its log in OUT, its own limit (never past the budget), its row appended to
+# the summary as it ends. The function may write one line of details to
+# $PHASE_DETAIL.
 phase() {  # name log max_seconds function
-  local name=$1 log=$2 max=$3 fn=$4 t0=$SECONDS rc=0 limit
+  local name=$1 log=$2 max=$3 fn=$4 t0=$SECONDS rc=0 limit pid wd detail result stray
   limit=$(left)
   ((limit > max)) && limit=$max
-  if ((limit < 10)); then
-    rows+=("| $name | not run | 0 | the call's budget of ${budget}s is spent |")
+  if ((limit < max && limit < 10)); then
+    echo "| $name | not run | 0 | the call's budget of ${budget}s is spent |" >> "$summary"
     failed=1
     return 1
   fi
-  detail=""
   echo "run.sh: $name (at most ${limit}s) ..."
-  PHASE_LIMIT=$limit "$fn" >> "$OUT/$log" 2>&1 || rc=$?
-  local secs=$((SECONDS - t0)) result=passed
-  if ((rc == 124 || rc == 137)); then
+  : > "$work/detail"
+  set -m  # each background job below gets a process group of its own
+  (
+    trap - EXIT
+    export PHASE_LIMIT=$limit PHASE_DETAIL=$work/detail
+    "$fn"
+  ) >> "$OUT/$log" 2>&1 &
+  pid=$!
+  (
+    trap - EXIT
+    sleep "$limit"
+    echo "$limit" > "$work/timed-out"
+    kill -TERM -- "-$pid" 2> /dev/null
+    sleep "$kGrace"
+    kill -KILL -- "-$pid" 2> /dev/null
+  ) > /dev/null 2>&1 &
+  wd=$!
+  set +m
+  wait "$pid" || rc=$?
+  kill -KILL -- "-$wd" 2> /dev/null
+  wait "$wd" 2> /dev/null
+  # Whatever the phase left behind (a background child, a process that
+  # ignored TERM) goes with its group.
+  stray=$(group_members "$pid")
+  if [[ -n $stray ]]; then
+    kill -KILL -- "-$pid" 2> /dev/null
+    sleep 1
+    echo "run.sh: killed what the phase left running: $(tr '\n' ';' <<< "$stray")" >> "$OUT/$log"
+  fi
+  detail=$(head -n 1 "$work/detail")
+  result=passed
+  if [[ -f $work/timed-out ]]; then
+    rm -f "$work/timed-out"
     result="TIMED OUT"
-    detail="stopped after ${limit}s; ${detail}"
+    rc=124
+    detail="stopped after ${limit}s (its last lines are in $log)${detail:+; $detail}"
   elif ((rc != 0)); then
     result=FAILED
   fi
+  if [[ -n $stray ]]; then
+    detail+="${detail:+; }it left $(wc -l <<< "$stray") process(es) running, killed"
+    [[ -n $(group_members "$pid") ]] && detail+=", and some SURVIVED"
+  fi
   ((rc == 0)) || failed=1
-  rows+=("| $name | $result | $secs | ${detail:-see $log} |")
+  local secs=$((SECONDS - t0))
+  echo "| $name | $result | $secs | ${detail:-see $log} |" >> "$summary"
   echo "run.sh: $name: $result in ${secs}s${detail:+: $detail}"
   return $rc
 }
+say() { echo "$*" > "$PHASE_DETAIL"; }  # the phase's details, for its row
 
 # ---- probe ----------------------------------------------------------------------
 pack_value() { sed -n "s/^$1=//p" "$pack/PACK" | head -n 1; }
@@ -85,7 +177,7 @@ probe() {
   echo "pack: $(pack_value project_commit), built $(pack_value built_utc) against torch $(pack_value torch_version)" \
        "(git $(pack_value torch_git), CUDA $(pack_value torch_cuda), NCCL $(pack_value nccl_built))"
   local info
-  info=$(timeout 60 "$PYTHON" - "$device" <<'PY'
+  info=$(bounded 60 "$PYTHON" - "$device" <<'PY'
 import glob, os, sys
 import torch
 d = os.path.dirname(torch.__file__)
@@ -106,12 +198,12 @@ if sys.argv[1] == "cuda":
     print("nccl=" + (".".join(map(str, v)) if isinstance(v, tuple) else str(v)))
     print("cudnn=" + str(torch.backends.cudnn.version()))
 PY
-) || { detail="'$PYTHON' cannot import torch (set PYTHON to the Python with PyTorch)"; echo "$detail"; return 2; }
+) || { say "'$PYTHON' cannot import torch (set PYTHON to the Python with PyTorch)"; cat "$PHASE_DETAIL"; return 2; }
   echo "$info"
   v() { sed -n "s/^$1=//p" <<< "$info"; }
   if [[ $(v torch_version) != "$(pack_value torch_version)" || $(v torch_git) != "$(pack_value torch_git)" ]]; then
-    detail="torch $(v torch_version) (git $(v torch_git)) here, but the pack was built against $(pack_value torch_version) (git $(pack_value torch_git)): rebuild the pack against this torch"
-    echo "MISMATCH: $detail"
+    say "torch $(v torch_version) (git $(v torch_git)) here, but the pack was built against $(pack_value torch_version) (git $(pack_value torch_git)): rebuild the pack against this torch"
+    echo "MISMATCH: $(cat "$PHASE_DETAIL")"
     return 2
   fi
   # Every binary and library of the pack against the torch libraries and
@@ -154,7 +246,7 @@ PY
     bad+="the C library here is GLIBC $have, the pack needs $need; "
   fi
   if [[ -n $bad ]]; then
-    detail="libraries: $bad"
+    say "libraries: $bad"
     echo "MISSING: $bad"
     return 2
   fi
@@ -162,7 +254,7 @@ PY
   # fallbacks only for the pack's binaries, through wrappers (a newer
   # libstdc++ in Python's LD_LIBRARY_PATH would replace the one torch was
   # loaded with there).
-  export LD_LIBRARY_PATH=$libs
+  echo "export LD_LIBRARY_PATH=$(printf '%q' "$libs")" > "$work/env"
   if [[ -n $fallback ]]; then
     mkdir -p "$work/bin"
     local b
@@ -170,47 +262,41 @@ PY
       printf '#!/bin/sh\nLD_LIBRARY_PATH="$LD_LIBRARY_PATH:%s" exec %q "$@"\n' "$fallback" "$b" > "$work/bin/$(basename "$b")"
       chmod +x "$work/bin/$(basename "$b")"
     done
-    bin=$work/bin
+    echo "bin=$(printf '%q' "$work/bin")" >> "$work/env"
     echo "lib/fallback: for the pack's binaries only (wrappers in $work/bin)"
   fi
-  "$bin/fsdp-train" --version || { detail="fsdp-train does not start"; return 2; }
+  source "$work/env"
+  bounded 30 "${bin:-$pack/bin}/fsdp-train" --version || { say "fsdp-train does not start (exit $?)"; return 2; }
   # Python, like every process but the pack's own binaries, never sees lib/fallback.
   local py_path
-  py_path=$("$PYTHON" -c 'import os; print(os.environ.get("LD_LIBRARY_PATH", ""))')
-  [[ $py_path != *lib/fallback* ]] || { detail="lib/fallback leaked into Python's LD_LIBRARY_PATH ($py_path)"; return 2; }
-  if [[ $mode != dry ]]; then
-    [[ $(v cuda_available) == True ]] || { detail="torch sees no CUDA device here; use --dry-run on a machine without a GPU"; return 2; }
-    nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2> /dev/null || true
-    detail="$(v device); NCCL $(v nccl) (pack: $(pack_value nccl_built)), cuDNN $(v cudnn); torch $(v torch_version) as built${fallback:+; lib/fallback only for the binaries of the pack}"
+  py_path=$(bounded 30 "$PYTHON" -c 'import os; print(os.environ.get("LD_LIBRARY_PATH", ""))')
+  [[ $py_path != *lib/fallback* ]] || { say "lib/fallback leaked into Python's LD_LIBRARY_PATH ($py_path)"; return 2; }
+  if [[ $device == cuda ]]; then
+    [[ $(v cuda_available) == True ]] || { say "torch sees no CUDA device here; use --dry-run on a machine without a GPU"; return 2; }
+    bounded 30 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2> /dev/null || true
+    say "$(v device); NCCL $(v nccl) (pack: $(pack_value nccl_built)), cuDNN $(v cudnn); torch $(v torch_version) as built${fallback:+; lib/fallback only for the binaries of the pack}"
   else
-    detail="dry run on the CPU; torch $(v torch_version) as built; libraries resolve in the pack${fallback:+; lib/fallback only for the binaries of the pack}"
+    say "on the CPU; torch $(v torch_version) as built; libraries resolve in the pack${fallback:+; lib/fallback only for the binaries of the pack}"
   fi
 }
 phase "probe" probe.log 90 probe
 probe_rc=$?
 if ((probe_rc != 0)); then
-  # Keep the variables the probe found for the rows, then stop.
-  {
-    echo "# fsdp-cpp GPU pack: run.sh${1:+ $1}, $(date -u '+%Y-%m-%d %H:%M UTC')"
-    echo
-    echo "| phase | result | seconds | details |"
-    echo "|---|---|---|---|"
-    printf '%s\n' "${rows[@]}"
-    echo
-    echo "The probe stopped the run."
-  } > "$OUT/summary.md"
-  cat "$OUT/summary.md"
+  { echo; echo "The probe stopped the run."; } >> "$summary"
+  cat "$summary"
   exit 2
 fi
-# The probe's library path (it ran in this shell) serves every later phase.
+# The probe's library path and binaries (it ran in a subshell) serve every later phase.
+source "$work/env"
 export LD_LIBRARY_PATH
 
 # ---- the CUDA tests ----------------------------------------------------------------
 cuda_tests() {
   mkdir -p "$work/tests"
   local rc=0
-  FSDP_TEST_TMPDIR=$work/tests FSDP_TEST_DEVICE=$device timeout -k 10 "$PHASE_LIMIT" "$bin/test_cuda" || rc=$?
-  detail="FSDP_TEST_DEVICE=$device: $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ test' "$OUT/cuda-tests.log" | tr '\n' ' ')"
+  FSDP_TIMEOUT=$(collective_timeout "$PHASE_LIMIT") FSDP_TEST_TMPDIR=$work/tests FSDP_TEST_DEVICE=$device \
+    bounded "$PHASE_LIMIT" "$bin/test_cuda" || rc=$?
+  say "FSDP_TEST_DEVICE=$device: $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ test' "$OUT/cuda-tests.log" | tr '\n' ' ')"
   return $rc
 }
 
@@ -232,16 +318,19 @@ if sys.byteorder != "little":
 open(sys.argv[2], "wb").write(a.tobytes())
 PY
   # A dry run compares the CPU with itself at a size the CPU runs in seconds.
-  local steps=30 batch=8 seq=64 rc=0 d run=0
+  local steps=30 batch=8 seq=64 rc=0 d run=0 each
   [[ $mode == dry ]] && steps=8 batch=2 seq=32
+  each=$((PHASE_LIMIT / 2 - 5))
   for d in "$device" cpu; do  # run 1: the device under test; run 2: the CPU
     run=$((run + 1))
     echo "--- run $run: fsdp-train --device $d"
-    timeout -k 10 $((PHASE_LIMIT / 2 - 5)) "$bin/fsdp-train" --model tiny --data "$work/tokens.bin" --token-dtype u32 \
-      --seq-len "$seq" --batch-size "$batch" --max-steps "$steps" --log-every 1 --lr 3e-3 --warmup-steps 3 \
-      --mixed-precision bf16 --device "$d" --metrics-file "$work/metrics-$run.jsonl" || { rc=$?; detail="--device $d exited $rc"; return $rc; }
+    FSDP_TIMEOUT=$(collective_timeout "$each") bounded "$each" "$bin/fsdp-train" --model tiny --data "$work/tokens.bin" \
+      --token-dtype u32 --seq-len "$seq" --batch-size "$batch" --max-steps "$steps" --log-every 1 --lr 3e-3 \
+      --warmup-steps 3 --mixed-precision bf16 --device "$d" --metrics-file "$work/metrics-$run.jsonl" ||
+      { rc=$?; say "--device $d exited $rc"; return $rc; }
   done
-  detail=$("$PYTHON" - "$work/metrics-1.jsonl" "$work/metrics-2.jsonl" "$device" "$steps" <<'PY'
+  local verdict
+  verdict=$("$PYTHON" - "$work/metrics-1.jsonl" "$work/metrics-2.jsonl" "$device" "$steps" <<'PY'
 import json, sys
 def losses(p):
     return [r["loss"] for r in map(json.loads, open(p)) if "loss" in r and "step" in r]
@@ -259,13 +348,14 @@ print(f"{len(a)} and {len(b)} steps (of {steps}), worst relative difference {wor
 sys.exit(0 if ok else 1)
 PY
 ) || rc=$?
-  echo "$detail"
+  say "$verdict"
+  echo "$verdict"
   return $rc
 }
 
 # ---- the head-to-head and the tutorial MLP -------------------------------------------
 head_to_head() {
-  local rc=0 flags=()
+  local flags=()
   case $mode in
     dry) flags=(--dry-run --run-timeout 120) ;;
     # The MLP at width 8192 (537M parameters): at 20480 its offloaded run pins
@@ -273,39 +363,50 @@ head_to_head() {
     quick) flags=(--run-timeout 100 --mlp-width 8192) ;;
     long) flags=(--long --run-timeout 150) ;;
   esac
-  timeout -k 10 "$PHASE_LIMIT" "$pack/bench/run.sh" --bin "$bin" --out "$work/bench" "${flags[@]}" || rc=$?
-  local f
-  for f in bench.log results.jsonl table.md; do [[ -f $work/bench/$f ]] && mv "$work/bench/$f" "$OUT/$f"; done
-  detail="table below; every run's output in bench.log"
-  return $rc
+  say "table below; every run's output in bench.log"
+  # Its own budget: the phase's limit less the grace its stop would take, so
+  # that every row it reaches gets a bounded share and the table is written.
+  FSDP_TIMEOUT=$FSDP_TIMEOUT_SET "$pack/bench/run.sh" --bin "$bin" --out "$OUT" --budget-s $((PHASE_LIMIT - kGrace)) \
+    "${flags[@]}"
 }
 
-if [[ $mode != long ]]; then
-  phase "CUDA tests" cuda-tests.log 150 cuda_tests
-  phase "--device $device against --device cpu" agreement.log 90 agreement
-fi
-# Whatever the earlier phases left of the budget, up to 8 minutes.
-phase "head-to-head and tutorial MLP" bench.log.tmp 480 head_to_head
-# The phase's own output (the bench script's progress) goes after its log.
-if [[ -f $OUT/bench.log.tmp ]]; then
-  cat "$OUT/bench.log.tmp" >> "$OUT/bench.log"
-  rm -f "$OUT/bench.log.tmp"
-fi
+# ---- the self-test: a phase that hangs ------------------------------------------
+hang() {
+  # A child in the background, and one that ignores TERM: both must go.
+  (exec -a fsdp-pack-selftest-hang sleep 1000) &
+  (trap '' TERM; exec -a fsdp-pack-selftest-hang sleep 1000) &
+  echo "started two processes that never end; waiting to be stopped"
+  wait
+}
 
+case $mode in
+  selftest)
+    phase "self-test: a phase that hangs" selftest.log "${FSDP_PACK_SELFTEST_S:-5}" hang
+    if grep -q '^| self-test: a phase that hangs | TIMED OUT |' "$summary" && ! grep -q SURVIVED "$summary"; then
+      echo "run.sh: self-test passed: the hung phase was reported and stopped" >> "$summary"
+      failed=0
+    else
+      echo "run.sh: self-test FAILED: the hung phase was not reported as TIMED OUT, or left processes" >> "$summary"
+      failed=1
+    fi
+    ;;
+  *)
+    if [[ $mode != long ]]; then
+      phase "CUDA tests" cuda-tests.log 150 cuda_tests
+      phase "--device $device against --device cpu" agreement.log 90 agreement
+    fi
+    # Whatever the earlier phases left of the budget, up to 8 minutes.
+    phase "head-to-head and tutorial MLP" bench.log 480 head_to_head
+    if [[ -f $OUT/table.md ]]; then
+      { echo; cat "$OUT/table.md"; } >> "$summary"
+    fi
+    ;;
+esac
 {
-  echo "# fsdp-cpp GPU pack: run.sh${1:+ $1}, $(date -u '+%Y-%m-%d %H:%M UTC'), $((SECONDS - start)) s"
   echo
-  echo "Pack: $(pack_value project_commit), torch $(pack_value torch_version)."
-  echo
-  echo "| phase | result | seconds | details |"
-  echo "|---|---|---|---|"
-  printf '%s\n' "${rows[@]}"
-  if [[ -f $OUT/table.md ]]; then
-    echo
-    cat "$OUT/table.md"
-  fi
-} > "$OUT/summary.md"
-cat "$OUT/summary.md"
+  echo "Finished after $((SECONDS - start)) s: $([[ $failed == 0 ]] && echo "every phase passed" || echo "NOT every phase passed") (exit $failed)."
+} >> "$summary"
+cat "$summary"
 files=$(ls -A "$OUT" | wc -l)
 ((files <= 8)) || { echo "run.sh: $files files in OUT, more than 8" >&2; failed=1; }
 exit $failed

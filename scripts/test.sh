@@ -15,11 +15,12 @@
 #  4. The fuzz build (build-fuzz/: clang++, -DFSDP_FUZZ=ON, only the parsers, with the sanitizers) and
 #     its tests (label fuzz: each fuzz target replays its corpus, then fuzzes 20,000 inputs with a
 #     fixed seed); after the main suite. FSDP_SKIP_FUZZ=1 leaves it out.
-#  5. The GPU pack (scripts/gpu-pack.sh) on a machine like the GPU machine: its run.sh --dry-run
-#     inside a minimal Debian 12 root (scripts/minroot.sh: debootstrap minbase plus python3, built
-#     once per machine and cached), where the only other things are the pack and the project's
-#     Python environment (read-only, at their own paths). FSDP_SKIP_PACK=1 leaves it out (and it
-#     is left out when ctest arguments select tests).
+#  5. The GPU pack (scripts/gpu-pack.sh) on a machine like the GPU machine: inside a minimal Debian
+#     12 root (scripts/minroot.sh: debootstrap minbase plus python3, built once per machine and
+#     cached), where the only other things are the pack and the project's Python environment
+#     (read-only, at their own paths): its run.sh --self-test (a phase made to hang must be
+#     reported and leave no process), then run.sh --dry-run. FSDP_SKIP_PACK=1 leaves it out (and
+#     it is left out when ctest arguments select tests).
 # Under CI=true a skipped test fails the run; the summary names every skipped test.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,10 +64,10 @@ if ((fuzz)); then
   (cd build-fuzz && ctest --output-on-failure -j "$(nproc)" --timeout 900 --output-junit ctest-junit.xml "$@") || rc=$?
 fi
 
-# The GPU pack, as the GPU machine gets it: built, then dry-run inside a minimal root that has
-# nothing else: no build tree, no checkout, none of this machine's libraries beyond the base system
-# (run.sh finds torch through the Python; the pack's binaries carry no path into the checkout or
-# the environment).
+# The GPU pack, as the GPU machine gets it: built, then run inside a minimal root that has nothing
+# else: no build tree, no checkout, none of this machine's libraries beyond the base system (run.sh
+# finds torch through the Python; the pack's binaries carry no path into the checkout or the
+# environment). The self-test first (seconds): a hung phase is stopped with its whole process group.
 if [[ "${FSDP_SKIP_PACK:-0}" != 1 && $# -eq 0 ]]; then
   SECONDS=0
   fresh=$(mktemp -d)
@@ -75,15 +76,24 @@ if [[ "${FSDP_SKIP_PACK:-0}" != 1 && $# -eq 0 ]]; then
   FSDP_CUDA_BUILD_DIR=$BUILD_DIR scripts/gpu-pack.sh "$fresh/pack" || pack_rc=$?
   venv=$(scripts/venv.sh)
   mkdir -p "$fresh/out"
+  in_root() { scripts/minroot.sh --ro "$fresh/pack" --ro "$venv" --rw "$fresh/out" -- /usr/bin/env PYTHON="$venv/bin/python" "$@"; }
   if ((pack_rc == 0)); then
-    scripts/minroot.sh --ro "$fresh/pack" --ro "$venv" --rw "$fresh/out" -- \
-      /usr/bin/env PYTHON="$venv/bin/python" OUT="$fresh/out/dry-run" "$fresh/pack/run.sh" --dry-run || pack_rc=$?
+    # With the fallback libraries forced on: the wrappers that keep them from Python are used.
+    in_root OUT="$fresh/out/self-test" FSDP_PACK_FORCE_FALLBACK=1 "$fresh/pack/run.sh" --self-test || pack_rc=$?
+    if pgrep -f fsdp-pack-selftest-hang > /dev/null; then
+      echo "test.sh: the pack's self-test left processes running: $(pgrep -af fsdp-pack-selftest-hang)" >&2
+      kill -KILL $(pgrep -f fsdp-pack-selftest-hang) 2> /dev/null
+      pack_rc=1
+    fi
+  fi
+  if ((pack_rc == 0)); then
+    in_root OUT="$fresh/out/dry-run" "$fresh/pack/run.sh" --dry-run || pack_rc=$?
   fi
   if ((pack_rc != 0)); then
-    echo "test.sh: the GPU pack's dry run failed (exit $pack_rc)" >&2
+    echo "test.sh: the GPU pack's self-test or dry run failed (exit $pack_rc)" >&2
     rc=1
   fi
-  echo "test.sh: GPU pack built and dry-run in a minimal root in ${SECONDS}s"
+  echo "test.sh: GPU pack built, self-tested and dry-run in a minimal root in ${SECONDS}s"
 fi
 
 # Skipped tests: named always; a failure under CI=true.

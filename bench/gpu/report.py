@@ -56,6 +56,14 @@ def train_row(a):
     return 0
 
 
+def failed_row(a):
+    """A row that produced no result: its reason, the last line of the run's error output."""
+    with open(a.stderr, errors="replace") as f:
+        lines = [line.strip() for line in f if line.strip()]
+    print(json.dumps({"row": a.row, "kind": a.kind, "ckpt": a.ckpt, "error": (lines[-1] if lines else "no output")[:200]}))
+    return 0
+
+
 def table(a):
     with open(a.config) as f:
         cfg = json.load(f)
@@ -63,8 +71,20 @@ def table(a):
         peak = json.loads(f.read())
     fpt, n = flops_per_token(cfg, a.seq_len)
     rows = load(a.results)
-    print(f"matmul rate: {peak['tflops']:.4g} TFLOP/s ({peak['dtype']}, {peak['device']}); "
-          f"{fpt / 1e9:.2f} GFLOP per token (N = {n / 1e6:.1f}M in matrix products, T = {a.seq_len})")
+    if "tflops" in peak:
+        rate = peak["tflops"] * 1e12
+        print(f"matmul rate: {peak['tflops']:.4g} TFLOP/s ({peak['dtype']}, {peak['device']}); "
+              f"{fpt / 1e9:.2f} GFLOP per token (N = {n / 1e6:.1f}M in matrix products, T = {a.seq_len})")
+    else:  # the rate was not measured: every other column still is
+        rate = None
+        print(f"matmul rate: not measured ({peak.get('error', 'no result')}), so no MFU; "
+              f"{fpt / 1e9:.2f} GFLOP per token (N = {n / 1e6:.1f}M in matrix products, T = {a.seq_len})")
+
+    def mfu(tps):
+        return tps * fpt / rate if rate else None
+
+    def pct(x):
+        return "-" if x is None else f"{100 * x:.1f}%"
     print()
     print("| run | act. ckpt | batch | tokens/s | MFU | peak memory | (a) / this: tokens/s | MFU | memory | note |")
     print("|---|---|---|---|---|---|---|---|---|---|")
@@ -81,14 +101,12 @@ def table(a):
                 print(f"| {r['row']} | {'on' if ckpt else 'off'} | - | not run: {r['error']} | | | | | | |")
                 continue
             tps = r["tokens_per_s"]
-            mfu = tps * fpt / (peak["tflops"] * 1e12)
             rel_t = rel_f = rel_m = "-"
             if ours is not None and not r["row"].startswith("(a)"):
-                ours_mfu = ours["tokens_per_s"] * fpt / (peak["tflops"] * 1e12)
                 rel_t = f"{ours['tokens_per_s'] / tps:.2f}x"
-                rel_f = f"{ours_mfu / mfu:.2f}x"
+                rel_f = rel_t if rate else "-"  # the same flops per token on both sides
                 rel_m = f"{ours['peak_mem_bytes'] / r['peak_mem_bytes']:.2f}x"
-            print(f"| {r['row']} | {'on' if ckpt else 'off'} | {r['batch_size']} | {tps:,.0f} | {100 * mfu:.1f}% | "
+            print(f"| {r['row']} | {'on' if ckpt else 'off'} | {r['batch_size']} | {tps:,.0f} | {pct(mfu(tps))} | "
                   f"{gib(r['peak_mem_bytes'])} | {rel_t} | {rel_f} | {rel_m} | {r.get('note', '')} |")
     mlp = [r for r in rows if r.get("kind") == "mlp"]
     if mlp:
@@ -121,13 +139,18 @@ def main():
     r.add_argument("--batch-size", type=int, required=True)
     r.add_argument("--seq-len", type=int, required=True)
     r.add_argument("--warmup", type=int, required=True)
+    e = sub.add_parser("failed-row", help="one result line for a run that produced none")
+    e.add_argument("--row", required=True)
+    e.add_argument("--kind", required=True)
+    e.add_argument("--ckpt", action="store_true")
+    e.add_argument("--stderr", required=True, help="the run's error output")
     t = sub.add_parser("table", help="print the result table")
     t.add_argument("--results", required=True, help="JSON lines: one per run")
     t.add_argument("--config", required=True, help="the model's Hugging Face config.json")
     t.add_argument("--seq-len", type=int, required=True)
     t.add_argument("--peak", required=True, help="matmul_peak.py's JSON line")
     a = p.parse_args()
-    return train_row(a) if a.cmd == "train-row" else table(a)
+    return {"train-row": train_row, "failed-row": failed_row, "table": table}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@
 #   bench/gpu/run.sh [--bin DIR] [--out DIR] [--long] [--model llama3.2-1b] [--seq-len 2048]
 #                    [--batch-size 4] [--ckpt-batch-size 8] [--steps 5] [--warmup 2]
 #                    [--mlp-width 20480] [--mlp-batch-size 8] [--only a,b,c,mlp] [--run-timeout 150]
+#                    [--budget-s SECONDS]
 #   bench/gpu/run.sh --dry-run   # CPU, tiny sizes
 #
 # Sizes: the defaults fit an 80 GB card on both sides (the peers upcast all
@@ -22,9 +23,16 @@
 #   scripts/gpu-pack.sh); otherwise the build tree's: build-gpu/ (built by
 #   scripts/gpu.sh --build-only when missing), build/ with --dry-run.
 # --out DIR: where the results stay: bench.log (every run's output, in
-#   order), results.jsonl (one line per run) and DIR/table.md. Default: a new
-#   folder under bench/gpu/out/. Nothing else is written outside a temporary
-#   folder, which is removed.
+#   order), results.jsonl (one line per run) and DIR/table.md, the last two
+#   rewritten after every run, so a call cut short keeps what it measured.
+#   DIR may exist, but must not hold results.jsonl or table.md; bench.log is
+#   appended to (the GPU pack's run.sh logs its own lines there too). Default: a new folder under bench/gpu/out/. Nothing else is
+#   written outside a temporary folder, which is removed.
+# --budget-s SECONDS: the whole call's time: each run gets --run-timeout or
+#   what is left of the budget (less a reserve for the table), whichever is
+#   less; a run that would get under 15 s is not started, and its row says so.
+#   Each run also gets FSDP_TIMEOUT, unless set, of a third of its limit, so a
+#   hung collective is named in bench.log before the run is stopped.
 # --dry-run: the CPU, the `tiny` preset, a few steps: the harness end to end on
 #   a machine without a GPU. (c) runs there where transformers is installed
 #   (otherwise its row says why not); (b) does not — PyTorch FSDP1 refuses a
@@ -37,7 +45,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 dry=0 long=0 bin="" out=""
 model=llama3.2-1b seq=2048 batch=4 ckpt_batch=8 steps=5 warmup=2
-mlp_width=20480 mlp_batch=8 only="a,b,c,mlp" run_timeout=150
+mlp_width=20480 mlp_batch=8 only="a,b,c,mlp" run_timeout=150 budget=0
 args=("$@")
 usage() { echo "bench/gpu/run.sh: $*; see the header of bench/gpu/run.sh" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -57,12 +65,15 @@ while [[ $# -gt 0 ]]; do
     --mlp-batch-size) mlp_batch=$2; shift 2 ;;
     --only) only=$2; shift 2 ;;
     --run-timeout) run_timeout=$2; shift 2 ;;
+    --budget-s) budget=$2; shift 2 ;;
     *) usage "unknown argument '$1'" ;;
   esac
 done
 for n in "$seq" "$batch" "$ckpt_batch" "$steps" "$warmup" "$mlp_width" "$mlp_batch" "$run_timeout"; do
   [[ $n =~ ^[1-9][0-9]*$ ]] || usage "'$n' is not a positive whole number"
 done
+[[ $budget =~ ^[0-9]+$ ]] || usage "--budget-s '$budget' is not a whole number of seconds"
+start=$SECONDS
 wants() { [[ ",$only," == *",$1,"* ]]; }
 
 device=$([[ $dry -eq 1 ]] && echo cpu || echo cuda)
@@ -87,36 +98,78 @@ if [[ -z $out ]]; then
   out=$(mktemp -d "$here/out/$(date -u +%Y%m%d-%H%M%S)-XXXX")
 fi
 mkdir -p "$out"
-[[ -z $(ls -A "$out") ]] || usage "--out $out is not empty: results are never overwritten; name a new folder"
+for f in results.jsonl table.md; do
+  [[ ! -e $out/$f ]] || usage "--out $out already holds $f: results are never overwritten; name a new folder"
+done
 log=$out/bench.log results=$out/results.jsonl
-: > "$log"
-: > "$results"
+touch "$log" "$results"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+readonly kTableReserve=10  # seconds of the budget kept for the table
 
+# The limit of the next run: --run-timeout, or what the budget has left.
+run_limit() {
+  local limit=$run_timeout rest
+  if ((budget > 0)); then
+    rest=$((budget - kTableReserve - (SECONDS - start)))
+    ((rest < limit)) && limit=$rest
+  fi
+  echo "$limit"
+}
 # One run: its command and output appended to bench.log under a header;
-# bounded by --run-timeout. Returns the command's status (124: timed out).
+# bounded by run_limit (a run that would get under 15 s is not started:
+# status 125). Returns the command's status (124: timed out). The timeout
+# stays in this process group (--foreground), so stopping this script stops
+# the run too.
 run_logged() {  # name command...
-  local name=$1 rc=0
+  local name=$1 rc=0 limit
   shift
-  { echo; echo "=== $name ($(date -u +%H:%M:%S))"; echo "\$ $*"; } >> "$log"
-  timeout -k 10 "$run_timeout" "$@" > "$work/run.out" 2> "$work/run.err" || rc=$?
+  limit=$(run_limit)
+  : > "$work/run.out"
+  if ((limit < 15)); then
+    echo "not started: the budget of ${budget}s is spent" > "$work/run.err"
+    { echo; echo "=== $name: not started, the budget of ${budget}s is spent"; } >> "$log"
+    return 125
+  fi
+  { echo; echo "=== $name ($(date -u +%H:%M:%S), at most ${limit}s)"; echo "\$ $*"; } >> "$log"
+  FSDP_TIMEOUT=${FSDP_TIMEOUT:-$((limit / 3 < 10 ? 10 : limit / 3))} \
+    timeout --foreground -k 10 "$limit" "$@" > "$work/run.out" 2> "$work/run.err" || rc=$?
   cat "$work/run.err" >> "$log"
-  [[ $rc -eq 124 ]] && echo "timed out after ${run_timeout}s" >> "$work/run.err"
+  [[ $rc -eq 124 ]] && echo "timed out after ${limit}s" >> "$work/run.err"
   echo "=== $name: exit $rc" >> "$log"
   return $rc
 }
+# The table so far (table.md, rewritten whole): after every row.
+write_table() {
+  local status=0
+  {
+    echo "Command: \`bench/gpu/run.sh ${args[*]}\`, $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "Card: $(timeout 20 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true);" \
+         "PyTorch $torch_version"
+    echo
+    "$PYTHON" "$here/report.py" table --results "$results" --config "$work/config.json" --seq-len "$seq" \
+      --peak "$work/peak.json"
+  } > "$work/table.md" || status=$?
+  mv "$work/table.md" "$out/table.md"
+  return $status
+}
 # A row that failed: its reason (the last line of its error output) in place of numbers.
 failed_row() {  # row kind ckpt
-  "$PYTHON" -c 'import json,sys; lines=[l.strip() for l in open(sys.argv[4], errors="replace") if l.strip()];
-print(json.dumps({"row": sys.argv[1], "kind": sys.argv[2], "ckpt": sys.argv[3] == "1",
-                  "error": (lines[-1] if lines else "no output")[:200]}))' "$1" "$2" "$3" "$work/run.err" >> "$results"
+  "$PYTHON" "$here/report.py" failed-row --row "$1" --kind "$2" $([[ $3 -eq 1 ]] && echo --ckpt) \
+    --stderr "$work/run.err" >> "$results"
 }
 
-echo "bench/gpu/run.sh: $model, seq $seq, batch $batch (checkpointing: $ckpt_batch), $warmup warm-up + $steps measured steps, device $device; results in $out" | tee -a "$log"
+echo "bench/gpu/run.sh: $model, seq $seq, batch $batch (checkpointing: $ckpt_batch), $warmup warm-up + $steps measured steps, device $device; results in $out"
 "$inspect" --model "$model" --write-hf-config "$work/config.json" > /dev/null
-run_logged "matmul peak" "$PYTHON" "$here/matmul_peak.py" --device "$device" $([[ $dry -eq 1 ]] && echo "--n 512 --iters 5")
-cp "$work/run.out" "$work/peak.json"
+torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2> /dev/null || echo "(torch does not import)")
+# The MFU's denominator. Without it the rows still run; MFU says "-".
+if run_logged "matmul peak" "$PYTHON" "$here/matmul_peak.py" --device "$device" \
+    $([[ $dry -eq 1 ]] && echo "--n 512 --iters 5"); then
+  cp "$work/run.out" "$work/peak.json"
+else
+  "$PYTHON" -c 'import json,sys; print(json.dumps({"error": sys.argv[1][:200]}))' \
+    "$(tail -n 1 "$work/run.err" 2> /dev/null)" > "$work/peak.json"
+fi
 vocab=$("$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$work/config.json")
 
 # Random token ids (uint32, below the vocabulary size): enough for the largest run.
@@ -147,6 +200,7 @@ ours() {  # row ckpt batch
   else
     failed_row "$row" llama "$ckpt"
   fi
+  write_table || true
 }
 
 for ckpt in 0 1; do
@@ -167,6 +221,7 @@ for ckpt in 0 1; do
     else
       failed_row "$name" llama "$ckpt"
     fi
+    write_table || true
   done
 done
 # Where fsdp-train fits a larger batch than the peers were given.
@@ -181,18 +236,12 @@ if wants mlp; then
     else
       failed_row "$name" mlp 0
     fi
+    write_table || true
   done
 fi
 
 status=0
-{
-  echo "Command: \`bench/gpu/run.sh ${args[*]}\`, $(date -u '+%Y-%m-%d %H:%M UTC')"
-  echo "Card: $(nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true);" \
-       "PyTorch $("$PYTHON" -c 'import torch; print(torch.__version__)')"
-  echo
-  "$PYTHON" "$here/report.py" table --results "$results" --config "$work/config.json" --seq-len "$seq" \
-    --peak "$work/peak.json"
-} > "$out/table.md" || status=$?
+write_table || status=$?
 cat "$out/table.md"
 echo "bench/gpu/run.sh: results in $out (table.md, results.jsonl, bench.log)"
 exit $status
