@@ -11,8 +11,13 @@ PyTorch FSDP, set up the way the published FSDP fine-tuning recipes do it.
                 FULL_SHARD by NO_SHARD: the row's "sharding" says what ran.
   --impl fsdp2: fully_shard on each decoder layer and on the root, with
                 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16).
-Both: torch.optim.AdamW (its default implementation), the model's own loss
-(labels = input ids), attention through SDPA.
+Both: torch.optim.AdamW with fused=True (the fused kernel, as fsdp-train's
+default AdamW: the same implementation class on both sides), the gradient
+norm clipped to --clip-grad (FSDP1: FullyShardedDataParallel.clip_grad_norm_;
+FSDP2: torch.nn.utils.clip_grad_norm_ over the DTensor parameters; 0: off), the
+model's own loss (labels = input ids), attention through SDPA. On the CPU
+(run.sh --dry-run) both run on gloo; FSDP1 is given the CPU as its device
+(without device_id it refuses a machine without an accelerator).
 
 Fair to both sides: the model is built on the device it trains on (fp32
 parameters, as fsdp-train's masters); the peak memory counts from after the
@@ -48,6 +53,7 @@ def parse_args():
     p.add_argument("--steps", type=int, default=10)
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--lr", type=float, default=1e-4)
+    p.add_argument("--clip-grad", type=float, default=1.0, help="max gradient norm (0: no clipping)")
     p.add_argument("--activation-checkpointing", action="store_true")
     p.add_argument("--precision", choices=["bf16", "fp32"], default="bf16")
     p.add_argument("--device", choices=["cuda", "cpu"], default="cuda")
@@ -120,7 +126,7 @@ def main():
                      auto_wrap_policy=policy,
                      sharding_strategy=ShardingStrategy.FULL_SHARD,
                      mixed_precision=MixedPrecision(param_dtype=bf16, reduce_dtype=bf16),
-                     device_id=device if a.device == "cuda" else None,
+                     device_id=device,  # the CPU too: FSDP1 then runs on gloo
                      limit_all_gathers=True,
                      use_orig_params=False)
         sharding = model.sharding_strategy.name  # NO_SHARD at world size 1: FSDP1 switches by itself
@@ -138,7 +144,17 @@ def main():
         fully_shard(model, mp_policy=mp)
         sharding = "FULL_SHARD"  # fully_shard shards at any world size
 
-    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1)
+    if a.activation_checkpointing:  # the wrapping took: every decoder layer is checkpointed
+        from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
+        wrapped = sum(1 for m in model.modules() if isinstance(m, CheckpointWrapper))
+        if wrapped != config.num_hidden_layers:
+            fail(f"activation checkpointing wrapped {wrapped} modules, not the {config.num_hidden_layers} decoder layers")
+    opt = torch.optim.AdamW(model.parameters(), lr=a.lr, weight_decay=0.1, fused=True)
+    if a.impl == "fsdp1":
+        clip = model.clip_grad_norm_  # the norm over every rank's shards
+    else:
+        def clip(max_norm):
+            return torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm)
 
     tokens = array.array("I")
     with open(a.tokens, "rb") as f:
@@ -164,6 +180,8 @@ def main():
         x = data[step, rank].to(device, non_blocking=True)
         loss = model(input_ids=x, labels=x).loss  # the logits die here, not at the next step
         loss.backward()
+        if a.clip_grad > 0:
+            clip(a.clip_grad)
         opt.step()
         opt.zero_grad(set_to_none=True)
         loss = loss.detach().float()
@@ -191,6 +209,8 @@ def main():
             "seq_len": a.seq_len,
             "batch_size": a.batch_size,
             "activation_checkpointing": a.activation_checkpointing,
+            "optimizer": "AdamW, fused",
+            "clip_grad": a.clip_grad,
             "tokens_per_s": a.steps * per_step * window / seconds,
             "step_time_s": seconds / a.steps,
             "peak_mem_bytes": peak,
