@@ -89,13 +89,15 @@ void check_batch(const LlamaConfig& cfg, const at::Tensor& tokens, const at::Ten
 // ---------------------------------------------------------------------------
 // Rotary embedding
 
-at::Tensor llama_rope_inv_freq(const LlamaConfig& cfg) {
+at::Tensor llama_rope_inv_freq(const LlamaConfig& cfg, at::Device device) {
   // Mirrors transformers' fp32 arithmetic op by op (Python's `s / t` on a
   // tensor is t.reciprocal() * s, and `s ** t` is tensor(s, float32) ** t), so
-  // the tables agree bit for bit with HF on the same LibTorch.
+  // the tables agree bit for bit with HF on the same LibTorch. Every tensor is
+  // made on `device`; the scalars are kernel arguments, not host tensors.
   const int64_t dim = cfg.dh();
-  const at::Tensor exponent = at::arange(0, dim, 2, at::TensorOptions().dtype(at::kLong)).to(at::kFloat) / dim;
-  const at::Tensor base = at::scalar_tensor(cfg.rope_theta, at::TensorOptions().dtype(at::kFloat));
+  const auto on = at::TensorOptions().device(device);
+  const at::Tensor exponent = at::arange(0, dim, 2, on.dtype(at::kLong)).to(at::kFloat) / dim;
+  const at::Tensor base = at::scalar_tensor(cfg.rope_theta, on.dtype(at::kFloat));
   at::Tensor inv_freq = at::pow(base, exponent).reciprocal() * 1.0;
   if (!cfg.rope_scaling) return inv_freq;
 
@@ -130,7 +132,9 @@ at::Tensor sliding_window_mask(int64_t seq_len, int64_t window, at::Device devic
 
 std::pair<at::Tensor, at::Tensor> llama_rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len,
                                                      at::ScalarType dtype, at::Device device) {
-  const at::Tensor f32 = inv_freq.to(device, at::kFloat);
+  FSDP_ASSERT(inv_freq.device() == device, "rotary table on ", inv_freq.device(), " for a forward on ", device,
+              ": compute it there (llama_rope_inv_freq), a copy would be a host wait per forward");
+  const at::Tensor f32 = inv_freq.to(at::kFloat);
   const at::Tensor pos = at::arange(seq_len, at::TensorOptions().dtype(at::kLong).device(device)).to(at::kFloat);
   const at::Tensor freqs = at::outer(pos, f32);        // (T, Dh/2)
   const at::Tensor emb = at::cat({freqs, freqs}, -1);  // (T, Dh)
@@ -274,8 +278,19 @@ LlamaModelImpl::LlamaModelImpl(const LlamaConfig& cfg, const at::TensorOptions& 
     blocks_.push_back(std::move(block));
   }
   norm_ = register_module("norm", RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, options));
-  inv_freq_ = llama_rope_inv_freq(cfg);
+  rope_cfg_ = cfg;
   moe_ = cfg.moe();
+}
+
+// Note [Rotary table on the device]
+// The table was a CPU member copied to the hidden states' device in every
+// forward: on CUDA a blocking host-to-device copy, which the no-host-sync
+// test (sync debug "error") refuses and which made every step wait for the
+// device once more. It is computed on the device instead, by the same
+// operations (a few tiny kernels, once per device), and kept there.
+const at::Tensor& LlamaModelImpl::inv_freq(at::Device device) {
+  if (!inv_freq_.defined() || inv_freq_.device() != device) inv_freq_ = llama_rope_inv_freq(rope_cfg_, device);
+  return inv_freq_;
 }
 
 at::Tensor LlamaModelImpl::forward_with_router_logits(const at::Tensor& tokens,
@@ -283,7 +298,7 @@ at::Tensor LlamaModelImpl::forward_with_router_logits(const at::Tensor& tokens,
   FSDP_ASSERT(moe_, "router logits asked of a model without experts");
   at::Tensor h = embed_tokens_(tokens);  // (B, T, D)
   const int64_t T = tokens.size(1);
-  auto [cos, sin] = llama_rope_cos_sin(inv_freq_, T, h.scalar_type(), h.device());
+  auto [cos, sin] = llama_rope_cos_sin(inv_freq(h.device()), T, h.scalar_type(), h.device());
   AttentionMasks masks;
   if (window_ && T >= *window_) masks.sliding = sliding_window_mask(T, *window_, h.device());
   for (auto& block : blocks_) {
@@ -304,7 +319,7 @@ at::Tensor LlamaModelImpl::forward(const at::Tensor& tokens) {
   at::Tensor h = embed_tokens_(tokens);  // (B, T, D)
   // Once per forward, shared by every layer; (T, Dh) each.
   const int64_t T = tokens.size(1);
-  auto [cos, sin] = llama_rope_cos_sin(inv_freq_, T, h.scalar_type(), h.device());
+  auto [cos, sin] = llama_rope_cos_sin(inv_freq(h.device()), T, h.scalar_type(), h.device());
   // Once per forward, shared by every sliding layer (Note [Sliding-window mask]).
   AttentionMasks masks;
   if (window_ && T >= *window_) masks.sliding = sliding_window_mask(T, *window_, h.device());

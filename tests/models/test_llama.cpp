@@ -173,6 +173,31 @@ TEST(Llama, Llama70BOnMetaBuildsFastWithoutAllocating) {
   EXPECT_EQ(m->named_parameters().find("model.layers.79.mlp.down_proj.weight")->sizes(), at::IntArrayRef({8192, 28672}));
 }
 
+// Note [Rotary table on the device] in llama.cpp. The CUDA test of no host
+// synchronization shows it on a GPU; here the meta device stands for "another
+// device than the host's": the table is made there by kernels, and a host
+// table is refused for it instead of being copied (as every forward did at
+// 9fc8542).
+TEST(Llama, RotaryTableIsComputedOnTheForwardsDeviceNeverCopiedFromTheHost) {
+  LlamaConfig cfg = small_cfg();
+  LlamaForCausalLM cpu = build_llama(cfg, kCpu, 0);
+  cpu->forward(random_tokens(1, 6, cfg.vocab_size, 1));
+  const at::Tensor table = cpu->model().inv_freq(at::kCPU);
+  EXPECT_TRUE(table.is_cpu());
+  EXPECT_TRUE(table.equal(fsdp::models::llama_rope_inv_freq(cfg)));  // the same operations: the same bits
+  // Made by kernels on the device asked for (LibTorch has no C++ meta kernel
+  // for where(), so the llama3 rescaling is left out here).
+  const at::Tensor on_meta = fsdp::models::llama_rope_inv_freq(cfg, at::kMeta);
+  EXPECT_TRUE(on_meta.is_meta());
+  EXPECT_EQ(on_meta.sizes(), at::IntArrayRef({cfg.dh() / 2}));
+  // The model's table for another device is made there (a forward asks for
+  // the hidden states' device; LibTorch cannot run a whole forward on meta)...
+  LlamaForCausalLM meta = build_llama(cfg, kMeta, 0);
+  EXPECT_TRUE(meta->model().inv_freq(at::kMeta).is_meta());
+  // ...and the host's table is never taken across.
+  EXPECT_THROW(fsdp::models::llama_rope_cos_sin(table, 6, at::kFloat, at::kMeta), std::exception);
+}
+
 TEST(Llama, EveryPresetOnMetaHasItsAnalyticParameterCount) {
   for (const std::string& name : fsdp::models::list_model_presets()) {
     const LlamaConfig cfg = *fsdp::models::llama_preset(name);

@@ -49,8 +49,10 @@
 // interleaved even/odd elements); cos/sin computed in fp32 and cast to the
 // activation dtype; GQA by repeat_kv (query head h reads kv head h / (H/Hkv));
 // causal softmax(q k^T / sqrt(Dh)) in fp32; RMSNorm in fp32. The rotary tables
-// are neither parameters nor buffers: inv_freq (Dh/2 floats) is kept as a plain
-// CPU member and cos/sin are computed once per forward on the tokens' device.
+// are neither parameters nor buffers: inv_freq (Dh/2 floats) is computed by
+// kernels on the device the forward runs on, the first time it runs there, and
+// kept (never copied from the host: on CUDA such a copy is a host wait in every
+// forward), and cos/sin are computed once per forward on that device.
 //
 // Devices: built on options.device(). On kMeta nothing is allocated or
 // initialized (construction of a 70B model takes milliseconds); on any other
@@ -242,15 +244,19 @@ class LlamaModelImpl : public torch::nn::Module {
   // The embedding's unit: calls through it are gathered when it is sharded.
   LlamaEmbedding& embed_unit() { return embed_tokens_; }
   const std::vector<LlamaBlock>& layers() const { return blocks_; }
-  // (Dh/2) fp32 on CPU; not a parameter or buffer.
-  const at::Tensor& inv_freq() const { return inv_freq_; }
+  // The rotary inverse frequencies (Dh/2) fp32 on `device`: computed there by
+  // llama_rope_inv_freq on first use and kept until asked for another device
+  // (no host copy). Not a parameter or buffer. forward() uses the hidden
+  // states' device.
+  const at::Tensor& inv_freq(at::Device device);
 
  private:
   LlamaEmbedding embed_tokens_{nullptr};  // weight (V, D)
   torch::nn::ModuleList layers_{nullptr};  // "layers.{i}", holds blocks_
   std::vector<LlamaBlock> blocks_;      // L, typed handles to the same modules
   RMSNorm norm_{nullptr};               // weight (D)
-  at::Tensor inv_freq_;                 // (Dh/2) fp32 CPU, rotary inverse frequencies
+  LlamaConfig rope_cfg_;                // what inv_freq_ is computed from
+  at::Tensor inv_freq_;                 // (Dh/2) fp32 on the last forward's device; undefined before
   std::optional<int64_t> window_;       // W of the sliding layers; nullopt when no layer slides
   bool moe_ = false;                    // mixtral: layers return router logits
 };
@@ -378,18 +384,20 @@ std::type_index llama_block_type();
 // shards the embedding and the head as units of their own.
 std::vector<std::type_index> llama_unit_types();
 
-// Rotary inverse frequencies (Dh/2) fp32 on CPU: 1 / theta^(2j/Dh), then the
-// llama3 rescaling when cfg.rope_scaling is set — the same fp32 operations, in
-// the same order, as transformers' _compute_default_rope_parameters and
-// _compute_llama3_parameters.
-at::Tensor llama_rope_inv_freq(const LlamaConfig& cfg);
+// Rotary inverse frequencies (Dh/2) fp32 on `device`: 1 / theta^(2j/Dh), then
+// the llama3 rescaling when cfg.rope_scaling is set — the same fp32
+// operations, in the same order, as transformers' _compute_default_rope_parameters
+// and _compute_llama3_parameters (bit for bit on the CPU), each a kernel on
+// `device`: nothing is copied from the host.
+at::Tensor llama_rope_inv_freq(const LlamaConfig& cfg, at::Device device = at::kCPU);
 
 // (T, T) bool on `device`, true where key j is visible to query i with window
 // W: i - W < j <= i (Note [Sliding-window mask]).
 at::Tensor sliding_window_mask(int64_t seq_len, int64_t window, at::Device device);
 
 // cos, sin (T, Dh) in `dtype` on `device` for positions 0..T-1: computed in fp32
-// as cat(f, f) with f = pos x inv_freq (T, Dh/2), then cast.
+// as cat(f, f) with f = pos x inv_freq (T, Dh/2), then cast. Requires:
+// inv_freq on `device` (a table on another device is refused, not copied).
 std::pair<at::Tensor, at::Tensor> llama_rope_cos_sin(const at::Tensor& inv_freq, int64_t seq_len,
                                                      at::ScalarType dtype, at::Device device);
 
