@@ -77,15 +77,25 @@ int64_t peak_memory_bytes(const c10::Device& d) {
   return d.is_cpu() ? peak_rss_bytes() : -1;
 }
 
-int64_t allocated_memory_bytes(const c10::Device& d) {
+namespace {
+enum class Counted { kAllocated, kRequested };
+// The CUDA caching allocator's current bytes on `d` as `what` counts them; -1 elsewhere.
+int64_t current_cuda_bytes(const c10::Device& d, Counted what) {
 #if defined(FSDP_WITH_CUDA)
   if (d.is_cuda()) {
-    return c10::cuda::CUDACachingAllocator::getDeviceStats(index_of(d)).allocated_bytes[kAggregate].current;
+    const auto stats = c10::cuda::CUDACachingAllocator::getDeviceStats(index_of(d));
+    return (what == Counted::kAllocated ? stats.allocated_bytes : stats.requested_bytes)[kAggregate].current;
   }
 #endif
   (void)d;
+  (void)what;
   return -1;
 }
+}  // namespace
+
+int64_t allocated_memory_bytes(const c10::Device& d) { return current_cuda_bytes(d, Counted::kAllocated); }
+
+int64_t requested_memory_bytes(const c10::Device& d) { return current_cuda_bytes(d, Counted::kRequested); }
 
 ForbidHostSync::ForbidHostSync(const c10::Device& d) {
 #if defined(FSDP_WITH_CUDA)

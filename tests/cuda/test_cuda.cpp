@@ -31,6 +31,7 @@
 
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/comm/backends.h"
+#include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/device.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/llama.h"
@@ -52,11 +53,18 @@ at::Device device_under_test() {
   return kind == "cpu" ? at::Device(at::kCPU) : at::Device(at::kCUDA, 0);
 }
 
+// The collective timeout: FSDP_TIMEOUT (the GPU pack's run.sh sets it below
+// the phase's limit, so a hang is named before the phase is stopped), else 60 s.
+std::chrono::milliseconds collective_timeout() {
+  const char* v = std::getenv("FSDP_TIMEOUT");
+  return v != nullptr && *v != '\0' ? comm::parse_timeout(v, "FSDP_TIMEOUT") : std::chrono::milliseconds(60s);
+}
+
 // A group of one rank on `d`: NCCL for CUDA, the TCP group on the CPU.
 comm::ProcessGroupPtr one_rank_group(const at::Device& d, const std::string& name) {
   auto store = c10::make_intrusive<c10d::HashStore>();
-  if (d.is_cuda()) return comm::make_nccl_group(store, 0, 1, name, 60s, d.index());
-  return comm::make_tcp_group(store, 0, 1, name, 60s, {});
+  if (d.is_cuda()) return comm::make_nccl_group(store, 0, 1, name, collective_timeout(), d.index());
+  return comm::make_tcp_group(store, 0, 1, name, collective_timeout(), {});
 }
 
 class Cuda : public ::testing::Test {
@@ -268,17 +276,20 @@ TEST_F(Cuda, UnshardedBuffersComeFromThePoolSizedByThePlan) {
   const ShardingPlan plan = plan_sharding(model.ptr(), 1, 0, fo);
   ASSERT_GT(plan.step_unsharded_bytes, 0);
 
+  // Requested, not allocated, bytes: the caching allocator rounds each block up
+  // (up to 2 MiB for a large one), which a 5% band on a bound of a few MB
+  // cannot absorb.
   synchronize(device_);
-  const int64_t before = allocated_memory_bytes(device_);
+  const int64_t before = requested_memory_bytes(device_);
   auto sharded = fully_shard(model.ptr(), pg, fo);
   synchronize(device_);
-  const int64_t after = allocated_memory_bytes(device_);
+  const int64_t after = requested_memory_bytes(device_);
   const UnshardedMemory at_start = sharded->unsharded_memory();
   const double bound = static_cast<double>(plan.step_unsharded_bytes);
   EXPECT_GE(at_start.pool_capacity, plan.step_unsharded_bytes);
   EXPECT_LE(at_start.pool_capacity, bound * 1.05) << "pool " << at_start.pool_capacity << " vs plan " << bound;
   if (device_.is_cuda()) {
-    // What the caching allocator handed out for the model: the shards and
+    // What fully_shard asked the caching allocator for: the shards and
     // gradient shards (fp32) and the pool; the pool within 5% of the plan.
     const int64_t resident = plan.param_shard_bytes + plan.grad_shard_bytes;
     const double measured = static_cast<double>(after - before - resident);

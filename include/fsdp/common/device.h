@@ -38,6 +38,10 @@ int64_t peak_memory_bytes(const c10::Device& d);
 // Bytes the CUDA caching allocator has handed out on `d` now (live tensors);
 // -1 for the CPU (no allocator statistics there).
 int64_t allocated_memory_bytes(const c10::Device& d);
+// Bytes the live tensors on CUDA device `d` asked for now: allocated_memory_bytes
+// before the allocator rounds each block up (to 512 B, and up to 2 MiB for large
+// ones), so sums of exact sizes can be compared with it; -1 for the CPU.
+int64_t requested_memory_bytes(const c10::Device& d);
 // Bytes the CUDA caching allocator holds from the driver now (allocated plus
 // cached); CPU: current resident set.
 int64_t reserved_memory_bytes(const c10::Device& d);
