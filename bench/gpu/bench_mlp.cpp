@@ -8,9 +8,13 @@
 // The step is forward, an fp32 mean-squared-error against a fixed target,
 // backward and AdamW. Prints
 //   {"config": ..., "step_time_s": mean over the measured steps,
-//    "peak_mem_bytes": peak_memory_bytes(device) (device.h), "parameters": ...}
-// World size: whatever the launcher says (1 when started by hand).
+//    "peak_mem_bytes": peak_memory_bytes(device) (device.h) from the end of the
+//    setup (model, shards, optimizer, batch) to the end of the run, as the
+//    peers of bench/gpu/run.sh count it, "parameters": ...}
+// World size: whatever the launcher says (1 when started by hand). The
+// collective timeout is FSDP_TIMEOUT's when set (as fsdp-train's), else 600 s.
 #include <chrono>
+#include <cstdlib>
 #include <iostream>
 #include <string>
 
@@ -72,6 +76,9 @@ int run(int argc, char** argv) {
   fsdp::set_current_device(device);
   fsdp::comm::InitOptions init;
   if (device.is_cuda()) init.backend = "nccl";
+  if (const char* env = std::getenv("FSDP_TIMEOUT"); env != nullptr && *env != '\0') {
+    init.timeout = init.store_timeout = fsdp::comm::parse_timeout(env, "FSDP_TIMEOUT");
+  }
   const fsdp::comm::Runtime rt = fsdp::comm::init_process_group(world_info, init);
 
   fsdp::models::MlpConfig cfg;
@@ -95,6 +102,9 @@ int run(int argc, char** argv) {
   const auto opts = at::TensorOptions().device(device).dtype(fo.mixed_precision.param_dtype);
   const at::Tensor x = at::randn({a.batch_size, a.width}, opts);
   const at::Tensor target = at::randn({a.batch_size, a.width}, opts.dtype(at::kFloat));
+  // The peak from here: the setup is not counted (at 9fc8542 it was).
+  fsdp::synchronize(device);
+  fsdp::reset_peak_memory(device);
   double seconds = 0;
   for (int s = 0; s < a.warmup + a.steps; ++s) {
     if (s == a.warmup) fsdp::synchronize(device);
