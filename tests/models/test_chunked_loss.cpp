@@ -11,13 +11,13 @@
 #include <c10/core/CPUAllocator.h>
 
 #include <algorithm>
-#include <atomic>
 #include <map>
 #include <string>
 
 #include "fsdp/models/chunked_loss.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/lora.h"
+#include "support/counting_allocator.h"
 
 namespace fsdp::models {
 namespace {
@@ -213,42 +213,7 @@ TEST(ChunkedLoss, MixtralAddsItsAuxiliaryLoss) {
 
 // ---- memory -----------------------------------------------------------------
 
-// Counts the live bytes of LibTorch's CPU allocations and their peak.
-class CountingAllocator final : public c10::Allocator {
- public:
-  explicit CountingAllocator(c10::Allocator* inner) : inner_(inner) {}
-  c10::DataPtr allocate(size_t n) override {
-    c10::DataPtr p = inner_->allocate(n);
-    auto* ctx = new Ctx{p.release_context(), p.get_deleter(), n, this};
-    const int64_t now = live_.fetch_add(static_cast<int64_t>(n)) + static_cast<int64_t>(n);
-    int64_t peak = peak_.load();
-    while (now > peak && !peak_.compare_exchange_weak(peak, now)) {
-    }
-    return {p.get(), ctx, &Ctx::free, p.device()};
-  }
-  c10::DeleterFnPtr raw_deleter() const override { return nullptr; }
-  void copy_data(void* dest, const void* src, std::size_t count) const override { std::memcpy(dest, src, count); }
-  void reset_peak() { peak_ = live_.load(); }
-  int64_t peak() const { return peak_.load(); }
-  int64_t live() const { return live_.load(); }
-
- private:
-  struct Ctx {
-    void* inner_ctx;
-    c10::DeleterFnPtr inner_free;
-    size_t n;
-    CountingAllocator* owner;
-    static void free(void* p) {
-      auto* c = static_cast<Ctx*>(p);
-      c->inner_free(c->inner_ctx);
-      c->owner->live_.fetch_sub(static_cast<int64_t>(c->n));
-      delete c;
-    }
-  };
-  c10::Allocator* inner_;
-  std::atomic<int64_t> live_{0};
-  std::atomic<int64_t> peak_{0};
-};
+using fsdp::testing::CountingAllocator;
 
 // V = 32768 classes for N = 256 tokens: 32 MiB per fp32 (N, V) buffer.
 // Unchunked, loss + backward hold several of them at once; chunked at 16
