@@ -9,18 +9,26 @@
 
 namespace fsdp::models {
 
-int64_t default_loss_chunk_rows(int64_t vocab_size) {
+int64_t default_loss_chunk_rows(int64_t vocab_size, at::DeviceType device) {
   FSDP_ASSERT(vocab_size >= 1, "vocab_size ", vocab_size);
-  constexpr int64_t kElements = int64_t{1} << 24;  // 64 MiB of fp32 logits
   int64_t rows = 16;
+  if (device == at::kCUDA) {
+    constexpr int64_t kBytesPerLogit = 2 * 2 + 3 * 4;  // chunked_loss_bytes' per-row part in bf16
+    while (rows * 2 * vocab_size * kBytesPerLogit <= kCudaLossChunkBytes) rows *= 2;
+    return rows;
+  }
+  constexpr int64_t kElements = int64_t{1} << 24;  // 64 MiB of fp32 logits
   while (rows * 2 * vocab_size <= kElements) rows *= 2;
   return rows;
 }
 
 int64_t chunked_loss_bytes(int64_t rows, int64_t vocab_size, int64_t hidden_size, at::ScalarType dtype) {
   const auto elem = static_cast<double>(c10::elementSize(dtype));
-  const double bytes = static_cast<double>(rows) * static_cast<double>(vocab_size) * (2 * elem + 3 * 4) +
-                       static_cast<double>(vocab_size) * static_cast<double>(hidden_size) * elem;
+  const bool reduced = dtype != at::kFloat && dtype != at::kDouble;  // the weight's gradient summed in fp32
+  const double per_logit = 2 * elem + 3 * 4 + (reduced ? 4 : 0);
+  const double weight = elem + (reduced ? 2 * 4 : 0);
+  const double bytes = static_cast<double>(rows) * static_cast<double>(vocab_size) * per_logit +
+                       static_cast<double>(vocab_size) * static_cast<double>(hidden_size) * weight;
   constexpr double kMax = static_cast<double>(std::numeric_limits<int64_t>::max() / 4);  // saturate: no overflow
   return static_cast<int64_t>(std::min(bytes, kMax));
 }
@@ -42,15 +50,50 @@ at::Tensor chunk_logits(const at::Tensor& h, const at::Tensor& weight, const at:
 // Whether the (u, b) arguments hold a low-rank term (else empty placeholders).
 bool has_low_rank(const at::Tensor& u) { return u.dim() == 2; }
 
+// A sum over chunks of products lhs^T rhs (the weight's gradient (V, D),
+// B's (V, r)), in fp32 whatever the inputs' dtype, rounded to `dtype` once,
+// by result(). Below fp32 each product is formed in fp32 (CUDA: the bf16/fp16
+// matrix product with an fp32 output; CPU: of fp32 copies) and added.
+class Fp32Sum {
+ public:
+  Fp32Sum() = default;
+  explicit Fp32Sum(const at::Tensor& like) : options_(like.options()), shape_(like.sizes().vec()) {}
+  bool defined() const { return !shape_.empty(); }
+  void add_product(const at::Tensor& lhs, const at::Tensor& rhs) {  // += lhs^T rhs
+    const at::Tensor l = lhs.t();
+    if (!at::isReducedFloatingType(options_.dtype().toScalarType())) {
+      if (!sum_.defined()) sum_ = at::zeros(shape_, lhs.options());
+      sum_.addmm_(l, rhs);
+      return;
+    }
+    if (!sum_.defined()) {
+      sum_ = product(l, rhs);
+    } else {
+      sum_.add_(product(l, rhs));
+    }
+  }
+  at::Tensor result() const { return sum_.defined() ? sum_.to(options_.dtype()) : at::zeros(shape_, options_); }
+
+ private:
+  static at::Tensor product(const at::Tensor& l, const at::Tensor& r) {
+    if (l.is_cuda()) return at::mm(l, r, at::kFloat);  // fp32 accumulation and output, no copy of the inputs
+    return at::mm(l.to(at::kFloat), r.to(at::kFloat));  // the CPU has no bf16 x bf16 -> fp32 product
+  }
+  at::TensorOptions options_;  // the result's
+  std::vector<int64_t> shape_;
+  at::Tensor sum_;  // fp32 (the dtype's own above it), undefined before the first chunk
+};
+
 // The gradients of the inputs, summed chunk by chunk (undefined where not needed).
 struct Gradients {
-  at::Tensor hidden, weight, u, b;
+  at::Tensor hidden, u;
+  Fp32Sum weight, b;
   Gradients(const at::Tensor& h, const at::Tensor& w, const at::Tensor& u_in, const at::Tensor& b_in, bool need_h,
             bool need_w, bool need_u, bool need_b)
       : hidden(need_h ? at::empty_like(h) : at::Tensor()),
-        weight(need_w ? at::zeros_like(w) : at::Tensor()),
         u(need_u ? at::empty_like(u_in) : at::Tensor()),
-        b(need_b ? at::zeros_like(b_in) : at::Tensor()) {}
+        weight(need_w ? Fp32Sum(w) : Fp32Sum()),
+        b(need_b ? Fp32Sum(b_in) : Fp32Sum()) {}
 
   // One chunk (rows r0 .. r0 + c): its log-softmax `logp` (fp32) and the
   // targets' gradient of nll_loss give d loss / d logits, multiplied into the sums.
@@ -67,14 +110,14 @@ struct Gradients {
       at::Tensor out = hidden.narrow(0, r0, c);
       at::mm_out(out, gc, w);
     }
-    if (weight.defined()) weight.addmm_(gc.t(), h);
+    if (weight.defined()) weight.add_product(gc, h);
     if (u.defined() || b.defined()) {
       const at::Tensor gs = gc * scaling;
       if (u.defined()) {
         at::Tensor out = u.narrow(0, r0, c);
         at::mm_out(out, gs, b_all);
       }
-      if (b.defined()) b.addmm_(gs.t(), u_c);
+      if (b.defined()) b.add_product(gs, u_c);
     }
   }
 };
@@ -101,7 +144,12 @@ struct Gradients {
 // product g x (G W) rounds once more than G' = g G would. Without grad mode
 // forward computes the loss alone (and autograd records nothing to call
 // backward on). Only the sums over chunks (the loss, d W,
-// d B) add in another order than one matrix product would.
+// d B) add in another order than one matrix product would; d W and d B are
+// summed in fp32 and rounded to the compute dtype once, as the unchunked
+// product's own fp32 accumulation is (Fp32Sum: until 9fc8542 they were summed
+// in the compute dtype, a bf16 rounding and a read and write of the whole
+// (V, D) gradient per chunk; on CUDA chunks are now also 16x larger,
+// default_loss_chunk_rows).
 struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
   // `grads`: form the gradients here (Note [Chunked cross-entropy]).
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
@@ -128,7 +176,7 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       total.sub_(picked.masked_fill_(valid.narrow(0, r0, c).logical_not(), 0).sum());
       if (grads) g.add_chunk(logp, safe, target_grad, r0, c, h, weight, u_c, b, scaling);
     }
-    ctx->save_for_backward({g.hidden, g.weight, g.u, g.b});
+    ctx->save_for_backward({g.hidden, g.weight.result(), g.u, g.b.result()});
     ctx->saved_data["grads"] = grads;
     return mean ? total / count : total;
   }

@@ -359,15 +359,15 @@ void LlamaForCausalLMImpl::set_loss_chunk_rows(int64_t rows) {
   loss_chunk_rows_ = rows;
 }
 
-int64_t LlamaForCausalLMImpl::loss_chunk_rows() const {
-  return loss_chunk_rows_ > 0 ? loss_chunk_rows_ : default_loss_chunk_rows(cfg_.vocab_size);
+int64_t LlamaForCausalLMImpl::loss_chunk_rows(at::DeviceType device) const {
+  return loss_chunk_rows_ > 0 ? loss_chunk_rows_ : default_loss_chunk_rows(cfg_.vocab_size, device);
 }
 
 at::Tensor LlamaForCausalLMImpl::head_loss(const at::Tensor& hidden, const at::Tensor& targets,
                                            LossReduction reduction) {
   const at::Tensor h = hidden.reshape({-1, cfg_.hidden_size});  // (N, D)
   const at::Tensor t = targets.reshape({-1});                    // (N)
-  const HeadLoss how{reduction, loss_chunk_rows()};
+  const HeadLoss how{reduction, loss_chunk_rows(h.device().type())};
   return lm_head_ ? lm_head_(h, t, how) : model_->embed_unit()(h, t, how);
 }
 

@@ -18,7 +18,8 @@
 // gradient of the logits is the unchunked one's to the bit, and only sums over
 // chunks (the loss, the weight's gradient) add in another order — within 1e-6
 // relative in fp32 (tests/models/test_chunked_loss.cpp); in bf16/fp16 the
-// weight's gradient is summed chunk by chunk in its dtype.
+// weight's gradient is summed chunk by chunk in fp32 and rounded once, as the
+// unchunked product's own accumulation is.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -33,18 +34,26 @@ inline constexpr int64_t kIgnoreIndex = -100;
 // Reduction of a cross-entropy over the non-ignored targets.
 enum class LossReduction { kMean, kSum };
 
-// Rows per chunk for a vocabulary of `vocab_size`: the largest power of two
-// whose fp32 logits take at most 64 MiB (2^24 elements), at least 16 rows —
-// 128 rows at V = 128,256, 512 rows at V = 32,000, every row of a small model's
-// batch at V = 256. Requires: vocab_size >= 1.
-int64_t default_loss_chunk_rows(int64_t vocab_size);
+// Rows per chunk for a vocabulary of `vocab_size` on a device of type
+// `device`, at least 16. CPU: the largest power of two whose fp32 logits take
+// at most 64 MiB (2^24 elements) — 128 rows at V = 128,256, 512 rows at
+// V = 32,000, every row of a small model's batch at V = 256. CUDA: sized from
+// a budget of kCudaLossChunkBytes for one chunk's buffers (16 bytes per
+// logit: chunked_loss_bytes' per-row part in bf16) — 2048 rows at V = 128,256
+// — because each chunk adds into the weight's whole (V, D) fp32 gradient sum
+// (Note [Chunked cross-entropy]): 64 chunks of 128 rows read and wrote it 64
+// times a step (~67 GB at llama3.2-1b, batch 4). Requires: vocab_size >= 1.
+inline constexpr int64_t kCudaLossChunkBytes = int64_t{4} << 30;
+int64_t default_loss_chunk_rows(int64_t vocab_size, at::DeviceType device = at::kCPU);
 
 // The most the loss holds at once beyond its inputs, for `rows` rows per chunk
 // (min(B x T, chunk rows)): in forward, a chunk's logits in `dtype` and their
 // gradient in `dtype`, three fp32 buffers of the chunk (the logits, their
 // log-softmax, its gradient), and the weight's (V, D) gradient in `dtype`
-// until autograd adds it to the parameter's. (The hidden states' (B x T, D)
-// gradient, held as long, is counted with the activations.)
+// until autograd adds it to the parameter's; below fp32, also the weight
+// gradient's fp32 sum and one chunk's fp32 product (V, D) each, and (CPU) the
+// chunk's gradient in fp32. (The hidden states' (B x T, D) gradient, held as
+// long, is counted with the activations.)
 int64_t chunked_loss_bytes(int64_t rows, int64_t vocab_size, int64_t hidden_size, at::ScalarType dtype);
 
 // A LoRA adapter on the output projection, split where it is cheap: the

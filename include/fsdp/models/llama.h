@@ -345,10 +345,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module, public nn::CallOrder {
   void set_attention_kernel(AttentionKernel kernel);
 
   // Rows of (B x T) per chunk of the loss's logits. 0 (the default):
-  // default_loss_chunk_rows(vocab_size); a value >= B x T computes the whole
-  // micro-batch at once. Requires: rows >= 0.
+  // default_loss_chunk_rows(vocab_size, the hidden states' device type); a
+  // value >= B x T computes the whole micro-batch at once. Requires: rows >= 0.
   void set_loss_chunk_rows(int64_t rows);
-  int64_t loss_chunk_rows() const;
+  int64_t loss_chunk_rows(at::DeviceType device = at::kCPU) const;
 
  private:
   at::Tensor logits_unchecked(const at::Tensor& tokens);  // (B, T) -> (B, T, V)
