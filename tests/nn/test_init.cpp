@@ -1,6 +1,12 @@
 #include <gtest/gtest.h>
 
+#include <c10/core/CPUAllocator.h>
+
+#include <chrono>
+#include <iostream>
+
 #include "fsdp/nn/init.h"
+#include "support/counting_allocator.h"
 
 using fsdp::nn::InitRule;
 using fsdp::nn::init_slice;
@@ -55,4 +61,43 @@ TEST(Init, ZeroRangeHoldsInEverySlice) {
       EXPECT_TRUE(part.equal(whole.narrow(0, first, len))) << "first=" << first << " len=" << len;
     }
   }
+}
+
+// Note [Initialization in large blocks]: slices across the 2^20-element blocks
+// equal the whole's; each dtype holds the double values rounded as copy_
+// rounds them; a CPU destination is written in place (no buffer of the
+// slice's size), and the values do not depend on the number of threads.
+TEST(Init, LargeBlocksRoundAsCopyDoesAndNeedNoBufferOnTheCpu) {
+  const int64_t n = 3 * (int64_t{1} << 20) + 77;
+  auto exact = at::empty({n}, at::kDouble);
+  init_slice(exact, InitRule::normal(0.02), 3, "embed.weight", 5);
+  for (const at::ScalarType dt : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    auto t = at::empty({n}, at::TensorOptions().dtype(dt));
+    init_slice(t, InitRule::normal(0.02), 3, "embed.weight", 5);
+    EXPECT_TRUE(t.equal(exact.to(dt))) << dt;
+  }
+  auto whole = at::empty({n});
+  c10::Allocator* original = c10::GetCPUAllocator();
+  static fsdp::testing::CountingAllocator& counting = *new fsdp::testing::CountingAllocator(original);
+  c10::SetCPUAllocator(&counting, /*priority=*/100);
+  counting.reset_peak();
+  const auto t0 = std::chrono::steady_clock::now();
+  init_slice(whole, InitRule::normal(0.02), 3, "embed.weight", 5);
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const int64_t largest = counting.largest();
+  c10::SetCPUAllocator(original, /*priority=*/101);
+  std::cout << "[init] " << n << " fp32 elements in " << secs << " s on " << at::get_num_threads()
+            << " threads; largest allocation " << largest << " bytes\n";
+  EXPECT_LT(largest, int64_t{1} << 16);
+  for (const int64_t first : {(int64_t{1} << 20) - 3, int64_t{2} << 20, n - 9}) {
+    auto part = at::empty({9});
+    init_slice(part, InitRule::normal(0.02), 3, "embed.weight", 5 + first);
+    EXPECT_TRUE(part.equal(whole.narrow(0, first, 9))) << "first=" << first;
+  }
+  const int threads = at::get_num_threads();
+  at::set_num_threads(1);
+  auto one = at::empty({n});
+  init_slice(one, InitRule::normal(0.02), 3, "embed.weight", 5);
+  at::set_num_threads(threads);
+  EXPECT_TRUE(one.equal(whole));
 }
