@@ -9,6 +9,8 @@
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 
 #include <cstring>
+#include <iostream>
+#include <thread>
 
 namespace fsdp::comm {
 
@@ -230,6 +232,14 @@ NcclProcessGroup::NcclProcessGroup(c10::intrusive_ptr<c10d::Store> store, int ra
   watchdog_ = std::thread([this] { watchdog(); });
 }
 
+// Note [Teardown of a stuck group]
+// A communicator is destroyed once its lanes' streams are idle: destroying it
+// under a running collective is undefined. But a collective that a peer never
+// joins keeps its stream busy for ever, and the destructor used to wait for it
+// with cudaStreamSynchronize: a process whose peer died hung at exit. It now
+// waits at most the group's timeout, then names what is still in flight and
+// aborts the communicators (ncclCommAbort unblocks their kernels), as the
+// watchdog does for a collective that times out while the group is in use.
 NcclProcessGroup::~NcclProcessGroup() {
   {
     std::lock_guard<std::mutex> lock(mu_);
@@ -238,10 +248,35 @@ NcclProcessGroup::~NcclProcessGroup() {
   cv_.notify_all();
   watchdog_.join();
   cudaSetDevice(device_index_);  // no DeviceGuard: it may throw, and this is a destructor
+  const auto deadline = Clock::now() + timeout();
+  while (!aborted_) {
+    bool idle = true;
+    for (Lane* lane : {gather_.get(), reduce_.get()}) {
+      if (lane != nullptr && cudaStreamQuery(lane->stream) != cudaSuccess) idle = false;
+    }
+    if (idle) break;
+    if (Clock::now() >= deadline) {
+      std::string pending = "a collective";
+      for (const auto& op : in_flight_) {
+        if (cudaEventQuery(op->done) != cudaSuccess) {
+          pending = op->what;
+          break;
+        }
+      }
+      std::cerr << "fsdp: NCCL group '" << name() << "' destroyed with " << pending << " still in flight after "
+                << timeout().count() << " ms (a peer never joined it): aborting its communicators\n";
+      for (Lane* lane : {gather_.get(), reduce_.get()}) {
+        if (lane != nullptr) ncclCommAbort(lane->comm);
+      }
+      aborted_ = true;
+      break;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
   for (Lane* lane : {gather_.get(), reduce_.get()}) {
     if (lane == nullptr) continue;
     if (!aborted_) {
-      cudaStreamSynchronize(lane->stream);  // pending collectives finish before the comm goes
+      cudaStreamSynchronize(lane->stream);  // idle already (above): returns at once
       ncclCommDestroy(lane->comm);
     }
     cudaStreamDestroy(lane->stream);
