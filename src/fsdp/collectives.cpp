@@ -9,15 +9,35 @@ namespace {
 int64_t nbytes_of(const at::Tensor& t) { return static_cast<int64_t>(t.nbytes()); }
 }  // namespace
 
+// Note [Offload staging]
+// A copy between the host and the device that also changes the dtype makes
+// LibTorch allocate a temporary of the whole shard on the device (copy_ casts
+// on the device for a non-blocking copy): until 9fc8542 every offloaded
+// gather and reduction took a shard-sized fp32 buffer from the caching
+// allocator, outside the pool and the plan's bound. The engine now makes that
+// buffer itself, from the pool, and does the two steps apart: a same-dtype
+// non-blocking copy between pinned host memory and the staging buffer, and
+// the cast on the device. plan.cpp's replay counts it (Note [Unsharded
+// memory]). The gather's staging goes back to the pool at once: its next user
+// is ordered after the cast by the compute stream (Note [Preallocated pool]).
 AllGather all_gather_copy_in(comm::ProcessGroup& group, const at::Tensor& shard, const at::Tensor& full,
-                             const at::Tensor& chunk) {
+                             const at::Tensor& chunk, UnshardedPool* pool, MemoryLedger& ledger) {
   {
     RawWriteGuard g;
     // Casts to the param dtype. From a pinned host shard (CPU offload) the
     // copy is asynchronous on the compute stream; the host writes the shard
     // again only in the optimizer step, after the end of backward's
     // synchronization.
-    chunk.copy_(shard, /*non_blocking=*/true);
+    if (shard.device() != chunk.device() && shard.scalar_type() != chunk.scalar_type()) {
+      const at::Tensor staging = new_unsharded(pool, shard.numel(), shard.scalar_type(), chunk);
+      ledger.add(BufferKind::kParams, nbytes_of(staging));
+      staging.copy_(shard, /*non_blocking=*/true);
+      chunk.copy_(staging);
+      ledger.release(BufferKind::kParams, nbytes_of(staging));
+      if (pool != nullptr) internals::free_storage(staging);
+    } else {
+      chunk.copy_(shard, /*non_blocking=*/true);
+    }
   }
   return AllGather{group.all_gather(full, chunk)};
 }
@@ -70,6 +90,10 @@ void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& 
   } else {
     r.output = new_unsharded(pool, n, input.scalar_type(), input);
     r.hold(r.output, ledger);
+    if (grad_shard.device() != input.device() && grad_shard.scalar_type() != input.scalar_type()) {
+      r.staging = new_unsharded(pool, n, grad_shard.scalar_type(), input);  // Note [Offload staging]
+      r.hold(r.staging, ledger);
+    }
   }
   r.work = group.reduce_scatter(r.output, input, comm::ReduceOp::kAvg);
 }
@@ -97,6 +121,9 @@ void finish_reduction(Reduction& r, comm::ProcessGroup* replicate_group, bool re
       if (!r.output.is_same(grad_shard)) grad_shard.copy_(r.output, /*non_blocking=*/true);
     } else if (fold == Fold::kAdd) {
       grad_shard.add_(r.output.to(grad_shard.device(), grad_shard.scalar_type()));
+    } else if (r.staging.defined()) {  // Note [Offload staging]: the cast on the device, then the plain copy
+      r.staging.copy_(r.output);
+      grad_shard.copy_(r.staging, /*non_blocking=*/true);
     } else {
       grad_shard.copy_(r.output, /*non_blocking=*/true);
     }
@@ -108,6 +135,7 @@ void finish_reduction(Reduction& r, comm::ProcessGroup* replicate_group, bool re
   r.held.clear();
   r.input = at::Tensor();
   r.output = at::Tensor();
+  r.staging = at::Tensor();
   ledger.release(BufferKind::kReductions, r.held_bytes);
   r.held_bytes = 0;
 }

@@ -36,10 +36,13 @@ struct AllGather {
 // written into `chunk` (this rank's chunk of `full`), then every rank's chunk
 // is gathered into `full` in place. There is no copy-out: the parameters are
 // views of `full` (FlatParam::bind), so the gathered bytes are the parameters.
+// A host shard of another dtype (CPU offload) goes through a staging buffer
+// of its own dtype on the device, from `pool` (when not null) and counted in
+// `ledger` while it lives (Note [Offload staging]).
 // Requires: `full` allocated; nothing reads `full` until wait_all_gather.
 // `label` (below) names the unit in traces and messages.
 AllGather all_gather_copy_in(comm::ProcessGroup& group, const at::Tensor& shard, const at::Tensor& full,
-                             const at::Tensor& chunk);
+                             const at::Tensor& chunk, UnshardedPool* pool, MemoryLedger& ledger);
 // Afterwards `full` holds every rank's values and `g` is empty.
 void wait_all_gather(AllGather& g, const std::string& label);
 
@@ -50,6 +53,7 @@ struct Reduction {
   comm::WorkPtr work;            // null: none in flight
   at::Tensor input;              // what `work` reads (reduce dtype), kept alive until it completes
   at::Tensor output;             // where `work` writes: the gradient shard itself, or a scratch
+  at::Tensor staging;            // a host gradient shard of another dtype: the cast lands here first, or undefined
   bool into_grad_shard = false;  // output is the gradient shard: nothing to fold
   int64_t held_bytes = 0;        // input/output bytes beyond the unsharded gradient buffer (the ledger's kReductions)
   std::vector<at::Tensor> held;  // those buffers: their bytes are released in finish_reduction
@@ -74,7 +78,9 @@ at::Tensor reduce_copy_in(const at::Tensor& grads, at::ScalarType reduce_dtype, 
 // Issues the reduction of `input` (from reduce_copy_in) over `group`:
 // replicated, an all-reduce in place; else a reduce-scatter into
 // `grad_shard` when `may_land_in_shard` and the dtype and device match, else
-// into a shard-sized scratch (from `pool` when not null) that `r` holds.
+// into a shard-sized scratch (from `pool` when not null) that `r` holds, and,
+// for a gradient shard of another dtype on another device (CPU offload), a
+// staging buffer of the shard's dtype beside it (Note [Offload staging]).
 void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& group, bool replicated,
                      const at::Tensor& grad_shard, bool may_land_in_shard, MemoryLedger& ledger,
                      UnshardedPool* pool, const std::string& label);

@@ -239,7 +239,9 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
 // - A post-backward reshards the unit (its parameters are not read again),
 //   makes the reduce-dtype copy (when the dtypes differ) and frees the
 //   param-dtype gradients, allocates a shard-sized output when the reduction
-//   cannot land in the gradient shard (another dtype or device), and waits for
+//   cannot land in the gradient shard (another dtype or device) — with CPU
+//   offload and another dtype, a staging buffer of the master dtype beside it
+//   (Note [Offload staging] in collectives.cpp) — and waits for
 //   the oldest reduction once more than kMaxInflightReduces are in flight,
 //   freeing what it held; BACKWARD_POST then prefetches the unit called before
 //   it. (Resharding before the copy, not after it, took llama3.1-8b on 8 ranks
@@ -294,6 +296,12 @@ int64_t replay_step(const std::vector<StepUnit>& units, const std::vector<int>& 
   const at::ScalarType input_dtype = converts ? mp.reduce_dtype : mp.param_dtype;
   const bool output_scratch =
       !replicated && (input_dtype != mp.master_dtype || !shards_on_compute_device(o));
+  // Note [Offload staging] in collectives.cpp: host shards of another dtype
+  // pass through a master-dtype buffer on the device, for a gather while its
+  // cast runs, for a reduction until it is folded in.
+  const int64_t mb = static_cast<int64_t>(c10::elementSize(mp.master_dtype));
+  const bool stage_gather = !shards_on_compute_device(o) && mp.param_dtype != mp.master_dtype;
+  const bool stage_reduce = output_scratch && !shards_on_compute_device(o) && input_dtype != mp.master_dtype;
   const size_t n = units.size();
 
   int64_t cur = 0, peak = 0;
@@ -310,6 +318,7 @@ int64_t replay_step(const std::vector<StepUnit>& units, const std::vector<int>& 
     if (gathered[size_t(u)]) return;
     gathered[size_t(u)] = true;
     add(units[size_t(u)].params * pb);
+    if (stage_gather) peak = std::max(peak, cur + units[size_t(u)].grads / shard_size * mb);  // freed at once
   };
   const auto reshard = [&](int u) {
     if (replicated || !gathered[size_t(u)]) return;
@@ -388,8 +397,9 @@ int64_t replay_step(const std::vector<StepUnit>& units, const std::vector<int>& 
         held[size_t(u)] = g * pb;  // the gradients themselves are reduced
       }
       if (output_scratch) {
-        add(g / shard_size * rb);
-        held[size_t(u)] += g / shard_size * rb;
+        const int64_t scratch = g / shard_size * (rb + (stage_reduce ? mb : 0));
+        add(scratch);
+        held[size_t(u)] += scratch;
       }
     }
     if (su.trains) {

@@ -171,11 +171,12 @@ void ShardedUnit::unshard() {
   trace::Span span("all_gather issue", "comm",
                    (flat_->layout().padded_numel + (frozen_ ? frozen_->layout().padded_numel : 0)) * elem, name_);
   flat_->alloc_full();
-  gather_ = all_gather_copy_in(*root_->shard_group(), flat_->shard(), flat_->full(), flat_->own_chunk());
+  gather_ = all_gather_copy_in(*root_->shard_group(), flat_->shard(), flat_->full(), flat_->own_chunk(),
+                               root_->pool(), root_->ledger());
   if (frozen_) {
     frozen_->alloc_full();
-    gather_frozen_ =
-        all_gather_copy_in(*root_->shard_group(), frozen_->shard(), frozen_->full(), frozen_->own_chunk());
+    gather_frozen_ = all_gather_copy_in(*root_->shard_group(), frozen_->shard(), frozen_->full(),
+                                        frozen_->own_chunk(), root_->pool(), root_->ledger());
   }
   transition_to(state_, ShardState::kUnsharding, "unshard", label());
 }

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <iostream>
 
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/fsdp.h"
@@ -41,6 +42,42 @@ TEST(Plan, EqualsWhatFullyShardBuildsOnEveryRank) {
       }
     }
   });
+}
+
+// Note [Offload staging] in collectives.cpp: with CPU offload from CUDA and a
+// bf16 compute copy, the casts between the fp32 host shards and the device
+// go through master-dtype buffers from the pool, so the step's bound (the
+// pool's size) grows by them: at least one block's fp32 shard is live at the
+// peak (a reduction's), and no more than one per reduction in flight plus the
+// gather's. (Without the staging the bound did not change, and the casts'
+// temporaries came from the caching allocator, outside it.)
+TEST(Plan, CpuOffloadFromCudaCountsItsStagingBuffers) {
+  testing::ToyConfig shape;
+  shape.d_in = 64;
+  shape.d = 128;
+  shape.f = 384;
+  shape.d_out = 64;
+  shape.blocks = 4;
+  FsdpOptions o;
+  o.device = at::Device(at::kCUDA, 0);  // planned for, not used: no GPU needed
+  o.mixed_precision = MixedPrecision::preset("bf16");
+  o.init_rule = testing::toy_init_rule;
+  const int64_t on_device = plan_sharding(testing::make_toy(shape, true, 1).ptr(), 1, 0, o).step_unsharded_bytes;
+  o.cpu_offload = true;
+  const int64_t offloaded = plan_sharding(testing::make_toy(shape, true, 1).ptr(), 1, 0, o).step_unsharded_bytes;
+  const int64_t block_fp32 = (2 * shape.d * shape.f + shape.f) * 4;
+  std::cout << "[plan] bf16 step bound: " << on_device << " bytes on the device, " << offloaded
+            << " with CPU offload (a block's fp32 shard: " << block_fp32 << ")\n";
+  EXPECT_GE(offloaded - on_device, block_fp32);
+  EXPECT_LE(offloaded - on_device, 4 * block_fp32);
+  // On the CPU offload moves nothing: no staging.
+  o.device = at::kCPU;
+  EXPECT_EQ(plan_sharding(testing::make_toy(shape, true, 1).ptr(), 1, 0, o).step_unsharded_bytes,
+            [&] {
+              FsdpOptions c = o;
+              c.cpu_offload = false;
+              return plan_sharding(testing::make_toy(shape, true, 1).ptr(), 1, 0, c).step_unsharded_bytes;
+            }());
 }
 
 TEST(Plan, Llama2_70bOnTheMetaDeviceInMilliseconds) {
