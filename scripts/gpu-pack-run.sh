@@ -18,7 +18,7 @@
 # what it found), then the head-to-head's table: a call cut short still leaves
 # the rows of the phases it finished. Each phase keeps its log: probe.log,
 # cuda-tests.log, agreement.log, and the head-to-head's bench.log (with
-# results.jsonl and table.md, both rewritten after every row). Seven files (at
+# results.jsonl and OUT/table.md, both rewritten after every row). Seven files (at
 # most eight). Temporary files live in a folder under TMPDIR, removed at the end.
 #
 # PYTHON (default python3) is the Python with PyTorch: the binaries use its

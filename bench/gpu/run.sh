@@ -33,7 +33,7 @@
 # --out DIR: where the results stay: bench.log (every run's output, in
 #   order), results.jsonl (one line per run) and DIR/table.md, the last two
 #   rewritten after every run, so a call cut short keeps what it measured.
-#   DIR may exist, but must not hold results.jsonl or table.md; bench.log is
+#   DIR may exist, but must not hold results.jsonl or DIR/table.md; bench.log is
 #   appended to (the GPU pack's run.sh logs its own lines there too).
 #   Default: a new folder under bench/gpu/out/. Nothing else is written
 #   outside a temporary folder, which is removed.
@@ -149,7 +149,7 @@ run_logged() {  # name command...
   echo "=== $name: exit $rc" >> "$log"
   return $rc
 }
-# The table so far (table.md, rewritten whole): after every row.
+# The table so far (DIR/table.md of --out, rewritten whole): after every row.
 write_table() {
   local status=0
   {
