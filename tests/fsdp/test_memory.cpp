@@ -1,5 +1,9 @@
 // Peak resident memory per rank, ~100M-parameter Llama at world size 4:
-// FULL_SHARD's growth must be at most 0.40x NO_SHARD's.
+// FULL_SHARD's growth must be at most 0.42x NO_SHARD's. (0.40 until the
+// gradient norm stopped making fp64 copies of each unit's gradients — Note
+// [Norm without fp64 copies] — which had inflated NO_SHARD's peak, whose
+// units are whole, four times more than FULL_SHARD's: measured NO_SHARD 2072
+// -> 1994 MiB, FULL_SHARD 1011 -> 1013 MiB, the ratio 0.387 -> 0.406.)
 //
 // How it is measured: each rank's VmHWM (peak resident set size, from
 // /proc/self/status) at the end of two training steps (forward, backward,
@@ -60,7 +64,7 @@ void two_steps(comm::ProcessGroup& pg, ShardingStrategy s, const std::string& ou
 
 }  // namespace
 
-TEST(Memory, FullShardGrowsBelowPointFourOfNoShardAtFourRanks) {
+TEST(Memory, FullShardGrowsBelowPointFourTwoOfNoShardAtFourRanks) {
   ASSERT_GT(config_100m().num_parameters(), 95'000'000);
   ASSERT_LT(config_100m().num_parameters(), 105'000'000);
   const std::string dir = testing::temp_dir("memory");
@@ -87,7 +91,7 @@ TEST(Memory, FullShardGrowsBelowPointFourOfNoShardAtFourRanks) {
   std::cout << "[memory] " << config_100m().num_parameters() << " parameters, 4 ranks: peak RSS FULL_SHARD "
             << full / (1 << 20) << " MiB, NO_SHARD " << none / (1 << 20) << " MiB, baseline before the model "
             << base_full / (1 << 20) << " / " << base_none / (1 << 20) << " MiB; growth ratio " << ratio << "\n";
-  EXPECT_LE(ratio, 0.40);
+  EXPECT_LE(ratio, 0.42);
 }
 
 // Activation checkpointing lowers peak memory: the `small` preset's shape with
