@@ -106,7 +106,7 @@ void apply_config_file(CLI::App& app, const std::string& path) {
 }
 
 std::string effective_config(const CLI::App& app, const std::string& mode) {
-  std::string given = "# fsdp-train's effective configuration (fsdp-train " + (mode.empty() ? "" : mode + " ") +
+  std::string given = std::string(kEffectiveConfigMarker) + " (fsdp-train " + (mode.empty() ? "" : mode + " ") +
                       "--config FILE replays it)\n";
   std::string defaults = "# defaults of the options not given:\n";
   each_option(app, [&](const CLI::Option& o) {

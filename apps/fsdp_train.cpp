@@ -40,7 +40,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -105,7 +104,7 @@ void handle_stop_signals(void (*handler)(int), int flags) {
 // The default corpus: built by scripts/prepare_data.sh, or the small one in
 // the repository when it has not been built.
 std::string embedded_corpus() {
-  if (std::ifstream(FSDP_EMBEDDED_CORPUS).good()) return FSDP_EMBEDDED_CORPUS;
+  if (::access(FSDP_EMBEDDED_CORPUS, R_OK) == 0) return FSDP_EMBEDDED_CORPUS;
   return FSDP_FALLBACK_CORPUS;
 }
 
@@ -468,6 +467,7 @@ int run(int argc, char** argv) {
 
   // The effective configuration: printed on request (once valid), recorded by every run beside its metrics.
   o.log.config_text = fsdp::cli::effective_config(app, mode);
+  if (app.count("--config") > 0) o.log.config_file = config_file;
   fsdp::cli::apply_train_flags(flags, o);
   if (!profile_steps.empty()) parse_profile_steps(profile_steps, o.log);
   o.data.token_dtype = fsdp::data::parse_token_dtype(token_dtype);
