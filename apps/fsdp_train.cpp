@@ -524,6 +524,7 @@ int run(int argc, char** argv) {
     lo.master_addr = master_addr;
     lo.master_port = master_port;
     lo.signal_timeout = init.timeout;
+    lo.join_timeout = init.store_timeout;  // one deadline: this launcher's start to its workers' join
     return fsdp::comm::launch_self("fsdp-train", argc, argv, lo);
   }
 
@@ -532,6 +533,9 @@ int run(int argc, char** argv) {
     fsdp::set_current_device(fsdp::worker_device("cuda", world.local_rank));
     init.backend = "nccl";
   }
+  // Nodes started with different --max-steps would part mid-run (one finishes,
+  // the other waits in a collective): agreed at the join, both values named.
+  if (o.mode == fsdp::train::Mode::kTrain) init.agreed.emplace_back("--max-steps", std::to_string(o.step.max_steps));
   handle_stop_signals(on_signal_while_joining, 0);
   const fsdp::comm::Runtime rt = fsdp::comm::init_process_group(world, init);
   // Only now: a signal while joining must end the process, not wait for a step.
