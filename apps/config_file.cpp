@@ -92,6 +92,7 @@ void apply_config_file(CLI::App& app, const std::string& path) {
     FSDP_CHECK(want.empty(), at, "'", e.key, "' must be ", want, ", not ", to_string(e.type), " (e.g. ", e.key,
                " = ", is_switch(*opt) ? std::string("true") : toml_value(*opt, e.texts), ")");
     if (opt->count() > 0) continue;  // given on the command line: it wins
+    if (e.type == ConfigType::kArray && e.texts.empty()) continue;  // `lr-scale = []`: none, as when left out
     try {
       if (is_switch(*opt)) {
         opt->add_result(opt->get_flag_value(e.key, e.texts.front()));

@@ -77,8 +77,19 @@ void Trainer::Impl::start_metrics_endpoint() {
                        : o_.log.metrics_port + rt_.world.local_rank;
   auto exporter = std::make_unique<PrometheusExporter>(o_.log.metrics_host, port, rank_);
   if (lead_) summary_.metrics_url = exporter->url();
-  say_(fmt::format("Prometheus metrics on {}{}", exporter->url(),
-                   o_.log.metrics_every_rank ? " (every rank: --metrics-port + its local rank)" : ""));
+  if (o_.log.metrics_every_rank && o_.log.metrics_port == 0) {
+    // Any free port: each rank's is its own, so rank 0 names every one (issue 39).
+    comm::ProcessGroup& g = rt_.cpu_group ? *rt_.cpu_group : *world_;
+    const at::Tensor mine = at::full({1}, static_cast<int64_t>(exporter->port()), at::kLong);
+    const at::Tensor all = at::empty({W_}, at::kLong);
+    g.all_gather(all, mine)->wait();
+    std::string ports;
+    for (int r = 0; r < W_; ++r) ports += fmt::format("{}rank {} port {}", r == 0 ? "" : ", ", r, all[r].item<int64_t>());
+    say_(fmt::format("Prometheus metrics on {} (every rank, any free port: {})", exporter->url(), ports));
+  } else {
+    say_(fmt::format("Prometheus metrics on {}{}", exporter->url(),
+                     o_.log.metrics_every_rank ? " (every rank: --metrics-port + its local rank)" : ""));
+  }
   sinks_.push_back(std::move(exporter));
 }
 
