@@ -92,6 +92,7 @@ void apply_config_file(CLI::App& app, const std::string& path) {
     FSDP_CHECK(want.empty(), at, "'", e.key, "' must be ", want, ", not ", to_string(e.type), " (e.g. ", e.key,
                " = ", is_switch(*opt) ? std::string("true") : toml_value(*opt, e.texts), ")");
     if (opt->count() > 0) continue;  // given on the command line: it wins
+    if (e.type == ConfigType::kArray && e.texts.empty()) continue;  // `lr-scale = []`: none, as when left out
     try {
       if (is_switch(*opt)) {
         opt->add_result(opt->get_flag_value(e.key, e.texts.front()));
@@ -106,7 +107,7 @@ void apply_config_file(CLI::App& app, const std::string& path) {
 }
 
 std::string effective_config(const CLI::App& app, const std::string& mode) {
-  std::string given = "# fsdp-train's effective configuration (fsdp-train " + (mode.empty() ? "" : mode + " ") +
+  std::string given = std::string(kEffectiveConfigMarker) + " (fsdp-train " + (mode.empty() ? "" : mode + " ") +
                       "--config FILE replays it)\n";
   std::string defaults = "# defaults of the options not given:\n";
   each_option(app, [&](const CLI::Option& o) {

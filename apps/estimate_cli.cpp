@@ -6,10 +6,10 @@
 #include <cstring>
 #include <chrono>
 #include <cmath>
-#include <fstream>
 #include <sstream>
 #include <thread>
 
+#include <sys/stat.h>
 #include <time.h>
 
 #include <ATen/Parallel.h>
@@ -18,6 +18,7 @@
 
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 #include "fsdp/common/json_input.h"
 #include "fsdp/common/trace.h"
 #include "fsdp/optim/adamw.h"
@@ -231,22 +232,6 @@ LinkCalibration calibrate_link(double seconds) {
   return result;
 }
 
-void write_text_file(const std::string& path, const std::string& text) {
-  const std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    FSDP_CHECK(out.is_open(), path, ": cannot create ", tmp, " (", std::strerror(errno),
-               "); choose a path in a directory you can write to");
-    out << text;
-    out.close();
-    if (out.fail()) {
-      std::remove(tmp.c_str());
-      FSDP_CHECK(false, path, ": writing failed (", std::strerror(errno), "); free space on its disk or choose another file");
-    }
-  }
-  FSDP_CHECK(std::rename(tmp.c_str(), path.c_str()) == 0, path, ": cannot replace it (", std::strerror(errno), ")");
-}
-
 std::string calibration_file_json(const ClusterSpec& cluster, const std::optional<Calibration>& cal) {
   nlohmann::json j = nlohmann::json::parse(cluster_to_json(cluster));
   if (cal) {
@@ -264,12 +249,12 @@ std::string calibration_file_json(const ClusterSpec& cluster, const std::optiona
   return j.dump(2);
 }
 
-ClusterSpec read_cluster(const std::string& spec, at::ScalarType compute_dtype, std::optional<Calibration>* cal) {
-  std::ifstream f(spec);
-  if (!f.good()) return cluster_preset(spec, compute_dtype);
-  std::stringstream ss;
-  ss << f.rdbuf();
-  const std::string text = ss.str();
+ClusterSpec read_cluster(const std::string& spec, at::ScalarType compute_dtype, std::optional<Calibration>* cal,
+                         const std::string& flag) {
+  struct stat st {};
+  if (::lstat(spec.c_str(), &st) != 0) return cluster_preset(spec, compute_dtype);
+  const std::string text = read_input_file(spec, flag, kMaxJsonConfigBytes,
+                                           "give a cluster JSON file (fsdp-inspect --calibrate writes one) or a preset");
   ClusterSpec base;
   base.name = spec;
   ClusterSpec c = cluster_from_json(text, base, spec);
@@ -291,12 +276,19 @@ ClusterSpec read_cluster(const std::string& spec, at::ScalarType compute_dtype, 
         u.forward_s = it.value().at("forward_s").get<double>();
         u.backward_s = it.value().at("backward_s").get<double>();
         u.recompute_s = it.value().value("recompute_s", -1.0);
+        // Times beyond any step would stall the event replay (issue 39): refused by name.
+        for (const auto& [field, v] : {std::pair<const char*, double>{"forward_s", u.forward_s},
+                                       {"backward_s", u.backward_s}, {"recompute_s", u.recompute_s}}) {
+          FSDP_CHECK(std::isfinite(v) && v <= kMaxUnitSeconds && (v >= 0 || (v == -1.0 && field[0] == 'r')),
+                     flag, " ", spec, ": calibration unit '", it.key(), "' has ", field, " = ", v,
+                     ", outside [0, ", kMaxUnitSeconds, "] seconds; write it again with fsdp-inspect --calibrate");
+        }
         out.units[it.key()] = u;
       }
       out.optimizer_s_per_element = c.optimizer_s_per_element;
       *cal = out;
     } catch (const nlohmann::json::exception& e) {
-      FSDP_CHECK(false, spec, ": its 'calibration' is malformed (", e.what(),
+      FSDP_CHECK(false, flag, " ", spec, ": its 'calibration' is malformed (", e.what(),
                  "); write it again with fsdp-inspect --calibrate");
     }
   }

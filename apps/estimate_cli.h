@@ -50,17 +50,16 @@ struct LinkCalibration {
 };
 LinkCalibration calibrate_link(double seconds);
 
-// Writes `text` to `path` through a temporary file renamed over it: `path`
-// holds either its old content or all of the new. UsageError naming the path
-// and the reason when it cannot be written.
-void write_text_file(const std::string& path, const std::string& text);
-
 // The cluster file's JSON (cluster_to_json) with the calibration (when given).
 std::string calibration_file_json(const ClusterSpec& cluster, const std::optional<Calibration>& calibration);
-// Reads `spec`: a preset name or a JSON file (cluster_from_json); the file's
-// calibration, if it has one, into *calibration.
+// Reads `spec`: a preset name, or a JSON file (cluster_from_json) when a file
+// of that name exists, read by the bounded reader (common/files.h: a regular
+// file of at most kMaxJsonConfigBytes); the file's calibration, if it has one,
+// into *calibration. `flag` names the file in errors. The calibration's unit
+// times must be finite seconds in [0, kMaxUnitSeconds].
+inline constexpr double kMaxUnitSeconds = 1e6;
 ClusterSpec read_cluster(const std::string& spec, at::ScalarType compute_dtype,
-                         std::optional<Calibration>* calibration);
+                         std::optional<Calibration>* calibration, const std::string& flag = "--cluster");
 
 // Unit costs from FLOPs: forward = forward_flops_per_token x tokens / (peak x
 // efficiency); backward twice the forward of the trainable weights and once that

@@ -20,7 +20,6 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -32,6 +31,7 @@
 #include "estimate_cli.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 #include "fsdp/common/main.h"
 #include "fsdp/common/memory.h"
 #include "fsdp/common/output_file.h"
@@ -48,6 +48,7 @@ namespace {
 constexpr int kMaxNodes = 1 << 16;
 constexpr int kMaxProcsPerNode = 1 << 10;
 constexpr int64_t kMaxWorld = int64_t{1} << 20;
+constexpr int64_t kMaxGradAccum = 4096;  // micro-batches per step the estimate replays (70B: ~2 s)
 
 int run(int argc, char** argv) {
   std::string model = "tiny";
@@ -162,18 +163,28 @@ int run(int argc, char** argv) {
              calibrate_steps);
   FSDP_CHECK(std::isfinite(calibrate_link_seconds) && calibrate_link_seconds > 0 && calibrate_link_seconds <= 600,
              "--calibrate-link-seconds must be in (0, 600], got ", calibrate_link_seconds);
+  // Where a measurement goes is checked before measuring: a FIFO, a device or a
+  // missing directory is refused at once, not after minutes (issue 39).
+  if (!calibrate_file.empty()) fsdp::check_output_writable(calibrate_file, "--calibrate");
   if (!calibrate_link_file.empty()) {
+    // Read (when it exists) and rewritten: a regular file or nothing yet.
+    if (fsdp::check_output_writable(calibrate_link_file, "--calibrate-link") != fsdp::OutputTarget::kNew) {
+      fsdp::require_regular_file(calibrate_link_file, "--calibrate-link",
+                                 "give a cluster JSON file to update, or a new file's path");
+    }
     // One process per node of a job: measure, and rank 0 writes the link into the file.
     const fsdp::cli::LinkCalibration measured = fsdp::cli::calibrate_link(calibrate_link_seconds);
     const fsdp::LinkSpec& link = measured.link;
     if (fsdp::comm::detect_world().rank == 0) {
       fsdp::ClusterSpec c;
       c.name = "calibrated";
-      if (std::ifstream(calibrate_link_file).good()) c = fsdp::cli::read_cluster(calibrate_link_file, compute_dtype,
-                                                                                  &calibration);
+      if (fsdp::check_output_target(calibrate_link_file, "--calibrate-link") != fsdp::OutputTarget::kNew) {
+        c = fsdp::cli::read_cluster(calibrate_link_file, compute_dtype, &calibration, "--calibrate-link");
+      }
       c.inter = link;
       c.host_cpu_s_per_byte = measured.host_cpu_s_per_byte;
-      fsdp::cli::write_text_file(calibrate_link_file, fsdp::cli::calibration_file_json(c, calibration) + "\n");
+      fsdp::write_output_file(calibrate_link_file, fsdp::cli::calibration_file_json(c, calibration) + "\n",
+                              "--calibrate-link");
       std::cout << fmt::format("Link: {:.4g} Gbit/s per node, latency {:.1f} us, {:.3g} ns of CPU per byte moved -> "
                                "{}\n", link.bytes_per_s * 8 / 1e9, link.latency_s * 1e6,
                                measured.host_cpu_s_per_byte * 1e9, calibrate_link_file);
@@ -184,19 +195,18 @@ int run(int argc, char** argv) {
     FSDP_CHECK(nnodes >= 1 && nnodes <= kMaxNodes, "--nnodes must be in [1, ", kMaxNodes, "], got ", nnodes);
     FSDP_CHECK(app.count("--nproc-per-node") == 0 || (nproc >= 1 && nproc <= kMaxProcsPerNode),
                "--nproc-per-node must be in [1, ", kMaxProcsPerNode, "], got ", nproc);
-    // Rates must be positive, latencies and the peak non-negative: a flag given is a flag used.
-    const auto positive = [&](const char* flag, double v, bool zero_ok) {
-      FSDP_CHECK(app.count(flag) == 0 || (std::isfinite(v) && (zero_ok ? v >= 0 : v > 0)), flag, " must be a ",
-                 zero_ok ? "number >= 0" : "number > 0", ", got ", v);
+    // Rates must be positive, latencies and the peak non-negative, all of them
+    // within what a machine can be (fsdp/estimate.h: the replay's sane ranges).
+    const auto in_range = [&](const char* flag, double v, double lo, bool lo_ok, double hi) {
+      FSDP_CHECK(app.count(flag) == 0 || (std::isfinite(v) && (lo_ok ? v >= lo : v > lo) && v <= hi), flag,
+                 " must be in ", lo_ok ? "[" : "(", lo, ", ", hi, "], got ", v);
     };
-    positive("--inter-node-gbps", inter_gbps, false);
-    positive("--intra-node-gbps", intra_gbps, false);
-    positive("--inter-node-latency-us", inter_latency_us, true);
-    positive("--intra-node-latency-us", intra_latency_us, true);
-    positive("--peak-tflops", peak_tflops, true);
-    positive("--compute-efficiency", compute_efficiency, false);
-    FSDP_CHECK(app.count("--compute-efficiency") == 0 || compute_efficiency <= 1,
-               "--compute-efficiency is a fraction of the peak in (0, 1], got ", compute_efficiency);
+    in_range("--inter-node-gbps", inter_gbps, fsdp::kMinLinkGbps, true, fsdp::kMaxLinkGbps);
+    in_range("--intra-node-gbps", intra_gbps, fsdp::kMinLinkGbps, true, fsdp::kMaxLinkGbps);
+    in_range("--inter-node-latency-us", inter_latency_us, 0, true, fsdp::kMaxLatencyUs);
+    in_range("--intra-node-latency-us", intra_latency_us, 0, true, fsdp::kMaxLatencyUs);
+    in_range("--peak-tflops", peak_tflops, 0, true, fsdp::kMaxPeakTflops);
+    in_range("--compute-efficiency", compute_efficiency, 0, false, 1);
     if (!calibrate_file.empty()) {
       cluster.name = "calibrated";
       if (!cluster_spec.empty()) cluster = fsdp::cli::read_cluster(cluster_spec, compute_dtype, nullptr);
@@ -324,8 +334,10 @@ int run(int argc, char** argv) {
                "be >= 1, got ", batch_size, ", ", seq_len, ", ", grad_accum);
     FSDP_CHECK(seq_len <= cfg.max_position_embeddings, "--seq-len ", seq_len, " is longer than the model's ",
                cfg.max_position_embeddings, " positions (max_position_embeddings)");
-    FSDP_CHECK(batch_size <= (int64_t{1} << 30) && grad_accum <= (int64_t{1} << 30), "--batch-size ", batch_size,
-               " or --grad-accum ", grad_accum, " is beyond any run (at most 2^30 each)");
+    FSDP_CHECK(batch_size <= (int64_t{1} << 30), "--batch-size ", batch_size, " is beyond any run (at most 2^30)");
+    // Every micro-batch is replayed: 2^30 of them never returned (issue 39).
+    FSDP_CHECK(grad_accum <= kMaxGradAccum, "--grad-accum ", grad_accum, " is beyond any run (at most ",
+               kMaxGradAccum, ")");
     fsdp::UnitCostFn cost;
     if (!calibrate_file.empty()) {
       std::cerr << fmt::format("fsdp-inspect: calibrating: {} steps of {} on this machine, batch {} x {} tokens, {} "
@@ -338,7 +350,8 @@ int run(int argc, char** argv) {
       cal.activation_checkpointing = ckpt;
       cluster.optimizer_s_per_element = cal.optimizer_s_per_element;
       calibration = cal;
-      fsdp::cli::write_text_file(calibrate_file, fsdp::cli::calibration_file_json(cluster, calibration) + "\n");
+      fsdp::write_output_file(calibrate_file, fsdp::cli::calibration_file_json(cluster, calibration) + "\n",
+                              "--calibrate");
       std::cerr << "fsdp-inspect: wrote " << calibrate_file << "\n";
     }
     if (calibration) {

@@ -40,7 +40,6 @@
 
 #include <atomic>
 #include <cstdlib>
-#include <fstream>
 #include <iostream>
 #include <set>
 #include <sstream>
@@ -105,7 +104,7 @@ void handle_stop_signals(void (*handler)(int), int flags) {
 // The default corpus: built by scripts/prepare_data.sh, or the small one in
 // the repository when it has not been built.
 std::string embedded_corpus() {
-  if (std::ifstream(FSDP_EMBEDDED_CORPUS).good()) return FSDP_EMBEDDED_CORPUS;
+  if (::access(FSDP_EMBEDDED_CORPUS, R_OK) == 0) return FSDP_EMBEDDED_CORPUS;
   return FSDP_FALLBACK_CORPUS;
 }
 
@@ -468,6 +467,7 @@ int run(int argc, char** argv) {
 
   // The effective configuration: printed on request (once valid), recorded by every run beside its metrics.
   o.log.config_text = fsdp::cli::effective_config(app, mode);
+  if (app.count("--config") > 0) o.log.config_file = config_file;
   fsdp::cli::apply_train_flags(flags, o);
   if (!profile_steps.empty()) parse_profile_steps(profile_steps, o.log);
   o.data.token_dtype = fsdp::data::parse_token_dtype(token_dtype);
@@ -524,6 +524,7 @@ int run(int argc, char** argv) {
     lo.master_addr = master_addr;
     lo.master_port = master_port;
     lo.signal_timeout = init.timeout;
+    lo.join_timeout = init.store_timeout;  // one deadline: this launcher's start to its workers' join
     return fsdp::comm::launch_self("fsdp-train", argc, argv, lo);
   }
 
@@ -532,6 +533,9 @@ int run(int argc, char** argv) {
     fsdp::set_current_device(fsdp::worker_device("cuda", world.local_rank));
     init.backend = "nccl";
   }
+  // Nodes started with different --max-steps would part mid-run (one finishes,
+  // the other waits in a collective): agreed at the join, both values named.
+  if (o.mode == fsdp::train::Mode::kTrain) init.agreed.emplace_back("--max-steps", std::to_string(o.step.max_steps));
   handle_stop_signals(on_signal_while_joining, 0);
   const fsdp::comm::Runtime rt = fsdp::comm::init_process_group(world, init);
   // Only now: a signal while joining must end the process, not wait for a step.

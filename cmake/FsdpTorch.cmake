@@ -135,7 +135,11 @@ function(fsdp_find_torch)
     INTERFACE_COMPILE_DEFINITIONS "FMT_HEADER_ONLY=1"
     INTERFACE_LINK_LIBRARIES "${dir}/lib/libtorch_cpu.so;${dir}/lib/libc10.so")
   if(FSDP_WITH_CUDA)
-    set(nvidia "${dir}/../nvidia")
+    # The wheel's nvidia-* packages sit beside the torch package directory itself: a Torch_DIR or
+    # FSDP_TORCH_DIR reached through a link (an alias of site-packages/torch) must not look beside
+    # the link (issue 39: FSDP_CUDA_RUNTIME_INCLUDE-NOTFOUND on a machine without /usr/local/cuda).
+    get_filename_component(real_dir "${dir}" REALPATH)
+    set(nvidia "${real_dir}/../nvidia")
     # The runtime headers need crt/ (nvidia-cuda-crt) and CCCL's nv/target (nvidia-cuda-cccl),
     # which the torch wheel does not pull in: a directory counts only when it has them.
     set(cuda_include_dirs "${nvidia}/cu13/include" "${nvidia}/cuda_runtime/include" $ENV{CUDA_HOME}/include
@@ -169,7 +173,8 @@ endfunction()
 # NCCL from the wheel's nvidia-nccl package (or NCCL_HOME / a CUDA toolkit): target fsdp::nccl, and
 # FSDP_NCCL_INCLUDE (nccl.h's directory, for the sources that include it).
 function(fsdp_find_nccl)
-  set(nvidia "${FSDP_TORCH_DIR_FOUND}/../nvidia")
+  get_filename_component(real_dir "${FSDP_TORCH_DIR_FOUND}" REALPATH)  # as fsdp_find_torch: beside the real one
+  set(nvidia "${real_dir}/../nvidia")
   find_path(NCCL_INCLUDE_DIR nccl.h
             PATHS "${nvidia}/nccl/include" $ENV{NCCL_HOME}/include $ENV{CUDA_HOME}/include /usr/local/cuda/include
             NO_DEFAULT_PATH)

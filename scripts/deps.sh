@@ -34,6 +34,9 @@ PACKAGES=(
   # Deployment test beds, run for real by tests/deploy: etcd for torchrun's etcd rendezvous
   # (the PyTorchJob's), and a private one-node Slurm with munge for the sbatch script.
   etcd-server slurm-wlm munge
+  # The emulated cluster (tests/cluster): network namespaces, veth pairs and a bridge (ip), rate
+  # limits (tc). tests/docs lists the repository's files with git.
+  iproute2 git
 )
 
 missing=()

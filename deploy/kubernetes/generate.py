@@ -47,15 +47,17 @@ PLACEHOLDER = re.compile(r"\$\{([A-Z][A-Z0-9_]*)\}")
 CONDITION = re.compile(r"\s+#@ ([a-z_]+)\s*$")
 WHOLE_VALUE = re.compile(r"^(\s*(?:- |[A-Za-z0-9_./-]+: ))\$\{([A-Z][A-Z0-9_]*)\}\s*(#.*)?$")
 LIST_LINE = re.compile(r"^(\s*)- \$\{([A-Z][A-Z0-9_]*)\}\s*$")
-PLAIN_SAFE = re.compile(r"^[A-Za-z0-9._/-][A-Za-z0-9._:/-]*$")
+PLAIN_SAFE = re.compile(r"[A-Za-z0-9._/-][A-Za-z0-9._:/-]*")
 
-DNS1035_LABEL = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-DNS1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-LABEL_VALUE = re.compile(r"^(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?$")
-QUANTITY = re.compile(r"^[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?$")
-ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-RDZV_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+# Every check matches the whole value (re.fullmatch): '$' would also match before a trailing
+# newline, and "64Gi\n" would pass as a quantity (issue 39).
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS1123_LABEL = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?")
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+LABEL_VALUE = re.compile(r"(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])?")
+QUANTITY = re.compile(r"[0-9]+(\.[0-9]+)?(Ki|Mi|Gi|Ti|Pi|Ei|k|M|G|T|P|E)?")
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+RDZV_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 # The operator names each worker's pod and Service JOB-worker-INDEX: a DNS-1035 label.
 WORKER_SUFFIX = "-worker-"
 
@@ -64,10 +66,22 @@ class UsageError(Exception):
     pass
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors on one line: 'generate.py: error: ...' (not the 20-line usage first)."""
+
+    def error(self, message):
+        self.exit(2, f"{self.prog}: error: {one_line(message)} (see {self.prog} --help)\n")
+
+
+def one_line(text):
+    """`text` with every line break and control character shown as an escape: an error is one line."""
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii") for c in str(text))
+
+
 def integer(name, lo, hi=None):
     """argparse type: an integer in [lo, hi]."""
     def parse(text):
-        if not re.fullmatch(r"[+-]?[0-9]+", text.strip()):
+        if not re.fullmatch(r"[+-]?[0-9]+", text):
             raise argparse.ArgumentTypeError(f"must be an integer, got '{text}'")
         value = int(text)
         if value < lo or (hi is not None and value > hi):
@@ -79,7 +93,7 @@ def integer(name, lo, hi=None):
 
 
 def parse_args(argv):
-    p = argparse.ArgumentParser(
+    p = Parser(
         prog="generate.py",
         description="Write a Kubeflow PyTorchJob (plus etcd for its rendezvous) that runs fsdp-train.",
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -160,16 +174,16 @@ def check(cond, message):
 
 def resolve(a):
     """Fills derived defaults and checks every parameter; returns the template values."""
-    check(len(a.job_name) <= 63 and DNS1035_LABEL.match(a.job_name),
+    check(len(a.job_name) <= 63 and DNS1035_LABEL.fullmatch(a.job_name),
           f"--job-name '{a.job_name}' is not a DNS-1035 label: 1-63 characters a-z, 0-9 and '-', "
           "starting with a letter and ending with a letter or digit (Kubeflow requires it)")
-    check(len(a.namespace) <= 63 and DNS1123_LABEL.match(a.namespace),
+    check(len(a.namespace) <= 63 and DNS1123_LABEL.fullmatch(a.namespace),
           f"--namespace '{a.namespace}' is not a DNS-1123 label: 1-63 characters a-z, 0-9 and '-', "
           "starting and ending with a letter or digit")
-    check(len(a.etcd_service) <= 63 and DNS1035_LABEL.match(a.etcd_service),
+    check(len(a.etcd_service) <= 63 and DNS1035_LABEL.fullmatch(a.etcd_service),
           f"--etcd-service '{a.etcd_service}' is not a DNS-1035 label (Service names are): "
           "1-63 characters a-z, 0-9 and '-', starting with a letter")
-    check(len(a.pvc) <= 253 and DNS1123_SUBDOMAIN.match(a.pvc),
+    check(len(a.pvc) <= 253 and DNS1123_SUBDOMAIN.fullmatch(a.pvc),
           f"--pvc '{a.pvc}' is not a valid claim name (DNS-1123 subdomain: a-z, 0-9, '-' and '.')")
     for flag, image in (("--image", a.image), ("--etcd-image", a.etcd_image)):
         check(image and not re.search(r"\s", image), f"{flag} '{image}' must be a non-empty image reference without spaces")
@@ -195,7 +209,7 @@ def resolve(a):
           f"--efa-per-node {a.efa_per_node} without GPUs: EFA is used by NCCL only — set --efa-per-node 0")
     if a.instance_type is None:
         a.instance_type = "p5.48xlarge" if a.gpus_per_node > 0 else ""
-    check(len(a.instance_type) <= 63 and LABEL_VALUE.match(a.instance_type),
+    check(len(a.instance_type) <= 63 and LABEL_VALUE.fullmatch(a.instance_type),
           f"--instance-type '{a.instance_type}' is not a valid label value (e.g. p5.48xlarge, or '' for no nodeSelector)")
 
     a.min_nodes = a.nodes if a.min_nodes is None else a.min_nodes
@@ -228,15 +242,15 @@ def resolve(a):
         a.checkpoint_dir = ckpt
 
     for flag, size in (("--shm-size", a.shm_size), ("--create-pvc", a.create_pvc)):
-        check(size == "" or QUANTITY.match(size), f"{flag} '{size}' is not a Kubernetes quantity like 64Gi or 1200Gi")
-    check(a.storage_class == "" or DNS1123_SUBDOMAIN.match(a.storage_class),
+        check(size == "" or QUANTITY.fullmatch(size), f"{flag} '{size}' is not a Kubernetes quantity like 64Gi or 1200Gi")
+    check(a.storage_class == "" or DNS1123_SUBDOMAIN.fullmatch(a.storage_class),
           f"--storage-class '{a.storage_class}' is not a valid name")
     check(not a.storage_class or a.create_pvc, "--storage-class only applies with --create-pvc SIZE")
 
     if a.rdzv_id is None:
         stamp = datetime.datetime.now(datetime.timezone.utc).strftime("%Y%m%d-%H%M%S")
         a.rdzv_id = f"{a.job_name}-{stamp}"
-    check(RDZV_ID.match(a.rdzv_id), f"--rdzv-id '{a.rdzv_id}' must be 1-128 characters A-Z, a-z, 0-9, '.', '_', '-'")
+    check(RDZV_ID.fullmatch(a.rdzv_id), f"--rdzv-id '{a.rdzv_id}' must be 1-128 characters A-Z, a-z, 0-9, '.', '_', '-'")
 
     try:
         extra = shlex.split(a.train_args)
@@ -252,7 +266,7 @@ def resolve(a):
     seen = set()
     for item in a.env:
         name, sep, value = item.partition("=")
-        check(sep and ENV_NAME.match(name), f"--env '{item}' is not NAME=VALUE with NAME like [A-Za-z_][A-Za-z0-9_]*")
+        check(sep and ENV_NAME.fullmatch(name), f"--env '{item}' is not NAME=VALUE with NAME like [A-Za-z_][A-Za-z0-9_]*")
         check(name not in generated_env, f"--env {name} is set by the template; "
               + ("use --nccl-debug" if name == "NCCL_DEBUG" else "edit templates/pytorchjob.yaml.in to change it"))
         check(name not in seen, f"--env {name} given twice")
@@ -302,7 +316,7 @@ def resolve(a):
 # sigs.k8s.io/yaml, YAML 1.1 and 1.2) reads back as the same string. Anything
 # starting with a digit (1e-4, 1:20, 0x1f) or spelling a YAML 1.1 boolean or null
 # is quoted.
-PLAIN_STRING = re.compile(r"^(?:[A-Za-z/][A-Za-z0-9._/:-]*|--?[A-Za-z][A-Za-z0-9._/:=-]*)$")
+PLAIN_STRING = re.compile(r"(?:[A-Za-z/][A-Za-z0-9._/:-]*|--?[A-Za-z][A-Za-z0-9._/:=-]*)")
 YAML_WORDS = {"y", "n", "yes", "no", "on", "off", "true", "false", "null", "nan", "inf"}
 
 
@@ -312,9 +326,36 @@ def scalar(value):
         raise TypeError(f"unsupported template value {value!r}")
     if isinstance(value, int):
         return str(value)
-    if PLAIN_STRING.match(value) and value.lower() not in YAML_WORDS and not value.endswith(":"):
+    if PLAIN_STRING.fullmatch(value) and value.lower() not in YAML_WORDS and not value.endswith(":"):
         return value
     return json.dumps(value)
+
+
+def shell_word(arg):
+    """`arg` quoted for a shell and safe on one line of a YAML comment: shlex.quote, or bash's
+    $'...' with escapes when it holds a line break or another unprintable character (a CR, NEL
+    U+0085 or LINE SEPARATOR U+2028 ends a YAML comment line: the rest would be parsed as YAML)."""
+    if all(c.isprintable() for c in arg):
+        return shlex.quote(arg)
+    out = []
+    for c in arg:
+        if c in "\\'":
+            out.append("\\" + c)
+        elif c.isprintable():
+            out.append(c)
+        elif c == "\n":
+            out.append("\\n")
+        elif c == "\t":
+            out.append("\\t")
+        elif c == "\r":
+            out.append("\\r")
+        elif ord(c) < 0x100:
+            out.append(f"\\x{ord(c):02x}")
+        elif ord(c) < 0x10000:
+            out.append(f"\\u{ord(c):04x}")
+        else:
+            out.append(f"\\U{ord(c):08x}")
+    return "$'" + "".join(out) + "'"
 
 
 def render(template_name, values, conditions):
@@ -336,7 +377,10 @@ def render(template_name, values, conditions):
         if not names:
             out.append(line)
         elif line.lstrip().startswith("#"):
-            out.append(PLACEHOLDER.sub(lambda m: str(values[m.group(1)]).replace("\n", " "), line))
+            text = PLACEHOLDER.sub(lambda m: str(values[m.group(1)]), line)
+            if not all(c.isprintable() for c in text):
+                raise ValueError(f"{where}: a comment would hold an unprintable character: {text!r}")
+            out.append(text)
         elif (m := LIST_LINE.match(line)) and isinstance(values[m.group(2)], list):
             indent = m.group(1)
             for v in values[m.group(2)]:
@@ -351,7 +395,7 @@ def render(template_name, values, conditions):
             # Inside a larger plain scalar: only values that need no quoting.
             def inline(match):
                 v = values[match.group(1)]
-                if not isinstance(v, int) and not PLAIN_SAFE.match(v):
+                if not isinstance(v, int) and not PLAIN_SAFE.fullmatch(v):
                     raise ValueError(f"{where}: ${{{match.group(1)}}}={v!r} cannot be embedded unquoted")
                 return str(v)
             out.append(PLACEHOLDER.sub(inline, line))
@@ -365,6 +409,13 @@ def self_check(documents, values):
         if got != want:
             raise RuntimeError(f"internal error: rendered {what} reads back as {got!r}, expected {want!r}")
 
+    # Nothing but the intended objects: a value that escaped its line would add a key or a document.
+    want_docs = {"pytorchjob.yaml": ["PyTorchJob"], "etcd.yaml": ["Service", "Deployment"],
+                 "shared-pvc.yaml": ["PersistentVolumeClaim"]}
+    for name, docs in documents.items():
+        expect(f"{name} documents", [d.get("kind") if isinstance(d, dict) else d for d in docs], want_docs[name])
+        for d in docs:
+            expect(f"{name} top-level keys of {d.get('kind')}", sorted(d), sorted({"apiVersion", "kind", "metadata", "spec"}))
     job = documents["pytorchjob.yaml"][0]
     container = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
     cmd = container["command"]
@@ -407,17 +458,26 @@ def write_atomically(path, text):
         raise
 
 
-def main(argv=None):
-    argv = sys.argv[1:] if argv is None else argv
+def fail(code, message):
+    """One line on stderr, never a traceback (issue 39)."""
+    sys.stderr.write(f"generate.py: error: {one_line(message)}\n")
+    return code
+
+
+def generate(argv):
+    # Arguments that are not text (bytes that are not UTF-8 reach Python as surrogates) cannot be
+    # written into a manifest: refused by position and value.
+    for i, arg in enumerate(argv):
+        try:
+            arg.encode("utf-8")
+        except UnicodeEncodeError:
+            raise UsageError(f"argument {i + 1} {arg.encode('utf-8', 'surrogateescape')!r} is not valid UTF-8")
     parser, a = parse_args(argv)
-    try:
-        values, conditions = resolve(a)
-    except UsageError as e:
-        parser.exit(2, f"generate.py: error: {e}\n")
+    values, conditions = resolve(a)
     try:
         import yaml
     except ImportError:
-        parser.exit(1, "generate.py: error: needs PyYAML (Debian: apt-get install python3-yaml)\n")
+        return fail(1, "needs PyYAML (Debian: apt-get install python3-yaml)")
 
     # The command line that produced the content (where it was written does not matter).
     recorded, skip = [], False
@@ -428,23 +488,49 @@ def main(argv=None):
             skip = True
         elif not (arg.startswith("--output-dir=") or arg == "--stdout"):
             recorded.append(arg)
-    values["GENERATED_BY"] = "generated by: generate.py " + shlex.join(recorded)
+    values["GENERATED_BY"] = "generated by: generate.py " + " ".join(shell_word(a) for a in recorded)
     files = {"pytorchjob.yaml": "pytorchjob.yaml.in", "etcd.yaml": "etcd.yaml.in"}
     if a.create_pvc:
         files["shared-pvc.yaml"] = "shared-pvc.yaml.in"
     rendered = {name: render(template, values, conditions) for name, template in files.items()}
-    documents = {name: [d for d in yaml.safe_load_all(text) if d is not None] for name, text in rendered.items()}
+    try:
+        documents = {name: [d for d in yaml.safe_load_all(text) if d is not None] for name, text in rendered.items()}
+    except yaml.YAMLError as e:
+        raise RuntimeError(f"internal error: a rendered manifest is not YAML ({e})")
     self_check(documents, values)
 
     if a.stdout:
         sys.stdout.write("---\n".join(rendered.values()))
         return 0
     out_dir = Path(a.output_dir if a.output_dir else a.job_name)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError) as e:
+        raise UsageError(f"--output-dir {out_dir}: {e.strerror or e} (a file is in the way) — give a directory")
+    except OSError as e:
+        return fail(1, f"--output-dir {out_dir}: cannot create it ({e.strerror or e})")
     for name, text in rendered.items():
-        write_atomically(out_dir / name, text)
+        try:
+            write_atomically(out_dir / name, text)
+        except IsADirectoryError:
+            raise UsageError(f"--output-dir {out_dir}: {name} there is a directory — remove it or give another "
+                             "--output-dir")
+        except OSError as e:
+            return fail(1, f"--output-dir {out_dir}: cannot write {name} ({e.strerror or e})")
         print(out_dir / name)
     return 0
+
+
+def main(argv=None):
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        return generate(argv)
+    except UsageError as e:
+        return fail(2, e)
+    except (RuntimeError, ValueError, KeyError, TypeError) as e:  # a template or quoting mistake: ours
+        return fail(1, f"{e} — please report it")
+    except KeyboardInterrupt:
+        return fail(130, "interrupted")
 
 
 if __name__ == "__main__":

@@ -36,6 +36,15 @@ struct LinkSpec {
   double latency_s = 0;
 };
 
+// Sane ranges of the numbers a user gives the estimate (flags and cluster
+// files): beyond them no machine exists, and the replay's times leave the
+// range where its sums are exact (issue 39). Refused with the flag or field named.
+inline constexpr double kMinLinkGbps = 1e-3;        // 1 Mbit/s
+inline constexpr double kMaxLinkGbps = 1e7;         // 10 Pbit/s
+inline constexpr double kMaxLatencyUs = 1e7;        // 10 s per collective
+inline constexpr double kMaxPeakTflops = 1e7;       // 10 exaflop/s per process
+inline constexpr double kMaxNsPerUnit = 1e9;        // 1 s per element or byte
+
 // How a backend moves a collective's bytes (Note [Collective volumes] in estimate.cpp).
 enum class CollectiveAlgorithm {
   kMesh,  // every rank sends to every peer directly: our TCP group (CPU)

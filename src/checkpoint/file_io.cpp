@@ -13,6 +13,7 @@
 
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 
 namespace fsdp::checkpoint::io {
 namespace {
@@ -52,8 +53,15 @@ File File::create(const std::string& path) {
 File File::open_read(const std::string& path) {
   File f;
   f.path_ = path;
-  f.fd_ = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  // O_NONBLOCK and the kind on the descriptor: a FIFO or a device planted in a
+  // checkpoint or an --init-from directory is refused, never waited on or read
+  // without end (Note [Input files] in common/files.h).
+  f.fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   if (f.fd_ < 0) fail_errno("open", path);
+  struct stat st {};
+  FSDP_CHECK(::fstat(f.fd_, &st) == 0 && S_ISREG(st.st_mode), path, " is ", path_kind(path),
+             ", not a regular file — replace it with the file that belongs there");
+  ::fcntl(f.fd_, F_SETFL, ::fcntl(f.fd_, F_GETFL) & ~O_NONBLOCK);
   return f;
 }
 

@@ -180,6 +180,11 @@ void detail::check_export_dir_of(const std::string& dir, const std::string& flag
   check_removable(paths.tmp.string());
   check_removable(paths.old.string());
   std::error_code ec;
+  // The export is renamed into place at DIR: at a symbolic link that would
+  // replace the user's link, not fill the directory it names (issue 39).
+  FSDP_CHECK(!fs::is_symlink(fs::symlink_status(paths.final, ec)), flag, " ", dir, " is a symbolic link (to ",
+             fs::read_symlink(paths.final, ec).string(), "); an export replaces the directory at its path, which "
+             "would replace the link — give the directory's own path");
   if (!fs::exists(dir, ec)) return;
   FSDP_CHECK(fs::is_directory(dir, ec), flag, " ", dir, " exists and is not a directory; choose a new directory");
   for (const auto& e : fs::directory_iterator(dir, ec)) {

@@ -2,10 +2,14 @@
 
 #include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
+#include "fsdp/common/output_file.h"
 
 #include <torch/csrc/distributed/c10d/TCPStore.hpp>
 
+#include <arpa/inet.h>
 #include <fcntl.h>
+#include <netdb.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/prctl.h>
@@ -20,9 +24,9 @@
 #include <cerrno>
 #include <chrono>
 #include <cstring>
-#include <fstream>
 #include <iostream>
 #include <memory>
+#include <sstream>
 #include <thread>
 
 extern char** environ;
@@ -198,8 +202,7 @@ class Workers {
   // The worker's process state from /proc ('R', 'S', 'T' stopped, 't'
   // traced, ...), '?' if unknown.
   char state(int r) const {
-    std::ifstream in(detail::cat("/proc/", pid(r), "/stat"));
-    const std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+    const std::string stat = read_system_file(detail::cat("/proc/", pid(r), "/stat"));
     const auto paren = stat.rfind(')');  // the command name may hold spaces and parentheses
     return paren != std::string::npos && stat.size() > paren + 2 ? stat[paren + 2] : '?';
   }
@@ -239,7 +242,7 @@ class StderrRelay {
 
   // A pipe for rank r's stderr; returns its write end, which the caller
   // closes once the worker holds it.
-  int open(int r) {
+  int open_pipe(int r) {
     int fds[2];
     if (pipe2(fds, O_CLOEXEC) != 0) FSDP_FAIL("launch_local: pipe failed: ", std::strerror(errno));
     fcntl(fds[0], F_SETFL, fcntl(fds[0], F_GETFL) | O_NONBLOCK);
@@ -364,8 +367,82 @@ pid_t spawn(const ChildSpec& spec, int max_fd) {
   return pid;
 }
 
+// Node 0 hosts the store at master_addr: it must name this host (a name or
+// address of one of its interfaces), else every worker waits for nothing.
+// Binding a socket to an address succeeds only for the host's own addresses.
+void check_master_addr_is_here(const std::string& addr) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  addrinfo* found = nullptr;
+  const int rc = getaddrinfo(addr.c_str(), nullptr, &hints, &found);
+  FSDP_CHECK(rc == 0, "--master-addr ", addr, " does not resolve here on node 0 (",
+             rc == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rc),
+             "): node 0 hosts the rendezvous at --master-addr — give node 0's own address as the other nodes reach it");
+  std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> addresses(found, &freeaddrinfo);
+  std::string listed;
+  for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+    char text[INET6_ADDRSTRLEN] = "?";
+    const void* raw = a->ai_family == AF_INET6 ? static_cast<const void*>(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr)
+                                               : static_cast<const void*>(&reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr);
+    inet_ntop(a->ai_family, raw, text, sizeof(text));
+    const bool wildcard = a->ai_family == AF_INET6
+                              ? IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr)
+                              : reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr.s_addr == htonl(INADDR_ANY);
+    FSDP_CHECK(!wildcard, "--master-addr ", addr, " is the wildcard address ", text, ", which no other node can "
+               "reach; give node 0's own address");
+    listed += (listed.empty() ? "" : ", ") + std::string(text);
+    const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    if (fd < 0) continue;
+    const bool here = bind(fd, a->ai_addr, a->ai_addrlen) == 0 || errno == EADDRINUSE;  // port 0: any
+    close(fd);
+    if (here) return;
+  }
+  FSDP_CHECK(false, "--master-addr ", addr, " (", listed, ") is not an address of this host, but this is node 0 "
+             "(--node-rank 0), which hosts the rendezvous there — give node 0's own address as the other nodes "
+             "reach it (hostname -I lists them), or check --node-rank");
+}
+
+// The launcher of a node other than 0 joins first: it waits, until the
+// join's deadline, for node 0's store to accept connections, and only then
+// starts its workers (with what is left of the deadline). Node 0 missing or
+// listening elsewhere is then one message from the launcher within --timeout,
+// not a wait per worker (issue 39).
+void wait_for_store(const LaunchOptions& o, Clock::time_point deadline) {
+  const std::string port = std::to_string(o.master_port);
+  std::string why = "nothing accepted a connection";
+  while (Clock::now() < deadline) {
+    addrinfo hints{};
+    hints.ai_family = AF_UNSPEC;
+    hints.ai_socktype = SOCK_STREAM;
+    addrinfo* found = nullptr;
+    const int rc = getaddrinfo(o.master_addr.c_str(), port.c_str(), &hints, &found);
+    if (rc != 0) {
+      why = detail::cat("it does not resolve: ", rc == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rc));
+    } else {
+      std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> addresses(found, &freeaddrinfo);
+      for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
+        const int fd = socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
+        if (fd < 0) continue;
+        timeval tv{0, 500000};
+        setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));  // bounds connect() on Linux
+        const bool up = connect(fd, a->ai_addr, a->ai_addrlen) == 0;
+        close(fd);
+        if (up) return;
+      }
+      why = "nothing accepted a connection";
+    }
+    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(100), deadline - Clock::now()));
+  }
+  std::ostringstream seconds;
+  seconds << static_cast<double>(o.join_timeout.count()) / 1000 << " s";
+  FSDP_FAIL("node ", o.node_rank, ": the rendezvous at --master-addr ", o.master_addr, " --master-port ", o.master_port,
+            " did not answer within ", seconds.str(), " (--timeout; ", why, "): node 0 (--node-rank 0) has not "
+            "started, has failed, or listens elsewhere — start it with the same --master-addr and --master-port");
+}
+
 std::vector<std::string> worker_env(const LaunchOptions& o, int rank, int lws, const std::string& master_addr,
-                                    int port, const std::string& run_id) {
+                                    int port, const std::string& run_id, int64_t join_deadline_ms) {
   std::map<std::string, std::string> env;
   for (char** e = environ; e != nullptr && *e != nullptr; ++e) {
     const std::string kv = *e;
@@ -387,6 +464,11 @@ std::vector<std::string> worker_env(const LaunchOptions& o, int rank, int lws, c
   env["TORCHELASTIC_MAX_RESTARTS"] = "0";
   env["TORCHELASTIC_RUN_ID"] = run_id;
   env["FSDP_LAUNCHER"] = "fsdp-train";
+  if (join_deadline_ms > 0) {
+    env["FSDP_JOIN_DEADLINE_MS"] = std::to_string(join_deadline_ms);
+  } else {
+    env.erase("FSDP_JOIN_DEADLINE_MS");  // an outer launcher's is not this job's
+  }
   // Share the cores among the local workers unless the user chose: N workers
   // each using every core oversubscribe the machine (torchrun sets
   // OMP_NUM_THREADS=1 for the same reason). LibTorch's CPU kernels and its
@@ -427,6 +509,13 @@ LaunchResult launch_local(const LaunchOptions& o) {
              " must divide nproc=", o.nproc);
   FSDP_CHECK(o.kill_grace.count() >= 0, "launch_local: kill_grace must not be negative");
   FSDP_CHECK(o.signal_timeout.count() > 0, "launch_local: signal_timeout must be positive");
+  FSDP_CHECK(o.join_timeout.count() >= 0, "launch_local: join_timeout must not be negative");
+  // One deadline for the join, from now: the workers' rendezvous gets what is left of it.
+  const int64_t join_deadline_ms =
+      o.join_timeout.count() > 0
+          ? std::chrono::duration_cast<std::chrono::milliseconds>((Clock::now() + o.join_timeout).time_since_epoch())
+                .count()
+          : 0;
   const std::string program = resolve_program(o.argv[0]);
   if (!o.log_dir.empty()) {
     struct stat st {};
@@ -447,6 +536,7 @@ LaunchResult launch_local(const LaunchOptions& o) {
   store_opts.waitWorkers = false;
   const std::string store_host = multi_node ? o.master_addr : "127.0.0.1";
   std::unique_ptr<c10d::TCPStore> store;
+  if (multi_node && o.node_rank == 0) check_master_addr_is_here(o.master_addr);
   if (!multi_node || o.node_rank == 0) {
     try {
       store = std::make_unique<c10d::TCPStore>(store_host, store_opts);
@@ -459,6 +549,9 @@ LaunchResult launch_local(const LaunchOptions& o) {
       FSDP_FAIL("launch_local: cannot host the rendezvous store on ", store_host, ":", store_opts.port, ": ",
                 e.what(), multi_node ? " — is the port in use? choose another --master-port" : "");
     }
+  }
+  if (multi_node && o.node_rank != 0 && join_deadline_ms > 0) {
+    wait_for_store(o, Clock::time_point(std::chrono::milliseconds(join_deadline_ms)));
   }
   const int port = store ? static_cast<int>(store->getPort()) : o.master_port;
   const int first = o.node_rank * o.nproc;  // global rank of local worker 0
@@ -478,15 +571,15 @@ LaunchResult launch_local(const LaunchOptions& o) {
     ChildSpec spec;
     spec.program = program;
     spec.argv = o.argv;
-    spec.env = worker_env(o, first + r, lws, store_host, port, run_id);
+    spec.env = worker_env(o, first + r, lws, store_host, port, run_id, join_deadline_ms);
     auto& out = result.ranks[static_cast<size_t>(r)];
     out.rank = first + r;
     if (!o.log_dir.empty()) {
       out.log_file = detail::cat(o.log_dir, "/rank", first + r, ".log");
-      spec.log_fd = open(out.log_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-      if (spec.log_fd < 0) FSDP_FAIL("launch_local: cannot create ", out.log_file, ": ", std::strerror(errno));
+      // Note [Output targets]: a log restarted; never through a dangling link, a directory or a socket.
+      spec.log_fd = open_output_fd(out.log_file, "launch_local: log file", StreamMode::kTruncate);
     }
-    if (relay_stderr) spec.err_fd = relay.open(r);
+    if (relay_stderr) spec.err_fd = relay.open_pipe(r);
     pid_t pid = -1;
     try {
       pid = spawn(spec, max_fd);

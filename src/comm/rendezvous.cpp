@@ -317,6 +317,9 @@ WorldInfo detect_world(const GetEnv& getenv) {
     w = from_slurm(env);
   }
   if (const auto ifname = env.get("GLOO_SOCKET_IFNAME")) w.socket_ifname = first_of_list(*ifname);
+  if (env.has("FSDP_JOIN_DEADLINE_MS")) {
+    w.join_deadline_ms = env.integer("FSDP_JOIN_DEADLINE_MS", 1, std::numeric_limits<int64_t>::max() / 2);
+  }
   if (const auto shm = env.get("FSDP_SHM")) {
     FSDP_CHECK(*shm == "0" || *shm == "1", "FSDP_SHM='", *shm, "' must be 1 (ranks on one host exchange through "
                "shared memory, the default) or 0 (loopback TCP)");
@@ -353,6 +356,9 @@ std::chrono::milliseconds parse_timeout(const std::string& text, const std::stri
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The least a worker gets to join under a deadline its launcher set (see init_process_group).
+constexpr std::chrono::seconds kMinJoinWindow{2};
 
 std::string seconds_text(std::chrono::milliseconds ms) {
   std::ostringstream os;
@@ -394,8 +400,8 @@ Addresses wait_until_resolvable(const WorldInfo& w, const InitOptions& o, Clock:
 // backs off for a random time that can outlast a short --timeout (or the whole
 // life of a short job) although the store came up long before. So a client
 // first probes the port itself every 100 ms, each connect bounded to 500 ms,
-// until it accepts or the deadline passes (then TCPStore reports).
-void wait_until_listening(const Addresses& addresses, Clock::time_point deadline) {
+// until it accepts or the deadline passes. False: nothing listened by then.
+bool wait_until_listening(const Addresses& addresses, Clock::time_point deadline) {
   while (Clock::now() < deadline) {
     for (const addrinfo* a = addresses.get(); a != nullptr; a = a->ai_next) {
       const int fd = ::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol);
@@ -404,10 +410,11 @@ void wait_until_listening(const Addresses& addresses, Clock::time_point deadline
       ::setsockopt(fd, SOL_SOCKET, SO_SNDTIMEO, &tv, sizeof(tv));  // bounds connect() on Linux
       const bool up = ::connect(fd, a->ai_addr, a->ai_addrlen) == 0;
       ::close(fd);
-      if (up) return;
+      if (up) return true;
     }
-    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    std::this_thread::sleep_for(std::min<Clock::duration>(std::chrono::milliseconds(100), deadline - Clock::now()));
   }
+  return false;
 }
 
 std::string text_of(const std::vector<uint8_t>& v) { return std::string(v.begin(), v.end()); }
@@ -460,7 +467,10 @@ int64_t generation_of(c10d::Store& store) {
 std::string join_job(c10d::Store& store, const WorldInfo& w, const InitOptions& o, Clock::time_point deadline,
                      bool hosting) {
   const std::string where = detail::cat("the job at ", w.master_addr, ":", w.master_port);
-  const bool elastic = w.agent_store;
+  // Only torchrun's agents restart worker groups (Note [Join generations]);
+  // fsdp-train's launcher starts its workers once, so a mismatch there is a
+  // mistake to name, not a new generation.
+  const bool elastic = w.agent_store && w.launcher == "torchrun";
   const std::string mine = std::to_string(w.world_size);
   char host[256] = {0};
   gethostname(host, sizeof(host) - 1);
@@ -482,10 +492,25 @@ std::string join_job(c10d::Store& store, const WorldInfo& w, const InitOptions& 
         continue;
       }
       abort_join(store, abort_key,
-                 detail::cat("WORLD_SIZE mismatch: a process started as rank ", w.rank, " with WORLD_SIZE=", mine,
-                             " joined ", where, ", which has WORLD_SIZE=", job,
-                             " — start every process of a job with the same WORLD_SIZE"),
+                 w.launcher == "fsdp-train"
+                     ? detail::cat("world size mismatch: a node of ", where, " was started with --nnodes x "
+                                   "--nproc-per-node = ", mine, " processes (its rank ", w.rank, "), the job has ",
+                                   job, " — start every node with the same --nnodes and --nproc-per-node")
+                     : detail::cat("WORLD_SIZE mismatch: a process started as rank ", w.rank, " with WORLD_SIZE=",
+                                   mine, " joined ", where, ", which has WORLD_SIZE=", job,
+                                   " — start every process of a job with the same WORLD_SIZE"),
                  hosting);
+    }
+    // Settings every process must share (InitOptions::agreed): the first one's are the job's.
+    for (const auto& [flag, value] : o.agreed) {
+      const std::string agreed = text_of(store.compareSet(prefix + "agreed/" + flag, {}, bytes_of(value)));
+      if (agreed != value) {
+        abort_join(store, abort_key,
+                   detail::cat(flag, " mismatch: a process of ", where, " (rank ", w.rank, ") was started with ", flag,
+                               " ", value, ", the job has ", flag, " ", agreed, " — give every ",
+                               w.launcher == "fsdp-train" ? "node" : "process", " the same ", flag),
+                   hosting);
+      }
     }
     const std::string holder = text_of(store.compareSet(detail::cat(prefix, "rank/", w.rank), {}, bytes_of(me)));
     if (holder != me) {
@@ -556,21 +581,39 @@ Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
   if (world.world_size == 1 && world.master_addr.empty()) {
     rt.store = c10::make_intrusive<c10d::HashStore>();
   } else {
-    const auto deadline = Clock::now() + options.store_timeout;
+    // One deadline for every step of the join (and for the launcher's work before it).
+    // A worker started after its launcher spent most of the deadline (loading, a
+    // busy machine) still gets kMinJoinWindow to connect to a store that is up.
+    const auto now = Clock::now();
+    auto deadline = now + options.store_timeout;
+    if (world.join_deadline_ms > 0) {
+      const auto shared = Clock::time_point(std::chrono::milliseconds(world.join_deadline_ms));
+      deadline = std::min(deadline, std::max(shared, now + std::min<Clock::duration>(kMinJoinWindow,
+                                                                                        options.store_timeout)));
+    }
     const Addresses addresses = wait_until_resolvable(world, options, deadline);
     c10d::TCPStoreOptions o;
     o.port = static_cast<uint16_t>(world.master_port);
     o.isServer = !world.agent_store && world.rank == 0;
     o.waitWorkers = false;
-    o.timeout = options.store_timeout;
-    if (!o.isServer) wait_until_listening(addresses, deadline);
+    if (!o.isServer && !wait_until_listening(addresses, deadline)) {
+      FSDP_FAIL("nothing listens at MASTER_ADDR:MASTER_PORT = ", world.master_addr, ":", world.master_port,
+                " (launcher: ", world.launcher, ") within ", seconds_text(options.store_timeout), " (",
+                options.timeout_source, "): the process hosting the store (",
+                world.agent_store ? "the launcher of node 0" : "rank 0",
+                ") did not start, failed, or listens elsewhere — check that it runs and that every process has its "
+                "address and port");
+    }
+    // What is left of the deadline (at least a second to connect to a store that just answered).
+    o.timeout = std::max<std::chrono::milliseconds>(
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()), std::chrono::seconds(1));
     c10::intrusive_ptr<c10d::Store> tcp;
     try {
       tcp = c10::make_intrusive<c10d::TCPStore>(world.master_addr, o);
     } catch (const std::exception& e) {
       FSDP_FAIL(o.isServer ? "hosting" : "connecting to", " the rendezvous store at ",
                 world.master_addr, ":", world.master_port, " (launcher: ", world.launcher,
-                ") failed within ", options.store_timeout.count(), " ms: ", first_line(e.what()),
+                ") failed within ", seconds_text(options.store_timeout), ": ", first_line(e.what()),
                 o.isServer ? " — is the port already in use? pick another MASTER_PORT"
                            : " — check MASTER_ADDR/MASTER_PORT and that rank 0 (or the agent) is up");
     }
@@ -579,7 +622,11 @@ Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
       rt.store = c10::make_intrusive<c10d::PrefixStore>(world.store_prefix, tcp);
     }
     try {
-      const std::string generation = join_job(*rt.store, world, options, deadline, o.isServer);
+      // The process whose exit takes the store down waits a little after a refusal
+      // (abort_join): rank 0 hosting it, or a worker of node 0's fsdp-train launcher.
+      const bool store_goes_with_me =
+          o.isServer || (world.agent_store && world.launcher == "fsdp-train" && world.node_rank == 0);
+      const std::string generation = join_job(*rt.store, world, options, deadline, store_goes_with_me);
       rt.store = c10::make_intrusive<c10d::PrefixStore>(generation, rt.store);
     } catch (const fsdp::Failure&) {
       throw;

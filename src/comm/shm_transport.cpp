@@ -1,6 +1,7 @@
 #include "comm/shm_transport.h"
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 
 #include <dirent.h>
 #include <fcntl.h>
@@ -14,8 +15,9 @@
 #include <algorithm>
 #include <cerrno>
 #include <climits>
+#include <cstdio>
+#include <cstdlib>
 #include <cstring>
-#include <fstream>
 #include <random>
 #include <sstream>
 #include <thread>
@@ -65,10 +67,8 @@ constexpr size_t kMaxRing = size_t{4} << 20;
 size_t round_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
 std::string read_line(const char* path) {
-  std::ifstream in(path);
-  std::string s;
-  std::getline(in, s);
-  return s;
+  const std::string text = read_system_file(path);
+  return text.substr(0, text.find('\n'));
 }
 
 // Ranks with equal identities can map one segment (Note [Shared memory]); "" if unknown.
@@ -132,11 +132,9 @@ char* map_shared(int fd, size_t bytes, std::string* failed) {
   return nullptr;
 }
 
-std::string random_suffix() {
+uint64_t random_suffix() {
   std::random_device rd;
-  std::ostringstream os;
-  os << std::hex << ((static_cast<uint64_t>(rd()) << 32) | rd());
-  return os.str();
+  return (static_cast<uint64_t>(rd()) << 32) | rd();
 }
 
 }  // namespace
@@ -175,20 +173,65 @@ size_t Ring::read(char* p, size_t n) {
   return k;
 }
 
-int remove_stale_segments() {
-  DIR* dir = ::opendir("/dev/shm");
-  if (dir == nullptr) return 0;
-  int removed = 0;
+std::string segment_name(long pid, uint64_t pid_ns, uint64_t random) {
+  char suffix[17];
+  std::snprintf(suffix, sizeof(suffix), "%016llx", static_cast<unsigned long long>(random));
+  return detail::cat(kSegmentPrefix, pid, ".", pid_ns, ".", suffix);
+}
+
+uint64_t pid_namespace() {
+  struct stat st{};
+  return ::stat("/proc/self/ns/pid", &st) == 0 ? static_cast<uint64_t>(st.st_ino) : 0;
+}
+
+namespace {
+
+// "<digits>" without a sign or leading zero, fitting `max`; -1 otherwise.
+long long decimal(const std::string& s, long long max) {
+  if (s.empty() || s.size() > 19 || s[0] == '0' || s.find_first_not_of("0123456789") != std::string::npos) return -1;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), nullptr, 10);
+  return errno == 0 && v <= static_cast<unsigned long long>(max) ? static_cast<long long>(v) : -1;
+}
+
+// The creator pid of `name` when it is exactly segment_name(pid, ns, *) with
+// ns == `ns`; -1 for any other name.
+long stale_candidate(const std::string& name, uint64_t ns) {
   const std::string prefix = kSegmentPrefix;
+  if (name.compare(0, prefix.size(), prefix) != 0) return -1;
+  const size_t a = name.find('.', prefix.size());
+  const size_t b = a == std::string::npos ? a : name.find('.', a + 1);
+  if (b == std::string::npos) return -1;
+  const std::string hex = name.substr(b + 1);
+  if (hex.size() != 16 || hex.find_first_not_of("0123456789abcdef") != std::string::npos) return -1;
+  const long long pid = decimal(name.substr(prefix.size(), a - prefix.size()), INT_MAX);
+  const long long in_ns = decimal(name.substr(a + 1, b - a - 1), LLONG_MAX);
+  if (pid <= 0 || in_ns <= 0 || static_cast<uint64_t>(in_ns) != ns) return -1;
+  return static_cast<long>(pid);
+}
+
+}  // namespace
+
+int remove_stale_segments() {
+  const uint64_t ns = pid_namespace();
+  if (ns == 0) return 0;  // no way to tell our pids from another namespace's
+  const int dir_fd = ::open("/dev/shm", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+  if (dir_fd < 0) return 0;
+  DIR* dir = ::fdopendir(dir_fd);
+  if (dir == nullptr) {
+    ::close(dir_fd);
+    return 0;
+  }
+  int removed = 0;
   while (dirent* e = ::readdir(dir)) {
     const std::string name = e->d_name;
-    if (name.compare(0, prefix.size(), prefix) != 0) continue;
-    const size_t dot = name.find('.', prefix.size());
-    if (dot == std::string::npos) continue;
-    const long pid = std::strtol(name.substr(prefix.size(), dot - prefix.size()).c_str(), nullptr, 10);
-    if (pid <= 0 || (::kill(static_cast<pid_t>(pid), 0) != 0 && errno == ESRCH)) {
-      if (::shm_unlink(("/" + name).c_str()) == 0) ++removed;
-    }
+    const long pid = stale_candidate(name, ns);
+    if (pid <= 0) continue;
+    struct stat st{};
+    if (::fstatat(dir_fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) continue;
+    if (!S_ISREG(st.st_mode) || st.st_uid != ::geteuid()) continue;  // a link, or another user's
+    if (::kill(static_cast<pid_t>(pid), 0) == 0 || errno != ESRCH) continue;  // its creator lives (or may)
+    if (::shm_unlink(("/" + name).c_str()) == 0) ++removed;
   }
   ::closedir(dir);
   return removed;
@@ -229,7 +272,7 @@ std::unique_ptr<HostSegment> HostSegment::connect(c10d::Store& store, const std:
   std::string name, failed;
   if (rank == leader) {
     remove_stale_segments();
-    name = detail::cat("/", kSegmentPrefix, ::getpid(), ".", random_suffix());
+    name = "/" + segment_name(::getpid(), pid_namespace(), random_suffix());
     const int fd = ::shm_open(name.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
     if (fd < 0) {
       failed = detail::cat("shm_open: ", std::strerror(errno));

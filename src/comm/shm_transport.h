@@ -87,11 +87,22 @@ class HostSegment {
   size_t bytes_ = 0;
 };
 
-// The prefix of every segment's name in /dev/shm: "fsdp-cpp.<creator pid>.<random>".
+// The prefix of every segment's name in /dev/shm:
+// "fsdp-cpp.<creator pid>.<creator's pid namespace>.<16 hex digits>".
 inline constexpr const char* kSegmentPrefix = "fsdp-cpp.";
 
+// The name (without the leading '/') of a segment created by `pid` in pid
+// namespace `pid_ns` (the inode of /proc/self/ns/pid) with suffix `random`.
+std::string segment_name(long pid, uint64_t pid_ns, uint64_t random);
+// This process's pid namespace (0 when /proc does not say).
+uint64_t pid_namespace();
+
 // Removes segments whose creator process no longer exists (left by a job
-// killed while it set up its segments). Returns how many it removed.
+// killed while it set up its segments), and only those (issue 39): a name of
+// exactly segment_name's form, created in this process's pid namespace (a pid
+// from another namespace — a container sharing /dev/shm — says nothing here),
+// a regular file (never a link) owned by this user, whose creator pid does
+// not exist. Returns how many it removed.
 int remove_stale_segments();
 
 }  // namespace fsdp::comm::shm

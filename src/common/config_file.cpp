@@ -1,9 +1,5 @@
 #include "fsdp/common/config_file.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
@@ -23,40 +19,10 @@ namespace fsdp {
 
 namespace {
 
-// The whole of a regular file of at most kMaxConfigBytes. The kind is checked
-// before opening (a FIFO would block the open) and again on the descriptor.
+// The whole of a regular file of at most kMaxConfigBytes (Note [Input files]).
 std::string read_config_text(const std::string& path, const std::string& flag) {
-  require_regular_file(path, flag, "give a TOML file of options (lines such as seq-len = 2048)");
-  const int fd = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
-  if (fd < 0) {
-    const int e = errno;
-    FSDP_CHECK(false, flag, " ", path, ": cannot open it (", std::strerror(e), ")");
-  }
-  struct stat st {};
-  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
-    ::close(fd);
-    FSDP_CHECK(false, flag, " ", path, " is not a regular file; give a TOML file of options");
-  }
-  std::string text;
-  char buf[65536];
-  for (;;) {
-    const ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) {
-      const int e = errno;
-      ::close(fd);
-      FSDP_CHECK(false, flag, " ", path, ": reading it failed (", std::strerror(e), ")");
-    }
-    if (n == 0) break;
-    text.append(buf, static_cast<size_t>(n));
-    if (static_cast<int64_t>(text.size()) > kMaxConfigBytes) {
-      ::close(fd);
-      FSDP_CHECK(false, flag, " ", path, " is larger than ", kMaxConfigBytes / 1024, " KiB; a file of options is "
-                 "a few lines (key = value) — is it the right file?");
-    }
-  }
-  ::close(fd);
-  return text;
+  return read_input_file(path, flag, kMaxConfigBytes,
+                         "give a TOML file of options (a few lines such as seq-len = 2048)");
 }
 
 std::string where(const std::string& flag, const std::string& path, const toml::source_region& at) {
@@ -66,7 +32,13 @@ std::string where(const std::string& flag, const std::string& path, const toml::
 // A scalar's option text and type; UsageError for anything else (tables,
 // nested arrays, dates).
 std::pair<ConfigType, std::string> scalar(const toml::node& n, const std::string& key, const std::string& at) {
-  if (const auto* s = n.as_string()) return {ConfigType::kString, s->get()};
+  if (const auto* s = n.as_string()) {
+    // A path or name with a NUL would be cut there by the system, while its
+    // suffix still chose the format (issue 39): no option takes one.
+    FSDP_CHECK(s->get().find('\0') == std::string::npos, at, ": '", key, "' holds a NUL character (\\u0000), which "
+               "no option takes — remove it");
+    return {ConfigType::kString, s->get()};
+  }
   if (const auto* i = n.as_integer()) return {ConfigType::kInteger, std::to_string(i->get())};
   if (const auto* f = n.as_floating_point()) return {ConfigType::kFloat, toml_float(f->get())};
   if (const auto* b = n.as_boolean()) return {ConfigType::kBool, b->get() ? "true" : "false"};

@@ -2,12 +2,15 @@
 
 #include <sys/resource.h>
 
+#include "fsdp/common/files.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 namespace fsdp {
@@ -15,7 +18,7 @@ namespace {
 // The "Key:   N kB" line of a /proc file (/proc/self/status, /proc/meminfo), in
 // bytes; -1 when absent.
 int64_t kib_field_bytes(const char* path, const char* key) {
-  std::ifstream in(path);
+  std::istringstream in(read_system_file(path));
   std::string line;
   const std::string k = std::string(key) + ":";
   while (std::getline(in, line)) {
@@ -27,7 +30,7 @@ int64_t kib_field_bytes(const char* path, const char* key) {
 // The first number of a file such as /sys/fs/cgroup/memory.max; nullopt for
 // "max", an absent file or anything else.
 std::optional<int64_t> read_number(const std::string& path) {
-  std::ifstream in(path);
+  std::istringstream in(read_system_file(path));
   std::string text;
   if (!(in >> text) || text.empty() || text.find_first_not_of("0123456789") != std::string::npos) return std::nullopt;
   try {
@@ -39,7 +42,7 @@ std::optional<int64_t> read_number(const std::string& path) {
 
 // A "key value" line of a cgroup's memory.stat; 0 when absent.
 int64_t stat_value(const std::string& path, const std::string& key) {
-  std::ifstream in(path);
+  std::istringstream in(read_system_file(path));
   std::string k;
   int64_t v = 0;
   while (in >> k >> v) {
@@ -54,7 +57,7 @@ int64_t stat_value(const std::string& path, const std::string& key) {
 // not there (a cgroup namespace mounts the process's own group as the root).
 // nullopt when this process is in no such hierarchy.
 std::optional<std::string> cgroup_dir(const std::string& self_cgroup, const std::string& mount, bool v2) {
-  std::ifstream in(self_cgroup);
+  std::istringstream in(read_system_file(self_cgroup));
   std::string line;
   while (std::getline(in, line)) {
     const size_t c1 = line.find(':');

@@ -132,6 +132,78 @@ void write_output_file(const std::string& path, const std::string& text, const s
   }
 }
 
+OutputTarget check_output_writable(const std::string& path, const std::string& flag) {
+  const OutputTarget target = check_output_target(path, flag);
+  if (target == OutputTarget::kStream) return target;
+  std::string real = path;
+  if (target == OutputTarget::kRegular) {
+    std::error_code ec;
+    const auto canonical = std::filesystem::canonical(path, ec);
+    if (!ec) real = canonical.string();
+  }
+  const std::filesystem::path parent = std::filesystem::path(real).parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
+  struct stat st {};
+  FSDP_CHECK(::stat(dir.c_str(), &st) == 0 && S_ISDIR(st.st_mode), flag, " ", path, ": its directory ", dir, " is ",
+             path_kind(dir), ", not a directory — create it first or give another path");
+  FSDP_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, flag, " ", path, ": its directory ", dir,
+             " is not writable (", std::strerror(errno), ") — give a path in a directory you can write to");
+  return target;
+}
+
+std::string write_derived_output_file(const std::string& path, const std::string& text, const std::string& flag,
+                                      const std::string& marker, const std::string& never) {
+  struct stat st {};
+  if (::lstat(path.c_str(), &st) == 0) {
+    struct stat target {}, other {};
+    if (::stat(path.c_str(), &target) != 0 || !S_ISREG(target.st_mode)) {
+      return detail::cat(path, " is ", path_kind(path), ", not a copy fsdp-cpp wrote: left alone");
+    }
+    if (!never.empty() && ::stat(never.c_str(), &other) == 0 && other.st_dev == target.st_dev &&
+        other.st_ino == target.st_ino) {
+      return detail::cat(path, " is the file the options were read from: left alone");
+    }
+    std::string head;
+    try {
+      head = read_input_head(path, flag, marker.size(), "");
+    } catch (const UsageError&) {
+      return detail::cat(path, " cannot be read: left alone");
+    }
+    if (head != marker) {
+      return detail::cat(path, " exists and was not written by fsdp-cpp (it does not start with '", marker,
+                         "'): left alone — move it away to get the copy");
+    }
+  }
+  write_output_file(path, text, flag);
+  return "";
+}
+
+int open_output_fd(const std::string& path, const std::string& flag, StreamMode mode) {
+  const OutputTarget target = check_output_target(path, flag);
+  if (target == OutputTarget::kStream) {
+    FSDP_CHECK(mode != StreamMode::kCreateNew, flag, " ", path, " exists (", path_kind(path),
+               "); a new file is needed — give another path");
+    struct stat st {};
+    return open_stream(path, flag, ::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode));
+  }
+  FSDP_CHECK(mode != StreamMode::kCreateNew || target == OutputTarget::kNew, flag, " ", path,
+             " exists; a new file is needed — give another path");
+  const int flags = O_WRONLY | O_CREAT | O_CLOEXEC | (mode == StreamMode::kCreateNew ? O_EXCL : O_TRUNC);
+  const int fd = ::open(path.c_str(), flags, 0644);
+  if (fd < 0) {
+    const int e = errno;
+    FSDP_CHECK(e != EEXIST, flag, " ", path, " appeared while it was being created; give another path");
+    FSDP_CHECK(false, flag, " ", path, ": cannot create it (", std::strerror(e),
+               "); choose a path in a directory you can write to");
+  }
+  struct stat st {};
+  if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    FSDP_FAIL(flag, " ", path, " changed while it was being opened; run again");
+  }
+  return fd;
+}
+
 void open_output_for_append(std::ofstream& out, const std::string& path, const std::string& flag) {
   const OutputTarget target = check_output_target(path, flag);
   int held = -1;  // a FIFO's write end, held while `out` opens: its reader sees no end of file meanwhile

@@ -2,7 +2,9 @@
 #include "data_file.h"
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 
+#include <unistd.h>
 #include <zlib.h>
 
 #include <cerrno>
@@ -34,8 +36,13 @@ struct DataFileReader::Gzip {
 };
 
 DataFileReader::DataFileReader(const std::string& path) : path_(path) {
-  file_ = std::fopen(path.c_str(), "rb");
-  FSDP_CHECK(file_ != nullptr, "cannot open data file '", path, "': ", errno_text(), " — check the path and permissions");
+  const int fd = open_input_file(path, "data file", "give text, .jsonl(.gz) or .bin files (Note [Input files])");
+  file_ = ::fdopen(fd, "rb");
+  if (file_ == nullptr) {
+    const std::string why = errno_text();
+    ::close(fd);
+    FSDP_FAIL("cannot read data file '", path, "': ", why);
+  }
   head_.resize(2);
   size_t got = 0;
   while (got < 2) {

@@ -6,6 +6,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/common/json_input.h"
 #include "fsdp/common/files.h"
+#include "fsdp/common/output_file.h"
 #include "fsdp/data/tokenizer.h"
 
 #include <fcntl.h>
@@ -131,8 +132,7 @@ void install_sigbus_guard() {
 class MappedFile {
  public:
   explicit MappedFile(const std::string& path) : path_(path) {
-    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    FSDP_CHECK(fd >= 0, "cannot open token file '", path, "': ", errno_text(), " — check the path and permissions");
+    const int fd = open_input_file(path, "token file", "give .bin files of token ids (Note [Input files])");
     struct stat st {};
     if (::fstat(fd, &st) != 0) {
       const std::string why = errno_text();
@@ -586,11 +586,7 @@ void write_token_file(const std::string& path, const std::vector<int32_t>& token
                " — use uint32 for vocabularies above 65536");
     for (size_t b = 0; b < dtype_bytes(dtype); ++b) bytes.push_back(static_cast<unsigned char>(t >> (8 * b)));
   }
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  if (!out) FSDP_FAIL("cannot create token file '", path, "': ", errno_text());
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  out.close();
-  if (!out) FSDP_FAIL("error writing token file '", path, "': ", errno_text());
+  write_output_file(path, std::string(bytes.begin(), bytes.end()), "token file");
 }
 
 }  // namespace fsdp::data

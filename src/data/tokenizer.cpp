@@ -7,7 +7,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 
 namespace fsdp::data {
 
@@ -37,12 +36,9 @@ std::string ByteTokenizer::decode(const std::vector<int32_t>& ids) const {
 }
 
 bool looks_like_tiktoken_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  FSDP_CHECK(in.good(), "cannot open tokenizer file '", path, "': ", std::strerror(errno),
-             " — check the path given as the tokenizer");
-  char buf[1024];
-  in.read(buf, sizeof(buf));
-  const std::string_view head(buf, static_cast<size_t>(in.gcount()));
+  constexpr size_t kHead = 1024;
+  const std::string text = read_input_head(path, "tokenizer file", kHead, "check the path given as the tokenizer");
+  const std::string_view head(text);
   // "<base64> <digits>" then '\n', "\r\n" or the end of the file.
   size_t i = 0;
   auto is_b64 = [](char c) {
@@ -54,7 +50,7 @@ bool looks_like_tiktoken_file(const std::string& path) {
   const size_t digits = ++i;
   while (i < head.size() && head[i] >= '0' && head[i] <= '9') ++i;
   if (i == digits) return false;
-  if (i == head.size()) return static_cast<size_t>(in.gcount()) < sizeof(buf);  // whole file read
+  if (i == head.size()) return head.size() < kHead;  // whole file read
   return head[i] == '\n' || (head[i] == '\r' && i + 1 < head.size() && head[i + 1] == '\n');
 }
 
@@ -64,11 +60,8 @@ namespace {
 // start so: a SentencePiece model is a protobuf whose first byte is a field tag, a
 // tiktoken file starts with base64).
 bool looks_like_json_object(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  FSDP_CHECK(in.good(), "cannot open tokenizer file '", path, "': ", std::strerror(errno),
-             " — check the path given as the tokenizer");
-  char c = 0;
-  while (in.get(c)) {
+  const std::string head = read_input_head(path, "tokenizer file", 4096, "check the path given as the tokenizer");
+  for (const char c : head) {
     if (c != ' ' && c != '\t' && c != '\r' && c != '\n') return c == '{';
   }
   return false;

@@ -25,7 +25,6 @@
 #include <cerrno>
 #include <cstring>
 #include <filesystem>
-#include <fstream>
 #include <functional>
 #include <iterator>
 #include <optional>
@@ -959,11 +958,8 @@ std::optional<std::string> config_token(const json& config, const char* key, con
 }
 
 json read_json(const std::string& path, const char* what) {
-  require_regular_file(path, what, "give a tokenizer.json (and a tokenizer_config.json beside it) as files");
-  std::ifstream in(path, std::ios::binary);
-  FSDP_CHECK(in.good(), "cannot open ", what, " '", path, "': ", std::strerror(errno), " — check the path");
-  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  FSDP_CHECK(!in.bad(), "cannot read ", what, " '", path, "': ", std::strerror(errno), " — check the file");
+  const std::string text = read_input_file(path, what, kMaxTokenizerBytes,
+                                           "give a tokenizer.json (and a tokenizer_config.json beside it) as files");
   std::string why;
   std::optional<json> parsed = parse_json_input(text, why);
   FSDP_CHECK(parsed.has_value(), what, " '", path, "' is not valid JSON: ", why, " — is the file complete?");

@@ -36,18 +36,23 @@ struct Shim {
   std::string error;  // why no module loaded, when api == nullptr
 };
 
+// In this order: the user's choice; the module beside the program or in its
+// ../lib (an installed package's own); the build tree's (where the program
+// runs from the build); the loader's search path. The build tree's comes
+// after the package's own, so an installed program never loads a module of
+// the tree it was built in (issue 39).
 std::vector<std::string> shim_candidates() {
   std::vector<std::string> out;
   if (const char* env = std::getenv("FSDP_SPM_SHIM"); env != nullptr && *env != '\0') out.emplace_back(env);
-#ifdef FSDP_SPM_SHIM_PATH
-  out.emplace_back(FSDP_SPM_SHIM_PATH);
-#endif
   std::error_code ec;
   const auto exe = std::filesystem::read_symlink("/proc/self/exe", ec);
   if (!ec) {
     out.push_back((exe.parent_path() / kShimName).string());
     out.push_back((exe.parent_path().parent_path() / "lib" / kShimName).string());
   }
+#ifdef FSDP_SPM_SHIM_PATH
+  out.emplace_back(FSDP_SPM_SHIM_PATH);
+#endif
   out.emplace_back(kShimName);  // the dynamic loader's search path
   return out;
 }

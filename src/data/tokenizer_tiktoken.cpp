@@ -7,7 +7,6 @@
 
 #include <cerrno>
 #include <cstring>
-#include <fstream>
 #include <iterator>
 #include <queue>
 #include <sstream>
@@ -34,10 +33,8 @@ std::string hex_byte(int b) {
 }  // namespace
 
 TiktokenTokenizer::TiktokenTokenizer(const std::string& path) : path_(path) {
-  require_regular_file(path, "tiktoken file", "give Llama 3's tokenizer.model (lines \"<base64 token> <rank>\")");
-  std::ifstream in(path, std::ios::binary);
-  FSDP_CHECK(in.good(), "cannot open tiktoken file '", path, "': ", std::strerror(errno));
-  const std::string content((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::string content = read_input_file(path, "tiktoken file", kMaxTokenizerBytes,
+                                              "give Llama 3's tokenizer.model (lines \"<base64 token> <rank>\")");
   FSDP_CHECK(!content.empty(), "tiktoken file '", path, "' is empty — expected lines \"<base64 token> <rank>\"");
 
   // First pass: (token, rank) per non-empty line, as tiktoken's load_tiktoken_bpe.

@@ -223,7 +223,7 @@ class Network {
       const int id = queue_[l].front();
       const Op& o = ops_[static_cast<size_t>(id)];
       const double flows_at = o.started + o.latency;
-      if (flows_at <= now_ + 1e-15) {
+      if (flows_at <= now_ + tolerance(now_)) {
         active.push_back(id);
       } else {
         next = std::min(next, flows_at);
@@ -235,6 +235,12 @@ class Network {
     const double k = static_cast<double>(active.size());
     for (int id : active) next = std::min(next, now_ + ops_[static_cast<size_t>(id)].remaining * k);
     if (!std::isfinite(next)) return false;
+    // A step short of `limit` ends a latency or a transfer (Note [Replay
+    // tolerance]): at most two per op. Past a bound the replay is stuck, a bug.
+    if (next < limit) {
+      FSDP_ASSERT(++steps_ <= kStepsPerOp * (static_cast<int64_t>(ops_.size()) + 1), "the estimate's network replay "
+                  "did not converge (", steps_, " events for ", ops_.size(), " collectives at t = ", now_, " s)");
+    }
     const double dt = next - now_;
     busy_ += dt;  // a head is in latency or transferring
     for (int id : active) ops_[static_cast<size_t>(id)].remaining -= dt / std::max(k, 1.0);
@@ -242,7 +248,7 @@ class Network {
     for (int l = 0; l < kLanes; ++l) {
       if (queue_[l].empty()) continue;
       Op& o = ops_[static_cast<size_t>(queue_[l].front())];
-      if (o.started + o.latency <= now_ + 1e-15 && o.remaining <= 1e-12) {
+      if (o.started + o.latency <= now_ + tolerance(now_) && o.remaining <= tolerance(now_)) {
         o.done_at = now_;
         queue_[l].pop_front();
         start_head(l, now_);
@@ -251,10 +257,19 @@ class Network {
     return true;
   }
 
+  // Note [Replay tolerance]: times are doubles; far into a long step (past
+  // ~8000 s of simulated time) an absolute 1e-12 s is below a double's
+  // resolution, the next event rounds to `now` and the loop never ended
+  // (issue 39). Comparisons use a tolerance relative to the clock instead:
+  // well above its rounding (1e-12 of it), far below any collective's duration.
+  static double tolerance(double t) { return 1e-12 * std::max(1.0, std::abs(t)); }
+  static constexpr int64_t kStepsPerOp = 8;
+
   std::vector<Op> ops_;
   std::deque<int> queue_[kLanes];
   double now_ = 0;
   double busy_ = 0;
+  int64_t steps_ = 0;  // events replayed so far (bounded: kStepsPerOp per op)
 };
 
 // ---- the schedule ------------------------------------------------------------------------
@@ -708,10 +723,11 @@ ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, 
                "optimizer_ns_per_element, host_cpu_ns_per_byte, notes, calibration)");
   }
   ClusterSpec c = base;
-  auto number = [&](const nlohmann::json& v, const std::string& field, double lo) {
+  auto number = [&](const nlohmann::json& v, const std::string& field, double lo, double hi = 1e300) {
     FSDP_CHECK(v.is_number(), source, ": '", field, "' must be a number, got ", v.dump());
     const double x = v.get<double>();
-    FSDP_CHECK(std::isfinite(x) && x >= lo, source, ": '", field, "' must be >= ", lo, ", got ", x);
+    FSDP_CHECK(std::isfinite(x) && x >= lo && x <= hi, source, ": '", field, "' must be in [", lo, ", ", hi,
+               "], got ", x);
     return x;
   };
   auto integer = [&](const char* field, int& out) {
@@ -728,8 +744,15 @@ ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, 
       FSDP_CHECK(it.key() == "gbit_per_s" || it.key() == "latency_us", source, ": unknown field '", field, ".",
                  it.key(), "' (gbit_per_s, latency_us)");
     }
-    if (l.contains("gbit_per_s")) out.bytes_per_s = number(l["gbit_per_s"], detail::cat(field, ".gbit_per_s"), 0) * 1e9 / 8;
-    if (l.contains("latency_us")) out.latency_s = number(l["latency_us"], detail::cat(field, ".latency_us"), 0) * 1e-6;
+    if (l.contains("gbit_per_s")) {
+      const double gbps = number(l["gbit_per_s"], detail::cat(field, ".gbit_per_s"), 0, kMaxLinkGbps);
+      FSDP_CHECK(gbps == 0 || gbps >= kMinLinkGbps, source, ": '", field, ".gbit_per_s' must be 0 (none) or in [",
+                 kMinLinkGbps, ", ", kMaxLinkGbps, "], got ", gbps);
+      out.bytes_per_s = gbps * 1e9 / 8;
+    }
+    if (l.contains("latency_us")) {
+      out.latency_s = number(l["latency_us"], detail::cat(field, ".latency_us"), 0, kMaxLatencyUs) * 1e-6;
+    }
   };
   auto word = [&](const char* field, std::initializer_list<const char*> allowed) -> std::string {
     if (!j.contains(field)) return "";
@@ -759,16 +782,19 @@ ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, 
   if (!alg.empty()) c.algorithm = alg == "mesh" ? CollectiveAlgorithm::kMesh : CollectiveAlgorithm::kRing;
   const std::string ex = word("execution", {"host", "device"});
   if (!ex.empty()) c.execution = ex == "host" ? Execution::kHost : Execution::kDevice;
-  if (j.contains("peak_tflops")) c.peak_flops = j["peak_tflops"].is_null() ? 0 : number(j["peak_tflops"], "peak_tflops", 0) * 1e12;
+  if (j.contains("peak_tflops")) {
+    c.peak_flops = j["peak_tflops"].is_null() ? 0 : number(j["peak_tflops"], "peak_tflops", 0, kMaxPeakTflops) * 1e12;
+  }
   if (j.contains("compute_efficiency")) {
     c.compute_efficiency = number(j["compute_efficiency"], "compute_efficiency", 0);
     FSDP_CHECK(c.compute_efficiency <= 1, source, ": 'compute_efficiency' must be in [0, 1], got ", c.compute_efficiency);
   }
   if (j.contains("optimizer_ns_per_element")) {
-    c.optimizer_s_per_element = number(j["optimizer_ns_per_element"], "optimizer_ns_per_element", 0) * 1e-9;
+    c.optimizer_s_per_element =
+        number(j["optimizer_ns_per_element"], "optimizer_ns_per_element", 0, kMaxNsPerUnit) * 1e-9;
   }
   if (j.contains("host_cpu_ns_per_byte")) {
-    c.host_cpu_s_per_byte = number(j["host_cpu_ns_per_byte"], "host_cpu_ns_per_byte", 0) * 1e-9;
+    c.host_cpu_s_per_byte = number(j["host_cpu_ns_per_byte"], "host_cpu_ns_per_byte", 0, kMaxNsPerUnit) * 1e-9;
   }
   return c;
 }

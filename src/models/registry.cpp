@@ -6,7 +6,6 @@
 #include <cmath>
 #include <iterator>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "fsdp/common/error.h"
@@ -538,13 +537,9 @@ LlamaConfig resolve_model_config(const std::string& spec) {
                ") and no file or directory of that name — pass a preset name, a Hugging Face config.json, or a "
                "directory containing one");
   }
-  require_regular_file(path.string(), "model config", "give a preset (" + joined_presets() +
-                       "), a Hugging Face config.json or a directory holding one");
-  std::ifstream in(path);
-  FSDP_CHECK(in.good(), "cannot read model config '", path.string(), "' — check the path and its permissions");
-  std::stringstream text;
-  text << in.rdbuf();
-  return parse_hf_config(text.str(), path.string());
+  const std::string text = read_input_file(path.string(), "model config", kMaxJsonConfigBytes, "give a preset (" +
+                                           joined_presets() + "), a Hugging Face config.json or a directory holding one");
+  return parse_hf_config(text, path.string());
 }
 
 }  // namespace fsdp::models

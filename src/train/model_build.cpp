@@ -4,11 +4,11 @@
 #include <nlohmann/json.hpp>
 
 #include <filesystem>
-#include <fstream>
 
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/freeze.h"
 #include "fsdp/optim/adamw.h"
@@ -89,8 +89,8 @@ models::LlamaConfig checkpoint_model_config(const std::string& dir) {
   for (const auto& c : list) {
     const std::string path = (std::filesystem::path(c.path) / "manifest.json").string();
     try {
-      std::ifstream in(path);
-      const nlohmann::json manifest = nlohmann::json::parse(in);
+      const nlohmann::json manifest = nlohmann::json::parse(
+          read_input_file(path, "checkpoint manifest", kMaxJsonConfigBytes, "is the checkpoint complete?"));
       return models::parse_hf_config(manifest.at("model_config").dump(), c.path);
     } catch (const nlohmann::json::exception& e) {
       why += fmt::format("; {}: {}", path, e.what());

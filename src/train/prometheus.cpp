@@ -7,7 +7,10 @@
 
 #include <fmt/format.h>
 
+#include <pthread.h>
+
 #include <boost/asio/ip/tcp.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
@@ -61,6 +64,7 @@ using tcp = boost::asio::ip::tcp;
 
 constexpr std::chrono::milliseconds kRequestTimeout{5000};
 constexpr int kMaxConnections = 64;
+constexpr std::chrono::milliseconds kAcceptRetry{100};  // after accept failed (out of descriptors)
 constexpr uint32_t kRequestLimit = 8192;  // bytes of a request's header (and body)
 
 // A numeric address: its family and socket address.
@@ -156,6 +160,7 @@ class PrometheusExporter::Impl {
     port_ = acceptor_.local_endpoint().port();
     accept();
     thread_ = std::thread([this] {
+      pthread_setname_np(pthread_self(), "fsdp-metrics");  // named in top, gdb and the hostile campaign
       // A handler's exception (an allocation failing) ends that request, not the server.
       while (true) {
         try {
@@ -171,6 +176,7 @@ class PrometheusExporter::Impl {
     net::post(ioc_, [this] {
       beast::error_code ignored;
       acceptor_.close(ignored);
+      retry_.cancel();
     });
     ioc_.stop();
     if (thread_.joinable()) thread_.join();
@@ -264,8 +270,18 @@ class PrometheusExporter::Impl {
   void accept() {
     acceptor_.async_accept([this](beast::error_code ec, tcp::socket socket) {
       if (ec == net::error::operation_aborted || !acceptor_.is_open()) return;
-      if (!ec && connections_ < kMaxConnections) std::make_shared<Session>(std::move(socket), this)->start();
-      accept();  // a refused or failed connection closes with its socket here
+      if (ec) {
+        // Out of descriptors or memory (EMFILE, ENFILE, ENOBUFS): the connection
+        // stays queued and accept fails again at once. Retrying at once spun a
+        // core and slowed training by 40% (issue 39); wait, then try again.
+        retry_.expires_after(kAcceptRetry);
+        retry_.async_wait([this](beast::error_code wait_ec) {
+          if (!wait_ec && acceptor_.is_open()) accept();
+        });
+        return;
+      }
+      if (connections_ < kMaxConnections) std::make_shared<Session>(std::move(socket), this)->start();
+      accept();  // a refused connection closes with its socket here
     });
   }
 
@@ -275,6 +291,7 @@ class PrometheusExporter::Impl {
   std::atomic<int> connections_{0};  // open sessions; outlives ioc_, whose end destroys the last ones
   net::io_context ioc_{1};
   tcp::acceptor acceptor_{ioc_};
+  net::steady_timer retry_{ioc_};  // the next accept after a failed one
   std::thread thread_;
   mutable std::mutex mu_;                 // guards values_
   std::map<const Metric*, double> values_;  // the latest value of each metric served

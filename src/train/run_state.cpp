@@ -3,10 +3,11 @@
 #include <fmt/format.h>
 
 #include <filesystem>
-#include <fstream>
+#include <sstream>
 
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 #include "fsdp/common/output_file.h"
 #include "fsdp/models/registry.h"
 
@@ -85,7 +86,8 @@ int64_t resume_from(const TrainOptions& o, const checkpoint::LoadResult& r, cons
 int64_t drop_metrics_from(const std::string& path, int64_t first_step) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return 0;
-  std::ifstream in(path);
+  std::istringstream in(read_input_file(path, "--metrics-file", kMaxMetricsFileBytes,
+                                       "give --metrics-file a JSON-lines file of the run's records"));
   std::string line, kept;
   int64_t dropped = 0;
   while (std::getline(in, line)) {
@@ -97,7 +99,6 @@ int64_t drop_metrics_from(const std::string& path, int64_t first_step) {
     }
     kept += line + "\n";
   }
-  FSDP_CHECK(!in.bad(), "--metrics-file ", path, ": cannot read it back to drop the steps trained again");
   if (dropped > 0) write_output_file(path, kept, "--metrics-file");
   return dropped;
 }

@@ -11,6 +11,7 @@
 
 #include "fsdp/checkpoint/crc32c.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/output_file.h"
 
 namespace fsdp::train {
 namespace {
@@ -103,10 +104,13 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t resumed_at)
   path_ = (std::filesystem::path(dir) / (prefix + std::to_string(seconds) + "." + host + "." + std::to_string(getpid())))
               .string();
   // A new file (O_EXCL): never over something already there (Note [Output targets]).
-  const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  file_ = fd >= 0 ? ::fdopen(fd, "wb") : nullptr;
-  FSDP_CHECK(file_ != nullptr, "--tensorboard ", dir, ": cannot create ", path_, " (", std::strerror(errno),
-             "); choose another directory");
+  const int fd = open_output_fd(path_, "--tensorboard", StreamMode::kCreateNew);
+  file_ = ::fdopen(fd, "wb");
+  if (file_ == nullptr) {
+    const int e = errno;
+    ::close(fd);
+    FSDP_FAIL("--tensorboard ", dir, ": cannot write ", path_, " (", std::strerror(e), ")");
+  }
   std::string version = event_header(now, 0);
   put_bytes(version, 3, "brain.Event:2");
   write_record(version);

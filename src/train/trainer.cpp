@@ -19,6 +19,7 @@
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/checkpoint/peft.h"
 #include "fsdp/checkpoint/sharded.h"
+#include "fsdp/common/config_file.h"
 #include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/output_file.h"
@@ -76,8 +77,19 @@ void Trainer::Impl::start_metrics_endpoint() {
                        : o_.log.metrics_port + rt_.world.local_rank;
   auto exporter = std::make_unique<PrometheusExporter>(o_.log.metrics_host, port, rank_);
   if (lead_) summary_.metrics_url = exporter->url();
-  say_(fmt::format("Prometheus metrics on {}{}", exporter->url(),
-                   o_.log.metrics_every_rank ? " (every rank: --metrics-port + its local rank)" : ""));
+  if (o_.log.metrics_every_rank && o_.log.metrics_port == 0) {
+    // Any free port: each rank's is its own, so rank 0 names every one (issue 39).
+    comm::ProcessGroup& g = rt_.cpu_group ? *rt_.cpu_group : *world_;
+    const at::Tensor mine = at::full({1}, static_cast<int64_t>(exporter->port()), at::kLong);
+    const at::Tensor all = at::empty({W_}, at::kLong);
+    g.all_gather(all, mine)->wait();
+    std::string ports;
+    for (int r = 0; r < W_; ++r) ports += fmt::format("{}rank {} port {}", r == 0 ? "" : ", ", r, all[r].item<int64_t>());
+    say_(fmt::format("Prometheus metrics on {} (every rank, any free port: {})", exporter->url(), ports));
+  } else {
+    say_(fmt::format("Prometheus metrics on {}{}", exporter->url(),
+                     o_.log.metrics_every_rank ? " (every rank: --metrics-port + its local rank)" : ""));
+  }
   sinks_.push_back(std::move(exporter));
 }
 
@@ -252,16 +264,23 @@ void Trainer::Impl::open_records() {
     }
     sinks_.push_back(make_json_lines_sink(o_.log.metrics_file));
     if (!o_.log.config_text.empty() && may_write_beside(o_.log.metrics_file)) {  // never /dev/null.config.toml
-      write_output_file(config_path_beside(o_.log.metrics_file), o_.log.config_text, "--metrics-file");
+      write_config_copy(config_path_beside(o_.log.metrics_file), "--metrics-file");
     }
   }
   if (lead_ && !o_.log.tensorboard_dir.empty()) {
     sinks_.push_back(make_tensorboard_sink(o_.log.tensorboard_dir, o_.checkpoint.resume ? start_step_ : -1));
     if (!o_.log.config_text.empty()) {
-      write_output_file((std::filesystem::path(o_.log.tensorboard_dir) / "config.toml").string(),
-                        o_.log.config_text, "--tensorboard");
+      write_config_copy((std::filesystem::path(o_.log.tensorboard_dir) / "config.toml").string(), "--tensorboard");
     }
   }
+}
+
+// A derived name (Note [Output targets]): a user's file there, or the
+// --config file itself, stays as it is; the run goes on without the copy.
+void Trainer::Impl::write_config_copy(const std::string& path, const char* flag) {
+  const std::string why = write_derived_output_file(path, o_.log.config_text, flag, kEffectiveConfigMarker,
+                                                    o_.log.config_file);
+  if (!why.empty()) warn_(fmt::format("the run's configuration was not copied: {}", why));
 }
 
 std::string Trainer::Impl::save() {

@@ -57,6 +57,7 @@ class Trainer::Impl {
   void build();
   void log_plan_and_memory();
   void open_records();
+  void write_config_copy(const std::string& path, const char* flag);
   void publish(MetricScope scope, const StepRecord* step, const EvalRecord* eval);
   void begin_training();
   at::Tensor forward_backward();

@@ -158,6 +158,19 @@ void validate_checkpoints(const TrainOptions& o) {
              "); add --resume to continue from it, or choose another directory");
 }
 
+// Whether two paths name one file: the same inode when both exist, else the
+// same path once "." and ".." are resolved.
+// A device (/dev/null twice) takes any number of writers.
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  if (std::filesystem::exists(a, ec) && std::filesystem::exists(b, ec)) {
+    if (!std::filesystem::is_regular_file(a, ec)) return false;
+    const bool same = std::filesystem::equivalent(a, b, ec);
+    if (!ec) return same;
+  }
+  return std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
+}
+
 // What rank 0 records: --metrics-file, --tensorboard, --profile-steps, --metrics-port.
 void validate_records(const TrainOptions& o) {
   if (!o.log.metrics_file.empty()) check_output_file(o.log.metrics_file, "--metrics-file");
@@ -172,6 +185,18 @@ void validate_records(const TrainOptions& o) {
                ", so nothing would be traced; choose steps below ", o.step.max_steps);
     FSDP_CHECK(!o.log.profile_file.empty(), "--profile-file is empty; give the trace's file name");
     check_output_file(o.log.profile_file, "--profile-file");
+  }
+  // Two records into one file lose one of them (the trace's rename replaces the
+  // metrics; issue 39), and none may go into the file the options came from.
+  std::vector<std::pair<const char*, std::string>> outputs;
+  if (!o.log.metrics_file.empty()) outputs.emplace_back("--metrics-file", o.log.metrics_file);
+  if (o.log.profile_end > o.log.profile_begin) outputs.emplace_back("--profile-file", o.log.profile_file);
+  if (!o.log.config_file.empty()) outputs.emplace_back("--config", o.log.config_file);
+  for (size_t i = 0; i < outputs.size(); ++i) {
+    for (size_t j = i + 1; j < outputs.size(); ++j) {
+      FSDP_CHECK(!same_file(outputs[i].second, outputs[j].second), outputs[i].first, " ", outputs[i].second, " and ",
+                 outputs[j].first, " ", outputs[j].second, " are the same file; give each its own");
+    }
   }
   FSDP_CHECK(o.log.metrics_port >= -1 && o.log.metrics_port <= 65535, "--metrics-port ", o.log.metrics_port,
              " is not a TCP port; give one in [1, 65535] (or 0 for any free port)");

@@ -253,8 +253,8 @@ TEST(TcpTransport, SharedMemorySegmentsLeaveNoNameBehind) {
   if (child == 0) _exit(0);
   ASSERT_GT(child, 0);
   waitpid(child, nullptr, 0);
-  const std::string dead = "/" + std::string(shm::kSegmentPrefix) + std::to_string(child) + ".test";
-  const std::string alive = "/" + std::string(shm::kSegmentPrefix) + std::to_string(getpid()) + ".test";
+  const std::string dead = "/" + shm::segment_name(child, shm::pid_namespace(), 0x7e57);
+  const std::string alive = "/" + shm::segment_name(getpid(), shm::pid_namespace(), 0x7e57);
   for (const std::string& n : {dead, alive}) {
     const int fd = shm_open(n.c_str(), O_CREAT | O_RDWR, 0600);
     ASSERT_GE(fd, 0) << n;

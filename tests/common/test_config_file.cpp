@@ -80,7 +80,7 @@ TEST(ConfigFile, DevicesFifosAndHugeFilesAreRefusedWithoutReading) {
                     read_config_file(write(dir, "big.toml", "# " + std::string(fsdp::kMaxConfigBytes, 'x') + "\n"),
                                      "--config");
                   }),
-                  "larger than 1024 KiB");
+                  "larger than 1 MiB");
 }
 
 TEST(ConfigFile, TomlSpellingsReadBack) {

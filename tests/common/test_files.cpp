@@ -50,3 +50,27 @@ TEST(Files, RegularFilesPassOthersAreNamedByKind) {
   }
   ::close(fd);
 }
+
+// The one reader (Note [Input files], issue 39): whole reads are bounded per
+// kind of file, special files never opened, and a file is read whole.
+TEST(Files, TheReaderReadsRegularFilesWithinTheirLimit) {
+  const std::string dir = fsdp::testing::temp_dir("reader");
+  const std::string file = dir + "/c.json";
+  std::ofstream(file) << "{\"a\": 1}\n";
+  EXPECT_EQ(fsdp::read_input_file(file, "--cluster", 64, "give a file"), "{\"a\": 1}\n");
+  EXPECT_EQ(fsdp::read_input_file(file, "--cluster", 9, "give a file"), "{\"a\": 1}\n");  // exactly the limit
+  EXPECT_EQ(fsdp::read_input_head(file, "--cluster", 4, "give a file"), "{\"a\"");
+  const std::string big = usage_error_of([&] { fsdp::read_input_file(file, "--cluster", 8, "give a file"); });
+  EXPECT_CONTAINS(big, "--cluster " + file + " is larger than 8 bytes");
+  // /dev/zero would be read until memory runs out, a FIFO without a writer would block: refused by kind.
+  EXPECT_CONTAINS(usage_error_of([] { fsdp::read_input_file("/dev/zero", "--cluster", 1 << 20, "give a file"); }),
+                  "--cluster /dev/zero is a character device");
+  const std::string fifo = dir + "/pipe";
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::read_input_file(fifo, "--calibrate-link", 1 << 20, "give a file"); }),
+                  "is a FIFO (named pipe)");
+  // The system's own files (size 0 in stat) are read to their end; a missing one reads as "".
+  EXPECT_NE(fsdp::read_system_file("/proc/self/status").find("VmRSS"), std::string::npos);
+  EXPECT_EQ(fsdp::read_system_file(dir + "/missing"), "");
+  EXPECT_EQ(fsdp::read_system_file(fifo), "");
+}

@@ -124,3 +124,63 @@ TEST(OutputFile, FifoWithoutReaderIsRefusedAtOnce) {
   EXPECT_EQ(std::string(buf), "through the pipe");
   ::close(reader);
 }
+
+namespace {
+std::string content_of(const std::string& path) {
+  std::ifstream in(path);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+}  // namespace
+
+// Derived names (issue 39): a copy is written where nothing is or an earlier
+// copy is; a user's file, a device node or the file `never` stays as it is.
+TEST(OutputFile, DerivedFilesAreWrittenOnlyOverTheirOwnKind) {
+  const std::string dir = fsdp::testing::temp_dir("derived");
+  const std::string marker = "# written by us";
+  const std::string copy = dir + "/run.config.toml";
+  EXPECT_EQ(fsdp::write_derived_output_file(copy, marker + " 1\n", "--metrics-file", marker, ""), "");
+  EXPECT_EQ(fsdp::write_derived_output_file(copy, marker + " 2\n", "--metrics-file", marker, ""), "");
+  EXPECT_EQ(content_of(copy), marker + " 2\n");
+
+  const std::string users = dir + "/users.config.toml";
+  std::ofstream(users) << "seed = 7  # mine\n";
+  EXPECT_CONTAINS(fsdp::write_derived_output_file(users, marker + "\n", "--metrics-file", marker, ""),
+                  "was not written by fsdp-cpp");
+  EXPECT_EQ(content_of(users), "seed = 7  # mine\n");
+
+  // The options' own file, even when it is an earlier copy (a --print-config output), through a link too.
+  fs::create_symlink(copy, dir + "/alias.toml");
+  EXPECT_CONTAINS(fsdp::write_derived_output_file(copy, marker + " 3\n", "--metrics-file", marker,
+                                                  dir + "/alias.toml"),
+                  "the file the options were read from");
+  EXPECT_EQ(content_of(copy), marker + " 2\n");
+
+  const std::string node = dir + "/null.config.toml";
+  make_node(node, S_IFCHR, 1, 3);
+  EXPECT_CONTAINS(fsdp::write_derived_output_file(node, marker + "\n", "--metrics-file", marker, ""),
+                  "a character device");
+  expect_node(node, S_IFCHR, 1, 3);
+}
+
+// Streams (a log, an event file): a new file only, or a log emptied in place;
+// never through a dangling link or onto a directory.
+TEST(OutputFile, StreamsOpenByTheSameRules) {
+  const std::string dir = fsdp::testing::temp_dir("stream");
+  const int fd = fsdp::open_output_fd(dir + "/events", "--tensorboard", fsdp::StreamMode::kCreateNew);
+  ASSERT_GE(fd, 0);
+  ::close(fd);
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::open_output_fd(dir + "/events", "--tensorboard",
+                                                            fsdp::StreamMode::kCreateNew); }),
+                  "exists; a new file is needed");
+  std::ofstream(dir + "/rank0.log") << "old run\n";
+  const int log = fsdp::open_output_fd(dir + "/rank0.log", "log", fsdp::StreamMode::kTruncate);
+  ::close(log);
+  EXPECT_EQ(content_of(dir + "/rank0.log"), "");
+  fs::create_symlink(dir + "/nowhere", dir + "/dangling.log");
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::open_output_fd(dir + "/dangling.log", "log", fsdp::StreamMode::kTruncate); }),
+                  "symbolic link to nothing");
+  EXPECT_FALSE(fs::exists(dir + "/nowhere"));
+  // Where a measurement goes is checked before it runs: a missing directory is named.
+  EXPECT_CONTAINS(usage_error_of([&] { fsdp::check_output_writable(dir + "/nodir/cal.json", "--calibrate"); }),
+                  "nodir is nothing (it does not exist), not a directory");
+}

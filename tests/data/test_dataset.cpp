@@ -196,7 +196,7 @@ TEST(Dataset, ErrorsNameTheFile) {
   std::filesystem::permissions(dir.file("noread.bin"), std::filesystem::perms::none);
   if (::geteuid() != 0) {  // root reads anything
     EXPECT_CONTAINS(error_of<fsdp::UsageError>([&] { load_dataset({dir.file("noread.bin")}, nullptr); }),
-                    "cannot open token file");
+                    "cannot open it");
   }
   EXPECT_CONTAINS(error_of<fsdp::UsageError>([] { parse_token_dtype("int8"); }), "choose u16 or u32");
   EXPECT_EQ(parse_token_dtype("u32"), TokenDtype::kUint32);

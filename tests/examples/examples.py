@@ -26,6 +26,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import shutil
 import subprocess
 import sys
@@ -159,6 +160,26 @@ def step_package(a):
     if f"fsdp_cpp LibTorch: {alias}" not in out:
         raise Failed(f"-DTorch_DIR={alias}/share/cmake/Torch was not used:\n{out[-2000:]}")
     print("Torch_DIR: used")
+    # The same on a machine without a CUDA toolkit (a fresh Debian root has no /usr/local/cuda): a CUDA
+    # build's package finds the wheel's CUDA runtime beside the real torch directory, not beside the
+    # alias (issue 39: FSDP_CUDA_RUNTIME_INCLUDE-NOTFOUND). Here the toolkit is hidden for the configure.
+    toolkits = sorted(str(d) for d in Path("/usr/local").glob("cuda*") if d.is_dir())
+    if toolkits and os.geteuid() == 0 and shutil.which("unshare"):
+        build = consumer / "build"
+        shutil.rmtree(build, ignore_errors=True)
+        hide = "; ".join(f"mount -t tmpfs none {shlex.quote(d)}" for d in toolkits)
+        configure_cmd = shlex.join([str(a.cmake), "-S", str(consumer), "-B", str(build), prefix,
+                                    f"-DTorch_DIR={alias}/share/cmake/Torch"])
+        env = {k: v for k, v in os.environ.items() if k not in ("CUDA_HOME", "CUDA_PATH", "NCCL_HOME")}
+        p = subprocess.run(["unshare", "-m", "sh", "-c", f"{hide} && exec {configure_cmd}"], capture_output=True,
+                           text=True, timeout=RUN_TIMEOUT, env=env)
+        if p.returncode != 0 or f"fsdp_cpp LibTorch: {alias}" not in p.stdout + p.stderr:
+            raise Failed(f"-DTorch_DIR through a link, no CUDA toolkit on the machine ({', '.join(toolkits)} "
+                         f"hidden): exit {p.returncode}:\n{(p.stdout + p.stderr)[-3000:]}")
+        print(f"Torch_DIR through a link without {', '.join(toolkits)}: used")
+    elif toolkits:
+        print(f"note: {', '.join(toolkits)} could not be hidden (needs root and unshare): the configure above "
+              "may have found the toolkit instead of the wheel's runtime")
     # Not LibTorch: one clear error naming the directory.
     out = " ".join(configure(f"-DFSDP_TORCH_DIR={consumer / 'nowhere'}", ok=False).split())  # CMake wraps lines
     if "is not a torch 2.x package" not in out or str(consumer / "nowhere") not in out:

@@ -24,6 +24,7 @@ import resource
 import signal
 import stat
 import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
@@ -44,7 +45,8 @@ FORBIDDEN = [
 ]
 
 # An error line: what run_main prints, or the launcher's summary of a failed rank.
-ERROR_LINE = re.compile(r"^(?:fsdp-train|fsdp-inspect|prepare_data\.sh)(?:\[[^\]]*\])?: (?:error: |failed: )?\S.*$")
+ERROR_LINE = re.compile(r"^(?:fsdp-train|fsdp-inspect|prepare_data\.sh|generate\.py|fsdp-train\.sbatch)(?:\[[^\]]*\])?: "
+                        r"(?:error: |failed: )?\S.*$")
 
 # Messages must speak in the user's terms (flags, config keys), not the trainer's field names
 # (issue 16, item 7), and not quote a bare C++ exception.
@@ -81,6 +83,8 @@ class Env:
     fx: Path              # fixtures directory
     work: Path            # this run's cases live in work/cases
     timeout_flag: bool    # fsdp-train --help mentions --timeout
+    generate: str = ""    # deploy/kubernetes/generate.py (run by this Python)
+    sbatch: str = ""      # deploy/slurm/fsdp-train.sbatch (run by bash)
 
     def values(self, d: Path) -> dict:
         return {"d": str(d), "fx": str(self.fx), "corpus": self.corpus, "val": self.val}
@@ -176,6 +180,7 @@ class Case:
     needs: tuple = ()            # "timeout": only when fsdp-train has --timeout
     file_size_limit: int = 0     # RLIMIT_FSIZE (writes past it fail with EFBIG: a full disk); 0: none
     memory_limit: int = MEMORY_LIMIT  # RLIMIT_DATA per process
+    open_files_limit: int = 0    # RLIMIT_NOFILE; 0: the harness's own
     weight: int = 1              # scheduling: heavy cases start first
 
     @property
@@ -237,9 +242,11 @@ def base_environment(extra: dict) -> dict:
     return {k: v for k, v in env.items() if v is not None}
 
 
-def _limits(file_size_limit: int, memory_limit: int) -> Callable[[], None]:
+def _limits(file_size_limit: int, memory_limit: int, open_files_limit: int = 0) -> Callable[[], None]:
     def apply() -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (memory_limit, memory_limit))
+        if open_files_limit:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (open_files_limit, open_files_limit))
         resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
         # Enforced for unprivileged users only; the watchdog below covers root.
         resource.setrlimit(resource.RLIMIT_NPROC, (4096, 4096))
@@ -285,7 +292,8 @@ class Process:
             self.p = subprocess.Popen(argv, cwd=ctx.d, stdin=subprocess.DEVNULL,
                                       stdout=subprocess.PIPE if piped else out, stderr=subprocess.PIPE if piped else err,
                                       env=base_environment({**case.env, **(env or {})}), start_new_session=True,
-                                      restore_signals=False, preexec_fn=_limits(case.file_size_limit, case.memory_limit))
+                                      restore_signals=False,
+                                      preexec_fn=_limits(case.file_size_limit, case.memory_limit, case.open_files_limit))
         if piped:
             for source, path in ((self.p.stdout, self.out_path), (self.p.stderr, self.err_path)):
                 t = threading.Thread(target=_copy_stream, args=(source, path), daemon=True)
@@ -354,6 +362,10 @@ class Runner:
 
     def argv(self, case: Case, ctx: Ctx, argv: Optional[list] = None) -> list:
         args = [a.format_map(self.env.values(ctx.d)) for a in (argv or case.argv)]
+        if args[0] == "generate":
+            return [sys.executable, self.env.generate] + args[1:]
+        if args[0] == "sbatch":
+            return ["bash", self.env.sbatch] + args[1:]
         program = {"train": self.env.train, "inspect": self.env.inspect, "prepare": self.env.prepare}[args[0]]
         return (["bash", program] if args[0] == "prepare" else [program]) + args[1:]
 

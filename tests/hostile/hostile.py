@@ -51,6 +51,8 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--train", required=True, help="fsdp-train binary")
     ap.add_argument("--inspect", required=True, help="fsdp-inspect binary")
     ap.add_argument("--prepare", default=str(REPO / "scripts/prepare_data.sh"), help="scripts/prepare_data.sh")
+    ap.add_argument("--generate", default=str(REPO / "deploy/kubernetes/generate.py"), help="the PyTorchJob generator")
+    ap.add_argument("--sbatch", default=str(REPO / "deploy/slurm/fsdp-train.sbatch"), help="the Slurm batch script")
     ap.add_argument("--corpus", default=str(REPO / "data/fallback_corpus.jsonl"))
     ap.add_argument("--work", required=True, help="scratch directory (emptied first)")
     ap.add_argument("--jobs", type=int, default=2)
@@ -110,7 +112,8 @@ def main() -> int:
     val = corpus[: -len(".jsonl")] + ".val.jsonl" if corpus.endswith(".jsonl") else corpus
     env = Env(train=str(Path(args.train).resolve()), inspect=str(Path(args.inspect).resolve()),
               prepare=str(Path(args.prepare).resolve()), corpus=corpus, val=val, fx=work / "fixtures", work=work,
-              timeout_flag=has_timeout_flag(args.train))
+              timeout_flag=has_timeout_flag(args.train),
+              generate=str(Path(args.generate).resolve()), sbatch=str(Path(args.sbatch).resolve()))
 
     cases = selected(catalogue.all_cases(), args)
     runnable = [c for c in cases if "timeout" not in c.needs or env.timeout_flag]

@@ -38,7 +38,11 @@
 // ranks node_rank * nproc .. node_rank * nproc + nproc - 1 of nnodes * nproc
 // (GROUP_RANK node_rank, LOCAL_WORLD_SIZE nproc). Node 0's launcher hosts the
 // store on master_port (every interface); every worker connects to
-// master_addr:master_port (the other launchers host nothing). Each launcher
+// master_addr:master_port (the other launchers host nothing). Node 0 first
+// checks that master_addr is an address of its own host (UsageError naming it
+// otherwise: its workers and every other node would wait for a store that is
+// not there). The nodes' world sizes (--nnodes x --nproc-per-node) are agreed
+// when the workers join (rendezvous.h), both values named when they differ. Each launcher
 // supervises only its own workers: a rank lost on another node shows up here
 // as a local rank failing (the collective timeout names the missing ranks).
 // RankOutcome::rank and the messages use global ranks.
@@ -78,6 +82,14 @@ struct LaunchOptions {
   std::string log_dir;
   // 0: no limit. Otherwise every worker is stopped after this long.
   std::chrono::milliseconds timeout{0};
+  // > 0: the whole join ends this long after launch_local starts (fsdp-train:
+  // --timeout). With nnodes > 1 a launcher of node > 0 first waits, within
+  // it, for node 0's store to accept connections (Failure naming
+  // --master-addr and --master-port at the deadline; no worker is started);
+  // then its workers get the deadline as FSDP_JOIN_DEADLINE_MS (rendezvous.h)
+  // and join in what is left of it (at least 2 s). 0: each worker's own
+  // store_timeout.
+  std::chrono::milliseconds join_timeout{0};
   // Between SIGTERM and SIGKILL when stopping workers.
   std::chrono::milliseconds kill_grace{std::chrono::seconds(10)};
   // After the first SIGINT/SIGTERM forwarded to the workers: how long they may

@@ -58,6 +58,12 @@ struct WorldInfo {
   // FSDP_SHM: ranks on one host exchange through shared memory (default 1;
   // 0 keeps loopback TCP, e.g. to compare). TcpTransportOptions::shared_memory.
   bool shared_memory = true;
+  // FSDP_JOIN_DEADLINE_MS: when the job's join ends at the latest, in
+  // milliseconds of this host's steady (monotonic) clock; 0: none. fsdp-train's
+  // launcher sets it from --timeout when it starts, so that the launcher's
+  // wait for node 0 and the worker's rendezvous share one deadline (a worker
+  // still gets at least 2 s to join, however late it started).
+  int64_t join_deadline_ms = 0;
 };
 
 // Returns the variable's value, or nullopt when it is unset.
@@ -100,6 +106,9 @@ struct InitOptions {
   std::chrono::milliseconds store_timeout{std::chrono::minutes(5)};
   // What the user sets these with, named in timeout errors.
   std::string timeout_source = "--timeout or FSDP_TIMEOUT";
+  // Settings every process of the job must give alike, as (flag, value), e.g.
+  // {"--max-steps", "500"}: checked at the join like WORLD_SIZE (step 2 below).
+  std::vector<std::pair<std::string, std::string>> agreed;
 };
 
 struct Runtime {
@@ -122,15 +131,19 @@ struct Runtime {
 // address uses no network. NCCL uses cuda:<local_rank> and also builds
 // cpu_group (TCP).
 //
-// Joining, in this order, each bounded by options.store_timeout:
+// Joining, in this order, all of it bounded by one deadline: options.store_timeout
+// from the call, or world.join_deadline_ms when that comes first:
 //  1. MASTER_ADDR must resolve. While it does not, one note goes to stderr and
 //     resolution is retried quietly (a Kubernetes service name may appear
 //     late); at the deadline: fsdp::UsageError naming MASTER_ADDR.
-//  2. The store. Then every process records its WORLD_SIZE and RANK there:
-//     the first one's WORLD_SIZE is the job's. A process with another
-//     WORLD_SIZE, or a RANK another process already took, fails with
-//     fsdp::UsageError naming both values, and leaves a note in the store that
-//     makes every process still joining fail with the same message.
+//  2. The store: nothing listening at MASTER_ADDR:MASTER_PORT by the deadline
+//     is a fsdp::Failure naming them. Then every process records its
+//     WORLD_SIZE, RANK and options.agreed there: the first one's WORLD_SIZE
+//     and settings are the job's. A process with another WORLD_SIZE (under
+//     fsdp-train's launcher: another --nnodes x --nproc-per-node) or setting,
+//     or a RANK another process already took, fails with fsdp::UsageError
+//     naming both values, and leaves a note in the store that makes every
+//     process still joining fail with the same message.
 //  3. Every rank must join: while some are missing, one note names them after
 //     10 s; at the deadline fsdp::Failure names the ranks that never joined.
 //     Under torchrun a RANK or WORLD_SIZE left in the store by workers that a

@@ -27,6 +27,10 @@ namespace fsdp {
 
 inline constexpr int64_t kMaxConfigBytes = 1 << 20;
 
+// The first line of every configuration fsdp-train writes (--print-config and
+// the copies beside its records) starts so: a file that does not is a user's.
+inline constexpr const char* kEffectiveConfigMarker = "# fsdp-train's effective configuration";
+
 enum class ConfigType { kString, kInteger, kFloat, kBool, kArray };
 
 // "a string", "an integer", "a float", "true or false", "an array".

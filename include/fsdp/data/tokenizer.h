@@ -105,8 +105,9 @@ class ByteTokenizer final : public Tokenizer {
 // libfsdp_spm_shim.so, loaded on first use (Note [SentencePiece isolation] in
 // tokenizer_spm.cpp: Debian's libsentencepiece carries its own protobuf, which
 // crashes a process that also loads LibTorch's). The module is looked up at
-// $FSDP_SPM_SHIM, then where the build put it, then beside the executable and in
-// ../lib, then on the loader's path; Failure with these places if none loads.
+// $FSDP_SPM_SHIM, then beside the executable and in ../lib (an installed
+// package's own), then where the build put it, then on the loader's path;
+// Failure with these places if none loads.
 class SentencePieceTokenizer final : public Tokenizer {
  public:
   // Throws UsageError naming `model_path` when it cannot be loaded.

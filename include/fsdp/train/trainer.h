@@ -75,8 +75,12 @@ struct LogOptions {
   // The run's effective configuration (TOML, as the command line resolved it);
   // "" for none. Rank 0 writes it beside the metrics file
   // (<metrics name without extension>.config.toml) and into the TensorBoard
-  // directory (config.toml).
+  // directory (config.toml), each only where nothing is yet or an earlier
+  // copy is (it starts with kEffectiveConfigMarker, common/config_file.h), and
+  // never over config_file (Note [Output targets], derived names).
   std::string config_text;
+  // The file the options were read from (fsdp-train --config), "" for none.
+  std::string config_file;
   // Steps [profile_begin, profile_end) are traced (common/trace.h): every
   // rank's spans are merged into one Chrome/Perfetto trace file written by
   // rank 0 to profile_file, and one summary line per traced step is logged.

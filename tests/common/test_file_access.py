@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""One writer and one reader for every file (issue 39): a source scan.
+
+Every file fsdp-cpp writes goes through the output writer (include/fsdp/common/output_file.h, Note
+[Output targets]) and every file it reads because a user named it through the bounded reader
+(include/fsdp/common/files.h, Note [Input files]). This test reads every C++ source and header of
+src/, apps/ and include/ (comments and string literals blanked) and fails when any of them other
+than those two opens a file for writing, renames over one, or opens one for reading — unless the
+place is on the allow-list below, each entry with its reason. A new place that needs its own I/O
+earns an entry here, in review.
+
+  test_file_access.py SOURCE_DIR     exit 0: no other path; 1: the places found, one per line
+
+It also checks itself: a source with each forbidden call, outside the allow-list, must be found.
+"""
+
+import re
+import sys
+import tempfile
+from pathlib import Path
+
+# What opens a file or renames over one, by name (matched on code with comments and strings blanked).
+FORBIDDEN = {
+    "ofstream": r"\bofstream\b",
+    "fstream": r"(?<![io])\bfstream\b",
+    "ifstream": r"\bifstream\b",
+    "fopen": r"\b(?:fopen|freopen|fdopen_path)\s*\(",
+    "open()": r"(?<![\w.>])(?:::)?(?:open|openat|open64|creat)\s*\(",
+    "O_CREAT/O_WRONLY/O_RDWR/O_TRUNC": r"\bO_(?:CREAT|WRONLY|RDWR|TRUNC)\b",
+    "rename": r"\b(?:rename|renameat2?|copy_file|copy_file_range)\s*\(",
+    "temporary file": r"\b(?:mkstemps?|mkostemps?|tmpfile|tmpnam)\s*\(",
+    "shm_open": r"\bshm_open\s*\(",
+}
+
+# (file, what) -> why it may. Short on purpose: everything else uses the writer or the reader.
+ALLOWED = {
+    ("src/common/output_file.cpp", "open()"): "the output writer",
+    ("src/common/output_file.cpp", "O_CREAT/O_WRONLY/O_RDWR/O_TRUNC"): "the output writer",
+    ("src/common/output_file.cpp", "rename"): "the output writer (a temporary renamed over the target)",
+    ("src/common/output_file.cpp", "ofstream"): "the output writer (open_output_for_append)",
+    ("include/fsdp/common/output_file.h", "ofstream"): "the output writer's declaration",
+    ("src/common/files.cpp", "open()"): "the bounded input reader",
+    ("src/train/metrics.cpp", "ofstream"): "the metrics file's stream, opened by open_output_for_append only",
+    ("src/common/memory.cpp", "ofstream"): "/proc/self/clear_refs: the kernel's control file, not a user's",
+    ("src/checkpoint/file_io.cpp", "open()"):
+        "checkpoint I/O: files inside directories fsdp-cpp owns (Note [Ownership of what we delete])",
+    ("src/checkpoint/file_io.cpp", "O_CREAT/O_WRONLY/O_RDWR/O_TRUNC"): "checkpoint I/O (as above)",
+    ("src/checkpoint/file_io.cpp", "rename"): "checkpoint I/O: temporaries renamed into owned directories",
+    ("src/checkpoint/ownership.cpp", "open()"): "the lock file of an owned directory (O_NOFOLLOW)",
+    ("src/checkpoint/ownership.cpp", "O_CREAT/O_WRONLY/O_RDWR/O_TRUNC"): "the lock file (as above)",
+    ("src/comm/shm_transport.cpp", "shm_open"): "shared-memory segments: names only this program makes",
+    ("src/comm/shm_transport.cpp", "O_CREAT/O_WRONLY/O_RDWR/O_TRUNC"): "shared-memory segments (as above)",
+    ("src/comm/shm_transport.cpp", "open()"): "/dev/shm, listed by the stale-segment sweep",
+}
+
+LITERAL = re.compile(r'R"(?P<d>[^(\s]*)\(.*?\)(?P=d)"|"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'', re.S)
+COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/|^[ \t]*#[ \t]*include[^\n]*", re.S | re.M)
+
+
+def code_only(text: str) -> str:
+    """The source with comments and literals replaced by spaces (line numbers kept)."""
+    def blank(m):
+        return re.sub(r"[^\n]", " ", m.group(0))
+    out, i = [], 0
+    token = re.compile(LITERAL.pattern + "|" + COMMENT.pattern, re.S | re.M)
+    for m in token.finditer(text):
+        out.append(text[i:m.start()])
+        out.append(blank(m))
+        i = m.end()
+    out.append(text[i:])
+    return "".join(out)
+
+
+def scan(root: Path, allowed: dict) -> list:
+    found = []
+    for top in ("src", "apps", "include"):
+        for path in sorted((root / top).rglob("*")):
+            if path.suffix not in (".cpp", ".h", ".cc", ".hpp", ".inc") or not path.is_file():
+                continue
+            rel = path.relative_to(root).as_posix()
+            code = code_only(path.read_text(errors="replace"))
+            for what, pattern in FORBIDDEN.items():
+                if (rel, what) in allowed:
+                    continue
+                for m in re.finditer(pattern, code):
+                    line = code.count("\n", 0, m.start()) + 1
+                    found.append(f"{rel}:{line}: {what} ({m.group(0).strip()}) outside the output writer "
+                                 "(common/output_file.h) and the input reader (common/files.h)")
+    return found
+
+
+SELF_TEST = {
+    "src/x/bad.cpp": """
+        // std::ofstream in a comment is fine, and so is "fopen(" in a string
+        void f(const std::string& p) {
+          std::ofstream out(p);
+          std::ifstream in(p);
+          FILE* f = std::fopen(p.c_str(), "w");
+          int fd = ::open(p.c_str(), O_WRONLY | O_CREAT, 0644);
+          std::rename(a, b);
+          mkstemp(buf);
+          int g = open(p.c_str(), O_RDONLY);
+        }
+    """,
+}
+
+
+def self_test() -> list:
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        for rel, text in SELF_TEST.items():
+            (root / rel).parent.mkdir(parents=True)
+            (root / rel).write_text(text)
+        for top in ("apps", "include"):
+            (root / top).mkdir()
+        found = scan(root, {})
+    want = {"ofstream", "ifstream", "fopen", "open()", "O_CREAT/O_WRONLY/O_RDWR/O_TRUNC", "rename", "temporary file"}
+    got = {w for w in want if any(f": {w} (" in f for f in found)}
+    bad = [f"self-test: the scan missed {w}" for w in sorted(want - got)]
+    if any(":2:" in f for f in found):
+        bad.append("self-test: the scan flagged a comment or a string: " + "; ".join(f for f in found if ":2:" in f))
+    return bad
+
+
+def main() -> int:
+    if len(sys.argv) != 2:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    root = Path(sys.argv[1]).resolve()
+    problems = self_test()
+    found = scan(root, ALLOWED)
+    stale = [f"allow-list entry {f} {w!r} matches nothing: remove it" for (f, w) in ALLOWED
+             if not (root / f).is_file() or not re.search(FORBIDDEN[w], code_only((root / f).read_text()))]
+    for line in problems + found + stale:
+        print(line)
+    if problems or found or stale:
+        print(f"FAIL: {len(found)} place(s) outside the writer and the reader, {len(stale)} stale allow-list "
+              f"entr{'y' if len(stale) == 1 else 'ies'}, {len(problems)} self-test failure(s)")
+        return 1
+    print(f"ok: every file access in src/, apps/ and include/ goes through the writer or the reader "
+          f"({len(ALLOWED)} allowed places)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
