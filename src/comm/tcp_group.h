@@ -3,7 +3,7 @@
 // See Note [TCP lanes]: two meshes of connections per group, each driven by
 // its own worker thread with a FIFO queue, so an all-gather (gather lane)
 // overlaps a reduce-scatter (reduce lane). The collectives are written here
-// on tcp::Mesh's ordered byte streams (tcp_transport.h); the contract is
+// on tcp::Mesh's ordered byte streams (mesh.h); the contract is
 // make_tcp_group's in fsdp/comm/backends.h.
 #pragma once
 

@@ -1,4 +1,4 @@
-// The TCP transport under the CPU process group (src/comm/tcp_transport.h),
+// The TCP transport under the CPU process group (src/comm/mesh.h, channel.h, handshake.h),
 // driven directly: ranks are threads of this process meeting through an
 // in-memory store, so every case is deterministic and fast. The process group
 // on top is tested with real processes in test_collectives.cpp and
