@@ -20,8 +20,16 @@ struct ListenAddress {
 
 // MASTER_ADDR local: 127.0.0.1. Else GLOO_SOCKET_IFNAME's interface (its first
 // IPv4 address, else IPv6). Else the address this host's name resolves to, if
-// a socket can bind it (c10d's rule for Gloo). Else, on a single node,
-// 127.0.0.1. Throws fsdp::UsageError naming the fix otherwise.
+// a socket can bind it (c10d's rule for Gloo) — and, when the job spans
+// several nodes, if it is not a loopback address. Else, on a single node,
+// 127.0.0.1; across nodes, the address of the interface that routes to
+// MASTER_ADDR (Note [Advertised address] in listen_address.cpp). Throws
+// fsdp::UsageError naming the fix when none of these gives an address.
 ListenAddress choose_listen_address(const TcpTransportOptions& options);
+
+// The local address the kernel would send from to reach `destination` (a
+// host name or a numeric address), numeric; "" when it does not resolve or
+// has no route. Sends nothing.
+std::string route_source_address(const std::string& destination);
 
 }  // namespace fsdp::comm::tcp

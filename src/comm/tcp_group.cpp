@@ -356,6 +356,7 @@ TcpProcessGroup::TcpProcessGroup(c10::intrusive_ptr<c10d::Store> store, int rank
   const int peers = std::min(mesh.shm_peers(), reduce_lane_->mesh().shm_peers());
   transport_ = peers > 0 ? detail::cat("tcp, shared memory with ", peers, " of ", size - 1, " peers")
                          : detail::cat("tcp (no shared memory: ", mesh.shm_note(), ")");
+  transport_ += detail::cat("; address ", address_->host, " (", address_->how, ")");
 }
 
 TcpProcessGroup::~TcpProcessGroup() = default;  // each lane drains, joins its thread, closes its mesh

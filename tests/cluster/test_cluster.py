@@ -25,6 +25,12 @@ CHECK is one of:
             step: node 1's link is cut mid-run and restored; the workers fail,
             torchrun restarts them, they resume from the last checkpoint and
             finish; the exported model equals an uninterrupted run's, byte for byte.
+  discovery 2 nodes x 1 process whose host name resolves to 127.0.1.1 (each
+            node's /etc/hosts, bind-mounted over in the node's own mount
+            namespace, as many images ship it), without GLOO_SOCKET_IFNAME:
+            --nnodes 2 --master-addr <node 0> trains, and each rank advertised
+            its node's own address, found from the route to MASTER_ADDR (rank
+            0's "process group:" log line names it), never loopback.
   cleanup   The fixture leaves nothing: a test process SIGKILLed while its cluster
             runs a process loses its namespaces and processes (the watchdog), and
             a dead run's namespace is reaped by the next cluster.
@@ -385,6 +391,31 @@ def check_slowlink(a, tmp):
            f"link's ({100 * fast[1] / fast[0]:.0f}%)")
 
 
+def check_discovery(a, tmp):
+    hosts = tmp / "hosts"
+    name = os.uname().nodename  # the namespaces share the host's UTS namespace
+    hosts.write_text(f"127.0.0.1 localhost\n127.0.1.1 {name}\n")
+    env = env_for()
+    env.pop("GLOO_SOCKET_IFNAME")
+    with netcluster.Cluster(2, tag="dis") as c:
+        # In the node's mount namespace (ip netns exec makes one) only: the host's /etc/hosts is untouched.
+        wrap = ["sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts)]
+        argvs = [wrap + train_args(a, tmp, "dis", 2, ["--nnodes", "2", "--node-rank", str(i), "--master-addr",
+                                                      c.addr(0)]) for i in range(2)]
+        probe = subprocess.run(c.argv(1, [*wrap, "getent", "hosts", name]), capture_output=True, text=True)
+        expect(probe.stdout.split()[:1] == ["127.0.1.1"],
+               f"inside node 1 the host name '{name}' should resolve to 127.0.1.1: {probe.stdout!r} {probe.stderr!r}")
+        if not run_nodes(c, tmp, "dis", argvs, env=env):
+            return
+        # Rank 0 logs its group's transport; rank 1 dialled the address rank 0 advertised (the run's success).
+        text = (tmp / "dis.node0.log").read_text(errors="replace")
+        line = next((l for l in text.splitlines() if "process group:" in l), "")
+        if expect(f"address {c.addr(0)} (the interface that routes to MASTER_ADDR {c.addr(0)}" in line,
+                  f"node 0: the process group should advertise {c.addr(0)} from the route to MASTER_ADDR, its log "
+                  f"says: {line!r}"):
+            print(f"  node 0: {line.strip()}", flush=True)
+
+
 def check_cleanup(a, tmp):
     """The fixture leaves nothing behind: a test process killed with SIGKILL while its
     cluster runs a process (the watchdog reaps), and a dead run's namespaces (the next
@@ -429,7 +460,7 @@ def check_cleanup(a, tmp):
     print(f"  SIGKILLed test: its 4 namespaces and 1 process gone; a dead run's namespace reaped", flush=True)
 
 
-CHECKS = {"cleanup": check_cleanup, "parity": check_parity, "linkcut": check_linkcut, "elastic": check_elastic, "slowlink": check_slowlink}
+CHECKS = {"discovery": check_discovery, "cleanup": check_cleanup, "parity": check_parity, "linkcut": check_linkcut, "elastic": check_elastic, "slowlink": check_slowlink}
 
 
 def main():
