@@ -15,6 +15,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/compressed_collectives.h"
+#include "fsdp/estimate.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/quantize.h"
 #include "parity.h"
@@ -332,6 +333,31 @@ TEST(Compression, TrainingWithEachOptionConverges) {
                                              << ", rank 0 " << rank0.item<double>();
     }
   });
+}
+
+// The step-time model counts the bytes each format puts on the wire (docs/estimate.md):
+// per element, 1 + 4 / block for int8, 2 for bf16, the dtype's size natively.
+TEST(Compression, TheEstimateCountsTheWireBytes) {
+  auto toy = testing::make_toy(wide_toy(), /*meta=*/true, 0).ptr();
+  ClusterSpec c;
+  c.name = "two nodes";
+  c.nodes = 2;
+  c.inter = {1e6, 0};
+  c.intra = {1e12, 0};
+  const auto cost = [](const std::vector<UnitInfo>&) { return UnitCompute{1e-3, 2e-3, -1}; };
+  FsdpOptions native;
+  FsdpOptions packed = with_wire(kCases[5], ShardingStrategy::kFullShard);  // int8 gathers, bf16 reductions
+  const StepEstimate a = estimate_step(toy, native, c, StepWorkload{}, cost);
+  const StepEstimate b = estimate_step(toy, packed, c, StepWorkload{}, cost);
+  ASSERT_EQ(a.units.size(), b.units.size());
+  for (size_t k = 0; k < a.units.size(); ++k) {
+    const int64_t elems = a.units[k].gather_bytes / 4;
+    EXPECT_EQ(b.units[k].gather_bytes, static_cast<int64_t>(static_cast<double>(elems) * (1 + 4.0 / 64)));
+    EXPECT_EQ(b.units[k].reduce_bytes, a.units[k].reduce_bytes / 2);
+    EXPECT_NEAR(b.units[k].all_gather_s / a.units[k].all_gather_s, (1 + 4.0 / 64) / 4, 1e-3);
+  }
+  EXPECT_LT(b.comm_s, 0.45 * a.comm_s);
+  EXPECT_LT(b.step_time_s, a.step_time_s);
 }
 
 TEST(Compression, OptionsAreChecked) {
