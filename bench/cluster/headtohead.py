@@ -70,8 +70,10 @@ BASE_ROWS = {
     "2x2-full-fp32-150": (2, 2, "full", "fp32", SLOW),
     "2x2-hybrid-fp32-150": (2, 2, "hybrid", "fp32", SLOW),
     "2x2-hybrid-bf16-1000": (2, 2, "hybrid", "bf16", FAST),
+    # One node: ours through shared memory, gloo through the node's own address (not shaped).
+    "1x2-full-fp32": (1, 2, "full", "fp32", None),
 }
-DEFAULT_ROWS = list(BASE_ROWS) + ["2x1-full-fp32-150+ag-int8+rs-bf16", "4x1-full-fp32-150+ag-int8+rs-bf16",
+DEFAULT_ROWS = [n for n in BASE_ROWS if not n.startswith("1x")] + ["2x1-full-fp32-150+ag-int8+rs-bf16", "4x1-full-fp32-150+ag-int8+rs-bf16",
                                   "2x1-full-fp32-150+ag-bf16+rs-bf16", "2x1-full-fp32-1000+ag-int8+rs-bf16"]
 
 
@@ -277,7 +279,7 @@ def main():
                 sent = statistics.median(r.get("allgather_bytes", 0) + r.get("reduce_scatter_bytes", 0) +
                                          r.get("allreduce_bytes", 0) for r in measured)
                 l0, l1 = rows_o[0]["loss"], rows_t[0]["loss"]
-                row = dict(row=name, busy=busy, link=f"{rate} Mbit/s", tps_ours=tokens / step_o,
+                row = dict(row=name, busy=busy, link=f"{rate} Mbit/s" if rate else "one node", tps_ours=tokens / step_o,
                            tps_theirs=tokens / step_t, ratio=step_t / step_o, step_ours=step_o, step_theirs=step_t,
                            compute_ours=comp_ours, compute_theirs=comp_theirs,
                            exposed_ours=max(0.0, step_o - comp_ours), exposed_theirs=max(0.0, step_t - comp_theirs),
