@@ -75,6 +75,8 @@ int run(int argc, char** argv) {
   std::string backward_prefetch = "pre";
   bool forward_prefetch = false;
   std::string reduce_dtype;
+  std::string all_gather_wire = "native", reduce_scatter_wire = "native";
+  int64_t quant_block = 256;
   double inter_gbps = 0, inter_latency_us = 0, intra_gbps = 0, intra_latency_us = 0;  // read when given
   double peak_tflops = 0, compute_efficiency = 0;
   bool json = false, timeline = false;
@@ -118,6 +120,11 @@ int run(int argc, char** argv) {
   est->add_option("--backward-prefetch", backward_prefetch, "pre | post | none")->capture_default_str();
   est->add_flag("--forward-prefetch", forward_prefetch, "Prefetch the next unit's all-gather in forward");
   est->add_option("--reduce-dtype", reduce_dtype, "fp32 | bf16 | fp16 (default: the precision preset's)");
+  est->add_option("--all-gather-wire", all_gather_wire, "native | bf16 | int8 (fsdp-train's; docs/compression.md)")
+      ->capture_default_str();
+  est->add_option("--reduce-scatter-wire", reduce_scatter_wire, "native | bf16 | int8 (fsdp-train's)")
+      ->capture_default_str();
+  est->add_option("--quant-block", quant_block, "int8 wire: elements per scale")->capture_default_str();
   est->add_option("--inter-node-gbps", inter_gbps, "Override: one node's link to the others, Gbit/s each way");
   est->add_option("--inter-node-latency-us", inter_latency_us, "Override: latency of a collective between nodes");
   est->add_option("--intra-node-gbps", intra_gbps, "Override: a process's link inside its node, Gbit/s each way");
@@ -273,6 +280,9 @@ int run(int argc, char** argv) {
     o.mixed_precision.reduce_dtype = reduce_dtype == "fp32" ? at::kFloat : reduce_dtype == "bf16" ? at::kBFloat16
                                                                                                   : at::kHalf;
   }
+  o.compression.all_gather = fsdp::parse_wire_format(all_gather_wire, "--all-gather-wire");
+  o.compression.reduce_scatter = fsdp::parse_wire_format(reduce_scatter_wire, "--reduce-scatter-wire");
+  o.compression.block_size = quant_block;
   o.backward_prefetch = fsdp::parse_backward_prefetch(backward_prefetch);
   o.forward_prefetch = forward_prefetch;
   o.limit_all_gathers = limit;

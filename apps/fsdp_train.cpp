@@ -322,6 +322,19 @@ int run(int argc, char** argv) {
   mem->add_option("--reduce-dtype", flags.reduce_dtype,
                   "Gradient communication dtype: fp32 | bf16 | fp16 (default: the --mixed-precision preset's)")
       ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
+  mem->add_option("--all-gather-wire", flags.all_gather_wire,
+                  "Parameter all-gathers on the wire: native (the param dtype) | bf16 (widened on arrival; compute "
+                  "stays in the param dtype) | int8 (per-block scales, dequantized on arrival) — docs/compression.md")
+      ->check(CLI::IsMember({"native", "bf16", "int8"}))
+      ->capture_default_str();
+  mem->add_option("--reduce-scatter-wire", flags.reduce_scatter_wire,
+                  "Gradient reduce-scatters on the wire: native (the reduce dtype) | bf16 | int8 (per-block scales, "
+                  "stochastic rounding); summed in fp32 by the owner — docs/compression.md")
+      ->check(CLI::IsMember({"native", "bf16", "int8"}))
+      ->capture_default_str();
+  mem->add_option("--quant-block", o.sharding.compression.block_size,
+                  "int8 wire: elements per fp32 scale")
+      ->capture_default_str();
   mem->add_flag("--activation-checkpointing", o.sharding.activation_checkpointing,
                 "Keep only each decoder layer's input in forward and recompute the layer in backward");
   mem->add_flag("--offload-activations", o.sharding.offload_activations,

@@ -10,6 +10,8 @@ namespace {
 // Library option -> flag, longest names first where one is a prefix of another.
 const std::pair<const char*, const char*> kFlagNames[] = {
     {"FsdpOptions::offload_checkpoint_inputs", "--offload-activations"},
+    {"FsdpOptions::compression.block_size", "--quant-block"},
+    {"FsdpOptions::compression", "--all-gather-wire / --reduce-scatter-wire"},
     {"FsdpOptions::checkpoint_types", "--activation-checkpointing"},
     {"FsdpOptions::hybrid_shard_size", "--hybrid-shard-size"},
     {"FsdpOptions::limit_all_gathers", "--limit-all-gathers"},

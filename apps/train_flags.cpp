@@ -92,6 +92,8 @@ void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o) {
   o.sharding.strategy = parse_sharding(flags.sharding);
   o.sharding.wrap = parse_wrap(flags.wrap);
   o.sharding.mixed_precision = parse_mixed_precision(flags.mixed_precision, flags.reduce_dtype);
+  o.sharding.compression.all_gather = parse_wire_format(flags.all_gather_wire, "--all-gather-wire");
+  o.sharding.compression.reduce_scatter = parse_wire_format(flags.reduce_scatter_wire, "--reduce-scatter-wire");
   o.sharding.backward_prefetch = parse_backward_prefetch(flags.backward_prefetch);
   o.sharding.loss_scaling = parse_loss_scaling(flags.loss_scaling);
   o.hf.export_dtype = parse_export_dtype(flags.export_dtype);

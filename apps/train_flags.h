@@ -30,6 +30,8 @@ struct TrainFlags {
   std::string wrap = "block";                // --wrap
   std::string mixed_precision = "fp32";      // --mixed-precision
   std::string reduce_dtype;                  // --reduce-dtype; "": the preset's
+  std::string all_gather_wire = "native";    // --all-gather-wire
+  std::string reduce_scatter_wire = "native";  // --reduce-scatter-wire
   std::string backward_prefetch = "pre";     // --backward-prefetch
   std::string loss_scaling = "auto";         // --loss-scaling
   std::string export_dtype = "float32";      // --export-dtype

@@ -59,6 +59,13 @@ CONFIGS = {
     "4x1-full-bf16-ckpt-fast": (4, 1, ["--sharding", "full", "--mixed-precision", "bf16",
                                        "--activation-checkpointing"], FAST),
     "4x1-gradop-fp32-fast": (4, 1, ["--sharding", "grad-op"], FAST),
+    # Compressed collectives (docs/compression.md): the model counts their bytes per element.
+    "2x1-full-agint8-rsbf16-slow": (2, 1, ["--sharding", "full", "--all-gather-wire", "int8",
+                                           "--reduce-scatter-wire", "bf16"], SLOW),
+    "4x1-full-agint8-rsbf16-slow": (4, 1, ["--sharding", "full", "--all-gather-wire", "int8",
+                                           "--reduce-scatter-wire", "bf16"], SLOW),
+    "2x1-full-agbf16-rsint8-fast": (2, 1, ["--sharding", "full", "--all-gather-wire", "bf16",
+                                           "--reduce-scatter-wire", "int8"], FAST),
 }
 
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The step-time model (fsdp-inspect --estimate) against measured multi-node runs on the
-# emulated cluster: 10 configurations (1-4 nodes, FULL_SHARD / SHARD_GRAD_OP / HYBRID,
-# fp32 / bf16, with and without activation checkpointing, 1000 and 150 Mbit/s links).
+# emulated cluster: 13 configurations (1-4 nodes, FULL_SHARD / SHARD_GRAD_OP / HYBRID,
+# fp32 / bf16, with and without activation checkpointing, int8 / bf16 wire formats,
+# 1000 and 150 Mbit/s links).
 # Each is calibrated, predicted and measured on its own fresh cluster (how:
 # bench/cluster/estimate_vs_measured.py). About 6 minutes on 2 quiet cores; needs root.
 #

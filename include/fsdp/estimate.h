@@ -101,8 +101,8 @@ struct UnitEstimate {
   double forward_s = 0;
   double backward_s = 0;
   double recompute_s = 0;     // activation checkpointing's second forward
-  int64_t gather_bytes = 0;   // its unsharded parameters (0: never gathered)
-  int64_t reduce_bytes = 0;   // its unsharded gradients in the reduce dtype (0: nothing reduced)
+  int64_t gather_bytes = 0;   // its unsharded parameters, as the wire carries them (0: never gathered)
+  int64_t reduce_bytes = 0;   // its unsharded gradients, as the wire carries them (0: nothing reduced)
   double all_gather_s = 0;    // one all-gather of it, alone on the network
   double reduce_s = 0;        // one reduce-scatter (NO_SHARD: all-reduce) of it, alone on the network
   double replica_all_reduce_s = 0;  // HYBRID: one all-reduce of its gradient shard across replicas

@@ -171,6 +171,38 @@ struct MixedPrecision {
   static MixedPrecision preset(const std::string& name);
 };
 
+// What a shard group's collectives put on the wire (docs/compression.md
+// states each format's numerical contract). kNative: the tensors' own dtype
+// (the param dtype for all-gathers, the reduce dtype for reduce-scatters).
+enum class WireFormat {
+  kNative,
+  kBf16,  // bfloat16, rounded to nearest even; all-gathered parameters are widened on arrival,
+          // reduced gradients summed in fp32
+  kInt8,  // 8-bit integers with one fp32 scale per block of elements (CPU process group)
+};
+const char* to_string(WireFormat f);  // "native", "bf16", "int8"
+WireFormat parse_wire_format(const std::string& s, const char* what);  // "native" | "bf16" | "int8"
+
+// Compressed collectives (Note [Wire formats] in src/fsdp/compressed_collectives.cpp).
+// The master shards and the optimizer stay in the master dtype; only the
+// bytes between ranks change. NO_SHARD's all-reduce and HYBRID's replica
+// all-reduce are not compressed. kInt8, and a compressed reduce-scatter, need
+// the CPU process group.
+struct CommCompression {
+  // Parameter all-gathers: kBf16 gathers bf16 while compute stays in
+  // param_dtype (with param_dtype bf16 it is the native gather); kInt8
+  // quantizes each block to nearest, and every rank dequantizes every chunk,
+  // its own included, so all compute with the same values.
+  WireFormat all_gather = WireFormat::kNative;
+  // Gradient reduce-scatters: each rank's contribution is encoded (kBf16:
+  // nearest even; kInt8: stochastic rounding, unbiased, no per-rank state),
+  // and the owner sums the decoded contributions in fp32 in rank order.
+  WireFormat reduce_scatter = WireFormat::kNative;
+  int64_t block_size = 256;  // kInt8: elements per scale (4 / block_size extra bytes per element)
+  // True when either collective is compressed.
+  bool any() const { return all_gather != WireFormat::kNative || reduce_scatter != WireFormat::kNative; }
+};
+
 // The options of fully_shard: the same on every rank.
 struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;  // what is sharded
@@ -178,6 +210,7 @@ struct FsdpOptions {
   // HYBRID_SHARD: ranks per shard group (consecutive ranks). 0: LOCAL_WORLD_SIZE.
   int hybrid_shard_size = 0;
   MixedPrecision mixed_precision;                               // dtypes of the copies kept
+  CommCompression compression;                                  // what the collectives send
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;  // gather the previous unit early in backward
   bool forward_prefetch = false;                                // gather the next unit early in forward
   // At most this many all-gathers issued ahead of use (prefetches). >= 1.

@@ -226,6 +226,29 @@ WorkPtr ProcessGroup::broadcast(const at::Tensor& t, int root) {
   return do_broadcast(t, root);
 }
 
+WorkPtr ProcessGroup::all_to_all(const at::Tensor& out, const at::Tensor& in) {
+  static constexpr const char* kOp = "all_to_all";
+  check_tensor(*this, kOp, "out", out);
+  check_tensor(*this, kOp, "in", in);
+  check_same_kind(*this, kOp, out, in);
+  FSDP_CHECK(out.numel() == in.numel() && in.numel() % size_ == 0, kOp, " on group '", name_,
+             "': in and out must hold the same multiple of size() = ", size_, " elements, got in ", describe(in),
+             " and out ", describe(out));
+  FSDP_CHECK(!overlaps(out, in), kOp, " on group '", name_, "': out overlaps in; use separate buffers");
+  {
+    std::lock_guard<std::mutex> lock(counters_->mu);
+    counters_->c.alltoall_bytes += wire_bytes(in);
+    counters_->c.alltoall_calls += 1;
+  }
+  return do_all_to_all(out, in);
+}
+
+WorkPtr ProcessGroup::do_all_to_all(const at::Tensor&, const at::Tensor&) {
+  FSDP_CHECK(false, "all_to_all on group '", name_, "': the ", backend(),
+             " backend has no all_to_all (the compressed reduce-scatter needs one) — use the tcp group (CPU)");
+  return nullptr;
+}
+
 HybridGroups make_hybrid_groups(ProcessGroup& world, int shard_size) {
   const int w = world.size();
   FSDP_CHECK(shard_size >= 1 && shard_size <= w && w % shard_size == 0,

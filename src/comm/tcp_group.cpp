@@ -17,7 +17,7 @@ namespace fsdp::comm {
 // Note [TCP lanes]
 // Each group owns two tcp::Mesh'es ("lanes"), each with a worker thread that
 // drains a FIFO of work: the gather lane runs all_gather and broadcast, the
-// reduce lane reduce_scatter and all_reduce. A lane runs one collective at a
+// reduce lane reduce_scatter, all_reduce and all_to_all. A lane runs one collective at a
 // time and every rank issues the same sequence per lane, so each connection's
 // byte stream lines up without tags (Note [TCP transport]). Lanes share
 // nothing but the listen address, so they progress independently (the CPU
@@ -131,6 +131,7 @@ class TcpLane {
 
   // Lane thread only, below.
   tcp::Mesh& mesh() { return *mesh_; }
+  const tcp::Mesh& mesh() const { return *mesh_; }
   // The running collective's deadline: the group's timeout from its start.
   Clock::time_point deadline() const { return deadline_; }
   // Grow-only scratch buffers, kept between collectives: a fresh allocation of
@@ -356,6 +357,7 @@ TcpProcessGroup::TcpProcessGroup(c10::intrusive_ptr<c10d::Store> store, int rank
   const int peers = std::min(mesh.shm_peers(), reduce_lane_->mesh().shm_peers());
   transport_ = peers > 0 ? detail::cat("tcp, shared memory with ", peers, " of ", size - 1, " peers")
                          : detail::cat("tcp (no shared memory: ", mesh.shm_note(), ")");
+  transport_ += detail::cat("; address ", address_->host, " (", address_->how, ")");
 }
 
 TcpProcessGroup::~TcpProcessGroup() = default;  // each lane drains, joins its thread, closes its mesh
@@ -434,6 +436,41 @@ WorkPtr TcpProcessGroup::do_all_reduce(const at::Tensor& t, ReduceOp op) {
     alltoall_reduce(lane, send, send.narrow(0, me * c, c), op, /*gather=*/true);
     t_raw.copy_(send.narrow(0, 0, n));
   });
+}
+
+WorkPtr TcpProcessGroup::do_all_to_all(const at::Tensor& out, const at::Tensor& in) {
+  if (in.numel() == 0) return completed_work();
+  if (size() == 1) {
+    std::memcpy(out.data_ptr(), in.data_ptr(), nbytes(in));
+    return completed_work();
+  }
+  return reduce_lane_->enqueue("all_to_all", desc(in), nbytes(in), [out, in](TcpLane& lane) {
+    tcp::Mesh& mesh = lane.mesh();
+    const int w = mesh.size();
+    const int me = mesh.rank();
+    const size_t chunk = nbytes(in) / static_cast<size_t>(w);
+    const auto* send = static_cast<const char*>(in.data_ptr());
+    auto* recv = static_cast<char*>(out.data_ptr());
+    mesh.begin_op();
+    for (int i = 1; i < w; ++i) {  // staggered, as all_gather
+      const int to = (me + i) % w;
+      const int from = (me + w - i) % w;
+      mesh.post_send(to, send + to * chunk, chunk);
+      mesh.post_recv(from, recv + from * chunk, chunk);
+    }
+    std::memcpy(recv + me * chunk, send + me * chunk, chunk);
+    mesh.wait_all(lane.deadline());
+  });
+}
+
+int64_t TcpProcessGroup::wire_bytes_sent() const {
+  if (size() == 1) return 0;
+  int64_t sent = 0;
+  for (const TcpLane* lane : {gather_lane_.get(), reduce_lane_.get()}) {
+    const tcp::Mesh& mesh = lane->mesh();
+    for (int q = 0; q < size(); ++q) sent += q == rank() ? 0 : static_cast<int64_t>(mesh.sent(q));
+  }
+  return sent;
 }
 
 void TcpProcessGroup::barrier(std::chrono::milliseconds timeout) {

@@ -3,7 +3,7 @@
 // See Note [TCP lanes]: two meshes of connections per group, each driven by
 // its own worker thread with a FIFO queue, so an all-gather (gather lane)
 // overlaps a reduce-scatter (reduce lane). The collectives are written here
-// on tcp::Mesh's ordered byte streams (tcp_transport.h); the contract is
+// on tcp::Mesh's ordered byte streams (mesh.h); the contract is
 // make_tcp_group's in fsdp/comm/backends.h.
 #pragma once
 
@@ -41,6 +41,10 @@ class TcpProcessGroup final : public ProcessGroup {
   WorkPtr do_reduce_scatter(const at::Tensor& out, const at::Tensor& in, ReduceOp op) override;
   WorkPtr do_all_reduce(const at::Tensor& t, ReduceOp op) override;
   WorkPtr do_broadcast(const at::Tensor& t, int root) override;
+  WorkPtr do_all_to_all(const at::Tensor& out, const at::Tensor& in) override;
+
+ public:
+  int64_t wire_bytes_sent() const override;
 
  private:
   c10::intrusive_ptr<c10d::Store> store_;

@@ -119,6 +119,7 @@ void take_since(const comm::ProcessGroup& group, comm::CommCounters& base, StepC
   const comm::CommCounters now = group.counters();
   s.allgather_bytes += now.allgather_bytes - base.allgather_bytes;
   s.reduce_scatter_bytes += now.reduce_scatter_bytes - base.reduce_scatter_bytes;
+  s.reduce_scatter_bytes += now.alltoall_bytes - base.alltoall_bytes;  // the compressed reduce-scatter
   s.allreduce_bytes += now.allreduce_bytes - base.allreduce_bytes;
   base = now;
 }

@@ -1,5 +1,7 @@
 #include "fsdp/collectives.h"
 
+#include "fsdp/compressed_collectives.h"
+
 #include "fsdp/common/error.h"
 #include "fsdp/common/trace.h"
 
@@ -21,7 +23,9 @@ int64_t nbytes_of(const at::Tensor& t) { return static_cast<int64_t>(t.nbytes())
 // memory]). The gather's staging goes back to the pool at once: its next user
 // is ordered after the cast by the compute stream (Note [Preallocated pool]).
 AllGather all_gather_copy_in(comm::ProcessGroup& group, const at::Tensor& shard, const at::Tensor& full,
-                             const at::Tensor& chunk, UnshardedPool* pool, MemoryLedger& ledger) {
+                             const at::Tensor& chunk, UnshardedPool* pool, MemoryLedger& ledger,
+                             const Wire* wire) {
+  if (wire != nullptr && wire->gather != WireFormat::kNative) return all_gather_encoded(group, shard, full, *wire);
   {
     RawWriteGuard g;
     // Casts to the param dtype. From a pinned host shard (CPU offload) the
@@ -47,6 +51,10 @@ void wait_all_gather(AllGather& g, const std::string& label) {
   trace::Span span("all_gather wait", "comm", -1, label);
   g.work->wait();  // CPU: blocks; NCCL: orders the compute stream after the gather
   g.work.reset();
+  if (g.arrive) {
+    g.arrive();
+    g.arrive = nullptr;  // drops the wire buffer
+  }
 }
 
 void Reduction::hold(const at::Tensor& t, MemoryLedger& ledger) {
@@ -74,8 +82,12 @@ at::Tensor reduce_copy_in(const at::Tensor& grads, at::ScalarType reduce_dtype, 
 
 void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& group, bool replicated,
                      const at::Tensor& grad_shard, bool may_land_in_shard, MemoryLedger& ledger,
-                     UnshardedPool* pool, const std::string& label) {
+                     UnshardedPool* pool, const std::string& label, const Wire* wire) {
   FSDP_ASSERT(!r.in_flight(), "a reduction of ", label, " is already in flight");
+  if (!replicated && wire != nullptr && wire->reduce != WireFormat::kNative) {
+    issue_encoded_reduction(r, input, group, grad_shard, may_land_in_shard, ledger, pool, *wire);
+    return;
+  }
   r.input = input;
   r.into_grad_shard = false;
   if (replicated) {
@@ -106,6 +118,10 @@ void finish_reduction(Reduction& r, comm::ProcessGroup* replicate_group, bool re
     r.work->wait();
   }
   r.work.reset();
+  if (r.arrive) {
+    r.arrive();
+    r.arrive = nullptr;  // drops the wire buffers
+  }
   if (replicate_group != nullptr) {
     // HYBRID: the shard group's mean, averaged over the replicas.
     trace::Span span("all_reduce (replicas)", "comm", -1, label);

@@ -11,6 +11,7 @@
 #include <ATen/core/grad_mode.h>
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
+#include <functional>
 #include <string>
 
 #include "fsdp/comm/process_group.h"
@@ -26,9 +27,13 @@ struct RawWriteGuard {
   at::AutoDispatchBelowADInplaceOrView below_ad;
 };
 
+// What a unit's collectives send (compressed_collectives.h); null: the native wire.
+struct Wire;
+
 // An all-gather in flight into an unsharded buffer.
 struct AllGather {
-  comm::WorkPtr work;  // null: none in flight
+  comm::WorkPtr work;           // null: none in flight
+  std::function<void()> arrive;  // a compressed wire: decodes into the buffer after the wait (holds the wire)
   bool in_flight() const { return work != nullptr; }
 };
 
@@ -41,8 +46,10 @@ struct AllGather {
 // `ledger` while it lives (Note [Offload staging]).
 // Requires: `full` allocated; nothing reads `full` until wait_all_gather.
 // `label` (below) names the unit in traces and messages.
+// With a compressed `wire`, see all_gather_encoded.
 AllGather all_gather_copy_in(comm::ProcessGroup& group, const at::Tensor& shard, const at::Tensor& full,
-                             const at::Tensor& chunk, UnshardedPool* pool, MemoryLedger& ledger);
+                             const at::Tensor& chunk, UnshardedPool* pool, MemoryLedger& ledger,
+                             const Wire* wire = nullptr);
 // Afterwards `full` holds every rank's values and `g` is empty.
 void wait_all_gather(AllGather& g, const std::string& label);
 
@@ -57,6 +64,7 @@ struct Reduction {
   bool into_grad_shard = false;  // output is the gradient shard: nothing to fold
   int64_t held_bytes = 0;        // input/output bytes beyond the unsharded gradient buffer (the ledger's kReductions)
   std::vector<at::Tensor> held;  // those buffers: their bytes are released in finish_reduction
+  std::function<void()> arrive;  // a compressed wire: decodes and sums into `output` after the wait
   bool in_flight() const { return work != nullptr; }
 
   // `t` belongs to this reduction until finish_reduction, which releases its
@@ -81,9 +89,10 @@ at::Tensor reduce_copy_in(const at::Tensor& grads, at::ScalarType reduce_dtype, 
 // into a shard-sized scratch (from `pool` when not null) that `r` holds, and,
 // for a gradient shard of another dtype on another device (CPU offload), a
 // staging buffer of the shard's dtype beside it (Note [Offload staging]).
+// With a compressed `wire` (not replicated), see issue_encoded_reduction.
 void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& group, bool replicated,
                      const at::Tensor& grad_shard, bool may_land_in_shard, MemoryLedger& ledger,
-                     UnshardedPool* pool, const std::string& label);
+                     UnshardedPool* pool, const std::string& label, const Wire* wire = nullptr);
 
 // How a finished reduction lands in the gradient shard.
 enum class Fold {

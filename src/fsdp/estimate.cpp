@@ -527,8 +527,16 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
   FSDP_ASSERT(!units.empty() && units[0].info.name.empty(), "the plan's first unit must be the root");
 
   const MixedPrecision& mp = o.mixed_precision;
-  const double pbytes = static_cast<double>(c10::elementSize(mp.param_dtype));
+  // Bytes per element on the wire: the compressed formats' (docs/compression.md) where the
+  // shard group's collectives use them, the dtypes' elsewhere (NO_SHARD, HYBRID's replicas).
+  const auto wire = [&](WireFormat f, at::ScalarType native) {
+    return f == WireFormat::kBf16 ? 2.0
+           : f == WireFormat::kInt8 ? 1.0 + 4.0 / static_cast<double>(o.compression.block_size)
+                                    : static_cast<double>(c10::elementSize(native));
+  };
+  const double pbytes = wire(o.compression.all_gather, mp.param_dtype);
   const double rbytes = static_cast<double>(c10::elementSize(mp.reduce_dtype));
+  const double rs_bytes = wire(o.compression.reduce_scatter, mp.reduce_dtype);
   const bool no_shard = o.strategy == ShardingStrategy::kNoShard;
   // Nothing is gathered when every unit is its own single copy (detail::keeps_single_copy).
   const bool single_copy = plan.shard_size == 1 && mp.param_dtype == mp.master_dtype &&
@@ -574,14 +582,15 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
                                                 cluster);
     }
     if (u.reduce_elems > 0) {
-      ue.reduce_bytes = static_cast<int64_t>(static_cast<double>(u.reduce_elems) * rbytes);
-      const double rb = static_cast<double>(ue.reduce_bytes);
+      ue.reduce_bytes = static_cast<int64_t>(static_cast<double>(u.reduce_elems) * (no_shard ? rbytes : rs_bytes));
+      const double rb = static_cast<double>(u.reduce_elems) * rbytes;
       if (no_shard) {
         reduce_s[k] = collective_s(Collective::kAllReduce, rb, everyone, cluster);
         per.reduce_cpu_s[k] = cpu * process_bytes(Collective::kAllReduce, rb, everyone, cluster);
       } else {
-        reduce_s[k] = collective_s(Collective::kReduceScatter, rb, shard, cluster);
-        per.reduce_cpu_s[k] = cpu * process_bytes(Collective::kReduceScatter, rb, shard, cluster);
+        const double wb = static_cast<double>(ue.reduce_bytes);
+        reduce_s[k] = collective_s(Collective::kReduceScatter, wb, shard, cluster);
+        per.reduce_cpu_s[k] = cpu * process_bytes(Collective::kReduceScatter, wb, shard, cluster);
         if (plan.replicas > 1) {
           replica_s[k] = collective_s(Collective::kAllReduce, rb / plan.shard_size, replicas, cluster);
           per.replica_cpu_s[k] = cpu * process_bytes(Collective::kAllReduce, rb / plan.shard_size, replicas, cluster);

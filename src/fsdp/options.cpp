@@ -84,6 +84,23 @@ MixedPrecision MixedPrecision::preset(const std::string& name) {
   return m;
 }
 
+const char* to_string(WireFormat f) {
+  switch (f) {
+    case WireFormat::kNative: return "native";
+    case WireFormat::kBf16: return "bf16";
+    case WireFormat::kInt8: return "int8";
+  }
+  return "?";
+}
+
+WireFormat parse_wire_format(const std::string& s, const char* what) {
+  if (s == "native") return WireFormat::kNative;
+  if (s == "bf16") return WireFormat::kBf16;
+  if (s == "int8") return WireFormat::kInt8;
+  FSDP_CHECK(false, what, " '", s, "' is not one of: native, bf16, int8");
+  return WireFormat::kNative;
+}
+
 void check_options(const FsdpOptions& o, int world_size) {
   FSDP_CHECK(o.limit_all_gathers >= 1, "FsdpOptions::limit_all_gathers must be >= 1 (all-gathers issued ahead of use), got ",
              o.limit_all_gathers);
@@ -98,6 +115,13 @@ void check_options(const FsdpOptions& o, int world_size) {
              o.device);
   FSDP_CHECK(!o.offload_checkpoint_inputs || o.checkpoint_all_units || !o.checkpoint_types.empty(),
              "FsdpOptions::offload_checkpoint_inputs needs activation checkpointing (FsdpOptions::checkpoint_types)");
+  const CommCompression& c = o.compression;
+  FSDP_CHECK(c.block_size >= 1 && c.block_size <= (int64_t{1} << 24),
+             "FsdpOptions::compression.block_size must be in [1, 16777216] elements per scale, got ", c.block_size);
+  FSDP_CHECK(o.device.is_cpu() || (c.all_gather != WireFormat::kInt8 && c.reduce_scatter == WireFormat::kNative),
+             "FsdpOptions::compression: the int8 all-gather and the compressed reduce-scatter run on the CPU process "
+             "group, the device is ", o.device,
+             " — on CUDA use the bf16 all-gather, and FsdpOptions::mixed_precision.reduce_dtype bf16 for gradients");
   if (o.strategy == ShardingStrategy::kHybridShard) {
     const int s = o.hybrid_shard_size;
     FSDP_CHECK(s >= 1, "HYBRID_SHARD needs a shard-group size >= 1 (FsdpOptions::hybrid_shard_size, default "

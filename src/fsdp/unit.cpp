@@ -5,6 +5,7 @@
 #include "fsdp/common/internals.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/trace.h"
+#include "fsdp/compressed_collectives.h"
 #include "fsdp/state.h"
 
 namespace fsdp::detail {
@@ -171,12 +172,13 @@ void ShardedUnit::unshard() {
   trace::Span span("all_gather issue", "comm",
                    (flat_->layout().padded_numel + (frozen_ ? frozen_->layout().padded_numel : 0)) * elem, name_);
   flat_->alloc_full();
+  const Wire wire = wire_for(root_->options(), root_->iteration(), name_, root_->shard_group()->rank());
   gather_ = all_gather_copy_in(*root_->shard_group(), flat_->shard(), flat_->full(), flat_->own_chunk(),
-                               root_->pool(), root_->ledger());
+                               root_->pool(), root_->ledger(), &wire);
   if (frozen_) {
     frozen_->alloc_full();
     gather_frozen_ = all_gather_copy_in(*root_->shard_group(), frozen_->shard(), frozen_->full(),
-                                        frozen_->own_chunk(), root_->pool(), root_->ledger());
+                                        frozen_->own_chunk(), root_->pool(), root_->ledger(), &wire);
   }
   transition_to(state_, ShardState::kUnsharding, "unshard", label());
 }
@@ -353,8 +355,9 @@ void ShardedUnit::post_backward(bool flush) {
     // A copy in the reduce dtype holds the gradients now: the param-dtype
     // buffer goes before the reduction runs, not after (Note [Unsharded memory]).
     if (!in.is_same(flat_->full_grad())) flat_->release_full_grad();
+    const Wire wire = wire_for(root_->options(), root_->iteration(), name_, root_->shard_group()->rank());
     issue_reduction(reduction_, in, *root_->shard_group(), root_->replicated(), flat_->grad_shard(),
-                    /*may_land_in_shard=*/!grad_shard_holds_sum(), ledger, root_->pool(), name_);
+                    /*may_land_in_shard=*/!grad_shard_holds_sum(), ledger, root_->pool(), name_, &wire);
     transition_to(grad_state_, GradState::kReduceIssued, "post_backward", label());
   }
   root_->after_post_backward(*this);  // queue/drain reductions, BACKWARD_POST prefetch

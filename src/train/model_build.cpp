@@ -184,6 +184,7 @@ FsdpOptions engine_options(const TrainOptions& o, const ModelFamily& family, int
   fo.hybrid_shard_size = s.hybrid_shard_size;
   fo.sync_module_states = s.sync_module_states;
   fo.mixed_precision = s.mixed_precision;
+  fo.compression = s.compression;
   if (s.activation_checkpointing) fo.checkpoint_types = {family.block_type};
   fo.offload_checkpoint_inputs = s.offload_activations;
   fo.cpu_offload = s.cpu_offload;

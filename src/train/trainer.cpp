@@ -185,6 +185,11 @@ void Trainer::Impl::log_plan_and_memory() {
                    cfg_.num_parameters(), frozen, W_, rt_.world.launcher, count_units(sharded_->units()),
                    data_.global_batch, o_.data.seq_len));
   if (W_ > 1) say_(fmt::format("process group: {}", rt_.world_group->transport()));
+  if (W_ > 1 && engine_.compression.any()) {
+    say_(fmt::format("wire: all-gather {}, reduce-scatter {} (int8 blocks of {}; docs/compression.md)",
+                     to_string(engine_.compression.all_gather), to_string(engine_.compression.reduce_scatter),
+                     engine_.compression.block_size));
+  }
   say_(fmt::format("data {}, {} windows of {} tokens per epoch", data_.train->describe(),
                    data_.sampler->samples_per_epoch(), o_.data.seq_len));
   if (console_.on()) std::cout << summary_.plan << std::flush;

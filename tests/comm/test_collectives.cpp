@@ -353,7 +353,36 @@ void check_async_overlap(ProcessGroup& pg) {
 // One TEST per world size, each running every collective: a worker process
 // costs ~1 s of LibTorch start-up, so the cases share processes; SCOPED_TRACE
 // and the labels name the collective in failures.
+// all_to_all: chunk j of rank r's input (values 1000 r + j, several dtypes and
+// sizes) lands in chunk r of rank j's output; and the transport counts (W - 1)
+// chunks sent, of the bytes the input holds per chunk.
+void check_all_to_all(ProcessGroup& pg) {
+  const int w = pg.size(), r = pg.rank();
+  for (at::ScalarType dtype : {at::kFloat, at::kBFloat16, at::kByte}) {
+    for (int64_t n : {1, 7, 300000}) {
+      at::Tensor in = at::empty({w * n}, at::TensorOptions().dtype(at::kFloat));
+      for (int j = 0; j < w; ++j) in.narrow(0, j * n, n).fill_((1000 * r + j) % 251);
+      in = in.to(dtype);
+      at::Tensor out = at::full({w * n}, -1, at::TensorOptions().dtype(dtype));
+      const int64_t before = pg.wire_bytes_sent();
+      pg.all_to_all(out, in)->wait();
+      const int64_t sent = pg.wire_bytes_sent() - before;
+      EXPECT_EQ(sent, (w - 1) * n * static_cast<int64_t>(in.element_size())) << dtype << " n=" << n;
+      for (int j = 0; j < w; ++j) {
+        const double want = (1000 * j + r) % 251;
+        EXPECT_TRUE(out.narrow(0, j * n, n).to(at::kDouble).eq(want).all().item<bool>())
+            << dtype << " n=" << n << ": chunk from rank " << j;
+      }
+    }
+  }
+  EXPECT_GT(pg.counters().alltoall_calls, 0);
+}
+
 void check_everything(ProcessGroup& pg) {
+  {
+    SCOPED_TRACE("all_to_all");
+    check_all_to_all(pg);
+  }
   {
     SCOPED_TRACE("all_gather");
     check_all_gather(pg);

@@ -1,4 +1,4 @@
-// The TCP transport under the CPU process group (src/comm/tcp_transport.h),
+// The TCP transport under the CPU process group (src/comm/mesh.h, channel.h, handshake.h),
 // driven directly: ranks are threads of this process meeting through an
 // in-memory store, so every case is deterministic and fast. The process group
 // on top is tested with real processes in test_collectives.cpp and
@@ -336,6 +336,40 @@ TEST(TcpTransport, ListenAddressFollowsMasterAddrAndGlooSocketIfname) {
   const ListenAddress h = choose_listen_address(by_name);
   EXPECT_FALSE(h.host.empty());
   EXPECT_TRUE(h.how.rfind("hostname ", 0) == 0 || h.how == "loopback (hostname does not resolve)") << h.how;
+}
+
+TEST(TcpTransport, AJobAcrossNodesNeverAdvertisesLoopback) {
+  // The route towards a destination: loopback for a local one, none for a name that does not resolve.
+  EXPECT_EQ(route_source_address("127.0.0.1"), "127.0.0.1");
+  EXPECT_EQ(route_source_address("no-such-host.invalid"), "");
+  // Across nodes, without GLOO_SOCKET_IFNAME: the hostname's address unless it
+  // is loopback (as in many images' /etc/hosts), else the interface that routes
+  // to MASTER_ADDR; never a loopback address. Which of these applies depends on
+  // this host, so each outcome is held to its rule.
+  for (const char* master : {"10.11.12.13", "192.0.2.77"}) {
+    TcpTransportOptions across;
+    across.master_addr = master;
+    across.single_node = false;
+    const std::string routed = route_source_address(master);
+    try {
+      const ListenAddress a = choose_listen_address(across);
+      EXPECT_FALSE(a.host.rfind("127.", 0) == 0 || a.host == "::1") << a.host << " (" << a.how << ")";
+      if (a.how.rfind("hostname ", 0) != 0) {
+        EXPECT_EQ(a.host, routed);
+        EXPECT_CONTAINS(a.how, std::string("the interface that routes to MASTER_ADDR ") + master);
+      }
+    } catch (const UsageError& e) {
+      // Only when the route is missing or leaves through loopback, and the message says what to set.
+      EXPECT_TRUE(routed.empty() || routed.rfind("127.", 0) == 0) << routed << ": " << e.what();
+      EXPECT_CONTAINS(std::string(e.what()), "GLOO_SOCKET_IFNAME");
+    }
+  }
+  // The same host as one node keeps the hostname rule (loopback allowed there).
+  TcpTransportOptions one;
+  one.master_addr = "10.11.12.13";
+  one.single_node = true;
+  const ListenAddress a = choose_listen_address(one);
+  EXPECT_TRUE(a.how.rfind("hostname ", 0) == 0 || a.how == "loopback (hostname does not resolve)") << a.how;
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 //
 // Lanes. Work is ordered per lane, and lanes run concurrently (the CPU analogue
 // of NCCL streams): all_gather and broadcast run on the gather lane;
-// reduce_scatter and all_reduce on the reduce lane. FSDP overlaps the next
+// reduce_scatter, all_reduce and all_to_all on the reduce lane. FSDP overlaps the next
 // unit's all-gather with the previous unit's reduce-scatter this way.
 //
 // Lifetimes. A Work handle holds references to its tensors until it completes;
@@ -46,10 +46,12 @@ struct CommCounters {
   int64_t reduce_scatter_bytes = 0;  // reduce_scatter inputs
   int64_t allreduce_bytes = 0;       // all_reduce tensors
   int64_t broadcast_bytes = 0;       // broadcast tensors
+  int64_t alltoall_bytes = 0;        // all_to_all inputs
   int64_t allgather_calls = 0;       // all_gather calls
   int64_t reduce_scatter_calls = 0;  // reduce_scatter calls
   int64_t allreduce_calls = 0;       // all_reduce calls
   int64_t broadcast_calls = 0;       // broadcast calls
+  int64_t alltoall_calls = 0;        // all_to_all calls
 };
 
 // The handle of a collective in flight (every collective is asynchronous).
@@ -102,6 +104,19 @@ class ProcessGroup {
   // In place: every rank ends with root's values. root is a rank of this group.
   WorkPtr broadcast(const at::Tensor& t, int root);
 
+  // in and out: size() * n elements each, same dtype, not overlapping. Chunk j
+  // of `in` goes to rank j; chunk j of `out` is what rank j sent to this rank
+  // (chunk rank() is copied locally). Runs on the reduce lane (it carries
+  // gradients: the compressed reduce-scatter). The tcp group has it; other
+  // backends throw fsdp::UsageError.
+  WorkPtr all_to_all(const at::Tensor& out, const at::Tensor& in);
+
+  // Bytes this rank's transport has put on the wire to its peers since the
+  // group was made, counted where they leave (the tcp group's meshes: what
+  // the sockets and shared-memory rings took), or -1 where the backend cannot
+  // tell (NCCL). Read it while no collective is in flight.
+  virtual int64_t wire_bytes_sent() const { return -1; }
+
   // Blocks until every rank of the group arrived. On timeout throws
   // fsdp::Failure naming the group and the ranks that did not arrive.
   virtual void barrier(std::chrono::milliseconds timeout) = 0;
@@ -132,6 +147,8 @@ class ProcessGroup {
   virtual WorkPtr do_all_reduce(const at::Tensor& t, ReduceOp op) = 0;
   // See broadcast.
   virtual WorkPtr do_broadcast(const at::Tensor& t, int root) = 0;
+  // See all_to_all. The default throws fsdp::UsageError naming the backend.
+  virtual WorkPtr do_all_to_all(const at::Tensor& out, const at::Tensor& in);
 
   // For new_group implementations: checks `ranks` and `tag` against new_group's
   // contract (throws fsdp::UsageError naming this group) and says where the new

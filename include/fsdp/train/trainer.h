@@ -125,6 +125,7 @@ struct ShardingOptions {
   // Memory and precision (FsdpOptions). Pure bf16 (master_dtype kBFloat16)
   // also switches AdamW to bf16 moments with Kahan-compensated updates.
   MixedPrecision mixed_precision;        // fp32 everywhere
+  CommCompression compression;           // what the collectives send (FsdpOptions::compression)
   bool activation_checkpointing = false; // every decoder layer
   bool offload_activations = false;      // checkpointed layers' saved inputs in host memory
   bool cpu_offload = false;
