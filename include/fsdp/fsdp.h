@@ -101,6 +101,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <typeindex>
 #include <vector>
@@ -164,6 +165,12 @@ struct MixedPrecision {
   at::ScalarType reduce_dtype = at::kFloat;  // gradient communication
   at::ScalarType buffer_dtype = at::kFloat;  // module buffers (not sharded)
   at::ScalarType master_dtype = at::kFloat;  // parameter and gradient shards
+  // A unit's floating-point forward outputs are cast to this dtype (FSDP2's
+  // output_dtype); none: left as computed.
+  std::optional<at::ScalarType> output_dtype;
+  // A unit's floating-point tensor inputs are cast to param_dtype (FSDP2's
+  // cast_forward_inputs).
+  bool cast_forward_inputs = true;
 
   // The command line's presets: "fp32", "bf16" (bf16 params, fp32 reduce),
   // "fp16" (fp16 params, fp32 reduce; use a gradient scaler), "bf16-pure"
@@ -187,6 +194,9 @@ struct FsdpOptions {
   // present — while unsharded parameters live on `device`. The optimizer step
   // then runs on the host.
   bool cpu_offload = false;
+  // With CPU offload on CUDA: page-locked host shards (FSDP2's
+  // CPUOffloadPolicy(pin_memory)); false saves pinned memory, copies then block.
+  bool pin_memory = true;
   // Activation checkpointing: units whose inner type is listed (or every
   // non-root unit) keep only their inputs in forward and recompute their
   // forward in backward. Only units without nested units can be checkpointed.

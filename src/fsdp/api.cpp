@@ -19,6 +19,10 @@ std::vector<ShardRef> ShardedModelImpl::shards() const {
   return out;
 }
 
+void ShardedModelImpl::set_requires_gradient_sync(bool sync) {
+  for (int u = 0; u < sched_->size(); ++u) sched_->policy(u).sync_grads = sync;
+}
+
 void ShardedModelImpl::zero_grad() {
   assert_idle("zero_grad");
   for (auto& u : units_) {
@@ -119,7 +123,7 @@ at::Tensor ShardedModelImpl::gather_unit(size_t u) {
   FSDP_CHECK(u < entries_.size(), "gather_unit: entry ", u, " out of range (", entries_.size(),
              " entries in ShardedModel::units())");
   FlatParam& f = *entries_[u].flat;
-  if (replicated_) return f.shard().narrow(0, 0, f.layout().numel).clone();
+  if (entries_[u].unit->replicated()) return f.shard().narrow(0, 0, f.layout().numel).clone();
   // On the group's device (NCCL gathers device memory; offloaded shards are
   // on the host), returned on the shard's.
   const at::Device on = shard_group_->device();
@@ -136,7 +140,9 @@ void ShardedModelImpl::load_unit(size_t u, const at::Tensor& full) {
   FSDP_CHECK(full.numel() == f.layout().numel, "load_unit: ", entries_[u].unit->label(),
              f.trainable() ? "" : " (frozen parameters)", " has ", f.layout().numel, " elements, got ", full.numel());
   f.init_shard(full.reshape({-1}), nullptr, 0);
-  entries_[u].unit->reshard();
+  // Unsharded copies made before (a policy that keeps them) are stale now.
+  sched_->reshard(static_cast<int>(entries_[u].unit->index()), actions_);
+  execute(actions_);
 }
 
 std::vector<MemoryPlacement> ShardedModelImpl::memory_placement() const {
