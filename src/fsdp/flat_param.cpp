@@ -187,6 +187,20 @@ void FlatParam::alloc_full() {
   storage_ = StorageState::kAllocated;
 }
 
+void FlatParam::alloc_full_from(const at::Tensor& buffer) {
+  FSDP_ASSERT(storage_ == StorageState::kFreed);
+  FSDP_CHECK(buffer.is_contiguous() && buffer.numel() == layout_.padded_numel &&
+                 buffer.scalar_type() == options_.param_dtype && buffer.device() == options_.device &&
+                 buffer.storage_offset() == 0 && buffer.storage().nbytes() >= static_cast<size_t>(full_bytes()),
+             "a custom all-gather's allocate must return ", layout_.padded_numel, " contiguous elements of ",
+             options_.param_dtype, " on ", options_.device, " at the start of their storage; got ", buffer.sizes(),
+             " ", buffer.scalar_type(), " on ", buffer.device());
+  internals::adopt_storage(full_, buffer);
+  options_.ledger->add(BufferKind::kParams, full_bytes());
+  for (auto& p : params_) internals::set_storage(p, full_.storage());
+  storage_ = StorageState::kAllocated;
+}
+
 void FlatParam::free_full() {
   FSDP_ASSERT(!single_copy_, "the single-copy buffer is never freed");
   if (storage_ == StorageState::kFreed) return;

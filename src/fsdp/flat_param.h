@@ -135,6 +135,9 @@ class FlatParam {
 
   StorageState storage_state() const { return storage_; }
   void alloc_full();
+  // alloc_full with the bytes of `buffer` (a custom all-gather's allocate):
+  // Np contiguous elements of the param dtype on the device.
+  void alloc_full_from(const at::Tensor& buffer);
   void free_full();
   // Note [Post-forward shards]: keeps chunk `rank_in_group` of `group` chunks
   // of full_ (param dtype), then frees full_. Requires: full_ allocated.

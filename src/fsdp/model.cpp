@@ -45,6 +45,10 @@ ShardedModelImpl::~ShardedModelImpl() {
 void ShardedModelImpl::build_units() {
   const int shard_size = shard_group_->size();
   std::vector<PlannedUnit> plan = plan_units(root_module_, options_, shard_size);
+  for (const at::Tensor& t : options_.ignored_params) {
+    FSDP_CHECK(!t.is_meta(), "an ignored parameter (FsdpOptions::ignored_params, ", t.sizes(), ") is on the meta "
+               "device: FSDP leaves ignored parameters to the caller, so materialize them before fully_shard");
+  }
 
   // --- flat parameters, shards, hooks
   FlatParamOptions fpo;
@@ -275,7 +279,7 @@ void ShardedModelImpl::run_events(const std::vector<Event>& events) {
       }
       case EventKind::kPreBackward: u.begin_backward(); break;
       case EventKind::kPostBackward: u.end_backward(); break;
-      case EventKind::kReduce: u.reduce(); break;
+      case EventKind::kReduce: u.reduce(sched_->policy(e.unit).all_reduce); break;
       case EventKind::kKeepGrads: u.keep_grads(); break;
       case EventKind::kFinishReduce: u.finish_reduce(e.replicas); break;
       default: FSDP_ASSERT(false, "the schedule asked to execute a marker: ", to_string(e.kind));

@@ -21,22 +21,80 @@ bool is_prefix_of(const std::string& unit, const std::string& param) {
   return param.size() > unit.size() && param.compare(0, unit.size(), unit) == 0 && param[unit.size()] == '.';
 }
 
-// Each unit's options: the model's (FsdpOptions), then the overrides that
-// select it, in order (Note [Per-unit options]).
+// Note [Per-unit options]
+// FSDP2 takes its options per fully_shard call, so each unit may have its own
+// reshard_after_forward, mixed precision, offload and prefetch lists; here a
+// unit starts from the model's (FsdpOptions) and every UnitOverride that
+// selects it (by name or inner type) sets the fields it has, in order. The
+// root keeps its parameters after forward (backward needs them at once), as
+// FSDP2's root does unless its own call says otherwise. The master and buffer
+// dtypes stay the model's: one optimizer state dtype, one buffer cast.
 void resolve_unit_options(std::vector<PlannedUnit>& plan, const FsdpOptions& o, int shard_size) {
-  (void)shard_size;
   const bool sharded_forward =
       o.strategy == ShardingStrategy::kFullShard || o.strategy == ShardingStrategy::kHybridShard;
+  const ReshardAfterForward model_default = o.reshard_after_forward.value_or(ReshardAfterForward(sharded_forward));
+  std::string unit_list;
+  for (const PlannedUnit& pu : plan) unit_list += (unit_list.empty() ? "'" : ", '") + pu.name + "'";
+  const auto index_of = [&](const std::string& name, const char* what) {
+    for (size_t k = 0; k < plan.size(); ++k) {
+      if (plan[k].name == name) return static_cast<int>(k);
+    }
+    FSDP_CHECK(false, what, " names unit '", name, "', which the wrap policy did not make a unit; units: ",
+               unit_list, " ('' is the root)");
+    return -1;
+  };
+  for (const UnitOverride& ov : o.unit_overrides) {
+    for (const std::string& n : ov.names) index_of(n, "FsdpOptions::unit_overrides");
+  }
+  std::vector<ReshardAfterForward> raf(plan.size());
   for (size_t k = 0; k < plan.size(); ++k) {
     PlannedUnit& pu = plan[k];
     pu.mixed_precision = o.mixed_precision;
     pu.cpu_offload = o.cpu_offload;
-    // The root is needed again at once by backward: kept (FSDP2's default for its root).
-    pu.policy.reshard_after_forward = k != 0 && sharded_forward;
-    pu.policy.post_forward_group = 0;
+    raf[k] = k == 0 ? ReshardAfterForward(false) : model_default;
+    for (const UnitOverride& ov : o.unit_overrides) {
+      const bool by_name = std::find(ov.names.begin(), ov.names.end(), pu.name) != ov.names.end();
+      const bool by_type = std::find(ov.types.begin(), ov.types.end(), pu.module->inner_type()) != ov.types.end();
+      if (!by_name && !by_type) continue;
+      const UnitOptions& u = ov.options;
+      if (u.reshard_after_forward) raf[k] = *u.reshard_after_forward;
+      if (u.mixed_precision) {
+        const MixedPrecision& mp = *u.mixed_precision;
+        FSDP_CHECK(mp.master_dtype == o.mixed_precision.master_dtype && mp.buffer_dtype == o.mixed_precision.buffer_dtype,
+                   "unit '", pu.name, "': a per-unit mixed precision must keep the model's master dtype (",
+                   o.mixed_precision.master_dtype, ") and buffer dtype (", o.mixed_precision.buffer_dtype, "), got ",
+                   mp.master_dtype, " and ", mp.buffer_dtype, "; set them in FsdpOptions::mixed_precision");
+        pu.mixed_precision = mp;
+      }
+      if (u.cpu_offload) pu.cpu_offload = *u.cpu_offload;
+      if (u.forward_prefetch) {
+        pu.policy.explicit_forward = true;
+        pu.policy.forward_prefetch.clear();
+        for (const std::string& n : *u.forward_prefetch) pu.policy.forward_prefetch.push_back(index_of(n, "forward_prefetch"));
+      }
+      if (u.backward_prefetch) {
+        pu.policy.explicit_backward = true;
+        pu.policy.backward_prefetch.clear();
+        for (const std::string& n : *u.backward_prefetch) {
+          pu.policy.backward_prefetch.push_back(index_of(n, "backward_prefetch"));
+        }
+      }
+    }
+    // FSDP2's int: 1 is false, the shard-group size is true; else a divisor.
+    ReshardAfterForward r = raf[k];
+    if (r.reshard && r.group > 0 && shard_size > 0) {
+      FSDP_CHECK(r.group >= 1 && r.group <= shard_size && shard_size % r.group == 0, "unit '", pu.name,
+                 "': reshard_after_forward = ", r.group, " must divide the shard-group size ", shard_size,
+                 " (the ranks each post-forward shard is spread over; e.g. the processes of one node)");
+      if (r.group == 1) r = ReshardAfterForward(false);
+      if (r.group == shard_size) r.group = 0;
+    }
+    FSDP_CHECK(!r.reshard || r.group >= 0, "unit '", pu.name, "': reshard_after_forward group must be >= 1, got ",
+               r.group);
+    pu.policy.reshard_after_forward = r.reshard;
+    pu.policy.post_forward_group = r.reshard ? r.group : 0;
   }
 }
-
 }  // namespace
 
 UnitInfo unit_info(const PlannedUnit& pu, const FlatLayout& layout, int64_t shard_offset, bool trainable) {
@@ -100,7 +158,13 @@ std::vector<PlannedUnit> plan_units(const std::shared_ptr<nn::UnitBase>& root, c
     if (selected[i]) plan.push_back({all[i].first, all[i].second, {}, {}, false});
   }
   std::unordered_map<const c10::TensorImpl*, size_t> owner_of;  // shared tensors: listed once
+  std::unordered_set<const c10::TensorImpl*> ignored;
+  for (const at::Tensor& t : options.ignored_params) {
+    FSDP_CHECK(t.defined(), "FsdpOptions::ignored_params holds an undefined tensor");
+    ignored.insert(t.unsafeGetTensorImpl());
+  }
   for (auto& p : root->named_parameters(/*recurse=*/true)) {
+    if (ignored.count(p.value().unsafeGetTensorImpl()) > 0) continue;  // left to the caller (FSDP2's ignored_params)
     size_t best = 0;  // the root matches every name
     size_t best_len = 0;
     for (size_t k = 1; k < plan.size(); ++k) {

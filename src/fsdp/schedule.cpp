@@ -337,16 +337,18 @@ void simulate_step(StepScheduler& s, const std::vector<ScheduleUnit>& units, con
 
 std::vector<Event> step_events(const std::vector<ScheduleUnit>& units, const std::vector<UnitPolicy>& policy,
                                const std::vector<int>& calls, const ScheduleOptions& options, StepPhase phase,
-                               std::vector<bool>* gathered_at_start) {
+                               std::vector<bool>* gathered_at_start, std::optional<StepPhase> after) {
+  const StepPhase before = after.value_or(phase);
   std::vector<UnitPolicy> p = policy;
-  if (phase == StepPhase::kAccumulating) {
-    for (UnitPolicy& x : p) x.sync_grads = false;
-  }
-  StepScheduler s(units, std::move(p), options);
+  for (UnitPolicy& x : p) x.sync_grads = x.sync_grads && before != StepPhase::kAccumulating;
+  StepScheduler s(units, p, options);
   // A silent step first: the steady state (the previous forward order known to
   // forward prefetch; what a policy keeps across steps).
   std::vector<Event> warmup, out;
-  simulate_step(s, units, calls, phase, warmup);
+  simulate_step(s, units, calls, before, warmup);
+  for (int u = 0; u < s.size(); ++u) {
+    s.policy(u).sync_grads = policy[size_t(u)].sync_grads && phase != StepPhase::kAccumulating;
+  }
   if (gathered_at_start != nullptr) {
     gathered_at_start->assign(units.size(), false);
     for (int u = 0; u < s.size(); ++u) (*gathered_at_start)[size_t(u)] = s.gather_state(u) != StepScheduler::Gather::kSharded;

@@ -13,6 +13,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -180,11 +181,13 @@ enum class StepPhase {
 // `calls` gives (indices; 0, the root, marks where the root's own parameters
 // are first used: Note [Unsharded memory] in plan.cpp), in a steady state
 // (the previous step's forward order is this one's). Units other than the
-// root are assumed not to enclose each other. `gathered_at_start` (when not
-// null) receives, per unit, whether its parameters are unsharded when the
-// step begins (a policy that keeps them after backward).
+// root are assumed not to enclose each other; the step before was of phase
+// `after` (default: the same). `gathered_at_start` (when not null) receives,
+// per unit, whether its parameters are unsharded when the step begins (a
+// policy that keeps them after backward).
 std::vector<Event> step_events(const std::vector<ScheduleUnit>& units, const std::vector<UnitPolicy>& policy,
                                const std::vector<int>& calls, const ScheduleOptions& options, StepPhase phase,
-                               std::vector<bool>* gathered_at_start = nullptr);
+                               std::vector<bool>* gathered_at_start = nullptr,
+                               std::optional<StepPhase> after = std::nullopt);
 
 }  // namespace fsdp::detail

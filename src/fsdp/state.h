@@ -31,6 +31,7 @@
 #pragma once
 
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -178,6 +179,16 @@ void transition_to(State& state, State to, const char* what, std::string_view ow
   state = to;
 }
 
+// How a unit's collectives run beyond the model's options (ShardedModel's
+// setters: FSDP2's per-module settings).
+struct UnitComms {
+  double divide_factor = 0;  // <= 0: the number of data-parallel ranks (a mean)
+  bool force_sum = false;    // only sums on the wire (Note [Reduction arithmetic] in collectives.cpp)
+  std::shared_ptr<AllGatherComm> all_gather;          // null: the shard group's
+  std::shared_ptr<ReduceScatterComm> reduce_scatter;  // null: the shard group's
+  std::function<void(at::Tensor&)> all_reduce_hook;   // empty: none
+};
+
 class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<ShardedUnit> {
  public:
   // `flat`: the unit's trainable parameters (possibly none); `frozen`: its
@@ -206,7 +217,9 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   // kPostBackward. Requires: grad_state() == kCollecting.
   void end_backward();
   // kReduce: issue the reduction of full_grad. Requires: kCollecting, trains().
-  void reduce();
+  // `all_reduce`: HYBRID's all-reduce across replicas follows at the finish
+  // (else the shard group's result is summed aside: set_requires_all_reduce).
+  void reduce(bool all_reduce);
   // kKeepGrads: no synchronization; keep the gradients unsharded.
   void keep_grads();
   // kFinishReduce: wait for the reduction and fold it into grad_shard; free
@@ -235,6 +248,9 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   const std::string& type_name() const { return type_name_; }
   bool checkpointed() const { return checkpoint_; }
   const MixedPrecision& mixed_precision() const { return mp_; }
+  UnitComms& comms() { return comms_; }
+  // Shard-group results summed without the all-reduce across replicas (HYBRID), or undefined.
+  const at::Tensor& partial_grads() const { return partial_; }
   FlatParam& flat() { return *flat_; }  // the trainable parameters (possibly none)
   FlatParam* frozen() { return frozen_.get(); }  // null: no frozen parameters
   // Whether any parameter gets gradients: else no gradient buffer, reduction
@@ -281,6 +297,7 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   BackwardEnd backward_end_;
   bool replicated_;     // its shard is (or casts to) its parameters: nothing gathered or freed
   MixedPrecision mp_;   // its dtypes (the model's, or its override)
+  UnitComms comms_;
   std::string label_;  // built once: transitions name the unit without building a string each time
 
   ShardState state_ = ShardState::kSharded;
@@ -295,6 +312,8 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   bool inputs_hooked_ = false;  // this iteration's forward attached the post-backward node to its inputs
   int64_t backward_begin_us_ = -1;  // trace: when this iteration's backward of the unit began (-1: not traced)
   at::Tensor accumulated_;      // (Np) reduce dtype: unsynchronized gradients, when wider than full_grad's
+  at::Tensor partial_;          // (n) reduce dtype: reduce-scattered, not yet all-reduced across replicas
+  ReduceSpec spec_;             // of the reduction in flight
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps hooks alive
 
   friend class ShardedModelImpl;
@@ -349,6 +368,23 @@ class ShardedModelImpl {
   std::vector<ShardRef> shards() const;
   void zero_grad();
   void set_requires_gradient_sync(bool sync);
+  // The units `unit` names, with the ones nested in it when `recurse`; `what`
+  // names the setter in the UsageError for an unknown name.
+  std::vector<int> select_units(const std::string& unit, bool recurse, const char* what) const;
+  // Between steps: the schedule's policy of the selected units changed.
+  void set_policy(const std::string& unit, bool recurse, const char* what,
+                  const std::function<void(UnitPolicy&)>& change);
+  void set_comms(const std::string& unit, bool recurse, const char* what,
+                 const std::function<void(ShardedUnit&)>& change);
+  void set_is_last_backward(bool last);
+  // Reductions a backward left in flight (is_last_backward false) finished,
+  // before gradients are read or changed.
+  void drain_reductions();
+  void user_unshard(int u, bool wait);
+  void user_wait(int u);
+  void user_reshard(int u);
+  void summon(bool writeback);
+  void unsummon(bool writeback);
   double grad_norm();
   double clip_grad_norm(double max_norm);
   at::Tensor grad_norm_tensor();

@@ -181,7 +181,17 @@ void ShardedUnit::unshard(const comm::ProcessGroupPtr& from) {
     if (post_forward) {
       // Note [Post-forward shards]: from the smaller group's shards.
       const at::Tensor chunk = f.refill_from_post_forward_shard();
-      into = AllGather{from->all_gather(f.full(), chunk)};
+      into = comms_.all_gather ? AllGather{(*comms_.all_gather)(f.full(), chunk, *from), true}
+                               : AllGather{from->all_gather(f.full(), chunk), true};
+    } else if (comms_.all_gather) {
+      // FSDP2's custom AllGather: its allocate gives the unsharded buffer.
+      f.alloc_full_from(comms_.all_gather->allocate(f.layout().padded_numel, f.param_dtype(), f.options().device));
+      const at::Tensor chunk = f.own_chunk();
+      {
+        RawWriteGuard g;
+        chunk.copy_(f.shard(), /*non_blocking=*/true);
+      }
+      into = AllGather{(*comms_.all_gather)(f.full(), chunk, *root_->shard_group()), true};
     } else {
       f.alloc_full();
       into = all_gather_copy_in(*root_->shard_group(), f.shard(), f.full(), f.own_chunk());
@@ -369,10 +379,17 @@ void ShardedUnit::keep_grads() {
   transition_to(grad_state_, GradState::kDone, "post_backward (no_sync)", label());
 }
 
-void ShardedUnit::reduce() {
+void ShardedUnit::reduce(bool all_reduce) {
   FSDP_ASSERT(trains() && grad_state_ == GradState::kCollecting, label(), ": reduce in gradient state ",
               to_string(grad_state_));
   MemoryLedger& ledger = root_->ledger();
+  const comm::ProcessGroupPtr& replicas = root_->replicate_group();
+  spec_ = reduce_spec(root_->shard_group()->size(), replicas ? replicas->size() : 1, mp_.reduce_dtype,
+                      comms_.divide_factor, comms_.force_sum);
+  spec_.comm = replicated_ ? nullptr : comms_.reduce_scatter;
+  spec_.hook = comms_.all_reduce_hook;
+  // Summed aside without the all-reduce: never into the gradient shard.
+  const bool aside = replicas != nullptr && !all_reduce;
   trace::Span span(replicated_ ? "all_reduce issue" : "reduce_scatter issue", "comm", nbytes_of(flat_->full_grad()),
                    name_);
   at::Tensor in;
@@ -382,14 +399,27 @@ void ShardedUnit::reduce() {
     accumulated_ = at::Tensor();  // the reduction keeps it until it is done
     ledger.release(BufferKind::kAccumulated, nbytes_of(in));
     reduction_.hold(in, ledger);
+  } else if (spec_.comm) {
+    // FSDP2's custom ReduceScatter: its allocate gives the input too.
+    in = spec_.comm->allocate(flat_->full_grad().numel(), mp_.reduce_dtype, flat_->full_grad().device());
+    FSDP_CHECK(in.numel() == flat_->full_grad().numel() && in.scalar_type() == mp_.reduce_dtype && in.is_contiguous(),
+               label(), ": the custom reduce-scatter's allocate returned ", in.sizes(), " ", in.scalar_type(), " for ",
+               flat_->full_grad().numel(), " contiguous elements of ", mp_.reduce_dtype);
+    {
+      at::NoGradGuard no_grad;
+      in.copy_(flat_->full_grad());
+    }
+    reduction_.hold(in, ledger);
   } else {
     in = reduce_copy_in(flat_->full_grad(), mp_.reduce_dtype, reduction_, ledger, root_->pool());
   }
   // A copy in the reduce dtype holds the gradients now: the param-dtype
   // buffer goes before the reduction runs, not after (Note [Unsharded memory]).
   if (!in.is_same(flat_->full_grad())) flat_->release_full_grad();
+  FSDP_CHECK(!aside || !replicated_, label(), ": set_requires_all_reduce(false) needs a shard group of more than "
+             "one rank (this unit's parameters are their own single copy)");
   issue_reduction(reduction_, in, *root_->shard_group(), replicated_, flat_->grad_shard(),
-                  /*may_land_in_shard=*/!grad_shard_holds_sum(), ledger, root_->pool(), name_);
+                  /*may_land_in_shard=*/!grad_shard_holds_sum() && !aside, ledger, root_->pool(), name_, spec_);
   transition_to(grad_state_, GradState::kReduceIssued, "post_backward", label());
 }
 
@@ -401,9 +431,23 @@ void ShardedUnit::on_inputs_grad_ready(int64_t iteration) {
 void ShardedUnit::finish_reduce(bool replicas) {
   FSDP_ASSERT(grad_state_ == GradState::kReduceIssued, label(), ": finish_reduce in gradient state ",
               to_string(grad_state_));
+  if (!replicas && root_->replicate_group() != nullptr) {
+    // HYBRID without the all-reduce (set_requires_all_reduce): summed aside
+    // until a reduction with it; the gradient shard is not touched.
+    finish_reduction_partial(reduction_, partial_, root_->ledger(), name_);
+    flat_->release_full_grad();
+    transition_to(grad_state_, GradState::kDone, "finish_reduce (without the all-reduce)", label());
+    return;
+  }
   const Fold fold = flat_->single_copy() ? Fold::kReplace : grad_shard_holds_sum() ? Fold::kAdd : Fold::kCopy;
+  spec_.partial = partial_;
   finish_reduction(reduction_, replicas ? root_->replicate_group().get() : nullptr, replicated_, flat_->grad_shard(),
-                   fold, root_->ledger(), name_);
+                   fold, root_->ledger(), name_, spec_);
+  if (partial_.defined()) {
+    root_->ledger().release(BufferKind::kAccumulated, nbytes_of(partial_));
+    partial_ = at::Tensor();
+  }
+  spec_ = ReduceSpec{};
   transition_to(grad_hold_, GradHold::kSharded, "finish_reduce", label());
   flat_->release_full_grad();
   transition_to(grad_state_, GradState::kDone, "finish_reduce", label());
