@@ -399,6 +399,15 @@ class ShardedModelImpl {
   std::string describe() const;
 
   const FsdpOptions& options() const { return options_; }
+  const std::shared_ptr<nn::UnitBase>& root_module() const { return root_module_; }
+  const comm::ProcessGroupPtr& world() const { return world_; }
+  // Between steps, nothing in flight (for state dicts and other between-steps work).
+  void between_steps(const char* what) {
+    assert_idle(what);
+    FSDP_CHECK(state_ == TrainingState::kIdle, what, ": the previous forward's graph awaits backward; call it "
+               "between steps");
+    drain_reductions();
+  }
   const comm::ProcessGroupPtr& shard_group() const { return shard_group_; }
   const comm::ProcessGroupPtr& replicate_group() const { return replicate_group_; }
   StepScheduler& scheduler() { return *sched_; }

@@ -78,6 +78,9 @@ CASES = [
     ({"name": "register_fsdp_forward_method: blocks.2.encode", "encode": True}, 1e-6, None),
     ({"name": "unshard(async_op=True) before forward", "unshard_first": True}, 1e-6, 1.0),
     ({"name": "summon_full_params vs unshard()", "summon": True}, 1e-6, 1.0),
+    ({"name": "state dicts: full (cpu_offload, rank 0), sharded, optimizer, ignore_frozen, strict false, "
+              "broadcast_from_rank0", "optimizer": "adamw", "frozen": ["blocks.0.b1"], "state_dicts": True},
+     1e-6, None),
 ]
 
 
@@ -124,6 +127,15 @@ def read(prefix, rank):
     return out
 
 
+_cache = {}
+
+
+def read_cached(prefix, rank):
+    if (prefix, rank) not in _cache:
+        _cache[(prefix, rank)] = read(prefix, rank)
+    return _cache[(prefix, rank)]
+
+
 def rel(a, b):
     a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
     scale = max(np.max(np.abs(b)) if b.size else 0.0, 1e-30)
@@ -160,7 +172,7 @@ def main():
                         continue
                     worst_loss = worst_grad = 0.0
                     worst_param = ""
-                    for step in range(STEPS):
+                    for step in range(STEPS + (1 if case.get("state_dicts") else 0)):
                         g, w = got.get((name, step)), want.get((name, step))
                         if g is None or w is None:
                             failures.append(f"W={W} rank {r} {name} step {step}: missing on "
@@ -175,10 +187,32 @@ def main():
                             d = rel(g["grads"][p], w["grads"][p])
                             if d > worst_grad:
                                 worst_grad, worst_param = d, p
-                        for key in ("params",):
+                        for key in ("params", "sd_full"):
                             if key in w:
+                                if set(g.get(key, {})) != set(w[key]):
+                                    failures.append(f"W={W} rank {r} {name}: {key} names differ: ours "
+                                                    f"{sorted(g.get(key, {}))}, FSDP2 {sorted(w[key])}")
+                                    continue
                                 for p in w[key]:
                                     worst_grad = max(worst_grad, rel(g[key][p], w[key][p]))
+                        if "osd_full" in w:
+                            for p in w["osd_full"]:
+                                for k in ("exp_avg", "exp_avg_sq"):
+                                    worst_grad = max(worst_grad, rel(g["osd_full"][p][k], w["osd_full"][p][k]))
+                        for key in ("trainable_keys", "missing"):
+                            if key in w and g.get(key) != w[key]:
+                                failures.append(f"W={W} rank {r} {name}: {key} ours {g.get(key)}, FSDP2 {w[key]}")
+                        if "sd_parts" in g and r == 0:
+                            # Every rank's parts of each parameter, put together, are the full tensor.
+                            for p, full in w.get("sd_full", {}).items():
+                                whole = np.full(len(full), np.nan)
+                                for rr in range(W):
+                                    off, vals = read_cached(ours, rr)[(name, step)]["sd_parts"][p]
+                                    whole[off:off + len(vals)] = vals
+                                if np.isnan(whole).any():
+                                    failures.append(f"W={W} {name}: the ranks' parts of {p} do not cover it")
+                                    continue
+                                worst_grad = max(worst_grad, rel(whole, full))
                         if "all_gathers" in w and g.get("all_gathers") != w["all_gathers"]:
                             failures.append(f"W={W} {name} step {step}: {g.get('all_gathers')} custom all-gathers, "
                                             f"FSDP2 {w['all_gathers']}")

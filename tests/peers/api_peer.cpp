@@ -28,6 +28,8 @@
 #include "fsdp/common/main.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/nn/unit.h"
+#include "fsdp/optim/adamw.h"
+#include "fsdp/state_dict.h"
 
 namespace {
 
@@ -167,6 +169,9 @@ int run(int argc, char** argv) {
     auto impl = std::make_shared<NetImpl>();
     load_init(*impl, init);
     impl->encode = c.value("encode", false);
+    for (const std::string& name : c.value("frozen", std::vector<std::string>{})) {
+      impl->named_parameters(true)[name].set_requires_grad(false);
+    }
     Unit<NetImpl> root(impl);
 
     fsdp::FsdpOptions o;
@@ -218,10 +223,64 @@ int run(int argc, char** argv) {
       sharded->set_unshard_in_backward(false, u);
     }
     std::vector<at::Tensor> ignored = o.ignored_params;
+    const bool adamw = c.value("optimizer", "sgd") == "adamw";
+    fsdp::optim::AdamWOptions ao;
+    ao.lr = lr;
+    ao.weight_decay = 0;
+    fsdp::optim::AdamW opt(ao);
+    if (adamw) opt.add_shards(sharded->shards());
+    const auto optimizer_state = [&] {
+      std::vector<fsdp::ShardOptimizerState> out;
+      for (auto& slot : opt.slots()) out.push_back({slot.param, {{"exp_avg", slot.exp_avg}, {"exp_avg_sq", slot.exp_avg_sq}}});
+      return out;
+    };
+    const auto values = [](const at::Tensor& t) {
+      const at::Tensor v = t.detach().to(at::kFloat).contiguous().reshape({-1});
+      return std::vector<float>(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
+    };
+    const bool state_dicts = c.value("state_dicts", false);
     const nlohmann::json micro = c.value("micro", nlohmann::json::array({nlohmann::json::object()}));
     const int A = static_cast<int>(micro.size());
     FSDP_CHECK(A <= A_max, "case ", c.at("name").get<std::string>(), " has more micro-batches than the data");
-    for (int step = 0; step < steps; ++step) {
+    for (int step = 0; step < steps + (state_dicts ? 1 : 0); ++step) {
+      nlohmann::json loaded = nlohmann::json::object();
+      if (state_dicts && step == steps) {
+        // The state dicts of the trained model (PyTorch's StateDictOptions), then
+        // a scaled model state and the optimizer state loaded from rank 0.
+        fsdp::StateDictOptions full;
+        full.full_state_dict = true;
+        full.cpu_offload = true;
+        const fsdp::StateDict sd = fsdp::get_model_state_dict(*sharded, full);  // rank 0's alone
+        const fsdp::StateDict parts = fsdp::get_model_state_dict(*sharded);
+        const fsdp::OptimizerStateDict osd =
+            fsdp::get_optimizer_state_dict(*sharded, optimizer_state(), opt.step_count(), full);
+        fsdp::StateDictOptions trainable_only;
+        trainable_only.ignore_frozen_params = true;
+        nlohmann::json keys = nlohmann::json::array();
+        for (const auto& [name, t] : fsdp::get_model_state_dict(*sharded, trainable_only)) keys.push_back(name);
+        loaded["trainable_keys"] = keys;
+        for (const auto& [name, t] : sd) loaded["sd_full"][name] = values(t.value);
+        for (const auto& [name, t] : parts) loaded["sd_parts"][name] = {t.offset, values(t.value)};
+        for (const auto& [name, m] : osd.state) {
+          for (const auto& [k, t] : m) loaded["osd_full"][name][k] = values(t.value);
+        }
+        // Non-strict, sharded: w_in left out is reported missing (and keeps its values).
+        fsdp::StateDict without = parts;
+        without.erase(std::remove_if(without.begin(), without.end(), [](const auto& e) { return e.first == "w_in"; }),
+                      without.end());
+        fsdp::StateDictOptions lenient;
+        lenient.strict = false;
+        const fsdp::IncompatibleKeys ik = fsdp::set_model_state_dict(*sharded, without, lenient);
+        loaded["missing"] = ik.missing;
+        fsdp::StateDict scaled = sd;
+        for (auto& [name, t] : scaled) t.value = t.value * 0.5;
+        fsdp::StateDictOptions from0;
+        from0.full_state_dict = true;
+        from0.broadcast_from_rank0 = true;
+        fsdp::set_model_state_dict(*sharded, rank == 0 ? scaled : fsdp::StateDict{}, from0);
+        opt.set_step_count(fsdp::set_optimizer_state_dict(*sharded, optimizer_state(),
+                                                          rank == 0 ? osd : fsdp::OptimizerStateDict{}, from0));
+      }
       sharded->zero_grad();
       for (auto& p : ignored) p.mutable_grad().reset();
       double local = 0;
@@ -237,7 +296,8 @@ int run(int argc, char** argv) {
         sharded->set_is_last_backward(mb.value("is_last_backward", true));
         fsdp::UnshardHandle handle;
         if (c.value("unshard_first", false)) handle = sharded->unshard("blocks.0", /*async_op=*/true);
-        const size_t row = ((static_cast<size_t>(step) * A_max + m) * data_ranks + static_cast<size_t>(rank)) * B;
+        const size_t row =
+            ((static_cast<size_t>(std::min(step, steps - 1)) * A_max + m) * data_ranks + static_cast<size_t>(rank)) * B;
         const at::Tensor batch =
             torch::from_blob(const_cast<float*>(data.data() + row * (kDin + kDout)), {B, kDin + kDout}, at::kFloat)
                 .clone();
@@ -275,13 +335,19 @@ int run(int argc, char** argv) {
         }
       }
       nlohmann::json line = {{"case", c.at("name")}, {"step", step}, {"loss", total.item<double>() / W}, {"grads", grads}};
+      for (auto it = loaded.begin(); it != loaded.end(); ++it) line[it.key()] = it.value();
       if (c.value("custom_comms", false)) line["all_gathers"] = counting->calls;
       // SGD on the shards (trainable entries) and on the ignored parameters.
-      {
+      if (adamw) {
+        opt.step();
+      } else {
         at::NoGradGuard no_grad;
         for (const auto& s : shards) {
           if (s.trainable) s.param.add_(s.grad.to(s.param.scalar_type()), -lr);
         }
+      }
+      {
+        at::NoGradGuard no_grad;
         for (auto& t : ignored) {
           if (t.grad().defined()) t.add_(t.grad(), -lr);
         }

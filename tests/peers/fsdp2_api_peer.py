@@ -22,6 +22,9 @@ from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import (CPUOffloadPolicy, MixedPrecisionPolicy, fully_shard,
                                     register_fsdp_forward_method)
+from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                     get_optimizer_state_dict, set_model_state_dict,
+                                                     set_optimizer_state_dict)
 from torch.distributed.fsdp._fully_shard._fsdp_api import AllGather, ReduceScatter
 
 D_IN, D, F, D_OUT, BLOCKS = 6, 8, 12, 5, 3
@@ -105,6 +108,8 @@ def build(case, init, mesh):
     if off != init.size:
         raise SystemExit(f"the init file has {init.size} floats, the model {off}")
     named = dict(model.named_parameters())
+    for n in case.get("frozen", []):
+        named[n].requires_grad_(False)
     ignored = {named[n] for n in case.get("ignored", [])}
     units = case.get("units", {})
     default = reshard_of(case["reshard"]) if "reshard" in case else None
@@ -177,7 +182,31 @@ def main():
             modules[name].set_unshard_in_backward(False)
         CountingAllGather.calls = 0
         micro = case.get("micro", [{}])
-        for step in range(steps):
+        adamw = case.get("optimizer", "sgd") == "adamw"
+        opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0) if adamw else None
+        state_dicts = case.get("state_dicts", False)
+        for step in range(steps + (1 if state_dicts else 0)):
+            loaded = {}
+            if state_dicts and step == steps:
+                full = StateDictOptions(full_state_dict=True, cpu_offload=True)
+                sd = get_model_state_dict(model, options=full)
+                osd = get_optimizer_state_dict(model, opt, options=full)
+                loaded["trainable_keys"] = list(get_model_state_dict(
+                    model, options=StateDictOptions(ignore_frozen_params=True)).keys())
+                loaded["sd_full"] = {n: t.float().reshape(-1).tolist() for n, t in sd.items()} if rank == 0 else {}
+                names = [n for n, _ in model.named_parameters()]
+                if rank == 0:
+                    loaded["osd_full"] = {n: {k: osd["state"][n][k].float().reshape(-1).tolist()
+                                              for k in ("exp_avg", "exp_avg_sq")} for n in names if n in osd["state"]}
+                # Non-strict, sharded: w_in left out is reported missing.
+                parts = get_model_state_dict(model)
+                without = {n: t for n, t in parts.items() if n != "w_in"}
+                ik = set_model_state_dict(model, without, options=StateDictOptions(strict=False))
+                loaded["missing"] = list(ik.missing_keys)
+                scaled = {n: t * 0.5 for n, t in sd.items()} if rank == 0 else {}
+                from0 = StateDictOptions(full_state_dict=True, broadcast_from_rank0=True)
+                set_model_state_dict(model, scaled, options=from0)
+                set_optimizer_state_dict(model, opt, osd if rank == 0 else {}, options=from0)
             for p in model.parameters():
                 p.grad = None
             local = 0.0
@@ -190,7 +219,7 @@ def main():
                 model.set_is_last_backward(mb.get("is_last_backward", True))
                 if case.get("unshard_first"):
                     modules["blocks.0"].unshard(async_op=True)
-                rows = torch.from_numpy(data[step, m, rank].copy())
+                rows = torch.from_numpy(data[min(step, steps - 1), m, rank].copy())
                 x, y = rows[:, :D_IN], rows[:, D_IN:]
                 loss = model(x, y) / len(micro)
                 loss.backward()
@@ -199,19 +228,24 @@ def main():
             dist.all_reduce(t)
             grads = {}
             for name, p in model.named_parameters():
+                if not p.requires_grad:
+                    continue
                 g = p.grad
                 if g is None:
                     g = torch.zeros_like(p.to_local() if hasattr(p, "to_local") else p)
                 if hasattr(g, "full_tensor"):
                     g = g.full_tensor()
                 grads[name] = g.float().reshape(-1).tolist()
-            line = {"case": case["name"], "step": step, "loss": t.item() / W, "grads": grads}
+            line = {"case": case["name"], "step": step, "loss": t.item() / W, "grads": grads, **loaded}
             if case.get("custom_comms"):
                 line["all_gathers"] = CountingAllGather.calls
-            with torch.no_grad():
-                for p in model.parameters():
-                    if p.grad is not None:
-                        p.add_(p.grad, alpha=-lr)
+            if adamw:
+                opt.step()
+            else:
+                with torch.no_grad():
+                    for p in model.parameters():
+                        if p.grad is not None:
+                            p.add_(p.grad, alpha=-lr)
             if case.get("summon") and step == steps - 1:
                 # FSDP2's view of the full parameters: each module unsharded, read, resharded.
                 for m in fsdp_modules:
