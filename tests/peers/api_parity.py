@@ -38,6 +38,7 @@ CASES = [
     ({"name": "baseline"}, 1e-6, None),
     ({"name": "reshard_after_forward false", "reshard": False}, 1e-6, 1.0),
     ({"name": "reshard_after_forward 2 (hpZ)", "reshard": 2, "worlds": [4]}, 1e-6, 1.0),
+    ({"name": "set_reshard_after_forward(False) after sharding", "set_reshard_after_forward": False}, 1e-6, 1.0),
     ({"name": "per-unit reshard, root resharded",
       "units": {"blocks.0": {"reshard": False}, "blocks.1": {"reshard": 2}, "<root>": {"reshard": True}},
       "worlds": [4]}, 1e-6, 1.0),
@@ -78,6 +79,13 @@ CASES = [
     ({"name": "register_fsdp_forward_method: blocks.2.encode", "encode": True}, 1e-6, None),
     ({"name": "unshard(async_op=True) before forward", "unshard_first": True}, 1e-6, 1.0),
     ({"name": "summon_full_params vs unshard()", "summon": True}, 1e-6, 1.0),
+    ({"name": "FSDP1 NO_SHARD", "sharding": "none", "fsdp1": {"strategy": "NO_SHARD"}}, 1e-6, 1.0),
+    ({"name": "FSDP1 _HYBRID_SHARD_ZERO2", "sharding": "hybrid", "hybrid_shard_size": 2, "reshard": False,
+      "fsdp1": {"strategy": "_HYBRID_SHARD_ZERO2"}, "worlds": [4]}, 1e-6, 1.0),
+    ({"name": "FSDP1 BACKWARD_POST, forward_prefetch, limit_all_gathers", "backward_prefetch": "post",
+      "forward_prefetch": True, "limit_all_gathers": 1, "fsdp1": {}}, 1e-6, 1.0),
+    ({"name": "FSDP1 size_based_auto_wrap_policy(150)", "wrap_size": 150, "fsdp1": {}}, 1e-6, 1.0),
+    ({"name": "FSDP1 summon_full_params(writeback=True)", "summon_writeback": True, "fsdp1": {}}, 1e-6, 1.0),
     ({"name": "state dicts: full (cpu_offload, rank 0), sharded, optimizer, ignore_frozen, strict false, "
               "broadcast_from_rank0", "optimizer": "adamw", "frozen": ["blocks.0.b1"], "state_dicts": True},
      1e-6, None),
@@ -172,7 +180,8 @@ def main():
                         continue
                     worst_loss = worst_grad = 0.0
                     worst_param = ""
-                    for step in range(STEPS + (1 if case.get("state_dicts") else 0)):
+                    extra = case.get("state_dicts") or case.get("summon_writeback")
+                    for step in range(STEPS + (1 if extra else 0)):
                         g, w = got.get((name, step)), want.get((name, step))
                         if g is None or w is None:
                             failures.append(f"W={W} rank {r} {name} step {step}: missing on "

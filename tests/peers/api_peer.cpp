@@ -168,6 +168,11 @@ int run(int argc, char** argv) {
     }
     auto impl = std::make_shared<NetImpl>();
     load_init(*impl, init);
+    if (c.value("sync_module_states", false)) {
+      // Every rank starts elsewhere; rank 0's values are broadcast when sharding.
+      at::NoGradGuard no_grad;
+      for (auto& p : impl->named_parameters(true)) p.value().mul_(1.0 + rank);
+    }
     impl->encode = c.value("encode", false);
     for (const std::string& name : c.value("frozen", std::vector<std::string>{})) {
       impl->named_parameters(true)[name].set_requires_grad(false);
@@ -176,6 +181,11 @@ int run(int argc, char** argv) {
 
     fsdp::FsdpOptions o;
     o.forward_prefetch = c.value("forward_prefetch", false);
+    o.sync_module_states = c.value("sync_module_states", false);
+    o.limit_all_gathers = c.value("limit_all_gathers", 2);
+    o.backward_prefetch = fsdp::parse_backward_prefetch(c.value("backward_prefetch", "pre"));
+    if (c.value("sharding", "full") == "none") o.strategy = fsdp::ShardingStrategy::kNoShard;
+    if (c.contains("wrap_size")) o.wrap = fsdp::WrapPolicy::size_based(c.at("wrap_size").get<int64_t>());
     if (c.value("sharding", "full") == "hybrid") {
       o.strategy = fsdp::ShardingStrategy::kHybridShard;
       o.hybrid_shard_size = c.at("hybrid_shard_size");
@@ -207,6 +217,7 @@ int run(int argc, char** argv) {
     }
     auto sharded = fsdp::fully_shard(root.ptr(), world, o);
     auto counting = std::make_shared<CountingAllGather>();
+    if (c.contains("set_reshard_after_forward")) sharded->set_reshard_after_forward(c.at("set_reshard_after_forward"));
     if (c.contains("divide_factor")) sharded->set_gradient_divide_factor(c.at("divide_factor"));
     if (c.value("force_sum", false)) sharded->set_force_sum_reduction_for_comms(true);
     if (c.value("custom_comms", false)) {
@@ -242,7 +253,8 @@ int run(int argc, char** argv) {
     const nlohmann::json micro = c.value("micro", nlohmann::json::array({nlohmann::json::object()}));
     const int A = static_cast<int>(micro.size());
     FSDP_CHECK(A <= A_max, "case ", c.at("name").get<std::string>(), " has more micro-batches than the data");
-    for (int step = 0; step < steps + (state_dicts ? 1 : 0); ++step) {
+    const bool extra = state_dicts || c.value("summon_writeback", false);
+    for (int step = 0; step < steps + (extra ? 1 : 0); ++step) {
       nlohmann::json loaded = nlohmann::json::object();
       if (state_dicts && step == steps) {
         // The state dicts of the trained model (PyTorch's StateDictOptions), then
@@ -361,6 +373,12 @@ int run(int argc, char** argv) {
           values[p.key()] = std::vector<float>(v.data_ptr<float>(), v.data_ptr<float>() + v.numel());
         }
         line["params"] = values;
+      }
+      if (c.value("summon_writeback", false) && step == steps - 1) {
+        // FSDP1's summon_full_params(writeback=True): halve every parameter in place.
+        const fsdp::FullParams full = sharded->summon_full_params(/*writeback=*/true);
+        at::NoGradGuard no_grad;
+        for (auto& p : impl->named_parameters(true)) p.value().mul_(0.5);
       }
       out << line.dump() << "\n";
     }

@@ -145,6 +145,40 @@ def build(case, init, mesh):
     return model, modules, ignored
 
 
+def build_fsdp1(case, init, rank, W):
+    """FSDP1 (FullyShardedDataParallel) for the cases FSDP2 has no spelling of."""
+    import functools
+    from torch.distributed.fsdp import BackwardPrefetch, ShardingStrategy
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, size_based_auto_wrap_policy
+    model = Net(case.get("encode", False))
+    off = 0
+    with torch.no_grad():
+        for _, p in model.named_parameters():
+            n = p.numel()
+            p.copy_(torch.from_numpy(init[off:off + n].copy()).view(p.shape))
+            off += n
+        if case.get("sync_module_states"):
+            for p in model.parameters():
+                p.mul_(1.0 + rank)
+    f1 = case["fsdp1"]
+    kw = {"use_orig_params": True, "device_id": torch.device("cpu"),
+          "sharding_strategy": getattr(ShardingStrategy, f1.get("strategy", "FULL_SHARD")),
+          "backward_prefetch": {"pre": BackwardPrefetch.BACKWARD_PRE, "post": BackwardPrefetch.BACKWARD_POST,
+                                "none": None}[case.get("backward_prefetch", "pre")],
+          "forward_prefetch": case.get("forward_prefetch", False),
+          "limit_all_gathers": case.get("limit_all_gathers", 2) > 0,
+          "sync_module_states": case.get("sync_module_states", False)}
+    if "wrap_size" in case:
+        kw["auto_wrap_policy"] = functools.partial(size_based_auto_wrap_policy, min_num_params=case["wrap_size"])
+    else:
+        kw["auto_wrap_policy"] = ModuleWrapPolicy({Shift, Block})
+    if f1.get("strategy", "").startswith(("HYBRID", "_HYBRID")):
+        hs = case["hybrid_shard_size"]
+        kw["device_mesh"] = init_device_mesh("cpu", (W // hs, hs), mesh_dim_names=("replicate", "shard"))
+    return FSDP(model, **kw), FSDP
+
+
 def main():
     ap = argparse.ArgumentParser()
     for a in ("--cases", "--init", "--data", "--out"):
@@ -161,13 +195,19 @@ def main():
     for case in spec["cases"]:
         if "worlds" in case and W not in case["worlds"]:
             continue
-        if case.get("sharding", "full") == "hybrid":
+        fsdp1 = None
+        if "fsdp1" in case:
+            model, fsdp1 = build_fsdp1(case, init, rank, W)
+            modules, fsdp_modules = {"<root>": model}, []
+        elif case.get("sharding", "full") == "hybrid":
             hs = case["hybrid_shard_size"]
             mesh = init_device_mesh("cpu", (W // hs, hs), mesh_dim_names=("replicate", "shard"))
+            model, modules, ignored = build(case, init, mesh)
         else:
             mesh = init_device_mesh("cpu", (W,), mesh_dim_names=("shard",))
-        model, modules, ignored = build(case, init, mesh)
-        fsdp_modules = list(modules.values())
+            model, modules, ignored = build(case, init, mesh)
+        if fsdp1 is None:
+            fsdp_modules = list(modules.values())
         for m in fsdp_modules:
             if "divide_factor" in case:
                 m.set_gradient_divide_factor(float(case["divide_factor"]))
@@ -178,6 +218,8 @@ def main():
                 m.set_custom_all_gather(CountingAllGather())
             if case.get("hook"):
                 m.set_all_reduce_hook(lambda t: t.mul_(2.0))
+        if "set_reshard_after_forward" in case:
+            model.set_reshard_after_forward(case["set_reshard_after_forward"])
         for name in case.get("no_unshard_in_backward", []):
             modules[name].set_unshard_in_backward(False)
         CountingAllGather.calls = 0
@@ -185,7 +227,8 @@ def main():
         adamw = case.get("optimizer", "sgd") == "adamw"
         opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0) if adamw else None
         state_dicts = case.get("state_dicts", False)
-        for step in range(steps + (1 if state_dicts else 0)):
+        extra = state_dicts or case.get("summon_writeback", False)
+        for step in range(steps + (1 if extra else 0)):
             loaded = {}
             if state_dicts and step == steps:
                 full = StateDictOptions(full_state_dict=True, cpu_offload=True)
@@ -211,6 +254,12 @@ def main():
                 p.grad = None
             local = 0.0
             for m, mb in enumerate(micro):
+                if fsdp1 is not None:
+                    rows = torch.from_numpy(data[min(step, steps - 1), m, rank].copy())
+                    loss = model(rows[:, :D_IN], rows[:, D_IN:]) / len(micro)
+                    loss.backward()
+                    local += loss.item()
+                    continue
                 model.set_requires_gradient_sync(mb.get("sync", True))
                 for name in mb.get("no_sync_units", []):
                     modules[name].set_requires_gradient_sync(False, recurse=False)
@@ -227,7 +276,11 @@ def main():
             t = torch.tensor([local], dtype=torch.float64)
             dist.all_reduce(t)
             grads = {}
-            for name, p in model.named_parameters():
+            if fsdp1 is not None:
+                with fsdp1.summon_full_params(model, with_grads=True):
+                    for name, p in model.named_parameters():
+                        grads[name] = p.grad.float().reshape(-1).tolist()
+            for name, p in ([] if fsdp1 is not None else model.named_parameters()):
                 if not p.requires_grad:
                     continue
                 g = p.grad
@@ -246,6 +299,10 @@ def main():
                     for p in model.parameters():
                         if p.grad is not None:
                             p.add_(p.grad, alpha=-lr)
+            if case.get("summon_writeback") and step == steps - 1:
+                with fsdp1.summon_full_params(model, writeback=True), torch.no_grad():
+                    for p in model.parameters():
+                        p.mul_(0.5)
             if case.get("summon") and step == steps - 1:
                 # FSDP2's view of the full parameters: each module unsharded, read, resharded.
                 for m in fsdp_modules:
