@@ -12,6 +12,9 @@ Checks (each prints one line; exit 1 if any fails):
   calibrate  --calibrate FILE on the tiny model measures every unit on this machine and the
              estimate read back from FILE has mfu null (no known peak) and a positive step time;
              the same FILE with another --seq-len is refused (exit 2, naming --seq-len).
+  two procs  --calibrate FILE --nproc-per-node 2 starts both processes, measures the path between them
+             (intra rate, latency, CPU per byte) and the units at once; --estimate --cluster FILE
+             --nproc-per-node 2 right after predicts a step with communication.
   usage      --estimate without --cluster, an unknown preset, --compute-efficiency 2: exit 2
              with one error line naming the flag.
 """
@@ -74,6 +77,25 @@ if cal.exists():
     check(e.get("step_time_s", 0) > 0, "calibrated estimate: positive step time")
     r = run("--model", "tiny", "--seq-len", "128", "--batch-size", "2", "--estimate", "--cluster", str(cal))
     check(r.returncode == 2 and "--seq-len" in r.stderr, f"another --seq-len refused with exit 2: {r.stderr.strip()}")
+
+# Calibrate, then estimate, in two commands, for a run of 2 processes on this machine: --calibrate
+# starts both (they measure their units at once) and the path between them, so the intra-node rate
+# the estimate needs is in the file.
+cal2 = WORK / "tiny.2procs.json"
+r = run(*tiny, "--calibrate", str(cal2), "--calibrate-steps", "1", "--nproc-per-node", "2",
+        "--calibrate-link-seconds", "0.5")
+check(r.returncode == 0 and cal2.exists(), f"--calibrate --nproc-per-node 2 writes the file ({r.stderr.strip()[-300:]})")
+if cal2.exists():
+    c = json.loads(cal2.read_text())
+    check(c["procs_per_node"] == 2 and c["intra"]["gbit_per_s"] > 0 and c["intra"]["latency_us"] > 0,
+          f"the path between the 2 processes measured: {c['intra']}, procs_per_node {c['procs_per_node']}")
+    check(c["host_cpu_ns_per_byte"] > 0, f"CPU per byte measured: {c['host_cpu_ns_per_byte']}")
+    r = run(*tiny, "--estimate", "--cluster", str(cal2), "--nproc-per-node", "2", "--json")
+    e = json.loads(r.stdout) if r.returncode == 0 else {}
+    check(r.returncode == 0, f"--estimate --cluster FILE --nproc-per-node 2 right after exits 0 ({r.stderr.strip()[-300:]})")
+    check(e.get("world_size") == 2 and e.get("comm_s", 0) > 0 and e.get("step_time_s", 0) > 0,
+          f"2 processes, communication on the path between them: world {e.get('world_size')}, comm "
+          f"{e.get('comm_s')} s, step {e.get('step_time_s')} s")
 
 for args, names in ((["--estimate"], "--cluster"), (["--estimate", "--cluster", "dgx-9"], "dgx-9"),
                     (["--estimate", "--cluster", "h100", "--compute-efficiency", "2"], "--compute-efficiency")):
