@@ -201,7 +201,7 @@ struct ReshardAfterForward {
 // The options of one fully_shard call of FSDP2, for the units an override
 // selects (FsdpOptions::unit_overrides). Unset fields keep the model's.
 struct UnitOptions {
-  std::optional<ReshardAfterForward> reshard_after_forward;
+  std::optional<ReshardAfterForward> reshard_after_forward;  // after its forward (FSDP2's per-call argument)
   // Its dtypes (FSDP2's per-module MixedPrecisionPolicy); master_dtype and
   // buffer_dtype must be the model's.
   std::optional<MixedPrecision> mixed_precision;
@@ -209,16 +209,16 @@ struct UnitOptions {
   // Units (by name, "" the root) this unit's pre-forward / pre-backward
   // gathers after its own wait; replaces the implicit prefetch for it (FSDP2's
   // set_modules_to_forward_prefetch / set_modules_to_backward_prefetch).
-  std::optional<std::vector<std::string>> forward_prefetch;
-  std::optional<std::vector<std::string>> backward_prefetch;
+  std::optional<std::vector<std::string>> forward_prefetch;   // gathered after its pre-forward wait
+  std::optional<std::vector<std::string>> backward_prefetch;  // gathered after its pre-backward wait
 };
 
 // Which units UnitOptions apply to: every unit named (exactly; "" the root) or
 // whose inner type is listed.
 struct UnitOverride {
-  std::vector<std::string> names;
-  std::vector<std::type_index> types;
-  UnitOptions options;
+  std::vector<std::string> names;      // units by name ("" the root)
+  std::vector<std::type_index> types;  // units by inner module type, e.g. typeid(BlockImpl)
+  UnitOptions options;                 // what they get
 };
 
 // The options of fully_shard: the same on every rank.
@@ -417,10 +417,10 @@ class UnshardHandle {
 // destroyed, after writing what was changed into the shards (writeback).
 class FullParams {
  public:
-  FullParams(FullParams&& other) noexcept;
+  FullParams(FullParams&& other) noexcept;  // the scope moves; the moved-from one reshards nothing
   FullParams& operator=(FullParams&&) = delete;
   FullParams(const FullParams&) = delete;
-  ~FullParams();
+  ~FullParams();  // writes back (if asked) and reshards every unit
 
  private:
   friend class ShardedModel;
@@ -473,7 +473,8 @@ class ShardedModel {
   // The units `unit` gathers after its own pre-forward (pre-backward) wait,
   // replacing the implicit prefetch for it; empty: back to the implicit one.
   void set_modules_to_forward_prefetch(const std::string& unit, const std::vector<std::string>& units);
-  void set_modules_to_backward_prefetch(const std::string& unit, const std::vector<std::string>& units);
+  void set_modules_to_backward_prefetch(const std::string& unit,
+                                        const std::vector<std::string>& units);  // the same in backward
 
   // ---- reductions: factors and hooks (FSDP2's) -----------------------------
   // Gradients are summed over the data-parallel ranks and divided by
@@ -485,7 +486,7 @@ class ShardedModel {
   // The unit's all-gather / reduce-scatter done by `comm` (null: the engine's own).
   void set_custom_all_gather(std::shared_ptr<AllGatherComm> comm, const std::string& unit = "", bool recurse = true);
   void set_custom_reduce_scatter(std::shared_ptr<ReduceScatterComm> comm, const std::string& unit = "",
-                                 bool recurse = true);
+                                 bool recurse = true);  // the same for the reduce-scatter
   // Called with the unit's reduced gradient shard (reduce dtype) after its
   // reduce-scatter, or after the all-reduce across replicas (HYBRID), before
   // the final division (force-sum): e.g. an all-reduce over another group.
