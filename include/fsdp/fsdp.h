@@ -397,7 +397,8 @@ class ReduceScatterComm {
                                    comm::ReduceOp op) = 0;
 };
 
-// ShardedModel::unshard(unit, async): the gather of one unit in flight.
+// ShardedModel::unshard(unit, async): the gather of one unit in flight. Valid
+// while its ShardedModel lives.
 class UnshardHandle {
  public:
   UnshardHandle() = default;
@@ -414,7 +415,9 @@ class UnshardHandle {
 
 // ShardedModel::summon_full_params: every unit's parameters gathered (and so
 // readable through the module) while this object lives; resharded when it is
-// destroyed, after writing what was changed into the shards (writeback).
+// destroyed, after writing what was changed into the shards (writeback; each
+// rank its own chunk). It must not outlive its ShardedModel; its destruction
+// is local.
 class FullParams {
  public:
   FullParams(FullParams&& other) noexcept;  // the scope moves; the moved-from one reshards nothing
@@ -468,7 +471,9 @@ class ShardedModel {
   // embedding): not gathered in backward. Not recursive (as FSDP2).
   void set_unshard_in_backward(bool unshard, const std::string& unit);
   // false: the end of this backward leaves gradient reductions in flight; they
-  // finish at the next forward or before gradients are read (micro-batches).
+  // finish at the next forward, or when this model reads or changes gradients
+  // (grad_norm, clip_grad_norm, zero_grad, gather_unit, state dicts). For
+  // micro-batches: an optimizer step needs a backward with it true first.
   void set_is_last_backward(bool last);
   // The units `unit` gathers after its own pre-forward (pre-backward) wait,
   // replacing the implicit prefetch for it; empty: back to the implicit one.

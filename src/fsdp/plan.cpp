@@ -213,11 +213,6 @@ namespace {
 bool shards_on_compute_device(bool cpu_offload, const at::Device& device) { return !cpu_offload || device.is_cpu(); }
 }  // namespace
 
-bool detail::keeps_single_copy(const FsdpOptions& o, int shard_size) {
-  const MixedPrecision& mp = o.mixed_precision;
-  return shard_size == 1 && mp.param_dtype == mp.master_dtype && shards_on_compute_device(o.cpu_offload, o.device);
-}
-
 bool detail::unit_replicated(const PlannedUnit& pu, const FsdpOptions& o, int shard_size) {
   if (o.strategy == ShardingStrategy::kNoShard) return true;
   const MixedPrecision& mp = pu.mixed_precision;

@@ -57,10 +57,6 @@ constexpr int kMaxInflightReduces = 2;
 // (each block's size is rounded up to UnshardedPool::kAlignment).
 constexpr int64_t kPoolAlignmentBlocks = 32;
 
-// Whether every unit's parameters are its shard itself — one copy, nothing
-// unsharded or freed (see Note [One-rank shard groups]): a shard group of one
-// rank with the master dtype as compute dtype, and the shard on the device.
-bool keeps_single_copy(const FsdpOptions& o, int shard_size);
 
 // A boundary the wrap policy made a unit, with the parameters it owns
 // (registration order; a shared tensor listed once, under its first name)
