@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """fsdp-inspect --estimate, --calibrate and --json from the command line.
 
-    test_inspect_estimate.py FSDP_INSPECT WORK_DIR
+    test_inspect_estimate.py FSDP_INSPECT WORK_DIR [FSDP_TRAIN DATA]
 
 Checks (each prints one line; exit 1 if any fails):
   preset     --estimate --cluster p5.48xlarge --json for torchtitan's Llama 3.1 8B run: every
@@ -14,7 +14,9 @@ Checks (each prints one line; exit 1 if any fails):
              the same FILE with another --seq-len is refused (exit 2, naming --seq-len).
   two procs  --calibrate FILE --nproc-per-node 2 starts both processes, measures the path between them
              (intra rate, latency, CPU per byte) and the units at once; --estimate --cluster FILE
-             --nproc-per-node 2 right after predicts a step with communication.
+             --nproc-per-node 2 right after predicts a step with communication; with FSDP_TRAIN, the
+             same run measured (6 steps, the median of steps >= 2) and the ratio printed (no
+             timing assertion: this machine's load decides it).
   usage      --estimate without --cluster, an unknown preset, --compute-efficiency 2: exit 2
              with one error line naming the flag.
 """
@@ -25,6 +27,7 @@ import sys
 from pathlib import Path
 
 INSPECT, WORK = sys.argv[1], Path(sys.argv[2])
+TRAIN, DATA = (sys.argv[3], sys.argv[4]) if len(sys.argv) > 4 else (None, None)
 WORK.mkdir(parents=True, exist_ok=True)
 failures = []
 
@@ -96,6 +99,19 @@ if cal2.exists():
     check(e.get("world_size") == 2 and e.get("comm_s", 0) > 0 and e.get("step_time_s", 0) > 0,
           f"2 processes, communication on the path between them: world {e.get('world_size')}, comm "
           f"{e.get('comm_s')} s, step {e.get('step_time_s')} s")
+    if TRAIN and e:
+        metrics = WORK / "tiny.2procs.metrics.jsonl"
+        metrics.unlink(missing_ok=True)
+        t = subprocess.run([TRAIN, *tiny, "--nproc-per-node", "2", "--data", DATA, "--max-steps", "6",
+                            "--log-every", "1", "--metrics-file", str(metrics)], capture_output=True, text=True,
+                           timeout=150, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+        check(t.returncode == 0, f"the run itself trains ({t.stderr.strip()[-300:]})")
+        if t.returncode == 0:
+            steps = [json.loads(l) for l in metrics.read_text().splitlines() if l.strip()]
+            times = sorted(x["step_time_s"] for x in steps if x["step"] >= 2)
+            measured = times[len(times) // 2]
+            print(f"  measured step {measured:.4f} s, predicted {e['step_time_s']:.4f} s: predicted / measured "
+                  f"{e['step_time_s'] / measured:.2f}")
 
 for args, names in ((["--estimate"], "--cluster"), (["--estimate", "--cluster", "dgx-9"], "dgx-9"),
                     (["--estimate", "--cluster", "h100", "--compute-efficiency", "2"], "--compute-efficiency")):
