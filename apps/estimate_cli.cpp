@@ -171,35 +171,37 @@ Calibration calibrate_compute(const std::shared_ptr<models::LlamaForCausalLMImpl
   return cal;
 }
 
-LinkCalibration calibrate_link(double seconds) {
-  const comm::WorldInfo w = comm::detect_world();
-  FSDP_CHECK(w.world_size >= 2, "--calibrate-link measures the link between nodes: start it on each node as a "
-             "job of >= 2 processes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as torchrun or a plain "
-             "environment sets them; one process per node); this process sees WORLD_SIZE=", w.world_size);
-  const comm::Runtime rt = comm::init_process_group(w);
-  const comm::ProcessGroupPtr& g = rt.world_group;
+namespace {
+
+// All-gathers over `g` (every rank alike): the median of small ones, then
+// pieces grown until one takes about seconds / 4, three of them timed.
+struct AllGatherTimes {
+  double latency = 0;      // median small all-gather, s
+  double big = 0;          // median large all-gather, the slowest rank's, s
+  int64_t piece = 0;       // floats per rank of the large ones
+  double cpu_per_byte = 0; // this process's CPU per byte sent and received, the largest over the ranks
+};
+AllGatherTimes time_all_gathers(const comm::ProcessGroupPtr& g, double seconds) {
   const int W = g->size();
-  // Latency: the median of small all-gathers.
+  AllGatherTimes out;
   std::vector<double> small;
   {
     const at::Tensor in = at::zeros({1});
-    const at::Tensor out = at::empty({W});
+    const at::Tensor gathered = at::empty({W});
     for (int i = 0; i < 30; ++i) {
       const auto t0 = Clock::now();
-      g->all_gather(out, in)->wait();
+      g->all_gather(gathered, in)->wait();
       small.push_back(seconds_since(t0));
     }
   }
-  const double latency = median(small);
-  // Rate: grow the piece until one all-gather takes about seconds / 4, then three of them.
+  out.latency = median(small);
   int64_t piece = int64_t{1} << 18;  // floats per rank (1 MiB)
-  double t = 0;
   for (;;) {
     const at::Tensor in = at::ones({piece});
-    const at::Tensor out = at::empty({piece * W});
+    const at::Tensor gathered = at::empty({piece * W});
     const auto t0 = Clock::now();
-    g->all_gather(out, in)->wait();
-    t = seconds_since(t0);
+    g->all_gather(gathered, in)->wait();
+    const double t = seconds_since(t0);
     at::Tensor go = at::tensor({t >= seconds / 4 || piece >= (int64_t{1} << 28) ? 1.0 : 0.0});
     g->all_reduce(go, comm::ReduceOp::kMax)->wait();  // every rank grows alike
     if (go.item<double>() > 0) break;
@@ -207,11 +209,11 @@ LinkCalibration calibrate_link(double seconds) {
   }
   std::vector<double> big;
   const at::Tensor in = at::ones({piece});
-  const at::Tensor out = at::empty({piece * W});
+  const at::Tensor gathered = at::empty({piece * W});
   const double cpu0 = process_cpu_s();
   for (int i = 0; i < 3; ++i) {
     const auto t0 = Clock::now();
-    g->all_gather(out, in)->wait();
+    g->all_gather(gathered, in)->wait();
     big.push_back(seconds_since(t0));
   }
   // The CPU this process spent moving them (its lanes' copies, the kernel's TCP
@@ -221,15 +223,67 @@ LinkCalibration calibrate_link(double seconds) {
   g->all_reduce(cpu, comm::ReduceOp::kMax)->wait();
   at::Tensor worst = at::tensor({median(big)}, at::kDouble);
   g->all_reduce(worst, comm::ReduceOp::kMax)->wait();
+  out.big = worst.item<double>();
+  out.piece = piece;
+  out.cpu_per_byte = cpu.item<double>();
+  return out;
+}
+
+}  // namespace
+
+LinkCalibration calibrate_link(double seconds) {
+  const comm::WorldInfo w = comm::detect_world();
+  FSDP_CHECK(w.world_size >= 2, "--calibrate-link measures the link between nodes: start it on each node as a "
+             "job of >= 2 processes (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT, as torchrun or a plain "
+             "environment sets them; one process per node); this process sees WORLD_SIZE=", w.world_size);
+  const comm::Runtime rt = comm::init_process_group(w);
+  const comm::ProcessGroupPtr& g = rt.world_group;
+  const int W = g->size();
+  const AllGatherTimes t = time_all_gathers(g, seconds);
   // A node's link carries, per all-gather, its processes' pieces to every rank off the node.
   const double lws = static_cast<double>(w.local_world_size);
-  const double bytes = lws * static_cast<double>(piece) * 4 * (static_cast<double>(W) - lws);
+  const double bytes = lws * static_cast<double>(t.piece) * 4 * (static_cast<double>(W) - lws);
   LinkCalibration result;
-  result.link.latency_s = latency;
-  result.link.bytes_per_s = bytes / std::max(1e-9, worst.item<double>() - latency);
-  result.host_cpu_s_per_byte = cpu.item<double>();
+  result.link.latency_s = t.latency;
+  result.link.bytes_per_s = bytes / std::max(1e-9, t.big - t.latency);
+  result.host_cpu_s_per_byte = t.cpu_per_byte;
   g->barrier(std::chrono::minutes(1));
   return result;
+}
+
+LinkCalibration calibrate_local_link(const comm::ProcessGroupPtr& group, double seconds) {
+  const int W = group->size();
+  FSDP_CHECK(W >= 2, "calibrate_local_link needs >= 2 processes, got ", W);
+  const AllGatherTimes t = time_all_gathers(group, seconds);
+  // A process sends its piece to each of the others (Note [Collective volumes]: mesh).
+  const double bytes = static_cast<double>(t.piece) * 4 * (static_cast<double>(W) - 1);
+  LinkCalibration result;
+  result.link.latency_s = t.latency;
+  result.link.bytes_per_s = bytes / std::max(1e-9, t.big - t.latency);
+  result.host_cpu_s_per_byte = t.cpu_per_byte;
+  return result;
+}
+
+void average_calibration(Calibration& cal, comm::ProcessGroup& group) {
+  // Every rank measured the same units (one model, one run): names in map order.
+  std::vector<double> v;
+  for (const auto& [name, u] : cal.units) {
+    v.push_back(u.forward_s);
+    v.push_back(u.backward_s);
+    v.push_back(u.recompute_s);
+  }
+  v.push_back(cal.optimizer_s_per_element);
+  at::Tensor t = at::tensor(v, at::kDouble);
+  group.all_reduce(t, comm::ReduceOp::kSum)->wait();
+  const double n = static_cast<double>(group.size());
+  size_t k = 0;
+  for (auto& [name, u] : cal.units) {
+    u.forward_s = t[int64_t(k++)].item<double>() / n;
+    u.backward_s = t[int64_t(k++)].item<double>() / n;
+    const double r = t[int64_t(k++)].item<double>() / n;
+    u.recompute_s = u.recompute_s >= 0 ? r : -1;
+  }
+  cal.optimizer_s_per_element = t[int64_t(k)].item<double>() / n;
 }
 
 std::string calibration_file_json(const ClusterSpec& cluster, const std::optional<Calibration>& cal) {

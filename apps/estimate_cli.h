@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/comm/process_group.h"
 #include "fsdp/estimate.h"
 #include "fsdp/models/llama.h"
 
@@ -49,6 +50,15 @@ struct LinkCalibration {
   double host_cpu_s_per_byte = 0;
 };
 LinkCalibration calibrate_link(double seconds);
+// The path between this node's own processes (--calibrate with
+// --nproc-per-node > 1, which launches them): all-gathers over `group`, all of
+// whose ranks run on this machine. Returns a process's intra-node rate (bytes
+// it sent to the others per second), the latency of a small all-gather and the
+// CPU per byte sent or received (the largest over the ranks). Collective.
+LinkCalibration calibrate_local_link(const comm::ProcessGroupPtr& group, double seconds);
+// The unit times and the optimizer's rate averaged over `group`'s ranks, which
+// measured them at once (sharing this machine's cores as the run will). Collective.
+void average_calibration(Calibration& calibration, comm::ProcessGroup& group);
 
 // The cluster file's JSON (cluster_to_json) with the calibration (when given).
 std::string calibration_file_json(const ClusterSpec& cluster, const std::optional<Calibration>& calibration);

@@ -29,6 +29,7 @@
 #include "cli_numbers.h"
 #include "option_names.h"
 #include "estimate_cli.h"
+#include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/files.h"
@@ -173,6 +174,19 @@ int run(int argc, char** argv) {
   // Where a measurement goes is checked before measuring: a FIFO, a device or a
   // missing directory is refused at once, not after minutes (issue 39).
   if (!calibrate_file.empty()) fsdp::check_output_writable(calibrate_file, "--calibrate");
+  if (!calibrate_file.empty() && nproc > 1) {
+    // Note [Calibrating a node]: the run's processes measure at once, then the
+    // path between them; started here as a local job, as fsdp-train's --nproc-per-node.
+    const fsdp::comm::WorldInfo w = fsdp::comm::detect_world();
+    if (w.launcher == "single") {
+      fsdp::comm::LaunchOptions lo;
+      lo.nproc = nproc;
+      return fsdp::comm::launch_self("fsdp-inspect", argc, argv, lo);
+    }
+    FSDP_CHECK(w.world_size == nproc && w.local_world_size == nproc, "--calibrate with --nproc-per-node ", nproc,
+               " starts its own ", nproc, " processes on this machine; this process is rank ", w.rank, " of ",
+               w.world_size, " started by another launcher: run fsdp-inspect --calibrate directly");
+  }
   if (!calibrate_link_file.empty()) {
     // Read (when it exists) and rewritten: a regular file or nothing yet.
     if (fsdp::check_output_writable(calibrate_link_file, "--calibrate-link") != fsdp::OutputTarget::kNew) {
@@ -355,6 +369,24 @@ int run(int argc, char** argv) {
       auto real = std::make_shared<fsdp::models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), seed);
       fsdp::cli::Calibration cal =
           fsdp::cli::calibrate_compute(real, cfg, o, batch_size, seq_len, calibrate_steps, seed);
+      if (nproc > 1) {
+        // Note [Calibrating a node]
+        // The --nproc-per-node processes measured their units at the same time,
+        // on the cores the run will share; now the path between them (our TCP
+        // group, shared memory where it applies) and the CPU it costs. Each
+        // unit's time is the mean over the processes; rank 0 writes the file.
+        const fsdp::comm::Runtime rt = fsdp::comm::init_process_group(fsdp::comm::detect_world());
+        fsdp::cli::average_calibration(cal, *rt.world_group);
+        const fsdp::cli::LinkCalibration local =
+            fsdp::cli::calibrate_local_link(rt.world_group, calibrate_link_seconds);
+        cluster.intra = local.link;
+        cluster.host_cpu_s_per_byte = local.host_cpu_s_per_byte;
+        rt.world_group->barrier(std::chrono::minutes(1));
+        if (rt.world_group->rank() != 0) return 0;
+        std::cerr << fmt::format("fsdp-inspect: between the {} processes: {:.4g} Gbit/s per process, latency {:.1f} "
+                                 "us, {:.3g} ns of CPU per byte moved\n", nproc, local.link.bytes_per_s * 8 / 1e9,
+                                 local.link.latency_s * 1e6, local.host_cpu_s_per_byte * 1e9);
+      }
       cal.model = model;
       cal.mixed_precision = precision;
       cal.activation_checkpointing = ckpt;

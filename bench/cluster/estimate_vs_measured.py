@@ -22,6 +22,14 @@ ratio, and the predicted exposed communication; with --record, appends the
 table to bench/RESULTS.md with the command, date and machine load.
 
 Every process runs with OMP_NUM_THREADS=1. Needs root (network namespaces).
+
+    bench/cluster/estimate_vs_measured.py --inspect NEW --estimate-only [--compare-inspect OLD] [--record]
+
+predicts the same configurations without a cluster: each is calibrated once on this
+machine (`--calibrate`, one process), given its link's nominal rate (and 300 us, 0.9 ns
+of CPU per byte, 20 Gbit/s between a node's processes) and estimated; with
+--compare-inspect, by two fsdp-inspect binaries from the same cluster file, so that a
+change of the model (its schedule) is compared on identical inputs.
 """
 
 import argparse
@@ -155,21 +163,71 @@ def measure(a, c, tmp, name, nodes, nproc, flags):
     return statistics.median(times), times
 
 
+def estimate_only(a, names):
+    """Predictions without a cluster, by one or two fsdp-inspect binaries from the same calibration."""
+    load = os.getloadavg()
+    binaries = [("new", a.inspect)] + ([("old", a.compare_inspect)] if a.compare_inspect else [])
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="fsdp-estimate-only.") as d:
+        tmp = Path(d)
+        for name in names:
+            nodes, nproc, flags, rate = CONFIGS[name]
+            cal = tmp / f"{name}.cal.json"
+            subprocess.run([a.inspect, *MODEL, *flags, "--calibrate", str(cal), "--calibrate-steps", "3"],
+                           check=True, capture_output=True, env=env(), timeout=600)
+            c = json.loads(cal.read_text())
+            c["procs_per_node"] = nproc
+            c["intra"] = {"gbit_per_s": 20.0, "latency_us": 50.0}
+            c["inter"] = {"gbit_per_s": rate / 1000.0, "latency_us": 300.0}
+            c["host_cpu_ns_per_byte"] = 0.9
+            cluster = tmp / f"{name}.cluster.json"
+            cluster.write_text(json.dumps(c, indent=2))
+            got = {tag: predict(argparse.Namespace(inspect=b), cluster, nodes, nproc, flags) for tag, b in binaries}
+            rows.append((name, rate if nodes > 1 else None, got))
+            print(f"{name:26s} " + "  ".join(f"{t} {e['step_time_s']:.4f} s (exposed {e['exposed_comm_s']:.4f})"
+                                             for t, e in got.items()), flush=True)
+    head = "| configuration | link (nominal) | " + " | ".join(
+        f"{t}: step, exposed" for t, _ in binaries) + (" | new / old |" if a.compare_inspect else " |")
+    lines = [head, "|" + "---|" * (2 + len(binaries) + (1 if a.compare_inspect else 0))]
+    for name, rate, got in rows:
+        cells = [f"{got[t]['step_time_s']:.4f} s, {got[t]['exposed_comm_s']:.4f} s" for t, _ in binaries]
+        ratio = f" {got['new']['step_time_s'] / got['old']['step_time_s']:.4f} |" if a.compare_inspect else ""
+        lines.append(f"| {name} | {f'{rate} Mbit/s' if rate else 'one node'} | " + " | ".join(cells) + " |" + ratio)
+    table = "\n".join(lines)
+    print(table)
+    print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    if a.record:
+        results.append("Step-time model, estimate only (no cluster)", (
+            f"Command: `{a.command or 'bench/cluster/estimate_vs_measured.py --estimate-only'}`\n"
+            f"Machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the "
+            f"run\n\nThe configurations of the emulated-cluster table, each calibrated once here (one process) and "
+            f"given its link's nominal rate, 300 us, 0.9 ns of CPU per byte and 20 Gbit/s inside a node; "
+            f"{'both binaries read the same cluster file' if a.compare_inspect else 'one binary'}.\n\n{table}\n"))
+    return 0
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--train", required=True)
+    ap.add_argument("--train", default="", help="fsdp-train (required unless --estimate-only)")
     ap.add_argument("--inspect", required=True)
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=3, help="calibrate-then-measure rounds per configuration (medians)")
     ap.add_argument("--record", action="store_true")
     ap.add_argument("--command", default="")
+    ap.add_argument("--estimate-only", action="store_true", help="predict without a cluster (see above)")
+    ap.add_argument("--compare-inspect", default="", help="with --estimate-only: a second fsdp-inspect to compare")
     a = ap.parse_args()
     names = [n for n in a.configs.split(",") if n]
     for n in names:
         if n not in CONFIGS:
             print(f"estimate_vs_measured: unknown config '{n}' (known: {', '.join(CONFIGS)})", file=sys.stderr)
             return 2
+    if a.estimate_only:
+        return estimate_only(a, names)
+    if not a.train:
+        print("estimate_vs_measured: --train is required (or --estimate-only)", file=sys.stderr)
+        return 2
     missing = netcluster.check_capabilities()
     if missing:
         print(f"estimate_vs_measured: cannot build the emulated cluster: {missing}", file=sys.stderr)

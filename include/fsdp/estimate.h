@@ -3,14 +3,16 @@
 //
 // estimate_step() takes what plan_sharding takes (the model's structure, the
 // options) plus a cluster description and what each unit costs to compute,
-// and replays the engine's schedule (Note [Estimated schedule] in
-// src/fsdp/estimate.cpp): units in the plan's order, the root gathered once,
+// and times the engine's own step schedule (src/fsdp/schedule.h: the events
+// the engine executes, for the model's call order and options; Note
+// [Estimated schedule] in src/plan/estimate.cpp): the root gathered once,
 // FULL_SHARD / HYBRID re-gathering each unit in backward, SHARD_GRAD_OP not,
 // NO_SHARD all-reducing instead, forward and backward prefetch within
 // limit_all_gathers, at most two reductions in flight, HYBRID's replica
 // all-reduce after each unit's reduce-scatter, the optimizer on the local
 // shards. Communication runs on the engine's two lanes (all-gathers; reductions)
-// which share the network fairly while both are busy.
+// which share the network fairly while both are busy. Library fsdp::plan (the
+// planning layer above the engine; fsdp-train does not link it).
 //
 // What it does not know: activations' memory, data loading, stragglers,
 // interference of communication with compute on the same cores or memory,
@@ -45,7 +47,7 @@ inline constexpr double kMaxLatencyUs = 1e7;        // 10 s per collective
 inline constexpr double kMaxPeakTflops = 1e7;       // 10 exaflop/s per process
 inline constexpr double kMaxNsPerUnit = 1e9;        // 1 s per element or byte
 
-// How a backend moves a collective's bytes (Note [Collective volumes] in estimate.cpp).
+// How a backend moves a collective's bytes (Note [Collective volumes] in src/plan/estimate.cpp).
 enum class CollectiveAlgorithm {
   kMesh,  // every rank sends to every peer directly: our TCP group (CPU)
   kRing,  // rings over all of a node's NICs: NCCL (GPU)

@@ -101,6 +101,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <typeindex>
 #include <vector>
@@ -164,6 +165,12 @@ struct MixedPrecision {
   at::ScalarType reduce_dtype = at::kFloat;  // gradient communication
   at::ScalarType buffer_dtype = at::kFloat;  // module buffers (not sharded)
   at::ScalarType master_dtype = at::kFloat;  // parameter and gradient shards
+  // A unit's floating-point forward outputs are cast to this dtype (FSDP2's
+  // output_dtype); none: left as computed.
+  std::optional<at::ScalarType> output_dtype;
+  // A unit's floating-point tensor inputs are cast to param_dtype (FSDP2's
+  // cast_forward_inputs).
+  bool cast_forward_inputs = true;
 
   // The command line's presets: "fp32", "bf16" (bf16 params, fp32 reduce),
   // "fp16" (fp16 params, fp32 reduce; use a gradient scaler), "bf16-pure"
@@ -203,12 +210,67 @@ struct CommCompression {
   bool any() const { return all_gather != WireFormat::kNative || reduce_scatter != WireFormat::kNative; }
 };
 
+// After a unit's forward (FSDP2's reshard_after_forward, bool or int): keep
+// its unsharded parameters (false), free them (true), or keep a shard of them
+// over groups of `group` consecutive ranks of the shard group, so that
+// backward gathers over those ranks only (an int: ZeRO++'s hpZ, e.g. the
+// ranks of one node). Parameters gathered again in backward are the bits
+// forward used.
+struct ReshardAfterForward {
+  bool reshard = true;  // false: kept unsharded until the unit's post-backward
+  int group = 0;        // > 0: keep a shard over groups of this many ranks
+  ReshardAfterForward(bool r = true) : reshard(r) {}  // NOLINT: as FSDP2 takes a bool
+  // FSDP2's int: 1 is false and the shard-group size is true (as FSDP2 treats
+  // them); otherwise it must divide the shard-group size (UsageError when
+  // sharding).
+  static ReshardAfterForward to_group(int ranks) {
+    ReshardAfterForward r(true);
+    r.group = ranks;
+    return r;
+  }
+};
+
+// The options of one fully_shard call of FSDP2, for the units an override
+// selects (FsdpOptions::unit_overrides). Unset fields keep the model's.
+struct UnitOptions {
+  std::optional<ReshardAfterForward> reshard_after_forward;  // after its forward (FSDP2's per-call argument)
+  // Its dtypes (FSDP2's per-module MixedPrecisionPolicy); master_dtype and
+  // buffer_dtype must be the model's.
+  std::optional<MixedPrecision> mixed_precision;
+  std::optional<bool> cpu_offload;  // its shards in host memory (FSDP2's per-module CPUOffloadPolicy)
+  // Units (by name, "" the root) this unit's pre-forward / pre-backward
+  // gathers after its own wait; replaces the implicit prefetch for it (FSDP2's
+  // set_modules_to_forward_prefetch / set_modules_to_backward_prefetch).
+  std::optional<std::vector<std::string>> forward_prefetch;   // gathered after its pre-forward wait
+  std::optional<std::vector<std::string>> backward_prefetch;  // gathered after its pre-backward wait
+};
+
+// Which units UnitOptions apply to: every unit named (exactly; "" the root) or
+// whose inner type is listed.
+struct UnitOverride {
+  std::vector<std::string> names;      // units by name ("" the root)
+  std::vector<std::type_index> types;  // units by inner module type, e.g. typeid(BlockImpl)
+  UnitOptions options;                 // what they get
+};
+
 // The options of fully_shard: the same on every rank.
 struct FsdpOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;  // what is sharded
   WrapPolicy wrap = WrapPolicy::every_unit();                 // which Unit marks become units
   // HYBRID_SHARD: ranks per shard group (consecutive ranks). 0: LOCAL_WORLD_SIZE.
   int hybrid_shard_size = 0;
+  // Every unit but the root (FSDP2's fully_shard argument): unset follows the
+  // strategy (FULL_SHARD, HYBRID_SHARD: true; SHARD_GRAD_OP: false). HYBRID
+  // with false is FSDP1's _HYBRID_SHARD_ZERO2 (ZeRO-2 inside each shard group).
+  std::optional<ReshardAfterForward> reshard_after_forward;
+  // Per-unit options, applied in order (a later override wins per field);
+  // the root keeps its parameters after forward unless an override says so.
+  std::vector<UnitOverride> unit_overrides;
+  // Parameters left out of sharding (FSDP2's ignored_params; FSDP1's
+  // ignored_modules: list their parameters): they stay the module's own
+  // tensors, never gathered, freed or reduced — their gradients are each
+  // rank's own, and the caller optimizes them. They must be materialized.
+  std::vector<at::Tensor> ignored_params;
   MixedPrecision mixed_precision;                               // dtypes of the copies kept
   CommCompression compression;                                  // what the collectives send
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;  // gather the previous unit early in backward
@@ -220,6 +282,9 @@ struct FsdpOptions {
   // present — while unsharded parameters live on `device`. The optimizer step
   // then runs on the host.
   bool cpu_offload = false;
+  // With CPU offload on CUDA: page-locked host shards (FSDP2's
+  // CPUOffloadPolicy(pin_memory)); false saves pinned memory, copies then block.
+  bool pin_memory = true;
   // Activation checkpointing: units whose inner type is listed (or every
   // non-root unit) keep only their inputs in forward and recompute their
   // forward in backward. Only units without nested units can be checkpointed.
@@ -328,9 +393,77 @@ struct StepCounters {
   int64_t allreduce_bytes = 0;       // all-reduces (NO_SHARD, HYBRID replicas, norms)
 };
 
+class ShardedModel;
 namespace detail {
 class ShardedModelImpl;
+ShardedModelImpl& impl_of(ShardedModel& m);  // the engine's state (tests and library internals)
 }
+
+// FSDP2's AllGather (a Comm): a unit's all-gather done by user code
+// (ShardedModel::set_custom_all_gather).
+class AllGatherComm {
+ public:
+  virtual ~AllGatherComm() = default;
+  // The all-gather's output buffer — the unit's unsharded parameters (which
+  // view it) — `numel` elements of `dtype` on `device`, 1-D and contiguous.
+  // Default: at::empty. Called at every gather.
+  virtual at::Tensor allocate(int64_t numel, at::ScalarType dtype, at::Device device);
+  // Gathers every rank's `input` (this rank's chunk of `output`, already
+  // filled) into `output` over `group`. Returns the work the engine waits for
+  // before the parameters are read (null: done).
+  virtual comm::WorkPtr operator()(const at::Tensor& output, const at::Tensor& input, comm::ProcessGroup& group) = 0;
+};
+
+// FSDP2's ReduceScatter (a Comm): a unit's gradient reduce-scatter done by
+// user code (ShardedModel::set_custom_reduce_scatter).
+class ReduceScatterComm {
+ public:
+  virtual ~ReduceScatterComm() = default;
+  // The reduction's input (the unit's gradients in the reduce dtype, copied
+  // in) and output (its shard of them): `numel` elements of `dtype` on
+  // `device`. Default: at::empty. Called at every reduction, twice.
+  virtual at::Tensor allocate(int64_t numel, at::ScalarType dtype, at::Device device);
+  // Reduces `input` (group.size() chunks of output's size) with `op` over
+  // `group`, this rank's chunk into `output`. Returns the work the engine
+  // waits for (null: done).
+  virtual comm::WorkPtr operator()(const at::Tensor& output, const at::Tensor& input, comm::ProcessGroup& group,
+                                   comm::ReduceOp op) = 0;
+};
+
+// ShardedModel::unshard(unit, async): the gather of one unit in flight. Valid
+// while its ShardedModel lives.
+class UnshardHandle {
+ public:
+  UnshardHandle() = default;
+  // Waits for the gather: the unit's parameters are readable afterwards. The
+  // unit's next pre-forward waits for it anyway when nobody did. Idempotent.
+  void wait();
+
+ private:
+  friend class ShardedModel;
+  UnshardHandle(detail::ShardedModelImpl* impl, int unit) : impl_(impl), unit_(unit) {}
+  detail::ShardedModelImpl* impl_ = nullptr;  // null: nothing to wait for
+  int unit_ = -1;
+};
+
+// ShardedModel::summon_full_params: every unit's parameters gathered (and so
+// readable through the module) while this object lives; resharded when it is
+// destroyed, after writing what was changed into the shards (writeback; each
+// rank its own chunk). It must not outlive its ShardedModel; its destruction
+// is local.
+class FullParams {
+ public:
+  FullParams(FullParams&& other) noexcept;  // the scope moves; the moved-from one reshards nothing
+  FullParams& operator=(FullParams&&) = delete;
+  FullParams(const FullParams&) = delete;
+  ~FullParams();  // writes back (if asked) and reshards every unit
+
+ private:
+  friend class ShardedModel;
+  FullParams(detail::ShardedModelImpl* impl, bool writeback) : impl_(impl), writeback_(writeback) {}
+  detail::ShardedModelImpl* impl_;
+  bool writeback_;
+};
 
 // A model sharded by fully_shard: the engine's state (units, flat parameters,
 // shards, hooks). See "The contract" at the top of this file.
@@ -350,6 +483,69 @@ class ShardedModel {
   // micro-batch. Memory cost while off: one unsharded gradient buffer per unit
   // (the full model's gradients in param dtype) stays resident.
   void set_requires_gradient_sync(bool sync);
+
+  // ---- FSDP2's per-module settings (FSDPModule's setters) ------------------
+  // Each acts on the unit named `unit` ("" the root) and, with `recurse`, the
+  // units nested in it (from the root: every unit). Local, between steps, and
+  // the same on every rank (they change which collectives run). A name that is
+  // no unit's: UsageError listing the units.
+  void set_requires_gradient_sync(bool sync, const std::string& unit, bool recurse = true);
+  // Free (true) or keep the unit's parameters after each forward call.
+  void set_reshard_after_forward(bool reshard, const std::string& unit = "", bool recurse = true);
+  // false: the unit stays unsharded after its backward, into the next forward
+  // (no gather there; for gradient accumulation — set it back before the
+  // optimizer step changes the shards).
+  void set_reshard_after_backward(bool reshard, const std::string& unit = "", bool recurse = true);
+  // HYBRID: false reduce-scatters inside the shard group but skips the
+  // all-reduce across replicas, summing the results aside until a backward
+  // with it on (gradient accumulation across replicas once per step).
+  void set_requires_all_reduce(bool all_reduce, const std::string& unit = "", bool recurse = true);
+  // false: the unit's backward does not need its parameters (e.g. an
+  // embedding): not gathered in backward. Not recursive (as FSDP2).
+  void set_unshard_in_backward(bool unshard, const std::string& unit);
+  // false: the end of this backward leaves gradient reductions in flight; they
+  // finish at the next forward, or when this model reads or changes gradients
+  // (grad_norm, clip_grad_norm, zero_grad, gather_unit, state dicts). For
+  // micro-batches: an optimizer step needs a backward with it true first.
+  void set_is_last_backward(bool last);
+  // The units `unit` gathers after its own pre-forward (pre-backward) wait,
+  // replacing the implicit prefetch for it; empty: back to the implicit one.
+  void set_modules_to_forward_prefetch(const std::string& unit, const std::vector<std::string>& units);
+  void set_modules_to_backward_prefetch(const std::string& unit,
+                                        const std::vector<std::string>& units);  // the same in backward
+
+  // ---- reductions: factors and hooks (FSDP2's) -----------------------------
+  // Gradients are summed over the data-parallel ranks and divided by
+  // `factor` (default: their number, a mean). <= 0: back to the default.
+  void set_gradient_divide_factor(double factor, const std::string& unit = "", bool recurse = true);
+  // Only sum reductions on the wire; the division happens before (fp16: part
+  // of it) and after, locally (FSDP2's set_force_sum_reduction_for_comms).
+  void set_force_sum_reduction_for_comms(bool enable, const std::string& unit = "", bool recurse = true);
+  // The unit's all-gather / reduce-scatter done by `comm` (null: the engine's own).
+  void set_custom_all_gather(std::shared_ptr<AllGatherComm> comm, const std::string& unit = "", bool recurse = true);
+  void set_custom_reduce_scatter(std::shared_ptr<ReduceScatterComm> comm, const std::string& unit = "",
+                                 bool recurse = true);  // the same for the reduce-scatter
+  // Called with the unit's reduced gradient shard (reduce dtype) after its
+  // reduce-scatter, or after the all-reduce across replicas (HYBRID), before
+  // the final division (force-sum): e.g. an all-reduce over another group.
+  // Empty: none.
+  void set_all_reduce_hook(std::function<void(at::Tensor& reduce_output)> hook, const std::string& unit = "",
+                           bool recurse = true);
+
+  // ---- entry points besides the root's forward ------------------------------
+  // Gathers `unit`'s parameters (collective over its shard group: every rank
+  // calls it); async: returns at once, the handle (or the unit's next
+  // pre-forward) waits. Between steps; the unit's policy frees them again
+  // after its next forward, or reshard() does.
+  UnshardHandle unshard(const std::string& unit, bool async_op = false);
+  // Frees `unit`'s unsharded parameters (waits for a gather in flight). Local.
+  void reshard(const std::string& unit);
+  // Every unit gathered, in unit order (collective), for reading (or, with
+  // writeback, changing) the module's parameters in place until the returned
+  // object is destroyed; then each rank writes its chunk back into its
+  // shards (writeback) and every unit is resharded. Parameters are in the
+  // param dtype: writeback requires it to be the master dtype. Between steps.
+  FullParams summon_full_params(bool writeback = false);
 
   // Global L2 norm of the gradients over the whole model (every rank gets the
   // same value; replicas are not counted twice). Collective; between steps.
@@ -394,6 +590,7 @@ class ShardedModel {
   std::string describe() const;
 
  private:
+  friend detail::ShardedModelImpl& detail::impl_of(ShardedModel&);
   friend std::shared_ptr<ShardedModel> fully_shard(const std::shared_ptr<nn::UnitBase>&,
                                                    const comm::ProcessGroupPtr&, const FsdpOptions&);
   explicit ShardedModel(std::unique_ptr<detail::ShardedModelImpl> impl);

@@ -108,6 +108,16 @@ void alloc_storage(const at::Tensor& t, size_t nbytes) {
   s->set_nbytes(nbytes);
 }
 
+void adopt_storage(const at::Tensor& t, const at::Tensor& from) {
+  c10::StorageImpl* src = from.storage().unsafeGetStorageImpl();
+  c10::StorageImpl* dst = t.storage().unsafeGetStorageImpl();
+  const size_t nbytes = src->nbytes();
+  c10::DataPtr bytes = src->set_data_ptr(c10::DataPtr(nullptr, src->device()));
+  src->set_nbytes(0);
+  dst->set_data_ptr_noswap(std::move(bytes));
+  dst->set_nbytes(nbytes);
+}
+
 bool storage_allocated(const at::Tensor& t) {
   // nbytes, not data(): a refusing storage throws from data().
   return t.storage().unsafeGetStorageImpl()->nbytes() > 0;

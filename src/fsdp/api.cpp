@@ -1,6 +1,7 @@
 // The public API (ShardedModel, fully_shard) and the root's between-steps
 // operations behind it: shards, gradient norms, gathers, accounting.
 #include <cmath>
+#include <cstdio>
 #include <sstream>
 
 #include "fsdp/common/error.h"
@@ -19,8 +20,117 @@ std::vector<ShardRef> ShardedModelImpl::shards() const {
   return out;
 }
 
+void ShardedModelImpl::set_requires_gradient_sync(bool sync) {
+  for (int u = 0; u < sched_->size(); ++u) sched_->policy(u).sync_grads = sync;
+}
+
+// ---- FSDP2's per-module settings -----------------------------------------------
+
+std::vector<int> ShardedModelImpl::select_units(const std::string& unit, bool recurse, const char* what) const {
+  std::vector<int> out;
+  for (size_t k = 0; k < unit_names_.size(); ++k) {
+    const std::string& n = unit_names_[k];
+    const bool nested = unit.empty() || (n.size() > unit.size() && n.compare(0, unit.size(), unit) == 0 &&
+                                         n[unit.size()] == '.');
+    if (n == unit || (recurse && nested)) out.push_back(static_cast<int>(k));
+  }
+  if (out.empty()) {
+    std::string names;
+    for (const auto& n : unit_names_) names += (names.empty() ? "'" : ", '") + n + "'";
+    FSDP_CHECK(false, what, ": no unit is named '", unit, "'; the units are ", names, " ('' is the root)");
+  }
+  return out;
+}
+
+void ShardedModelImpl::set_policy(const std::string& unit, bool recurse, const char* what,
+                                  const std::function<void(UnitPolicy&)>& change) {
+  assert_idle(what);
+  for (int u : select_units(unit, recurse, what)) change(sched_->policy(u));
+}
+
+void ShardedModelImpl::set_comms(const std::string& unit, bool recurse, const char* what,
+                                 const std::function<void(ShardedUnit&)>& change) {
+  assert_idle(what);
+  for (int u : select_units(unit, recurse, what)) change(*units_[size_t(u)]);
+}
+
+void ShardedModelImpl::set_is_last_backward(bool last) {
+  assert_idle("set_is_last_backward");
+  sched_->options().is_last_backward = last;
+}
+
+void ShardedModelImpl::drain_reductions() {
+  if (sched_->reductions_in_flight() == 0) return;
+  sched_->finish_all(actions_);
+  execute(actions_);
+  for (auto& u : units_) {
+    if (sched_->policy(static_cast<int>(u->index())).sync_grads) u->ensure_grad_valid();
+  }
+}
+
+void ShardedModelImpl::user_unshard(int u, bool wait) {
+  assert_idle("unshard");
+  FSDP_CHECK(state_ == TrainingState::kIdle, "unshard: the previous forward's graph awaits backward; call it "
+             "between steps");
+  sched_->unshard(u, actions_);
+  if (wait) sched_->wait(u, actions_);
+  execute(actions_);
+}
+
+void ShardedModelImpl::user_wait(int u) {
+  sched_->wait(u, actions_);
+  execute(actions_);
+}
+
+void ShardedModelImpl::user_reshard(int u) {
+  assert_idle("reshard");
+  FSDP_CHECK(state_ == TrainingState::kIdle, "reshard: the previous forward's graph awaits backward, which needs "
+             "the parameters; call it between steps");
+  sched_->reshard(u, actions_);
+  execute(actions_);
+}
+
+// Note [Summoned parameters]
+// FSDP1's summon_full_params: every unit gathered in unit order (the same
+// collectives on every rank), the module's parameters readable (they view
+// each unit's unsharded buffer). With writeback each rank copies its own
+// chunk of that buffer back into its shard before resharding, so changes
+// made to the parameters in place become the model's; a chunk is only
+// written by its owner, so every rank must make the same change.
+void ShardedModelImpl::summon(bool writeback) {
+  assert_idle("summon_full_params");
+  FSDP_CHECK(state_ == TrainingState::kIdle, "summon_full_params: the previous forward's graph awaits backward; "
+             "call it between steps");
+  drain_reductions();
+  if (writeback) {
+    for (const auto& u : units_) {
+      FSDP_CHECK(u->mixed_precision().param_dtype == u->mixed_precision().master_dtype, "summon_full_params(writeback) "
+                 "under mixed precision: ", u->label(), "'s parameters are ", u->mixed_precision().param_dtype,
+                 " copies of its ", u->mixed_precision().master_dtype, " shards; write values with load_unit instead");
+    }
+  }
+  for (int u = 0; u < sched_->size(); ++u) sched_->unshard(u, actions_);
+  for (int u = 0; u < sched_->size(); ++u) sched_->wait(u, actions_);
+  execute(actions_);
+}
+
+void ShardedModelImpl::unsummon(bool writeback) {
+  if (writeback) {
+    at::NoGradGuard no_grad;
+    for (auto& u : units_) {
+      for (FlatParam* f : {&u->flat(), u->frozen()}) {
+        if (f == nullptr || f->single_copy()) continue;  // the shard is the parameters
+        f->shard().copy_(u->replicated() ? f->full().narrow(0, 0, f->shard().numel()) : f->own_chunk());
+      }
+    }
+  }
+  for (int u = 0; u < sched_->size(); ++u) sched_->reshard(u, actions_);
+  execute(actions_);
+}
+
 void ShardedModelImpl::zero_grad() {
   assert_idle("zero_grad");
+  drain_reductions();
   for (auto& u : units_) {
     FSDP_CHECK(!u->holds_unsharded_grads(), "zero_grad while unit '", u->name(),
                "' holds gradients accumulated without synchronization; run a synchronized backward first");
@@ -72,6 +182,7 @@ at::Tensor sum_of_squares(const at::Tensor& g) {
 
 at::Tensor ShardedModelImpl::grad_norm_tensor() {
   assert_idle("grad_norm");
+  drain_reductions();
   at::Tensor sq;
   for (auto& u : units_) {
     u->ensure_grad_valid();
@@ -151,10 +262,11 @@ StepCounters ShardedModelImpl::take_step_counters() {
 
 at::Tensor ShardedModelImpl::gather_unit(size_t u) {
   assert_idle("gather_unit");
+  drain_reductions();
   FSDP_CHECK(u < entries_.size(), "gather_unit: entry ", u, " out of range (", entries_.size(),
              " entries in ShardedModel::units())");
   FlatParam& f = *entries_[u].flat;
-  if (replicated_) return f.shard().narrow(0, 0, f.layout().numel).clone();
+  if (entries_[u].unit->replicated()) return f.shard().narrow(0, 0, f.layout().numel).clone();
   // On the group's device (NCCL gathers device memory; offloaded shards are
   // on the host), returned on the shard's.
   const at::Device on = shard_group_->device();
@@ -171,7 +283,9 @@ void ShardedModelImpl::load_unit(size_t u, const at::Tensor& full) {
   FSDP_CHECK(full.numel() == f.layout().numel, "load_unit: ", entries_[u].unit->label(),
              f.trainable() ? "" : " (frozen parameters)", " has ", f.layout().numel, " elements, got ", full.numel());
   f.init_shard(full.reshape({-1}), nullptr, 0);
-  entries_[u].unit->reshard();
+  // Unsharded copies made before (a policy that keeps them) are stale now.
+  sched_->reshard(static_cast<int>(entries_[u].unit->index()), actions_);
+  execute(actions_);
 }
 
 std::vector<MemoryPlacement> ShardedModelImpl::memory_placement() const {
@@ -217,6 +331,8 @@ std::string ShardedModelImpl::describe() const {
 
 // ---- ShardedModel --------------------------------------------------------------
 
+detail::ShardedModelImpl& detail::impl_of(ShardedModel& m) { return *m.impl_; }
+
 ShardedModel::ShardedModel(std::unique_ptr<detail::ShardedModelImpl> impl) : impl_(std::move(impl)) {}
 ShardedModel::~ShardedModel() = default;
 std::vector<ShardRef> ShardedModel::shards() const { return impl_->shards(); }
@@ -237,6 +353,102 @@ const comm::ProcessGroupPtr& ShardedModel::shard_group() const { return impl_->s
 const comm::ProcessGroupPtr& ShardedModel::replicate_group() const { return impl_->replicate_group(); }
 const FsdpOptions& ShardedModel::options() const { return impl_->options(); }
 std::string ShardedModel::describe() const { return impl_->describe(); }
+
+void ShardedModel::set_requires_gradient_sync(bool sync, const std::string& unit, bool recurse) {
+  impl_->set_policy(unit, recurse, "set_requires_gradient_sync", [&](detail::UnitPolicy& p) { p.sync_grads = sync; });
+}
+void ShardedModel::set_reshard_after_forward(bool reshard, const std::string& unit, bool recurse) {
+  impl_->set_policy(unit, recurse, "set_reshard_after_forward", [&](detail::UnitPolicy& p) {
+    p.reshard_after_forward = reshard;
+    if (!reshard) p.post_forward_group = 0;
+  });
+}
+void ShardedModel::set_reshard_after_backward(bool reshard, const std::string& unit, bool recurse) {
+  impl_->set_policy(unit, recurse, "set_reshard_after_backward",
+                    [&](detail::UnitPolicy& p) { p.reshard_after_backward = reshard; });
+}
+void ShardedModel::set_requires_all_reduce(bool all_reduce, const std::string& unit, bool recurse) {
+  impl_->set_policy(unit, recurse, "set_requires_all_reduce", [&](detail::UnitPolicy& p) { p.all_reduce = all_reduce; });
+}
+void ShardedModel::set_unshard_in_backward(bool unshard, const std::string& unit) {
+  impl_->set_policy(unit, false, "set_unshard_in_backward",
+                    [&](detail::UnitPolicy& p) { p.unshard_in_backward = unshard; });
+}
+void ShardedModel::set_is_last_backward(bool last) { impl_->set_is_last_backward(last); }
+void ShardedModel::set_modules_to_forward_prefetch(const std::string& unit, const std::vector<std::string>& units) {
+  std::vector<int> targets;
+  for (const auto& n : units) targets.push_back(impl_->select_units(n, false, "set_modules_to_forward_prefetch")[0]);
+  impl_->set_policy(unit, false, "set_modules_to_forward_prefetch", [&](detail::UnitPolicy& p) {
+    p.explicit_forward = !targets.empty();
+    p.forward_prefetch = targets;
+  });
+}
+void ShardedModel::set_modules_to_backward_prefetch(const std::string& unit, const std::vector<std::string>& units) {
+  std::vector<int> targets;
+  for (const auto& n : units) targets.push_back(impl_->select_units(n, false, "set_modules_to_backward_prefetch")[0]);
+  impl_->set_policy(unit, false, "set_modules_to_backward_prefetch", [&](detail::UnitPolicy& p) {
+    p.explicit_backward = !targets.empty();
+    p.backward_prefetch = targets;
+  });
+}
+void ShardedModel::set_gradient_divide_factor(double factor, const std::string& unit, bool recurse) {
+  FSDP_CHECK(std::isfinite(factor), "set_gradient_divide_factor: the factor must be finite, got ", factor);
+  impl_->set_comms(unit, recurse, "set_gradient_divide_factor",
+                   [&](detail::ShardedUnit& u) { u.comms().divide_factor = factor; });
+}
+void ShardedModel::set_force_sum_reduction_for_comms(bool enable, const std::string& unit, bool recurse) {
+  impl_->set_comms(unit, recurse, "set_force_sum_reduction_for_comms",
+                   [&](detail::ShardedUnit& u) { u.comms().force_sum = enable; });
+}
+void ShardedModel::set_custom_all_gather(std::shared_ptr<AllGatherComm> comm, const std::string& unit, bool recurse) {
+  impl_->set_comms(unit, recurse, "set_custom_all_gather", [&](detail::ShardedUnit& u) { u.comms().all_gather = comm; });
+}
+void ShardedModel::set_custom_reduce_scatter(std::shared_ptr<ReduceScatterComm> comm, const std::string& unit,
+                                             bool recurse) {
+  impl_->set_comms(unit, recurse, "set_custom_reduce_scatter",
+                   [&](detail::ShardedUnit& u) { u.comms().reduce_scatter = comm; });
+}
+void ShardedModel::set_all_reduce_hook(std::function<void(at::Tensor&)> hook, const std::string& unit, bool recurse) {
+  impl_->set_comms(unit, recurse, "set_all_reduce_hook",
+                   [&](detail::ShardedUnit& u) { u.comms().all_reduce_hook = hook; });
+}
+UnshardHandle ShardedModel::unshard(const std::string& unit, bool async_op) {
+  const int u = impl_->select_units(unit, false, "unshard")[0];
+  impl_->user_unshard(u, !async_op);
+  return async_op ? UnshardHandle(impl_.get(), u) : UnshardHandle();
+}
+void ShardedModel::reshard(const std::string& unit) { impl_->user_reshard(impl_->select_units(unit, false, "reshard")[0]); }
+FullParams ShardedModel::summon_full_params(bool writeback) {
+  impl_->summon(writeback);
+  return FullParams(impl_.get(), writeback);
+}
+
+void UnshardHandle::wait() {
+  if (impl_ == nullptr) return;
+  impl_->user_wait(unit_);
+  impl_ = nullptr;
+}
+
+at::Tensor AllGatherComm::allocate(int64_t numel, at::ScalarType dtype, at::Device device) {
+  return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
+}
+at::Tensor ReduceScatterComm::allocate(int64_t numel, at::ScalarType dtype, at::Device device) {
+  return at::empty({numel}, at::TensorOptions().dtype(dtype).device(device));
+}
+
+FullParams::FullParams(FullParams&& other) noexcept : impl_(other.impl_), writeback_(other.writeback_) {
+  other.impl_ = nullptr;
+}
+FullParams::~FullParams() {
+  if (impl_ == nullptr) return;
+  try {
+    impl_->unsummon(writeback_);
+  } catch (const std::exception& e) {
+    // A destructor cannot throw: the failure (a collective that broke) leaves
+    // the model unusable, as any failed collective does.
+    std::fprintf(stderr, "fsdp: summon_full_params could not reshard: %s\n", e.what());
+  }
+}
 
 std::shared_ptr<ShardedModel> fully_shard(const std::shared_ptr<nn::UnitBase>& root,
                                           const comm::ProcessGroupPtr& world, const FsdpOptions& options) {

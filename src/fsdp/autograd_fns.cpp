@@ -67,6 +67,7 @@ struct ForwardHolder : torch::CustomClassHolder {
   nn::TensorFn fn;
   std::vector<at::Tensor> params;
   std::vector<bool> input_requires_grad;
+  std::function<void()> on_recompute;
   // Offloaded inputs: host copies, and the devices to bring them back to.
   bool offload = false;
   std::vector<at::Tensor> host_inputs;
@@ -119,6 +120,7 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
       inputs.push_back(d);
     }
     variable_list outputs;
+    if (holder->on_recompute) holder->on_recompute();
     {
       trace::Span span("recompute", "compute");
       torch::AutoGradMode enable(true);
@@ -194,8 +196,10 @@ std::vector<at::Tensor> attach_post_backward(ShardedUnit& unit, const std::vecto
 }
 
 std::vector<at::Tensor> checkpointed_call(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs,
-                                          const std::vector<at::Tensor>& params, bool offload_inputs) {
+                                          const std::vector<at::Tensor>& params, bool offload_inputs,
+                                          std::function<void()> on_recompute) {
   auto holder = c10::make_intrusive<ForwardHolder>();
+  holder->on_recompute = std::move(on_recompute);
   holder->fn = fn;
   holder->params = params;
   holder->offload = offload_inputs;

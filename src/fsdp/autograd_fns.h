@@ -3,6 +3,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <vector>
 
 #include "fsdp/nn/unit.h"
@@ -31,7 +32,9 @@ std::vector<at::Tensor> attach_post_backward(ShardedUnit& unit, const std::vecto
 // hook). `params` are the unit's parameters: passed as inputs so their
 // gradients flow to their AccumulateGrad nodes. `offload_inputs`: keep the
 // saved inputs in host memory until the recompute (a no-op for CPU tensors).
+// `on_recompute` runs just before each recomputation (the schedule's trace).
 std::vector<at::Tensor> checkpointed_call(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs,
-                                          const std::vector<at::Tensor>& params, bool offload_inputs);
+                                          const std::vector<at::Tensor>& params, bool offload_inputs,
+                                          std::function<void()> on_recompute);
 
 }  // namespace fsdp::detail

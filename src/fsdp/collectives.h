@@ -12,6 +12,7 @@
 #include <c10/core/impl/LocalDispatchKeySet.h>
 
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "fsdp/comm/process_group.h"
@@ -32,9 +33,10 @@ struct Wire;
 
 // An all-gather in flight into an unsharded buffer.
 struct AllGather {
-  comm::WorkPtr work;           // null: none in flight
+  comm::WorkPtr work;            // null: none in flight (or a custom all-gather that finished at once)
+  bool issued = false;           // between the issue and the wait
   std::function<void()> arrive;  // a compressed wire: decodes into the buffer after the wait (holds the wire)
-  bool in_flight() const { return work != nullptr; }
+  bool in_flight() const { return issued; }
 };
 
 // Copy-in and issue: `shard` (master dtype), cast to `full`'s dtype, is
@@ -57,7 +59,8 @@ void wait_all_gather(AllGather& g, const std::string& label);
 // rank's unsharded gradients, scattered (each rank gets its shard's part) or,
 // for replicated layouts, all-reduced whole.
 struct Reduction {
-  comm::WorkPtr work;            // null: none in flight
+  comm::WorkPtr work;            // null: none in flight (or a custom reduce-scatter that finished at once)
+  bool issued = false;           // between issue_reduction and finish_reduction
   at::Tensor input;              // what `work` reads (reduce dtype), kept alive until it completes
   at::Tensor output;             // where `work` writes: the gradient shard itself, or a scratch
   at::Tensor staging;            // a host gradient shard of another dtype: the cast lands here first, or undefined
@@ -65,7 +68,7 @@ struct Reduction {
   int64_t held_bytes = 0;        // input/output bytes beyond the unsharded gradient buffer (the ledger's kReductions)
   std::vector<at::Tensor> held;  // those buffers: their bytes are released in finish_reduction
   std::function<void()> arrive;  // a compressed wire: decodes and sums into `output` after the wait
-  bool in_flight() const { return work != nullptr; }
+  bool in_flight() const { return issued; }
 
   // `t` belongs to this reduction until finish_reduction, which releases its
   // bytes; the ledger counts them until then.
@@ -76,6 +79,23 @@ struct Reduction {
 // uninitialized): from `pool`'s high end when there is one (Note
 // [Preallocated pool]), else from the allocator of `like`'s device.
 at::Tensor new_unsharded(UnshardedPool* pool, int64_t numel, at::ScalarType dtype, const at::Tensor& like);
+
+// FSDP2's reduction arithmetic for a unit (_get_gradient_divide_factors):
+// which ops run on the wire and what is divided locally before and after.
+struct ReduceSpec {
+  double pre_divide = 1;   // the input is divided by this before the reduction (fp16 under force-sum)
+  double premul = 1;       // the input is multiplied by this before a sum (a divide factor, not force-sum)
+  double post_divide = 1;  // the output is divided by this after (force-sum)
+  comm::ReduceOp shard_op = comm::ReduceOp::kAvg;    // over the shard group (replicated: the all-reduce)
+  comm::ReduceOp replica_op = comm::ReduceOp::kAvg;  // across replicas (HYBRID)
+  std::shared_ptr<ReduceScatterComm> comm;           // a custom reduce-scatter (null: the group's)
+  std::function<void(at::Tensor&)> hook;             // the all-reduce hook (empty: none)
+  at::Tensor partial;  // HYBRID without all-reduce before: shard-group results added before the all-reduce
+};
+// The spec for `shard_size` ranks times `replicas`, the reduce dtype, FSDP2's
+// gradient divide factor (<= 0: none) and force-sum.
+ReduceSpec reduce_spec(int shard_size, int replicas, at::ScalarType reduce_dtype, double divide_factor,
+                       bool force_sum);
 
 // Copy-in: `grads` in `reduce_dtype` — `grads` itself when already of it, else
 // a cast copy (from `pool` when not null) that `r` holds (the caller may then
@@ -89,10 +109,14 @@ at::Tensor reduce_copy_in(const at::Tensor& grads, at::ScalarType reduce_dtype, 
 // into a shard-sized scratch (from `pool` when not null) that `r` holds, and,
 // for a gradient shard of another dtype on another device (CPU offload), a
 // staging buffer of the shard's dtype beside it (Note [Offload staging]).
-// With a compressed `wire` (not replicated), see issue_encoded_reduction.
+// `spec`: the divisions and ops (default: a mean), a custom reduce-scatter
+// (its allocate gives the output scratch: never the gradient shard).
+// With a compressed `wire` (not replicated; only with the default `spec`),
+// see issue_encoded_reduction.
 void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& group, bool replicated,
                      const at::Tensor& grad_shard, bool may_land_in_shard, MemoryLedger& ledger,
-                     UnshardedPool* pool, const std::string& label, const Wire* wire = nullptr);
+                     UnshardedPool* pool, const std::string& label, const ReduceSpec& spec = {},
+                     const Wire* wire = nullptr);
 
 // How a finished reduction lands in the gradient shard.
 enum class Fold {
@@ -108,7 +132,14 @@ enum class Fold {
 // offload) receives a non-blocking copy for kCopy and kReplace: the host may
 // read it only after synchronizing with the device (the engine does at the
 // end of backward); kAdd copies to the host and waits.
+// `spec` (as issued): `partial` is added before the all-reduce across
+// replicas, then the hook, then the final division.
 void finish_reduction(Reduction& r, comm::ProcessGroup* replicate_group, bool replicated, at::Tensor& grad_shard,
-                      Fold fold, MemoryLedger& ledger, const std::string& label);
+                      Fold fold, MemoryLedger& ledger, const std::string& label, const ReduceSpec& spec = {});
+// HYBRID without the all-reduce across replicas (set_requires_all_reduce):
+// waits for `r` and adds its output into `partial` (allocated on first use,
+// reduce dtype, counted as accumulated gradients); the gradient shard is not
+// touched. Afterwards `r` is empty.
+void finish_reduction_partial(Reduction& r, at::Tensor& partial, MemoryLedger& ledger, const std::string& label);
 
 }  // namespace fsdp::detail

@@ -86,6 +86,7 @@ AllGather all_gather_encoded(comm::ProcessGroup& group, const at::Tensor& shard,
   const int64_t n = shard.numel();
   FSDP_ASSERT(full.numel() == w * n, "all_gather_encoded: full ", full.numel(), " != ", w, " x ", n);
   AllGather g;
+  g.issued = true;
   if (wire.gather == WireFormat::kBf16) {
     at::Tensor buf = at::empty({w * n}, full.options().dtype(at::kBFloat16));
     at::Tensor mine = buf.narrow(0, me * n, n);
@@ -132,6 +133,7 @@ void issue_encoded_reduction(Reduction& r, const at::Tensor& input, comm::Proces
              "process group; gradients on ", input.device(), " — use --reduce-dtype bf16 there");
   r.input = input;
   r.into_grad_shard = false;
+  r.issued = true;
   if (may_land_in_shard && grad_shard.scalar_type() == at::kFloat && grad_shard.device() == input.device()) {
     r.output = grad_shard;
     r.into_grad_shard = true;

@@ -1,5 +1,7 @@
 #include "fsdp/flat_param.h"
 
+#include <ATen/core/LegacyTypeDispatch.h>
+
 #include <unordered_set>
 
 #include "fsdp/common/internals.h"
@@ -185,6 +187,20 @@ void FlatParam::alloc_full() {
   storage_ = StorageState::kAllocated;
 }
 
+void FlatParam::alloc_full_from(const at::Tensor& buffer) {
+  FSDP_ASSERT(storage_ == StorageState::kFreed);
+  FSDP_CHECK(buffer.is_contiguous() && buffer.numel() == layout_.padded_numel &&
+                 buffer.scalar_type() == options_.param_dtype && buffer.device() == options_.device &&
+                 buffer.storage_offset() == 0 && buffer.storage().nbytes() >= static_cast<size_t>(full_bytes()),
+             "a custom all-gather's allocate must return ", layout_.padded_numel, " contiguous elements of ",
+             options_.param_dtype, " on ", options_.device, " at the start of their storage; got ", buffer.sizes(),
+             " ", buffer.scalar_type(), " on ", buffer.device());
+  internals::adopt_storage(full_, buffer);
+  options_.ledger->add(BufferKind::kParams, full_bytes());
+  for (auto& p : params_) internals::set_storage(p, full_.storage());
+  storage_ = StorageState::kAllocated;
+}
+
 void FlatParam::free_full() {
   FSDP_ASSERT(!single_copy_, "the single-copy buffer is never freed");
   if (storage_ == StorageState::kFreed) return;
@@ -196,6 +212,48 @@ void FlatParam::free_full() {
   // the tensors autograd saved keep the real storage, refilled by alloc_full.
   for (size_t i = 0; i < params_.size(); ++i) internals::set_storage(params_[i], refusing_[i]);
   storage_ = StorageState::kFreed;
+}
+
+// Note [Post-forward shards]
+// reshard_after_forward = g (FSDP2's int; ZeRO++'s hpZ): after forward the
+// unit keeps 1/g of its unsharded parameters — the chunk of full_ this rank
+// has in its group of g consecutive ranks — instead of nothing, so that
+// backward gathers over those g ranks (inside a node) rather than the whole
+// shard group. The values are full_'s bits, so backward computes with exactly
+// the parameters forward used. The copy is made before full_ is freed: both
+// are held for a moment (the ledger and the plan count it so).
+void FlatParam::keep_post_forward_shard(int group, int rank_in_group) {
+  FSDP_ASSERT(storage_ == StorageState::kAllocated && !post_forward_.defined() && group >= 1 &&
+              layout_.padded_numel % group == 0);
+  const int64_t n = layout_.padded_numel / group;
+  {
+    at::NoGradGuard no_grad;
+    post_forward_ = full_.narrow(0, n * rank_in_group, n).clone();
+  }
+  post_forward_group_ = group;
+  post_forward_rank_ = rank_in_group;
+  options_.ledger->add(BufferKind::kParams, n * static_cast<int64_t>(c10::elementSize(options_.param_dtype)));
+  free_full();
+}
+
+at::Tensor FlatParam::refill_from_post_forward_shard() {
+  FSDP_ASSERT(post_forward_.defined());
+  alloc_full();
+  const int64_t n = post_forward_.numel();
+  at::Tensor chunk = full_.narrow(0, n * post_forward_rank_, n);
+  {
+    at::NoGradGuard no_grad;
+    at::AutoDispatchBelowADInplaceOrView below_ad;  // the parameters view full_: no version bump
+    chunk.copy_(post_forward_);
+  }
+  return chunk;
+}
+
+void FlatParam::drop_post_forward_shard() {
+  if (!post_forward_.defined()) return;
+  options_.ledger->release(BufferKind::kParams, static_cast<int64_t>(post_forward_.nbytes()));
+  post_forward_ = at::Tensor();
+  post_forward_group_ = 0;
 }
 
 void FlatParam::prepare_full_grad(bool keep) {

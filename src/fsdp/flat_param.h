@@ -135,7 +135,19 @@ class FlatParam {
 
   StorageState storage_state() const { return storage_; }
   void alloc_full();
+  // alloc_full with the bytes of `buffer` (a custom all-gather's allocate):
+  // Np contiguous elements of the param dtype on the device.
+  void alloc_full_from(const at::Tensor& buffer);
   void free_full();
+  // Note [Post-forward shards]: keeps chunk `rank_in_group` of `group` chunks
+  // of full_ (param dtype), then frees full_. Requires: full_ allocated.
+  void keep_post_forward_shard(int group, int rank_in_group);
+  // alloc_full, and the post-forward shard copied into its chunk of full_:
+  // returns that chunk (the all-gather's input over the group).
+  at::Tensor refill_from_post_forward_shard();
+  // Frees the post-forward shard (after the all-gather read it, or to drop it).
+  void drop_post_forward_shard();
+  bool holds_post_forward_shard() const { return post_forward_.defined(); }
   // This rank's chunk of full_ (valid while allocated).
   at::Tensor own_chunk() { return full_.narrow(0, shard_offset(), layout_.shard_numel); }
 
@@ -166,6 +178,9 @@ class FlatParam {
   at::Tensor grad_shard_;  // (n) shard dtype, shard device
   at::Tensor full_;        // (Np) param dtype
   at::Tensor full_grad_;   // (Np) param dtype
+  at::Tensor post_forward_;  // (Np / g) param dtype: chunk post_forward_rank_ of full_, or undefined
+  int post_forward_group_ = 0;
+  int post_forward_rank_ = 0;
   std::vector<c10::Storage> refusing_;  // per parameter, while kFreed (Note [Refusing storage])
 };
 

@@ -11,6 +11,7 @@
 #include "fsdp/common/internals.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
+#include "fsdp/common/trace.h"
 #include "fsdp/state.h"
 
 namespace fsdp::detail {
@@ -42,15 +43,16 @@ ShardedModelImpl::~ShardedModelImpl() {
 }
 
 void ShardedModelImpl::build_units() {
-  std::vector<PlannedUnit> plan = plan_units(root_module_, options_);
+  const int shard_size = shard_group_->size();
+  std::vector<PlannedUnit> plan = plan_units(root_module_, options_, shard_size);
+  for (const at::Tensor& t : options_.ignored_params) {
+    FSDP_CHECK(!t.is_meta(), "an ignored parameter (FsdpOptions::ignored_params, ", t.sizes(), ") is on the meta "
+               "device: FSDP leaves ignored parameters to the caller, so materialize them before fully_shard");
+  }
 
   // --- flat parameters, shards, hooks
   FlatParamOptions fpo;
-  fpo.param_dtype = options_.mixed_precision.param_dtype;
-  fpo.shard_dtype = fpo.master_dtype = options_.mixed_precision.master_dtype;
   fpo.device = options_.device;
-  fpo.shard_device = options_.cpu_offload ? at::Device(at::kCPU) : options_.device;
-  fpo.pin_shards = options_.cpu_offload && options_.device.is_cuda();
   // Note [One-rank shard groups]
   // A shard group of one rank holds every parameter in its shard. When that
   // shard can be the parameters themselves (same dtype, same device), sharding
@@ -59,11 +61,14 @@ void ShardedModelImpl::build_units() {
   // freed or copied, no extra memory — as PyTorch FSDP does at world size 1.
   // Gradients are still averaged over the replicas (HYBRID). With a bf16 compute
   // copy or CPU offload the strategy stands: keeping the compute copy resident
-  // would cost memory the user asked not to spend.
-  replicated_ = options_.strategy == ShardingStrategy::kNoShard || keeps_single_copy(options_, shard_group_->size());
-  fpo.shard_rank = replicated_ ? 0 : shard_group_->rank();
-  fpo.shard_size = replicated_ ? 1 : shard_group_->size();
-  fpo.replicated = replicated_;
+  // would cost memory the user asked not to spend. Decided per unit (its own
+  // precision and offload may differ).
+  std::vector<bool> unit_replicated_flags;
+  replicated_ = true;
+  for (const PlannedUnit& pu : plan) {
+    unit_replicated_flags.push_back(unit_replicated(pu, options_, shard_size));
+    replicated_ = replicated_ && unit_replicated_flags.back();
+  }
   fpo.ledger = ledger_;
   if (options_.device.is_cuda() || options_.unsharded_pool) {
     // Note [Preallocated pool]: the plan's bound for one step, plus the
@@ -74,10 +79,30 @@ void ShardedModelImpl::build_units() {
                                               sp.step_unsharded_bytes + kPoolAlignmentBlocks * UnshardedPool::kAlignment);
       // A fragmented pool first gets back the oldest reduction's buffers.
       pool_->set_reclaim([this] {
-        if (pending_reduces_.empty()) return false;
-        pending_reduces_.front()->finish_reduce();
-        pending_reduces_.pop_front();
-        return true;
+        // The oldest reduction actually issued: one whose finish the events
+        // being executed hold further on (it is then skipped there), else the
+        // schedule's oldest in flight that the engine has issued.
+        std::vector<Event> events;
+        if (executing_ != nullptr) {
+          for (size_t i = executing_pos_ + 1; i < executing_->size(); ++i) {
+            const Event& e = (*executing_)[i];
+            if (e.kind != EventKind::kFinishReduce ||
+                units_[size_t(e.unit)]->grad_state() != GradState::kReduceIssued) {
+              continue;
+            }
+            events.push_back(e);
+            run_events(events);
+            reclaimed_.push_back(e.unit);  // skipped when the events reach it
+            return true;
+          }
+        }
+        for (int u : sched_->in_flight()) {
+          if (units_[size_t(u)]->grad_state() != GradState::kReduceIssued) continue;
+          sched_->finish_now(u, events);
+          run_events(events);
+          return true;
+        }
+        return false;
       });
       fpo.pool = pool_;
     }
@@ -88,13 +113,14 @@ void ShardedModelImpl::build_units() {
     // language model's embedding and head, gathered twice a step each, are
     // larger and are not kept between uses (they would stay resident). With no
     // repeated size, the largest non-root unit.
-    const auto padded = [&](const std::vector<FlatParam::Source>& sources) {
+    const auto padded_bytes = [&](const PlannedUnit& pu, const std::vector<FlatParam::Source>& sources) {
       int64_t numel = 0;
       for (const auto& s : sources) numel += s.param.numel();
-      return (numel + fpo.shard_size - 1) / fpo.shard_size * fpo.shard_size;
+      return (numel + shard_size - 1) / shard_size * shard_size *
+             static_cast<int64_t>(c10::elementSize(pu.mixed_precision.param_dtype));
     };
-    std::map<int64_t, int> sizes;  // padded elements of a non-root unit -> how many units have it
-    for (size_t k = 1; k < plan.size(); ++k) ++sizes[padded(plan[k].sources) + padded(plan[k].frozen)];
+    std::map<int64_t, int> sizes;  // padded bytes of a non-root unit -> how many units have it
+    for (size_t k = 1; k < plan.size(); ++k) ++sizes[padded_bytes(plan[k], plan[k].sources) + padded_bytes(plan[k], plan[k].frozen)];
     int64_t largest = sizes.empty() ? 0 : sizes.rbegin()->first;
     for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
       if (it->second >= 2) {
@@ -102,8 +128,7 @@ void ShardedModelImpl::build_units() {
         break;
       }
     }
-    host_pool_ = std::make_shared<internals::HostBufferPool>(
-        static_cast<size_t>(2 * largest) * c10::elementSize(fpo.param_dtype));
+    host_pool_ = std::make_shared<internals::HostBufferPool>(static_cast<size_t>(2 * largest));
     fpo.host_pool = host_pool_;
   }
   // Note [Frozen shards in the param dtype]
@@ -116,10 +141,18 @@ void ShardedModelImpl::build_units() {
   // FlatParam), so frozen parameters take no unsharded memory there. What
   // changes: a checkpoint or export of frozen weights holds the rounded values
   // the run computed with (plan_sharding counts the bytes alike).
-  const auto make_flat = [&](std::vector<FlatParam::Source> sources, bool trainable) {
+  const auto make_flat = [&](const PlannedUnit& pu, bool replicated, std::vector<FlatParam::Source> sources,
+                             bool trainable) {
     FlatParamOptions o = fpo;
+    o.param_dtype = pu.mixed_precision.param_dtype;
+    o.shard_dtype = o.master_dtype = pu.mixed_precision.master_dtype;
+    o.shard_device = pu.cpu_offload ? at::Device(at::kCPU) : options_.device;
+    o.pin_shards = pu.cpu_offload && options_.device.is_cuda() && options_.pin_memory;
+    o.shard_rank = replicated ? 0 : shard_group_->rank();
+    o.shard_size = replicated ? 1 : shard_size;
+    o.replicated = replicated;
     o.trainable = trainable;
-    if (!trainable) o.shard_dtype = fpo.param_dtype;
+    if (!trainable) o.shard_dtype = o.param_dtype;
     auto flat = std::make_unique<FlatParam>(std::move(sources), o);
     at::Tensor source;
     if (options_.sync_module_states && world_->size() > 1) {
@@ -131,22 +164,27 @@ void ShardedModelImpl::build_units() {
       world_->broadcast(source, 0)->wait();
     }
     flat->init_shard(source, options_.init_rule, options_.seed);
-    flat->bind(/*keep_allocated=*/replicated_);
+    flat->bind(/*keep_allocated=*/replicated);
     return flat;
   };
   for (auto& u : nn::find_units(root_module_)) u.second->set_hooks(nullptr);  // folded units: plain call
+  std::vector<ScheduleUnit> sched_units = schedule_units(plan, options_, shard_size,
+                                                         replicate_group_ ? replicate_group_->size() : 1);
+  std::vector<UnitPolicy> policies = schedule_policies(plan);
   for (size_t k = 0; k < plan.size(); ++k) {
     PlannedUnit& pu = plan[k];
     const bool lists_trainable = pu.lists_trainable(), lists_frozen = pu.lists_frozen();
-    std::unique_ptr<FlatParam> flat = make_flat(std::move(pu.sources), /*trainable=*/true);
-    std::unique_ptr<FlatParam> frozen = lists_frozen ? make_flat(std::move(pu.frozen), /*trainable=*/false) : nullptr;
+    const bool replicated = unit_replicated_flags[k];
+    std::unique_ptr<FlatParam> flat = make_flat(pu, replicated, std::move(pu.sources), /*trainable=*/true);
+    std::unique_ptr<FlatParam> frozen =
+        lists_frozen ? make_flat(pu, replicated, std::move(pu.frozen), /*trainable=*/false) : nullptr;
     const std::string type_name = pu.module->inner_type_name();
     bool contains_units = false;
     for (size_t j = 0; j < plan.size(); ++j) {
       contains_units = contains_units || (j != k && (pu.name.empty() || plan[j].name.rfind(pu.name + ".", 0) == 0));
     }
     auto unit = std::make_shared<ShardedUnit>(this, k, pu.name, type_name, k == 0, pu.checkpoint, std::move(flat),
-                                              std::move(frozen), contains_units);
+                                              std::move(frozen), contains_units, replicated, pu.mixed_precision);
     if (lists_trainable) {
       infos_.push_back(unit_info(pu, unit->flat().layout(), unit->flat().shard_offset(), /*trainable=*/true));
       entries_.push_back({unit.get(), &unit->flat()});
@@ -159,8 +197,16 @@ void ShardedModelImpl::build_units() {
     unit->begin_iteration();
     pu.module->set_hooks(unit);
     unit_modules_.push_back(pu.module);
+    unit_names_.push_back(pu.name);
     units_.push_back(std::move(unit));
+    const int g = policies[k].post_forward_group;
+    if (g > 1 && !replicated && post_forward_groups_.count(g) == 0) post_forward_groups_[g] = nullptr;
   }
+  // Groups of reshard_after_forward = int (hpZ): consecutive ranks of the
+  // shard group, as FSDP2 views its mesh (-1, g). Collective: every rank
+  // plans the same sizes.
+  for (auto& [g, group] : post_forward_groups_) group = comm::make_hybrid_groups(*shard_group_, g).shard;
+  sched_ = std::make_unique<StepScheduler>(std::move(sched_units), std::move(policies), schedule_options(options_));
   // Buffers are replicated, not sharded: cast (and with sync_module_states,
   // broadcast) them in place.
   for (auto& b : root_module_->named_buffers(/*recurse=*/true)) {
@@ -172,16 +218,80 @@ void ShardedModelImpl::build_units() {
     if (options_.sync_module_states && world_->size() > 1) world_->broadcast(moved, 0)->wait();
     internals::rebind_data(t, moved);
   }
-  prev_pos_.assign(units_.size(), -1);
-  fwd_pos_.assign(units_.size(), -1);
+}
+
+// ---- executing the schedule --------------------------------------------------
+
+const comm::ProcessGroupPtr& ShardedModelImpl::post_forward_group(int size) const {
+  static const comm::ProcessGroupPtr kNone;
+  if (size <= 0) return kNone;
+  const auto it = post_forward_groups_.find(size);
+  FSDP_ASSERT(it != post_forward_groups_.end() && it->second != nullptr, "no post-forward group of ", size, " ranks");
+  return it->second;
+}
+
+void ShardedModelImpl::note(EventKind kind, const ShardedUnit& u) {
+  if (!trace::enabled()) return;
+  const int64_t now = trace::now_us();
+  trace::record(to_string(kind), "schedule", now, now, -1,
+                to_string(Event{kind, static_cast<int>(u.index()), 0, false}, unit_names_));
+}
+
+void ShardedModelImpl::execute(std::vector<Event>& events) {
+  const std::vector<Event>* outer = executing_;
+  const size_t outer_pos = executing_pos_;
+  executing_ = &events;
+  try {
+    run_events(events);
+  } catch (...) {
+    executing_ = outer;
+    executing_pos_ = outer_pos;
+    events.clear();
+    throw;
+  }
+  executing_ = outer;
+  executing_pos_ = outer_pos;
+  events.clear();
+}
+
+void ShardedModelImpl::run_events(const std::vector<Event>& events) {
+  // Executed in order; each primitive asserts the state it needs, so a
+  // schedule that disagrees with the units stops here (Note [Step schedule]).
+  for (size_t i = 0; i < events.size(); ++i) {
+    const Event& e = events[i];
+    if (&events == executing_) executing_pos_ = i;
+    ShardedUnit& u = *units_[size_t(e.unit)];
+    if (e.kind == EventKind::kFinishReduce) {
+      const auto it = std::find(reclaimed_.begin(), reclaimed_.end(), e.unit);
+      if (it != reclaimed_.end()) {  // finished early by the pool (above)
+        reclaimed_.erase(it);
+        continue;
+      }
+    }
+    switch (e.kind) {
+      case EventKind::kUnshard:
+      case EventKind::kPrefetch: u.unshard(post_forward_group(e.group)); break;
+      case EventKind::kWait: u.wait_for_unshard(); break;
+      case EventKind::kReshard: {
+        const comm::ProcessGroupPtr& g = post_forward_group(e.group);
+        u.reshard(e.group, g ? g->rank() : 0);
+        break;
+      }
+      case EventKind::kPreBackward: u.begin_backward(); break;
+      case EventKind::kPostBackward: u.end_backward(); break;
+      case EventKind::kReduce: u.reduce(sched_->policy(e.unit).all_reduce); break;
+      case EventKind::kKeepGrads: u.keep_grads(); break;
+      case EventKind::kFinishReduce: u.finish_reduce(e.replicas); break;
+      default: FSDP_ASSERT(false, "the schedule asked to execute a marker: ", to_string(e.kind));
+    }
+    if (trace::enabled()) {
+      const int64_t now = trace::now_us();
+      trace::record(to_string(e.kind), "schedule", now, now, -1, to_string(e, unit_names_));
+    }
+  }
 }
 
 // ---- iteration bookkeeping --------------------------------------------------
-
-bool ShardedModelImpl::reshards_after_forward(const ShardedUnit& u) const {
-  if (u.is_root() || replicated_) return false;  // root: needed again at once by backward
-  return options_.strategy == ShardingStrategy::kFullShard || options_.strategy == ShardingStrategy::kHybridShard;
-}
 
 void ShardedModelImpl::on_pre_forward(ShardedUnit& u) {
   if (u.is_root()) {
@@ -194,35 +304,30 @@ void ShardedModelImpl::on_pre_forward(ShardedUnit& u) {
     transition_to(state_, TrainingState::kForward, "pre_forward", "the root");
     ++iteration_;
     live_graph_nodes_ = 0;
-    if (!forward_order_.empty()) {
-      prev_forward_order_ = forward_order_;
-      std::fill(prev_pos_.begin(), prev_pos_.end(), -1);
-      for (size_t k = 0; k < prev_forward_order_.size(); ++k) prev_pos_[prev_forward_order_[k]->index()] = int(k);
-    }
-    forward_order_.clear();
-    std::fill(fwd_pos_.begin(), fwd_pos_.end(), -1);
+    sched_->begin_iteration(actions_);
+    execute(actions_);
     for (auto& x : units_) x->begin_iteration();
   } else {
     FSDP_CHECK(state_ == TrainingState::kForward, "unit '", u.name(),
                "' was called outside its model's forward; call the model through its root unit");
   }
-  note_consumed(u);
-  fwd_pos_[u.index()] = static_cast<int>(forward_order_.size());
-  forward_order_.push_back(&u);
-  u.unshard();
-  if (options_.forward_prefetch) {
-    const int k = prev_pos_[u.index()];
-    if (k >= 0 && size_t(k + 1) < prev_forward_order_.size()) prefetch(prev_forward_order_[size_t(k + 1)]);
-  }
+  sched_->pre_forward(static_cast<int>(u.index()), actions_);
+  execute(actions_);
 }
 
 void ShardedModelImpl::on_post_forward(ShardedUnit& u) {
+  sched_->post_forward(static_cast<int>(u.index()), actions_);
+  execute(actions_);
+}
+
+void ShardedModelImpl::on_forward_done(ShardedUnit& u) {
   if (!u.is_root()) return;
   if (live_graph_nodes_ > 0) {
     transition_to(state_, TrainingState::kAwaitingBackward, "post_forward", "the root");
   } else {
     // Nothing of the forward requires grad: no backward will come.
-    release_iteration();
+    sched_->release_iteration(actions_);
+    execute(actions_);
     transition_to(state_, TrainingState::kIdle, "post_forward", "the root");
   }
 }
@@ -231,18 +336,27 @@ void ShardedModelImpl::on_forward_failed() {
   // A secondary failure (a collective that broke) leaves the model unusable;
   // the first exception is the one to report.
   try {
-    release_iteration();
+    actions_.clear();
+    sched_->release_iteration(actions_);
+    execute(actions_);
   } catch (...) {
+    actions_.clear();
   }
   transition_to(state_, TrainingState::kIdle, "on_forward_failed", "the root");
 }
 
-void ShardedModelImpl::on_eval_forward(ShardedUnit& u) {
-  (void)u;
+void ShardedModelImpl::on_eval_pre_forward(ShardedUnit& u) {
   FSDP_CHECK(state_ != TrainingState::kBackward, "forward called while a backward pass of the same model is running");
   FSDP_CHECK(state_ != TrainingState::kAwaitingBackward,
              "evaluation forward (grad mode off) while the previous training forward's graph awaits backward: "
              "it would release parameters that graph still needs; call backward() on that loss, or drop it, first");
+  sched_->eval_pre_forward(static_cast<int>(u.index()), actions_);
+  execute(actions_);
+}
+
+void ShardedModelImpl::on_eval_post_forward(ShardedUnit& u) {
+  sched_->eval_post_forward(static_cast<int>(u.index()), actions_);
+  execute(actions_);
 }
 
 void ShardedModelImpl::on_graph_node_created(int64_t iteration) {
@@ -254,7 +368,9 @@ void ShardedModelImpl::on_graph_node_destroyed(int64_t iteration) {
   if (--live_graph_nodes_ == 0 && state_ == TrainingState::kAwaitingBackward) {
     // The graph was dropped without backward (Note [Graph lifetime]). Runs in
     // a destructor: nothing here throws (no collective is in flight).
-    release_iteration();
+    std::vector<Event> events;
+    sched_->release_iteration(events);
+    execute(events);
     transition_to(state_, TrainingState::kIdle, "graph dropped", "the root");
   }
 }
@@ -269,51 +385,18 @@ void ShardedModelImpl::check_backward(int64_t iteration) const {
              "(retain_graph): FSDP runs exactly one backward per forward");
 }
 
-void ShardedModelImpl::prefetch(ShardedUnit* u) {
-  if (u == nullptr || u->state() != ShardState::kSharded) return;
-  if (prefetched_pending_ >= options_.limit_all_gathers) return;  // rate limit
-  u->unshard();
-  if (u->state() != ShardState::kSharded) {
-    u->prefetched_ = true;
-    ++prefetched_pending_;
-  }
-}
-
-void ShardedModelImpl::note_consumed(ShardedUnit& u) {
-  if (u.prefetched_) {
-    u.prefetched_ = false;
-    --prefetched_pending_;
-  }
-}
-
 void ShardedModelImpl::on_pre_backward(ShardedUnit& u) {
   if (state_ == TrainingState::kAwaitingBackward) {
     internals::queue_backward_callback([this] { end_of_backward(); });
     transition_to(state_, TrainingState::kBackward, "pre_backward", "the root");
   }
-  note_consumed(u);
-  u.unshard();
-  if (options_.backward_prefetch == BackwardPrefetch::kPre) prefetch(previous_in_forward(u));
+  sched_->pre_backward(static_cast<int>(u.index()), actions_);
+  execute(actions_);
 }
 
-ShardedUnit* ShardedModelImpl::previous_in_forward(const ShardedUnit& u) const {
-  // Never the root: it encloses every other unit, so its backward began
-  // first. It is unsharded until its own post-backward, after which nothing
-  // of it is needed (it comes early when its only trainable parameters are
-  // used last in forward, the others frozen).
-  const int k = fwd_pos_[u.index()];
-  return k > 1 ? forward_order_[size_t(k - 1)] : nullptr;
-}
-
-void ShardedModelImpl::after_post_backward(ShardedUnit& u) {
-  if (u.grad_state() == GradState::kReduceIssued) {
-    pending_reduces_.push_back(&u);
-    while (pending_reduces_.size() > kMaxInflightReduces) {
-      pending_reduces_.front()->finish_reduce();
-      pending_reduces_.pop_front();
-    }
-  }
-  if (options_.backward_prefetch == BackwardPrefetch::kPost) prefetch(previous_in_forward(u));
+void ShardedModelImpl::on_post_backward(ShardedUnit& u) {
+  sched_->post_backward(static_cast<int>(u.index()), actions_);
+  execute(actions_);
 }
 
 // Note [End of backward]
@@ -321,36 +404,23 @@ void ShardedModelImpl::after_post_backward(ShardedUnit& u) {
 // not all arrive (a parameter without gradient, a unit whose output was not
 // used) are reduced now, in unit order — the same on every rank, so the
 // collectives match. Then every reduction is waited for and every unit
-// resharded; the optimizer sees valid gradient shards (zeros where nothing
-// arrived).
+// resharded (the schedule's end_of_backward); the optimizer sees valid
+// gradient shards (zeros where nothing arrived).
 void ShardedModelImpl::end_of_backward() {
-  for (auto& u : units_) {
-    const bool pending = u->grad_state() == GradState::kIdle || u->grad_state() == GradState::kCollecting;
-    if (pending && (u->ran_forward() || u->holds_unsharded_grads())) u->post_backward(/*flush=*/true);
-  }
-  while (!pending_reduces_.empty()) {
-    pending_reduces_.front()->finish_reduce();
-    pending_reduces_.pop_front();
-  }
-  release_iteration();
+  sched_->end_of_backward(actions_);
+  execute(actions_);
   if (options_.cpu_offload && options_.device.is_cuda()) {
     // The reductions' results reach the host shards by non-blocking copies,
     // and the optimizer reads them on the host next: the one host wait of an
     // offloaded step (none without offload).
     synchronize(options_.device);
   }
-  if (sync_grads_) {
-    for (auto& u : units_) u->ensure_grad_valid();
+  for (auto& u : units_) {
+    if (sched_->policy(static_cast<int>(u->index())).sync_grads && u->grad_state() != GradState::kReduceIssued) {
+      u->ensure_grad_valid();
+    }
   }
   transition_to(state_, TrainingState::kIdle, "end_of_backward", "the root");
-}
-
-void ShardedModelImpl::release_iteration() {
-  for (auto& u : units_) {
-    u->reshard();
-    u->prefetched_ = false;
-  }
-  prefetched_pending_ = 0;
 }
 
 void ShardedModelImpl::assert_idle(const char* what) const {

@@ -4,17 +4,22 @@
 // Note [Unit lifecycle]
 // Forward:   pre_forward  -> unshard (all-gather issued), prefetch next, wait
 //            run the inner forward (or a checkpointed recompute wrapper)
-//            post_forward -> reshard (FULL_SHARD/HYBRID, not the root), attach
-//                            the pre-backward identity to outputs
+//            post_forward -> reshard (per the unit's policy), attach the
+//                            pre-backward identity to outputs
 // Backward:  pre_backward -> unshard + wait, point .grad at full_grad, prefetch
 //            (BACKWARD_PRE) the unit that ran before this one in forward
 //            every parameter's AccumulateGrad post-hook counts down; at zero:
-//            post_backward -> issue the reduction of full_grad, reshard,
+//            post_backward -> reshard, issue the reduction of full_grad,
 //            prefetch (BACKWARD_POST)
 //            finish_reduce -> (later) wait, fold into grad_shard, free full_grad
 // End of backward (queued callback): reduce every unit that ran forward but
 // was not reduced (unused parameters), in unit order on every rank so the
 // collectives match; wait for all reductions; reshard everything.
+// Which of these happen when is decided by the step schedule (schedule.h,
+// Note [Step schedule]): the root asks its StepScheduler at every hook and
+// executes the events it returns with the primitives of ShardedUnit below,
+// each of which asserts the state it requires — so the engine's states and the
+// schedule's agree, or the step stops at the first difference.
 //
 // Every state below is a named enum; each change goes through transition_to(),
 // which refuses an illegal one with both state names (an internal error: a
@@ -26,6 +31,8 @@
 #pragma once
 
 #include <deque>
+#include <functional>
+#include <map>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -35,6 +42,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/flat_param.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/schedule.h"
 
 namespace fsdp::detail {
 
@@ -42,59 +50,83 @@ class ShardedModelImpl;
 
 // At most this many reductions in flight: each holds an unsharded gradient
 // buffer, so this bounds backward's gradient memory to ~3 units (one
-// collecting, two reducing).
-constexpr size_t kMaxInflightReduces = 2;
+// collecting, two reducing). ScheduleOptions::max_inflight_reductions.
+constexpr int kMaxInflightReduces = 2;
 
 // Blocks of alignment slack in the preallocated pool beyond the plan's bound
 // (each block's size is rounded up to UnshardedPool::kAlignment).
 constexpr int64_t kPoolAlignmentBlocks = 32;
 
-// Whether every unit's parameters are its shard itself — one copy, nothing
-// unsharded or freed (see Note [One-rank shard groups]): a shard group of one
-// rank with the master dtype as compute dtype, and the shard on the device.
-bool keeps_single_copy(const FsdpOptions& o, int shard_size);
 
 // A boundary the wrap policy made a unit, with the parameters it owns
-// (registration order; a shared tensor listed once, under its first name).
+// (registration order; a shared tensor listed once, under its first name)
+// and its options resolved (FsdpOptions and the overrides that select it).
 struct PlannedUnit {
   std::string name;  // "" for the root
   std::shared_ptr<nn::UnitBase> module;
   std::vector<FlatParam::Source> sources;  // trainable parameters, registration order
   std::vector<FlatParam::Source> frozen;   // frozen parameters (Note [Frozen parameters] in unit.cpp)
   bool checkpoint = false;
+  MixedPrecision mixed_precision;          // its dtypes
+  bool cpu_offload = false;                // its shards in host memory
+  UnitPolicy policy;                       // its schedule policy (prefetch lists as unit indices)
   // The entries of ShardedModel::units() this unit has (UnitInfo).
   bool lists_trainable() const { return !sources.empty() || frozen.empty(); }
   bool lists_frozen() const { return !frozen.empty(); }
 };
 
-// The wrap policy and parameter ownership, without touching the model (so
-// also for a model on the meta device). Root first, then pre-order.
-std::vector<PlannedUnit> plan_units(const std::shared_ptr<nn::UnitBase>& root, const FsdpOptions& options);
+// The wrap policy, parameter ownership and each unit's options, without
+// touching the model (so also for a model on the meta device). Root first,
+// then pre-order. `shard_size`: ranks per shard group (checks
+// reshard-after-forward groups; <= 0: unknown, unchecked).
+std::vector<PlannedUnit> plan_units(const std::shared_ptr<nn::UnitBase>& root, const FsdpOptions& options,
+                                    int shard_size);
 UnitInfo unit_info(const PlannedUnit& pu, const FlatLayout& layout, int64_t shard_offset, bool trainable);
+// Whether the unit keeps a single resident copy (its shard is its
+// parameters): NO_SHARD, or a one-rank shard group in the master dtype on the
+// compute device (Note [One-rank shard groups] in model.cpp).
+bool unit_replicated(const PlannedUnit& pu, const FsdpOptions& o, int shard_size);
 
-// One unit as plan_sharding's replay of a step sees it (Note [Unsharded
-// memory] in plan.cpp).
-struct StepUnit {
-  int64_t params = 0;  // padded elements gathered for compute (frozen ones too, but not under NO_SHARD)
-  int64_t grads = 0;   // padded trainable elements: its gradient buffer
-  bool trains = false;          // has trainable parameters
-  bool reduces_at_end = false;  // post-backward at the end of backward (a root with frozen parameters)
-};
+// Ranks per shard group (1 for NO_SHARD). UsageError for a HYBRID size that
+// does not divide the world.
+int shard_group_size(const FsdpOptions& o, int world_size);
+
 // The units (indices into plan_units' result) in the order one forward calls
 // them, from the root's nn::CallOrder when its inner module has one; 0 (the
 // root) marks where the root's own parameters are first used.
 std::vector<int> call_sequence(const std::shared_ptr<nn::UnitBase>& root, const std::vector<PlannedUnit>& planned);
-// The most a synchronized step holds at once of unsharded parameters,
-// gradients and reductions in flight, replaying the engine's schedule over
-// `calls` with shard groups of `shard_size` ranks.
-int64_t replay_step(const std::vector<StepUnit>& units, const std::vector<int>& calls, const FsdpOptions& o,
-                    int shard_size);
+
+// The schedule's view of the planned units, and its options (schedule.h).
+std::vector<ScheduleUnit> schedule_units(const std::vector<PlannedUnit>& planned, const FsdpOptions& o,
+                                         int shard_size, int replicas);
+std::vector<UnitPolicy> schedule_policies(const std::vector<PlannedUnit>& planned);
+ScheduleOptions schedule_options(const FsdpOptions& o);
+
+// One unit's sizes as the byte ledger of a step sees them (Note [Unsharded
+// memory] in plan.cpp).
+struct StepUnitBytes {
+  int64_t params = 0;         // bytes gathered for compute (frozen ones too, but not under NO_SHARD)
+  int64_t grads = 0;          // bytes of its gradient buffer (param dtype; 0: nothing trainable)
+  int64_t reduce_copy = 0;    // bytes of the reduce-dtype copy of its gradients (0: reduced in place)
+  int64_t reduce_output = 0;  // bytes of a reduction output that cannot land in the gradient shard (and its staging)
+  int64_t gather_staging = 0; // bytes of a gather's staging buffer, freed as soon as the cast is issued
+  bool replicated = false;    // resident for the whole step
+  bool wider = false;         // the reduce dtype is wider than the param dtype (kKeepGrads moves to it)
+};
+std::vector<StepUnitBytes> step_unit_bytes(const std::vector<PlannedUnit>& planned, const FsdpOptions& o,
+                                           int shard_size);
+// The byte ledger: the most a step's `events` hold at once of unsharded
+// parameters, gradients and reductions in flight, starting from the units
+// `gathered_at_start` keeps.
+int64_t replay_bytes(const std::vector<Event>& events, const std::vector<StepUnitBytes>& units,
+                     const std::vector<bool>& gathered_at_start);
 
 // Whether this rank holds the unsharded parameters.
 enum class ShardState {
-  kSharded,     // only shard_ is resident; full_ has no bytes
-  kUnsharding,  // full_ allocated, all-gather in flight: do not read it yet
-  kUnsharded,   // full_ holds every parameter's current value
+  kSharded,             // only shard_ is resident; full_ has no bytes
+  kShardedPostForward,  // full_ freed, a post-forward shard over a smaller group resident (hpZ)
+  kUnsharding,          // full_ allocated, all-gather in flight: do not read it yet
+  kUnsharded,           // full_ holds every parameter's current value
 };
 
 // Where the unit is in the current iteration's backward.
@@ -144,6 +176,16 @@ void transition_to(State& state, State to, const char* what, std::string_view ow
   state = to;
 }
 
+// How a unit's collectives run beyond the model's options (ShardedModel's
+// setters: FSDP2's per-module settings).
+struct UnitComms {
+  double divide_factor = 0;  // <= 0: the number of data-parallel ranks (a mean)
+  bool force_sum = false;    // only sums on the wire (Note [Reduction arithmetic] in collectives.cpp)
+  std::shared_ptr<AllGatherComm> all_gather;          // null: the shard group's
+  std::shared_ptr<ReduceScatterComm> reduce_scatter;  // null: the shard group's
+  std::function<void(at::Tensor&)> all_reduce_hook;   // empty: none
+};
+
 class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<ShardedUnit> {
  public:
   // `flat`: the unit's trainable parameters (possibly none); `frozen`: its
@@ -151,26 +193,39 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   // `contains_units`: other units are nested inside this one.
   ShardedUnit(ShardedModelImpl* root, size_t index, std::string name, std::string type_name, bool is_root,
               bool checkpoint, std::unique_ptr<FlatParam> flat, std::unique_ptr<FlatParam> frozen,
-              bool contains_units);
+              bool contains_units, bool replicated, const MixedPrecision& mixed_precision);
 
   std::vector<at::Tensor> run(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs) override;
 
-  // Issue the all-gather (no-op unless kSharded). Requires nothing.
-  void unshard();
-  // Requires: state() != kSharded. Afterwards kUnsharded.
+  // ---- the schedule's primitives (EventKind; the root executes them) -----
+  // kUnshard / kPrefetch. Requires: state() == kSharded. Issues the
+  // all-gather (from the post-forward shard over `from` when it holds one);
+  // replicated: casts the master copy (kUnsharded at once).
+  void unshard(const comm::ProcessGroupPtr& from);
+  // kWait. Requires: state() == kUnsharding. Afterwards kUnsharded.
   void wait_for_unshard();
-  // Frees full_ (waits for an in-flight all-gather first). No-op when the
-  // strategy keeps parameters unsharded (NO_SHARD).
-  void reshard();
+  // kReshard. Requires: state() != kUnsharding, and something to free.
+  // `group` > 0 keeps a shard over `groups` (hpZ); `rank_in_group` is this
+  // rank's place in it.
+  void reshard(int group, int rank_in_group);
+  // kPreBackward: gradient buffer (zeros, or what no_sync kept), counting of
+  // the gradients to come. Requires: grad_state() == kIdle.
+  void begin_backward();
+  // kPostBackward. Requires: grad_state() == kCollecting.
+  void end_backward();
+  // kReduce: issue the reduction of full_grad. Requires: kCollecting, trains().
+  // `all_reduce`: HYBRID's all-reduce across replicas follows at the finish
+  // (else the shard group's result is summed aside: set_requires_all_reduce).
+  void reduce(bool all_reduce);
+  // kKeepGrads: no synchronization; keep the gradients unsharded.
+  void keep_grads();
+  // kFinishReduce: wait for the reduction and fold it into grad_shard; free
+  // full_grad. `replicas`: then all-reduce across the replicate group (HYBRID).
+  void finish_reduce(bool replicas);
 
   // From the graph of forward `iteration` (Note [Graph lifetime]).
   void pre_backward(int64_t iteration);
   void on_grad_ready();
-  // Issue the reduction of full_grad. `flush`: called from the end-of-backward
-  // callback for a unit whose gradients did not all arrive.
-  void post_backward(bool flush);
-  // Wait for the reduction and fold it into grad_shard; free full_grad.
-  void finish_reduce();
   // From the post-backward node on the inputs of a unit without trainable
   // parameters: its backward of forward `iteration` is over.
   void on_inputs_grad_ready(int64_t iteration);
@@ -184,10 +239,15 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   GradHold grad_hold() const { return grad_hold_; }
   bool ran_forward() const { return ran_forward_; }
   bool is_root() const { return is_root_; }
+  bool replicated() const { return replicated_; }
   size_t index() const { return index_; }
   const std::string& name() const { return name_; }
   const std::string& type_name() const { return type_name_; }
   bool checkpointed() const { return checkpoint_; }
+  const MixedPrecision& mixed_precision() const { return mp_; }
+  UnitComms& comms() { return comms_; }
+  // Shard-group results summed without the all-reduce across replicas (HYBRID), or undefined.
+  const at::Tensor& partial_grads() const { return partial_; }
   FlatParam& flat() { return *flat_; }  // the trainable parameters (possibly none)
   FlatParam* frozen() { return frozen_.get(); }  // null: no frozen parameters
   // Whether any parameter gets gradients: else no gradient buffer, reduction
@@ -214,7 +274,7 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
  private:
   std::vector<at::Tensor> run_eval(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs);
   std::vector<at::Tensor> cast_inputs(const std::vector<at::Tensor>& inputs) const;
-  // Whether pre_backward keeps what full_grad holds (else zeros).
+  // Whether begin_backward keeps what full_grad holds (else zeros).
   bool keep_full_grad() const;
   // Whether gradients kept without synchronization are summed in `accumulated_`
   // (the reduce dtype is wider than full_grad's) rather than in full_grad.
@@ -232,6 +292,9 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   std::unique_ptr<FlatParam> flat_;
   std::unique_ptr<FlatParam> frozen_;  // null: none
   BackwardEnd backward_end_;
+  bool replicated_;     // its shard is (or casts to) its parameters: nothing gathered or freed
+  MixedPrecision mp_;   // its dtypes (the model's, or its override)
+  UnitComms comms_;
   std::string label_;  // built once: transitions name the unit without building a string each time
 
   ShardState state_ = ShardState::kSharded;
@@ -242,11 +305,12 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
   Reduction reduction_;         // in flight while kReduceIssued
 
   bool ran_forward_ = false;
-  bool prefetched_ = false;     // unsharded ahead of use by a prefetch
   int pending_grads_ = 0;       // gradients (and the inputs' node) still to come this backward
   bool inputs_hooked_ = false;  // this iteration's forward attached the post-backward node to its inputs
   int64_t backward_begin_us_ = -1;  // trace: when this iteration's backward of the unit began (-1: not traced)
   at::Tensor accumulated_;      // (Np) reduce dtype: unsynchronized gradients, when wider than full_grad's
+  at::Tensor partial_;          // (n) reduce dtype: reduce-scattered, not yet all-reduced across replicas
+  ReduceSpec spec_;             // of the reduction in flight
   std::vector<std::shared_ptr<torch::autograd::Node>> accumulators_;  // keeps hooks alive
 
   friend class ShardedModelImpl;
@@ -258,21 +322,21 @@ class ShardedModelImpl {
                    const FsdpOptions& options);
   ~ShardedModelImpl();
 
-  // Called by units.
+  // Called by units at their hooks: each asks the schedule and executes what
+  // it returns (Note [Step schedule] in schedule.cpp).
   void on_pre_forward(ShardedUnit& u);
-  void on_eval_forward(ShardedUnit& u);
-  void on_post_forward(ShardedUnit& u);
+  void on_post_forward(ShardedUnit& u);  // the unit's policy: reshard
+  void on_forward_done(ShardedUnit& u);  // after its outputs are hooked (root: the iteration's state)
+  void on_eval_pre_forward(ShardedUnit& u);
+  void on_eval_post_forward(ShardedUnit& u);
   // The root's forward threw: reshard everything and return to kIdle, so the
   // model is as if that forward had never run.
   void on_forward_failed();
   void on_pre_backward(ShardedUnit& u);
-  void after_post_backward(ShardedUnit& u);
-  void prefetch(ShardedUnit* u);  // null: nothing
-  // The unit that ran before `u` in this iteration's forward, to prefetch in
-  // backward; null for the first unit after the root (and for the root).
-  ShardedUnit* previous_in_forward(const ShardedUnit& u) const;
-  void note_consumed(ShardedUnit& u);
+  void on_post_backward(ShardedUnit& u);
   void end_of_backward();
+  // Records a compute marker (kForward, kPostForward, kRecompute) of unit `u` in the trace.
+  void note(EventKind kind, const ShardedUnit& u);
 
   // Note [Graph lifetime]
   // Every pre-backward node of an iteration's graph counts itself here while
@@ -288,13 +352,10 @@ class ShardedModelImpl {
   // now: the latest forward's, once, without create_graph.
   void check_backward(int64_t iteration) const;
 
-  bool reshards_after_forward(const ShardedUnit& u) const;
-  bool reshards_after_backward() const { return !replicated_; }
   // Every unit keeps all its parameters resident and reduces with an all-reduce:
   // NO_SHARD, or a shard group of one rank whose shard can serve as the
   // parameters themselves. See Note [One-rank shard groups].
   bool replicated() const { return replicated_; }
-  bool sync_grads() const { return sync_grads_; }
   MemoryLedger& ledger() { return *ledger_; }
   // The preallocated pool of unsharded buffers; null where there is none (the
   // CPU by default). See Note [Preallocated pool].
@@ -303,7 +364,24 @@ class ShardedModelImpl {
   // Public API (ShardedModel forwards here).
   std::vector<ShardRef> shards() const;
   void zero_grad();
-  void set_requires_gradient_sync(bool sync) { sync_grads_ = sync; }
+  void set_requires_gradient_sync(bool sync);
+  // The units `unit` names, with the ones nested in it when `recurse`; `what`
+  // names the setter in the UsageError for an unknown name.
+  std::vector<int> select_units(const std::string& unit, bool recurse, const char* what) const;
+  // Between steps: the schedule's policy of the selected units changed.
+  void set_policy(const std::string& unit, bool recurse, const char* what,
+                  const std::function<void(UnitPolicy&)>& change);
+  void set_comms(const std::string& unit, bool recurse, const char* what,
+                 const std::function<void(ShardedUnit&)>& change);
+  void set_is_last_backward(bool last);
+  // Reductions a backward left in flight (is_last_backward false) finished,
+  // before gradients are read or changed.
+  void drain_reductions();
+  void user_unshard(int u, bool wait);
+  void user_wait(int u);
+  void user_reshard(int u);
+  void summon(bool writeback);
+  void unsummon(bool writeback);
   double grad_norm();
   double clip_grad_norm(double max_norm);
   at::Tensor grad_norm_tensor();
@@ -318,24 +396,41 @@ class ShardedModelImpl {
   std::string describe() const;
 
   const FsdpOptions& options() const { return options_; }
+  const std::shared_ptr<nn::UnitBase>& root_module() const { return root_module_; }
+  const comm::ProcessGroupPtr& world() const { return world_; }
+  // Between steps, nothing in flight (for state dicts and other between-steps work).
+  void between_steps(const char* what) {
+    assert_idle(what);
+    FSDP_CHECK(state_ == TrainingState::kIdle, what, ": the previous forward's graph awaits backward; call it "
+               "between steps");
+    drain_reductions();
+  }
   const comm::ProcessGroupPtr& shard_group() const { return shard_group_; }
   const comm::ProcessGroupPtr& replicate_group() const { return replicate_group_; }
+  StepScheduler& scheduler() { return *sched_; }
+  // The units, root first (pre-order), and their names (for the schedule's messages).
+  const std::vector<std::shared_ptr<ShardedUnit>>& sharded_units() const { return units_; }
+  const std::vector<std::string>& unit_names() const { return unit_names_; }
 
  private:
   void build_units();
   void assert_idle(const char* what) const;
-  // Reshard every unit and forget the prefetches: the end of an iteration
-  // (or of an abandoned or failed one).
-  void release_iteration();
+  // Executes the schedule's events in order, then clears them.
+  void execute(std::vector<Event>& events);
+  void run_events(const std::vector<Event>& events);
+  // The group a unit gathers from after a post-forward reshard over `size` ranks.
+  const comm::ProcessGroupPtr& post_forward_group(int size) const;
 
   FsdpOptions options_;
   std::shared_ptr<nn::UnitBase> root_module_;
   comm::ProcessGroupPtr world_;
   comm::ProcessGroupPtr shard_group_;
   comm::ProcessGroupPtr replicate_group_;  // HYBRID only
+  std::map<int, comm::ProcessGroupPtr> post_forward_groups_;  // reshard_after_forward = int: size -> group
 
   std::vector<std::shared_ptr<ShardedUnit>> units_;  // pre-order, root first
   std::vector<std::shared_ptr<nn::UnitBase>> unit_modules_;
+  std::vector<std::string> unit_names_;
   // One per flat parameter: infos_[i] describes entries_[i] (ShardedModel::units()).
   struct Entry {
     ShardedUnit* unit;
@@ -345,19 +440,17 @@ class ShardedModelImpl {
   std::vector<Entry> entries_;
 
   bool replicated_ = false;
+  std::unique_ptr<StepScheduler> sched_;
+  std::vector<Event> actions_;  // reused by the hooks
+  std::vector<int> reclaimed_;  // reductions the pool finished early, whose scheduled finish is still to come
+  const std::vector<Event>* executing_ = nullptr;  // the events execute() is running, and where it is
+  size_t executing_pos_ = 0;
   std::shared_ptr<internals::HostBufferPool> host_pool_;  // CPU: unsharded buffers
   std::shared_ptr<UnshardedPool> pool_;                   // CUDA (or FsdpOptions::unsharded_pool): unsharded buffers
   std::shared_ptr<MemoryLedger> ledger_ = std::make_shared<MemoryLedger>();
-  bool sync_grads_ = true;
   TrainingState state_ = TrainingState::kIdle;
   int64_t iteration_ = 0;                         // training forwards started
   int64_t live_graph_nodes_ = 0;                  // of this iteration (Note [Graph lifetime])
-  std::vector<ShardedUnit*> forward_order_;       // this iteration
-  std::vector<ShardedUnit*> prev_forward_order_;  // the last complete one
-  std::vector<int> prev_pos_;                     // unit index -> position in prev_forward_order_ (-1)
-  std::vector<int> fwd_pos_;                      // unit index -> position in forward_order_ (-1)
-  std::deque<ShardedUnit*> pending_reduces_;
-  int prefetched_pending_ = 0;
 
   comm::CommCounters counters_base_shard_;
   comm::CommCounters counters_base_replicate_;

@@ -19,6 +19,7 @@ int64_t nbytes_of(const at::Tensor& t) { return static_cast<int64_t>(t.nbytes())
 const char* to_string(ShardState s) {
   switch (s) {
     case ShardState::kSharded: return "kSharded";
+    case ShardState::kShardedPostForward: return "kShardedPostForward";
     case ShardState::kUnsharding: return "kUnsharding";
     case ShardState::kUnsharded: return "kUnsharded";
   }
@@ -57,9 +58,11 @@ const char* to_string(TrainingState s) {
 
 bool legal(ShardState from, ShardState to) {
   switch (to) {
-    case ShardState::kUnsharding: return from == ShardState::kSharded;
-    case ShardState::kUnsharded: return from != ShardState::kUnsharded;  // gathered, or replicated (no gather)
-    case ShardState::kSharded: return from != ShardState::kSharded;
+    case ShardState::kUnsharding: return from == ShardState::kSharded || from == ShardState::kShardedPostForward;
+    case ShardState::kUnsharded:  // gathered, or replicated (no gather)
+      return from == ShardState::kUnsharding || from == ShardState::kSharded;
+    case ShardState::kShardedPostForward: return from == ShardState::kUnsharded;
+    case ShardState::kSharded: return from != ShardState::kSharded && from != ShardState::kUnsharding;
   }
   return false;
 }
@@ -68,9 +71,8 @@ bool legal(GradState from, GradState to) {
   switch (to) {
     case GradState::kIdle: return true;  // a new iteration
     case GradState::kCollecting: return from == GradState::kIdle;
-    case GradState::kReduceIssued: return from == GradState::kIdle || from == GradState::kCollecting;
-    case GradState::kDone:
-      return from == GradState::kIdle || from == GradState::kCollecting || from == GradState::kReduceIssued;
+    case GradState::kReduceIssued: return from == GradState::kCollecting;
+    case GradState::kDone: return from == GradState::kCollecting || from == GradState::kReduceIssued;
   }
   return false;
 }
@@ -97,7 +99,8 @@ bool legal(TrainingState from, TrainingState to) {
 
 ShardedUnit::ShardedUnit(ShardedModelImpl* root, size_t index, std::string name, std::string type_name,
                          bool is_root, bool checkpoint, std::unique_ptr<FlatParam> flat,
-                         std::unique_ptr<FlatParam> frozen, bool contains_units)
+                         std::unique_ptr<FlatParam> frozen, bool contains_units, bool replicated,
+                         const MixedPrecision& mixed_precision)
     : root_(root),
       index_(index),
       name_(std::move(name)),
@@ -109,6 +112,8 @@ ShardedUnit::ShardedUnit(ShardedModelImpl* root, size_t index, std::string name,
       backward_end_(frozen_ == nullptr                 ? BackwardEnd::kGrads
                     : is_root_ || contains_units ? BackwardEnd::kEndOfBackward
                                                  : BackwardEnd::kGradsAndInputs),
+      replicated_(replicated),
+      mp_(mixed_precision),
       label_(is_root_ ? "the root unit" : "unit '" + name_ + "'") {}
 
 void ShardedUnit::register_grad_hooks() {
@@ -153,11 +158,12 @@ void ShardedUnit::begin_iteration() {
 // signal covers: with frozen parameters it reduces and reshards at the end of
 // backward, where the root's post-backward comes in any case.
 
-// ---- sharding ---------------------------------------------------------------
+// ---- sharding (the schedule's primitives) -------------------------------------
 
-void ShardedUnit::unshard() {
-  if (state_ != ShardState::kSharded) return;
-  if (root_->replicated()) {
+void ShardedUnit::unshard(const comm::ProcessGroupPtr& from) {
+  FSDP_ASSERT(state_ == ShardState::kSharded || state_ == ShardState::kShardedPostForward, label(),
+              ": unshard in state ", to_string(state_));
+  if (replicated_) {
     // Replicated: the "gather" is a cast of the master copy (none when it is
     // the single fp32 copy).
     for (FlatParam* f : {flat_.get(), frozen_.get()}) {
@@ -171,41 +177,73 @@ void ShardedUnit::unshard() {
   const int64_t elem = static_cast<int64_t>(c10::elementSize(flat_->param_dtype()));
   trace::Span span("all_gather issue", "comm",
                    (flat_->layout().padded_numel + (frozen_ ? frozen_->layout().padded_numel : 0)) * elem, name_);
-  flat_->alloc_full();
+  const bool post_forward = state_ == ShardState::kShardedPostForward;
   const Wire wire = wire_for(root_->options(), root_->iteration(), name_, root_->shard_group()->rank());
-  gather_ = all_gather_copy_in(*root_->shard_group(), flat_->shard(), flat_->full(), flat_->own_chunk(),
-                               root_->pool(), root_->ledger(), &wire);
-  if (frozen_) {
-    frozen_->alloc_full();
-    gather_frozen_ = all_gather_copy_in(*root_->shard_group(), frozen_->shard(), frozen_->full(),
-                                        frozen_->own_chunk(), root_->pool(), root_->ledger(), &wire);
-  }
+  const auto gather = [&](FlatParam& f, AllGather& into) {
+    if (post_forward) {
+      // Note [Post-forward shards]: from the smaller group's shards.
+      const at::Tensor chunk = f.refill_from_post_forward_shard();
+      into = comms_.all_gather ? AllGather{(*comms_.all_gather)(f.full(), chunk, *from), true}
+                               : AllGather{from->all_gather(f.full(), chunk), true};
+    } else if (comms_.all_gather) {
+      // FSDP2's custom AllGather: its allocate gives the unsharded buffer.
+      f.alloc_full_from(comms_.all_gather->allocate(f.layout().padded_numel, f.param_dtype(), f.options().device));
+      const at::Tensor chunk = f.own_chunk();
+      {
+        RawWriteGuard g;
+        chunk.copy_(f.shard(), /*non_blocking=*/true);
+      }
+      into = AllGather{(*comms_.all_gather)(f.full(), chunk, *root_->shard_group()), true};
+    } else {
+      f.alloc_full();
+      into = all_gather_copy_in(*root_->shard_group(), f.shard(), f.full(), f.own_chunk(), root_->pool(),
+                                root_->ledger(), &wire);
+    }
+  };
+  gather(*flat_, gather_);
+  if (frozen_) gather(*frozen_, gather_frozen_);
   transition_to(state_, ShardState::kUnsharding, "unshard", label());
 }
 
 void ShardedUnit::wait_for_unshard() {
-  if (state_ == ShardState::kUnsharding) {
-    wait_all_gather(gather_, name_);
-    if (frozen_) wait_all_gather(gather_frozen_, name_);
-    transition_to(state_, ShardState::kUnsharded, "wait_for_unshard", label());
+  FSDP_ASSERT(state_ == ShardState::kUnsharding, label(), ": wait_for_unshard in state ", to_string(state_));
+  wait_all_gather(gather_, name_);
+  if (frozen_) wait_all_gather(gather_frozen_, name_);
+  for (FlatParam* f : {flat_.get(), frozen_.get()}) {
+    if (f != nullptr) f->drop_post_forward_shard();
   }
-  FSDP_ASSERT(state_ == ShardState::kUnsharded, label(), ": wait_for_unshard in state ", to_string(state_));
+  transition_to(state_, ShardState::kUnsharded, "wait_for_unshard", label());
 }
 
-void ShardedUnit::reshard() {
-  if (state_ == ShardState::kSharded) return;
-  // Never free bytes a collective is still writing.
-  if (state_ == ShardState::kUnsharding) wait_for_unshard();
-  if (!root_->replicated()) {
-    flat_->free_full();
-    if (frozen_) frozen_->free_full();
+void ShardedUnit::reshard(int group, int rank_in_group) {
+  // Never free bytes a collective is still writing: the schedule waits first.
+  FSDP_ASSERT(state_ == ShardState::kUnsharded || (state_ == ShardState::kShardedPostForward && group == 0), label(),
+              ": reshard in state ", to_string(state_));
+  if (state_ == ShardState::kShardedPostForward) {
+    for (FlatParam* f : {flat_.get(), frozen_.get()}) {
+      if (f != nullptr) f->drop_post_forward_shard();
+    }
+    transition_to(state_, ShardState::kSharded, "reshard", label());
+    return;
   }
-  transition_to(state_, ShardState::kSharded, "reshard", label());
+  if (!replicated_) {
+    for (FlatParam* f : {flat_.get(), frozen_.get()}) {
+      if (f == nullptr) continue;
+      if (group > 0) {
+        f->keep_post_forward_shard(group, rank_in_group);
+      } else {
+        f->free_full();
+      }
+    }
+  }
+  transition_to(state_, group > 0 && !replicated_ ? ShardState::kShardedPostForward : ShardState::kSharded, "reshard",
+                label());
 }
 
 // ---- forward ----------------------------------------------------------------
 
 std::vector<at::Tensor> ShardedUnit::cast_inputs(const std::vector<at::Tensor>& inputs) const {
+  if (!mp_.cast_forward_inputs) return inputs;
   const at::ScalarType dt = flat_->param_dtype();
   std::vector<at::Tensor> out;
   out.reserve(inputs.size());
@@ -219,23 +257,34 @@ std::vector<at::Tensor> ShardedUnit::cast_inputs(const std::vector<at::Tensor>& 
   return out;
 }
 
-std::vector<at::Tensor> ShardedUnit::run_eval(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs) {
-  root_->on_eval_forward(*this);
-  unshard();
-  wait_for_unshard();
-  std::vector<at::Tensor> outs = fn(cast_inputs(inputs));
-  // No backward follows: free everything a sharded strategy would not keep.
-  reshard();
+namespace {
+// MixedPrecision::output_dtype: the unit's floating-point outputs cast to it.
+std::vector<at::Tensor> cast_outputs(std::vector<at::Tensor> outs, const MixedPrecision& mp) {
+  if (!mp.output_dtype) return outs;
+  for (auto& x : outs) {
+    if (x.defined() && x.is_floating_point() && x.scalar_type() != *mp.output_dtype) x = x.to(*mp.output_dtype);
+  }
   return outs;
+}
+}  // namespace
+
+std::vector<at::Tensor> ShardedUnit::run_eval(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs) {
+  root_->on_eval_pre_forward(*this);
+  std::vector<at::Tensor> outs;
+  root_->note(EventKind::kForward, *this);
+  outs = fn(cast_inputs(inputs));
+  root_->note(EventKind::kPostForward, *this);
+  // No backward follows: free everything a sharded strategy would not keep.
+  root_->on_eval_post_forward(*this);
+  return cast_outputs(std::move(outs), mp_);
 }
 
 std::vector<at::Tensor> ShardedUnit::run(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs) {
   if (!at::GradMode::is_enabled()) return run_eval(fn, inputs);
 
-  root_->on_pre_forward(*this);  // iteration start (root), order, forward prefetch
+  root_->on_pre_forward(*this);  // iteration start (root), order, gather, prefetch, wait
   std::vector<at::Tensor> outs;
   try {
-    wait_for_unshard();
     ran_forward_ = true;
     std::vector<at::Tensor> ins = cast_inputs(inputs);
     if (backward_end_ == BackwardEnd::kGradsAndInputs) {
@@ -243,21 +292,28 @@ std::vector<at::Tensor> ShardedUnit::run(const nn::TensorFn& fn, const std::vect
       ins = attach_post_backward(*this, ins);
       for (const auto& x : inputs) inputs_hooked_ = inputs_hooked_ || (x.defined() && x.requires_grad());
     }
+    root_->note(EventKind::kForward, *this);
     {
       trace::Span span("forward", "compute", -1, name_);
-      outs = checkpoint_ ? checkpointed_call(fn, ins, flat_->params(), root_->options().offload_checkpoint_inputs)
-                         : fn(ins);
+      if (checkpoint_) {
+        std::weak_ptr<ShardedUnit> self = weak_from_this();
+        outs = checkpointed_call(fn, ins, flat_->params(), root_->options().offload_checkpoint_inputs, [self] {
+          if (auto u = self.lock()) u->root().note(EventKind::kRecompute, *u);
+        });
+      } else {
+        outs = fn(ins);
+      }
     }
+    root_->note(EventKind::kPostForward, *this);
   } catch (...) {
     // Nested units rethrow to the root, which releases the whole iteration.
     if (is_root_) root_->on_forward_failed();
     throw;
   }
 
-  if (root_->reshards_after_forward(*this)) reshard();
-
-  outs = attach_pre_backward(*this, outs);
-  root_->on_post_forward(*this);  // after the graph nodes exist (Note [Graph lifetime])
+  root_->on_post_forward(*this);  // the unit's policy: reshard
+  outs = attach_pre_backward(*this, cast_outputs(std::move(outs), mp_));
+  root_->on_forward_done(*this);  // after the graph nodes exist (Note [Graph lifetime])
   return outs;
 }
 
@@ -266,8 +322,10 @@ std::vector<at::Tensor> ShardedUnit::run(const nn::TensorFn& fn, const std::vect
 void ShardedUnit::pre_backward(int64_t iteration) {
   root_->check_backward(iteration);
   if (grad_state_ != GradState::kIdle) return;  // once per iteration
-  root_->on_pre_backward(*this);                // queues the end-of-backward callback, prefetches
-  wait_for_unshard();
+  root_->on_pre_backward(*this);                // the schedule: gather, prefetch, wait, begin_backward
+}
+
+void ShardedUnit::begin_backward() {
   if (trains()) flat_->prepare_full_grad(keep_full_grad());
   pending_grads_ = static_cast<int>(flat_->params().size()) + (inputs_hooked_ ? 1 : 0);
   transition_to(grad_state_, GradState::kCollecting, "pre_backward", label());
@@ -288,79 +346,85 @@ void ShardedUnit::on_grad_ready() {
 
 void ShardedUnit::count_down() {
   FSDP_ASSERT(pending_grads_ > 0, label(), ": more gradients arrived than expected");
-  if (--pending_grads_ == 0 && backward_end_ != BackwardEnd::kEndOfBackward) post_backward(/*flush=*/false);
+  if (--pending_grads_ == 0 && backward_end_ != BackwardEnd::kEndOfBackward) root_->on_post_backward(*this);
 }
 
-void ShardedUnit::post_backward(bool flush) {
-  // Once per iteration: on_grad_ready calls it from kCollecting, end_of_backward
-  // only for units still kIdle or kCollecting.
-  FSDP_ASSERT(grad_state_ == GradState::kIdle || grad_state_ == GradState::kCollecting, label(),
-              ": post_backward in gradient state ", to_string(grad_state_));
-  if (!trains()) {
-    // Nothing to reduce (Note [Frozen parameters]); every rank has the same
-    // layout, so every rank skips the same collectives.
-    trace::record("backward", "compute", backward_begin_us_, trace::now_us(), -1, name_);
-    backward_begin_us_ = -1;
-    transition_to(grad_state_, GradState::kDone, "post_backward (no trainable parameters)", label());
-    if (root_->reshards_after_backward()) reshard();
-    root_->after_post_backward(*this);
-    return;
-  }
-  if (grad_state_ == GradState::kIdle) {
-    // Ran forward (or holds no_sync gradients) but no gradient flowed this
-    // time: contribute zeros, so every rank issues the same collectives.
-    FSDP_ASSERT(flush, label(), ": post_backward before pre_backward");
-    flat_->prepare_full_grad(keep_full_grad());
-  }
+void ShardedUnit::end_backward() {
+  FSDP_ASSERT(grad_state_ == GradState::kCollecting, label(), ": post_backward in gradient state ",
+              to_string(grad_state_));
   // The unit's backward: from its pre-backward hook to its last gradient
   // (nested units' spans lie inside the root's).
   trace::record("backward", "compute", backward_begin_us_, trace::now_us(), -1, name_);
   backward_begin_us_ = -1;
-  // Every gradient has arrived: nothing reads the parameters any more, so they
-  // go before the reduce-dtype copy is made, not after (Note [Unsharded memory]:
-  // the copy, the gradients and the parameters were the peak of a large unit's
-  // post-backward).
-  if (root_->reshards_after_backward()) reshard();
-  const at::ScalarType reduce_dtype = root_->options().mixed_precision.reduce_dtype;
-
-  MemoryLedger& ledger = root_->ledger();
-  if (!root_->sync_grads()) {
-    // See Note [Accumulating without synchronization].
-    if (accumulates_wider()) {
-      at::NoGradGuard no_grad;
-      if (holds_unsharded_grads()) {
-        accumulated_.add_(flat_->full_grad());  // computed in the wider dtype
-      } else {
-        accumulated_ = flat_->full_grad().to(reduce_dtype);
-        ledger.add(BufferKind::kAccumulated, nbytes_of(accumulated_));
-      }
-      flat_->release_full_grad();
-    }
-    transition_to(grad_hold_, grad_shard_holds_sum() ? GradHold::kBoth : GradHold::kUnsharded, "post_backward (no_sync)",
-               label());
-    transition_to(grad_state_, GradState::kDone, "post_backward (no_sync)", label());
-  } else {
-    trace::Span span(root_->replicated() ? "all_reduce issue" : "reduce_scatter issue", "comm",
-                     nbytes_of(flat_->full_grad()), name_);
-    at::Tensor in;
-    if (holds_unsharded_grads() && accumulates_wider()) {
-      at::NoGradGuard no_grad;
-      in = accumulated_.add_(flat_->full_grad());
-      accumulated_ = at::Tensor();  // the reduction keeps it until it is done
-      ledger.release(BufferKind::kAccumulated, nbytes_of(in));
-      reduction_.hold(in, ledger);
-    } else {
-      in = reduce_copy_in(flat_->full_grad(), reduce_dtype, reduction_, ledger, root_->pool());
-    }
-    // A copy in the reduce dtype holds the gradients now: the param-dtype
-    // buffer goes before the reduction runs, not after (Note [Unsharded memory]).
-    if (!in.is_same(flat_->full_grad())) flat_->release_full_grad();
-    const Wire wire = wire_for(root_->options(), root_->iteration(), name_, root_->shard_group()->rank());
-    issue_reduction(reduction_, in, *root_->shard_group(), root_->replicated(), flat_->grad_shard(),
-                    /*may_land_in_shard=*/!grad_shard_holds_sum(), ledger, root_->pool(), name_, &wire);
-    transition_to(grad_state_, GradState::kReduceIssued, "post_backward", label());
+  if (!trains()) {
+    // Nothing to reduce (Note [Frozen parameters]); every rank has the same
+    // layout, so every rank skips the same collectives.
+    transition_to(grad_state_, GradState::kDone, "post_backward (no trainable parameters)", label());
   }
-  root_->after_post_backward(*this);  // queue/drain reductions, BACKWARD_POST prefetch
+}
+
+void ShardedUnit::keep_grads() {
+  // See Note [Accumulating without synchronization].
+  FSDP_ASSERT(trains() && grad_state_ == GradState::kCollecting, label(), ": keep_grads in gradient state ",
+              to_string(grad_state_));
+  if (accumulates_wider()) {
+    at::NoGradGuard no_grad;
+    if (holds_unsharded_grads()) {
+      accumulated_.add_(flat_->full_grad());  // computed in the wider dtype
+    } else {
+      accumulated_ = flat_->full_grad().to(mp_.reduce_dtype);
+      root_->ledger().add(BufferKind::kAccumulated, nbytes_of(accumulated_));
+    }
+    flat_->release_full_grad();
+  }
+  transition_to(grad_hold_, grad_shard_holds_sum() ? GradHold::kBoth : GradHold::kUnsharded, "post_backward (no_sync)",
+                label());
+  transition_to(grad_state_, GradState::kDone, "post_backward (no_sync)", label());
+}
+
+void ShardedUnit::reduce(bool all_reduce) {
+  FSDP_ASSERT(trains() && grad_state_ == GradState::kCollecting, label(), ": reduce in gradient state ",
+              to_string(grad_state_));
+  MemoryLedger& ledger = root_->ledger();
+  const comm::ProcessGroupPtr& replicas = root_->replicate_group();
+  spec_ = reduce_spec(root_->shard_group()->size(), replicas ? replicas->size() : 1, mp_.reduce_dtype,
+                      comms_.divide_factor, comms_.force_sum);
+  spec_.comm = replicated_ ? nullptr : comms_.reduce_scatter;
+  spec_.hook = comms_.all_reduce_hook;
+  // Summed aside without the all-reduce: never into the gradient shard.
+  const bool aside = replicas != nullptr && !all_reduce;
+  trace::Span span(replicated_ ? "all_reduce issue" : "reduce_scatter issue", "comm", nbytes_of(flat_->full_grad()),
+                   name_);
+  at::Tensor in;
+  if (holds_unsharded_grads() && accumulates_wider()) {
+    at::NoGradGuard no_grad;
+    in = accumulated_.add_(flat_->full_grad());
+    accumulated_ = at::Tensor();  // the reduction keeps it until it is done
+    ledger.release(BufferKind::kAccumulated, nbytes_of(in));
+    reduction_.hold(in, ledger);
+  } else if (spec_.comm) {
+    // FSDP2's custom ReduceScatter: its allocate gives the input too.
+    in = spec_.comm->allocate(flat_->full_grad().numel(), mp_.reduce_dtype, flat_->full_grad().device());
+    FSDP_CHECK(in.numel() == flat_->full_grad().numel() && in.scalar_type() == mp_.reduce_dtype && in.is_contiguous(),
+               label(), ": the custom reduce-scatter's allocate returned ", in.sizes(), " ", in.scalar_type(), " for ",
+               flat_->full_grad().numel(), " contiguous elements of ", mp_.reduce_dtype);
+    {
+      at::NoGradGuard no_grad;
+      in.copy_(flat_->full_grad());
+    }
+    reduction_.hold(in, ledger);
+  } else {
+    in = reduce_copy_in(flat_->full_grad(), mp_.reduce_dtype, reduction_, ledger, root_->pool());
+  }
+  // A copy in the reduce dtype holds the gradients now: the param-dtype
+  // buffer goes before the reduction runs, not after (Note [Unsharded memory]).
+  if (!in.is_same(flat_->full_grad())) flat_->release_full_grad();
+  FSDP_CHECK(!aside || !replicated_, label(), ": set_requires_all_reduce(false) needs a shard group of more than "
+             "one rank (this unit's parameters are their own single copy)");
+  const Wire wire = wire_for(root_->options(), root_->iteration(), name_, root_->shard_group()->rank());
+  issue_reduction(reduction_, in, *root_->shard_group(), replicated_, flat_->grad_shard(),
+                  /*may_land_in_shard=*/!grad_shard_holds_sum() && !aside, ledger, root_->pool(), name_, spec_, &wire);
+  transition_to(grad_state_, GradState::kReduceIssued, "post_backward", label());
 }
 
 void ShardedUnit::on_inputs_grad_ready(int64_t iteration) {
@@ -368,13 +432,26 @@ void ShardedUnit::on_inputs_grad_ready(int64_t iteration) {
   count_down();
 }
 
-void ShardedUnit::finish_reduce() {
-  // Only units with a reduction in flight are queued (after_post_backward).
+void ShardedUnit::finish_reduce(bool replicas) {
   FSDP_ASSERT(grad_state_ == GradState::kReduceIssued, label(), ": finish_reduce in gradient state ",
               to_string(grad_state_));
+  if (!replicas && root_->replicate_group() != nullptr) {
+    // HYBRID without the all-reduce (set_requires_all_reduce): summed aside
+    // until a reduction with it; the gradient shard is not touched.
+    finish_reduction_partial(reduction_, partial_, root_->ledger(), name_);
+    flat_->release_full_grad();
+    transition_to(grad_state_, GradState::kDone, "finish_reduce (without the all-reduce)", label());
+    return;
+  }
   const Fold fold = flat_->single_copy() ? Fold::kReplace : grad_shard_holds_sum() ? Fold::kAdd : Fold::kCopy;
-  finish_reduction(reduction_, root_->replicate_group().get(), root_->replicated(), flat_->grad_shard(), fold,
-                   root_->ledger(), name_);
+  spec_.partial = partial_;
+  finish_reduction(reduction_, replicas ? root_->replicate_group().get() : nullptr, replicated_, flat_->grad_shard(),
+                   fold, root_->ledger(), name_, spec_);
+  if (partial_.defined()) {
+    root_->ledger().release(BufferKind::kAccumulated, nbytes_of(partial_));
+    partial_ = at::Tensor();
+  }
+  spec_ = ReduceSpec{};
   transition_to(grad_hold_, GradHold::kSharded, "finish_reduce", label());
   flat_->release_full_grad();
   transition_to(grad_state_, GradState::kDone, "finish_reduce", label());
@@ -395,7 +472,7 @@ bool ShardedUnit::keep_full_grad() const {
 }
 
 bool ShardedUnit::accumulates_wider() const {
-  return c10::elementSize(root_->options().mixed_precision.reduce_dtype) > c10::elementSize(flat_->param_dtype());
+  return c10::elementSize(mp_.reduce_dtype) > c10::elementSize(flat_->param_dtype());
 }
 
 void ShardedUnit::ensure_grad_valid() {

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """fsdp-inspect --estimate, --calibrate and --json from the command line.
 
-    test_inspect_estimate.py FSDP_INSPECT WORK_DIR
+    test_inspect_estimate.py FSDP_INSPECT WORK_DIR [FSDP_TRAIN DATA]
 
 Checks (each prints one line; exit 1 if any fails):
   preset     --estimate --cluster p5.48xlarge --json for torchtitan's Llama 3.1 8B run: every
@@ -12,6 +12,11 @@ Checks (each prints one line; exit 1 if any fails):
   calibrate  --calibrate FILE on the tiny model measures every unit on this machine and the
              estimate read back from FILE has mfu null (no known peak) and a positive step time;
              the same FILE with another --seq-len is refused (exit 2, naming --seq-len).
+  two procs  --calibrate FILE --nproc-per-node 2 starts both processes, measures the path between them
+             (intra rate, latency, CPU per byte) and the units at once; --estimate --cluster FILE
+             --nproc-per-node 2 right after predicts a step with communication; with FSDP_TRAIN, the
+             same run measured (6 steps, the median of steps >= 2) and the ratio printed (no
+             timing assertion: this machine's load decides it).
   usage      --estimate without --cluster, an unknown preset, --compute-efficiency 2: exit 2
              with one error line naming the flag.
 """
@@ -22,6 +27,7 @@ import sys
 from pathlib import Path
 
 INSPECT, WORK = sys.argv[1], Path(sys.argv[2])
+TRAIN, DATA = (sys.argv[3], sys.argv[4]) if len(sys.argv) > 4 else (None, None)
 WORK.mkdir(parents=True, exist_ok=True)
 failures = []
 
@@ -74,6 +80,38 @@ if cal.exists():
     check(e.get("step_time_s", 0) > 0, "calibrated estimate: positive step time")
     r = run("--model", "tiny", "--seq-len", "128", "--batch-size", "2", "--estimate", "--cluster", str(cal))
     check(r.returncode == 2 and "--seq-len" in r.stderr, f"another --seq-len refused with exit 2: {r.stderr.strip()}")
+
+# Calibrate, then estimate, in two commands, for a run of 2 processes on this machine: --calibrate
+# starts both (they measure their units at once) and the path between them, so the intra-node rate
+# the estimate needs is in the file.
+cal2 = WORK / "tiny.2procs.json"
+r = run(*tiny, "--calibrate", str(cal2), "--calibrate-steps", "1", "--nproc-per-node", "2",
+        "--calibrate-link-seconds", "0.5")
+check(r.returncode == 0 and cal2.exists(), f"--calibrate --nproc-per-node 2 writes the file ({r.stderr.strip()[-300:]})")
+if cal2.exists():
+    c = json.loads(cal2.read_text())
+    check(c["procs_per_node"] == 2 and c["intra"]["gbit_per_s"] > 0 and c["intra"]["latency_us"] > 0,
+          f"the path between the 2 processes measured: {c['intra']}, procs_per_node {c['procs_per_node']}")
+    check(c["host_cpu_ns_per_byte"] > 0, f"CPU per byte measured: {c['host_cpu_ns_per_byte']}")
+    r = run(*tiny, "--estimate", "--cluster", str(cal2), "--nproc-per-node", "2", "--json")
+    e = json.loads(r.stdout) if r.returncode == 0 else {}
+    check(r.returncode == 0, f"--estimate --cluster FILE --nproc-per-node 2 right after exits 0 ({r.stderr.strip()[-300:]})")
+    check(e.get("world_size") == 2 and e.get("comm_s", 0) > 0 and e.get("step_time_s", 0) > 0,
+          f"2 processes, communication on the path between them: world {e.get('world_size')}, comm "
+          f"{e.get('comm_s')} s, step {e.get('step_time_s')} s")
+    if TRAIN and e:
+        metrics = WORK / "tiny.2procs.metrics.jsonl"
+        metrics.unlink(missing_ok=True)
+        t = subprocess.run([TRAIN, *tiny, "--nproc-per-node", "2", "--data", DATA, "--max-steps", "6",
+                            "--log-every", "1", "--metrics-file", str(metrics)], capture_output=True, text=True,
+                           timeout=150, env={"OMP_NUM_THREADS": "1", "PATH": "/usr/bin:/bin"})
+        check(t.returncode == 0, f"the run itself trains ({t.stderr.strip()[-300:]})")
+        if t.returncode == 0:
+            steps = [json.loads(l) for l in metrics.read_text().splitlines() if l.strip()]
+            times = sorted(x["step_time_s"] for x in steps if x["step"] >= 2)
+            measured = times[len(times) // 2]
+            print(f"  measured step {measured:.4f} s, predicted {e['step_time_s']:.4f} s: predicted / measured "
+                  f"{e['step_time_s'] / measured:.2f}")
 
 for args, names in ((["--estimate"], "--cluster"), (["--estimate", "--cluster", "dgx-9"], "dgx-9"),
                     (["--estimate", "--cluster", "h100", "--compute-efficiency", "2"], "--compute-efficiency")):

@@ -151,6 +151,29 @@ TEST(Estimate, HybridShardsWithinANodeAndAllReducesAcrossNodes) {
   EXPECT_GT(full.units[1].all_gather_s, 0.5);
 }
 
+// FSDP2's reshard_after_forward read from the schedule: HYBRID with false
+// (FSDP1's _HYBRID_SHARD_ZERO2) gathers each block once a step; an int (hpZ)
+// over the ranks of one node makes backward's gathers stay inside the node,
+// where FULL_SHARD's cross the slow link again.
+TEST(Estimate, PerUnitReshardChangesWhatIsGatheredAndWhere) {
+  ClusterSpec c = two_nodes();
+  c.procs_per_node = 2;
+  c.intra = {1e12, 0};
+  FsdpOptions zero2 = options(ShardingStrategy::kHybridShard);
+  zero2.hybrid_shard_size = 2;
+  zero2.reshard_after_forward = ReshardAfterForward(false);
+  const StepEstimate z = estimate_step(toy(), zero2, c, StepWorkload{}, toy_cost);
+  EXPECT_EQ(z.units[1].gathers, 1);
+  const StepEstimate full = estimate_step(toy(), options(ShardingStrategy::kFullShard), c, StepWorkload{}, toy_cost);
+  FsdpOptions hpz = options(ShardingStrategy::kFullShard);
+  hpz.reshard_after_forward = ReshardAfterForward::to_group(2);  // the node's two processes
+  const StepEstimate h = estimate_step(toy(), hpz, c, StepWorkload{}, toy_cost);
+  EXPECT_EQ(h.units[1].gathers, 2);
+  EXPECT_EQ(full.units[1].gathers, 2);
+  EXPECT_LT(h.exposed_comm_s, full.exposed_comm_s - 0.5);  // backward's gathers no longer cross the link
+  EXPECT_EQ(h.units[1].all_gather_s, full.units[1].all_gather_s);  // forward's gather is the same
+}
+
 TEST(Estimate, StepIsComputePlusOptimizerPlusExposedOnTheHost) {
   // On the host every second of the step is compute, the optimizer, or a wait.
   for (auto s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard,

@@ -27,6 +27,7 @@
 #include <regex>
 #include <sstream>
 
+#include "fsdp/common/internals.h"
 #include "fsdp/fsdp.h"
 #include "parity.h"
 #include "support/multiproc.h"
@@ -304,6 +305,83 @@ TEST(MemoryContract, InputAndOutputUnitsPeakExactlyAtTheBound) {
       }
     }
     EXPECT_EQ(checked, 2 * 4 * 3 * 4 * 2);
+  });
+}
+
+// FSDP2's per-unit options and FSDP1's HYBRID ZeRO-2 (Note [Per-unit
+// options] in src/fsdp/plan.cpp), in the same matrix of precision x prefetch x
+// checkpointing on both shapes: reshard_after_forward = 2 for every unit (each
+// keeps a post-forward shard over pairs of ranks: hpZ); per unit, one block
+// kept after forward, one with hpZ in bf16 (an fp32 model), one offloaded, the
+// root resharded after forward; HYBRID 2 x 2 with reshard_after_forward false
+// (ZeRO-2 inside each shard group); and parameters left out of sharding
+// (ignored_params: the root's output matrix, a block's first matrix). Every one
+// peaks at the plan's bound to the byte.
+TEST(MemoryContract, PerUnitOptionsAndIgnoredParametersPeakExactlyAtTheBound) {
+  testing::run_distributed(4, [&](comm::ProcessGroup& pg) {
+    int checked = 0;
+    for (const Shape& shape : shapes()) {
+      for (const char* variant : {"reshard_after_forward 2", "per-unit", "HYBRID ZeRO-2", "ignored parameters"}) {
+        for (const char* precision : {"fp32", "bf16"}) {
+          for (const Prefetch& pf : kPrefetches) {
+            for (bool ckpt : {false, true}) {
+              FsdpOptions o;
+              o.strategy = ShardingStrategy::kFullShard;
+              o.mixed_precision = MixedPrecision::preset(precision);
+              o.backward_prefetch = pf.backward;
+              o.forward_prefetch = pf.forward;
+              o.checkpoint_all_units = ckpt;
+              auto model = make_model(shape.config, /*meta=*/true, "");
+              const std::string v = variant;
+              if (v == "reshard_after_forward 2") {
+                o.reshard_after_forward = ReshardAfterForward::to_group(2);
+              } else if (v == "per-unit") {
+                UnitOverride keep{{"blocks.0"}, {}, {}};
+                keep.options.reshard_after_forward = ReshardAfterForward(false);
+                UnitOverride pairs{{"blocks.1"}, {}, {}};
+                pairs.options.reshard_after_forward = ReshardAfterForward::to_group(2);
+                MixedPrecision bf16 = MixedPrecision::preset("bf16");
+                bf16.master_dtype = o.mixed_precision.master_dtype;
+                bf16.buffer_dtype = o.mixed_precision.buffer_dtype;
+                pairs.options.mixed_precision = bf16;
+                UnitOverride offload{{"blocks.2"}, {}, {}};
+                offload.options.cpu_offload = true;
+                UnitOverride root{{""}, {}, {}};
+                root.options.reshard_after_forward = ReshardAfterForward(true);
+                o.unit_overrides = {keep, pairs, offload, root};
+              } else if (v == "HYBRID ZeRO-2") {
+                o.strategy = ShardingStrategy::kHybridShard;
+                o.hybrid_shard_size = 2;
+                o.reshard_after_forward = ReshardAfterForward(false);
+              } else {
+                // Left to the caller: materialized (FSDP never initializes them),
+                // in the compute dtype (FSDP neither casts them).
+                for (auto& p : model->named_parameters(true)) {
+                  // Not w_in: the root's remaining parameters must still be used
+                  // first, as the plan assumes of a model without nn::CallOrder.
+                  if (p.key() != "w_out" && p.key() != "blocks.1.w1") continue;
+                  internals::rebind_data(p.value(), (at::randn(p.value().sizes()) * 0.1).to(o.mixed_precision.param_dtype));
+                  o.ignored_params.push_back(p.value());
+                }
+              }
+              const ShardingPlan plan = plan_sharding(model.ptr(), pg.size(), pg.rank(), o);
+              const Outcome got = run_model(pg, model, shape.config, o, /*steps=*/3, /*micro_batches=*/1);
+              const std::string what = std::string(shape.name) + ", " + variant + ", " + precision + ", prefetch " +
+                                       pf.name + (ckpt ? ", checkpointing" : "");
+              EXPECT_EQ(got.peak, plan.unsharded_bound(1)) << what << ": " << bytes_text(got.at_peak);
+              EXPECT_EQ(got.left_over, 0) << what;
+              if (v == "ignored parameters") {
+                EXPECT_LT(plan.parameters, plan_sharding(make_model(shape.config, true, "").ptr(), pg.size(),
+                                                         pg.rank(), FsdpOptions{}).parameters)
+                    << what;
+              }
+              ++checked;
+            }
+          }
+        }
+      }
+    }
+    EXPECT_EQ(checked, 2 * 4 * 2 * 4 * 2);
   });
 }
 

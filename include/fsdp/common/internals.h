@@ -26,6 +26,10 @@ void free_storage(const at::Tensor& t);
 // Gives t's storage `nbytes` fresh, uninitialized bytes from its own
 // allocator. Views made earlier (and tensors autograd saved) see the new bytes.
 void alloc_storage(const at::Tensor& t, size_t nbytes);
+// Gives t's storage the bytes of `from`'s storage (which is left without
+// any): a buffer someone else allocated becomes t's, views included.
+// Requires: from's storage holds at least t's bytes, on t's device.
+void adopt_storage(const at::Tensor& t, const at::Tensor& from);
 // Whether t's storage currently holds bytes.
 bool storage_allocated(const at::Tensor& t);
 // A storage without bytes on `device` whose data any kernel or accessor

@@ -149,6 +149,27 @@ class UnitImpl : public UnitBase {
     return detail::from_outputs<R>(hooks_->run(fn, inputs));
   }
 
+  // Another method of the inner module, run as this unit as forward is (FSDP2's
+  // register_fsdp_forward_method: an `encode` or `generate` step):
+  // `unit->call(&BlockImpl::encode, x)`. The same rules as forward: tensor
+  // arguments are the unit's inputs, the others are copied; the result is an
+  // at::Tensor or a std::vector<at::Tensor>. Without hooks, a plain call.
+  template <class Method, class... Args>
+  auto call(Method method, Args&&... args)
+      -> decltype((std::declval<Impl&>().*method)(std::forward<Args>(args)...)) {
+    using R = decltype((std::declval<Impl&>().*method)(std::forward<Args>(args)...));
+    if (!hooks_) return (impl_.get()->*method)(std::forward<Args>(args)...);
+
+    std::vector<at::Tensor> inputs;
+    (collect(inputs, args), ...);
+    auto saved = std::make_shared<std::tuple<std::decay_t<Args>...>>(strip(args)...);
+    std::shared_ptr<Impl> impl = impl_;
+    TensorFn fn = [impl, saved, method](const std::vector<at::Tensor>& ins) {
+      return detail::to_outputs(call_method(*impl, method, *saved, ins, std::index_sequence_for<Args...>{}));
+    };
+    return detail::from_outputs<R>(hooks_->run(fn, inputs));
+  }
+
  private:
   template <class T>
   static void collect(std::vector<at::Tensor>& out, const T& a) {
@@ -164,6 +185,12 @@ class UnitImpl : public UnitBase {
                                   std::index_sequence<I...>) {
     using Types = std::decay_t<Tuple>;
     return impl.forward(pick<I, Types>(saved, ins)...);
+  }
+  template <class Method, class Tuple, size_t... I>
+  static decltype(auto) call_method(Impl& impl, Method method, Tuple& saved, const std::vector<at::Tensor>& ins,
+                                    std::index_sequence<I...>) {
+    using Types = std::decay_t<Tuple>;
+    return (impl.*method)(pick<I, Types>(saved, ins)...);
   }
   template <size_t I, class Types>
   static decltype(auto) pick(Types& saved, const std::vector<at::Tensor>& ins) {

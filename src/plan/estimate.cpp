@@ -13,7 +13,7 @@
 
 #include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
-#include "fsdp/common/json_input.h"
+#include "fsdp/state.h"
 
 namespace fsdp {
 
@@ -272,94 +272,106 @@ class Network {
   int64_t steps_ = 0;  // events replayed so far (bounded: kStepsPerOp per op)
 };
 
-// ---- the schedule ------------------------------------------------------------------------
+// ---- the schedule, timed ------------------------------------------------------------------
 
 // Note [Estimated schedule]
-// The engine's order (state.h, Note [Unit lifecycle]; model.cpp), for units that
-// run forward once each in the plan's order, the root enclosing the others and
-// its own code running after them in forward and before them in backward:
-//  forward   root: all-gathered once (kept through backward). Unit k: all-gather
-//            issued at its pre-forward unless prefetched; forward prefetch issues
-//            unit k+1's; wait; forward. FULL_SHARD/HYBRID reshard after it.
-//  backward  the root's own backward; then units in reverse: FULL_SHARD/HYBRID
-//            all-gather again (SHARD_GRAD_OP kept them), BACKWARD_PRE prefetches
-//            the unit before (never the root), at most limit_all_gathers
-//            prefetches outstanding; wait; recompute (checkpointed); backward;
-//            its reduction is issued (reduce-scatter; NO_SHARD all-reduce), and
-//            once more than two are in flight the oldest is finished: waited for,
-//            and under HYBRID all-reduced across replicas on the training thread
-//            (collectives.cpp: finish_reduction), which the step waits for;
-//            BACKWARD_POST prefetches after the reduction is issued. The root's
-//            gradients complete last; end of backward finishes every reduction.
-//  step      gradient norm (one scalar all-reduce), AdamW on the local shards,
-//            the loss all-reduce.
-// Micro-batches before the last (--grad-accum) skip the reductions.
+// The step's events come from the engine's own schedule (detail::step_events,
+// Note [Step schedule] in src/fsdp/schedule.cpp): the same gathers, prefetches,
+// waits, reshards, reductions and finishes, in the same order, for the model's
+// call order and options. This interpreter gives them durations:
+//  kUnshard, kPrefetch  an all-gather on the gather lane (over the post-forward
+//                       group for hpZ), plus the host CPU it costs (below)
+//  kWait                the training thread waits for that all-gather
+//  kForward             a unit's forward (its time split over its calls); the
+//                       root's own forward is timed at its kPostForward (its
+//                       code runs around the others')
+//  kPreBackward         the root's own backward (it runs first)
+//  kRecompute           activation checkpointing's second forward
+//  kPostBackward        a unit's backward (its gradients are complete)
+//  kReduce              a reduce-scatter (NO_SHARD: all-reduce) on the reduce lane
+//  kFinishReduce        waits for it; HYBRID: then the all-reduce across replicas
+//                       on its lane, waited for (collectives.cpp: finish_reduction)
+//  step                 gradient norm (one scalar all-reduce), AdamW on the local
+//                       shards, the loss all-reduce (after the schedule).
+// Micro-batches before the last (--grad-accum) run the accumulating schedule.
 // Execution::kHost: the CPU a collective costs this process (host_cpu_s_per_byte x
 // the bytes it sends and receives) is spent on the training thread when the
 // collective is issued: the cores are taken to be busy with compute, so the
 // lanes' copies and the kernel's TCP work come out of it.
 // Execution::kDevice (CUDA): the host runs ahead of the compute stream, so the
 // all-gathers of the next limit_all_gathers units are issued while a unit computes,
-// in forward and (BACKWARD_PRE) in backward. Waits order the compute stream after
-// the collective (NCCL), which for the model is the same as the host waiting.
+// in forward and (BACKWARD_PRE) in backward: at a unit's kForward (kPreBackward)
+// the next gather events of the schedule are issued early, at most that many
+// outstanding. Waits order the compute stream after the collective (NCCL), which
+// for the model is the same as the host waiting.
 class Schedule {
  public:
   // The *_s vectors: each unit's collectives alone on the network; *_cpu_s: the host
-  // CPU they cost this process (ClusterSpec::host_cpu_s_per_byte).
+  // CPU they cost this process (ClusterSpec::host_cpu_s_per_byte). Gathers from a
+  // post-forward group: by group size.
   struct PerUnit {
     std::vector<double> gather_s, reduce_s, replica_s, latency_s, gather_cpu_s, reduce_cpu_s, replica_cpu_s;
+    std::vector<std::map<int, double>> group_gather_s, group_gather_cpu_s;
+    std::vector<int> calls;  // forward calls per step
   };
   Schedule(const std::vector<PlannedCost>& units, const FsdpOptions& o, const ClusterSpec& c, const PerUnit& p)
       : u_(units), o_(o), c_(c), gather_s_(p.gather_s), reduce_s_(p.reduce_s), replica_s_(p.replica_s),
         latency_s_(p.latency_s), p_(p) {}
 
-  void micro_batch(bool sync, bool last) {
+  void micro_batch(const std::vector<detail::Event>& events, bool last) {
+    using detail::EventKind;
     const bool device = c_.execution == Execution::kDevice;
-    const bool regather = o_.strategy == ShardingStrategy::kFullShard ||
-                          o_.strategy == ShardingStrategy::kHybridShard;
-    const size_t n = u_.size();
-    gathered_.assign(n, -1);
-    prefetched_pending_ = 0;
-    prefetched_.assign(n, false);
+    gathered_.assign(u_.size(), -1);
+    early_.assign(events.size(), false);
+    ahead_.assign(u_.size(), false);
+    ahead_count_ = 0;
+    pending_.clear();
     record_ = last;
-    // forward
-    gather(0);
-    wait_gather(0);
-    for (size_t k = 1; k < n; ++k) {
-      gather(k);
-      consume(k);
-      if (device) {
-        for (size_t j = k + 1; j < n && j <= k + static_cast<size_t>(o_.limit_all_gathers); ++j) prefetch(j);
-      } else if (o_.forward_prefetch && k + 1 < n) {
-        prefetch(k + 1);
+    for (size_t i = 0; i < events.size(); ++i) {
+      const detail::Event& e = events[i];
+      const size_t k = size_t(e.unit);
+      switch (e.kind) {
+        case EventKind::kUnshard:
+        case EventKind::kPrefetch:
+          if (early_[i]) break;  // issued while an earlier unit computed
+          gather(k, e.group);
+          if (e.kind == EventKind::kPrefetch) mark_ahead(k);
+          break;
+        case EventKind::kWait:
+          if (ahead_[k]) {  // consumed by its own hook
+            ahead_[k] = false;
+            --ahead_count_;
+          }
+          wait_gather(k);
+          break;
+        case EventKind::kForward:
+          if (k == 0) break;
+          if (device) run_ahead(events, i);
+          compute("forward", k, u_[k].compute.forward_s / calls(k));
+          break;
+        case EventKind::kPostForward:
+          if (k == 0) compute("forward", 0, u_[0].compute.forward_s);
+          break;
+        case EventKind::kReshard: gathered_[k] = -1; break;
+        case EventKind::kPreBackward:
+          if (k == 0) {
+            compute("backward", 0, u_[0].compute.backward_s);
+          } else if (device && o_.backward_prefetch == BackwardPrefetch::kPre) {
+            run_ahead(events, i);
+          }
+          break;
+        case EventKind::kRecompute: {
+          const double r = u_[k].compute.recompute_s >= 0 ? u_[k].compute.recompute_s : u_[k].compute.forward_s;
+          compute("recompute", k, r / calls(k));
+          break;
+        }
+        case EventKind::kPostBackward:
+          if (k != 0) compute("backward", k, u_[k].compute.backward_s);
+          break;
+        case EventKind::kReduce: reduce(k); break;
+        case EventKind::kKeepGrads: break;
+        case EventKind::kFinishReduce: finish(k, e.replicas); break;
       }
-      wait_gather(k);
-      compute("forward", k, u_[k].compute.forward_s);
-      if (regather) gathered_[k] = -1;  // resharded
-    }
-    compute("forward", 0, u_[0].compute.forward_s);
-    // backward
-    compute("backward", 0, u_[0].compute.backward_s);
-    for (size_t k = n - 1; k >= 1; --k) {
-      gather(k);
-      consume(k);
-      if (o_.backward_prefetch == BackwardPrefetch::kPre && k > 1) {
-        const size_t ahead = device ? static_cast<size_t>(o_.limit_all_gathers) : 1;
-        for (size_t j = k - 1; j >= 1 && k - j <= ahead; --j) prefetch(j);
-      }
-      wait_gather(k);
-      if (u_[k].info.checkpointed) {
-        const double r = u_[k].compute.recompute_s >= 0 ? u_[k].compute.recompute_s : u_[k].compute.forward_s;
-        compute("recompute", k, r);
-      }
-      compute("backward", k, u_[k].compute.backward_s);
-      if (regather) gathered_[k] = -1;
-      if (sync) reduce(k);
-      if (o_.backward_prefetch == BackwardPrefetch::kPost && k > 1) prefetch(k - 1);
-    }
-    if (sync) {
-      reduce(0);
-      while (!pending_.empty()) finish_oldest();
     }
   }
 
@@ -392,6 +404,7 @@ class Schedule {
 
  private:
   std::string label(size_t k) const { return u_[k].info.name.empty() ? "<root>" : u_[k].info.name; }
+  double calls(size_t k) const { return std::max(1, p_.calls[k]); }
 
   void compute(const char* what, size_t k, double s) {
     if (s <= 0) return;
@@ -415,25 +428,42 @@ class Schedule {
     }
   }
 
-  // Issues unit k's all-gather unless it is gathered or in flight.
-  void gather(size_t k) {
-    if (gathered_[k] != -1 || gather_s_[k] <= 0) return;
-    gathered_[k] = net_.issue(Network::kGather, now_, gather_s_[k], latency_s_[k], "all_gather " + label(k));
-    compute("comm cpu", k, p_.gather_cpu_s[k]);
+  // Issues unit k's all-gather (from a post-forward group of `group` ranks when > 0).
+  void gather(size_t k, int group) {
+    double s = gather_s_[k], cpu = p_.gather_cpu_s[k];
+    if (group > 0) {
+      const auto it = p_.group_gather_s[k].find(group);
+      s = it != p_.group_gather_s[k].end() ? it->second : 0;
+      cpu = p_.group_gather_cpu_s[k].count(group) > 0 ? p_.group_gather_cpu_s[k].at(group) : 0;
+    }
+    if (s <= 0) {
+      gathered_[k] = -2;  // nothing to move: resident, or a one-rank group
+      return;
+    }
+    gathered_[k] = net_.issue(Network::kGather, now_, s, latency_s_[k], "all_gather " + label(k));
+    compute("comm cpu", k, cpu);
   }
-  void prefetch(size_t k) {
-    if (k == 0 || gathered_[k] != -1 || gather_s_[k] <= 0) return;
-    if (prefetched_pending_ >= o_.limit_all_gathers) return;
-    gather(k);
-    prefetched_[k] = true;
-    ++prefetched_pending_;
-  }
-  void consume(size_t k) {
-    if (prefetched_[k]) {
-      prefetched_[k] = false;
-      --prefetched_pending_;
+
+  // Execution::kDevice: the host issues the next gathers of the schedule while
+  // unit `events[i]` computes, at most limit_all_gathers outstanding.
+  void run_ahead(const std::vector<detail::Event>& events, size_t i) {
+    using detail::EventKind;
+    for (size_t j = i + 1; j < events.size() && ahead_count_ < o_.limit_all_gathers; ++j) {
+      const detail::Event& e = events[j];
+      if (e.kind == EventKind::kPreBackward && events[i].kind == EventKind::kForward) break;  // forward's end
+      if ((e.kind != EventKind::kUnshard && e.kind != EventKind::kPrefetch) || early_[j] || e.unit == 0) continue;
+      gather(size_t(e.unit), e.group);
+      early_[j] = true;
+      mark_ahead(size_t(e.unit));
     }
   }
+
+  void mark_ahead(size_t k) {
+    if (ahead_[k]) return;
+    ahead_[k] = true;
+    ++ahead_count_;
+  }
+
   void wait_gather(size_t k) {
     if (gathered_[k] < 0) return;
     wait_comm(gathered_[k], "wait all_gather " + label(k));
@@ -441,23 +471,23 @@ class Schedule {
   }
 
   void reduce(size_t k) {
-    if (reduce_s_[k] <= 0 && replica_s_[k] <= 0) return;
     Pending p;
     p.unit = k;
     if (reduce_s_[k] > 0) p.op = net_.issue(Network::kReduce, now_, reduce_s_[k], latency_s_[k], "reduce " + label(k));
     compute("comm cpu", k, p_.reduce_cpu_s[k]);
     pending_.push_back(p);
-    while (pending_.size() > kMaxInFlight) finish_oldest();
   }
 
-  // Waits for the oldest reduction; HYBRID: then its all-reduce across replicas,
+  // Waits for unit k's reduction; HYBRID: then its all-reduce across replicas,
   // waited for at once (collectives.cpp: finish_reduction). On CUDA these waits
   // order the compute stream after the collective: compute waits the same way.
-  void finish_oldest() {
-    const Pending p = pending_.front();
-    pending_.pop_front();
+  void finish(size_t k, bool replicas) {
+    auto it = std::find_if(pending_.begin(), pending_.end(), [&](const Pending& p) { return p.unit == k; });
+    if (it == pending_.end()) return;
+    const Pending p = *it;
+    pending_.erase(it);
     if (p.op >= 0) wait_comm(p.op, "wait reduce " + label(p.unit));
-    if (replica_s_[p.unit] > 0) {
+    if (replicas && replica_s_[p.unit] > 0) {
       const int r = net_.issue(Network::kReplica, now_, replica_s_[p.unit], latency_s_[p.unit],
                                "all_reduce (replicas) " + label(p.unit));
       compute("comm cpu", p.unit, p_.replica_cpu_s[p.unit]);
@@ -469,7 +499,6 @@ class Schedule {
     size_t unit = 0;
     int op = -1;
   };
-  static constexpr size_t kMaxInFlight = 2;  // detail::kMaxInflightReduces
 
   const std::vector<PlannedCost>& u_;
   const FsdpOptions& o_;
@@ -486,8 +515,9 @@ class Schedule {
   double optimizer_s_ = 0;
   double exposed_s_ = 0;
   std::vector<int> gathered_;  // op id in flight, -1: sharded, -2: gathered
-  std::vector<bool> prefetched_;
-  int prefetched_pending_ = 0;
+  std::vector<bool> early_;    // events issued ahead (Execution::kDevice)
+  std::vector<bool> ahead_;    // units gathered ahead of their own hook, not yet waited for
+  int ahead_count_ = 0;
   std::deque<Pending> pending_;
   bool record_ = false;
   std::vector<EstimateSpan> spans_;
@@ -526,7 +556,21 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
   std::vector<PlannedCost> units = merge_units(plan);
   FSDP_ASSERT(!units.empty() && units[0].info.name.empty(), "the plan's first unit must be the root");
 
-  const MixedPrecision& mp = o.mixed_precision;
+  // The engine's own view of the units: each one's options and the schedule.
+  const std::vector<detail::PlannedUnit> planned = detail::plan_units(root, o, plan.shard_size);
+  FSDP_ASSERT(planned.size() == units.size(), "the plan's units and the schedule's differ");
+  const std::vector<int> calls = detail::call_sequence(root, planned);
+  const std::vector<detail::ScheduleUnit> sched_units =
+      detail::schedule_units(planned, o, plan.shard_size, plan.replicas);
+  const std::vector<detail::UnitPolicy> policies = detail::schedule_policies(planned);
+  const detail::ScheduleOptions sched_options = detail::schedule_options(o);
+  const std::vector<detail::Event> sync_events =
+      detail::step_events(sched_units, policies, calls, sched_options, detail::StepPhase::kSynchronized);
+  const std::vector<detail::Event> accum_events =
+      workload.grad_accum > 1
+          ? detail::step_events(sched_units, policies, calls, sched_options, detail::StepPhase::kAccumulating)
+          : std::vector<detail::Event>{};
+
   // Bytes per element on the wire: the compressed formats' (docs/compression.md) where the
   // shard group's collectives use them, the dtypes' elsewhere (NO_SHARD, HYBRID's replicas).
   const auto wire = [&](WireFormat f, at::ScalarType native) {
@@ -534,13 +578,7 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
            : f == WireFormat::kInt8 ? 1.0 + 4.0 / static_cast<double>(o.compression.block_size)
                                     : static_cast<double>(c10::elementSize(native));
   };
-  const double pbytes = wire(o.compression.all_gather, mp.param_dtype);
-  const double rbytes = static_cast<double>(c10::elementSize(mp.reduce_dtype));
-  const double rs_bytes = wire(o.compression.reduce_scatter, mp.reduce_dtype);
   const bool no_shard = o.strategy == ShardingStrategy::kNoShard;
-  // Nothing is gathered when every unit is its own single copy (detail::keeps_single_copy).
-  const bool single_copy = plan.shard_size == 1 && mp.param_dtype == mp.master_dtype &&
-                           (!o.cpu_offload || o.device.is_cpu());
   const GroupShape shard = group_shape(plan.shard_size, 1, cluster.procs_per_node);
   const GroupShape replicas = group_shape(plan.replicas, plan.shard_size, cluster.procs_per_node);
   const GroupShape everyone = group_shape(world, 1, cluster.procs_per_node);
@@ -555,6 +593,12 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
                   &per.replica_cpu_s}) {
     v->assign(n, 0.0);
   }
+  per.group_gather_s.assign(n, {});
+  per.group_gather_cpu_s.assign(n, {});
+  per.calls.assign(n, 0);
+  for (const detail::Event& e : sync_events) {
+    if (e.kind == detail::EventKind::kForward) ++per.calls[size_t(e.unit)];
+  }
   std::vector<double>& gather_s = per.gather_s;
   std::vector<double>& reduce_s = per.reduce_s;
   std::vector<double>& replica_s = per.replica_s;
@@ -564,6 +608,11 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
   int64_t shard_elems = 0;
   for (size_t k = 0; k < n; ++k) {
     PlannedCost& u = units[k];
+    const MixedPrecision& mp = planned[k].mixed_precision;
+    const double pbytes = wire(o.compression.all_gather, mp.param_dtype);
+    const double rbytes = static_cast<double>(c10::elementSize(mp.reduce_dtype));
+    const double rs_bytes = wire(o.compression.reduce_scatter, mp.reduce_dtype);
+    const bool replicated = sched_units[k].replicated;
     u.compute = cost(u.entries);
     FSDP_CHECK(u.compute.forward_s >= 0 && u.compute.backward_s >= 0, "the compute cost of unit '", u.info.name,
                "' is negative");
@@ -575,11 +624,17 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
     ue.recompute_s = u.info.checkpointed ? (u.compute.recompute_s >= 0 ? u.compute.recompute_s : u.compute.forward_s) * m
                                          : 0;
     shard_elems += no_shard ? u.reduce_elems : u.shard_elems;
-    if (!no_shard && !single_copy && plan.shard_size > 1) {
+    if (!replicated && plan.shard_size > 1) {
       ue.gather_bytes = static_cast<int64_t>(static_cast<double>(u.gather_elems) * pbytes);
-      gather_s[k] = collective_s(Collective::kAllGather, static_cast<double>(ue.gather_bytes), shard, cluster);
-      per.gather_cpu_s[k] = cpu * process_bytes(Collective::kAllGather, static_cast<double>(ue.gather_bytes), shard,
-                                                cluster);
+      const double gb = static_cast<double>(ue.gather_bytes);
+      gather_s[k] = collective_s(Collective::kAllGather, gb, shard, cluster);
+      per.gather_cpu_s[k] = cpu * process_bytes(Collective::kAllGather, gb, shard, cluster);
+      const int g = policies[k].post_forward_group;
+      if (g > 1) {  // hpZ: backward gathers over groups of g consecutive ranks
+        const GroupShape small = group_shape(g, 1, cluster.procs_per_node);
+        per.group_gather_s[k][g] = collective_s(Collective::kAllGather, gb, small, cluster);
+        per.group_gather_cpu_s[k][g] = cpu * process_bytes(Collective::kAllGather, gb, small, cluster);
+      }
     }
     if (u.reduce_elems > 0) {
       ue.reduce_bytes = static_cast<int64_t>(static_cast<double>(u.reduce_elems) * (no_shard ? rbytes : rs_bytes));
@@ -602,17 +657,25 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
     ue.reduce_s = reduce_s[k];
     ue.replica_all_reduce_s = replica_s[k];
   }
-  const bool regather = o.strategy == ShardingStrategy::kFullShard || o.strategy == ShardingStrategy::kHybridShard;
-  for (size_t k = 0; k < n; ++k) {
-    if (gather_s[k] > 0) est.units[k].gathers = static_cast<int>(workload.grad_accum) * (regather && k > 0 ? 2 : 1);
-  }
+  // All-gathers per step: what the schedules issue.
+  const auto count_gathers = [&](const std::vector<detail::Event>& events, int64_t times) {
+    for (const detail::Event& e : events) {
+      const size_t k = size_t(e.unit);
+      if ((e.kind == detail::EventKind::kUnshard || e.kind == detail::EventKind::kPrefetch) &&
+          (e.group > 0 ? per.group_gather_s[k].count(e.group) > 0 : gather_s[k] > 0)) {
+        est.units[k].gathers += static_cast<int>(times);
+      }
+    }
+  };
+  count_gathers(sync_events, 1);
+  count_gathers(accum_events, workload.grad_accum - 1);
   if (world == 1) std::fill(latency_s.begin(), latency_s.end(), 0.0);
 
   Schedule s(units, o, cluster, per);
   for (int64_t m = 0; m < workload.grad_accum; ++m) {
     const bool last = m + 1 == workload.grad_accum;
     if (last) s.start_timeline();
-    s.micro_batch(/*sync=*/last, last);
+    s.micro_batch(last ? sync_events : accum_events, last);
   }
   s.optimizer(shard_elems);
   est.compute_s = s.compute_s();
@@ -645,184 +708,6 @@ StepEstimate estimate_scaling(const std::shared_ptr<nn::UnitBase>& root, const F
   est.scaling_efficiency = base.tokens_per_s_per_process > 0 ? est.tokens_per_s_per_process / base.tokens_per_s_per_process
                                                              : 0;
   return est;
-}
-
-// ---- presets -------------------------------------------------------------------------------
-
-namespace {
-
-struct Preset {
-  const char* name;
-  const char* alias;
-  const char* gpu;             // device.cpp's peak table key
-  int gpus;
-  double nvlink_gbyte_s;       // per GPU, one direction, data sheet
-  double nic_gbit_s;           // per node, all NICs, one direction, data sheet
-  double hbm_tbyte_s;
-  const char* what;
-};
-
-// Data sheets: NVIDIA H100 SXM5 / H200 SXM / A100 SXM4 80GB; AWS p5.48xlarge
-// (3200 Gbit/s EFAv2), p5en.48xlarge (3200 Gbit/s EFAv3), p4de.24xlarge (400 Gbit/s EFA).
-const Preset kPresets[] = {
-    {"p5.48xlarge", "h100", "H100", 8, 450, 3200, 3.35, "8 x H100 SXM5 80GB, NVLink4 900 GB/s (450 each way), 3200 Gbit/s EFA"},
-    {"p5en.48xlarge", "h200", "H200", 8, 450, 3200, 4.8, "8 x H200 141GB, NVLink4 900 GB/s (450 each way), 3200 Gbit/s EFA"},
-    {"p4de.24xlarge", "a100", "A100", 8, 300, 400, 2.04, "8 x A100 SXM4 80GB, NVLink3 600 GB/s (300 each way), 400 Gbit/s EFA"},
-};
-
-// Stated efficiencies (what fraction of a data-sheet rate is assumed reached).
-constexpr double kComputeEfficiency = 0.6;  // a decoder block's FLOPs, eager bf16 kernels (GEMMs ~0.7-0.8 of peak)
-constexpr double kNvlinkEfficiency = 0.8;   // NCCL all-gather / reduce-scatter bus bandwidth over NVLink
-constexpr double kEfaEfficiency = 0.7;      // NCCL over EFA (libfabric), large messages
-constexpr double kHbmEfficiency = 0.8;      // AdamW streaming its state
-constexpr double kAdamBytesPerElement = 28; // fp32 param, grad, m, v read; param, m, v written
-constexpr double kIntraLatency = 10e-6;     // per ring hop
-constexpr double kInterLatency = 20e-6;
-
-}  // namespace
-
-std::vector<std::string> cluster_preset_names() {
-  std::vector<std::string> out;
-  for (const Preset& p : kPresets) out.push_back(detail::cat(p.name, " (", p.alias, ")"));
-  return out;
-}
-
-ClusterSpec cluster_preset(const std::string& name, at::ScalarType compute_dtype) {
-  for (const Preset& p : kPresets) {
-    if (name != p.name && name != p.alias) continue;
-    ClusterSpec c;
-    c.name = p.name;
-    c.nodes = 1;
-    c.procs_per_node = p.gpus;
-    c.intra = {p.nvlink_gbyte_s * 1e9 * kNvlinkEfficiency, kIntraLatency};
-    c.inter = {p.nic_gbit_s * 1e9 / 8 * kEfaEfficiency, kInterLatency};
-    c.algorithm = CollectiveAlgorithm::kRing;
-    c.execution = Execution::kDevice;
-    c.peak_flops = peak_flops(p.gpu, compute_dtype);
-    c.compute_efficiency = kComputeEfficiency;
-    c.optimizer_s_per_element = kAdamBytesPerElement / (p.hbm_tbyte_s * 1e12 * kHbmEfficiency);
-    c.notes = detail::cat(p.what, "; assumed: units reach ", kComputeEfficiency, " of the dense ",
-                          c10::toString(compute_dtype), " peak (", c.peak_flops / 1e12, " TFLOP/s), NCCL rings at ",
-                          kNvlinkEfficiency, " of NVLink and ", kEfaEfficiency, " of EFA, AdamW at ", kHbmEfficiency,
-                          " of HBM (", kAdamBytesPerElement, " bytes per element)");
-    return c;
-  }
-  std::string names;
-  for (const auto& s : cluster_preset_names()) names += (names.empty() ? "" : ", ") + s;
-  FSDP_CHECK(false, "--cluster '", name, "' is neither a preset (", names,
-             ") nor a readable JSON file; give a preset or the file fsdp-inspect --calibrate wrote");
-  return {};
-}
-
-// ---- JSON ------------------------------------------------------------------------------
-
-ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, const std::string& source) {
-  std::string why;
-  const std::optional<nlohmann::json> parsed = parse_json_input(text, why);
-  FSDP_CHECK(parsed.has_value(), source, ": not valid JSON (", why, "); fsdp-inspect --calibrate writes this file");
-  const nlohmann::json& j = *parsed;
-  FSDP_CHECK(j.is_object(), source, ": a cluster description is a JSON object, got ", j.type_name());
-  static const std::set<std::string> kKnown = {"name", "nodes", "procs_per_node", "intra", "inter", "algorithm",
-                                               "execution", "peak_tflops", "compute_efficiency",
-                                               "optimizer_ns_per_element", "host_cpu_ns_per_byte", "notes",
-                                               "calibration"};
-  for (auto it = j.begin(); it != j.end(); ++it) {
-    FSDP_CHECK(kKnown.count(it.key()) > 0, source, ": unknown field '", it.key(), "' (fields: name, nodes, "
-               "procs_per_node, intra, inter, algorithm, execution, peak_tflops, compute_efficiency, "
-               "optimizer_ns_per_element, host_cpu_ns_per_byte, notes, calibration)");
-  }
-  ClusterSpec c = base;
-  auto number = [&](const nlohmann::json& v, const std::string& field, double lo, double hi = 1e300) {
-    FSDP_CHECK(v.is_number(), source, ": '", field, "' must be a number, got ", v.dump());
-    const double x = v.get<double>();
-    FSDP_CHECK(std::isfinite(x) && x >= lo && x <= hi, source, ": '", field, "' must be in [", lo, ", ", hi,
-               "], got ", x);
-    return x;
-  };
-  auto integer = [&](const char* field, int& out) {
-    if (!j.contains(field)) return;
-    const double x = number(j[field], field, 1);
-    FSDP_CHECK(x == std::floor(x) && x <= 1e6, source, ": '", field, "' must be a whole number >= 1, got ", x);
-    out = static_cast<int>(x);
-  };
-  auto link = [&](const char* field, LinkSpec& out) {
-    if (!j.contains(field)) return;
-    const nlohmann::json& l = j[field];
-    FSDP_CHECK(l.is_object(), source, ": '", field, "' must be an object {\"gbit_per_s\", \"latency_us\"}");
-    for (auto it = l.begin(); it != l.end(); ++it) {
-      FSDP_CHECK(it.key() == "gbit_per_s" || it.key() == "latency_us", source, ": unknown field '", field, ".",
-                 it.key(), "' (gbit_per_s, latency_us)");
-    }
-    if (l.contains("gbit_per_s")) {
-      const double gbps = number(l["gbit_per_s"], detail::cat(field, ".gbit_per_s"), 0, kMaxLinkGbps);
-      FSDP_CHECK(gbps == 0 || gbps >= kMinLinkGbps, source, ": '", field, ".gbit_per_s' must be 0 (none) or in [",
-                 kMinLinkGbps, ", ", kMaxLinkGbps, "], got ", gbps);
-      out.bytes_per_s = gbps * 1e9 / 8;
-    }
-    if (l.contains("latency_us")) {
-      out.latency_s = number(l["latency_us"], detail::cat(field, ".latency_us"), 0, kMaxLatencyUs) * 1e-6;
-    }
-  };
-  auto word = [&](const char* field, std::initializer_list<const char*> allowed) -> std::string {
-    if (!j.contains(field)) return "";
-    FSDP_CHECK(j[field].is_string(), source, ": '", field, "' must be a string");
-    const std::string v = j[field].get<std::string>();
-    std::string list;
-    for (const char* a : allowed) {
-      if (v == a) return v;
-      list += (list.empty() ? "" : ", ") + std::string(a);
-    }
-    FSDP_CHECK(false, source, ": '", field, "' is '", v, "', not one of: ", list);
-    return "";
-  };
-  if (j.contains("name")) {
-    FSDP_CHECK(j["name"].is_string(), source, ": 'name' must be a string");
-    c.name = j["name"].get<std::string>();
-  }
-  if (j.contains("notes")) {
-    FSDP_CHECK(j["notes"].is_string(), source, ": 'notes' must be a string");
-    c.notes = j["notes"].get<std::string>();
-  }
-  integer("nodes", c.nodes);
-  integer("procs_per_node", c.procs_per_node);
-  link("intra", c.intra);
-  link("inter", c.inter);
-  const std::string alg = word("algorithm", {"mesh", "ring"});
-  if (!alg.empty()) c.algorithm = alg == "mesh" ? CollectiveAlgorithm::kMesh : CollectiveAlgorithm::kRing;
-  const std::string ex = word("execution", {"host", "device"});
-  if (!ex.empty()) c.execution = ex == "host" ? Execution::kHost : Execution::kDevice;
-  if (j.contains("peak_tflops")) {
-    c.peak_flops = j["peak_tflops"].is_null() ? 0 : number(j["peak_tflops"], "peak_tflops", 0, kMaxPeakTflops) * 1e12;
-  }
-  if (j.contains("compute_efficiency")) {
-    c.compute_efficiency = number(j["compute_efficiency"], "compute_efficiency", 0);
-    FSDP_CHECK(c.compute_efficiency <= 1, source, ": 'compute_efficiency' must be in [0, 1], got ", c.compute_efficiency);
-  }
-  if (j.contains("optimizer_ns_per_element")) {
-    c.optimizer_s_per_element =
-        number(j["optimizer_ns_per_element"], "optimizer_ns_per_element", 0, kMaxNsPerUnit) * 1e-9;
-  }
-  if (j.contains("host_cpu_ns_per_byte")) {
-    c.host_cpu_s_per_byte = number(j["host_cpu_ns_per_byte"], "host_cpu_ns_per_byte", 0, kMaxNsPerUnit) * 1e-9;
-  }
-  return c;
-}
-
-std::string cluster_to_json(const ClusterSpec& c) {
-  nlohmann::json j;
-  j["name"] = c.name;
-  j["nodes"] = c.nodes;
-  j["procs_per_node"] = c.procs_per_node;
-  j["intra"] = {{"gbit_per_s", c.intra.bytes_per_s * 8 / 1e9}, {"latency_us", c.intra.latency_s * 1e6}};
-  j["inter"] = {{"gbit_per_s", c.inter.bytes_per_s * 8 / 1e9}, {"latency_us", c.inter.latency_s * 1e6}};
-  j["algorithm"] = c.algorithm == CollectiveAlgorithm::kMesh ? "mesh" : "ring";
-  j["execution"] = c.execution == Execution::kHost ? "host" : "device";
-  j["peak_tflops"] = c.peak_flops > 0 ? nlohmann::json(c.peak_flops / 1e12) : nlohmann::json(nullptr);
-  j["compute_efficiency"] = c.compute_efficiency;
-  j["optimizer_ns_per_element"] = c.optimizer_s_per_element * 1e9;
-  j["host_cpu_ns_per_byte"] = c.host_cpu_s_per_byte * 1e9;
-  j["notes"] = c.notes;
-  return j.dump(2);
 }
 
 }  // namespace fsdp
