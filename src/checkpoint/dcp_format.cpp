@@ -211,6 +211,7 @@ Metadata parse_metadata(const std::string& bytes, const std::string& origin) {
         }
       }
       covered += product(ch.sizes, origin, what + " chunk");
+      if (covered > numel) bad(origin, what, ": its chunks hold more than the tensor's ", numel, " elements (they overlap)");
       t.chunks.push_back(std::move(ch));
     }
     if (covered != numel) {
@@ -486,6 +487,7 @@ TensorRecord read_tensor_item(const ReadAt& read, int64_t length, const std::str
     }
     const int64_t numel = product(r.size, origin, "the tensor");
     const int64_t elem = static_cast<int64_t>(c10::elementSize(r.dtype));
+    if (r.storage_numel > length / elem) bad(origin, "data.pkl: a storage of ", r.storage_numel, " elements in an item of ", length, " bytes");
     if (r.storage_numel < 0 || r.storage_offset < 0 || numel > r.storage_numel - r.storage_offset) {
       bad(origin, "data.pkl: a tensor of ", numel, " elements at offset ", r.storage_offset, " in a storage of ",
           r.storage_numel);

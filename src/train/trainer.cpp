@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include "fsdp/checkpoint/dcp.h"
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/checkpoint/peft.h"
@@ -106,7 +107,9 @@ void Trainer::Impl::build() {
   b.seed = o_.step.seed;
   if (rank0_materializes) {
     b.before_root = [&](torch::nn::Module& model) {
-      if (!o_.hf.init_from.empty()) rank0_import_ = checkpoint::import_hf_module(o_.hf.init_from, model, cfg_, progress_);
+      if (!o_.hf.init_from.empty() && !checkpoint::is_dcp_dir(o_.hf.init_from)) {
+        rank0_import_ = checkpoint::import_hf_module(o_.hf.init_from, model, cfg_, progress_);
+      }
       if (!o_.lora.init_adapter.empty()) checkpoint::import_peft_adapter_module(o_.lora.init_adapter, model);
     };
   }
@@ -157,7 +160,7 @@ void Trainer::Impl::build() {
   summary_.parameters = cfg_.num_parameters();
   summary_.plan = sharded_->describe();
   log_plan_and_memory();
-  model_config_ = nlohmann::json::parse(cfg_.to_hf_config_json());
+  model_state_ = model_state(cfg_);
   hf_extras_ = export_extras(o_, *data_.tokenizer, data_.bos, data_.eos);
 }
 
@@ -203,19 +206,35 @@ void Trainer::Impl::restore() {
   if (o_.checkpoint.resume) {
     checkpoint::LoadOptions lo;
     lo.progress = progress_;
+    // The model's and the trainer's metadata are checked by resume_from.
+    MetadataState model(checkpoint::kModelKey, model_state_);
+    MetadataState trainer(checkpoint::kTrainerKey, nullptr);
+    const checkpoint::DcpNames titan = dcp_names(checkpoint::DcpLayout::kTorchtitan);
+    lo.dcp_names = &titan;
     const checkpoint::LoadResult r =
-        checkpoint::load_latest_checkpoint(o_.checkpoint.dir, *sharded_, opt_.get(), *scalars_, lo);
+        checkpoint::load_latest_checkpoint(o_.checkpoint.dir, *sharded_, {&model, &trainer, opt_.get()}, *scalars_, lo);
     for (const auto& why : r.rejected) warn_(why + "; trying the previous checkpoint");
     if (r.loaded) {
       resumed_ = true;
       summary_.resumed_from = r.path;
       start_step_ = resume_from(o_, r, cfg_, data_.global_batch, scaler_.get(), say_, warn_);
+    } else if (checkpoint::is_dcp_dir(o_.checkpoint.dir)) {
+      resume_from_dcp();
     } else {
       say_(fmt::format("no checkpoint in {} yet: starting from {}", o_.checkpoint.dir,
                        o_.hf.init_from.empty() ? "scratch" : o_.hf.init_from));
     }
   }
-  if (!resumed_ && !o_.hf.init_from.empty()) {
+  if (!resumed_ && !o_.hf.init_from.empty() && checkpoint::is_dcp_dir(o_.hf.init_from)) {
+    // A PyTorch distributed checkpoint's weights; the optimizer starts afresh.
+    checkpoint::DcpLoadOptions dl;
+    dl.names = dcp_names(checkpoint::detect_dcp_layout(o_.hf.init_from));
+    dl.load_optimizer = false;
+    const checkpoint::DcpLoadResult r = checkpoint::load_dcp(o_.hf.init_from, *sharded_, {}, *scalars_, dl);
+    say_(fmt::format("Initialized from the distributed checkpoint {} ({}): {} in {:.2f} s, {:.2f} GB/s",
+                     o_.hf.init_from, r.format == checkpoint::DcpFormat::kTorchSave ? "torch_save" : "safetensors",
+                     megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
+  } else if (!resumed_ && !o_.hf.init_from.empty()) {
     // With --sync-module-states rank 0 read the files before sharding.
     const checkpoint::HfImportResult r =
         o_.sharding.sync_module_states ? rank0_import_.value_or(checkpoint::HfImportResult{})
@@ -280,8 +299,17 @@ std::string Trainer::Impl::save() {
   state.schedule = &sched_;
   state.hf_extras = &hf_extras_;
   state.scaler = scaler_.get();
-  const checkpoint::SaveResult r = checkpoint::save_checkpoint(
-      o_.checkpoint.dir, completed, *sharded_, opt_.get(), model_config_, trainer_state(o_, state), *scalars_, so);
+  MetadataState model(checkpoint::kModelKey, model_state_);
+  MetadataState trainer(checkpoint::kTrainerKey, trainer_state(o_, state));
+  checkpoint::DcpSaveOptions dcp;  // --checkpoint-format dcp: step_N is a PyTorch distributed checkpoint
+  if (o_.checkpoint.format == "dcp") {
+    dcp.layout = checkpoint::parse_dcp_layout(o_.checkpoint.dcp_layout, "--dcp-layout");
+    dcp.format = checkpoint::parse_dcp_format(o_.checkpoint.dcp_format, "--dcp-format");
+    dcp.names = dcp_names(dcp.layout);
+    so.dcp = &dcp;
+  }
+  const checkpoint::SaveResult r = checkpoint::save_checkpoint(o_.checkpoint.dir, completed, *sharded_,
+                                                               {&model, &trainer, opt_.get()}, *scalars_, so);
   say_(fmt::format("Saved checkpoint {} in {:.2f} s: {}, {:.2f} GB/s ({})", checkpoint::checkpoint_name(completed),
                    r.io.seconds, megabytes(r.io.bytes), r.io.gb_per_s(), o_.checkpoint.dir));
   for (const auto& p : r.pruned) {
@@ -290,6 +318,41 @@ std::string Trainer::Impl::save() {
   summary_.last_checkpoint = r.path;
   saved_at_ = completed;
   return r.path;
+}
+
+// The names of `layout` for this model (checkpoint/dcp.h): ours, or torchtitan's Llama.
+checkpoint::DcpNames Trainer::Impl::dcp_names(checkpoint::DcpLayout layout) const {
+  if (layout == checkpoint::DcpLayout::kTorch) return {};
+  return checkpoint::torchtitan_llama_names(cfg_.num_attention_heads, cfg_.num_key_value_heads);
+}
+
+// --resume from a PyTorch distributed checkpoint at the top of --checkpoint-dir
+// (written by PyTorch: no fsdp-cpp metadata, so the step is PyTorch's
+// optimizer step and the run's flags are taken as they are).
+void Trainer::Impl::resume_from_dcp() {
+  checkpoint::DcpLoadOptions dl;
+  const checkpoint::DcpLayout layout = checkpoint::detect_dcp_layout(o_.checkpoint.dir);
+  dl.names = dcp_names(layout);
+  MetadataState model(checkpoint::kModelKey, model_state_);
+  MetadataState trainer(checkpoint::kTrainerKey, nullptr);
+  const checkpoint::DcpLoadResult r =
+      checkpoint::load_dcp(o_.checkpoint.dir, *sharded_, {&model, &trainer, opt_.get()}, *scalars_, dl);
+  if (!model.loaded().is_null()) {
+    const std::string diff = saved_model_mismatch(model.loaded(), cfg_, o_.checkpoint.dir);
+    FSDP_CHECK(diff.empty(), "checkpoint ", o_.checkpoint.dir, " was saved from another model (", diff, ")");
+  }
+  int64_t step = r.optimizer_step;
+  if (trainer.loaded().is_object() && trainer.loaded().contains("step")) step = trainer.loaded()["step"].get<int64_t>();
+  FSDP_CHECK(step >= 0, "the distributed checkpoint ", o_.checkpoint.dir, " holds no step count (no optimizer.state."
+             "<name>.step, no train_state.step); it cannot resume training: start from its weights with --init-from");
+  opt_->set_step_count(step);
+  resumed_ = true;
+  start_step_ = step;
+  summary_.resumed_from = o_.checkpoint.dir;
+  say_(fmt::format("Resumed from the distributed checkpoint {} (step {}, {} layout): {} in {:.2f} s, {:.2f} GB/s",
+                   o_.checkpoint.dir, step, layout == checkpoint::DcpLayout::kTorch ? "torch" : "torchtitan",
+                   megabytes(r.io.bytes), r.io.seconds,
+                   r.io.gb_per_s()));
 }
 
 void Trainer::Impl::export_hf() {

@@ -11,6 +11,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/checkpoint/dcp.h"
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/data/loader.h"
@@ -42,6 +43,8 @@ class Trainer::Impl {
   Impl& operator=(const Impl&) = delete;
 
   void restore();
+  void resume_from_dcp();  // --resume from a PyTorch distributed checkpoint at the top of --checkpoint-dir
+  checkpoint::DcpNames dcp_names(checkpoint::DcpLayout layout) const;  // this model's names of a DCP layout
   StepRecord train_step();
   EvalRecord evaluate(int64_t max_windows);
   std::string save();
@@ -102,7 +105,7 @@ class Trainer::Impl {
   comm::ProcessGroupPtr scalars_;
   std::unique_ptr<optim::ShardedGradScaler> scaler_;  // null without loss scaling
   TrainSummary summary_;
-  nlohmann::json model_config_;
+  nlohmann::json model_state_;  // the model family's checkpoint metadata (model_build.h model_state)
   // Note [Export extras]: what --export-hf adds, recorded in every checkpoint.
   nlohmann::json hf_extras_;
 

@@ -138,6 +138,15 @@ struct CheckpointOptions {
   int64_t every = 0;      // save after every N completed steps (0: only at the end and when stopped)
   int keep_last = 0;      // keep only the newest K complete checkpoints (0: all)
   bool resume = false;    // start from the newest complete, valid checkpoint in `dir` (none: from scratch)
+  // "sharded" (ours, checkpoint/sharded.h) | "dcp": each step_N is a PyTorch
+  // distributed checkpoint (checkpoint/dcp.h) that torch.distributed.checkpoint.load reads.
+  std::string format = "sharded";
+  std::string dcp_layout = "torch";       // DCP keys written: "torch" (FSDP2's get_state_dict) | "torchtitan"
+  std::string dcp_format = "torch_save";  // DCP items: "torch_save" (DCP's default) | "safetensors"
+  // fsdp-train convert's other targets (besides hf.export_dir): a PyTorch distributed
+  // checkpoint directory, and a directory of checkpoints of ours (step_N); "": none.
+  std::string export_dcp;
+  std::string export_checkpoint;
 };
 
 // Hugging Face interchange (checkpoint/hf.h).
