@@ -14,6 +14,7 @@
 #include "fsdp/checkpoint/agreement.h"
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/checkpoint/safetensors.h"
+#include "save_job.h"
 #include "shard_position.h"
 
 namespace fsdp::checkpoint {
@@ -826,92 +827,102 @@ DcpLayout detect_dcp_layout(const std::string& dir) {
   return DcpLayout::kTorch;
 }
 
-IoStats write_dcp_files(const std::string& dir, ShardedModel& model, const std::vector<StateOwner*>& owners,
-                        comm::ProcessGroup& group, const DcpSaveOptions& options) {
-  const double t0 = io::now_seconds();
+std::function<RankStatus()> prepare_dcp_write(const std::string& dir, ShardedModel& model,
+                                              const std::vector<StateOwner*>& owners, comm::ProcessGroup& group,
+                                              const DcpSaveOptions& options, std::shared_ptr<Stager> stager) {
   FSDP_CHECK(options.layout != DcpLayout::kTorchtitan || options.names.name,
              "DCP: the torchtitan layout needs the model family's torchtitan names (DcpSaveOptions::names)");
   const ShardPosition pos = shard_position(model, group);
-  const bool lead = group.rank() == 0;
-  int64_t written = 0;
-  nlohmann::json records = nlohmann::json::array();
-  RankStatus mine = RankStatus::capture([&] {
-    const Slots slots = collect_slots(model, owners);
-    std::vector<LocalPart> parts = local_parts(model, slots, options.names, /*with_slots=*/true);
-    if (options.format == DcpFormat::kSafetensors) {
-      // HuggingFaceStorageWriter saves a model's own state dict: its keys carry no "model." prefix.
-      for (LocalPart& p : parts) {
-        if (p.is_param) p.key = p.key.substr(6);
+  const int rank = group.rank();
+  const bool lead = rank == 0;
+  const Slots slots = collect_slots(model, owners);
+  std::vector<LocalPart> parts = local_parts(model, slots, options.names, /*with_slots=*/true);
+  if (options.format == DcpFormat::kSafetensors) {
+    // HuggingFaceStorageWriter saves a model's own state dict: its keys carry no "model." prefix.
+    for (LocalPart& p : parts) {
+      if (p.is_param) p.key = p.key.substr(6);
+    }
+  }
+  std::vector<std::pair<LocalPart, Box>> chunks;
+  if (pos.writer) {
+    for (const LocalPart& p : parts) {
+      stager->add(p.shard);
+      std::function<int64_t(int64_t)> row;
+      if (options.names.row && p.shape.size() >= 2) {
+        row = [&, rows = p.shape[0]](int64_t r) { return options.names.row(p.ours, r, rows); };
+      }
+      for (Box& b : saved_boxes(p.shape, p.lo, p.hi, row)) chunks.emplace_back(p, std::move(b));
+    }
+  }
+  // Rank 0: the owners' metadata, and PyTorch's per-parameter step and parameter groups.
+  nlohmann::json state = nlohmann::json::object();
+  for (StateOwner* o : owners) state[o->state_key()] = o->state_metadata();
+  std::vector<std::pair<std::string, dcp::PyValue>> values;
+  std::vector<std::pair<std::string, at::Tensor>> scalars;
+  if (lead) {
+    dcp::PyValue text;
+    text.kind = pickle::Kind::kStr;
+    text.s = state.dump();
+    values.emplace_back(kStateKey, text);
+    const nlohmann::json opt = optimizer_metadata(owners);
+    // Parameters with optimizer state: those of units with a slot.
+    std::vector<std::string> trained;
+    const auto& units = model.units();
+    for (size_t u = 0; u < units.size(); ++u) {
+      bool has = false;
+      for (const auto& [kind, per_unit] : slots.by_kind) has = has || per_unit[u].defined();
+      if (!has) continue;
+      for (const auto& p : units[u].params) trained.push_back(saved_name(options.names, p.name));
+    }
+    if (opt.is_object() && opt.contains("step")) {
+      const at::Tensor step = at::scalar_tensor(static_cast<double>(opt["step"].get<int64_t>()), at::kFloat);
+      for (const std::string& n : trained) scalars.emplace_back(slot_key(n, "step"), step);
+      if (options.layout == DcpLayout::kTorchtitan) {
+        scalars.emplace_back("train_state.step", at::scalar_tensor(opt["step"].get<int64_t>(), at::kInt));
       }
     }
-    std::vector<std::pair<LocalPart, Box>> chunks;
-    if (pos.writer) {
-      for (const LocalPart& p : parts) {
-        std::function<int64_t(int64_t)> row;
-        if (options.names.row && p.shape.size() >= 2) {
-          row = [&, rows = p.shape[0]](int64_t r) { return options.names.row(p.ours, r, rows); };
-        }
-        for (Box& b : saved_boxes(p.shape, p.lo, p.hi, row)) chunks.emplace_back(p, std::move(b));
+    if (opt.is_object() && opt.contains("torch") && opt["torch"].is_object()) {
+      // PyTorch's parameter group (torch.optim's names), one group over every trained parameter.
+      dcp::PyValue params;
+      params.kind = pickle::Kind::kList;
+      for (const std::string& n : trained) {
+        dcp::PyValue x;
+        x.kind = pickle::Kind::kStr;
+        x.s = n;
+        params.items.push_back(x);
       }
-    }
-    // Rank 0: the owners' metadata, and PyTorch's per-parameter step and parameter groups.
-    nlohmann::json state = nlohmann::json::object();
-    for (StateOwner* o : owners) state[o->state_key()] = o->state_metadata();
-    std::vector<std::pair<std::string, dcp::PyValue>> values;
-    std::vector<std::pair<std::string, at::Tensor>> scalars;
-    if (lead) {
-      dcp::PyValue text;
-      text.kind = pickle::Kind::kStr;
-      text.s = state.dump();
-      values.emplace_back(kStateKey, text);
-      const nlohmann::json opt = optimizer_metadata(owners);
-      // Parameters with optimizer state: those of units with a slot.
-      std::vector<std::string> trained;
-      const auto& units = model.units();
-      for (size_t u = 0; u < units.size(); ++u) {
-        bool has = false;
-        for (const auto& [kind, per_unit] : slots.by_kind) has = has || per_unit[u].defined();
-        if (!has) continue;
-        for (const auto& p : units[u].params) trained.push_back(saved_name(options.names, p.name));
-      }
-      if (opt.is_object() && opt.contains("step")) {
-        const at::Tensor step = at::scalar_tensor(static_cast<double>(opt["step"].get<int64_t>()), at::kFloat);
-        for (const std::string& n : trained) scalars.emplace_back(slot_key(n, "step"), step);
-        if (options.layout == DcpLayout::kTorchtitan) {
-          scalars.emplace_back("train_state.step", at::scalar_tensor(opt["step"].get<int64_t>(), at::kInt));
-        }
-      }
-      if (opt.is_object() && opt.contains("torch") && opt["torch"].is_object()) {
-        // PyTorch's parameter group (torch.optim's names), one group over every trained parameter.
-        dcp::PyValue params;
-        params.kind = pickle::Kind::kList;
+      if (options.layout == DcpLayout::kTorch) {
+        for (const auto& [k, v] : opt["torch"].items()) values.emplace_back("optimizer.param_groups.0." + k, py_of(v));
+        values.emplace_back("optimizer.param_groups.0.params", params);
+      } else {  // flatten_optimizer_state_dict: per parameter
         for (const std::string& n : trained) {
-          dcp::PyValue x;
-          x.kind = pickle::Kind::kStr;
-          x.s = n;
-          params.items.push_back(x);
-        }
-        if (options.layout == DcpLayout::kTorch) {
-          for (const auto& [k, v] : opt["torch"].items()) values.emplace_back("optimizer.param_groups.0." + k, py_of(v));
-          values.emplace_back("optimizer.param_groups.0.params", params);
-        } else {  // flatten_optimizer_state_dict: per parameter
-          for (const std::string& n : trained) {
-            for (const auto& [k, v] : opt["torch"].items()) {
-              values.emplace_back("optimizer.param_groups." + n + "." + k, py_of(v));
-            }
+          for (const auto& [k, v] : opt["torch"].items()) {
+            values.emplace_back("optimizer.param_groups." + n + "." + k, py_of(v));
           }
         }
       }
     }
-    if (!pos.writer && !lead) return;
-    records = options.format == DcpFormat::kTorchSave
-                  ? write_torch_save(dir, group.rank(), chunks, values, scalars, &written)
-                  : write_safetensors(dir, group.rank(), chunks, state.dump(), &written);
-  });
-  if (mine.ok()) mine = RankStatus::success(nlohmann::json{{"records", records}, {"bytes", written}}.dump());
-  // Every file is written and fsynced before rank 0 writes .metadata (Note [Checkpoint commit]).
-  const Agreement all = agree(group, mine);
-  all.raise_if_failed("saving DCP checkpoint " + dir + " failed");
+  }
+  if (!pos.writer && !lead) {
+    return [] { return RankStatus::success(nlohmann::json{{"records", nlohmann::json::array()}, {"bytes", 0}}.dump()); };
+  }
+  // The write reads the chunks' tensors through the stager (Note [Save phases]).
+  return [dir, rank, format = options.format, chunks = std::move(chunks), values = std::move(values),
+          scalars = std::move(scalars), state_json = state.dump(), stager]() {
+    int64_t written = 0;
+    nlohmann::json records;
+    RankStatus mine = RankStatus::capture([&] {
+      std::vector<std::pair<LocalPart, Box>> staged = chunks;
+      for (auto& c : staged) c.first.shard = (*stager)(c.first.shard);
+      records = format == DcpFormat::kTorchSave ? write_torch_save(dir, rank, staged, values, scalars, &written)
+                                                : write_safetensors(dir, rank, staged, state_json, &written);
+    });
+    if (mine.ok()) mine = RankStatus::success(nlohmann::json{{"records", records}, {"bytes", written}}.dump());
+    return mine;
+  };
+}
+
+int64_t finish_dcp_write(const std::string& dir, const Agreement& all, const DcpSaveOptions& options, bool lead) {
   int64_t total = 0;
   std::vector<nlohmann::json> every;
   for (const RankStatus& r : all.ranks()) {
@@ -919,13 +930,26 @@ IoStats write_dcp_files(const std::string& dir, ShardedModel& model, const std::
     total += j.at("bytes").get<int64_t>();
     every.push_back(j.at("records"));
   }
-  RankStatus committed;
   if (lead) {
-    committed = RankStatus::capture([&] {
-      if (options.format == DcpFormat::kTorchSave) write_metadata_file(dir, every, options.layout);
-      io::fsync_dir(dir);
-    });
+    if (options.format == DcpFormat::kTorchSave) write_metadata_file(dir, every, options.layout);
+    io::fsync_dir(dir);
   }
+  return total;
+}
+
+IoStats write_dcp_files(const std::string& dir, ShardedModel& model, const std::vector<StateOwner*>& owners,
+                        comm::ProcessGroup& group, const DcpSaveOptions& options) {
+  const double t0 = io::now_seconds();
+  const bool lead = group.rank() == 0;
+  std::function<RankStatus()> write;
+  RankStatus mine = RankStatus::capture(
+      [&] { write = prepare_dcp_write(dir, model, owners, group, options, std::make_shared<Stager>()); });
+  if (mine.ok()) mine = write();
+  // Every file is written and fsynced before rank 0 writes .metadata (Note [Checkpoint commit]).
+  const Agreement all = agree(group, mine);
+  all.raise_if_failed("saving DCP checkpoint " + dir + " failed");
+  int64_t total = 0;
+  RankStatus committed = RankStatus::capture([&] { total = finish_dcp_write(dir, all, options, lead); });
   agree(group, committed).raise_if_failed("saving DCP checkpoint " + dir + " failed");
   return IoStats{total, io::now_seconds() - t0};
 }

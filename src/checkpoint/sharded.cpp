@@ -16,6 +16,7 @@
 #include "fsdp/checkpoint/dcp.h"
 #include "fsdp/common/encoding.h"
 #include "progress.h"
+#include "save_job.h"
 #include "shard_position.h"
 
 namespace fsdp::checkpoint {
@@ -154,13 +155,15 @@ class ChecksummedWriter {
   std::vector<uint32_t> blocks_;
 };
 
+// Reads each tensor through `stage` (its staged copy, or itself: Note [Save phases]).
 nlohmann::json write_shard_file(const std::string& path, const std::vector<UnitState>& state,
                                 const std::vector<UnitInfo>& units, const ShardPosition& pos, int64_t block_size,
-                                io::Progress& progress) {
+                                const Stager& stage, io::Progress& progress) {
   ChecksummedWriter w(path, block_size);
   nlohmann::json sections = nlohmann::json::array();
   for (size_t u = 0; u < state.size(); ++u) {
-    for (const auto& [kind, tensor] : state[u].kinds) {
+    for (const auto& [kind, live] : state[u].kinds) {
+      const at::Tensor tensor = stage(live);
       const at::Tensor t = tensor.device().is_cpu() ? tensor.contiguous() : tensor.to(at::kCPU).contiguous();
       sections.push_back({{"unit", u},
                           {"kind", kind},
@@ -591,103 +594,75 @@ CheckpointDirHold open_checkpoint_dir(const std::string& dir, comm::ProcessGroup
   return hold;
 }
 
-SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& model,
-                           const std::vector<StateOwner*>& owners, comm::ProcessGroup& group,
-                           const SaveOptions& options) {
+SaveJob begin_save(const std::string& dir, int64_t step, ShardedModel& model, const std::vector<StateOwner*>& owners,
+                   comm::ProcessGroup& group, const SaveOptions& options) {
   FSDP_CHECK(step >= 0, "checkpoint step must be >= 0, got ", step);
   FSDP_CHECK(options.block_size >= 64 && options.block_size % 64 == 0,
              "checkpoint block size must be a positive multiple of 64 bytes, got ", options.block_size);
-  const double t0 = io::now_seconds();
-  const std::string name = checkpoint_name(step);
+  SaveJob job;
+  job.t0 = io::now_seconds();
+  job.dir = dir;
+  job.step = step;
+  job.name = checkpoint_name(step);
   const fs::path root(dir);
-  const fs::path tmp = root / (".tmp-" + name);
-  const fs::path final = root / name;
-  const bool lead = group.rank() == 0;
+  job.tmp = (root / (".tmp-" + job.name)).string();
+  job.final = (root / job.name).string();
+  job.rank = group.rank();
+  job.lead = group.rank() == 0;
+  job.options = options;
+  if (options.dcp != nullptr) {
+    job.dcp = std::make_shared<DcpSaveOptions>(*options.dcp);
+    job.options.dcp = job.dcp.get();
+  }
+  job.stager = std::make_shared<Stager>();
 
   // 1. Rank 0 prepares an empty temporary directory (Note [Ownership of what
   // we delete]: a step_N that is not a checkpoint is never replaced).
   RankStatus prepared;
-  if (lead) {
-    try {
+  if (job.lead) {
+    prepared = RankStatus::capture([&] {
       fs::create_directories(root);
-      check_checkpoint_name_free(final);
-      remove_owned_directory(tmp.string());  // left by a crashed save of the same step
-      create_owned_directory(tmp.string());
-    } catch (const std::exception& e) {
-      prepared = RankStatus::of(e);
-    }
+      check_checkpoint_name_free(job.final);
+      remove_owned_directory(job.tmp);  // left by a crashed save of the same step
+      create_owned_directory(job.tmp);
+    });
   }
-  agree(group, prepared).raise_if_failed("saving checkpoint " + final.string() + ": creating " + tmp.string() + " failed");
+  agree(group, prepared).raise_if_failed("saving checkpoint " + job.final + ": creating " + job.tmp + " failed");
 
-  // 2. Every writer writes its shard file (or its DCP file).
-  const std::vector<UnitState> state = collect_state(model, owners);
-  const ShardPosition pos = shard_position(model, group);
-  RankStatus written;  // a writer's payload: its file's record (name, size, checksums)
-  nlohmann::json dcp_files = nlohmann::json::array();
-  if (options.dcp != nullptr) {
-    try {
-      write_dcp_files(tmp.string(), model, owners, group, *options.dcp);
-    } catch (...) {
-      if (lead && is_owned_directory(tmp.string())) discard_owned_directory(tmp.string());
-      throw;
-    }
-    if (lead) {
-      for (const auto& e : fs::directory_iterator(tmp)) {
-        const std::string n = e.path().filename().string();
-        if (n != kOwnedMarker) dcp_files.push_back({{"name", n}, {"size", static_cast<int64_t>(e.file_size())}});
+  // 2. What this rank writes (Note [Save phases]), and the manifest as it is
+  // now: the owners' metadata changes with every step.
+  const RankStatus collected = RankStatus::capture([&] {
+    if (job.dcp) {
+      job.write = prepare_dcp_write(job.tmp, model, owners, group, *job.dcp, job.stager);
+    } else {
+      std::vector<UnitState> state = collect_state(model, owners);
+      const ShardPosition pos = shard_position(model, group);
+      if (!pos.writer) {
+        job.write = [] { return RankStatus::success(); };
+      } else {
+        int64_t total = 0;
+        for (auto& u : state) {
+          for (auto& k : u.kinds) {
+            job.stager->add(k.second);
+            total += k.second.numel() * static_cast<int64_t>(k.second.element_size());
+          }
+        }
+        const std::string path = (fs::path(job.tmp) / shard_file_name(pos.index, pos.count)).string();
+        job.write = [state = std::move(state), units = model.units(), pos, path, total, stager = job.stager,
+                     name = job.name, block = options.block_size, progress = options.progress]() {
+          io::Progress bar("saving " + name, total, progress);
+          RankStatus written;
+          try {
+            written = RankStatus::success(write_shard_file(path, state, units, pos, block, *stager, bar).dump());
+          } catch (const std::exception& e) {
+            written = RankStatus::failure(strip_rank_tag(e.what()));  // whatever it was, the save failed
+          }
+          bar.finish();
+          return written;
+        };
       }
     }
-  } else if (pos.writer) {
-    int64_t total = 0;
-    for (const auto& u : state) {
-      for (const auto& k : u.kinds) total += k.second.numel() * static_cast<int64_t>(k.second.element_size());
-    }
-    io::Progress progress("saving " + name, total, options.progress);
-    try {
-      written = RankStatus::success(write_shard_file((tmp / shard_file_name(pos.index, pos.count)).string(), state,
-                                                     model.units(), pos, options.block_size, progress)
-                                        .dump());
-    } catch (const std::exception& e) {
-      written = RankStatus::failure(strip_rank_tag(e.what()));  // whatever it was, the save failed
-    }
-    progress.finish();
-  }
-  const Agreement records = agree(group, written);
-  if (!records.ok()) {
-    if (lead && is_owned_directory(tmp.string())) discard_owned_directory(tmp.string());  // the marker last
-    records.raise_if_failed("saving checkpoint " + final.string() + " failed (the previous checkpoints are untouched)");
-  }
-
-  // 3. Rank 0 writes the manifest and commits.
-  //
-  // Note [Checkpoint commit]. A checkpoint becomes visible by one rename of its
-  // directory, after (a) every writer wrote and fsynced its file inside
-  // .tmp-step_N, (b) the ranks exchanged sizes and checksums (all_gather: no
-  // rank reaches the commit before every file is durable), (c) rank 0 wrote and
-  // fsynced manifest.json and manifest.crc32c and fsynced the directory. The
-  // parent is fsynced after the rename, so a power loss after save_checkpoint
-  // returns cannot undo it. A crash before the rename leaves only .tmp-step_N,
-  // which no reader takes for a checkpoint (list_checkpoints wants step_N with
-  // a manifest) and remove_stale_temporaries deletes; a crash after it leaves a
-  // complete checkpoint. An existing step_N (a run that fell back to an older
-  // step and reached N again) is swapped out atomically (replace_directory).
-  int64_t bytes = 0;
-  for (const auto& f : dcp_files) bytes += f.at("size").get<int64_t>();
-  nlohmann::json files = nlohmann::json::array();
-  for (const auto& r : records.ranks()) {
-    if (r.payload.empty()) continue;  // not a writer
-    nlohmann::json f = nlohmann::json::parse(r.payload);
-    bytes += f.at("size").get<int64_t>();
-    files.push_back(std::move(f));
-  }
-  std::sort(files.begin(), files.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
-    return a.at("shard_index").get<int64_t>() < b.at("shard_index").get<int64_t>();
-  });
-  SaveResult result;
-  result.path = final.string();
-  RankStatus committed;
-  if (lead) {
-    try {
+    if (job.lead) {
       nlohmann::json units = nlohmann::json::array();
       for (const auto& u : model.units()) {
         nlohmann::json params = nlohmann::json::array();
@@ -705,37 +680,98 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
       const ShardPosition p0 = shard_position(model, group);
       const int64_t replicas = model.replicate_group() ? model.replicate_group()->size()
                                                        : (p0.count == 1 ? group.size() : 1);
-      nlohmann::json m = {{"format", kFormat},
-                          {"version", kVersion},
-                          {"step", step},
-                          {"world_size", group.size()},
-                          {"shard_group_size", p0.count},
-                          {"replicate_group_size", replicas},
-                          {"strategy", to_string(model.options().strategy)},
-                          {"state", saved_state},
-                          {"units", units},
-                          {"checksum", {{"algorithm", "crc32c"}, {"block_size", options.block_size}}},
-                          {"files", files}};
-      if (options.dcp != nullptr) {
-        m["dcp"] = {{"layout", options.dcp->layout == DcpLayout::kTorch ? "torch" : "torchtitan"},
-                    {"format", options.dcp->format == DcpFormat::kTorchSave ? "torch_save" : "safetensors"},
-                    {"files", dcp_files}};
+      job.manifest = {{"format", kFormat},
+                      {"version", kVersion},
+                      {"step", step},
+                      {"world_size", group.size()},
+                      {"shard_group_size", p0.count},
+                      {"replicate_group_size", replicas},
+                      {"strategy", to_string(model.options().strategy)},
+                      {"state", saved_state},
+                      {"units", units},
+                      {"checksum", {{"algorithm", "crc32c"}, {"block_size", options.block_size}}}};
+      if (job.dcp) {
+        job.manifest["dcp"] = {{"layout", job.dcp->layout == DcpLayout::kTorch ? "torch" : "torchtitan"},
+                               {"format", job.dcp->format == DcpFormat::kTorchSave ? "torch_save" : "safetensors"}};
+      }
+    }
+  });
+  const Agreement all = agree(group, collected);
+  if (!all.ok()) {
+    if (job.lead && is_owned_directory(job.tmp)) discard_owned_directory(job.tmp);  // the marker last
+    all.raise_if_failed("saving checkpoint " + job.final + " failed (the previous checkpoints are untouched)");
+  }
+  return job;
+}
+
+SaveResult commit_save(SaveJob& job, const RankStatus& written, comm::ProcessGroup& group) {
+  const Agreement records = agree(group, written);
+  if (!records.ok()) {
+    if (job.lead && is_owned_directory(job.tmp)) discard_owned_directory(job.tmp);  // the marker last
+    records.raise_if_failed("saving checkpoint " + job.final + " failed (the previous checkpoints are untouched)");
+  }
+
+  // Note [Checkpoint commit]. A checkpoint becomes visible by one rename of its
+  // directory, after (a) every writer wrote and fsynced its file inside
+  // .tmp-step_N, (b) the ranks exchanged sizes and checksums (all_gather: no
+  // rank reaches the commit before every file is durable), (c) rank 0 wrote and
+  // fsynced manifest.json and manifest.crc32c and fsynced the directory. The
+  // parent is fsynced after the rename, so a power loss after save_checkpoint
+  // returns cannot undo it. A crash before the rename leaves only .tmp-step_N,
+  // which no reader takes for a checkpoint (list_checkpoints wants step_N with
+  // a manifest) and remove_stale_temporaries deletes; a crash after it leaves a
+  // complete checkpoint. An existing step_N (a run that fell back to an older
+  // step and reached N again) is swapped out atomically (replace_directory).
+  // An asynchronous save (async_save.h) commits the same way, later.
+  const fs::path root(job.dir);
+  int64_t bytes = 0;
+  nlohmann::json files = nlohmann::json::array();
+  if (!job.dcp) {
+    for (const auto& r : records.ranks()) {
+      if (r.payload.empty()) continue;  // not a writer
+      nlohmann::json f = nlohmann::json::parse(r.payload);
+      bytes += f.at("size").get<int64_t>();
+      files.push_back(std::move(f));
+    }
+    std::sort(files.begin(), files.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+      return a.at("shard_index").get<int64_t>() < b.at("shard_index").get<int64_t>();
+    });
+  }
+  SaveResult result;
+  result.path = job.final;
+  RankStatus committed;
+  if (job.lead) {
+    try {
+      nlohmann::json m = job.manifest;
+      m["files"] = files;
+      if (job.dcp) {
+        finish_dcp_write(job.tmp, records, *job.dcp, /*lead=*/true);  // .metadata, fsync
+        nlohmann::json dcp_files = nlohmann::json::array();
+        for (const auto& e : fs::directory_iterator(job.tmp)) {
+          const std::string n = e.path().filename().string();
+          if (n == kOwnedMarker) continue;
+          dcp_files.push_back({{"name", n}, {"size", static_cast<int64_t>(e.file_size())}});
+          bytes += static_cast<int64_t>(e.file_size());
+        }
+        std::sort(dcp_files.begin(), dcp_files.end(),
+                  [](const nlohmann::json& a, const nlohmann::json& b) { return a.at("name") < b.at("name"); });
+        m["dcp"]["files"] = dcp_files;
       }
       const std::string text = m.dump(1) + "\n";
-      io::write_text_file((tmp / kManifest).string(), text);
-      io::write_text_file((tmp / kManifestCrc).string(), hex32(crc32c(text.data(), text.size())) + "\n");
+      io::write_text_file((fs::path(job.tmp) / kManifest).string(), text);
+      io::write_text_file((fs::path(job.tmp) / kManifestCrc).string(), hex32(crc32c(text.data(), text.size())) + "\n");
       bytes += static_cast<int64_t>(text.size()) + 9;
-      io::fsync_dir(tmp.string());
-      io::replace_directory(tmp.string(), final.string());
+      io::fsync_dir(job.tmp);
+      io::replace_directory(job.tmp, job.final);
       // keep_last: delete the oldest complete checkpoints, only now that the new one is complete.
       // Only checkpoints older than this one count: newer ones can only be
       // leftovers of a run this one fell back from (damaged); they are left alone.
-      if (options.keep_last > 0) {
+      if (job.options.keep_last > 0) {
         std::vector<CheckpointInfo> all;
-        for (const auto& c : list_checkpoints(dir)) {
-          if (c.step <= step) all.push_back(c);
+        for (const auto& c : list_checkpoints(job.dir)) {
+          if (c.step <= job.step) all.push_back(c);
         }
-        for (size_t i = static_cast<size_t>(options.keep_last); i < all.size(); ++i) {
+        for (size_t i = static_cast<size_t>(job.options.keep_last); i < all.size(); ++i) {
           const fs::path doomed(all[i].path);
           const fs::path del = root / (".del-" + doomed.filename().string());
           remove_owned_directory(del.string());
@@ -748,13 +784,21 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
       }
     } catch (const std::exception& e) {
       committed = RankStatus::of(e);
-      if (is_owned_directory(tmp.string())) discard_owned_directory(tmp.string());  // not committed: nothing to keep
+      if (is_owned_directory(job.tmp)) discard_owned_directory(job.tmp);  // not committed: nothing to keep
     }
   }
-  agree(group, committed).raise_if_failed("saving checkpoint " + final.string() + " failed");
-  result.io.bytes = bytes;
-  result.io.seconds = io::now_seconds() - t0;
+  agree(group, committed).raise_if_failed("saving checkpoint " + job.final + " failed");
+  result.io.bytes = bytes;  // rank 0's count is the whole (the DCP files and the manifest are counted there)
+  result.io.seconds = io::now_seconds() - job.t0;
   return result;
+}
+
+SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& model,
+                           const std::vector<StateOwner*>& owners, comm::ProcessGroup& group,
+                           const SaveOptions& options) {
+  SaveJob job = begin_save(dir, step, model, owners, group, options);
+  const RankStatus written = job.write();
+  return commit_save(job, written, group);
 }
 
 LoadResult load_checkpoint(const std::string& path, ShardedModel& model, const std::vector<StateOwner*>& owners,
