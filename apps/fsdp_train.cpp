@@ -360,6 +360,13 @@ int run(int argc, char** argv) {
                  "skipped; none yet: start from scratch or --init-from). World size, sharding and wrap may differ. "
                  "A PyTorch distributed checkpoint (DCP: .metadata) at the top of --checkpoint-dir is resumed "
                  "when the directory holds no checkpoint of ours");
+  ckpt->add_flag("--async-checkpoint", o.checkpoint.async,
+                 "Save checkpoints in the background: training goes on while a writer thread persists a copy of "
+                 "the state staged in host memory (one save in flight; same commit protocol; docs/checkpoints.md)");
+  ckpt->add_option("--checkpoint-staging-limit", flags.checkpoint_staging_limit,
+                   "With --async-checkpoint: the most host memory one rank stages for a save (16GiB, 500MB, "
+                   "bytes); a larger state is saved synchronously, as the log says")
+      ->capture_default_str();
   ckpt->add_option("--checkpoint-format", o.checkpoint.format,
                    "sharded (ours: one file per shard) | dcp (each step_N a PyTorch distributed checkpoint that "
                    "torch.distributed.checkpoint.load reads; docs/checkpoints.md)")

@@ -158,6 +158,11 @@ void Trainer::Impl::build() {
   }
 
   summary_.parameters = cfg_.num_parameters();
+  if (o_.checkpoint.async && !o_.checkpoint.dir.empty()) {
+    async_ = std::make_unique<checkpoint::AsyncCheckpointer>(
+        checkpoint::AsyncSaveOptions{o_.checkpoint.staging_limit});
+  }
+
   summary_.plan = sharded_->describe();
   log_plan_and_memory();
   model_state_ = model_state(cfg_);
@@ -284,6 +289,15 @@ void Trainer::Impl::open_records() {
 }
 
 std::string Trainer::Impl::save() {
+  const std::string path = start_save();
+  finish_saves();
+  return path;
+}
+
+// Note [Asynchronous save] (checkpoint/async_save.h) with checkpoint.async;
+// else the synchronous save. Every save gets a CheckpointRecord; its stall
+// goes into the next logged step's metrics.
+std::string Trainer::Impl::start_save() {
   require_restored("save");
   FSDP_CHECK(!o_.checkpoint.dir.empty(), "Trainer::save needs checkpoint.dir (--checkpoint-dir DIR)");
   const int64_t completed = step_;
@@ -308,16 +322,86 @@ std::string Trainer::Impl::save() {
     dcp.names = dcp_names(dcp.layout);
     so.dcp = &dcp;
   }
-  const checkpoint::SaveResult r = checkpoint::save_checkpoint(o_.checkpoint.dir, completed, *sharded_,
-                                                               {&model, &trainer, opt_.get()}, *scalars_, so);
-  say_(fmt::format("Saved checkpoint {} in {:.2f} s: {}, {:.2f} GB/s ({})", checkpoint::checkpoint_name(completed),
-                   r.io.seconds, megabytes(r.io.bytes), r.io.gb_per_s(), o_.checkpoint.dir));
+  const std::vector<StateOwner*> owners = {&model, &trainer, opt_.get()};
+  const std::string name = checkpoint::checkpoint_name(completed);
+  CheckpointRecord rec;
+  rec.step = completed;
+  rec.async = async_ != nullptr;
+  saved_at_ = completed;
+  if (!async_) {
+    const checkpoint::SaveResult r = checkpoint::save_checkpoint(o_.checkpoint.dir, completed, *sharded_, owners,
+                                                                 *scalars_, so);
+    rec.committed = true;
+    rec.stall_s = rec.seconds = r.io.seconds;
+    rec.bytes = r.io.bytes;
+    summary_.checkpoints.push_back(rec);
+    checkpoint_stall_ += r.io.seconds;
+    report_saved(completed, r, "", 0);
+    return r.path;
+  }
+  const checkpoint::AsyncStart s = async_->start(o_.checkpoint.dir, completed, *sharded_, owners, *scalars_, so);
+  // How long this save held training: its own start, and later its commit;
+  // waiting for the previous save in flight (its commit included) is wait_s.
+  if (s.waited_for) {  // at most one save in flight: this one waited for the previous
+    const checkpoint::AsyncCommit& w = *s.waited_for;
+    say_(fmt::format("checkpoint {} waited {:.2f} s for the save of {} still in flight (one save at a time)", name,
+                     w.commit_s, checkpoint::checkpoint_name(w.step)));
+    report_saved(w.step, w.result, "in the background", w.commit_s);
+    rec.wait_s = w.commit_s;
+    checkpoint_wait_ += w.commit_s;
+  }
+  rec.staged = s.staged;
+  rec.stall_s = s.stall_s - rec.wait_s;
+  rec.staging_bytes = s.staging_bytes;
+  summary_.checkpoints.push_back(rec);
+  checkpoint_stall_ += s.stall_s;
+  if (s.staged) {
+    say_(fmt::format("checkpoint {}: {} staged in {:.3f} s (host staging buffers {}), writing in the background",
+                     name, format_bytes(s.state_bytes), s.stage_s, format_bytes(s.staging_bytes)));
+  } else {
+    warn_(fmt::format("checkpoint {} was written before training went on: {}", name, s.not_staged));
+  }
+  return s.path;
+}
+
+// After each step of run(): commits a background save whose writers all ended.
+void Trainer::Impl::poll_save() {
+  if (async_) report_commit(async_->poll(*scalars_));
+}
+
+void Trainer::Impl::finish_saves() {
+  if (async_) report_commit(async_->finish(*scalars_));
+}
+
+// The save in flight is the newest record; its commit held training commit_s.
+void Trainer::Impl::report_commit(const std::optional<checkpoint::AsyncCommit>& c) {
+  if (!c) return;
+  report_saved(c->step, c->result, "in the background", c->commit_s);
+  checkpoint_stall_ += c->commit_s;
+  summary_.checkpoints.back().stall_s += c->commit_s;
+}
+
+// A committed save: its log line (`how` and `held_s`, how long its commit
+// held training, for a background save), its record, the pruned checkpoints.
+void Trainer::Impl::report_saved(int64_t step, const checkpoint::SaveResult& r, const std::string& how,
+                                 double held_s) {
+  const std::string extra =
+      how.empty() ? std::string()
+                  : fmt::format("; {}: its commit held training {:.3f} s, host staging buffers {}", how, held_s,
+                                format_bytes(async_ ? async_->staging_bytes() : 0));
+  say_(fmt::format("Saved checkpoint {} in {:.2f} s: {}, {:.2f} GB/s ({}){}", checkpoint::checkpoint_name(step),
+                   r.io.seconds, megabytes(r.io.bytes), r.io.gb_per_s(), o_.checkpoint.dir, extra));
   for (const auto& p : r.pruned) {
     say_(fmt::format("removed old checkpoint {} (--keep-last {})", p, o_.checkpoint.keep_last));
   }
   summary_.last_checkpoint = r.path;
-  saved_at_ = completed;
-  return r.path;
+  for (auto& c : summary_.checkpoints) {
+    if (c.step == step && !c.committed) {
+      c.committed = true;
+      c.seconds = r.io.seconds;
+      c.bytes = r.io.bytes;
+    }
+  }
 }
 
 // The names of `layout` for this model (checkpoint/dcp.h): ours, or torchtitan's Llama.
@@ -384,12 +468,13 @@ TrainSummary Trainer::Impl::run() {
     const bool last = completed == o_.step.max_steps;
     // Evaluation and checkpoint time is left out of the next Speed figure.
     const auto extra_start = Clock::now();
+    poll_save();  // a background save's writer error surfaces here, on every rank
     if (data_.validation && o_.eval.every > 0 && (completed % o_.eval.every == 0 || last)) {
       evaluate(o_.eval.max_windows);
     }
     if (!o_.checkpoint.dir.empty() &&
         ((o_.checkpoint.every > 0 && completed % o_.checkpoint.every == 0) || last || stop_)) {
-      save();
+      start_save();
     }
     interval_start_ += Clock::now() - extra_start;
     if (tracer_.tracing() && (tracer_.due_to_finish(completed) || last || stop_)) finish_trace();
@@ -401,6 +486,7 @@ TrainSummary Trainer::Impl::run() {
       break;
     }
   }
+  finish_saves();  // the end of training and SIGTERM wait for the save in flight
   loader_->stop();
   if (summary_.stop_reason != 0) {
     say_(fmt::format("stopped by {} after {} steps: {}", signal_name(summary_.stop_reason), summary_.end_step,
