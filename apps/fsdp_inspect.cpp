@@ -151,7 +151,7 @@ int run(int argc, char** argv) {
                         "--log-every", "--metrics-file", "--checkpoint-dir", "--checkpoint-every", "--keep-last",
                         "--timeout", "--tokenizer", "--profile-steps", "--profile-file", "--tensorboard",
                         "--node-rank", "--master-addr", "--master-port", "--device", "--eval-every", "--val-data",
-                        "--clip-grad"}) {
+                        "--clip-grad", "--checkpoint-format", "--dcp-layout", "--dcp-format"}) {
     est->add_option(f, ignored, "(fsdp-train's; no effect on the estimate)")->group("");
   }
   fsdp::cli::strict_numbers(app);

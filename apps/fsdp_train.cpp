@@ -369,7 +369,37 @@ int run(int argc, char** argv) {
       ->capture_default_str();
   ckpt->add_flag("--resume", o.checkpoint.resume,
                  "Continue from the newest complete, valid checkpoint in --checkpoint-dir (damaged ones are "
-                 "skipped; none yet: start from scratch or --init-from). World size, sharding and wrap may differ");
+                 "skipped; none yet: start from scratch or --init-from). World size, sharding and wrap may differ. "
+                 "A PyTorch distributed checkpoint (DCP: .metadata) at the top of --checkpoint-dir is resumed "
+                 "when the directory holds no checkpoint of ours");
+  ckpt->add_flag("--async-checkpoint", o.checkpoint.async,
+                 "Save checkpoints in the background: training goes on while a writer thread persists a copy of "
+                 "the state staged in host memory (one save in flight; same commit protocol; docs/checkpoints.md)");
+  ckpt->add_option("--checkpoint-staging-limit", flags.checkpoint_staging_limit,
+                   "With --async-checkpoint: the most host memory one rank stages for a save (16GiB, 500MB, "
+                   "bytes); a larger state is saved synchronously, as the log says")
+      ->capture_default_str();
+  ckpt->add_option("--checkpoint-format", o.checkpoint.format,
+                   "sharded (ours: one file per shard) | dcp (each step_N a PyTorch distributed checkpoint that "
+                   "torch.distributed.checkpoint.load reads; docs/checkpoints.md)")
+      ->check(CLI::IsMember({"sharded", "dcp"}))
+      ->capture_default_str();
+  ckpt->add_option("--dcp-layout", o.checkpoint.dcp_layout,
+                   "Keys of a DCP checkpoint written: torch (FSDP2 with get_state_dict: model.<HF name>, "
+                   "optimizer.state.<name>.exp_avg) | torchtitan (its Llama names and q/k row order); reading "
+                   "tells them apart by itself")
+      ->check(CLI::IsMember({"torch", "torchtitan"}))
+      ->capture_default_str();
+  ckpt->add_option("--export-dcp", o.checkpoint.export_dcp,
+                   "fsdp-train convert: write the checkpoint as a PyTorch distributed checkpoint into this new "
+                   "directory (--dcp-layout, --dcp-format; with its optimizer state when it has one)");
+  ckpt->add_option("--export-checkpoint", o.checkpoint.export_checkpoint,
+                   "fsdp-train convert: write the checkpoint as one of ours (step_N) into this checkpoint directory");
+  ckpt->add_option("--dcp-format", o.checkpoint.dcp_format,
+                   "Items of a DCP checkpoint written: torch_save (DCP's default) | safetensors "
+                   "(HuggingFaceStorageWriter's shard files)")
+      ->check(CLI::IsMember({"torch_save", "safetensors"}))
+      ->capture_default_str();
   auto* hf = app.add_option_group("Hugging Face", "Hugging Face safetensors interchange");
   hf->add_option("--init-from", o.hf.init_from,
                  "Start from a Hugging Face Llama/Mistral/Qwen2/Qwen3 directory (config.json + model.safetensors or "
@@ -440,8 +470,9 @@ int run(int argc, char** argv) {
       "eval", "Evaluate the weights of --init-from or --resume on all of --val-data, then export if asked "
               "(= --eval-only)");
   auto* convert_cmd = app.add_subcommand(
-      "convert", "Convert the newest checkpoint of --checkpoint-dir to Hugging Face files in --export-hf (no data "
-                 "needed; the model is the checkpoint's)");
+      "convert", "Convert the newest checkpoint of --checkpoint-dir (ours, or a PyTorch distributed checkpoint) to "
+                 "Hugging Face files (--export-hf), a distributed checkpoint (--export-dcp) or ours "
+                 "(--export-checkpoint); no data needed; the model is the checkpoint's (or --model)");
   fsdp::cli::strict_numbers(app);  // before --version: it is no number
   app.set_version_flag("--version", std::string("fsdp-train 0.1.0 (LibTorch ") + fsdp::internals::torch_version() + ")")
       ->configurable(false);

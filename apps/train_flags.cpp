@@ -98,6 +98,9 @@ void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o) {
   o.sharding.loss_scaling = parse_loss_scaling(flags.loss_scaling);
   o.hf.export_dtype = parse_export_dtype(flags.export_dtype);
   if (!o.hf.export_dir.empty()) o.hf.export_shard_bytes = parse_export_shard_size(flags.export_shard_size);
+  if (o.checkpoint.async) {
+    o.checkpoint.staging_limit = checkpoint::parse_byte_size(flags.checkpoint_staging_limit, "--checkpoint-staging-limit");
+  }
   o.lora.targets = models::parse_lora_targets(flags.lora_targets);
   o.param_groups.lr_scales.clear();
   for (const auto& s : flags.lr_scales) o.param_groups.lr_scales.push_back(parse_lr_scale(s));

@@ -36,6 +36,7 @@ struct TrainFlags {
   std::string loss_scaling = "auto";         // --loss-scaling
   std::string export_dtype = "float32";      // --export-dtype
   std::string export_shard_size = "5GB";     // --export-shard-size
+  std::string checkpoint_staging_limit = "16GiB";  // --checkpoint-staging-limit
   std::string lora_targets = "q_proj,k_proj,v_proj,o_proj";  // --lora-targets (models::parse_lora_targets)
   std::vector<std::string> lr_scales;        // --lr-scale REGEX=FACTOR, repeatable
 };
@@ -64,7 +65,8 @@ int64_t parse_export_shard_size(const std::string& s);
 std::pair<std::string, double> parse_lr_scale(const std::string& s);
 
 // Sets the typed fields of `o` from `flags`. --export-shard-size is read only
-// with --export-hf (o.hf.export_dir set), the only runs that use it. With
+// with --export-hf (o.hf.export_dir set), the only runs that use it;
+// --checkpoint-staging-limit only with --async-checkpoint. With
 // --init-adapter and no --lora-alpha, o.lora.alpha becomes the adapter's.
 void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o);
 

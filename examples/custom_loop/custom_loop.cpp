@@ -166,16 +166,18 @@ int run(int argc, char** argv) {
     hold = fsdp::checkpoint::open_checkpoint_dir(f.checkpoint_dir, group);
     if (f.resume) {
       // Re-cuts the saved shards for this number of processes; restores AdamW's moments and step count.
-      const auto r = fsdp::checkpoint::load_latest_checkpoint(f.checkpoint_dir, *sharded, &opt, group);
+      const auto r = fsdp::checkpoint::load_latest_checkpoint(f.checkpoint_dir, *sharded, {&opt}, group);
       FSDP_CHECK(r.loaded, "--resume: no checkpoint in ", f.checkpoint_dir, " — run without --resume first");
       step = r.step;
       if (rank == 0) std::printf("resumed from %s (step %lld)\n", r.path.c_str(), static_cast<long long>(step));
     }
   }
   auto save = [&] {
-    const nlohmann::json model_config = {{"blocks", kBlocks}, {"width", kWidth}};
-    const nlohmann::json state = {{"step", step}, {"seed", f.seed}};
-    const auto r = fsdp::checkpoint::save_checkpoint(f.checkpoint_dir, step, *sharded, &opt, model_config, state, group);
+    // What the checkpoint holds (Note [State seam]): the optimizer's slots and step, and metadata of ours.
+    fsdp::MetadataState model_meta(fsdp::checkpoint::kModelKey, {{"config", {{"blocks", kBlocks}, {"width", kWidth}}}});
+    fsdp::MetadataState loop_meta(fsdp::checkpoint::kTrainerKey, {{"step", step}, {"seed", f.seed}});
+    const auto r = fsdp::checkpoint::save_checkpoint(f.checkpoint_dir, step, *sharded, {&model_meta, &loop_meta, &opt},
+                                                     group);
     if (rank == 0) std::printf("saved %s\n", r.path.c_str());
   };
   if (rank == 0)

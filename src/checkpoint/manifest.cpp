@@ -99,8 +99,19 @@ Manifest parse_manifest(const std::string& text, const fs::path& dir) {
     m.json = std::move(*parsed);
     const auto& j = m.json;
     if (j.at("format").get<std::string>() != kFormat) damaged(kManifest, "format is not ", kFormat);
-    if (integer(j.at("version")) != kVersion) {
-      damaged(kManifest, "version ", integer(j.at("version")), " is not supported (this build reads ", kVersion, ")");
+    const int64_t version = integer(j.at("version"));
+    if (version != kVersion && version != 1) {
+      damaged(kManifest, "version ", version, " is not supported (this build reads 1 and ", kVersion, ")");
+    }
+    if (version == 1) {
+      // Before the state seam (sharded.h): the same sections, the metadata at the top level.
+      m.state = nlohmann::json::object();
+      m.state["model"] = {{"family", "llama"}, {"config", j.at("model_config")}};
+      if (j.contains("optimizer") && !j["optimizer"].is_null()) m.state["optimizer"] = j["optimizer"];
+      if (j.contains("trainer_state")) m.state["trainer"] = j["trainer_state"];
+    } else {
+      m.state = j.at("state");
+      if (!m.state.is_object()) damaged(kManifest, "\"state\" is not an object");
     }
     m.step = integer(j.at("step"));
     m.block_size = integer(j.at("checksum").at("block_size"));

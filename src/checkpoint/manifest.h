@@ -17,7 +17,7 @@
 namespace fsdp::checkpoint {
 
 constexpr const char* kFormat = "fsdp-cpp/sharded-checkpoint";
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;         // written; 1 is read too (sharded.h)
 constexpr const char* kManifest = "manifest.json";
 constexpr const char* kManifestCrc = "manifest.crc32c";
 
@@ -47,7 +47,8 @@ struct SavedParam {
 };
 
 struct Manifest {
-  nlohmann::json json;
+  nlohmann::json json;   // as saved
+  nlohmann::json state;  // the owners' metadata by key (version 1 translated); an object
   int64_t step = 0;
   int64_t block_size = 0;
   std::vector<SavedFile> files;

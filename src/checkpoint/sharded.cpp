@@ -13,8 +13,11 @@
 #include "fsdp/checkpoint/ownership.h"
 #include "manifest.h"
 #include "fsdp/checkpoint/crc32c.h"
+#include "fsdp/checkpoint/dcp.h"
 #include "fsdp/common/encoding.h"
 #include "progress.h"
+#include "save_job.h"
+#include "shard_position.h"
 
 namespace fsdp::checkpoint {
 
@@ -46,39 +49,49 @@ std::string dtype_name(at::ScalarType t) {
 
 // ---- the state to save: per unit, named 1-D tensors of shard_numel elements ----------
 
-// The optimizer's per-slot state by kind (Kahan compensation only when enabled).
-void add_optimizer_kinds(optim::AdamW::Slot& slot, std::vector<std::pair<std::string, at::Tensor>>* out) {
-  out->emplace_back("exp_avg", slot.exp_avg);
-  out->emplace_back("exp_avg_sq", slot.exp_avg_sq);
-  if (slot.compensation.defined()) out->emplace_back("compensation", slot.compensation);
-}
-
 struct UnitState {
   std::vector<std::pair<std::string, at::Tensor>> kinds;  // "param" first
+  std::set<std::string> required;                         // kinds a load must find (for this unit)
 };
 
-std::vector<UnitState> collect_state(ShardedModel& model, optim::AdamW* opt) {
+// The model's shards ("param") and every owner's slots, by unit. A slot
+// belongs to the unit whose shard it shadows (Note [State seam]).
+std::vector<UnitState> collect_state(ShardedModel& model, const std::vector<StateOwner*>& owners) {
   const std::vector<ShardRef> shards = model.shards();
   const auto& units = model.units();
   FSDP_ASSERT(shards.size() == units.size(), shards.size(), " shards for ", units.size(), " units");
   std::vector<UnitState> out(units.size());
-  for (size_t u = 0; u < units.size(); ++u) out[u].kinds.emplace_back("param", shards[u].param);
-  if (opt != nullptr) {
-    // One slot per trainable entry, in order: frozen entries have no optimizer state.
-    auto& slots = opt->slots();
-    size_t trainable = 0;
-    for (const auto& u : units) trainable += u.trainable ? 1 : 0;
-    FSDP_CHECK(slots.size() == trainable,
-               "checkpoint: the optimizer holds ", slots.size(), " tensors but the model has ", trainable,
-               " trainable flat parameters; build the optimizer with add_shards(model.shards()) and nothing else");
-    size_t k = 0;
-    for (size_t u = 0; u < units.size(); ++u) {
-      if (!units[u].trainable) continue;
-      auto& slot = slots[k++];
-      FSDP_CHECK(slot.param.is_same(shards[u].param) || slot.param.data_ptr() == shards[u].param.data_ptr(),
-                 "checkpoint: optimizer tensor ", k - 1, " ('", slot.name, "') is not the shard of unit '",
-                 units[u].name, "'; build the optimizer with add_shards(model.shards())");
-      add_optimizer_kinds(slot, &out[u].kinds);
+  std::map<const void*, size_t> unit_of;  // shard storage -> unit
+  for (size_t u = 0; u < units.size(); ++u) {
+    out[u].kinds.emplace_back("param", shards[u].param);
+    out[u].required.insert("param");
+    if (shards[u].param.numel() > 0) unit_of[shards[u].param.data_ptr()] = u;
+  }
+  std::set<std::string> keys;
+  std::map<std::string, std::string> kind_owner;  // kind -> owner key
+  kind_owner["param"] = "model";
+  for (StateOwner* owner : owners) {
+    FSDP_CHECK(owner != nullptr, "checkpoint: a null state owner");
+    const std::string key = owner->state_key();
+    FSDP_CHECK(keys.insert(key).second, "checkpoint: two state owners have the key '", key, "'; give each its own");
+    for (StateSlot& slot : owner->state_slots()) {
+      if (slot.value.numel() == 0 && slot.shadows.numel() == 0) continue;  // a unit without elements here
+      auto [it, fresh] = kind_owner.emplace(slot.kind, key);
+      FSDP_CHECK(it->second == key, "checkpoint: state owners '", it->second, "' and '", key, "' both have slots of kind '",
+                 slot.kind, "'; a section is named by its kind, so kinds must differ between owners");
+      (void)fresh;
+      const auto u = slot.shadows.numel() > 0 ? unit_of.find(slot.shadows.data_ptr()) : unit_of.end();
+      FSDP_CHECK(u != unit_of.end(), "checkpoint: state owner '", key, "' has a '", slot.kind, "' slot that shadows "
+                 "no local shard of the model; build it from model.shards() (e.g. add_shards(model.shards()))");
+      FSDP_CHECK(slot.value.numel() == units[u->second].shard_numel && slot.value.dim() == 1,
+                 "checkpoint: state owner '", key, "' slot '", slot.kind, "' of unit '", units[u->second].name,
+                 "' has shape ", slot.value.sizes(), ", expected (", units[u->second].shard_numel, ")");
+      for (const auto& k : out[u->second].kinds) {
+        FSDP_CHECK(k.first != slot.kind, "checkpoint: state owner '", key, "' has two '", slot.kind, "' slots for unit '",
+                   units[u->second].name, "'");
+      }
+      out[u->second].kinds.emplace_back(slot.kind, slot.value);
+      if (slot.required) out[u->second].required.insert(slot.kind);
     }
   }
   for (size_t u = 0; u < units.size(); ++u) {
@@ -88,33 +101,6 @@ std::vector<UnitState> collect_state(ShardedModel& model, optim::AdamW* opt) {
     }
   }
   return out;
-}
-
-// Shards of the padded flat index space: S of them, this rank holds index k.
-struct ShardPosition {
-  int64_t count = 1;  // S
-  int64_t index = 0;  // k
-  bool writer = false;
-};
-
-ShardPosition shard_position(const ShardedModel& model, const comm::ProcessGroup& group) {
-  ShardPosition p;
-  for (const auto& u : model.units()) {
-    if (u.shard_numel > 0) {
-      p.count = u.padded_numel / u.shard_numel;
-      p.index = u.shard_offset / u.shard_numel;
-      break;
-    }
-  }
-  const ShardingStrategy s = model.options().strategy;
-  if (s == ShardingStrategy::kHybridShard && model.replicate_group()) {
-    p.writer = model.replicate_group()->rank() == 0;
-  } else if (p.count == 1) {
-    p.writer = group.rank() == 0;  // replicated (NO_SHARD, or a world of one)
-  } else {
-    p.writer = true;
-  }
-  return p;
 }
 
 std::string shard_file_name(int64_t index, int64_t count) {
@@ -169,13 +155,15 @@ class ChecksummedWriter {
   std::vector<uint32_t> blocks_;
 };
 
+// Reads each tensor through `stage` (its staged copy, or itself: Note [Save phases]).
 nlohmann::json write_shard_file(const std::string& path, const std::vector<UnitState>& state,
                                 const std::vector<UnitInfo>& units, const ShardPosition& pos, int64_t block_size,
-                                io::Progress& progress) {
+                                const Stager& stage, io::Progress& progress) {
   ChecksummedWriter w(path, block_size);
   nlohmann::json sections = nlohmann::json::array();
   for (size_t u = 0; u < state.size(); ++u) {
-    for (const auto& [kind, tensor] : state[u].kinds) {
+    for (const auto& [kind, live] : state[u].kinds) {
+      const at::Tensor tensor = stage(live);
       const at::Tensor t = tensor.device().is_cpu() ? tensor.contiguous() : tensor.to(at::kCPU).contiguous();
       sections.push_back({{"unit", u},
                           {"kind", kind},
@@ -267,26 +255,33 @@ void check_compatible(const Manifest& m, const std::vector<UnitInfo>& units, con
   }
 }
 
-// A parameter that was frozen when the checkpoint was saved has no optimizer
-// state in it. Training it now would start its moments at zero under the
-// run's step count, and AdamW's bias correction at step N assumes moments
-// averaged over N steps: its updates would be up to ~6x too large for hundreds
-// of steps. Such a resume is refused. The other way round (trainable then,
-// frozen now) only leaves state this run does not use, and is allowed.
-void check_nothing_unfrozen(const Manifest& m, const std::vector<UnitInfo>& units, const std::string& name) {
-  std::set<int64_t> with_state;  // saved units with optimizer state
+// Every state kind this run requires of a unit must be in the checkpoint for
+// each of the unit's parameters. A kind the checkpoint lacks altogether
+// (parameters only, or another optimizer) cannot resume training. A
+// parameter frozen when the checkpoint was saved has no optimizer state in
+// it: training it now would start its moments at zero under the run's step
+// count, and AdamW's bias correction at step N assumes moments averaged over N
+// steps: its updates would be up to ~6x too large for hundreds of steps. Such
+// a resume is refused. The other way round (trainable then, frozen now) only
+// leaves state this run does not use, and is allowed.
+void check_required_kinds(const Manifest& m, const std::vector<UnitInfo>& units, const std::vector<UnitState>& state,
+                          const std::string& name) {
+  std::set<std::pair<int64_t, std::string>> saved;  // (saved unit, kind)
   for (const auto& f : m.files) {
-    for (const auto& s : f.sections) {
-      if (s.kind == "exp_avg") with_state.insert(s.unit);
-    }
+    for (const auto& s : f.sections) saved.insert({s.unit, s.kind});
   }
-  for (const auto& u : units) {
-    if (!u.trainable) continue;
-    for (const auto& p : u.params) {
-      FSDP_CHECK(with_state.count(m.params.at(p.name).unit) == 1, "checkpoint ", name, " was saved with parameter '",
-                 p.name, "' frozen, so it holds no optimizer state for it, but this run trains it; resume with the "
-                 "--freeze and --lora-* flags it was saved with, or start a new run from its weights (--export-hf, "
-                 "then --init-from)");
+  for (size_t u = 0; u < units.size(); ++u) {
+    for (const std::string& kind : state[u].required) {
+      if (kind == "param") continue;  // check_compatible
+      FSDP_CHECK(m.kinds.count(kind) == 1, "checkpoint ", name, " holds no ", kind, " state; it cannot resume "
+                 "training with this optimizer (resume with the one it was saved with, or start a new run from its "
+                 "weights: --export-hf, then --init-from)");
+      for (const auto& p : units[u].params) {
+        FSDP_CHECK(saved.count({m.params.at(p.name).unit, kind}) == 1, "checkpoint ", name,
+                   " was saved with parameter '", p.name, "' frozen, so it holds no optimizer state for it, but this "
+                   "run trains it; resume with the --freeze and --lora-* flags it was saved with, or start a new run "
+                   "from its weights (--export-hf, then --init-from)");
+      }
     }
   }
 }
@@ -442,9 +437,88 @@ int64_t read_file_ranges(const std::vector<const ReadRequest*>& reads, const Sav
   return bytes;
 }
 
+// When the ranks' reports of loading checkpoint `name` (at `path`) are not
+// all ok: the deciding usage error, else the damage (as this checkpoint's, so
+// load_latest_checkpoint falls back on every rank), else the failure.
+void raise_agreed(const Agreement& all, const std::string& name, const std::string& path) {
+  if (all.ok()) return;
+  const RankStatus& d = all.decision();
+  const int r = all.deciding_rank();
+  switch (d.kind) {
+    case RankStatus::Kind::kUsage: detail::throw_usage(d.message);  // the same on every rank
+    case RankStatus::Kind::kDamaged: {
+      const std::string prefix = detail::cat("checkpoint ", name, " is damaged: file ", d.file, ": ");
+      const std::string why = d.message.rfind(prefix, 0) == 0 ? d.message.substr(prefix.size()) : d.message;
+      throw DamagedCheckpoint(name, d.file, detail::cat(why, " (found by rank ", r, ")"));
+    }
+    default: FSDP_FAIL("loading checkpoint ", path, " failed on rank ", r, ": ", d.message);
+  }
+}
+
+// A step_N saved with SaveOptions::dcp: its manifest is checked as any
+// checkpoint's (the model, each DCP file's size), the rest is the DCP reader's.
+LoadResult load_dcp_checkpoint(const std::string& path, ShardedModel& model, const std::vector<StateOwner*>& owners,
+                               comm::ProcessGroup& group, const LoadOptions& options) {
+  const fs::path dir(path);
+  const std::string name = dir.filename().string();
+  Manifest m;
+  const RankStatus status = RankStatus::capture([&] {
+    m = read_manifest(dir);
+    check_compatible(m, model.units(), name);
+    if (!m.json.contains("dcp")) throw DamagedCheckpoint(name, kManifest, "names no DCP files, but the directory holds some");
+    for (const auto& f : m.json["dcp"].at("files")) {
+      const std::string file = f.at("name").get<std::string>();
+      std::error_code ec;
+      const auto size = fs::file_size(dir / file, ec);
+      if (ec) throw DamagedCheckpoint(name, file, "cannot be read: " + ec.message());
+      if (static_cast<int64_t>(size) != f.at("size").get<int64_t>()) {
+        throw DamagedCheckpoint(name, file, detail::cat("has ", size, " bytes, the manifest says ", f.at("size").dump()));
+      }
+    }
+  });
+  raise_agreed(agree(group, status), name, path);
+  DcpLoadOptions dl;
+  if (m.json["dcp"].value("layout", "torch") == "torchtitan") {
+    FSDP_CHECK(options.dcp_names != nullptr, "checkpoint ", path, " was saved with torchtitan's names; loading it "
+               "needs the model family's torchtitan names (LoadOptions::dcp_names)");
+    dl.names = *options.dcp_names;
+  }
+  const DcpLoadResult d = load_dcp(path, model, owners, group, dl);
+  LoadResult result;
+  result.loaded = true;
+  result.step = m.step;
+  result.path = path;
+  result.manifest = m.json;
+  result.state = m.state;
+  const nlohmann::json ts = result.saved(kTrainerKey);
+  result.trainer_state = ts.is_object() ? ts : nlohmann::json::object();
+  result.io = d.io;
+  return result;
+}
+
 }  // namespace
 
 // ---- public --------------------------------------------------------------------------
+
+ShardPosition shard_position(const ShardedModel& model, const comm::ProcessGroup& group) {
+  ShardPosition p;
+  for (const auto& u : model.units()) {
+    if (u.shard_numel > 0) {
+      p.count = u.padded_numel / u.shard_numel;
+      p.index = u.shard_offset / u.shard_numel;
+      break;
+    }
+  }
+  const ShardingStrategy s = model.options().strategy;
+  if (s == ShardingStrategy::kHybridShard && model.replicate_group()) {
+    p.writer = model.replicate_group()->rank() == 0;
+  } else if (p.count == 1) {
+    p.writer = group.rank() == 0;  // replicated (NO_SHARD, or a world of one)
+  } else {
+    p.writer = true;
+  }
+  return p;
+}
 
 std::string checkpoint_name(int64_t step) {
   char buf[32];
@@ -520,88 +594,75 @@ CheckpointDirHold open_checkpoint_dir(const std::string& dir, comm::ProcessGroup
   return hold;
 }
 
-SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& model, optim::AdamW* optimizer,
-                           const nlohmann::json& model_config, const nlohmann::json& trainer_state,
-                           comm::ProcessGroup& group, const SaveOptions& options) {
+SaveJob begin_save(const std::string& dir, int64_t step, ShardedModel& model, const std::vector<StateOwner*>& owners,
+                   comm::ProcessGroup& group, const SaveOptions& options) {
   FSDP_CHECK(step >= 0, "checkpoint step must be >= 0, got ", step);
   FSDP_CHECK(options.block_size >= 64 && options.block_size % 64 == 0,
              "checkpoint block size must be a positive multiple of 64 bytes, got ", options.block_size);
-  const double t0 = io::now_seconds();
-  const std::string name = checkpoint_name(step);
+  SaveJob job;
+  job.t0 = io::now_seconds();
+  job.dir = dir;
+  job.step = step;
+  job.name = checkpoint_name(step);
   const fs::path root(dir);
-  const fs::path tmp = root / (".tmp-" + name);
-  const fs::path final = root / name;
-  const bool lead = group.rank() == 0;
+  job.tmp = (root / (".tmp-" + job.name)).string();
+  job.final = (root / job.name).string();
+  job.rank = group.rank();
+  job.lead = group.rank() == 0;
+  job.options = options;
+  if (options.dcp != nullptr) {
+    job.dcp = std::make_shared<DcpSaveOptions>(*options.dcp);
+    job.options.dcp = job.dcp.get();
+  }
+  job.stager = std::make_shared<Stager>();
 
   // 1. Rank 0 prepares an empty temporary directory (Note [Ownership of what
   // we delete]: a step_N that is not a checkpoint is never replaced).
   RankStatus prepared;
-  if (lead) {
-    try {
+  if (job.lead) {
+    prepared = RankStatus::capture([&] {
       fs::create_directories(root);
-      check_checkpoint_name_free(final);
-      remove_owned_directory(tmp.string());  // left by a crashed save of the same step
-      create_owned_directory(tmp.string());
-    } catch (const std::exception& e) {
-      prepared = RankStatus::of(e);
-    }
+      check_checkpoint_name_free(job.final);
+      remove_owned_directory(job.tmp);  // left by a crashed save of the same step
+      create_owned_directory(job.tmp);
+    });
   }
-  agree(group, prepared).raise_if_failed("saving checkpoint " + final.string() + ": creating " + tmp.string() + " failed");
+  agree(group, prepared).raise_if_failed("saving checkpoint " + job.final + ": creating " + job.tmp + " failed");
 
-  // 2. Every writer writes its shard file.
-  const std::vector<UnitState> state = collect_state(model, optimizer);
-  const ShardPosition pos = shard_position(model, group);
-  RankStatus written;  // a writer's payload: its file's record (name, size, checksums)
-  if (pos.writer) {
-    int64_t total = 0;
-    for (const auto& u : state) {
-      for (const auto& k : u.kinds) total += k.second.numel() * static_cast<int64_t>(k.second.element_size());
+  // 2. What this rank writes (Note [Save phases]), and the manifest as it is
+  // now: the owners' metadata changes with every step.
+  const RankStatus collected = RankStatus::capture([&] {
+    if (job.dcp) {
+      job.write = prepare_dcp_write(job.tmp, model, owners, group, *job.dcp, job.stager);
+    } else {
+      std::vector<UnitState> state = collect_state(model, owners);
+      const ShardPosition pos = shard_position(model, group);
+      if (!pos.writer) {
+        job.write = [] { return RankStatus::success(); };
+      } else {
+        int64_t total = 0;
+        for (auto& u : state) {
+          for (auto& k : u.kinds) {
+            job.stager->add(k.second);
+            total += k.second.numel() * static_cast<int64_t>(k.second.element_size());
+          }
+        }
+        const std::string path = (fs::path(job.tmp) / shard_file_name(pos.index, pos.count)).string();
+        job.write = [state = std::move(state), units = model.units(), pos, path, total, stager = job.stager,
+                     name = job.name, block = options.block_size, progress = options.progress]() {
+          io::Progress bar("saving " + name, total, progress);
+          RankStatus written;
+          try {
+            written = RankStatus::success(write_shard_file(path, state, units, pos, block, *stager, bar).dump());
+          } catch (const std::exception& e) {
+            written = RankStatus::failure(strip_rank_tag(e.what()));  // whatever it was, the save failed
+          }
+          bar.finish();
+          return written;
+        };
+      }
     }
-    io::Progress progress("saving " + name, total, options.progress);
-    try {
-      written = RankStatus::success(write_shard_file((tmp / shard_file_name(pos.index, pos.count)).string(), state,
-                                                     model.units(), pos, options.block_size, progress)
-                                        .dump());
-    } catch (const std::exception& e) {
-      written = RankStatus::failure(strip_rank_tag(e.what()));  // whatever it was, the save failed
-    }
-    progress.finish();
-  }
-  const Agreement records = agree(group, written);
-  if (!records.ok()) {
-    if (lead && is_owned_directory(tmp.string())) discard_owned_directory(tmp.string());  // the marker last
-    records.raise_if_failed("saving checkpoint " + final.string() + " failed (the previous checkpoints are untouched)");
-  }
-
-  // 3. Rank 0 writes the manifest and commits.
-  //
-  // Note [Checkpoint commit]. A checkpoint becomes visible by one rename of its
-  // directory, after (a) every writer wrote and fsynced its file inside
-  // .tmp-step_N, (b) the ranks exchanged sizes and checksums (all_gather: no
-  // rank reaches the commit before every file is durable), (c) rank 0 wrote and
-  // fsynced manifest.json and manifest.crc32c and fsynced the directory. The
-  // parent is fsynced after the rename, so a power loss after save_checkpoint
-  // returns cannot undo it. A crash before the rename leaves only .tmp-step_N,
-  // which no reader takes for a checkpoint (list_checkpoints wants step_N with
-  // a manifest) and remove_stale_temporaries deletes; a crash after it leaves a
-  // complete checkpoint. An existing step_N (a run that fell back to an older
-  // step and reached N again) is swapped out atomically (replace_directory).
-  int64_t bytes = 0;
-  nlohmann::json files = nlohmann::json::array();
-  for (const auto& r : records.ranks()) {
-    if (r.payload.empty()) continue;  // not a writer
-    nlohmann::json f = nlohmann::json::parse(r.payload);
-    bytes += f.at("size").get<int64_t>();
-    files.push_back(std::move(f));
-  }
-  std::sort(files.begin(), files.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
-    return a.at("shard_index").get<int64_t>() < b.at("shard_index").get<int64_t>();
-  });
-  SaveResult result;
-  result.path = final.string();
-  RankStatus committed;
-  if (lead) {
-    try {
+    if (job.lead) {
       nlohmann::json units = nlohmann::json::array();
       for (const auto& u : model.units()) {
         nlohmann::json params = nlohmann::json::array();
@@ -614,45 +675,103 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
                          {"shard_numel", u.shard_numel},
                          {"params", params}});
       }
-      nlohmann::json opt = nullptr;
-      if (optimizer != nullptr) {
-        const auto& o = optimizer->options();
-        opt = {{"type", "AdamW"},
-               {"step", optimizer->step_count()},
-               {"options",
-                {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}}}};
-      }
+      nlohmann::json saved_state = nlohmann::json::object();
+      for (StateOwner* owner : owners) saved_state[owner->state_key()] = owner->state_metadata();
       const ShardPosition p0 = shard_position(model, group);
       const int64_t replicas = model.replicate_group() ? model.replicate_group()->size()
                                                        : (p0.count == 1 ? group.size() : 1);
-      nlohmann::json m = {{"format", kFormat},
-                          {"version", kVersion},
-                          {"step", step},
-                          {"model_config", model_config},
-                          {"world_size", group.size()},
-                          {"shard_group_size", p0.count},
-                          {"replicate_group_size", replicas},
-                          {"strategy", to_string(model.options().strategy)},
-                          {"optimizer", opt},
-                          {"trainer_state", trainer_state},
-                          {"units", units},
-                          {"checksum", {{"algorithm", "crc32c"}, {"block_size", options.block_size}}},
-                          {"files", files}};
+      job.manifest = {{"format", kFormat},
+                      {"version", kVersion},
+                      {"step", step},
+                      {"world_size", group.size()},
+                      {"shard_group_size", p0.count},
+                      {"replicate_group_size", replicas},
+                      {"strategy", to_string(model.options().strategy)},
+                      {"state", saved_state},
+                      {"units", units},
+                      {"checksum", {{"algorithm", "crc32c"}, {"block_size", options.block_size}}}};
+      if (job.dcp) {
+        job.manifest["dcp"] = {{"layout", job.dcp->layout == DcpLayout::kTorch ? "torch" : "torchtitan"},
+                               {"format", job.dcp->format == DcpFormat::kTorchSave ? "torch_save" : "safetensors"}};
+      }
+    }
+  });
+  const Agreement all = agree(group, collected);
+  if (!all.ok()) {
+    if (job.lead && is_owned_directory(job.tmp)) discard_owned_directory(job.tmp);  // the marker last
+    all.raise_if_failed("saving checkpoint " + job.final + " failed (the previous checkpoints are untouched)");
+  }
+  return job;
+}
+
+SaveResult commit_save(SaveJob& job, const RankStatus& written, comm::ProcessGroup& group) {
+  const Agreement records = agree(group, written);
+  if (!records.ok()) {
+    if (job.lead && is_owned_directory(job.tmp)) discard_owned_directory(job.tmp);  // the marker last
+    records.raise_if_failed("saving checkpoint " + job.final + " failed (the previous checkpoints are untouched)");
+  }
+
+  // Note [Checkpoint commit]. A checkpoint becomes visible by one rename of its
+  // directory, after (a) every writer wrote and fsynced its file inside
+  // .tmp-step_N, (b) the ranks exchanged sizes and checksums (all_gather: no
+  // rank reaches the commit before every file is durable), (c) rank 0 wrote and
+  // fsynced manifest.json and manifest.crc32c and fsynced the directory. The
+  // parent is fsynced after the rename, so a power loss after save_checkpoint
+  // returns cannot undo it. A crash before the rename leaves only .tmp-step_N,
+  // which no reader takes for a checkpoint (list_checkpoints wants step_N with
+  // a manifest) and remove_stale_temporaries deletes; a crash after it leaves a
+  // complete checkpoint. An existing step_N (a run that fell back to an older
+  // step and reached N again) is swapped out atomically (replace_directory).
+  // An asynchronous save (async_save.h) commits the same way, later.
+  const fs::path root(job.dir);
+  int64_t bytes = 0;
+  nlohmann::json files = nlohmann::json::array();
+  if (!job.dcp) {
+    for (const auto& r : records.ranks()) {
+      if (r.payload.empty()) continue;  // not a writer
+      nlohmann::json f = nlohmann::json::parse(r.payload);
+      bytes += f.at("size").get<int64_t>();
+      files.push_back(std::move(f));
+    }
+    std::sort(files.begin(), files.end(), [](const nlohmann::json& a, const nlohmann::json& b) {
+      return a.at("shard_index").get<int64_t>() < b.at("shard_index").get<int64_t>();
+    });
+  }
+  SaveResult result;
+  result.path = job.final;
+  RankStatus committed;
+  if (job.lead) {
+    try {
+      nlohmann::json m = job.manifest;
+      m["files"] = files;
+      if (job.dcp) {
+        finish_dcp_write(job.tmp, records, *job.dcp, /*lead=*/true);  // .metadata, fsync
+        nlohmann::json dcp_files = nlohmann::json::array();
+        for (const auto& e : fs::directory_iterator(job.tmp)) {
+          const std::string n = e.path().filename().string();
+          if (n == kOwnedMarker) continue;
+          dcp_files.push_back({{"name", n}, {"size", static_cast<int64_t>(e.file_size())}});
+          bytes += static_cast<int64_t>(e.file_size());
+        }
+        std::sort(dcp_files.begin(), dcp_files.end(),
+                  [](const nlohmann::json& a, const nlohmann::json& b) { return a.at("name") < b.at("name"); });
+        m["dcp"]["files"] = dcp_files;
+      }
       const std::string text = m.dump(1) + "\n";
-      io::write_text_file((tmp / kManifest).string(), text);
-      io::write_text_file((tmp / kManifestCrc).string(), hex32(crc32c(text.data(), text.size())) + "\n");
+      io::write_text_file((fs::path(job.tmp) / kManifest).string(), text);
+      io::write_text_file((fs::path(job.tmp) / kManifestCrc).string(), hex32(crc32c(text.data(), text.size())) + "\n");
       bytes += static_cast<int64_t>(text.size()) + 9;
-      io::fsync_dir(tmp.string());
-      io::replace_directory(tmp.string(), final.string());
+      io::fsync_dir(job.tmp);
+      io::replace_directory(job.tmp, job.final);
       // keep_last: delete the oldest complete checkpoints, only now that the new one is complete.
       // Only checkpoints older than this one count: newer ones can only be
       // leftovers of a run this one fell back from (damaged); they are left alone.
-      if (options.keep_last > 0) {
+      if (job.options.keep_last > 0) {
         std::vector<CheckpointInfo> all;
-        for (const auto& c : list_checkpoints(dir)) {
-          if (c.step <= step) all.push_back(c);
+        for (const auto& c : list_checkpoints(job.dir)) {
+          if (c.step <= job.step) all.push_back(c);
         }
-        for (size_t i = static_cast<size_t>(options.keep_last); i < all.size(); ++i) {
+        for (size_t i = static_cast<size_t>(job.options.keep_last); i < all.size(); ++i) {
           const fs::path doomed(all[i].path);
           const fs::path del = root / (".del-" + doomed.filename().string());
           remove_owned_directory(del.string());
@@ -665,17 +784,26 @@ SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& m
       }
     } catch (const std::exception& e) {
       committed = RankStatus::of(e);
-      if (is_owned_directory(tmp.string())) discard_owned_directory(tmp.string());  // not committed: nothing to keep
+      if (is_owned_directory(job.tmp)) discard_owned_directory(job.tmp);  // not committed: nothing to keep
     }
   }
-  agree(group, committed).raise_if_failed("saving checkpoint " + final.string() + " failed");
-  result.io.bytes = bytes;
-  result.io.seconds = io::now_seconds() - t0;
+  agree(group, committed).raise_if_failed("saving checkpoint " + job.final + " failed");
+  result.io.bytes = bytes;  // rank 0's count is the whole (the DCP files and the manifest are counted there)
+  result.io.seconds = io::now_seconds() - job.t0;
   return result;
 }
 
-LoadResult load_checkpoint(const std::string& path, ShardedModel& model, optim::AdamW* optimizer,
+SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& model,
+                           const std::vector<StateOwner*>& owners, comm::ProcessGroup& group,
+                           const SaveOptions& options) {
+  SaveJob job = begin_save(dir, step, model, owners, group, options);
+  const RankStatus written = job.write();
+  return commit_save(job, written, group);
+}
+
+LoadResult load_checkpoint(const std::string& path, ShardedModel& model, const std::vector<StateOwner*>& owners,
                            comm::ProcessGroup& group, const LoadOptions& options) {
+  if (is_dcp_dir(path)) return load_dcp_checkpoint(path, model, owners, group, options);
   const double t0 = io::now_seconds();
   const fs::path dir(path);
   const std::string name = dir.filename().string();
@@ -688,12 +816,13 @@ LoadResult load_checkpoint(const std::string& path, ShardedModel& model, optim::
     m = read_manifest(dir);
     const auto& units = model.units();
     check_compatible(m, units, name);
-    std::vector<UnitState> state = collect_state(model, optimizer);
-    for (const char* k : {"exp_avg", "exp_avg_sq"}) {
-      FSDP_CHECK(optimizer == nullptr || m.kinds.count(k) == 1, "checkpoint ", path,
-                 " holds no optimizer state (", k, "); it cannot resume training");
+    std::vector<UnitState> state = collect_state(model, owners);
+    check_required_kinds(m, units, state, name);
+    // The owners' metadata (the same on every rank): an owner refuses what does not fit it.
+    for (StateOwner* owner : owners) {
+      const std::string key = owner->state_key();
+      owner->load_state_metadata(m.state.contains(key) ? m.state.at(key) : nlohmann::json());
     }
-    if (optimizer != nullptr) check_nothing_unfrozen(m, units, name);
     // Every file: present, with the size the manifest records.
     for (size_t f = 0; f < m.files.size(); ++f) {
       std::error_code ec;
@@ -730,39 +859,24 @@ LoadResult load_checkpoint(const std::string& path, ShardedModel& model, optim::
   }
 
   // The ranks agree: the first usage error, else the first damage, else the first failure.
-  const Agreement all = agree(group, status);
-  if (!all.ok()) {
-    const RankStatus& d = all.decision();
-    const int r = all.deciding_rank();
-    switch (d.kind) {
-      case RankStatus::Kind::kUsage: detail::throw_usage(d.message);  // the same on every rank
-      case RankStatus::Kind::kDamaged: {
-        // Re-raised as this checkpoint's damage, so load_latest_checkpoint falls back on every rank.
-        const std::string prefix = detail::cat("checkpoint ", name, " is damaged: file ", d.file, ": ");
-        const std::string why = d.message.rfind(prefix, 0) == 0 ? d.message.substr(prefix.size()) : d.message;
-        throw DamagedCheckpoint(name, d.file, detail::cat(why, " (found by rank ", r, ")"));
-      }
-      default: FSDP_FAIL("loading checkpoint ", path, " failed on rank ", r, ": ", d.message);
-    }
-  }
+  raise_agreed(agree(group, status), name, path);
   at::Tensor total = at::full({1}, static_cast<double>(bytes_read), at::kDouble);
   if (group.size() > 1) group.all_reduce(total, comm::ReduceOp::kSum)->wait();
 
-  const auto& j = m.json;
-  if (optimizer != nullptr && j.contains("optimizer") && j["optimizer"].is_object()) {
-    optimizer->set_step_count(j["optimizer"].at("step").get<int64_t>());
-  }
   result.loaded = true;
   result.step = m.step;
-  result.manifest = j;
-  result.trainer_state = j.value("trainer_state", nlohmann::json::object());
+  result.manifest = m.json;
+  result.state = m.state;
+  const nlohmann::json ts = result.saved(kTrainerKey);
+  result.trainer_state = ts.is_object() ? ts : nlohmann::json::object();
   result.io.bytes = static_cast<int64_t>(total.item<double>());
   result.io.seconds = io::now_seconds() - t0;
   return result;
 }
 
-LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model, optim::AdamW* optimizer,
-                                  comm::ProcessGroup& group, const LoadOptions& options) {
+LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model,
+                                  const std::vector<StateOwner*>& owners, comm::ProcessGroup& group,
+                                  const LoadOptions& options) {
   // Rank 0's view of the directory decides, so every rank tries the same ones.
   nlohmann::json mine = nlohmann::json::array();
   const RankStatus listed = RankStatus::capture([&] {
@@ -777,7 +891,7 @@ LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model, o
   std::vector<std::string> rejected;
   for (const auto& c : candidates) {
     try {
-      LoadResult r = load_checkpoint(c, model, optimizer, group, options);
+      LoadResult r = load_checkpoint(c, model, owners, group, options);
       r.rejected = rejected;
       return r;
     } catch (const DamagedCheckpoint& e) {
@@ -793,5 +907,43 @@ LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model, o
   }
   return none;
 }
+
+namespace {
+// The owners of the convenience overloads: the optimizer (may be null), the
+// model's configuration and the trainer's state as metadata.
+std::vector<StateOwner*> owners_of(StateOwner* optimizer, MetadataState* model, MetadataState* trainer) {
+  std::vector<StateOwner*> out = {model, trainer};
+  if (optimizer != nullptr) out.push_back(optimizer);
+  return out;
+}
+}  // namespace
+
+SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& model, StateOwner* optimizer,
+                           const nlohmann::json& model_config, const nlohmann::json& trainer_state,
+                           comm::ProcessGroup& group, const SaveOptions& options) {
+  MetadataState m(kModelKey, {{"config", model_config}});
+  MetadataState t(kTrainerKey, trainer_state);
+  return save_checkpoint(dir, step, model, owners_of(optimizer, &m, &t), group, options);
+}
+
+LoadResult load_checkpoint(const std::string& path, ShardedModel& model, StateOwner* optimizer,
+                           comm::ProcessGroup& group, const LoadOptions& options) {
+  MetadataState m(kModelKey, nullptr);
+  MetadataState t(kTrainerKey, nullptr);
+  return load_checkpoint(path, model, owners_of(optimizer, &m, &t), group, options);
+}
+
+LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model, StateOwner* optimizer,
+                                  comm::ProcessGroup& group, const LoadOptions& options) {
+  MetadataState m(kModelKey, nullptr);
+  MetadataState t(kTrainerKey, nullptr);
+  return load_latest_checkpoint(dir, model, owners_of(optimizer, &m, &t), group, options);
+}
+
+nlohmann::json LoadResult::saved(const std::string& key) const {
+  return state->is_object() && state->contains(key) ? state->at(key) : nlohmann::json();
+}
+
+JsonValue read_checkpoint_state(const std::string& path) { return read_manifest(fs::path(path)).state; }
 
 }  // namespace fsdp::checkpoint

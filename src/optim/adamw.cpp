@@ -1,5 +1,6 @@
 #include "fsdp/optim/adamw.h"
 
+#include <nlohmann/json.hpp>
 #include <torch/nn/module.h>
 
 #include <algorithm>
@@ -397,6 +398,32 @@ void AdamW::step() {
   }
   if (!fused.empty()) step_fused(fused);
 }
+
+std::vector<StateSlot> AdamW::state_slots() {
+  std::vector<StateSlot> out;
+  for (auto& s : slots_) {
+    out.push_back({"exp_avg", s.param, s.exp_avg, true});
+    out.push_back({"exp_avg_sq", s.param, s.exp_avg_sq, true});
+    if (s.compensation.defined()) out.push_back({"compensation", s.param, s.compensation, false});
+  }
+  return out;
+}
+
+nlohmann::json AdamW::state_metadata() const {
+  const AdamWOptions& o = options_;
+  // "torch": torch.optim.AdamW's parameter group as PyTorch 2.11 writes it (every key of its
+  // state_dict()["param_groups"][0] but "params"), for checkpoints PyTorch loads (checkpoint/dcp.h).
+  return {{"type", "AdamW"},
+          {"step", step_},
+          {"options",
+           {{"lr", o.lr}, {"beta1", o.beta1}, {"beta2", o.beta2}, {"eps", o.eps}, {"weight_decay", o.weight_decay}}},
+          {"torch",
+           {{"lr", o.lr}, {"betas", {o.beta1, o.beta2}}, {"eps", o.eps}, {"weight_decay", o.weight_decay},
+            {"amsgrad", false}, {"maximize", false}, {"foreach", nullptr}, {"capturable", false},
+            {"differentiable", false}, {"fused", nullptr}, {"decoupled_weight_decay", true}}}};
+}
+
+void AdamW::load_state_metadata(const nlohmann::json& saved) { step_ = saved_optimizer_step(saved, "AdamW"); }
 
 double grad_norm(const std::vector<at::Tensor>& grads) {
   double sq = 0.0;

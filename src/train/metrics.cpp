@@ -83,6 +83,18 @@ const std::vector<Metric>& metrics_table() {
       {S, "skipped_steps", I, JP, "", "fsdp_train_skipped_steps_total", "", "dynamic loss scaling (fp16)",
        "steps skipped for inf/nan gradients since the run started (a checkpoint carries the count over)",
        [](const MetricSource& s) -> V { return scaling(s) ? V(num(s.step->skipped_steps)) : std::nullopt; }},
+      {S, "checkpoint_stall_s", R, JP, "", "fsdp_train_checkpoint_stall_seconds", "seconds", "--checkpoint-dir",
+       "seconds checkpoint saves held training since the previous logged step (synchronous: whole saves; "
+       "--async-checkpoint: staging, commits and waits for a save in flight)",
+       [](const MetricSource& s) -> V { return s.step->checkpoint_stall_s >= 0 ? V(s.step->checkpoint_stall_s) : std::nullopt; }},
+      {S, "checkpoint_wait_s", R, JP, "", "fsdp_train_checkpoint_wait_seconds", "seconds", "--checkpoint-dir",
+       "of checkpoint_stall_s, seconds a save waited for the previous one still in flight (--async-checkpoint)",
+       [](const MetricSource& s) -> V { return s.step->checkpoint_wait_s >= 0 ? V(s.step->checkpoint_wait_s) : std::nullopt; }},
+      {S, "checkpoint_staging_bytes", I, JP, "", "fsdp_train_checkpoint_staging_bytes", "bytes", "--checkpoint-dir",
+       "host memory this rank's checkpoint staging buffers hold (--async-checkpoint; kept between saves, 0 without)",
+       [](const MetricSource& s) -> V {
+         return s.step->checkpoint_staging_bytes >= 0 ? V(num(s.step->checkpoint_staging_bytes)) : std::nullopt;
+       }},
       {S, "world_size", I, JP, "", "fsdp_world_size", "", "", "processes training",
        [](const MetricSource& s) -> V { return num(s.world_size); }},
       {E, "step", I, JP, "", "fsdp_eval_step", "", "not in evaluation-only runs",

@@ -5,6 +5,7 @@
 
 #include <filesystem>
 
+#include "fsdp/checkpoint/dcp.h"
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/error.h"
@@ -60,6 +61,14 @@ ModelFamily llama_family() {
     impl->set_loss_chunk_rows(rows);
   };
   f.init_rule = [](const models::LlamaConfig& cfg) { return models::llama_init_rule(cfg); };
+  // Its configuration is a Hugging Face config.json.
+  f.save_config = [](const models::LlamaConfig& cfg) { return nlohmann::json::parse(cfg.to_hf_config_json()); };
+  f.load_config = [](const nlohmann::json& saved, const std::string& origin) {
+    return models::parse_hf_config(saved.dump(), origin);
+  };
+  f.config_mismatch = [](const nlohmann::json& saved, const models::LlamaConfig& cfg, const std::string& origin) {
+    return checkpoint::config_mismatch(cfg, models::parse_hf_config(saved.dump(), origin));
+  };
   return f;
 }
 
@@ -68,6 +77,10 @@ ModelFamily llama_family() {
 models::LlamaConfig init_config(const TrainOptions& o) {
   models::LlamaConfig cfg = models::resolve_model_config(o.model);
   if (o.hf.init_from.empty()) return cfg;
+  // A PyTorch distributed checkpoint holds weights only: the model is --model's.
+  if (checkpoint::is_dcp_dir(o.hf.init_from) && !std::filesystem::exists(std::filesystem::path(o.hf.init_from) / "config.json")) {
+    return cfg;
+  }
   const models::LlamaConfig from = models::resolve_model_config(o.hf.init_from);
   const std::string diff = checkpoint::config_mismatch(cfg, from);
   FSDP_CHECK(diff.empty(), "--model ", o.model, " and --init-from ", o.hf.init_from, "/config.json describe different "
@@ -79,7 +92,7 @@ models::LlamaConfig init_config(const TrainOptions& o) {
   return cfg;
 }
 
-// The model config of the newest checkpoint in `dir` whose manifest parses
+// The model config of the newest checkpoint in `dir` whose manifest reads
 // (checkpoints of one directory hold one model: resume refuses another).
 models::LlamaConfig checkpoint_model_config(const std::string& dir) {
   const auto list = checkpoint::list_checkpoints(dir);
@@ -87,14 +100,15 @@ models::LlamaConfig checkpoint_model_config(const std::string& dir) {
              "convert; converting needs an existing checkpoint — point --checkpoint-dir at the run's directory");
   std::string why;
   for (const auto& c : list) {
-    const std::string path = (std::filesystem::path(c.path) / "manifest.json").string();
+    nlohmann::json saved;
     try {
-      const nlohmann::json manifest = nlohmann::json::parse(
-          read_input_file(path, "checkpoint manifest", kMaxJsonConfigBytes, "is the checkpoint complete?"));
-      return models::parse_hf_config(manifest.at("model_config").dump(), c.path);
-    } catch (const nlohmann::json::exception& e) {
-      why += fmt::format("; {}: {}", path, e.what());
+      saved = checkpoint::read_checkpoint_state(c.path)->value(checkpoint::kModelKey, nlohmann::json());
+    } catch (const std::exception& e) {
+      why += fmt::format("; {}: {}", c.path, e.what());
+      continue;
     }
+    const ModelFamily& family = saved_model_family(saved, c.path);
+    return family.load_config(saved.at("config"), c.path);
   }
   FSDP_FAIL("no checkpoint in ", dir, " has a readable manifest", why);
 }
@@ -102,6 +116,15 @@ models::LlamaConfig checkpoint_model_config(const std::string& dir) {
 // The config a conversion exports: the checkpoint's, which --model (when
 // given: non-empty) must agree with.
 models::LlamaConfig conversion_config(const TrainOptions& o) {
+  // A PyTorch distributed checkpoint at the top of the directory (no checkpoint of ours in it):
+  // its config.json when it has one (fsdp-train convert --export-dcp writes it), else --model.
+  const std::filesystem::path dir(o.checkpoint.dir);
+  if (checkpoint::list_checkpoints(o.checkpoint.dir).empty() && checkpoint::is_dcp_dir(o.checkpoint.dir)) {
+    if (std::filesystem::exists(dir / "config.json")) return models::resolve_model_config(o.checkpoint.dir);
+    FSDP_CHECK(!o.model.empty(), "--checkpoint-dir ", o.checkpoint.dir, " is a PyTorch distributed checkpoint without "
+               "config.json: name its model with --model (a preset, a config.json or a Hugging Face directory)");
+    return models::resolve_model_config(o.model);
+  }
   models::LlamaConfig cfg = checkpoint_model_config(o.checkpoint.dir);
   if (!o.model.empty()) {
     const models::LlamaConfig named = models::resolve_model_config(o.model);
@@ -136,6 +159,31 @@ const ModelFamily& model_family(const models::LlamaConfig& cfg) {
   }
   FSDP_CHECK(false, "model '", cfg.name, "' has model_type '", cfg.model_type, "', which no model family builds");
   return model_families().front();
+}
+
+nlohmann::json model_state(const models::LlamaConfig& cfg) {
+  const ModelFamily& f = model_family(cfg);
+  return {{"family", f.name}, {"config", f.save_config(cfg)}};
+}
+
+const ModelFamily& saved_model_family(const nlohmann::json& saved, const std::string& origin) {
+  FSDP_CHECK(saved.is_object() && saved.contains("family") && saved["family"].is_string() && saved.contains("config"),
+             "checkpoint ", origin, " records no model (its state \"model\" is ", saved.dump(), "); it was not "
+             "written by fsdp-train, or by a version that did not record its model");
+  const std::string name = saved["family"].get<std::string>();
+  for (const ModelFamily& f : model_families()) {
+    if (f.name == name) return f;
+  }
+  FSDP_CHECK(false, "checkpoint ", origin, " holds a model of family '", name, "', which this build does not have");
+  return model_families().front();
+}
+
+std::string saved_model_mismatch(const nlohmann::json& saved, const models::LlamaConfig& cfg,
+                                 const std::string& origin) {
+  const ModelFamily& was = saved_model_family(saved, origin);
+  const ModelFamily& now = model_family(cfg);
+  if (was.name != now.name) return fmt::format("model family {} vs {}", was.name, now.name);
+  return now.config_mismatch(saved.at("config"), cfg, origin);
 }
 
 models::LlamaConfig resolve_model_config(const TrainOptions& o) {

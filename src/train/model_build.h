@@ -9,6 +9,8 @@
 // model class.
 #pragma once
 
+#include <nlohmann/json.hpp>
+
 #include <functional>
 #include <memory>
 #include <string>
@@ -52,12 +54,30 @@ struct ModelFamily {
   std::function<void(torch::nn::Module& model, int64_t rows)> set_loss_chunk_rows;
   // How the engine materializes the shards of a model built on the meta device.
   std::function<nn::InitRuleFn(const models::LlamaConfig& cfg)> init_rule;
+  // The family owns its configuration (Note [State seam]): how a checkpoint
+  // records it, how it is read back from one (`origin` names the checkpoint
+  // in errors), and "" when a saved configuration describes the model of
+  // `cfg` (else the first difference, "<field> <saved> vs <now>").
+  std::function<nlohmann::json(const models::LlamaConfig& cfg)> save_config;
+  std::function<models::LlamaConfig(const nlohmann::json& saved, const std::string& origin)> load_config;
+  std::function<std::string(const nlohmann::json& saved, const models::LlamaConfig& cfg, const std::string& origin)>
+      config_mismatch;
 };
 
 // Every family, in the order they are asked.
 const std::vector<ModelFamily>& model_families();
 // The family that builds `cfg`; UsageError naming its model_type when none does.
 const ModelFamily& model_family(const models::LlamaConfig& cfg);
+
+// The model's checkpoint metadata (state "model"): {"family": name, "config": family.save_config(cfg)}.
+nlohmann::json model_state(const models::LlamaConfig& cfg);
+// The family a checkpoint's model metadata `saved` names; UsageError naming
+// `origin` when it names none (a checkpoint of another program version).
+const ModelFamily& saved_model_family(const nlohmann::json& saved, const std::string& origin);
+// "" when checkpoint `origin`'s model metadata `saved` describes the model of
+// `cfg` (the same family and configuration), else the first difference.
+std::string saved_model_mismatch(const nlohmann::json& saved, const models::LlamaConfig& cfg,
+                                 const std::string& origin);
 
 // The model configuration a run uses, read once (Note [Building the model]):
 //   training and evaluation: options.model, which must agree with

@@ -10,6 +10,7 @@
 #include "fsdp/common/files.h"
 #include "fsdp/common/output_file.h"
 #include "fsdp/models/registry.h"
+#include "train/model_build.h"
 
 namespace fsdp::train {
 
@@ -47,8 +48,7 @@ nlohmann::json trainer_state(const TrainOptions& o, const RunState& s) {
 
 int64_t resume_from(const TrainOptions& o, const checkpoint::LoadResult& r, const models::LlamaConfig& cfg,
                     int64_t global_batch, optim::ShardedGradScaler* scaler, const LogLine& say, const LogLine& warn) {
-  const models::LlamaConfig saved = models::parse_hf_config(r.manifest->at("model_config").dump(), r.path);
-  const std::string diff = checkpoint::config_mismatch(cfg, saved);
+  const std::string diff = saved_model_mismatch(r.saved(checkpoint::kModelKey), cfg, r.path);
   FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " was saved from another model (", diff,
              "); resume with the model it was saved with or use another --checkpoint-dir");
   const nlohmann::json& ts = *r.trainer_state;

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <utility>
 
 #include "fsdp/common/device.h"
 #include "fsdp/common/encoding.h"
@@ -228,6 +229,11 @@ void Trainer::Impl::log_step(StepRecord& rec) {
   rec.mfu = device_peak_flops_ > 0
                 ? rec.tokens_per_s / static_cast<double>(W_) * flops_per_token_ / device_peak_flops_
                 : -1;
+  if (!o_.checkpoint.dir.empty()) {  // the saves since the previous logged step (trainer.cpp's start_save)
+    rec.checkpoint_stall_s = std::exchange(checkpoint_stall_, 0.0);
+    rec.checkpoint_wait_s = std::exchange(checkpoint_wait_, 0.0);
+    rec.checkpoint_staging_bytes = async_ ? async_->staging_bytes() : 0;
+  }
   // The familiar prefix first (scripts grep it), then what people watch.
   say_(fmt::format("Batch {} Loss: {:.5f}, Speed: {:.2f} samples/sec, lr: {:.6f} | step {}/{}, {:.0f} tokens/s{}, "
                    "grad norm {:.4g}{}, peak mem {}, unsharded {} (plan {}), ETA {}",

@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include "fsdp/checkpoint/dcp.h"
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/checkpoint/peft.h"
@@ -118,7 +119,9 @@ void Trainer::Impl::build() {
   b.seed = o_.step.seed;
   if (rank0_materializes) {
     b.before_root = [&](torch::nn::Module& model) {
-      if (!o_.hf.init_from.empty()) rank0_import_ = checkpoint::import_hf_module(o_.hf.init_from, model, cfg_, progress_);
+      if (!o_.hf.init_from.empty() && !checkpoint::is_dcp_dir(o_.hf.init_from)) {
+        rank0_import_ = checkpoint::import_hf_module(o_.hf.init_from, model, cfg_, progress_);
+      }
       if (!o_.lora.init_adapter.empty()) checkpoint::import_peft_adapter_module(o_.lora.init_adapter, model);
     };
   }
@@ -167,9 +170,14 @@ void Trainer::Impl::build() {
   }
 
   summary_.parameters = cfg_.num_parameters();
+  if (o_.checkpoint.async && !o_.checkpoint.dir.empty()) {
+    async_ = std::make_unique<checkpoint::AsyncCheckpointer>(
+        checkpoint::AsyncSaveOptions{o_.checkpoint.staging_limit});
+  }
+
   summary_.plan = sharded_->describe();
   log_plan_and_memory();
-  model_config_ = nlohmann::json::parse(cfg_.to_hf_config_json());
+  model_state_ = model_state(cfg_);
   hf_extras_ = export_extras(o_, *data_.tokenizer, data_.bos, data_.eos);
 }
 
@@ -220,19 +228,35 @@ void Trainer::Impl::restore() {
   if (o_.checkpoint.resume) {
     checkpoint::LoadOptions lo;
     lo.progress = progress_;
+    // The model's and the trainer's metadata are checked by resume_from.
+    MetadataState model(checkpoint::kModelKey, model_state_);
+    MetadataState trainer(checkpoint::kTrainerKey, nullptr);
+    const checkpoint::DcpNames titan = dcp_names(checkpoint::DcpLayout::kTorchtitan);
+    lo.dcp_names = &titan;
     const checkpoint::LoadResult r =
-        checkpoint::load_latest_checkpoint(o_.checkpoint.dir, *sharded_, opt_.get(), *scalars_, lo);
+        checkpoint::load_latest_checkpoint(o_.checkpoint.dir, *sharded_, {&model, &trainer, opt_.get()}, *scalars_, lo);
     for (const auto& why : r.rejected) warn_(why + "; trying the previous checkpoint");
     if (r.loaded) {
       resumed_ = true;
       summary_.resumed_from = r.path;
       start_step_ = resume_from(o_, r, cfg_, data_.global_batch, scaler_.get(), say_, warn_);
+    } else if (checkpoint::is_dcp_dir(o_.checkpoint.dir)) {
+      resume_from_dcp();
     } else {
       say_(fmt::format("no checkpoint in {} yet: starting from {}", o_.checkpoint.dir,
                        o_.hf.init_from.empty() ? "scratch" : o_.hf.init_from));
     }
   }
-  if (!resumed_ && !o_.hf.init_from.empty()) {
+  if (!resumed_ && !o_.hf.init_from.empty() && checkpoint::is_dcp_dir(o_.hf.init_from)) {
+    // A PyTorch distributed checkpoint's weights; the optimizer starts afresh.
+    checkpoint::DcpLoadOptions dl;
+    dl.names = dcp_names(checkpoint::detect_dcp_layout(o_.hf.init_from));
+    dl.load_optimizer = false;
+    const checkpoint::DcpLoadResult r = checkpoint::load_dcp(o_.hf.init_from, *sharded_, {}, *scalars_, dl);
+    say_(fmt::format("Initialized from the distributed checkpoint {} ({}): {} in {:.2f} s, {:.2f} GB/s",
+                     o_.hf.init_from, r.format == checkpoint::DcpFormat::kTorchSave ? "torch_save" : "safetensors",
+                     megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
+  } else if (!resumed_ && !o_.hf.init_from.empty()) {
     // With --sync-module-states rank 0 read the files before sharding.
     const checkpoint::HfImportResult r =
         o_.sharding.sync_module_states ? rank0_import_.value_or(checkpoint::HfImportResult{})
@@ -289,6 +313,15 @@ void Trainer::Impl::write_config_copy(const std::string& path, const char* flag)
 }
 
 std::string Trainer::Impl::save() {
+  const std::string path = start_save();
+  finish_saves();
+  return path;
+}
+
+// Note [Asynchronous save] (checkpoint/async_save.h) with checkpoint.async;
+// else the synchronous save. Every save gets a CheckpointRecord; its stall
+// goes into the next logged step's metrics.
+std::string Trainer::Impl::start_save() {
   require_restored("save");
   FSDP_CHECK(!o_.checkpoint.dir.empty(), "Trainer::save needs checkpoint.dir (--checkpoint-dir DIR)");
   const int64_t completed = step_;
@@ -304,16 +337,130 @@ std::string Trainer::Impl::save() {
   state.schedule = &sched_;
   state.hf_extras = &hf_extras_;
   state.scaler = scaler_.get();
-  const checkpoint::SaveResult r = checkpoint::save_checkpoint(
-      o_.checkpoint.dir, completed, *sharded_, opt_.get(), model_config_, trainer_state(o_, state), *scalars_, so);
-  say_(fmt::format("Saved checkpoint {} in {:.2f} s: {}, {:.2f} GB/s ({})", checkpoint::checkpoint_name(completed),
-                   r.io.seconds, megabytes(r.io.bytes), r.io.gb_per_s(), o_.checkpoint.dir));
+  MetadataState model(checkpoint::kModelKey, model_state_);
+  MetadataState trainer(checkpoint::kTrainerKey, trainer_state(o_, state));
+  checkpoint::DcpSaveOptions dcp;  // --checkpoint-format dcp: step_N is a PyTorch distributed checkpoint
+  if (o_.checkpoint.format == "dcp") {
+    dcp.layout = checkpoint::parse_dcp_layout(o_.checkpoint.dcp_layout, "--dcp-layout");
+    dcp.format = checkpoint::parse_dcp_format(o_.checkpoint.dcp_format, "--dcp-format");
+    dcp.names = dcp_names(dcp.layout);
+    so.dcp = &dcp;
+  }
+  const std::vector<StateOwner*> owners = {&model, &trainer, opt_.get()};
+  const std::string name = checkpoint::checkpoint_name(completed);
+  CheckpointRecord rec;
+  rec.step = completed;
+  rec.async = async_ != nullptr;
+  saved_at_ = completed;
+  if (!async_) {
+    const checkpoint::SaveResult r = checkpoint::save_checkpoint(o_.checkpoint.dir, completed, *sharded_, owners,
+                                                                 *scalars_, so);
+    rec.committed = true;
+    rec.stall_s = rec.seconds = r.io.seconds;
+    rec.bytes = r.io.bytes;
+    summary_.checkpoints.push_back(rec);
+    checkpoint_stall_ += r.io.seconds;
+    report_saved(completed, r, "", 0);
+    return r.path;
+  }
+  const checkpoint::AsyncStart s = async_->start(o_.checkpoint.dir, completed, *sharded_, owners, *scalars_, so);
+  // How long this save held training: its own start, and later its commit;
+  // waiting for the previous save in flight (its commit included) is wait_s.
+  if (s.waited_for) {  // at most one save in flight: this one waited for the previous
+    const checkpoint::AsyncCommit& w = *s.waited_for;
+    say_(fmt::format("checkpoint {} waited {:.2f} s for the save of {} still in flight (one save at a time)", name,
+                     w.commit_s, checkpoint::checkpoint_name(w.step)));
+    report_saved(w.step, w.result, "in the background", w.commit_s);
+    rec.wait_s = w.commit_s;
+    checkpoint_wait_ += w.commit_s;
+  }
+  rec.staged = s.staged;
+  rec.stall_s = s.stall_s - rec.wait_s;
+  rec.staging_bytes = s.staging_bytes;
+  summary_.checkpoints.push_back(rec);
+  checkpoint_stall_ += s.stall_s;
+  if (s.staged) {
+    say_(fmt::format("checkpoint {}: {} staged in {:.3f} s (host staging buffers {}), writing in the background",
+                     name, format_bytes(s.state_bytes), s.stage_s, format_bytes(s.staging_bytes)));
+  } else {
+    warn_(fmt::format("checkpoint {} was written before training went on: {}", name, s.not_staged));
+  }
+  return s.path;
+}
+
+// After each step of run(): commits a background save whose writers all ended.
+void Trainer::Impl::poll_save() {
+  if (async_) report_commit(async_->poll(*scalars_));
+}
+
+void Trainer::Impl::finish_saves() {
+  if (async_) report_commit(async_->finish(*scalars_));
+}
+
+// The save in flight is the newest record; its commit held training commit_s.
+void Trainer::Impl::report_commit(const std::optional<checkpoint::AsyncCommit>& c) {
+  if (!c) return;
+  report_saved(c->step, c->result, "in the background", c->commit_s);
+  checkpoint_stall_ += c->commit_s;
+  summary_.checkpoints.back().stall_s += c->commit_s;
+}
+
+// A committed save: its log line (`how` and `held_s`, how long its commit
+// held training, for a background save), its record, the pruned checkpoints.
+void Trainer::Impl::report_saved(int64_t step, const checkpoint::SaveResult& r, const std::string& how,
+                                 double held_s) {
+  const std::string extra =
+      how.empty() ? std::string()
+                  : fmt::format("; {}: its commit held training {:.3f} s, host staging buffers {}", how, held_s,
+                                format_bytes(async_ ? async_->staging_bytes() : 0));
+  say_(fmt::format("Saved checkpoint {} in {:.2f} s: {}, {:.2f} GB/s ({}){}", checkpoint::checkpoint_name(step),
+                   r.io.seconds, megabytes(r.io.bytes), r.io.gb_per_s(), o_.checkpoint.dir, extra));
   for (const auto& p : r.pruned) {
     say_(fmt::format("removed old checkpoint {} (--keep-last {})", p, o_.checkpoint.keep_last));
   }
   summary_.last_checkpoint = r.path;
-  saved_at_ = completed;
-  return r.path;
+  for (auto& c : summary_.checkpoints) {
+    if (c.step == step && !c.committed) {
+      c.committed = true;
+      c.seconds = r.io.seconds;
+      c.bytes = r.io.bytes;
+    }
+  }
+}
+
+// The names of `layout` for this model (checkpoint/dcp.h): ours, or torchtitan's Llama.
+checkpoint::DcpNames Trainer::Impl::dcp_names(checkpoint::DcpLayout layout) const {
+  if (layout == checkpoint::DcpLayout::kTorch) return {};
+  return checkpoint::torchtitan_llama_names(cfg_.num_attention_heads, cfg_.num_key_value_heads);
+}
+
+// --resume from a PyTorch distributed checkpoint at the top of --checkpoint-dir
+// (written by PyTorch: no fsdp-cpp metadata, so the step is PyTorch's
+// optimizer step and the run's flags are taken as they are).
+void Trainer::Impl::resume_from_dcp() {
+  checkpoint::DcpLoadOptions dl;
+  const checkpoint::DcpLayout layout = checkpoint::detect_dcp_layout(o_.checkpoint.dir);
+  dl.names = dcp_names(layout);
+  MetadataState model(checkpoint::kModelKey, model_state_);
+  MetadataState trainer(checkpoint::kTrainerKey, nullptr);
+  const checkpoint::DcpLoadResult r =
+      checkpoint::load_dcp(o_.checkpoint.dir, *sharded_, {&model, &trainer, opt_.get()}, *scalars_, dl);
+  if (!model.loaded().is_null()) {
+    const std::string diff = saved_model_mismatch(model.loaded(), cfg_, o_.checkpoint.dir);
+    FSDP_CHECK(diff.empty(), "checkpoint ", o_.checkpoint.dir, " was saved from another model (", diff, ")");
+  }
+  int64_t step = r.optimizer_step;
+  if (trainer.loaded().is_object() && trainer.loaded().contains("step")) step = trainer.loaded()["step"].get<int64_t>();
+  FSDP_CHECK(step >= 0, "the distributed checkpoint ", o_.checkpoint.dir, " holds no step count (no optimizer.state."
+             "<name>.step, no train_state.step); it cannot resume training: start from its weights with --init-from");
+  opt_->set_step_count(step);
+  resumed_ = true;
+  start_step_ = step;
+  summary_.resumed_from = o_.checkpoint.dir;
+  say_(fmt::format("Resumed from the distributed checkpoint {} (step {}, {} layout): {} in {:.2f} s, {:.2f} GB/s",
+                   o_.checkpoint.dir, step, layout == checkpoint::DcpLayout::kTorch ? "torch" : "torchtitan",
+                   megabytes(r.io.bytes), r.io.seconds,
+                   r.io.gb_per_s()));
 }
 
 void Trainer::Impl::export_hf() {
@@ -345,12 +492,13 @@ TrainSummary Trainer::Impl::run() {
     const bool last = completed == o_.step.max_steps;
     // Evaluation and checkpoint time is left out of the next Speed figure.
     const auto extra_start = Clock::now();
+    poll_save();  // a background save's writer error surfaces here, on every rank
     if (data_.validation && o_.eval.every > 0 && (completed % o_.eval.every == 0 || last)) {
       evaluate(o_.eval.max_windows);
     }
     if (!o_.checkpoint.dir.empty() &&
         ((o_.checkpoint.every > 0 && completed % o_.checkpoint.every == 0) || last || stop_)) {
-      save();
+      start_save();
     }
     interval_start_ += Clock::now() - extra_start;
     if (tracer_.tracing() && (tracer_.due_to_finish(completed) || last || stop_)) finish_trace();
@@ -362,6 +510,7 @@ TrainSummary Trainer::Impl::run() {
       break;
     }
   }
+  finish_saves();  // the end of training and SIGTERM wait for the save in flight
   loader_->stop();
   if (summary_.stop_reason != 0) {
     say_(fmt::format("stopped by {} after {} steps: {}", signal_name(summary_.stop_reason), summary_.end_step,

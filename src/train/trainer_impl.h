@@ -11,6 +11,8 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/checkpoint/async_save.h"
+#include "fsdp/checkpoint/dcp.h"
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/data/loader.h"
@@ -42,9 +44,14 @@ class Trainer::Impl {
   Impl& operator=(const Impl&) = delete;
 
   void restore();
+  void resume_from_dcp();  // --resume from a PyTorch distributed checkpoint at the top of --checkpoint-dir
+  checkpoint::DcpNames dcp_names(checkpoint::DcpLayout layout) const;  // this model's names of a DCP layout
   StepRecord train_step();
   EvalRecord evaluate(int64_t max_windows);
   std::string save();
+  std::string start_save();  // run()'s save: with checkpoint.async it returns once staged
+  void poll_save();          // after each step: commits a background save whose writers ended
+  void finish_saves();       // waits for a save in flight and commits it
   void export_hf();
   TrainSummary run();
 
@@ -65,6 +72,8 @@ class Trainer::Impl {
   void check_unsharded_contract(int64_t step, const UnshardedMemory& unsharded);
   void finish_trace();
   int agree_stop_reason();
+  void report_saved(int64_t step, const checkpoint::SaveResult& r, const std::string& how, double held_s);
+  void report_commit(const std::optional<checkpoint::AsyncCommit>& c);
   void require_restored(const char* method) const;
 
   const TrainOptions o_;
@@ -102,8 +111,11 @@ class Trainer::Impl {
   // the engine's alone.
   comm::ProcessGroupPtr scalars_;
   std::unique_ptr<optim::ShardedGradScaler> scaler_;  // null without loss scaling
+  // checkpoint.async: the save in flight (Note [Asynchronous save]); null
+  // otherwise. Its writer thread ends before the members above go.
+  std::unique_ptr<checkpoint::AsyncCheckpointer> async_;
   TrainSummary summary_;
-  nlohmann::json model_config_;
+  nlohmann::json model_state_;  // the model family's checkpoint metadata (model_build.h model_state)
   // Note [Export extras]: what --export-hf adds, recorded in every checkpoint.
   nlohmann::json hf_extras_;
 
@@ -112,6 +124,9 @@ class Trainer::Impl {
   int64_t start_step_ = 0;  // where restore() started
   int64_t step_ = 0;        // completed steps
   int64_t saved_at_ = -1;   // the step of the newest checkpoint in checkpoint.dir of this run, -1: none
+  // Checkpoint saves since the previous logged step (StepRecord::checkpoint_stall_s, _wait_s).
+  double checkpoint_stall_ = 0;
+  double checkpoint_wait_ = 0;
   std::unique_ptr<data::BackgroundLoader> loader_;  // from begin_training()
   // The interval since the previous logged step, which its Speed and ETA cover.
   Clock::time_point interval_start_;

@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <limits>
 
+#include "fsdp/checkpoint/dcp.h"
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/checkpoint/peft.h"
@@ -66,20 +67,37 @@ void validate_lora(const TrainOptions& o, const models::LlamaConfig& cfg) {
 // whole units, so the files do not depend on them.
 models::LlamaConfig validate_conversion(const TrainOptions& o, int world_size, const models::LlamaConfig* resolved) {
   worker_device(device_name(o.device), /*local_rank=*/0);
-  const char* what = "converting a checkpoint to Hugging Face files (fsdp-train convert)";
+  const char* what = "converting a checkpoint (fsdp-train convert)";
+  const bool any_target =
+      !o.hf.export_dir.empty() || !o.checkpoint.export_dcp.empty() || !o.checkpoint.export_checkpoint.empty();
   std::string missing;
-  for (const auto& [absent, flag] : {std::pair<bool, const char*>{o.checkpoint.dir.empty(), "--checkpoint-dir DIR"},
-                                     {o.hf.export_dir.empty(), "--export-hf OUT"}}) {
-    if (absent) missing += std::string(missing.empty() ? "" : ", ") + flag;
-  }
-  FSDP_CHECK(missing.empty(), what, " needs --checkpoint-dir DIR --export-hf OUT (missing: ", missing, ")");
+  if (o.checkpoint.dir.empty()) missing = "--checkpoint-dir DIR";
+  if (!any_target) missing += std::string(missing.empty() ? "" : ", ") + "--export-hf OUT (or --export-dcp OUT, --export-checkpoint OUT)";
+  FSDP_CHECK(missing.empty(), what, " needs --checkpoint-dir DIR and a target: --export-hf OUT, --export-dcp OUT or "
+             "--export-checkpoint OUT (missing: ", missing, ")");
   FSDP_CHECK(o.hf.init_from.empty(), what, ": the weights come from the checkpoint, so --init-from ",
              o.hf.init_from, " has no use — leave it out (the run's --init-from files are carried over from the "
              "checkpoint's record)");
   FSDP_CHECK(std::filesystem::is_directory(o.checkpoint.dir), "--checkpoint-dir ", o.checkpoint.dir,
              " is not a directory holding checkpoints");
-  check_export_target(o);
-  checkpoint::hf_dtype_name(o.hf.export_dtype);  // float32, bfloat16 or float16, else UsageError
+  if (!o.hf.export_dir.empty()) {
+    check_export_target(o);
+    checkpoint::hf_dtype_name(o.hf.export_dtype);  // float32, bfloat16 or float16, else UsageError
+  }
+  checkpoint::parse_dcp_layout(o.checkpoint.dcp_layout, "--dcp-layout");
+  checkpoint::parse_dcp_format(o.checkpoint.dcp_format, "--dcp-format");
+  if (!o.checkpoint.export_dcp.empty()) {
+    std::error_code ec;
+    const std::filesystem::path out(o.checkpoint.export_dcp);
+    FSDP_CHECK(!std::filesystem::exists(out, ec) || (std::filesystem::is_directory(out, ec) &&
+                                                     std::filesystem::is_empty(out, ec)) ||
+                   checkpoint::is_owned_directory(out.string()),
+               "--export-dcp ", out.string(), " exists and is not empty; choose a new directory");
+  }
+  if (!o.checkpoint.export_checkpoint.empty()) {
+    checkpoint::check_writable(o.checkpoint.export_checkpoint, "--export-checkpoint", /*directory=*/true);
+    checkpoint::check_checkpoint_dir(o.checkpoint.export_checkpoint);
+  }
   check_engine_options(o, world_size);
   models::LlamaConfig cfg = resolved != nullptr ? *resolved : resolve_model_config(o);
   validate_lora(o, cfg);
@@ -136,6 +154,10 @@ void validate_optimizer(const TrainOptions& o) {
 
 // --checkpoint-dir, --checkpoint-every, --keep-last, --resume.
 void validate_checkpoints(const TrainOptions& o) {
+  FSDP_CHECK(o.checkpoint.format == "sharded" || o.checkpoint.format == "dcp", "--checkpoint-format '",
+             o.checkpoint.format, "': expected sharded or dcp");
+  checkpoint::parse_dcp_layout(o.checkpoint.dcp_layout, "--dcp-layout");
+  checkpoint::parse_dcp_format(o.checkpoint.dcp_format, "--dcp-format");
   FSDP_CHECK(o.checkpoint.every >= 0, "--checkpoint-every must be >= 0 (0: only at the end), got ", o.checkpoint.every);
   FSDP_CHECK(o.checkpoint.keep_last >= 0, "--keep-last must be >= 0 (0: keep all), got ", o.checkpoint.keep_last);
   if (o.checkpoint.dir.empty()) {
@@ -238,7 +260,12 @@ models::LlamaConfig validate_options(const TrainOptions& o, int world_size, cons
   FSDP_CHECK(o.sharding.hybrid_shard_size >= 0, "--hybrid-shard-size must be >= 1 (or 0 for LOCAL_WORLD_SIZE), got ",
              o.sharding.hybrid_shard_size);
   validate_checkpoints(o);
-  if (!o.hf.init_from.empty()) {
+  if (!o.hf.init_from.empty() && checkpoint::is_dcp_dir(o.hf.init_from)) {
+    // A PyTorch distributed checkpoint: its weights; the model is --model (or a config.json beside them).
+    FSDP_CHECK(o.model != o.hf.init_from || std::filesystem::exists(std::filesystem::path(o.hf.init_from) / "config.json"),
+               "--init-from ", o.hf.init_from, " is a PyTorch distributed checkpoint without config.json: name its "
+               "model with --model (a preset, a config.json or a Hugging Face directory)");
+  } else if (!o.hf.init_from.empty()) {
     checkpoint::find_hf_weights(o.hf.init_from);
     FSDP_CHECK(std::filesystem::exists(std::filesystem::path(o.hf.init_from) / "config.json"), "--init-from ",
                o.hf.init_from, " has no config.json (a Hugging Face model directory has config.json and "

@@ -21,7 +21,8 @@ bool same(const MixedPrecision& a, const MixedPrecision& b) {
 
 TEST(TrainFlags, DefaultsAreTheTrainOptionsDefaults) {
   train::TrainOptions parsed;
-  parsed.hf.export_dir = "out";  // so that --export-shard-size is read too
+  parsed.hf.export_dir = "out";   // so that --export-shard-size is read too
+  parsed.checkpoint.async = true;  // and --checkpoint-staging-limit
   apply_train_flags(TrainFlags{}, parsed);
   const train::TrainOptions defaults;
   EXPECT_EQ(parsed.device, defaults.device);
@@ -32,6 +33,7 @@ TEST(TrainFlags, DefaultsAreTheTrainOptionsDefaults) {
   EXPECT_EQ(parsed.sharding.loss_scaling, defaults.sharding.loss_scaling);
   EXPECT_EQ(parsed.hf.export_dtype, defaults.hf.export_dtype);
   EXPECT_EQ(parsed.hf.export_shard_bytes, defaults.hf.export_shard_bytes);
+  EXPECT_EQ(parsed.checkpoint.staging_limit, defaults.checkpoint.staging_limit);
 }
 
 TEST(TrainFlags, WordsGiveTheirValues) {
@@ -109,6 +111,20 @@ TEST(TrainFlags, ExportShardSizeIsReadOnlyWithAnExport) {
   flags.export_shard_size = "1MB";
   apply_train_flags(flags, o);
   EXPECT_EQ(o.hf.export_shard_bytes, 1'000'000);
+}
+
+// The same for --checkpoint-staging-limit, read only with --async-checkpoint.
+TEST(TrainFlags, StagingLimitIsReadOnlyWithAsyncCheckpoint) {
+  TrainFlags flags;
+  flags.checkpoint_staging_limit = "lots";
+  train::TrainOptions o;
+  apply_train_flags(flags, o);
+  EXPECT_EQ(o.checkpoint.staging_limit, train::TrainOptions{}.checkpoint.staging_limit);
+  o.checkpoint.async = true;
+  EXPECT_CONTAINS(usage_error_of([&] { apply_train_flags(flags, o); }), "--checkpoint-staging-limit 'lots'");
+  flags.checkpoint_staging_limit = "500MiB";
+  apply_train_flags(flags, o);
+  EXPECT_EQ(o.checkpoint.staging_limit, int64_t{500} << 20);
 }
 
 }  // namespace

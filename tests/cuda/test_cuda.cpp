@@ -30,6 +30,7 @@
 #include <optional>
 #include <thread>
 
+#include "fsdp/checkpoint/async_save.h"
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/comm/backends.h"
 #include "fsdp/comm/rendezvous.h"
@@ -393,6 +394,50 @@ TEST_F(Cuda, ACheckpointSavedFromTheDeviceLoadsOnTheCpuBitForBit) {
   // And it trains on.
   const double loss = step(cpu, tokens(2, 32, tiny_llama().vocab_size, 99, at::kCPU)).item<double>();
   EXPECT_TRUE(std::isfinite(loss));
+}
+
+// The same through an asynchronous save (Note [Asynchronous save]): the copy
+// staged at start() (page-locked host memory on CUDA) is what lands on disk
+// while two more steps change the state on the device.
+TEST_F(Cuda, AnAsyncSaveFromTheDeviceHoldsTheStateOfItsStart) {
+  const std::string dir = testing::temp_dir("cuda-async-ckpt");
+  std::vector<at::Tensor> saved, saved_moments;
+  {
+    auto pg = one_rank_group(device_, "async-save");
+    Llama m = sharded_llama(pg, device_, "bf16");
+    for (int s = 0; s < 3; ++s) step(m, tokens(2, 32, tiny_llama().vocab_size, 70 + s, device_));
+    auto host = one_rank_group(at::kCPU, "async-save-host");
+    MetadataState model(checkpoint::kModelKey,
+                        {{"config", nlohmann::json::parse(tiny_llama().to_hf_config_json())}});
+    MetadataState trainer(checkpoint::kTrainerKey, {{"step", 3}});
+    checkpoint::AsyncCheckpointer saver;
+    const checkpoint::AsyncStart started = saver.start(dir, 3, *m.sharded, {&model, &trainer, m.opt.get()}, *host, {});
+    EXPECT_TRUE(started.staged) << started.not_staged;
+    EXPECT_GT(started.staging_bytes, 0);
+    // Copies (on the CPU, cpu() would return the live tensors themselves).
+    for (const ShardRef& r : m.sharded->shards()) saved.push_back(r.param.cpu().clone());
+    for (const auto& slot : m.opt->slots()) saved_moments.push_back(slot.exp_avg_sq.cpu().clone());
+    for (int s = 3; s < 5; ++s) step(m, tokens(2, 32, tiny_llama().vocab_size, 70 + s, device_));
+    bool moved = false;
+    for (size_t i = 0; i < saved.size(); ++i) moved = moved || !m.sharded->shards()[i].param.cpu().equal(saved[i]);
+    EXPECT_TRUE(moved) << "two more steps left every shard as it was";
+    ASSERT_TRUE(saver.finish(*host).has_value());
+  }
+  auto cpu_pg = one_rank_group(at::kCPU, "async-load");
+  Llama cpu = sharded_llama(cpu_pg, at::kCPU, "bf16");
+  const checkpoint::LoadResult r = checkpoint::load_latest_checkpoint(dir, *cpu.sharded, cpu.opt.get(), *cpu_pg);
+  ASSERT_TRUE(r.loaded);
+  EXPECT_EQ(r.step, 3);
+  const std::vector<ShardRef> loaded = cpu.sharded->shards();
+  ASSERT_EQ(loaded.size(), saved.size());
+  for (size_t i = 0; i < saved.size(); ++i) {
+    EXPECT_TRUE(loaded[i].param.equal(saved[i])) << "shard " << i << " ('" << loaded[i].unit_name << "')";
+  }
+  ASSERT_EQ(cpu.opt->slots().size(), saved_moments.size());
+  for (size_t i = 0; i < saved_moments.size(); ++i) {
+    EXPECT_TRUE(cpu.opt->slots()[i].exp_avg_sq.equal(saved_moments[i])) << "second moment " << i;
+  }
+  EXPECT_EQ(cpu.opt->step_count(), 3);
 }
 
 }  // namespace

@@ -168,6 +168,51 @@ def manifest():
     out("checkpoint_manifest", "section_outside.json", json.dumps(bad))
 
 
+def dcp():
+    """A real PyTorch distributed checkpoint of a tiny model and optimizer (one process, no
+    process group), its .metadata re-pickled with fixed ids so the seeds do not change, and
+    items of its __0_0.distcp: a tensor chunk's torch.save archive and non-tensor values."""
+    import io
+    import pickle
+    import tempfile
+    import warnings
+    import torch
+    import torch.distributed.checkpoint as dcp_api
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(2, 3)).sum().backward()
+    opt.step()
+    msd, osd = get_state_dict(model, opt)
+    with tempfile.TemporaryDirectory() as d, warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        dcp_api.save({"model": msd, "optimizer": osd}, checkpoint_id=d, no_dist=True)
+        md = dcp_api.FileSystemReader(d).read_metadata()
+        md.storage_meta.checkpoint_id = "/ckpt"
+        md.storage_meta.save_id = "00000000-0000-4000-8000-000000000000"
+        md.storage_meta.load_id = None
+        out("dcp_metadata", "metadata_adamw", pickle.dumps(md, protocol=4))
+        out("dcp_metadata", "metadata_protocol2", pickle.dumps(md, protocol=2))
+        out("dcp_metadata", "metadata_protocol5", pickle.dumps(md, protocol=5))
+        data = open(os.path.join(d, "__0_0.distcp"), "rb").read()
+        for idx, info in md.storage_data.items():
+            item = data[info.offset:info.offset + info.length]
+            if idx.fqn == "model.0.weight":
+                out("dcp_item", "tensor_chunk", item)
+            elif idx.fqn == "optimizer.state.0.weight.step":
+                out("dcp_item", "tensor_scalar", item)
+            elif idx.fqn.endswith(".betas"):
+                out("dcp_item", "value_tuple", item)
+            elif idx.fqn.endswith(".params"):
+                out("dcp_item", "value_list", item)
+    # A near miss: a foreign class where a dataclass belongs.
+    out("dcp_metadata", "foreign_class", pickle.dumps(io.BytesIO(b"x"), protocol=4))
+    buf = io.BytesIO()
+    torch.save(torch.arange(6, dtype=torch.bfloat16).reshape(2, 3)[:, 1:], buf)  # not contiguous
+    out("dcp_item", "tensor_strided_bf16", buf.getvalue())
+
+
 def dataset():
     # Control byte: bits 0-1 format (auto, text, jsonl, bin), 2-3 name (.txt .jsonl .bin .json.gz),
     # 4 uint32, 5 BOS, 6 a directory split at NUL bytes (fuzz_dataset.cpp).
@@ -195,6 +240,7 @@ def main():
     tiktoken()
     hf_tokenizers()
     manifest()
+    dcp()
     dataset()
     for target in sorted(os.listdir(corpus)):
         files = os.listdir(os.path.join(corpus, target))

@@ -216,9 +216,8 @@ int run_checkpoint(const std::vector<std::string>& args, const comm::ProcessGrou
   FSDP_CHECK(args.size() == 3, kUsage);
   const auto list = checkpoint::list_checkpoints(args[0]);
   FSDP_CHECK(!list.empty(), "no checkpoint in ", args[0]);
-  std::ifstream in(list.front().path + "/manifest.json");
-  const nlohmann::json manifest = nlohmann::json::parse(in);
-  Loaded m = build(models::parse_hf_config(manifest.at("model_config").dump(), list.front().path), "fp32", world);
+  const nlohmann::json saved = checkpoint::read_checkpoint_state(list.front().path)->at(checkpoint::kModelKey);
+  Loaded m = build(models::parse_hf_config(saved.at("config").dump(), list.front().path), "fp32", world);
   const checkpoint::LoadResult r = checkpoint::load_latest_checkpoint(args[0], *m.sharded, nullptr, *world);
   FSDP_CHECK(r.loaded && r.path == list.front().path, "checkpoint ", list.front().path, " did not load");
   const checkpoint::SafetensorsFile batch(args[1]);

@@ -32,6 +32,14 @@ Rank 0 appends one JSON line per step to --metrics-file: step, loss, lr, grad_no
 step_time_s (from before zero_grad to after the loss all-reduce, the span fsdp-train's
 step_time_s covers), world_size.
 
+DCP (issue 36, tests/peers/dcp_roundtrip.py): --save-dcp DIR saves the model and optimizer with
+torch.distributed.checkpoint after --save-dcp-at steps (get_state_dict, then dcp.save of
+{"model": ..., "optimizer": ...}); --load-dcp DIR loads one before training (dcp.load, then
+set_state_dict) and trains from --start-step. --dcp-format safetensors saves and loads the model
+alone through HuggingFaceStorageWriter(save_distributed=True) / HuggingFaceStorageReader;
+--dcp-layout torchtitan saves as torchtitan's CheckpointManager lays a Llama out (its names,
+q/k rows in Meta's interleaved order, flatten_optimizer_state_dict) from full tensors.
+
 --profile-steps N: rank 0 runs steps [--profile-start, +N) under torch.profiler (CPU) and
 writes the operator table (self CPU time) to --profile-out.
 """
@@ -72,7 +80,96 @@ def parse_args(argv=None):
     p.add_argument("--profile-start", type=int, default=1)
     p.add_argument("--profile-out", default="")
     p.add_argument("--timeout-s", type=float, default=120, help="collective timeout")
+    p.add_argument("--save-dcp", default="", help="save a DCP checkpoint into this directory")
+    p.add_argument("--save-dcp-at", type=int, default=0, help="... after this many steps")
+    p.add_argument("--load-dcp", default="", help="load a DCP checkpoint before training")
+    p.add_argument("--start-step", type=int, default=0, help="the first step to train (after --load-dcp)")
+    p.add_argument("--dcp-format", choices=["torch_save", "safetensors"], default="torch_save")
+    p.add_argument("--dcp-layout", choices=["torch", "torchtitan"], default="torch")
     return p.parse_args(argv)
+
+
+# --- torchtitan's Llama layout (torchtitan/models/llama3: names; q/k rows in Meta's order) ---
+
+TITAN_LAYER = {"self_attn.q_proj.weight": "attention.wq.weight", "self_attn.k_proj.weight": "attention.wk.weight",
+               "self_attn.v_proj.weight": "attention.wv.weight", "self_attn.o_proj.weight": "attention.wo.weight",
+               "mlp.gate_proj.weight": "feed_forward.w1.weight", "mlp.down_proj.weight": "feed_forward.w2.weight",
+               "mlp.up_proj.weight": "feed_forward.w3.weight", "input_layernorm.weight": "attention_norm.weight",
+               "post_attention_layernorm.weight": "ffn_norm.weight"}
+
+
+def titan_name(hf):
+    top = {"model.embed_tokens.weight": "tok_embeddings.weight", "model.norm.weight": "norm.weight",
+           "lm_head.weight": "output.weight"}
+    if hf in top:
+        return top[hf]
+    parts = hf.split(".", 3)  # model, layers, N, rest
+    return f"layers.{parts[2]}.{TITAN_LAYER[parts[3]]}"
+
+
+def to_meta_rows(w, heads):
+    """Hugging Face's rotate_half rows of q/k per head -> Meta's interleaved pairs (the inverse
+    of transformers' convert_llama_weights_to_hf permute)."""
+    rows, cols = w.shape
+    return w.view(heads, 2, rows // heads // 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def from_meta_rows(w, heads):
+    rows, cols = w.shape
+    return w.view(heads, rows // heads // 2, 2, cols).transpose(1, 2).reshape(rows, cols)
+
+
+def titan_heads(hf, config):
+    if hf.endswith("self_attn.q_proj.weight"):
+        return config.num_attention_heads
+    if hf.endswith("self_attn.k_proj.weight"):
+        return config.num_key_value_heads
+    return 0
+
+
+def save_dcp(a, model, opt, config, step, torch, dcp, rank):
+    from torch.distributed.checkpoint.state_dict import (StateDictOptions, get_model_state_dict,
+                                                         get_optimizer_state_dict, get_state_dict)
+    if a.dcp_format == "safetensors":
+        from torch.distributed.checkpoint import HuggingFaceStorageWriter
+        dcp.save(get_model_state_dict(model), storage_writer=HuggingFaceStorageWriter(a.save_dcp, save_distributed=True))
+        return
+    if a.dcp_layout == "torch":
+        msd, osd = get_state_dict(model, opt)
+        dcp.save({"model": msd, "optimizer": osd}, checkpoint_id=a.save_dcp)
+        return
+    # torchtitan: full (replicated) tensors renamed and permuted; dcp.save writes each once.
+    full = StateDictOptions(full_state_dict=True, broadcast_from_rank0=False)
+    msd = get_model_state_dict(model, options=full)
+    osd = get_optimizer_state_dict(model, opt, options=StateDictOptions(full_state_dict=True,
+                                                                       flatten_optimizer_state_dict=True))
+    def convert(hf, t):
+        heads = titan_heads(hf, config)
+        return to_meta_rows(t, heads) if heads and t.dim() == 2 else t
+    model_sd = {titan_name(k): convert(k, v) for k, v in msd.items()}
+    opt_sd = {}
+    for k, v in osd.items():
+        kind, rest = k.split(".", 1)  # state.<fqn>.<x> or param_groups.<fqn>.<x>
+        fqn, x = rest.rsplit(".", 1)
+        opt_sd[f"{kind}.{titan_name(fqn)}.{x}"] = convert(fqn, v) if torch.is_tensor(v) else v
+    dcp.save({"model": model_sd, "optimizer": opt_sd,
+              "train_state": {"step": torch.tensor(step, dtype=torch.int32)}}, checkpoint_id=a.save_dcp)
+
+
+def load_dcp(a, model, opt, config, torch, dcp):
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_model_state_dict, set_state_dict
+    if a.dcp_format == "safetensors":
+        from torch.distributed.checkpoint import HuggingFaceStorageReader
+        from torch.distributed.checkpoint.state_dict import get_model_state_dict
+        msd = get_model_state_dict(model)
+        dcp.load(msd, storage_reader=HuggingFaceStorageReader(a.load_dcp))
+        set_model_state_dict(model, msd)
+        return
+    if a.dcp_layout != "torch":
+        raise peerlib.PeerError("--load-dcp reads the torch layout only")
+    msd, osd = get_state_dict(model, opt)
+    dcp.load({"model": msd, "optimizer": osd}, checkpoint_id=a.load_dcp)
+    set_state_dict(model, opt, model_state_dict=msd, optim_state_dict=osd)
 
 
 def load_sharded_weights(model, hf_dir, torch, distribute_tensor):
@@ -168,9 +265,15 @@ def main(argv=None):
     max_steps = a.max_steps or a.steps
     opt = torch.optim.AdamW(model.parameters(), lr=peerlib.lr_at(0, a.lr, a.min_lr, a.warmup_steps, max_steps),
                             betas=(a.beta1, a.beta2), eps=a.eps, weight_decay=a.weight_decay)
+    if a.load_dcp:
+        import torch.distributed.checkpoint as dcp
+        load_dcp(a, model, opt, config, torch, dcp)
     metrics = open(a.metrics_file, "a") if (rank == 0 and a.metrics_file) else None
     prof = None
-    for step in range(a.steps):
+    for step in range(a.start_step, a.steps):
+        if a.save_dcp and step == a.save_dcp_at:
+            import torch.distributed.checkpoint as dcp
+            save_dcp(a, model, opt, config, step, torch, dcp, rank)
         if rank == 0 and a.profile_steps > 0 and step == a.profile_start:
             prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU])
             prof.__enter__()
@@ -209,6 +312,9 @@ def main(argv=None):
             metrics.write(json.dumps({"step": step, "loss": loss_mean, "lr": lr, "grad_norm": float(norm),
                                       "step_time_s": step_time, "world_size": W}) + "\n")
             metrics.flush()
+    if a.save_dcp and a.save_dcp_at == a.steps:
+        import torch.distributed.checkpoint as dcp
+        save_dcp(a, model, opt, config, a.steps, torch, dcp, rank)
     if metrics is not None:
         metrics.close()
     dist.barrier()

@@ -13,6 +13,7 @@
 #include "fsdp/models/llama.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/train/trainer.h"
+#include "support/files.h"
 #include "support/multiproc.h"
 
 namespace fsdp {
@@ -99,6 +100,53 @@ TEST(Resume, IsBitExact) {
       EXPECT_EQ(second.steps[i].lr, straight.steps[10 + i].lr) << "step " << 10 + i;
     }
     EXPECT_EQ(second.last_checkpoint, dir + "/ckpt/step_00000020");
+  });
+}
+
+// --async-checkpoint (Note [Asynchronous save]): a run stopped at step 7
+// (checkpoints at 3, 6 and 7, written in the background while the next steps
+// run) leaves the same bytes as a synchronous run, in our format and DCP's,
+// and the resume from it continues bit for bit.
+TEST(Resume, FromAnAsyncSaveIsBitExact) {
+  const std::string dir = testing::temp_dir("resume-async");
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    const auto straight = train::train(options(2, 12), runtime_of(pg));
+    for (const std::string format : {"sharded", "dcp"}) {
+      for (const bool async : {false, true}) {
+        auto o = options(2, 12);
+        // Names of one length: DCP's .metadata holds the checkpoint's path, and the manifest its size.
+        o.checkpoint.dir = dir + "/" + format + (async ? "-asyn" : "-sync");
+        o.checkpoint.format = format;
+        o.checkpoint.async = async;
+        o.checkpoint.every = 3;
+        o.checkpoint.resume = true;
+        o.stop_requested = stop_after(7);
+        const auto first = train::train(o, runtime_of(pg));
+        EXPECT_EQ(first.end_step, 7);
+        ASSERT_EQ(first.checkpoints.size(), 3u) << format;
+        for (const auto& c : first.checkpoints) {
+          EXPECT_TRUE(c.committed) << format << " step " << c.step;
+          EXPECT_EQ(c.async, async);
+          EXPECT_EQ(c.staged, async) << "within the staging limit";
+          EXPECT_EQ(c.staging_bytes > 0, async);
+        }
+        EXPECT_EQ(first.last_checkpoint, o.checkpoint.dir + "/step_00000007");
+        o.stop_requested = nullptr;
+        const auto second = train::train(o, runtime_of(pg));
+        EXPECT_EQ(second.start_step, 7) << format;
+        ASSERT_EQ(second.steps.size(), 5u);
+        for (size_t i = 0; i < 5; ++i) {
+          EXPECT_EQ(second.steps[i].loss, straight.steps[7 + i].loss) << format << " step " << 7 + i;
+        }
+        EXPECT_EQ(second.last_checkpoint, o.checkpoint.dir + "/step_00000012");
+      }
+      pg.barrier(std::chrono::seconds(60));
+      if (pg.rank() == 0) {
+        for (const char* step : {"/step_00000006", "/step_00000007", "/step_00000012"}) {
+          testing::expect_same_files(dir + "/" + format + "-sync" + step, dir + "/" + format + "-asyn" + step);
+        }
+      }
+    }
   });
 }
 

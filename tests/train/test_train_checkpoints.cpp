@@ -54,6 +54,27 @@ void expect_no_leftovers(const std::string& marker) {
   EXPECT_EQ(c.output.find_first_of("0123456789"), std::string::npos) << "left behind: " << c.output;
 }
 
+// What identifies the processes of a run of `max_steps` at 2 processes into DIR/ckpt (for pgrep).
+std::string run_marker(const std::string& dir, int max_steps) {
+  return "max-steps " + std::to_string(max_steps) + " --nproc-per-node 2 --checkpoint-dir " + dir;
+}
+
+// fsdp-train for `max_steps` at 2 processes with --checkpoint-dir DIR/ckpt and `extra`, its output in
+// DIR/log; SIGTERM to rank 1 once step 3 is logged. Returns the script's output ("launcher exit N").
+Command sigterm_rank_1(const std::string& dir, int max_steps, const std::string& extra) {
+  {
+    std::ofstream sh(dir + "/run.sh");
+    sh << "set -u\n" << find_rank_fn()
+       << flags(max_steps) << " --nproc-per-node 2 --checkpoint-dir " << dir << "/ckpt" << extra << " > " << dir
+       << "/log 2>&1 &\n"
+       << "L=$!\n"
+       << "for i in $(seq 1 600); do grep -q 'Batch 3 Loss' " << dir << "/log && break; sleep 0.1; done\n"
+       << "kill -TERM $(rank_pid '" << run_marker(dir, max_steps) << "' 1)\n"
+       << "wait $L; echo \"launcher exit $?\"\n";
+  }
+  return run_command("bash " + dir + "/run.sh", 120);
+}
+
 }  // namespace
 
 // SIGTERM to ONE worker (signals reach ranks at different times): every rank
@@ -62,17 +83,8 @@ void expect_no_leftovers(const std::string& marker) {
 // stops the run after the step with exit code 143 and says nothing was saved.
 TEST(TrainCli, SigtermSavesACheckpointAndResumeContinues) {
   const std::string dir = testing::temp_dir("cli-sigterm");
-  const std::string marker = "max-steps 400 --nproc-per-node 2 --checkpoint-dir " + dir;
-  {
-    std::ofstream sh(dir + "/run.sh");
-    sh << "set -u\n" << find_rank_fn()
-       << flags(400) << " --nproc-per-node 2 --checkpoint-dir " << dir << "/ckpt > " << dir << "/log 2>&1 &\n"
-       << "L=$!\n"
-       << "for i in $(seq 1 600); do grep -q 'Batch 3 Loss' " << dir << "/log && break; sleep 0.1; done\n"
-       << "kill -TERM $(rank_pid '" << marker << "' 1)\n"
-       << "wait $L; echo \"launcher exit $?\"\n";
-  }
-  Command c = run_command("bash " + dir + "/run.sh", 120);
+  const std::string marker = run_marker(dir, 400);
+  Command c = sigterm_rank_1(dir, 400, "");
   const std::string log = read_file(dir + "/log");
   EXPECT_NE(c.output.find("launcher exit 0"), std::string::npos) << c.output << log;
   std::smatch m;
@@ -113,15 +125,19 @@ TEST(TrainCli, SigtermSavesACheckpointAndResumeContinues) {
 // temporary directory exists and the checkpoint is not yet complete, then
 // killed): the half-written directory is never taken for a checkpoint; the
 // resume removes it and continues from the previous complete checkpoint.
-TEST(TrainCli, CrashDuringASaveKeepsThePreviousCheckpoint) {
-  const std::string dir = testing::temp_dir("cli-crash");
+// `extra`: more flags (--async-checkpoint: the save's writer thread runs
+// beside the next step, which the commit follows).
+namespace {
+
+void crash_during_a_save(const std::string& tag, const std::string& extra) {
+  const std::string dir = testing::temp_dir(tag);
   const std::string ck = dir + "/ckpt";
   const std::string marker = "max-steps 100000 --nproc-per-node 2 --checkpoint-dir " + ck;
   {
     std::ofstream sh(dir + "/run.sh");
     sh << "set -u\nshopt -s nullglob\n" << find_rank_fn()
-       << flags(100000) << " --nproc-per-node 2 --checkpoint-dir " << ck << " --checkpoint-every 1 > " << dir
-       << "/log 2>&1 &\n"
+       << flags(100000) << " --nproc-per-node 2 --checkpoint-dir " << ck << " --checkpoint-every 1" << extra << " > "
+       << dir << "/log 2>&1 &\n"
        << "L=$!\n"
        << "for i in $(seq 1 600); do grep -q 'Batch 2 Loss' " << dir << "/log && break; sleep 0.1; done\n"
        << "R1=$(rank_pid '" << marker << "' 1)\n"
@@ -147,9 +163,13 @@ TEST(TrainCli, CrashDuringASaveKeepsThePreviousCheckpoint) {
   std::snprintf(prev, sizeof(prev), "step_%08d", n - 1);
   EXPECT_TRUE(fs::exists(ck + "/" + tmp)) << "the interrupted save's directory";
   EXPECT_FALSE(fs::exists(ck + "/" + std::string(tmp).substr(5))) << "an incomplete checkpoint became visible";
+  EXPECT_TRUE(fs::exists(ck + "/" + prev + "/manifest.json")) << "the previous checkpoint";
+  if (!extra.empty()) {  // the saves before the kill did go to the background
+    EXPECT_NE(log.find("writing in the background"), std::string::npos) << log;
+  }
   expect_no_leftovers(marker);
 
-  Command r = run_command(flags(n + 1) + " --nproc-per-node 2 --checkpoint-dir " + ck + " --resume", 120);
+  Command r = run_command(flags(n + 1) + " --nproc-per-node 2 --checkpoint-dir " + ck + " --resume" + extra, 120);
   EXPECT_EQ(r.exit_code, 0) << r.output;
   EXPECT_NE(r.output.find("removed " + ck + "/" + tmp + ", left by an interrupted save"), std::string::npos)
       << r.output;
@@ -158,6 +178,70 @@ TEST(TrainCli, CrashDuringASaveKeepsThePreviousCheckpoint) {
   char last[32];
   std::snprintf(last, sizeof(last), "step_%08d", n + 1);
   EXPECT_TRUE(fs::exists(ck + "/" + last + "/manifest.json"));
+}
+
+}  // namespace
+
+TEST(TrainCli, CrashDuringASaveKeepsThePreviousCheckpoint) { crash_during_a_save("cli-crash", ""); }
+
+TEST(TrainCli, CrashDuringAnAsyncSaveKeepsThePreviousCheckpoint) {
+  crash_during_a_save("cli-crash-async", " --async-checkpoint");
+}
+
+// --async-checkpoint: SIGTERM to one worker; the save of the stopping step
+// goes to the background and the run waits for it before exiting 0.
+TEST(TrainCli, SigtermWaitsForTheAsyncSaveInFlight) {
+  const std::string dir = testing::temp_dir("cli-sigterm-async");
+  const std::string marker = run_marker(dir, 401);
+  Command c = sigterm_rank_1(dir, 401, " --checkpoint-every 1 --async-checkpoint --metrics-file " + dir + "/m.jsonl");
+  const std::string log = read_file(dir + "/log");
+  EXPECT_NE(c.output.find("launcher exit 0"), std::string::npos) << c.output << log;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("stopped by SIGTERM after (\\d+) steps"))) << log;
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08d", std::stoi(m[1].str()));
+  EXPECT_TRUE(fs::exists(dir + "/ckpt/" + name + "/manifest.json")) << log;
+  const size_t saved = log.find(std::string("Saved checkpoint ") + name);
+  EXPECT_NE(saved, std::string::npos) << log;
+  EXPECT_LT(saved, log.find("stopped by SIGTERM")) << log;
+  EXPECT_NE(log.find("writing in the background"), std::string::npos) << log;
+  EXPECT_NE(log.find("its commit held training"), std::string::npos) << log;
+  // Every step record says what the saves since the previous one cost; the
+  // staging buffers, once made, stay (reused by the next save).
+  const auto records = read_metrics(dir + "/m.jsonl");
+  ASSERT_GE(records.size(), 3u) << log;
+  for (size_t i = 1; i < records.size(); ++i) {
+    EXPECT_GE(records[i].value("checkpoint_stall_s", -1.0), 0.0) << records[i].dump();
+    EXPECT_GE(records[i].value("checkpoint_wait_s", -1.0), 0.0) << records[i].dump();
+    EXPECT_GT(records[i].value("checkpoint_staging_bytes", int64_t{0}), 0) << records[i].dump();
+  }
+  expect_no_leftovers(marker);
+}
+
+// --async-checkpoint: a writer that fails (a file size limit: write() returns
+// EFBIG) stops the run at the next step, or at the end, with exit code 1 and
+// the error; nothing is left that looks like a checkpoint.
+TEST(TrainCli, AsyncSaveErrorsStopTheRun) {
+  const std::string dir = testing::temp_dir("cli-async-error");
+  const std::string limited = "trap '' XFSZ; ulimit -f 16; exec ";  // 16 KiB per file; SIGXFSZ ignored
+  struct Case {
+    int max_steps;
+    const char* every;
+    const char* after;  // the step line the error follows
+  };
+  for (const Case k : {Case{5, " --checkpoint-every 2", "Batch 2 Loss"}, Case{2, "", "Batch 1 Loss"}}) {
+    const std::string ck = dir + "/ckpt" + std::to_string(k.max_steps);
+    Command r = run_command("bash -c \"" + limited + flags(k.max_steps) + " --checkpoint-dir " + ck + k.every +
+                            " --async-checkpoint\"", 120);
+    EXPECT_EQ(r.exit_code, 1) << r.output;
+    const size_t error = r.output.find("saving checkpoint " + ck + "/step_00000002 failed");
+    EXPECT_NE(error, std::string::npos) << r.output;
+    EXPECT_NE(r.output.find("File too large"), std::string::npos) << r.output;
+    EXPECT_LT(r.output.find(k.after), error) << r.output;
+    for (const auto& e : fs::directory_iterator(ck)) {
+      EXPECT_NE(e.path().filename().string().rfind("step_", 0), 0u) << e.path() << " after a failed save";
+    }
+  }
 }
 
 // --keep-last prunes; a corrupted file in the newest checkpoint is reported by

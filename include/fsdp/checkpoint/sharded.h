@@ -34,6 +34,13 @@
 // was renamed into place (each is first renamed to .del-step_N, so a crash
 // never leaves a half-deleted step_N).
 //
+// What is saved (Note [State seam], common/state.h): the model's shards and
+// the state slots and metadata of the StateOwners the caller passes (the
+// optimizer, the model family's configuration, the trainer's counters). This
+// file names no optimizer class and no model family: every owner's slots are
+// sections of the shard files, named by their kind, and its metadata is
+// manifest.json's "state"[key].
+//
 // Who writes: one file per shard of the padded flat parameters. Shard groups
 // of size S give S files; HYBRID_SHARD's replicas hold identical shards, so
 // only replicate rank 0 (the first shard group) writes; NO_SHARD writes one
@@ -45,12 +52,13 @@
 // each `shard_numel` elements of the padded flat index space, starting at
 // flat index shard_index * shard_numel (padding included; it is zero).
 //
-// manifest.json (format "fsdp-cpp/sharded-checkpoint", version 1):
+// manifest.json (format "fsdp-cpp/sharded-checkpoint", version 2):
 //   { "format", "version", "step",
-//     "model_config": {Hugging Face config.json fields},
 //     "world_size", "shard_group_size", "replicate_group_size", "strategy",
-//     "optimizer": {"type": "AdamW", "step": t, "options": {...}},
-//     "trainer_state": {... what the caller passed: step, seed, data position, schedule ...},
+//     "state": {owner key: its state_metadata(), e.g.
+//               "model": {"family": "llama", "config": {Hugging Face config.json fields}},
+//               "optimizer": {"type": "AdamW", "step": t, "options": {...}},
+//               "trainer": {step, seed, data position, schedule, ...}},
 //     "units": [ {"name", "numel", "padded_numel", "shard_numel",
 //                 "params": [ {"name", "shape", "flat_offset", "numel"} ]} ],
 //     "checksum": {"algorithm": "crc32c", "block_size": 1048576},
@@ -58,6 +66,11 @@
 //                 "block_crc32c": base64 of the little-endian uint32 CRC-32C of
 //                                 each block_size bytes of the file (the last may be short),
 //                 "sections": [ {"unit", "kind", "dtype", "flat_begin", "numel", "offset"} ]} ] }
+//
+// Version 1 (written before the state seam) is read as version 2: its
+// "model_config" is state "model" {"family": "llama", "config": ...}, its
+// "optimizer" state "optimizer", its "trainer_state" state "trainer"; its
+// sections (param, exp_avg, exp_avg_sq, compensation) are those of version 2.
 //
 // Loading (Note [Resharding on load]): for every parameter, the part that
 // falls in this rank's new shard range is one contiguous element range; in the
@@ -93,8 +106,8 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/json_value.h"
+#include "fsdp/common/state.h"
 #include "fsdp/fsdp.h"
-#include "fsdp/optim/adamw.h"
 
 namespace fsdp::checkpoint {
 
@@ -157,6 +170,9 @@ struct IoStats {
   double gb_per_s() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
 };
 
+struct DcpSaveOptions;  // how a DCP directory is written (checkpoint/dcp.h)
+struct DcpNames;        // another program's parameter names (checkpoint/dcp.h)
+
 // How save_checkpoint saves.
 struct SaveOptions {
   // > 0: afterwards keep only the newest K complete checkpoints up to this
@@ -164,6 +180,11 @@ struct SaveOptions {
   int keep_last = 0;
   bool progress = false;          // progress bar on stderr for long saves (the caller checks isatty, rank 0)
   int64_t block_size = 1 << 20;   // checksum granularity, bytes
+  // Non-null: step_N is a PyTorch distributed checkpoint (dcp.h) that
+  // torch.distributed.checkpoint.load reads as it is, beside manifest.json
+  // (the step, the owners' metadata, the units, each DCP file's size), under
+  // the same commit protocol, keep_last and damage fallback.
+  const DcpSaveOptions* dcp = nullptr;
 };
 
 // What save_checkpoint did.
@@ -173,19 +194,32 @@ struct SaveResult {
   std::vector<std::string> pruned;  // checkpoints deleted by keep_last
 };
 
-// Saves the model's shards and the optimizer's state (optimizer may be null:
-// parameters only) as checkpoint `step` in `dir` (created if missing). The
-// manifest records `model_config` and `trainer_state` as given. Collective
-// over `group`, whose rank 0 commits; group must span the model's world.
-// Requires: no forward/backward in progress. Throws Failure (on every rank)
-// if any rank fails; the previous checkpoints are then untouched.
-SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& model, optim::AdamW* optimizer,
+// The key of the model family's metadata ({"family", "config"}) in a checkpoint.
+inline constexpr const char* kModelKey = "model";
+// The key of the trainer's metadata (its counters and data position); the optimizer's is "optimizer".
+inline constexpr const char* kTrainerKey = "trainer";
+
+// Saves the model's shards and the owners' slots and metadata as checkpoint
+// `step` in `dir` (created if missing). Owners' keys and slot kinds must
+// differ (UsageError). Collective over `group`, whose rank 0 commits; group
+// must span the model's world. Requires: no forward/backward in progress.
+// Throws Failure (on every rank) if any rank fails; the previous checkpoints
+// are then untouched.
+SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& model,
+                           const std::vector<StateOwner*>& owners, comm::ProcessGroup& group,
+                           const SaveOptions& options = {});
+// The same with three owners: `optimizer` (may be null: parameters only),
+// "model" {"config": model_config} and "trainer" `trainer_state`.
+SaveResult save_checkpoint(const std::string& dir, int64_t step, ShardedModel& model, StateOwner* optimizer,
                            const nlohmann::json& model_config, const nlohmann::json& trainer_state,
                            comm::ProcessGroup& group, const SaveOptions& options = {});
 
 // How load_checkpoint loads.
 struct LoadOptions {
   bool progress = false;  // progress bar on stderr for long loads
+  // The torchtitan names of the model (dcp.h), for a DCP-format checkpoint
+  // saved with that layout (its manifest says which); null: none at hand.
+  const DcpNames* dcp_names = nullptr;
 };
 
 // What load_checkpoint or load_latest_checkpoint loaded.
@@ -193,8 +227,11 @@ struct LoadResult {
   bool loaded = false;      // false: nothing was loaded (load_latest_checkpoint found no checkpoint)
   int64_t step = -1;        // the checkpoint's step (optimizer steps done)
   std::string path;         // its directory
-  JsonValue manifest;       // model_config, trainer_state, ...
-  JsonValue trainer_state;  // {} when the manifest has none
+  JsonValue manifest;       // manifest.json as saved (any version)
+  JsonValue state;          // every owner's saved metadata by key (version 1 translated), {} when none
+  JsonValue trainer_state;  // state "trainer"; {} when the checkpoint has none
+  // state[key], or null when the checkpoint has none for `key`.
+  nlohmann::json saved(const std::string& key) const;
   IoStats io;               // bytes read by all ranks, and the time
   // Newer checkpoints skipped as damaged, one line each ("step_00000020: file
   // shard-00001-of-00002.bin: ..."), the same on every rank.
@@ -202,16 +239,31 @@ struct LoadResult {
 };
 
 // Loads checkpoint directory `path` into the model's shards (every element,
-// padding zeroed) and the optimizer's state and step count (optimizer may be
-// null). Collective. DamagedCheckpoint / UsageError as described above.
-LoadResult load_checkpoint(const std::string& path, ShardedModel& model, optim::AdamW* optimizer,
+// padding zeroed) and the owners' slots (required kinds must be in the
+// checkpoint for every parameter, others it lacks are zeroed), then hands
+// each owner its saved metadata (load_state_metadata; null when absent), which
+// may refuse it (UsageError). Collective. DamagedCheckpoint / UsageError as
+// described above.
+LoadResult load_checkpoint(const std::string& path, ShardedModel& model, const std::vector<StateOwner*>& owners,
+                           comm::ProcessGroup& group, const LoadOptions& options = {});
+// With the optimizer (may be null) as the only owner with slots.
+LoadResult load_checkpoint(const std::string& path, ShardedModel& model, StateOwner* optimizer,
                            comm::ProcessGroup& group, const LoadOptions& options = {});
 
 // The newest complete checkpoint in `dir` that loads without damage; damaged
 // ones are skipped (listed in `rejected`). loaded == false when `dir` holds no
 // checkpoint. Throws Failure when there are checkpoints but every one is damaged
 // (the model's state is then unspecified). Collective.
-LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model, optim::AdamW* optimizer,
+LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model,
+                                  const std::vector<StateOwner*>& owners, comm::ProcessGroup& group,
+                                  const LoadOptions& options = {});
+// With the optimizer (may be null) as the only owner with slots.
+LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model, StateOwner* optimizer,
                                   comm::ProcessGroup& group, const LoadOptions& options = {});
+
+// The owners' metadata saved in checkpoint directory `path` (state, as in
+// LoadResult), read from its manifest without loading anything else. Throws
+// DamagedCheckpoint for an unreadable or damaged manifest.
+JsonValue read_checkpoint_state(const std::string& path);
 
 }  // namespace fsdp::checkpoint

@@ -39,6 +39,7 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/common/state.h"
 #include "fsdp/fsdp.h"
 
 namespace torch::nn {
@@ -115,7 +116,13 @@ ParamRule decay_everything();
 // The optimizer: a list of slots (a tensor, its gradient, its moments), all
 // updated by step(). Sharded training adds the model's local shards
 // (add_shards): each rank updates only its shards, with no communication.
-class AdamW {
+//
+// Checkpointed state (Note [State seam], common/state.h): key "optimizer";
+// slots exp_avg, exp_avg_sq (and compensation, not required) per tensor;
+// metadata {"type": "AdamW", "step": t, "options": {lr, beta1, beta2, eps,
+// weight_decay}, "torch": torch.optim.AdamW's param group}. Loading restores
+// the step count and refuses another type.
+class AdamW : public StateOwner {
  public:
   // No slots yet: add them with add, add_shards or add_module_parameters.
   explicit AdamW(AdamWOptions options);
@@ -163,6 +170,15 @@ class AdamW {
   // For checkpoints: state tensors may be read and overwritten in place.
   std::vector<Slot>& slots() { return slots_; }
   void set_step_count(int64_t s) { step_ = s; }  // for checkpoints: the restored step count
+
+  // StateOwner (above): key "optimizer".
+  std::string state_key() const override { return "optimizer"; }
+  // exp_avg, exp_avg_sq (and compensation, not required) of every slot.
+  std::vector<StateSlot> state_slots() override;
+  // {"type": "AdamW", "step", "options", "torch"} (above).
+  nlohmann::json state_metadata() const override;
+  // Restores the step count; UsageError for another optimizer's metadata or none.
+  void load_state_metadata(const nlohmann::json& saved) override;
 
  private:
   void step_fused(const std::vector<Slot*>& slots);

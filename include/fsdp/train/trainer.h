@@ -143,6 +143,22 @@ struct CheckpointOptions {
   int64_t every = 0;      // save after every N completed steps (0: only at the end and when stopped)
   int keep_last = 0;      // keep only the newest K complete checkpoints (0: all)
   bool resume = false;    // start from the newest complete, valid checkpoint in `dir` (none: from scratch)
+  // "sharded" (ours, checkpoint/sharded.h) | "dcp": each step_N is a PyTorch
+  // distributed checkpoint (checkpoint/dcp.h) that torch.distributed.checkpoint.load reads.
+  std::string format = "sharded";
+  std::string dcp_layout = "torch";       // DCP keys written: "torch" (FSDP2's get_state_dict) | "torchtitan"
+  std::string dcp_format = "torch_save";  // DCP items: "torch_save" (DCP's default) | "safetensors"
+  // Save in the background (checkpoint/async_save.h, Note [Asynchronous
+  // save]): the step goes on while a writer thread persists a copy of the
+  // state staged in host memory; at most one save in flight.
+  bool async = false;
+  // With `async`: the most host memory one rank stages for a save, bytes; a
+  // larger state is saved synchronously (said in the log).
+  int64_t staging_limit = int64_t{16} << 30;
+  // fsdp-train convert's other targets (besides hf.export_dir): a PyTorch distributed
+  // checkpoint directory, and a directory of checkpoints of ours (step_N); "": none.
+  std::string export_dcp;
+  std::string export_checkpoint;
 };
 
 // Hugging Face interchange (checkpoint/hf.h).
@@ -244,6 +260,25 @@ struct StepRecord {
   double mfu = -1;            // model FLOPs utilization of this rank; -1 where the device's peak is not known
   int64_t skipped_steps = 0;  // fp16: steps skipped so far (the loss scaler's count)
   StepCounters comm;
+  // Checkpoint saves since the previous logged step (-1: no checkpoint.dir):
+  // how long they held training, of which waiting for a save in flight, and
+  // the host memory staging copies hold now (checkpoint.async).
+  double checkpoint_stall_s = -1;
+  double checkpoint_wait_s = -1;
+  int64_t checkpoint_staging_bytes = -1;
+};
+
+// One checkpoint save of a run (TrainSummary::checkpoints), as this rank saw it.
+struct CheckpointRecord {
+  int64_t step = 0;            // the checkpoint's step
+  bool async = false;          // checkpoint.async
+  bool staged = false;         // written by the writer thread while training went on (async, within the limit)
+  bool committed = false;      // complete and visible
+  double stall_s = 0;          // how long it held training: staging and its commit (synchronous: all of it)
+  double wait_s = 0;           // how long it waited for the previous save in flight (async)
+  double seconds = 0;          // from its start to its commit
+  int64_t bytes = 0;           // written by all ranks (rank 0's figure; 0 on the others for DCP)
+  int64_t staging_bytes = 0;   // host memory of this rank's staging buffers (async)
 };
 
 struct TrainSummary {
@@ -256,6 +291,7 @@ struct TrainSummary {
   std::vector<EvalRecord> evals;
   int stop_reason = 0;            // non-zero: stopped early by stop_requested (its agreed value)
   std::string last_checkpoint;    // path of the last checkpoint saved by this call, "" if none
+  std::vector<CheckpointRecord> checkpoints;  // every save this call started, in order
   std::string trace_file;         // rank 0: the --profile-steps trace written by this call, "" if none
   std::string metrics_url;        // rank 0: where its Prometheus metrics were served, "" if not
 };
@@ -359,7 +395,9 @@ class Trainer {
   // Collective. Saves the checkpoint of step() into checkpoint.dir (sharded
   // parameters and optimizer state, loss scale, data position), deletes those
   // beyond checkpoint.keep_last once it is complete, logs it and returns its
-  // path. Requires: restore() done; checkpoint.dir set.
+  // path; the checkpoint is complete on return (with checkpoint.async too:
+  // run()'s saves are the ones that overlap the steps).
+  // Requires: restore() done; checkpoint.dir set.
   std::string save();
 
   // Collective. Writes the weights now as Hugging Face safetensors and
