@@ -58,7 +58,7 @@
 #include "fsdp/common/main.h"
 #include "fsdp/common/memory.h"
 #include "fsdp/data/dataset.h"
-#include "fsdp/models/registry.h"
+#include "fsdp/train/model_family.h"
 #include "fsdp/train/metrics.h"
 #include "fsdp/train/prometheus.h"
 #include "fsdp/train/trainer.h"
@@ -192,7 +192,7 @@ int run(int argc, char** argv) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   app.add_option("--model", o.model,
-                 "Model: a preset (" + join(fsdp::models::list_model_presets()) +
+                 "Model: a preset (" + join(fsdp::train::all_model_presets()) +
                      "), a Hugging Face config.json, or a directory holding one")
       ->capture_default_str();
   o.data.path = "embedded";
