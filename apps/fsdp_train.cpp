@@ -207,6 +207,16 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "text", "jsonl", "bin"}))
       ->capture_default_str();
   app.add_option("--text-field", o.data.text_field, "JSON-lines field holding each document")->capture_default_str();
+  app.add_option("--input-field", o.data.input_field,
+                 "Encoder-decoder models (t5): the JSON-lines field holding each example's input")
+      ->capture_default_str();
+  app.add_option("--target-field", o.data.target_field,
+                 "Encoder-decoder models (t5): the JSON-lines field holding each example's target")
+      ->capture_default_str();
+  app.add_option("--target-len", o.data.target_len,
+                 "Encoder-decoder models (t5): target tokens per example, the decoder's width (0: --seq-len, "
+                 "which is then the encoder's)")
+      ->capture_default_str();
   app.add_option("--token-dtype", token_dtype, "Width of token ids in binary data: u16 | u32")
       ->check(CLI::IsMember({"u16", "u32", "uint16", "uint32"}))
       ->capture_default_str();

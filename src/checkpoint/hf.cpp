@@ -107,7 +107,7 @@ const std::vector<std::string>& hf_side_file_names() {
   static const std::vector<std::string> kNames = {
       "tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
       "added_tokens.json",   "vocab.json",            "merges.txt",              "chat_template.jinja",
-      "chat_template.json",  "generation_config.json"};
+      "chat_template.json",  "generation_config.json", "spiece.model"};
   return kNames;
 }
 

@@ -25,7 +25,7 @@ namespace fsdp::train {
 // third family is a new file and an entry in model_families() (docs/models.md).
 
 const std::vector<const ModelFamily*>& model_families() {
-  static const std::vector<const ModelFamily*> families = {&llama_family()};
+  static const std::vector<const ModelFamily*> families = {&llama_family(), &t5_family()};
   return families;
 }
 

@@ -85,7 +85,7 @@ struct HfExportResult {
 // are neither weights nor config.json: the tokenizer's (tokenizer.json,
 // tokenizer_config.json, special_tokens_map.json, tokenizer.model,
 // added_tokens.json, vocab.json, merges.txt, chat_template.jinja,
-// chat_template.json) and generation_config.json. An export carries over
+// chat_template.json, T5's spiece.model) and generation_config.json. An export carries over
 // those of the --init-from directory, byte for byte (HfExportOptions::extra_files).
 const std::vector<std::string>& hf_side_file_names();
 // (absolute path, file name) of each of hf_side_file_names() present in `dir`.

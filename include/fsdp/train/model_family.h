@@ -123,6 +123,7 @@ class ModelFamily {
 // Every family, in the order they are asked.
 const std::vector<const ModelFamily*>& model_families();
 const ModelFamily& llama_family();
+const ModelFamily& t5_family();
 // Every preset of every family, in that order.
 std::vector<std::string> all_model_presets();
 
