@@ -237,6 +237,10 @@ def dataset():
     out("dataset", "gzip_truncated", ctl(0, 3) + gz[: len(gz) // 2])
     out("dataset", "dir_jsonl", ctl(0, 1, directory=True) + jsonl.encode() + b"\0" + jsonl.encode())
     out("dataset", "dir_bin", ctl(0, 2, directory=True) + b"\x01\x00\x02\x00\x03\x00\x04\x00\x05\x00")
+    # (input, target) pairs: read as documents and as pairs (a .jsonl name).
+    pairs = "".join(json.dumps({"input": "reverse: " + w, "target": w[::-1]}) + "\n" for w in ["abc", "hello", "x"])
+    out("dataset", "pairs_jsonl", ctl(0, 1) + pairs.encode())
+    out("dataset", "pairs_gzip_wide", ctl(0, 3, u32=True, bos=True) + gzip.compress(pairs.encode(), mtime=0))
 
 
 def main():
