@@ -349,7 +349,7 @@ ClusterSpec read_cluster(const std::string& spec, at::ScalarType compute_dtype, 
   return c;
 }
 
-UnitCostFn flops_cost(const models::LlamaConfig& cfg, const ClusterSpec& cluster, int64_t tokens, int64_t seq_len) {
+UnitCostFn flops_cost(const train::ModelConfigPtr& cfg, const ClusterSpec& cluster, int64_t tokens, int64_t seq_len) {
   FSDP_CHECK(cluster.peak_flops > 0 && cluster.compute_efficiency > 0, "cluster '", cluster.name,
              "' states no compute rate (peak_tflops and compute_efficiency): give --peak-tflops and "
              "--compute-efficiency, a preset, or measure this machine with --calibrate");
@@ -359,7 +359,7 @@ UnitCostFn flops_cost(const models::LlamaConfig& cfg, const ClusterSpec& cluster
     for (const UnitInfo& e : entries) {
       std::vector<std::pair<std::string, std::vector<int64_t>>> params;
       for (const ParamPlacement& p : e.params) params.emplace_back(p.name, p.shape);
-      const double s = cfg.forward_flops_per_token(params, seq_len) * static_cast<double>(tokens) / rate;
+      const double s = cfg->forward_flops_per_token(params, seq_len) * static_cast<double>(tokens) / rate;
       u.forward_s += s;
       u.backward_s += (e.trainable ? 2 : 1) * s;  // frozen weights: input gradients only
     }

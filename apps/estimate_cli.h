@@ -13,6 +13,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/estimate.h"
 #include "fsdp/models/llama.h"
+#include "fsdp/train/model_family.h"
 
 namespace fsdp::cli {
 
@@ -74,8 +75,7 @@ ClusterSpec read_cluster(const std::string& spec, at::ScalarType compute_dtype,
 // Unit costs from FLOPs: forward = forward_flops_per_token x tokens / (peak x
 // efficiency); backward twice the forward of the trainable weights and once that
 // of frozen ones (no weight gradient); recomputation = forward.
-UnitCostFn flops_cost(const models::LlamaConfig& cfg, const ClusterSpec& cluster, int64_t tokens,
-                      int64_t seq_len);
+UnitCostFn flops_cost(const train::ModelConfigPtr& cfg, const ClusterSpec& cluster, int64_t tokens, int64_t seq_len);
 // Unit costs measured by --calibrate. UsageError when the run differs from
 // the calibrated one (model, batch, sequence, precision, checkpointing) or
 // a unit was not measured.

@@ -39,8 +39,9 @@
 #include "fsdp/fsdp.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/lora.h"
-#include "fsdp/models/registry.h"
 #include "fsdp/nn/freeze.h"
+#include "fsdp/train/family_llama.h"
+#include "fsdp/train/model_family.h"
 
 namespace {
 
@@ -263,11 +264,11 @@ int run(int argc, char** argv) {
   FSDP_CHECK(rank >= 0 && rank < world_size, "--rank ", rank, " is outside [0, --world-size ", world_size,
              ") — give a rank below the world size");
   FSDP_CHECK(hybrid >= 0, "--hybrid-shard-size must be >= 1 (or 0: the world size), got ", hybrid);
-  const fsdp::models::LlamaConfig cfg = fsdp::models::resolve_model_config(model);
+  const fsdp::train::ModelConfigPtr cfg = fsdp::train::resolve_model(model);
+  const fsdp::models::LlamaConfig* llama = fsdp::train::as_llama(*cfg);  // its Llama-only notes and --calibrate
   // Note [Output targets]: a device or FIFO is written in place, a regular file replaced atomically.
-  if (!hf_config_out.empty()) fsdp::write_output_file(hf_config_out, cfg.to_hf_config_json() + "\n", "--write-hf-config");
-  auto impl =
-      std::make_shared<fsdp::models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
+  if (!hf_config_out.empty()) fsdp::write_output_file(hf_config_out, cfg->hf_config_json() + "\n", "--write-hf-config");
+  const std::shared_ptr<torch::nn::Module> impl = cfg->make(at::TensorOptions().device(at::kMeta), 0);
   int64_t lora_params = 0;
   if (lora_rank != 0) {
     fsdp::models::LoraConfig lc;
@@ -280,12 +281,12 @@ int run(int argc, char** argv) {
     }
   }
   if (!freeze.empty()) fsdp::nn::freeze_matching(*impl, freeze);  // after LoRA, as fsdp-train
-  fsdp::nn::Unit<fsdp::models::LlamaForCausalLMImpl> root(impl);
+  const fsdp::train::RootedModel root = cfg->root(impl);
   fsdp::FsdpOptions o;
   o.strategy = fsdp::parse_sharding_strategy(sharding);
-  o.wrap = fsdp::parse_wrap_policy(wrap, fsdp::models::llama_block_type());
-  // As fsdp-train: "block" also makes the embedding and the head units.
-  if (o.wrap.kind == fsdp::WrapPolicy::Kind::kByType) o.wrap.types = fsdp::models::llama_unit_types();
+  o.wrap = fsdp::parse_wrap_policy(wrap, cfg->block_type());
+  // As fsdp-train: "block" is the family's units (Llama: also the embedding and the head).
+  if (o.wrap.kind == fsdp::WrapPolicy::Kind::kByType) o.wrap.types = cfg->unit_types();
   o.hybrid_shard_size = hybrid > 0 ? hybrid : estimating ? cluster.procs_per_node : world_size;
   o.mixed_precision = fsdp::MixedPrecision::preset(precision);
   if (!reduce_dtype.empty()) {
@@ -301,15 +302,15 @@ int run(int argc, char** argv) {
   o.forward_prefetch = forward_prefetch;
   o.limit_all_gathers = limit;
   o.cpu_offload = offload;
-  if (ckpt) o.checkpoint_types = {fsdp::models::llama_block_type()};
+  if (ckpt) o.checkpoint_types = {cfg->block_type()};
   fsdp::check_options(o, world_size);
   const bool pure = precision == "bf16-pure";
   const fsdp::ShardingPlan plan =
-      fsdp::plan_sharding(root.ptr(), world_size, rank, o, pure ? at::kBFloat16 : at::kFloat);
+      fsdp::plan_sharding(root.root, world_size, rank, o, pure ? at::kBFloat16 : at::kFloat);
 
   std::ostringstream discarded;  // --estimate --json prints the JSON alone
   std::ostream& out = estimating && json ? static_cast<std::ostream&>(discarded) : std::cout;
-  out << cfg.summary() << "\n"
+  out << cfg->summary() << "\n"
             << fmt::format("{} over {} ranks, wrap {}, {} (param {}, reduce {}, master {}){}\n",
                            fsdp::to_string(o.strategy), world_size, wrap, precision,
                            c10::toString(o.mixed_precision.param_dtype), c10::toString(o.mixed_precision.reduce_dtype),
@@ -318,18 +319,18 @@ int run(int argc, char** argv) {
   if (lora_rank != 0) {
     out << fmt::format("  LoRA rank {} on {}: {} adapter parameters ({:.3f}% of the model's {})\n", lora_rank,
                              lora_targets, lora_params, 100.0 * static_cast<double>(lora_params) /
-                                 static_cast<double>(cfg.num_parameters()), cfg.num_parameters());
+                                 static_cast<double>(cfg->num_parameters()), cfg->num_parameters());
   }
-  if (cfg.moe()) {
+  if (llama != nullptr && llama->moe()) {
+    const fsdp::models::LlamaConfig& l = *llama;
     // Every rank holds 1/shard of every expert; a decoder layer gathers all E of
     // them, and each token computes with K.
     out << fmt::format("  mixture of experts: {} experts per layer, {} per token: {} parameters, {} active per "
                              "token ({:.1f}%); per rank {} of them in shards\n",
-                             cfg.num_local_experts, cfg.num_experts_per_tok, cfg.num_parameters(),
-                             cfg.active_parameters(),
-                             100.0 * static_cast<double>(cfg.active_parameters()) /
-                                 static_cast<double>(cfg.num_parameters()),
-                             (cfg.num_parameters() + plan.shard_size - 1) / plan.shard_size);
+                             l.num_local_experts, l.num_experts_per_tok, l.num_parameters(), l.active_parameters(),
+                             100.0 * static_cast<double>(l.active_parameters()) /
+                                 static_cast<double>(l.num_parameters()),
+                             (l.num_parameters() + plan.shard_size - 1) / plan.shard_size);
   }
   const int64_t resident = plan.param_shard_bytes + plan.grad_shard_bytes + plan.optimizer_bytes;
   out << fmt::format("  total per rank without activations: {} ({} resident{} + {} during a step)\n",
@@ -337,12 +338,12 @@ int run(int argc, char** argv) {
                            offload ? " in host memory" : "", fsdp::format_bytes(plan.step_unsharded_bytes));
   // The loss never holds a micro-batch's whole logits (models/chunked_loss.h):
   // what it takes does not grow with the batch beyond one chunk.
-  const int64_t loss_rows = fsdp::models::default_loss_chunk_rows(cfg.vocab_size);
+  const int64_t loss_rows = fsdp::models::default_loss_chunk_rows(cfg->vocab_size());
   out << fmt::format("  loss: {} tokens per chunk of logits: at most {} during a step (one chunk's logits "
                            "and their gradient, the output head's gradient)\n",
                            loss_rows,
-                           fsdp::format_bytes(fsdp::models::chunked_loss_bytes(loss_rows, cfg.vocab_size,
-                                                                               cfg.hidden_size,
+                           fsdp::format_bytes(fsdp::models::chunked_loss_bytes(loss_rows, cfg->vocab_size(),
+                                                                               cfg->hidden_size(),
                                                                                o.mixed_precision.param_dtype)));
   // fsdp-inspect plans for any machine (a 70B model over 64 GPUs elsewhere), so a
   // plan beyond this machine is no error; fsdp-train refuses such a run.
@@ -356,8 +357,9 @@ int run(int argc, char** argv) {
   if (estimating) {
     FSDP_CHECK(batch_size >= 1 && seq_len >= 1 && grad_accum >= 1, "--batch-size, --seq-len and --grad-accum must "
                "be >= 1, got ", batch_size, ", ", seq_len, ", ", grad_accum);
-    FSDP_CHECK(seq_len <= cfg.max_position_embeddings, "--seq-len ", seq_len, " is longer than the model's ",
-               cfg.max_position_embeddings, " positions (max_position_embeddings)");
+    const std::optional<int64_t> longest = cfg->max_seq_len();
+    FSDP_CHECK(!longest || seq_len <= *longest, "--seq-len ", seq_len, " is longer than the model's ",
+               longest.value_or(0), " positions (max_position_embeddings)");
     FSDP_CHECK(batch_size <= (int64_t{1} << 30), "--batch-size ", batch_size, " is beyond any run (at most 2^30)");
     // Every micro-batch is replayed: 2^30 of them never returned (issue 39).
     FSDP_CHECK(grad_accum <= kMaxGradAccum, "--grad-accum ", grad_accum, " is beyond any run (at most ",
@@ -366,9 +368,12 @@ int run(int argc, char** argv) {
     if (!calibrate_file.empty()) {
       std::cerr << fmt::format("fsdp-inspect: calibrating: {} steps of {} on this machine, batch {} x {} tokens, {} "
                                "threads\n", calibrate_steps + 1, model, batch_size, seq_len, at::get_num_threads());
-      auto real = std::make_shared<fsdp::models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), seed);
+      FSDP_CHECK(llama != nullptr, "--calibrate measures Llama-family models; model '", cfg->name(), "' is a ",
+                 cfg->family().name(), " — estimate it from FLOPs with --cluster and --peak-tflops");
+      auto real = std::make_shared<fsdp::models::LlamaForCausalLMImpl>(*llama, at::TensorOptions().device(at::kMeta),
+                                                                       seed);
       fsdp::cli::Calibration cal =
-          fsdp::cli::calibrate_compute(real, cfg, o, batch_size, seq_len, calibrate_steps, seed);
+          fsdp::cli::calibrate_compute(real, *llama, o, batch_size, seq_len, calibrate_steps, seed);
       if (nproc > 1) {
         // Note [Calibrating a node]
         // The --nproc-per-node processes measured their units at the same time,
@@ -407,9 +412,9 @@ int run(int argc, char** argv) {
     w.batch_size = batch_size;
     w.seq_len = seq_len;
     w.grad_accum = grad_accum;
-    w.model_flops_per_token = cfg.training_flops_per_token(seq_len);
+    w.model_flops_per_token = cfg->training_flops_per_token(seq_len);
     o.hybrid_shard_size = hybrid;  // 0: one node, as fsdp-train
-    const fsdp::StepEstimate e = fsdp::estimate_scaling(root.ptr(), o, cluster, w, cost);
+    const fsdp::StepEstimate e = fsdp::estimate_scaling(root.root, o, cluster, w, cost);
     // The same run from one node up: 1, 2, 4, ... and the cluster's own count.
     std::vector<std::pair<int, fsdp::StepEstimate>> curve;
     for (int n = 1; n < cluster.nodes; n *= 2) {
@@ -420,7 +425,7 @@ int run(int argc, char** argv) {
           (n * cluster.procs_per_node) % o.hybrid_shard_size != 0) {
         continue;  // a shard group that does not fit n nodes
       }
-      curve.emplace_back(n, fsdp::estimate_scaling(root.ptr(), on_n, smaller, w, cost));
+      curve.emplace_back(n, fsdp::estimate_scaling(root.root, on_n, smaller, w, cost));
     }
     if (cluster.nodes > 1) curve.emplace_back(cluster.nodes, e);
     const std::string run = fmt::format("{} {} {}{} batch {} x seq {}{} on {} x {}", model, sharding, precision,

@@ -57,7 +57,7 @@
 #include "fsdp/common/main.h"
 #include "fsdp/common/memory.h"
 #include "fsdp/data/dataset.h"
-#include "fsdp/models/registry.h"
+#include "fsdp/train/model_family.h"
 #include "fsdp/train/metrics.h"
 #include "fsdp/train/prometheus.h"
 #include "fsdp/train/trainer.h"
@@ -191,7 +191,7 @@ int run(int argc, char** argv) {
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
 
   app.add_option("--model", o.model,
-                 "Model: a preset (" + join(fsdp::models::list_model_presets()) +
+                 "Model: a preset (" + join(fsdp::train::all_model_presets()) +
                      "), a Hugging Face config.json, or a directory holding one")
       ->capture_default_str();
   o.data.path = "embedded";
@@ -206,6 +206,16 @@ int run(int argc, char** argv) {
       ->check(CLI::IsMember({"auto", "text", "jsonl", "bin"}))
       ->capture_default_str();
   app.add_option("--text-field", o.data.text_field, "JSON-lines field holding each document")->capture_default_str();
+  app.add_option("--input-field", o.data.input_field,
+                 "Encoder-decoder models (t5): the JSON-lines field holding each example's input")
+      ->capture_default_str();
+  app.add_option("--target-field", o.data.target_field,
+                 "Encoder-decoder models (t5): the JSON-lines field holding each example's target")
+      ->capture_default_str();
+  app.add_option("--target-len", o.data.target_len,
+                 "Encoder-decoder models (t5): target tokens per example, the decoder's width (0: --seq-len, "
+                 "which is then the encoder's)")
+      ->capture_default_str();
   app.add_option("--token-dtype", token_dtype, "Width of token ids in binary data: u16 | u32")
       ->check(CLI::IsMember({"u16", "u32", "uint16", "uint32"}))
       ->capture_default_str();

@@ -39,6 +39,8 @@ MODEL_PRESETS = (
     "llama2-7b", "llama2-13b", "llama2-70b", "llama3.1-8b", "llama3.1-70b",
     "llama3.2-1b", "llama3.2-3b", "mistral-7b", "mathstral-7b", "qwen2.5-0.5b",
     "qwen3-0.6b", "mixtral-8x7b", "tiny", "small", "tiny-mixtral",
+    "t5-small", "t5-base", "t5-large", "t5-3b", "t5-11b", "flan-t5-small", "flan-t5-base", "flan-t5-xl",
+    "t5-tiny", "t5-tiny-v1.1",
 )
 
 # Placeholders in templates: ${NAME}. A line ending in "#@ COND" is kept only when

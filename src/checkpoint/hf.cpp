@@ -37,15 +37,6 @@ std::string shape_str(const std::vector<int64_t>& s) {
   return o + "]";
 }
 
-// Weights dropped on import without complaint.
-bool ignorable(const std::string& name, const models::LlamaConfig& cfg) {
-  if (cfg.tie_word_embeddings && name == "lm_head.weight") return true;  // the tied head: embed_tokens
-  // A buffer older transformers versions saved. A file's names are the user's
-  // input: matched in linear time (Note [User patterns]), never by std::regex.
-  static const NamePattern kInvFreq("^model\\.layers\\.[0-9]+\\.self_attn\\.rotary_emb\\.inv_freq$", "inv_freq");
-  return kInvFreq.found_in(name);
-}
-
 std::string shard_name(size_t i, size_t n) {
   char buf[64];
   std::snprintf(buf, sizeof(buf), "model-%05zu-of-%05zu.safetensors", i + 1, n);
@@ -116,7 +107,7 @@ const std::vector<std::string>& hf_side_file_names() {
   static const std::vector<std::string> kNames = {
       "tokenizer.json",      "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
       "added_tokens.json",   "vocab.json",            "merges.txt",              "chat_template.jinja",
-      "chat_template.json",  "generation_config.json"};
+      "chat_template.json",  "generation_config.json", "spiece.model"};
   return kNames;
 }
 
@@ -402,7 +393,7 @@ std::map<std::string, at::Tensor> gather_lora(ShardedModel& model) {
 
 }  // namespace
 
-HfExportResult export_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
+HfExportResult export_hf(const std::string& dir, ShardedModel& model, const HfModelInfo& info,
                          comm::ProcessGroup& group, const HfExportOptions& options) {
   detail::ExportSpec spec;
   spec.flag = "--export-hf";
@@ -432,7 +423,7 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
   }
   // Sorted keys, as transformers 5 writes them; "dtype" is its name for the
   // weights' dtype (transformers 4 wrote "torch_dtype", which 5 still reads).
-  nlohmann::json config = nlohmann::json::parse(cfg.to_hf_config_json());
+  nlohmann::json config = nlohmann::json::parse(info.config_json);
   config["dtype"] = hf_dtype_name(options.dtype);
   for (auto it = options.extra_config->begin(); it != options.extra_config->end(); ++it) config[it.key()] = it.value();
   spec.text_files.emplace_back("config.json", config.dump(2) + "\n");
@@ -441,6 +432,21 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const mode
 }
 
 // ---- import ---------------------------------------------------------------------------
+
+HfModelInfo hf_model_info(const models::LlamaConfig& cfg) {
+  HfModelInfo info;
+  info.config_json = cfg.to_hf_config_json();
+  info.model_type = cfg.model_type;
+  const bool tied = cfg.tie_word_embeddings;
+  info.ignorable = [tied](const std::string& name) {
+    if (tied && name == "lm_head.weight") return true;  // the tied head: embed_tokens
+    // A buffer older transformers versions saved. A file's names are the user's
+    // input: matched in linear time (Note [User patterns]), never by std::regex.
+    static const NamePattern kInvFreq("^model\\.layers\\.[0-9]+\\.self_attn\\.rotary_emb\\.inv_freq$", "inv_freq");
+    return kInvFreq.found_in(name);
+  };
+  return info;
+}
 
 HfWeights find_hf_weights(const std::string& dir) {
   HfWeights w;
@@ -496,7 +502,7 @@ struct OpenedHfWeights {
 };
 
 OpenedHfWeights open_hf_weights(const std::string& dir, const std::vector<std::pair<std::string, std::vector<int64_t>>>& wanted,
-                                const models::LlamaConfig& cfg, HfImportResult& result) {
+                                const HfModelInfo& info, HfImportResult& result) {
   const HfWeights weights = find_hf_weights(dir);
   result.files = weights.files;
   OpenedHfWeights w;
@@ -525,7 +531,7 @@ OpenedHfWeights open_hf_weights(const std::string& dir, const std::vector<std::p
   std::vector<std::string> unexpected;
   for (const auto& [name, fe] : w.where) {
     if (names.count(name)) continue;
-    if (ignorable(name, cfg)) {
+    if (info.ignorable && info.ignorable(name)) {
       result.ignored.push_back(name);
     } else {
       unexpected.push_back(name);
@@ -534,7 +540,7 @@ OpenedHfWeights open_hf_weights(const std::string& dir, const std::vector<std::p
   if (!unexpected.empty()) {
     std::string list;
     for (size_t i = 0; i < std::min<size_t>(unexpected.size(), 5); ++i) list += (i ? ", " : "") + unexpected[i];
-    FSDP_CHECK(false, "--init-from ", dir, ": ", unexpected.size(), " tensors are not parameters of a ", cfg.model_type,
+    FSDP_CHECK(false, "--init-from ", dir, ": ", unexpected.size(), " tensors are not parameters of a ", info.model_type,
                " model with this config (", list, unexpected.size() > 5 ? ", ..." : "",
                "); the checkpoint is of another architecture");
   }
@@ -548,7 +554,7 @@ OpenedHfWeights open_hf_weights(const std::string& dir, const std::vector<std::p
 // Hugging Face directory, which has no adapters: they keep the values they
 // have (their initialization: B = 0, so the model computes the base model's
 // function; or an adapter loaded afterwards, checkpoint/peft.h).
-HfImportResult import_hf_module(const std::string& dir, torch::nn::Module& module, const models::LlamaConfig& cfg,
+HfImportResult import_hf_module(const std::string& dir, torch::nn::Module& module, const HfModelInfo& info,
                                 bool progress_bar) {
   const double t0 = io::now_seconds();
   HfImportResult result;
@@ -560,7 +566,7 @@ HfImportResult import_hf_module(const std::string& dir, torch::nn::Module& modul
     if (models::is_lora_parameter(p.key())) continue;  // Note [Base weights under adapters]
     wanted.emplace_back(p.key(), p.value().sizes().vec());
   }
-  const OpenedHfWeights w = open_hf_weights(dir, wanted, cfg, result);
+  const OpenedHfWeights w = open_hf_weights(dir, wanted, info, result);
   int64_t planned = 0;
   for (const auto& [name, shape] : wanted) {
     planned += params[name].numel() * safetensors_dtype_size(w.where.at(name).second->dtype);
@@ -584,7 +590,7 @@ HfImportResult import_hf_module(const std::string& dir, torch::nn::Module& modul
   return result;
 }
 
-HfImportResult import_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
+HfImportResult import_hf(const std::string& dir, ShardedModel& model, const HfModelInfo& info,
                          comm::ProcessGroup& group, bool progress_bar) {
   const double t0 = io::now_seconds();
   HfImportResult result;
@@ -595,7 +601,7 @@ HfImportResult import_hf(const std::string& dir, ShardedModel& model, const mode
       if (!models::is_lora_parameter(p.name)) wanted.emplace_back(p.name, p.shape);
     }
   }
-  const OpenedHfWeights opened = open_hf_weights(dir, wanted, cfg, result);
+  const OpenedHfWeights opened = open_hf_weights(dir, wanted, info, result);
   const auto& where = opened.where;
 
   // This rank's bytes.

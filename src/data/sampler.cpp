@@ -22,7 +22,39 @@ void fill_row(const TokenDataset& data, int64_t start, int64_t len, std::vector<
   }
 }
 
+class TokenWindows final : public RowSource {
+ public:
+  TokenWindows(std::shared_ptr<const TokenDataset> data, int64_t seq_len) : data_(std::move(data)), t_(seq_len) {
+    FSDP_CHECK(data_ != nullptr, "BatchSampler needs a dataset, got none");
+    FSDP_CHECK(t_ >= 1, "seq_len must be >= 1, got ", t_);
+    const int64_t n = data_->size();
+    FSDP_CHECK(n >= t_ + 1, "dataset ", data_->describe(), " is shorter than one training window: ", n,
+               " tokens < --seq-len + 1 = ", t_ + 1, " (inputs t[i..i+T), targets t[i+1..i+T]) — use --seq-len <= ",
+               n - 1, " or more data");
+    k_ = (n - 1) / t_;
+  }
+  int64_t rows() const override { return k_; }
+  int64_t input_width() const override { return t_; }
+  int64_t target_width() const override { return t_; }
+  void fill(int64_t row, int64_t* inputs, int64_t* targets) const override {
+    thread_local std::vector<int32_t> buf;
+    fill_row(*data_, row * t_, t_, buf, inputs, targets);
+  }
+  int64_t targets(int64_t) const override { return t_; }
+  bool uniform_targets() const override { return true; }
+  std::string describe() const override { return data_->describe(); }
+
+ private:
+  std::shared_ptr<const TokenDataset> data_;
+  int64_t t_;
+  int64_t k_ = 0;
+};
+
 }  // namespace
+
+std::shared_ptr<const RowSource> token_windows(std::shared_ptr<const TokenDataset> dataset, int64_t seq_len) {
+  return std::make_shared<TokenWindows>(std::move(dataset), seq_len);
+}
 
 // --- WindowPermutation -------------------------------------------------------------
 
@@ -64,24 +96,41 @@ int64_t WindowPermutation::operator()(int64_t i) const {
 
 // --- BatchSampler ------------------------------------------------------------------
 
-BatchSampler::BatchSampler(std::shared_ptr<const TokenDataset> dataset, SamplerOptions options)
-    : dataset_(std::move(dataset)), options_(options) {
-  FSDP_CHECK(dataset_ != nullptr, "BatchSampler needs a dataset, got none");
+void BatchSampler::check_options() const {
   const auto& o = options_;
-  FSDP_CHECK(o.seq_len >= 1, "seq_len must be >= 1, got ", o.seq_len);
   FSDP_CHECK(o.batch_size >= 1, "batch_size must be >= 1, got ", o.batch_size);
   FSDP_CHECK(o.grad_accum >= 1, "grad_accum must be >= 1, got ", o.grad_accum);
   FSDP_CHECK(o.world_size >= 1, "world_size must be >= 1, got ", o.world_size);
   FSDP_CHECK(o.rank >= 0 && o.rank < o.world_size, "rank ", o.rank, " is outside [0, world_size ", o.world_size, ")");
-  const int64_t n = dataset_->size();
-  FSDP_CHECK(n >= o.seq_len + 1, "dataset ", dataset_->describe(), " is shorter than one training window: ", n,
-             " tokens < --seq-len + 1 = ", o.seq_len + 1, " (inputs t[i..i+T), targets t[i+1..i+T]) — use --seq-len <= ",
-             n - 1, " or more data");
-  windows_per_epoch_ = (n - 1) / o.seq_len;
+}
+
+BatchSampler::BatchSampler(std::shared_ptr<const TokenDataset> dataset, SamplerOptions options)
+    : options_(options) {
+  FSDP_CHECK(dataset != nullptr, "BatchSampler needs a dataset, got none");
+  FSDP_CHECK(options_.seq_len >= 1, "seq_len must be >= 1, got ", options_.seq_len);
+  check_options();
+  rows_ = token_windows(std::move(dataset), options_.seq_len);
+  windows_per_epoch_ = rows_->rows();
+}
+
+BatchSampler::BatchSampler(std::shared_ptr<const RowSource> rows, SamplerOptions options)
+    : rows_(std::move(rows)), options_(options) {
+  FSDP_CHECK(rows_ != nullptr, "BatchSampler needs rows, got none");
+  check_options();
+  windows_per_epoch_ = rows_->rows();
+  FSDP_CHECK(windows_per_epoch_ >= 1, "data ", rows_->describe(), " holds no examples — give a non-empty file");
 }
 
 int64_t BatchSampler::global_batch_size() const {
   return options_.batch_size * options_.world_size * options_.grad_accum;
+}
+
+int64_t BatchSampler::step_targets(int64_t step) const {
+  FSDP_CHECK(step >= 0, "step must be >= 0, got ", step);
+  const int64_t g0 = step * global_batch_size();
+  int64_t n = 0;
+  for (int64_t j = 0; j < global_batch_size(); ++j) n += rows_->targets(sample(g0 + j).window);
+  return n;
 }
 
 double BatchSampler::epochs_after(int64_t steps) const {
@@ -112,16 +161,15 @@ std::vector<BatchSampler::Sample> BatchSampler::samples(int64_t step, int64_t mi
 
 Batch BatchSampler::get(int64_t step, int64_t micro_step) const {
   const auto rows = samples(step, micro_step);
-  const int64_t bsz = options_.batch_size, t = options_.seq_len;
+  const int64_t bsz = options_.batch_size, ti = rows_->input_width(), tt = rows_->target_width();
   Batch batch;
-  batch.inputs = at::empty({bsz, t}, at::kLong);
-  batch.targets = at::empty({bsz, t}, at::kLong);
+  batch.inputs = at::empty({bsz, ti}, at::kLong);
+  batch.targets = at::empty({bsz, tt}, at::kLong);
   batch.step = step;
   batch.micro_step = micro_step;
   int64_t* in = batch.inputs.data_ptr<int64_t>();
   int64_t* tgt = batch.targets.data_ptr<int64_t>();
-  std::vector<int32_t> buf;
-  for (int64_t b = 0; b < bsz; ++b) fill_row(*dataset_, rows[b].window * t, t, buf, in + b * t, tgt + b * t);
+  for (int64_t b = 0; b < bsz; ++b) rows_->fill(rows[b].window, in + b * ti, tgt + b * tt);
   return batch;
 }
 
@@ -185,6 +233,44 @@ Batch EvalWindows::batch(int64_t index, int64_t batch_size) const {
     if (i >= local) break;
     const int64_t m = global_window(i);
     fill_row(*dataset_, m * t, valid_targets(m), buf, in + b * t, tgt + b * t);
+  }
+  return batch;
+}
+
+// --- EvalRows ----------------------------------------------------------------------
+
+EvalRows::EvalRows(std::shared_ptr<const RowSource> rows, int64_t world_size, int64_t rank, int64_t max_rows,
+                   int64_t pad)
+    : rows_(std::move(rows)), world_size_(world_size), rank_(rank), pad_(pad) {
+  FSDP_CHECK(rows_ != nullptr && rows_->rows() >= 1, "evaluation needs at least one example");
+  FSDP_CHECK(world_size >= 1 && rank >= 0 && rank < world_size, "rank ", rank, " is outside [0, world_size ",
+             world_size, ")");
+  FSDP_CHECK(max_rows >= 0, "max_rows must be >= 0 (0: all), got ", max_rows);
+  count_ = max_rows > 0 ? std::min(max_rows, rows_->rows()) : rows_->rows();
+  for (int64_t i = 0; i < count_; ++i) total_targets_ += rows_->targets(i);
+}
+
+int64_t EvalRows::num_batches(int64_t batch_size) const {
+  FSDP_CHECK(batch_size >= 1, "batch_size must be >= 1, got ", batch_size);
+  const int64_t most = (count_ + world_size_ - 1) / world_size_;  // rank 0's
+  return (most + batch_size - 1) / batch_size;
+}
+
+Batch EvalRows::batch(int64_t index, int64_t batch_size) const {
+  const int64_t nb = num_batches(batch_size);
+  FSDP_CHECK(index >= 0 && index < nb, "eval batch ", index, " is outside [0, num_batches ", nb, ")");
+  const int64_t ti = rows_->input_width(), tt = rows_->target_width();
+  Batch batch;
+  batch.inputs = at::full({batch_size, ti}, pad_, at::kLong);
+  batch.targets = at::full({batch_size, tt}, kIgnoreIndex, at::kLong);
+  batch.step = index;
+  batch.micro_step = 0;
+  int64_t* in = batch.inputs.data_ptr<int64_t>();
+  int64_t* tgt = batch.targets.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch_size; ++b) {
+    const int64_t row = rank_ + (index * batch_size + b) * world_size_;
+    if (row >= count_) break;
+    rows_->fill(row, in + b * ti, tgt + b * tt);
   }
   return batch;
 }

@@ -11,6 +11,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/common/json_input.h"
 #include "fsdp/common/files.h"
+#include "models/config_fields.h"
 
 namespace fsdp::models {
 namespace {
@@ -103,65 +104,6 @@ std::string joined_presets() {
   for (const auto& n : list_model_presets()) out += (out.empty() ? "" : ", ") + n;
   return out;
 }
-
-// Typed access to config.json fields with errors naming the file and field.
-class Fields {
- public:
-  Fields(const json& j, std::string origin, std::string prefix = "")
-      : j_(j), origin_(std::move(origin)), prefix_(std::move(prefix)) {}
-
-  const json* find(const char* f) const {
-    auto it = j_.find(f);
-    return (it == j_.end() || it->is_null()) ? nullptr : &*it;
-  }
-  const json& required(const char* f) const {
-    const json* v = find(f);
-    FSDP_CHECK(v != nullptr, where(), "required field '", prefix_, f, "' is missing",
-               " — add it (see the config.json published with the checkpoint) or use a preset (", joined_presets(), ")");
-    return *v;
-  }
-  int64_t to_int(const char* f, const json& v) const {
-    if (v.is_number_integer()) return v.get<int64_t>();
-    if (v.is_number_float()) {
-      const double d = v.get<double>();
-      if (std::floor(d) == d && std::fabs(d) < 9.0e18) return static_cast<int64_t>(d);
-    }
-    FSDP_CHECK(false, where(), "field '", prefix_, f, "' must be an integer, got ", v.dump());
-    return 0;
-  }
-  double to_double(const char* f, const json& v) const {
-    FSDP_CHECK(v.is_number(), where(), "field '", prefix_, f, "' must be a number, got ", v.dump());
-    return v.get<double>();
-  }
-  int64_t req_int(const char* f) const { return to_int(f, required(f)); }
-  double req_double(const char* f) const { return to_double(f, required(f)); }
-  int64_t int_or(const char* f, int64_t d) const {
-    const json* v = find(f);
-    return v ? to_int(f, *v) : d;
-  }
-  double double_or(const char* f, double d) const {
-    const json* v = find(f);
-    return v ? to_double(f, *v) : d;
-  }
-  bool bool_or(const char* f, bool d) const {
-    const json* v = find(f);
-    if (!v) return d;
-    FSDP_CHECK(v->is_boolean(), where(), "field '", prefix_, f, "' must be true or false, got ", v->dump());
-    return v->get<bool>();
-  }
-  std::string string_or(const char* f, const std::string& d) const {
-    const json* v = find(f);
-    if (!v) return d;
-    FSDP_CHECK(v->is_string(), where(), "field '", prefix_, f, "' must be a string, got ", v->dump());
-    return v->get<std::string>();
-  }
-  std::string where() const { return "config.json '" + origin_ + "': "; }
-
- private:
-  const json& j_;
-  std::string origin_;
-  std::string prefix_;
-};
 
 // Note [config.json keys]
 // parse_hf_config never guesses. Every top-level key of a llama / mistral /
@@ -304,7 +246,7 @@ bool same(const Rope& a, const Rope& b) {
 
 Rope read_rope_dict(const json& d, const std::string& key, const std::string& origin, std::optional<double> top_theta,
                     int64_t max_position_embeddings, double default_theta) {
-  const Fields s(d, origin, key + ".");
+  const Fields s(d, origin, key + ".", "use a preset (" + joined_presets() + ")");
   const std::string rope_type = s.string_or("rope_type", "");
   const std::string old_type = s.string_or("type", "");
   FSDP_CHECK(rope_type.empty() || old_type.empty() || rope_type == old_type, s.where(), key, ".rope_type '", rope_type,
@@ -406,7 +348,7 @@ LlamaConfig parse_hf_config(const std::string& json_text, const std::string& ori
              " — point the model spec at a Hugging Face config.json or use a preset (", joined_presets(), ")");
   const json j = std::move(*parsed);
   FSDP_CHECK(j.is_object(), "config.json '", origin, "' must hold a JSON object, got ", j.type_name());
-  const Fields f(j, origin);
+  const Fields f(j, origin, "", "use a preset (" + joined_presets() + ")");
 
   LlamaConfig c;
   c.name = origin;

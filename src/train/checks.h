@@ -7,19 +7,18 @@
 #include <optional>
 #include <string>
 
-#include "fsdp/models/llama_config.h"
 #include "fsdp/train/trainer.h"
+#include "fsdp/train/model_family.h"
 
 namespace fsdp::train {
 
 // trainer.h's validate_options. `resolved`: the configuration, or null to
 // resolve it here (where the checks come to it, after the flags that need no
 // files). Returns the configuration.
-models::LlamaConfig validate_options(const TrainOptions& options, int world_size,
-                                     const models::LlamaConfig* resolved);
+ModelConfigPtr validate_options(const TrainOptions& options, int world_size, const ModelConfigPtr* resolved);
 
 int64_t check_memory(const TrainOptions& options, int world_size, int local_world_size,
-                     std::optional<c10::Device> this_rank, const models::LlamaConfig& cfg);
+                     std::optional<c10::Device> this_rank, const ModelConfigPtr& cfg);
 
 // A file rank 0 writes (--metrics-file, --profile-file): its directory exists,
 // it is no directory itself, and this process may write it. `flag` names it.

@@ -23,10 +23,154 @@
 
 namespace fsdp::train {
 
+namespace {
+
+// What a conversion read: where from, its step, whether optimizer state came
+// with it, and the export extras its run recorded (Note [Export extras]).
+struct Source {
+  std::string path;
+  int64_t step = 0;
+  bool with_optimizer = false;
+  nlohmann::json extras = nlohmann::json::object();
+};
+
+// The model, sharded over the world group as the run would have it.
+struct Converting {
+  ModelConfigPtr cfg;
+  BuiltModel model;
+  std::shared_ptr<ShardedModel> sharded;
+  comm::ProcessGroupPtr group;  // host-side scalars and the files' bytes
+};
+
+Converting shard_for_conversion(const TrainOptions& o, const comm::Runtime& rt, ModelConfigPtr cfg,
+                                const at::Device& device) {
+  const comm::ProcessGroupPtr& world = rt.world_group;
+  Converting c;
+  c.cfg = std::move(cfg);
+  // A LoRA run's checkpoint: the same --lora-* flags. The parameters are
+  // loaded as saved, frozen or not.
+  BuildOptions b;
+  b.seed = o.step.seed;
+  b.freeze = false;
+  c.model = build_model(o, c.cfg, b);
+  FsdpOptions fo = engine_options(o, c.cfg.get(), world->size());
+  fo.device = device;
+  if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = rt.world.local_world_size;
+  fo.init_rule = c.model.init_rule;
+  fo.seed = o.step.seed;
+  c.sharded = fully_shard(c.model.root, world, fo);
+  c.group = rt.cpu_group ? rt.cpu_group : world;
+  return c;
+}
+
+// A PyTorch distributed checkpoint at the top of --checkpoint-dir (Note [DCP keys]).
+Source load_dcp_source(const TrainOptions& o, Converting& c, const std::vector<StateOwner*>& owners,
+                       MetadataState& trainer, optim::AdamW& opt, const LogLine& say) {
+  checkpoint::DcpLoadOptions dl;
+  if (checkpoint::detect_dcp_layout(o.checkpoint.dir) == checkpoint::DcpLayout::kTorchtitan) {
+    const std::optional<checkpoint::DcpNames> titan = c.cfg->torchtitan_names();
+    FSDP_CHECK(titan.has_value(), o.checkpoint.dir, " is in torchtitan's layout, which model '", c.cfg->name(),
+               "' does not have");
+    dl.names = *titan;
+  }
+  dl.optimizer_if_present = true;
+  const checkpoint::DcpLoadResult r = checkpoint::load_dcp(o.checkpoint.dir, *c.sharded, owners, *c.group, dl);
+  Source s;
+  s.with_optimizer = r.optimizer_loaded;
+  s.step = std::max<int64_t>(0, r.optimizer_step);
+  if (trainer.loaded().is_object()) {
+    s.step = trainer.loaded().value("step", s.step);
+    s.extras = trainer.loaded().value("hf_export", s.extras);
+  }
+  if (s.with_optimizer && r.state->is_null()) opt.set_step_count(s.step);
+  s.path = o.checkpoint.dir;
+  say(fmt::format("Loaded the distributed checkpoint {} (step {}, {}{}): {} in {:.2f} s, {:.2f} GB/s", s.path, s.step,
+                  c.cfg->summary(), s.with_optimizer ? ", with optimizer state" : ", weights only",
+                  megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
+  return s;
+}
+
+// The newest valid checkpoint of ours in --checkpoint-dir, with its optimizer state when it has one.
+Source load_our_checkpoint(const TrainOptions& o, Converting& c, std::vector<StateOwner*> owners, optim::AdamW& opt,
+                           bool progress, const LogLine& say, const LogLine& warn) {
+  checkpoint::LoadOptions lo;
+  lo.progress = progress;
+  const std::optional<checkpoint::DcpNames> titan = c.cfg->torchtitan_names();
+  lo.dcp_names = titan ? &*titan : nullptr;
+  const auto ours = checkpoint::list_checkpoints(o.checkpoint.dir);
+  Source s;
+  s.with_optimizer = !ours.empty() && checkpoint::read_checkpoint_state(ours.front().path)->contains("optimizer");
+  if (s.with_optimizer) owners.push_back(&opt);
+  const checkpoint::LoadResult r = checkpoint::load_latest_checkpoint(o.checkpoint.dir, *c.sharded, owners, *c.group, lo);
+  for (const auto& why : r.rejected) warn(why + "; trying the previous checkpoint");
+  std::vector<std::string> ignored;
+  checkpoint::list_checkpoints(o.checkpoint.dir, &ignored);
+  for (const auto& i : ignored) warn(fmt::format("{}/{} is not a checkpoint: ignored", o.checkpoint.dir, i));
+  FSDP_CHECK(r.loaded, "--checkpoint-dir ", o.checkpoint.dir, " holds no checkpoint to convert");
+  const std::string diff = saved_model_mismatch(r.saved(checkpoint::kModelKey), *c.cfg, r.path);
+  FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " holds another model than the newest checkpoint's (", diff,
+             "); convert it from a directory of its own");
+  say(fmt::format("Loaded checkpoint {} (step {}, {}): {} in {:.2f} s, {:.2f} GB/s", r.path, r.step, c.cfg->summary(),
+                  megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
+  s.step = r.step;
+  s.path = r.path;
+  if (r.trainer_state->contains("hf_export")) s.extras = (*r.trainer_state)["hf_export"];
+  return s;
+}
+
+// A Hugging Face directory (convert --init-from): its weights; its tokenizer
+// and generation files travel to an export as a run's would.
+Source load_hf_source(const TrainOptions& o, Converting& c, bool progress, const LogLine& say) {
+  const checkpoint::HfImportResult r =
+      checkpoint::import_hf(o.hf.init_from, *c.sharded, hf_model_info(*c.cfg), *c.group, progress);
+  say(fmt::format("Loaded {} ({}): {} in {:.2f} s, {:.2f} GB/s", o.hf.init_from, c.cfg->summary(),
+                  megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
+  Source s;
+  s.path = o.hf.init_from;
+  nlohmann::json files = nlohmann::json::array();
+  for (const auto& [path, name] : checkpoint::find_hf_side_files(o.hf.init_from)) files.push_back({path, name});
+  s.extras = {{"extra_config", nlohmann::json::object()}, {"extra_files", files}};
+  return s;
+}
+
+// The targets: --export-hf, --export-dcp, --export-checkpoint.
+void write_targets(const TrainOptions& o, Converting& c, const Source& s, std::vector<StateOwner*> owners,
+                   bool progress, const LogLine& say, const LogLine& warn) {
+  if (!o.hf.export_dir.empty()) export_and_report(o, *c.sharded, *c.cfg, *c.group, s.extras, progress, say, warn);
+  if (!o.checkpoint.export_dcp.empty()) {
+    checkpoint::DcpSaveOptions so;
+    so.layout = checkpoint::parse_dcp_layout(o.checkpoint.dcp_layout, "--dcp-layout");
+    so.format = checkpoint::parse_dcp_format(o.checkpoint.dcp_format, "--dcp-format");
+    if (so.layout == checkpoint::DcpLayout::kTorchtitan) {
+      const std::optional<checkpoint::DcpNames> titan = c.cfg->torchtitan_names();
+      FSDP_CHECK(titan.has_value(), "--dcp-layout torchtitan: model '", c.cfg->name(), "' has no torchtitan layout");
+      so.names = *titan;
+    }
+    const checkpoint::IoStats io = checkpoint::save_dcp(o.checkpoint.export_dcp, *c.sharded, owners, *c.group, so);
+    if (c.group->rank() == 0) {  // the model beside the weights: --init-from and convert read it
+      write_output_file((std::filesystem::path(o.checkpoint.export_dcp) / "config.json").string(),
+                        c.cfg->hf_config_json(), "--export-dcp");
+    }
+    say(fmt::format("Wrote the distributed checkpoint {} ({} layout, {}{}): {} in {:.2f} s",
+                    o.checkpoint.export_dcp, o.checkpoint.dcp_layout, o.checkpoint.dcp_format,
+                    s.with_optimizer ? ", with optimizer state" : ", weights only", megabytes(io.bytes), io.seconds));
+  }
+  if (!o.checkpoint.export_checkpoint.empty()) {
+    const checkpoint::CheckpointDirHold hold = checkpoint::open_checkpoint_dir(o.checkpoint.export_checkpoint, *c.group);
+    const checkpoint::SaveResult r = checkpoint::save_checkpoint(o.checkpoint.export_checkpoint, s.step, *c.sharded,
+                                                                 owners, *c.group);
+    say(fmt::format("Wrote checkpoint {}{}: {} in {:.2f} s", r.path,
+                    s.with_optimizer ? " (with optimizer state: --resume continues it)" : " (weights only)",
+                    megabytes(r.io.bytes), r.io.seconds));
+  }
+}
+
+}  // namespace
+
 TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) {
   FSDP_CHECK(o.mode == Mode::kConvert, "convert_checkpoint needs options.mode == Mode::kConvert");
   const comm::ProcessGroupPtr& world = rt.world_group;
-  const models::LlamaConfig cfg = validate_options(o, world->size(), nullptr);
+  ModelConfigPtr cfg = validate_options(o, world->size(), nullptr);
   const bool lead = world->rank() == 0;
   const at::Device device = worker_device(device_name(o.device), rt.world.local_rank);
   set_current_device(device);
@@ -34,108 +178,32 @@ TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) 
   const LogLine say = console.level('I');
   const LogLine warn = console.level('W');
   const bool progress = lead && !o.log.quiet && isatty(STDERR_FILENO) == 1;
-
-  // A LoRA run's checkpoint: the same --lora-* flags. The parameters are
-  // loaded as saved, frozen or not.
-  BuildOptions b;
-  b.seed = o.step.seed;
-  b.freeze = false;
-  const BuiltModel m = build_model(o, cfg, b);
-  FsdpOptions fo = engine_options(o, *m.family, world->size());
-  fo.device = device;
-  if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = rt.world.local_world_size;
-  fo.init_rule = m.init_rule;
-  fo.seed = o.step.seed;
-  auto sharded = fully_shard(m.root, world, fo);
-  comm::ProcessGroupPtr group = rt.cpu_group ? rt.cpu_group : world;
+  Converting c = shard_for_conversion(o, rt, std::move(cfg), device);
 
   // The optimizer the run would have, so that its state travels when the source has it.
   optim::AdamW opt(o.adamw);
-  opt.add_shards(sharded->shards(), sharded->units(), optim::param_rule(o.param_groups));
-  MetadataState model(checkpoint::kModelKey, model_state(cfg));
+  opt.add_shards(c.sharded->shards(), c.sharded->units(), optim::param_rule(o.param_groups));
+  MetadataState model(checkpoint::kModelKey, model_state(*c.cfg));
   MetadataState trainer(checkpoint::kTrainerKey, nullptr);
-  const checkpoint::DcpNames titan = checkpoint::torchtitan_llama_names(cfg.num_attention_heads, cfg.num_key_value_heads);
-  const checkpoint::DcpLayout layout = checkpoint::parse_dcp_layout(o.checkpoint.dcp_layout, "--dcp-layout");
-
-  int64_t step = 0;
-  std::string source;
-  bool with_optimizer = false;
-  nlohmann::json extras = nlohmann::json::object();
-  const auto ours = checkpoint::list_checkpoints(o.checkpoint.dir);
-  if (ours.empty() && checkpoint::is_dcp_dir(o.checkpoint.dir)) {
-    // A PyTorch distributed checkpoint (Note [DCP keys]).
-    checkpoint::DcpLoadOptions dl;
-    if (checkpoint::detect_dcp_layout(o.checkpoint.dir) == checkpoint::DcpLayout::kTorchtitan) dl.names = titan;
-    dl.optimizer_if_present = true;
-    const checkpoint::DcpLoadResult r = checkpoint::load_dcp(o.checkpoint.dir, *sharded, {&model, &trainer, &opt}, *group, dl);
-    with_optimizer = r.optimizer_loaded;
-    step = std::max<int64_t>(0, r.optimizer_step);
-    if (trainer.loaded().is_object()) {
-      step = trainer.loaded().value("step", step);
-      extras = trainer.loaded().value("hf_export", extras);
-    }
-    if (with_optimizer && r.state->is_null()) opt.set_step_count(step);
-    source = o.checkpoint.dir;
-    say(fmt::format("Loaded the distributed checkpoint {} (step {}, {}{}): {} in {:.2f} s, {:.2f} GB/s", source, step,
-                    cfg.summary(), with_optimizer ? ", with optimizer state" : ", weights only",
-                    megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
+  Source s;
+  if (!o.hf.init_from.empty()) {
+    s = load_hf_source(o, c, progress, say);
+  } else if (checkpoint::list_checkpoints(o.checkpoint.dir).empty() && checkpoint::is_dcp_dir(o.checkpoint.dir)) {
+    s = load_dcp_source(o, c, {&model, &trainer, &opt}, trainer, opt, say);
   } else {
-    checkpoint::LoadOptions lo;
-    lo.progress = progress;
-    lo.dcp_names = &titan;
-    // Its optimizer state too, when the newest checkpoint has one.
-    with_optimizer = !ours.empty() && checkpoint::read_checkpoint_state(ours.front().path)->contains("optimizer");
-    std::vector<StateOwner*> owners = {&model, &trainer};
-    if (with_optimizer) owners.push_back(&opt);
-    const checkpoint::LoadResult r = checkpoint::load_latest_checkpoint(o.checkpoint.dir, *sharded, owners, *group, lo);
-    for (const auto& why : r.rejected) warn(why + "; trying the previous checkpoint");
-    std::vector<std::string> ignored;
-    checkpoint::list_checkpoints(o.checkpoint.dir, &ignored);
-    for (const auto& i : ignored) warn(fmt::format("{}/{} is not a checkpoint: ignored", o.checkpoint.dir, i));
-    FSDP_CHECK(r.loaded, "--checkpoint-dir ", o.checkpoint.dir, " holds no checkpoint to convert");
-    const std::string diff = saved_model_mismatch(r.saved(checkpoint::kModelKey), cfg, r.path);
-    FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " holds another model than the newest checkpoint's (", diff,
-               "); convert it from a directory of its own");
-    say(fmt::format("Loaded checkpoint {} (step {}, {}): {} in {:.2f} s, {:.2f} GB/s", r.path, r.step, cfg.summary(),
-                    megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
-    step = r.step;
-    source = r.path;
-    if (r.trainer_state->contains("hf_export")) extras = (*r.trainer_state)["hf_export"];
+    s = load_our_checkpoint(o, c, {&model, &trainer}, opt, progress, say, warn);
   }
-  // The targets.
-  if (!o.hf.export_dir.empty()) export_and_report(o, *sharded, cfg, *group, extras, progress, say, warn);
-  std::vector<StateOwner*> owners = {&model, &trainer};
-  if (with_optimizer) owners.push_back(&opt);
   MetadataState carried(checkpoint::kTrainerKey, trainer.loaded().is_object() ? trainer.loaded()
-                                                                                : nlohmann::json{{"step", step}});
-  owners[1] = &carried;
-  if (!o.checkpoint.export_dcp.empty()) {
-    checkpoint::DcpSaveOptions so;
-    so.layout = layout;
-    so.format = checkpoint::parse_dcp_format(o.checkpoint.dcp_format, "--dcp-format");
-    if (layout == checkpoint::DcpLayout::kTorchtitan) so.names = titan;
-    const checkpoint::IoStats io = checkpoint::save_dcp(o.checkpoint.export_dcp, *sharded, owners, *group, so);
-    if (world->rank() == 0) {  // the model beside the weights: --init-from and convert read it
-      write_output_file((std::filesystem::path(o.checkpoint.export_dcp) / "config.json").string(),
-                        cfg.to_hf_config_json(), "--export-dcp");
-    }
-    say(fmt::format("Wrote the distributed checkpoint {} ({} layout, {}{}): {} in {:.2f} s",
-                    o.checkpoint.export_dcp, o.checkpoint.dcp_layout, o.checkpoint.dcp_format,
-                    with_optimizer ? ", with optimizer state" : ", weights only", megabytes(io.bytes), io.seconds));
-  }
-  if (!o.checkpoint.export_checkpoint.empty()) {
-    const checkpoint::CheckpointDirHold hold = checkpoint::open_checkpoint_dir(o.checkpoint.export_checkpoint, *group);
-    const checkpoint::SaveResult r = checkpoint::save_checkpoint(o.checkpoint.export_checkpoint, step, *sharded, owners, *group);
-    say(fmt::format("Wrote checkpoint {}{}: {} in {:.2f} s", r.path,
-                    with_optimizer ? " (with optimizer state: --resume continues it)" : " (weights only)",
-                    megabytes(r.io.bytes), r.io.seconds));
-  }
+                                                                                : nlohmann::json{{"step", s.step}});
+  std::vector<StateOwner*> owners = {&model, &carried};
+  if (s.with_optimizer) owners.push_back(&opt);
+  write_targets(o, c, s, owners, progress, say, warn);
   TrainSummary summary;
-  summary.parameters = cfg.num_parameters();
-  summary.plan = sharded->describe();
-  summary.start_step = step;
-  summary.end_step = step;
-  summary.resumed_from = source;
+  summary.parameters = c.cfg->num_parameters();
+  summary.plan = c.sharded->describe();
+  summary.start_step = s.step;
+  summary.end_step = s.step;
+  summary.resumed_from = s.path;
   return summary;
 }
 

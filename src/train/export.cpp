@@ -23,12 +23,13 @@ namespace fsdp::train {
 //    --tokenizer, which replace those of the same name (the model was trained
 //    with it): a model directory's tokenizer files; a tokenizer.json (also
 //    under another name) as tokenizer.json, with the tokenizer files beside a
-//    file named tokenizer.json; a SentencePiece model as tokenizer.model.
+//    file named tokenizer.json; a SentencePiece model as the family's name
+//    for it (tokenizer.model; T5: spiece.model).
 //    A tiktoken file (its format is not transformers') and "byte" add none.
 // The same JSON goes into every checkpoint's trainer_state ("hf_export"), so a
 // conversion of the checkpoint (Note [Checkpoint conversion]) writes what the
 // run's own --export-hf would have written.
-nlohmann::json export_extras(const TrainOptions& o, const data::Tokenizer& tokenizer,
+nlohmann::json export_extras(const TrainOptions& o, const ModelConfig& cfg, const data::Tokenizer& tokenizer,
                              const std::optional<int64_t>& bos, const std::vector<int64_t>& eos) {
   namespace fs = std::filesystem;
   nlohmann::json config = nlohmann::json::object();
@@ -58,7 +59,7 @@ nlohmann::json export_extras(const TrainOptions& o, const data::Tokenizer& token
     if (spec.filename() == "tokenizer.json") own_directory(fs::absolute(spec, ec).parent_path());
     own(fs::absolute(spec, ec).string(), "tokenizer.json");
   } else if (kind == "sentencepiece") {
-    own(fs::absolute(spec, ec).string(), "tokenizer.model");
+    own(fs::absolute(spec, ec).string(), cfg.sentencepiece_file_name());
   }
   nlohmann::json list = nlohmann::json::array();
   for (const auto& [path, name] : files) list.push_back({path, name});
@@ -94,7 +95,7 @@ checkpoint::HfExportOptions export_options(const TrainOptions& o, const nlohmann
 
 }  // namespace
 
-void export_and_report(const TrainOptions& o, ShardedModel& sharded, const models::LlamaConfig& cfg,
+void export_and_report(const TrainOptions& o, ShardedModel& sharded, const ModelConfig& cfg,
                        comm::ProcessGroup& group, const nlohmann::json& extras, bool progress, const LogLine& say,
                        const LogLine& warn) {
   checkpoint::HfExportOptions eo = export_options(o, extras, progress, warn);
@@ -109,7 +110,7 @@ void export_and_report(const TrainOptions& o, ShardedModel& sharded, const model
     e = checkpoint::export_peft_adapter(o.hf.export_dir, sharded, lora_config(o), group, po);
   } else {
     if (o.lora.enabled()) eo.lora_scaling = o.lora.effective_alpha() / static_cast<double>(o.lora.rank);
-    e = checkpoint::export_hf(o.hf.export_dir, sharded, cfg, group, eo);
+    e = checkpoint::export_hf(o.hf.export_dir, sharded, hf_model_info(cfg), group, eo);
   }
   say(fmt::format("Exported {} ({}) to {} in {:.2f} s: {}, {:.2f} GB/s ({})",
                   !o.lora.enabled() ? "Hugging Face weights" : o.lora.merge ? "merged LoRA weights" : "the LoRA adapter",

@@ -11,16 +11,16 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/fsdp.h"
-#include "fsdp/models/llama_config.h"
 #include "fsdp/train/trainer.h"
 #include "train/console.h"
+#include "fsdp/train/model_family.h"
 
 namespace fsdp::train {
 
 // The extras of Note [Export extras] for a run of `o` with `tokenizer`
 // (whose special token ids are `bos` and `eos`), as the JSON every
 // checkpoint records.
-nlohmann::json export_extras(const TrainOptions& o, const data::Tokenizer& tokenizer,
+nlohmann::json export_extras(const TrainOptions& o, const ModelConfig& cfg, const data::Tokenizer& tokenizer,
                              const std::optional<int64_t>& bos, const std::vector<int64_t>& eos);
 
 // Collective over `group`: writes hf.export_dir (the weights of `sharded` as
@@ -28,7 +28,7 @@ nlohmann::json export_extras(const TrainOptions& o, const data::Tokenizer& token
 // adapter directory or the merged model, with the `extras`), and logs what
 // it wrote through `say`; carried files that no longer exist are named
 // through `warn`.
-void export_and_report(const TrainOptions& o, ShardedModel& sharded, const models::LlamaConfig& cfg,
+void export_and_report(const TrainOptions& o, ShardedModel& sharded, const ModelConfig& cfg,
                        comm::ProcessGroup& group, const nlohmann::json& extras, bool progress, const LogLine& say,
                        const LogLine& warn);
 

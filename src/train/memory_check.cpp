@@ -33,16 +33,17 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
 }
 
 int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size,
-                     std::optional<c10::Device> this_rank, const models::LlamaConfig& cfg) {
+                     std::optional<c10::Device> this_rank, const ModelConfigPtr& config) {
+  const ModelConfig& cfg = *config;
   if (o.mode == Mode::kConvert) return 0;
   const bool eval_only = o.mode == Mode::kEvaluate;
   // A frozen base (LoRA, --freeze) has no gradient or optimizer state.
-  const BuiltModel m = build_model(o, cfg, BuildOptions{});
-  FsdpOptions fo = engine_options(o, *m.family, world_size);
+  const BuiltModel m = build_model(o, config, BuildOptions{});
+  FsdpOptions fo = engine_options(o, &cfg, world_size);
   if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = local_world_size;
   const bool pure = fo.mixed_precision.master_dtype == at::kBFloat16;
   const ShardingPlan plan = plan_sharding(m.root, world_size, 0, fo, pure ? at::kBFloat16 : at::kFloat);
-  // The sizes are bounded (LlamaConfig limits, validate_options' products), except
+  // The sizes are bounded (the configs' limits, validate_options' products), except
   // what grows with a micro-batch: B x T x (elements per token) of the compute dtype.
   const int64_t elem = static_cast<int64_t>(c10::elementSize(fo.mixed_precision.param_dtype));
   const int64_t kHuge = std::numeric_limits<int64_t>::max() / 4;  // "more than any machine": no overflow below
@@ -52,23 +53,14 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   };
   // The loss holds one chunk of logits at a time (models/chunked_loss.h).
   const int64_t loss_rows = o.step.loss_chunk_rows > 0 ? o.step.loss_chunk_rows
-                                                       : models::default_loss_chunk_rows(cfg.vocab_size, o.device);
+                                                       : models::default_loss_chunk_rows(cfg.vocab_size(), o.device);
   const std::optional<int64_t> tokens = checked_product({o.step.batch_size, o.data.seq_len});
   const int64_t logit_bytes =
-      std::min(models::chunked_loss_bytes(std::min(tokens.value_or(kHuge), loss_rows), cfg.vocab_size,
-                                          cfg.hidden_size, fo.mixed_precision.param_dtype),
+      std::min(models::chunked_loss_bytes(std::min(tokens.value_or(kHuge), loss_rows), cfg.vocab_size(),
+                                          cfg.hidden_size(), fo.mixed_precision.param_dtype),
                kHuge);
-  // Activations kept for backward, a lower bound per token and decoder layer: the
-  // norms, q/k/v/o and residuals (10 x hidden_size) and the MLP's gate, up, act
-  // and product (4 x intermediate_size); attention scores are left out (a fused
-  // kernel keeps none). With --activation-checkpointing only each layer's input
-  // stays, plus one layer while it is recomputed. (Measured on the tiny model:
-  // 281 MB over the weights' at B=16, T=256; this says 210 MB.)
-  const int64_t per_layer = 10 * cfg.hidden_size + 4 * cfg.intermediate_size;
-  const int64_t per_token = eval_only ? per_layer
-                            : o.sharding.activation_checkpointing
-                                ? cfg.num_hidden_layers * cfg.hidden_size + per_layer
-                                : cfg.num_hidden_layers * per_layer;
+  // Activations kept for backward, a lower bound per token (the family's count).
+  const int64_t per_token = cfg.activation_elements_per_token(o.sharding.activation_checkpointing, eval_only);
   const int64_t activation_bytes = bytes_per_micro_batch(per_token);
   const int64_t shards = plan.param_shard_bytes + (eval_only ? 0 : plan.grad_shard_bytes + plan.optimizer_bytes);
   const int64_t unsharded = plan.unsharded_bound(o.step.grad_accum);
@@ -83,14 +75,14 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
       "activations {}",
       format_bytes(plan.param_shard_bytes + (eval_only ? 0 : plan.grad_shard_bytes)),
       format_bytes(eval_only ? 0 : plan.optimizer_bytes), format_bytes(unsharded), format_bytes(logit_bytes),
-      loss_rows, o.step.batch_size, o.data.seq_len, cfg.vocab_size, format_bytes(activation_bytes));
+      loss_rows, o.step.batch_size, o.data.seq_len, cfg.vocab_size(), format_bytes(activation_bytes));
   const char* fix = "reduce --batch-size or --seq-len, add --activation-checkpointing, shard over more processes or "
                     "machines, use --cpu-offload, bf16 (--mixed-precision) or a smaller model";
   const int ranks = this_rank ? 1 : std::max(local_world_size, 1);
   if (host > 0) {
     const int64_t available = available_host_memory_bytes();
     const std::optional<int64_t> need = checked_mul(host, ranks);
-    FSDP_CHECK(available < 0 || (need && *need <= available), "model '", cfg.name, "' needs at least ",
+    FSDP_CHECK(available < 0 || (need && *need <= available), "model '", cfg.name(), "' needs at least ",
                format_bytes(host), " of host memory per process (", parts, ")",
                ranks > 1 ? fmt::format(" x {} processes on this machine = {}", ranks,
                                        need ? format_bytes(*need) : std::string("beyond 64-bit integers"))
@@ -100,7 +92,7 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   if (on_device) {
     const int64_t device_need = (o.sharding.cpu_offload ? 0 : shards) + step;
     const int64_t free = free_memory_bytes(*this_rank);
-    FSDP_CHECK(free < 0 || device_need <= free, "model '", cfg.name, "' needs at least ", format_bytes(device_need),
+    FSDP_CHECK(free < 0 || device_need <= free, "model '", cfg.name(), "' needs at least ", format_bytes(device_need),
                " on ", this_rank->str(), " (", parts, "), but it has ", format_bytes(free), " free — ", fix);
   }
   return unsharded;

@@ -31,70 +31,27 @@ namespace fsdp::train {
 
 namespace {
 
-// The Llama family: Llama 2/3, Mistral, Mixtral, Qwen2, Qwen3 (one model class
-// with per-type switches, models/llama.h).
-ModelFamily llama_family() {
-  ModelFamily f;
-  f.name = "llama";
-  f.accepts = [](const models::LlamaConfig&) { return true; };  // every model_type the registry parses
-  f.make = [](const models::LlamaConfig& cfg, const at::TensorOptions& options, uint64_t seed) {
-    return std::static_pointer_cast<torch::nn::Module>(
-        std::make_shared<models::LlamaForCausalLMImpl>(cfg, options, seed));
-  };
-  f.root = [](const std::shared_ptr<torch::nn::Module>& model) {
-    auto impl = std::dynamic_pointer_cast<models::LlamaForCausalLMImpl>(model);
-    FSDP_ASSERT(impl != nullptr, "the llama family's root needs a LlamaForCausalLMImpl, got ", model->name());
-    nn::Unit<models::LlamaForCausalLMImpl> unit(impl);
-    RootedModel r;
-    r.root = unit.ptr();
-    r.loss = [unit](const at::Tensor& tokens, const at::Tensor& targets, models::LossReduction reduction) mutable {
-      // The mean through the two-argument call, as the model's own loss() spells it.
-      return reduction == models::LossReduction::kMean ? unit(tokens, targets) : unit(tokens, targets, reduction);
-    };
-    return r;
-  };
-  f.block_type = models::llama_block_type();
-  f.unit_types = models::llama_unit_types();
-  f.set_loss_chunk_rows = [](torch::nn::Module& model, int64_t rows) {
-    auto* impl = dynamic_cast<models::LlamaForCausalLMImpl*>(&model);
-    FSDP_ASSERT(impl != nullptr, "the llama family's loss needs a LlamaForCausalLMImpl, got ", model.name());
-    impl->set_loss_chunk_rows(rows);
-  };
-  f.init_rule = [](const models::LlamaConfig& cfg) { return models::llama_init_rule(cfg); };
-  // Its configuration is a Hugging Face config.json.
-  f.save_config = [](const models::LlamaConfig& cfg) { return nlohmann::json::parse(cfg.to_hf_config_json()); };
-  f.load_config = [](const nlohmann::json& saved, const std::string& origin) {
-    return models::parse_hf_config(saved.dump(), origin);
-  };
-  f.config_mismatch = [](const nlohmann::json& saved, const models::LlamaConfig& cfg, const std::string& origin) {
-    return checkpoint::config_mismatch(cfg, models::parse_hf_config(saved.dump(), origin));
-  };
-  return f;
-}
-
 // The model config an --init-from run uses: --model when it names the same
 // directory (or was not given: the CLI then sets it to the directory).
-models::LlamaConfig init_config(const TrainOptions& o) {
-  models::LlamaConfig cfg = models::resolve_model_config(o.model);
+ModelConfigPtr init_config(const TrainOptions& o) {
+  ModelConfigPtr cfg = resolve_model(o.model);
   if (o.hf.init_from.empty()) return cfg;
   // A PyTorch distributed checkpoint holds weights only: the model is --model's.
   if (checkpoint::is_dcp_dir(o.hf.init_from) && !std::filesystem::exists(std::filesystem::path(o.hf.init_from) / "config.json")) {
     return cfg;
   }
-  const models::LlamaConfig from = models::resolve_model_config(o.hf.init_from);
-  const std::string diff = checkpoint::config_mismatch(cfg, from);
+  const ModelConfigPtr from = resolve_model(o.hf.init_from);
+  const std::string diff = model_mismatch(*cfg, *from);
   FSDP_CHECK(diff.empty(), "--model ", o.model, " and --init-from ", o.hf.init_from, "/config.json describe different "
              "models (", diff, "); leave out --model to take the config from ", o.hf.init_from);
   // The special token ids name tokens of the vocabulary the weights were
   // trained with, whatever --model says; --export-hf writes them back.
-  cfg.bos_token_id = from.bos_token_id;
-  cfg.eos_token_id = from.eos_token_id;
-  return cfg;
+  return cfg->with_token_ids_of(*from);
 }
 
 // The model config of the newest checkpoint in `dir` whose manifest reads
 // (checkpoints of one directory hold one model: resume refuses another).
-models::LlamaConfig checkpoint_model_config(const std::string& dir) {
+ModelConfigPtr checkpoint_model_config(const std::string& dir) {
   const auto list = checkpoint::list_checkpoints(dir);
   FSDP_CHECK(!list.empty(), "--checkpoint-dir ", dir, " holds no checkpoint (step_NNNNNNNN/ with manifest.json) to "
              "convert; converting needs an existing checkpoint — point --checkpoint-dir at the run's directory");
@@ -107,28 +64,33 @@ models::LlamaConfig checkpoint_model_config(const std::string& dir) {
       why += fmt::format("; {}: {}", c.path, e.what());
       continue;
     }
-    const ModelFamily& family = saved_model_family(saved, c.path);
-    return family.load_config(saved.at("config"), c.path);
+    return saved_model_config(saved, c.path);
   }
   FSDP_FAIL("no checkpoint in ", dir, " has a readable manifest", why);
 }
 
 // The config a conversion exports: the checkpoint's, which --model (when
 // given: non-empty) must agree with.
-models::LlamaConfig conversion_config(const TrainOptions& o) {
+ModelConfigPtr conversion_config(const TrainOptions& o) {
+  // A Hugging Face directory (convert --init-from): its config.json, which --model (when given) must agree with.
+  if (!o.hf.init_from.empty()) {
+    TrainOptions named = o;
+    if (named.model.empty()) named.model = o.hf.init_from;
+    return init_config(named);
+  }
   // A PyTorch distributed checkpoint at the top of the directory (no checkpoint of ours in it):
   // its config.json when it has one (fsdp-train convert --export-dcp writes it), else --model.
   const std::filesystem::path dir(o.checkpoint.dir);
   if (checkpoint::list_checkpoints(o.checkpoint.dir).empty() && checkpoint::is_dcp_dir(o.checkpoint.dir)) {
-    if (std::filesystem::exists(dir / "config.json")) return models::resolve_model_config(o.checkpoint.dir);
+    if (std::filesystem::exists(dir / "config.json")) return resolve_model(o.checkpoint.dir);
     FSDP_CHECK(!o.model.empty(), "--checkpoint-dir ", o.checkpoint.dir, " is a PyTorch distributed checkpoint without "
                "config.json: name its model with --model (a preset, a config.json or a Hugging Face directory)");
-    return models::resolve_model_config(o.model);
+    return resolve_model(o.model);
   }
-  models::LlamaConfig cfg = checkpoint_model_config(o.checkpoint.dir);
+  ModelConfigPtr cfg = checkpoint_model_config(o.checkpoint.dir);
   if (!o.model.empty()) {
-    const models::LlamaConfig named = models::resolve_model_config(o.model);
-    const std::string diff = checkpoint::config_mismatch(named, cfg);
+    const ModelConfigPtr named = resolve_model(o.model);
+    const std::string diff = model_mismatch(*named, *cfg);
     FSDP_CHECK(diff.empty(), "--model ", o.model, " and the checkpoints in ", o.checkpoint.dir,
                " describe different models (", diff, "); leave out --model to convert the checkpoint's model");
   }
@@ -148,45 +110,7 @@ WrapPolicy wrap_policy(const WrapChoice& w, const std::vector<std::type_index>& 
 
 }  // namespace
 
-const std::vector<ModelFamily>& model_families() {
-  static const std::vector<ModelFamily> families = {llama_family()};
-  return families;
-}
-
-const ModelFamily& model_family(const models::LlamaConfig& cfg) {
-  for (const ModelFamily& f : model_families()) {
-    if (f.accepts(cfg)) return f;
-  }
-  FSDP_CHECK(false, "model '", cfg.name, "' has model_type '", cfg.model_type, "', which no model family builds");
-  return model_families().front();
-}
-
-nlohmann::json model_state(const models::LlamaConfig& cfg) {
-  const ModelFamily& f = model_family(cfg);
-  return {{"family", f.name}, {"config", f.save_config(cfg)}};
-}
-
-const ModelFamily& saved_model_family(const nlohmann::json& saved, const std::string& origin) {
-  FSDP_CHECK(saved.is_object() && saved.contains("family") && saved["family"].is_string() && saved.contains("config"),
-             "checkpoint ", origin, " records no model (its state \"model\" is ", saved.dump(), "); it was not "
-             "written by fsdp-train, or by a version that did not record its model");
-  const std::string name = saved["family"].get<std::string>();
-  for (const ModelFamily& f : model_families()) {
-    if (f.name == name) return f;
-  }
-  FSDP_CHECK(false, "checkpoint ", origin, " holds a model of family '", name, "', which this build does not have");
-  return model_families().front();
-}
-
-std::string saved_model_mismatch(const nlohmann::json& saved, const models::LlamaConfig& cfg,
-                                 const std::string& origin) {
-  const ModelFamily& was = saved_model_family(saved, origin);
-  const ModelFamily& now = model_family(cfg);
-  if (was.name != now.name) return fmt::format("model family {} vs {}", was.name, now.name);
-  return now.config_mismatch(saved.at("config"), cfg, origin);
-}
-
-models::LlamaConfig resolve_model_config(const TrainOptions& o) {
+ModelConfigPtr resolve_model_config(const TrainOptions& o) {
   return o.mode == Mode::kConvert ? conversion_config(o) : init_config(o);
 }
 
@@ -199,13 +123,12 @@ models::LoraConfig lora_config(const TrainOptions& o) {
   return c;
 }
 
-BuiltModel build_model(const TrainOptions& o, const models::LlamaConfig& cfg, const BuildOptions& b) {
+BuiltModel build_model(const TrainOptions& o, const ModelConfigPtr& cfg, const BuildOptions& b) {
   BuiltModel m;
-  m.family = &model_family(cfg);
   m.config = cfg;
-  m.model = m.family->make(cfg, at::TensorOptions().device(b.device), b.seed);
-  m.init_rule = m.family->init_rule(cfg);
-  m.family->set_loss_chunk_rows(*m.model, o.step.loss_chunk_rows);
+  m.model = cfg->make(at::TensorOptions().device(b.device), b.seed);
+  m.init_rule = cfg->init_rule();
+  cfg->set_loss_chunk_rows(*m.model, o.step.loss_chunk_rows);
   if (o.lora.enabled()) {
     // UsageError for values and targets the model lacks.
     models::apply_lora(*m.model, lora_config(o), b.seed);
@@ -215,25 +138,27 @@ BuiltModel build_model(const TrainOptions& o, const models::LlamaConfig& cfg, co
   if (b.freeze && !o.freeze.empty()) nn::freeze_matching(*m.model, o.freeze);
   if (b.freeze) optim::check_lr_scales_match(o.param_groups, *m.model);  // as --freeze: a pattern must select something
   if (b.before_root) b.before_root(*m.model);
-  RootedModel r = m.family->root(m.model);
+  RootedModel r = cfg->root(m.model);
   m.root = std::move(r.root);
   m.loss = std::move(r.loss);
   return m;
 }
 
-FsdpOptions engine_options(const TrainOptions& o, const ModelFamily& family, int world_size) {
+FsdpOptions engine_options(const TrainOptions& o, const ModelConfig* cfg, int world_size) {
   const ShardingOptions& s = o.sharding;
   FSDP_CHECK(s.wrap.kind != WrapChoice::Kind::kSize || s.wrap.min_num_params >= 1, "--wrap size:",
              s.wrap.min_num_params, ": the minimum parameter count after 'size:' must be a positive integer, e.g. "
              "size:1000000");
   FsdpOptions fo;
   fo.strategy = s.strategy;
-  fo.wrap = wrap_policy(s.wrap, family.unit_types);
+  fo.wrap = wrap_policy(s.wrap, cfg != nullptr ? cfg->unit_types() : std::vector<std::type_index>{});
   fo.hybrid_shard_size = s.hybrid_shard_size;
   fo.sync_module_states = s.sync_module_states;
   fo.mixed_precision = s.mixed_precision;
   fo.compression = s.compression;
-  if (s.activation_checkpointing) fo.checkpoint_types = {family.block_type};
+  if (s.activation_checkpointing) {
+    fo.checkpoint_types = {cfg != nullptr ? cfg->block_type() : std::type_index(typeid(void))};
+  }
   fo.offload_checkpoint_inputs = s.offload_activations;
   fo.cpu_offload = s.cpu_offload;
   fo.backward_prefetch = s.backward_prefetch;
@@ -251,8 +176,7 @@ FsdpOptions engine_options(const TrainOptions& o, const ModelFamily& family, int
 }
 
 void check_engine_options(const TrainOptions& o, int world_size) {
-  ModelFamily any;  // its block type only names the units, which the checks do not look at
-  engine_options(o, any, world_size);
+  engine_options(o, nullptr, world_size);  // the units' types are not what the checks look at
 }
 
 std::string device_name(at::DeviceType type) { return c10::DeviceTypeName(type, /*lower_case=*/true); }

@@ -36,38 +36,73 @@ std::string token_ids_text(std::optional<int64_t> bos, const std::vector<int64_t
 
 // With --init-from, the special token ids of its config.json (which --export-hf
 // keeps) may name other tokens than the tokenizer's (which training uses).
-void warn_about_token_ids(const TrainOptions& o, const models::LlamaConfig& cfg, const RunData& d,
-                          const LogLine& warn) {
-  if (o.hf.init_from.empty() || (!cfg.bos_token_id.has_value() && cfg.eos_token_id.empty())) return;
-  const bool bos_differs = cfg.bos_token_id && d.bos && *cfg.bos_token_id != *d.bos;
-  const bool eos_differs = !cfg.eos_token_id.empty() && !d.eos.empty() &&
-                           std::find(cfg.eos_token_id.begin(), cfg.eos_token_id.end(), d.eos[0]) ==
-                               cfg.eos_token_id.end();
+void warn_about_token_ids(const TrainOptions& o, const ModelConfig& cfg, const RunData& d, const LogLine& warn) {
+  const std::optional<int64_t> bos = cfg.bos_token_id();
+  const std::vector<int64_t> eos = cfg.eos_token_id();
+  if (o.hf.init_from.empty() || (!bos.has_value() && eos.empty())) return;
+  const bool bos_differs = bos && d.bos && *bos != *d.bos;
+  const bool eos_differs = !eos.empty() && !d.eos.empty() && std::find(eos.begin(), eos.end(), d.eos[0]) == eos.end();
   if (bos_differs || eos_differs) {
     warn(fmt::format("--tokenizer {} uses {} but {}/config.json says {}; training uses the tokenizer's ids, "
                      "--export-hf keeps the config's (they belong to the weights' vocabulary)",
                      o.data.tokenizer, token_ids_text(d.bos, d.eos), o.hf.init_from,
-                     token_ids_text(cfg.bos_token_id, cfg.eos_token_id)));
+                     token_ids_text(bos, eos)));
   }
+}
+
+// Pairs for an encoder-decoder (DataKind::kPairs), cut to --seq-len / --target-len.
+std::shared_ptr<const data::PairDataset> load_pairs(const TrainOptions& o, const std::string& path,
+                                                     const data::Tokenizer& tokenizer, int64_t pad_id) {
+  data::PairOptions po;
+  po.path = path;
+  po.input_field = o.data.input_field;
+  po.target_field = o.data.target_field;
+  po.input_len = o.data.seq_len;
+  po.target_len = o.data.target_len > 0 ? o.data.target_len : o.data.seq_len;
+  po.pad_id = pad_id;
+  if (const int64_t free = available_host_memory_bytes(); free > 0) po.memory_budget = free / 2;
+  return data::load_pairs(po, tokenizer);
 }
 
 }  // namespace
 
-RunData load_run_data(const TrainOptions& o, const models::LlamaConfig& cfg, int world_size, int rank,
+std::unique_ptr<data::EvalBatches> RunData::eval_batches(int64_t seq_len, int world_size, int rank,
+                                                         int64_t max_rows) const {
+  if (validation_pairs) {
+    return std::make_unique<data::EvalRows>(validation_pairs, world_size, rank, max_rows, pad_id);
+  }
+  FSDP_CHECK(validation != nullptr, "Trainer::evaluate needs eval.val_data (--val-data PATH)");
+  return std::make_unique<data::EvalWindows>(validation, seq_len, world_size, rank, max_rows);
+}
+
+RunData load_run_data(const TrainOptions& o, const ModelConfig& cfg, int world_size, int rank,
                       const LogLine& warn) {
   RunData d;
   d.tokenizer = data::make_tokenizer(o.data.tokenizer);
-  FSDP_CHECK(d.tokenizer->vocab_size() <= cfg.vocab_size, "tokenizer ", d.tokenizer->name(), " has ",
-             d.tokenizer->vocab_size(), " tokens but model '", cfg.name, "' has vocab_size ", cfg.vocab_size,
+  FSDP_CHECK(d.tokenizer->vocab_size() <= cfg.vocab_size(), "tokenizer ", d.tokenizer->name(), " has ",
+             d.tokenizer->vocab_size(), " tokens but model '", cfg.name(), "' has vocab_size ", cfg.vocab_size(),
              "; choose a model with a large enough vocabulary or another tokenizer");
   if (d.tokenizer->bos_id() >= 0) d.bos = d.tokenizer->bos_id();
   if (d.tokenizer->eos_id() >= 0) d.eos = {d.tokenizer->eos_id()};
   warn_about_token_ids(o, cfg, d, warn);
-  d.train = load_data(o, o.data.path, d.tokenizer.get());
-  d.train->validate(cfg.vocab_size);
-  if (!o.eval.val_data.empty()) {
-    d.validation = load_data(o, o.eval.val_data, d.tokenizer.get());
-    d.validation->validate(cfg.vocab_size);
+  std::shared_ptr<const data::RowSource> rows;
+  if (cfg.data_kind() == DataKind::kPairs) {
+    d.pad_id = cfg.pad_token_id();
+    auto train = load_pairs(o, o.data.path, *d.tokenizer, d.pad_id);
+    train->validate(cfg.vocab_size());
+    rows = train;
+    if (!o.eval.val_data.empty()) {
+      d.validation_pairs = load_pairs(o, o.eval.val_data, *d.tokenizer, d.pad_id);
+      d.validation_pairs->validate(cfg.vocab_size());
+    }
+  } else {
+    auto train = load_data(o, o.data.path, d.tokenizer.get());
+    train->validate(cfg.vocab_size());
+    rows = data::token_windows(train, o.data.seq_len);
+    if (!o.eval.val_data.empty()) {
+      d.validation = load_data(o, o.eval.val_data, d.tokenizer.get());
+      d.validation->validate(cfg.vocab_size());
+    }
   }
 
   data::SamplerOptions sopt;
@@ -78,7 +113,7 @@ RunData load_run_data(const TrainOptions& o, const models::LlamaConfig& cfg, int
   sopt.grad_accum = o.step.grad_accum;
   sopt.seed = o.step.seed;
   sopt.shuffle = o.data.shuffle;
-  d.sampler = std::make_shared<const data::BatchSampler>(d.train, sopt);
+  d.sampler = std::make_shared<const data::BatchSampler>(rows, sopt);
   d.global_batch = d.sampler->global_batch_size();
   // One optimizer step reads each window at most once: a global batch past the
   // epoch (a slip of --grad-accum) would repeat the data inside every step and

@@ -1,5 +1,6 @@
 // What a run reads: the tokenizer, the training and validation data, and
-// the sampler that orders the training windows.
+// the sampler that orders the training rows: windows of a token stream, or
+// an encoder-decoder's (input, target) pairs (the model family's DataKind).
 #pragma once
 
 #include <cstdint>
@@ -8,11 +9,12 @@
 #include <vector>
 
 #include "fsdp/data/dataset.h"
+#include "fsdp/data/pairs.h"
 #include "fsdp/data/sampler.h"
 #include "fsdp/data/tokenizer.h"
-#include "fsdp/models/llama_config.h"
 #include "fsdp/train/trainer.h"
 #include "train/console.h"
+#include "fsdp/train/model_family.h"
 
 namespace fsdp::train {
 
@@ -20,10 +22,16 @@ struct RunData {
   std::unique_ptr<data::Tokenizer> tokenizer;
   std::optional<int64_t> bos;  // the tokenizer's special token ids (none: unset / empty)
   std::vector<int64_t> eos;
-  std::shared_ptr<const data::TokenDataset> train;
-  std::shared_ptr<const data::TokenDataset> validation;  // null without eval.val_data
-  std::shared_ptr<const data::BatchSampler> sampler;
+  // Validation data, null without eval.val_data: a token stream or pairs.
+  std::shared_ptr<const data::TokenDataset> validation;
+  std::shared_ptr<const data::PairDataset> validation_pairs;
+  std::shared_ptr<const data::BatchSampler> sampler;  // its rows(): the training data
   int64_t global_batch = 0;  // G: samples per optimizer step over all ranks
+  int64_t pad_id = 0;        // the pairs' input padding
+
+  bool has_validation() const { return validation != nullptr || validation_pairs != nullptr; }
+  // This rank's evaluation batches: the first max_rows windows (or pairs; 0: all).
+  std::unique_ptr<data::EvalBatches> eval_batches(int64_t seq_len, int world_size, int rank, int64_t max_rows) const;
 };
 
 // Loads options.data.tokenizer, the data and eval.val_data for a model of
@@ -31,7 +39,7 @@ struct RunData {
 // `warn` when --init-from's special token ids differ from the tokenizer's.
 // UsageError: a tokenizer larger than the vocabulary, token ids outside it, a
 // global batch larger than an epoch of the data (training).
-RunData load_run_data(const TrainOptions& options, const models::LlamaConfig& cfg, int world_size, int rank,
+RunData load_run_data(const TrainOptions& options, const ModelConfig& cfg, int world_size, int rank,
                       const LogLine& warn);
 
 }  // namespace fsdp::train

@@ -46,7 +46,7 @@ nlohmann::json trainer_state(const TrainOptions& o, const RunState& s) {
   return ts;
 }
 
-int64_t resume_from(const TrainOptions& o, const checkpoint::LoadResult& r, const models::LlamaConfig& cfg,
+int64_t resume_from(const TrainOptions& o, const checkpoint::LoadResult& r, const ModelConfig& cfg,
                     int64_t global_batch, optim::ShardedGradScaler* scaler, const LogLine& say, const LogLine& warn) {
   const std::string diff = saved_model_mismatch(r.saved(checkpoint::kModelKey), cfg, r.path);
   FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " was saved from another model (", diff,

@@ -9,11 +9,11 @@
 #include <nlohmann/json.hpp>
 
 #include "fsdp/checkpoint/sharded.h"
-#include "fsdp/models/llama_config.h"
 #include "fsdp/optim/grad_scaler.h"
 #include "fsdp/optim/lr_schedule.h"
 #include "fsdp/train/trainer.h"
 #include "train/console.h"
+#include "fsdp/train/model_family.h"
 
 namespace fsdp::train {
 
@@ -34,7 +34,7 @@ nlohmann::json trainer_state(const TrainOptions& o, const RunState& s);
 // of `cfg` (UsageError otherwise), restores the loss scaler's state (when
 // `scaler`), warns through `warn` where the data order differs from the saved
 // run's, logs the resume through `say`, and returns the checkpoint's step.
-int64_t resume_from(const TrainOptions& o, const checkpoint::LoadResult& r, const models::LlamaConfig& cfg,
+int64_t resume_from(const TrainOptions& o, const checkpoint::LoadResult& r, const ModelConfig& cfg,
                     int64_t global_batch, optim::ShardedGradScaler* scaler, const LogLine& say, const LogLine& warn);
 
 // Drops the records of steps >= first_step from the metrics file at `path`

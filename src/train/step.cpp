@@ -47,17 +47,17 @@ void Trainer::Impl::publish(MetricScope scope, const StepRecord* step, const Eva
 // --- evaluation: exact mean over every target of the windows (sampler.h, EvalWindows)
 EvalRecord Trainer::Impl::evaluate(int64_t max_windows) {
   require_restored("evaluate");
-  FSDP_CHECK(data_.validation != nullptr, "Trainer::evaluate needs eval.val_data (--val-data PATH)");
+  FSDP_CHECK(data_.has_validation(), "Trainer::evaluate needs eval.val_data (--val-data PATH)");
   const int64_t completed = step_;
   trace::Span span("eval", "eval", -1, {}, completed);
   const auto t0 = Clock::now();
-  data::EvalWindows windows(data_.validation, o_.data.seq_len, W_, rank_, max_windows);
+  const std::unique_ptr<data::EvalBatches> windows = data_.eval_batches(o_.data.seq_len, W_, rank_, max_windows);
   at::NoGradGuard no_grad;
   EvalMode eval_mode(*model_.model);
   double sum = 0.0;
-  const int64_t batches = windows.num_batches(o_.step.batch_size);
+  const int64_t batches = windows->num_batches(o_.step.batch_size);
   for (int64_t b = 0; b < batches; ++b) {
-    const data::Batch batch = windows.batch(b, o_.step.batch_size);
+    const data::Batch batch = windows->batch(b, o_.step.batch_size);
     sum += model_.loss(batch.inputs.to(device_), batch.targets.to(device_), models::LossReduction::kSum)
                .item<double>();
   }
@@ -65,7 +65,7 @@ EvalRecord Trainer::Impl::evaluate(int64_t max_windows) {
   scalars_->all_reduce(t, comm::ReduceOp::kSum)->wait();
   EvalRecord rec;
   rec.step = completed;
-  rec.targets = windows.total_targets();
+  rec.targets = windows->total_targets();
   rec.loss = t.item<double>() / static_cast<double>(rec.targets);
   if (!std::isfinite(rec.loss)) {  // the same value on every rank: all fail together
     const char* value = std::isnan(rec.loss) ? "NaN" : rec.loss > 0 ? "inf" : "-inf";
@@ -100,13 +100,33 @@ void Trainer::Impl::begin_training() {
   interval_steps_ = 0;
 }
 
+// Note [Loss over rows]
+// A step's loss is the mean over every target of its global batch, whatever
+// the world size W and gradient accumulation A, so that runs at different
+// world sizes train alike (the engine averages the ranks' gradients). Where
+// every row has the same number of targets (windows of a token stream) each
+// micro-batch's own mean, divided by A, is that mean's share: the loss the
+// trainer has always computed, bit for bit. Where rows differ (an
+// encoder-decoder's pairs, padded to the decoder's width) a micro-batch's
+// mean would weigh a short target more than a long one, so each micro-batch
+// contributes its sum times W / N, N the step's targets over all ranks and
+// micro-steps (BatchSampler::step_targets: every rank counts them from the
+// global batch rule, no communication).
+
 // Forward and backward of every micro-batch (gradient synchronization on the
-// last only); returns this rank's loss summed over them, each divided by
-// grad_accum, i.e. its mean: a (1) float64 tensor on the device, not read
+// last only); returns this rank's share of the step's loss (Note [Loss over
+// rows]) summed over them: a (1) float64 tensor on the device, not read
 // here (no host synchronization inside the step; summed in float64 as the
 // host sum it replaces, the same bits).
 at::Tensor Trainer::Impl::forward_backward() {
   at::Tensor local;
+  const bool uniform = data_.sampler->rows().uniform_targets();
+  double per_target = 0.0;  // W / N (rows that differ)
+  if (!uniform) {
+    const int64_t n = data_.sampler->step_targets(step_);
+    FSDP_CHECK(n > 0, "step ", step_, " holds no target to learn (every target ignored)");
+    per_target = static_cast<double>(W_) / static_cast<double>(n);
+  }
   for (int64_t a = 0; a < o_.step.grad_accum; ++a) {
     data::Batch batch;
     {
@@ -124,8 +144,11 @@ at::Tensor Trainer::Impl::forward_backward() {
     const auto to_device = [&](const at::Tensor& t) {
       return device_.is_cuda() ? t.pin_memory().to(device_, /*non_blocking=*/true) : t.to(device_);
     };
-    at::Tensor loss = model_.loss(to_device(batch.inputs), to_device(batch.targets), models::LossReduction::kMean) /
-                      static_cast<double>(o_.step.grad_accum);
+    at::Tensor loss =
+        uniform ? model_.loss(to_device(batch.inputs), to_device(batch.targets), models::LossReduction::kMean) /
+                      static_cast<double>(o_.step.grad_accum)
+                : model_.loss(to_device(batch.inputs), to_device(batch.targets), models::LossReduction::kSum) *
+                      per_target;
     (scaler_ ? scaler_->scale(loss) : loss).backward();
     const at::Tensor l = loss.detach().to(at::kDouble).reshape({1});
     local = local.defined() ? local + l : l;
@@ -250,7 +273,7 @@ void Trainer::Impl::log_step(StepRecord& rec) {
 }
 
 void Trainer::Impl::finish_trace() {
-  const std::string file = tracer_.finish(*scalars_, cfg_.name, std::max(o_.log.profile_begin, start_step_),
+  const std::string file = tracer_.finish(*scalars_, cfg_->name(), std::max(o_.log.profile_begin, start_step_),
                                           std::min(o_.log.profile_end, summary_.end_step) - 1, say_);
   if (lead_) summary_.trace_file = file;
 }

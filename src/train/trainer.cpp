@@ -107,7 +107,7 @@ void Trainer::Impl::build() {
   if (!o_.checkpoint.dir.empty()) {
     checkpoint_dir_ = checkpoint::open_checkpoint_dir(o_.checkpoint.dir, rt_.cpu_group ? *rt_.cpu_group : *world_);
   }
-  data_ = load_run_data(o_, cfg_, W_, rank_, warn_);
+  data_ = load_run_data(o_, *cfg_, W_, rank_, warn_);
 
   // The model, built on the meta device; each rank materializes its shards.
   // --sync-module-states: rank 0 alone builds the whole model on the CPU
@@ -120,13 +120,13 @@ void Trainer::Impl::build() {
   if (rank0_materializes) {
     b.before_root = [&](torch::nn::Module& model) {
       if (!o_.hf.init_from.empty() && !checkpoint::is_dcp_dir(o_.hf.init_from)) {
-        rank0_import_ = checkpoint::import_hf_module(o_.hf.init_from, model, cfg_, progress_);
+        rank0_import_ = checkpoint::import_hf_module(o_.hf.init_from, model, hf_model_info(*cfg_), progress_);
       }
       if (!o_.lora.init_adapter.empty()) checkpoint::import_peft_adapter_module(o_.lora.init_adapter, model);
     };
   }
   model_ = build_model(o_, cfg_, b);
-  engine_ = engine_options(o_, *model_.family, W_);
+  engine_ = engine_options(o_, cfg_.get(), W_);
   engine_.device = device_;
   if (engine_.hybrid_shard_size == 0) engine_.hybrid_shard_size = rt_.world.local_world_size;
   engine_.init_rule = model_.init_rule;
@@ -135,7 +135,7 @@ void Trainer::Impl::build() {
   // MFU: this rank's share of the model FLOPs per second over the device's data-sheet
   // peak for the compute dtype; left out where the peak is not known (the CPU).
   device_peak_flops_ = peak_flops(device_model(device_), engine_.mixed_precision.param_dtype);
-  flops_per_token_ = cfg_.training_flops_per_token(o_.data.seq_len);
+  flops_per_token_ = cfg_->training_flops_per_token(o_.data.seq_len);
   if (o_.sharding.sync_module_states) {
     say_(fmt::format("--sync-module-states: rank 0's {} broadcast to {} rank{} before sharding",
                      o_.hf.init_from.empty() ? "initial parameters" : "weights from " + o_.hf.init_from, W_,
@@ -169,7 +169,7 @@ void Trainer::Impl::build() {
     scaler_ = std::make_unique<optim::ShardedGradScaler>(gso, scalars_);
   }
 
-  summary_.parameters = cfg_.num_parameters();
+  summary_.parameters = cfg_->num_parameters();
   if (o_.checkpoint.async && !o_.checkpoint.dir.empty()) {
     async_ = std::make_unique<checkpoint::AsyncCheckpointer>(
         checkpoint::AsyncSaveOptions{o_.checkpoint.staging_limit});
@@ -177,8 +177,8 @@ void Trainer::Impl::build() {
 
   summary_.plan = sharded_->describe();
   log_plan_and_memory();
-  model_state_ = model_state(cfg_);
-  hf_extras_ = export_extras(o_, *data_.tokenizer, data_.bos, data_.eos);
+  model_state_ = model_state(*cfg_);
+  hf_extras_ = export_extras(o_, *cfg_, *data_.tokenizer, data_.bos, data_.eos);
 }
 
 void Trainer::Impl::log_plan_and_memory() {
@@ -189,8 +189,8 @@ void Trainer::Impl::log_plan_and_memory() {
   }
   const std::string frozen = trainable == total ? std::string()
                              : fmt::format("; {} of {} trainable, {} frozen", trainable, total, total - trainable);
-  say_(fmt::format("model {} ({} parameters{}), {} ranks ({}), {} units, global batch {} x {} tokens", cfg_.name,
-                   cfg_.num_parameters(), frozen, W_, rt_.world.launcher, count_units(sharded_->units()),
+  say_(fmt::format("model {} ({} parameters{}), {} ranks ({}), {} units, global batch {} x {} tokens", cfg_->name(),
+                   cfg_->num_parameters(), frozen, W_, rt_.world.launcher, count_units(sharded_->units()),
                    data_.global_batch, o_.data.seq_len));
   if (W_ > 1) say_(fmt::format("process group: {}", rt_.world_group->transport()));
   if (W_ > 1 && engine_.compression.any()) {
@@ -198,8 +198,9 @@ void Trainer::Impl::log_plan_and_memory() {
                      to_string(engine_.compression.all_gather), to_string(engine_.compression.reduce_scatter),
                      engine_.compression.block_size));
   }
-  say_(fmt::format("data {}, {} windows of {} tokens per epoch", data_.train->describe(),
-                   data_.sampler->samples_per_epoch(), o_.data.seq_len));
+  say_(fmt::format("data {}, {} {} of {} tokens per epoch", data_.sampler->rows().describe(),
+                   data_.sampler->samples_per_epoch(),
+                   cfg_->data_kind() == DataKind::kPairs ? "examples" : "windows", o_.data.seq_len));
   if (console_.on()) std::cout << summary_.plan << std::flush;
   // Where this rank's bytes live (CPU offload moves shards and optimizer state to host memory).
   std::string where;
@@ -231,15 +232,15 @@ void Trainer::Impl::restore() {
     // The model's and the trainer's metadata are checked by resume_from.
     MetadataState model(checkpoint::kModelKey, model_state_);
     MetadataState trainer(checkpoint::kTrainerKey, nullptr);
-    const checkpoint::DcpNames titan = dcp_names(checkpoint::DcpLayout::kTorchtitan);
-    lo.dcp_names = &titan;
+    const std::optional<checkpoint::DcpNames> titan = cfg_->torchtitan_names();
+    lo.dcp_names = titan ? &*titan : nullptr;
     const checkpoint::LoadResult r =
         checkpoint::load_latest_checkpoint(o_.checkpoint.dir, *sharded_, {&model, &trainer, opt_.get()}, *scalars_, lo);
     for (const auto& why : r.rejected) warn_(why + "; trying the previous checkpoint");
     if (r.loaded) {
       resumed_ = true;
       summary_.resumed_from = r.path;
-      start_step_ = resume_from(o_, r, cfg_, data_.global_batch, scaler_.get(), say_, warn_);
+      start_step_ = resume_from(o_, r, *cfg_, data_.global_batch, scaler_.get(), say_, warn_);
     } else if (checkpoint::is_dcp_dir(o_.checkpoint.dir)) {
       resume_from_dcp();
     } else {
@@ -260,7 +261,8 @@ void Trainer::Impl::restore() {
     // With --sync-module-states rank 0 read the files before sharding.
     const checkpoint::HfImportResult r =
         o_.sharding.sync_module_states ? rank0_import_.value_or(checkpoint::HfImportResult{})
-                                       : checkpoint::import_hf(o_.hf.init_from, *sharded_, cfg_, *scalars_, progress_);
+                                       : checkpoint::import_hf(o_.hf.init_from, *sharded_, hf_model_info(*cfg_), *scalars_,
+                                                                progress_);
     say_(fmt::format("Initialized from {} ({} file{}): {} in {:.2f} s, {:.2f} GB/s{}", o_.hf.init_from,
                      r.files.size(), r.files.size() == 1 ? "" : "s", megabytes(r.io.bytes), r.io.seconds,
                      r.io.gb_per_s(),
@@ -428,10 +430,13 @@ void Trainer::Impl::report_saved(int64_t step, const checkpoint::SaveResult& r, 
   }
 }
 
-// The names of `layout` for this model (checkpoint/dcp.h): ours, or torchtitan's Llama.
+// The names of `layout` for this model (checkpoint/dcp.h): ours, or torchtitan's.
 checkpoint::DcpNames Trainer::Impl::dcp_names(checkpoint::DcpLayout layout) const {
   if (layout == checkpoint::DcpLayout::kTorch) return {};
-  return checkpoint::torchtitan_llama_names(cfg_.num_attention_heads, cfg_.num_key_value_heads);
+  const std::optional<checkpoint::DcpNames> titan = cfg_->torchtitan_names();
+  FSDP_CHECK(titan.has_value(), "model '", cfg_->name(), "' (", cfg_->family().name(), ") has no torchtitan layout; "
+             "use --dcp-layout torch");
+  return *titan;
 }
 
 // --resume from a PyTorch distributed checkpoint at the top of --checkpoint-dir
@@ -446,7 +451,7 @@ void Trainer::Impl::resume_from_dcp() {
   const checkpoint::DcpLoadResult r =
       checkpoint::load_dcp(o_.checkpoint.dir, *sharded_, {&model, &trainer, opt_.get()}, *scalars_, dl);
   if (!model.loaded().is_null()) {
-    const std::string diff = saved_model_mismatch(model.loaded(), cfg_, o_.checkpoint.dir);
+    const std::string diff = saved_model_mismatch(model.loaded(), *cfg_, o_.checkpoint.dir);
     FSDP_CHECK(diff.empty(), "checkpoint ", o_.checkpoint.dir, " was saved from another model (", diff, ")");
   }
   int64_t step = r.optimizer_step;
@@ -469,7 +474,7 @@ void Trainer::Impl::export_hf() {
   // Special token ids (Hugging Face): with --init-from, its config.json's
   // (cfg_ carries them, see resolve_model_config); otherwise the tokenizer the
   // model was trained with, null where it has none. Files: Note [Export extras].
-  export_and_report(o_, *sharded_, cfg_, *scalars_, hf_extras_, progress_, say_, warn_);
+  export_and_report(o_, *sharded_, *cfg_, *scalars_, hf_extras_, progress_, say_, warn_);
 }
 
 TrainSummary Trainer::Impl::run() {
@@ -493,7 +498,7 @@ TrainSummary Trainer::Impl::run() {
     // Evaluation and checkpoint time is left out of the next Speed figure.
     const auto extra_start = Clock::now();
     poll_save();  // a background save's writer error surfaces here, on every rank
-    if (data_.validation && o_.eval.every > 0 && (completed % o_.eval.every == 0 || last)) {
+    if (data_.has_validation() && o_.eval.every > 0 && (completed % o_.eval.every == 0 || last)) {
       evaluate(o_.eval.max_windows);
     }
     if (!o_.checkpoint.dir.empty() &&

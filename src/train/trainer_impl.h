@@ -91,7 +91,7 @@ class Trainer::Impl {
   // Where the metrics go: the Prometheus endpoint (from the constructor on),
   // then the metrics file and TensorBoard (opened by restore()).
   std::vector<std::unique_ptr<MetricSink>> sinks_;
-  const models::LlamaConfig cfg_;  // resolved once (Note [Building the model])
+  const ModelConfigPtr cfg_;  // resolved once (Note [Building the model])
 
   // cuda:<local rank> (the NCCL world group's device) or the CPU.
   at::Device device_ = at::kCPU;

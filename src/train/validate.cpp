@@ -30,7 +30,7 @@ namespace {
 
 // The --lora-* flags, and their targets (and --freeze) against the model,
 // built on the meta device.
-void validate_lora(const TrainOptions& o, const models::LlamaConfig& cfg) {
+void validate_lora(const TrainOptions& o, const ModelConfigPtr& cfg) {
   if (!o.lora.enabled()) {
     for (const auto& [given, flag] : {std::pair<bool, const char*>{o.lora.merge, "--merge-lora"},
                                       {!o.lora.init_adapter.empty(), "--init-adapter"},
@@ -64,22 +64,29 @@ void validate_lora(const TrainOptions& o, const models::LlamaConfig& cfg) {
 // tokenizer) into the model its manifest describes, and export it exactly as
 // the run's --export-hf would have (Note [Export extras]). Any world size,
 // sharding or wrap: the checkpoint is re-cut on load and the export gathers
-// whole units, so the files do not depend on them.
-models::LlamaConfig validate_conversion(const TrainOptions& o, int world_size, const models::LlamaConfig* resolved) {
+// whole units, so the files do not depend on them. The source may instead be
+// a Hugging Face directory (convert --init-from HF_DIR): its weights into the
+// model its config.json describes, written out as any target (an export that
+// reads back as the same model, its tokenizer and generation files carried).
+ModelConfigPtr validate_conversion(const TrainOptions& o, int world_size, const ModelConfigPtr* resolved) {
   worker_device(device_name(o.device), /*local_rank=*/0);
   const char* what = "converting a checkpoint (fsdp-train convert)";
   const bool any_target =
       !o.hf.export_dir.empty() || !o.checkpoint.export_dcp.empty() || !o.checkpoint.export_checkpoint.empty();
   std::string missing;
-  if (o.checkpoint.dir.empty()) missing = "--checkpoint-dir DIR";
+  if (o.checkpoint.dir.empty() && o.hf.init_from.empty()) missing = "--checkpoint-dir DIR (or --init-from HF_DIR)";
   if (!any_target) missing += std::string(missing.empty() ? "" : ", ") + "--export-hf OUT (or --export-dcp OUT, --export-checkpoint OUT)";
-  FSDP_CHECK(missing.empty(), what, " needs --checkpoint-dir DIR and a target: --export-hf OUT, --export-dcp OUT or "
-             "--export-checkpoint OUT (missing: ", missing, ")");
-  FSDP_CHECK(o.hf.init_from.empty(), what, ": the weights come from the checkpoint, so --init-from ",
-             o.hf.init_from, " has no use — leave it out (the run's --init-from files are carried over from the "
-             "checkpoint's record)");
-  FSDP_CHECK(std::filesystem::is_directory(o.checkpoint.dir), "--checkpoint-dir ", o.checkpoint.dir,
-             " is not a directory holding checkpoints");
+  FSDP_CHECK(missing.empty(), what, " needs a source, --checkpoint-dir DIR or --init-from HF_DIR, and a target: "
+             "--export-hf OUT, --export-dcp OUT or --export-checkpoint OUT (missing: ", missing, ")");
+  FSDP_CHECK(o.hf.init_from.empty() || o.checkpoint.dir.empty(), what, " reads one source: --checkpoint-dir ",
+             o.checkpoint.dir, " or --init-from ", o.hf.init_from, " — leave out the other (a checkpoint carries "
+             "its run's --init-from files over by itself)");
+  if (!o.hf.init_from.empty()) {
+    checkpoint::find_hf_weights(o.hf.init_from);  // UsageError: no weights there
+  } else {
+    FSDP_CHECK(std::filesystem::is_directory(o.checkpoint.dir), "--checkpoint-dir ", o.checkpoint.dir,
+               " is not a directory holding checkpoints");
+  }
   if (!o.hf.export_dir.empty()) {
     check_export_target(o);
     checkpoint::hf_dtype_name(o.hf.export_dtype);  // float32, bfloat16 or float16, else UsageError
@@ -99,7 +106,7 @@ models::LlamaConfig validate_conversion(const TrainOptions& o, int world_size, c
     checkpoint::check_checkpoint_dir(o.checkpoint.export_checkpoint);
   }
   check_engine_options(o, world_size);
-  models::LlamaConfig cfg = resolved != nullptr ? *resolved : resolve_model_config(o);
+  ModelConfigPtr cfg = resolved != nullptr ? *resolved : resolve_model_config(o);
   validate_lora(o, cfg);
   return cfg;
 }
@@ -242,7 +249,7 @@ void validate_options(const TrainOptions& o, int world_size) { (void)validate_op
 // The configuration is resolved where the checks come to it (when the caller
 // has not resolved it), so that a bad flag is named before the model files
 // are read.
-models::LlamaConfig validate_options(const TrainOptions& o, int world_size, const models::LlamaConfig* resolved) {
+ModelConfigPtr validate_options(const TrainOptions& o, int world_size, const ModelConfigPtr* resolved) {
   if (o.mode == Mode::kConvert) {  // Note [Checkpoint conversion]: no data, no training flags
     return validate_conversion(o, world_size, resolved);
   }
@@ -287,12 +294,25 @@ models::LlamaConfig validate_options(const TrainOptions& o, int world_size, cons
   }
   FSDP_CHECK(!eval_only || !o.hf.init_from.empty() || o.checkpoint.resume,
              "--eval-only evaluates existing weights: give --init-from DIR or --resume with --checkpoint-dir DIR");
-  models::LlamaConfig cfg = resolved != nullptr ? *resolved : resolve_model_config(o);
+  ModelConfigPtr cfg = resolved != nullptr ? *resolved : resolve_model_config(o);
   validate_lora(o, cfg);
   if (!o.freeze.empty()) build_model(o, cfg, BuildOptions{});  // UsageError: a --freeze that freezes nothing or all
-  FSDP_CHECK(o.data.seq_len <= cfg.max_position_embeddings, "--seq-len ", o.data.seq_len, " is longer than model '",
-             cfg.name, "' supports (max_position_embeddings = ", cfg.max_position_embeddings,
-             "); use --seq-len <= ", cfg.max_position_embeddings);
+  const std::optional<int64_t> longest = cfg->max_seq_len();
+  FSDP_CHECK(!longest || o.data.seq_len <= *longest, "--seq-len ", o.data.seq_len, " is longer than model '",
+             cfg->name(), "' supports (max_position_embeddings = ", longest.value_or(0), "); use --seq-len <= ",
+             longest.value_or(0));
+  FSDP_CHECK(o.data.target_len >= 0, "--target-len must be >= 0 (0: --seq-len), got ", o.data.target_len);
+  if (cfg->data_kind() == DataKind::kPairs) {
+    FSDP_CHECK(o.data.format == data::DataFormat::kAuto || o.data.format == data::DataFormat::kJsonl, "model '",
+               cfg->name(), "' (", cfg->family().name(), ", an encoder-decoder) trains on (input, target) pairs from "
+               "JSON lines; --data-format ", data::to_string(o.data.format), " cannot hold them");
+    FSDP_CHECK(o.data.seq_len >= 2 && (o.data.target_len == 0 || o.data.target_len >= 2), "model '", cfg->name(),
+               "' reads pairs of at least 2 tokens each (a token and EOS): --seq-len ", o.data.seq_len,
+               ", --target-len ", o.data.target_len);
+  } else {
+    FSDP_CHECK(o.data.target_len == 0, "--target-len is the decoder's width of an encoder-decoder model (t5); model '",
+               cfg->name(), "' reads windows of --seq-len tokens");
+  }
   validate_records(o);
   return cfg;
 }

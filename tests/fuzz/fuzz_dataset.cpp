@@ -5,7 +5,10 @@
 // tokens; 5: BOS before documents; 6: a directory, its files split at NUL bytes
 // (data-0.<ext>, data-1.<ext>, ...). Text may be gzip-compressed (recognised by
 // content). Promises checked on a dataset it accepts: it is not empty, every
-// token reads back in order, and describe/locate work on every file.
+// token reads back in order, and describe/locate work on every file. A JSON-lines
+// name is also read as (input, target) pairs (data::load_pairs, what an
+// encoder-decoder's --data reads): rows of the widths asked, each target
+// counted as fill() writes it, ending in EOS.
 #include <algorithm>
 #include <cstddef>
 #include <cstdint>
@@ -14,6 +17,8 @@
 #include <vector>
 
 #include "fsdp/data/dataset.h"
+#include "fsdp/data/pairs.h"
+#include "fsdp/data/sampler.h"
 #include "fsdp/data/tokenizer.h"
 #include "fuzz_util.h"
 
@@ -64,5 +69,24 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     fuzz_require(!ds->describe().empty(), "the dataset describes itself");
     ds->validate(o.token_dtype == fsdp::data::TokenDtype::kUint16 ? 65536 : tokenizer.vocab_size());
   });
+  if (ext == ".jsonl" || ext == ".json.gz") {
+    fsdp::fuzz::expect_documented_errors([&] {
+      fsdp::data::PairOptions po;
+      po.path = o.path;
+      po.input_len = 2 + ((control >> 4) & 3);
+      po.target_len = 2 + ((control >> 5) & 3);
+      const auto pairs = fsdp::data::load_pairs(po, tokenizer);
+      fuzz_require(pairs->rows() > 0, "loaded pairs are not empty");
+      std::vector<int64_t> in(static_cast<size_t>(po.input_len)), tgt(static_cast<size_t>(po.target_len));
+      for (int64_t r = 0; r < std::min<int64_t>(pairs->rows(), 64); ++r) {
+        pairs->fill(r, in.data(), tgt.data());
+        const int64_t n = std::count_if(tgt.begin(), tgt.end(), [](int64_t t) { return t != fsdp::data::kIgnoreIndex; });
+        fuzz_require(n == pairs->targets(r) && n >= 1 && tgt[static_cast<size_t>(n - 1)] == tokenizer.eos_id(),
+                     "a pair's targets are counted as filled and end in EOS");
+      }
+      fuzz_require(!pairs->describe().empty(), "the pairs describe themselves");
+      pairs->validate(tokenizer.vocab_size());
+    });
+  }
   return 0;
 }

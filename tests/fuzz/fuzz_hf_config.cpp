@@ -1,13 +1,15 @@
-// Fuzz target: a Hugging Face config.json (models::parse_hf_config, what --model
-// and --init-from read). Input: the file's bytes.
-// Promises checked on a config it accepts: the summary and parameter count are
-// computed without overflow (UBSan), and the config.json we export for it
-// (--export-hf) reads back as the same model.
+// Fuzz target: a Hugging Face config.json (what --model and --init-from read):
+// both families' readers, models::parse_hf_config (Llama) and
+// models::parse_t5_config (T5), on every input. Input: the file's bytes.
+// Promises checked on a config a reader accepts: the summary and parameter
+// count are computed without overflow (UBSan), and the config.json we export
+// for it (--export-hf) reads back as the same model.
 #include <cstddef>
 #include <cstdint>
 #include <string>
 
 #include "fsdp/models/registry.h"
+#include "fsdp/models/t5_config.h"
 #include "fuzz_util.h"
 
 namespace {
@@ -49,6 +51,22 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       fsdp::fuzz::finding(std::string("the exported config.json is refused on reading: ") + e.what() + "\n" + exported);
     }
     fuzz_require(same_model(c, back), "the exported config.json reads back as the same model:\n" + exported);
+  });
+  fsdp::fuzz::expect_documented_errors([&] {
+    const fsdp::models::T5Config c = fsdp::models::parse_t5_config(text, "fuzz/config.json");
+    fuzz_require(!c.summary().empty(), "an accepted T5 config has a summary");
+    fuzz_require(c.num_parameters() > 0, "an accepted T5 config has parameters");
+    const std::string exported = c.to_hf_config_json();
+    fsdp::models::T5Config back;
+    try {
+      back = fsdp::models::parse_t5_config(exported, "fuzz/exported/config.json");
+    } catch (const fsdp::UsageError& e) {
+      fsdp::fuzz::finding(std::string("the exported T5 config.json is refused on reading: ") + e.what() + "\n" +
+                          exported);
+    }
+    fuzz_require(fsdp::models::t5_config_mismatch(c, back).empty() && c.eos_token_id == back.eos_token_id &&
+                     c.dropout_rate == back.dropout_rate,
+                 "the exported T5 config.json reads back as the same model:\n" + exported);
   });
   return 0;
 }

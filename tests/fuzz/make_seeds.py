@@ -53,6 +53,13 @@ def hf_config():
     out("hf_config", "bad_heads.json", config(**dict(base, num_attention_heads=3)))
     out("hf_config", "bad_type.json", config(**dict(base, vocab_size="512")))
     out("hf_config", "huge_sizes.json", config(**dict(base, vocab_size=10**12, hidden_size=2**40)))
+    t5 = dict(model_type="t5", d_model=64, d_kv=16, d_ff=128, num_layers=2, num_decoder_layers=3, num_heads=4,
+              vocab_size=512, relative_attention_num_buckets=32, relative_attention_max_distance=128,
+              feed_forward_proj="relu", tie_word_embeddings=True, eos_token_id=1, pad_token_id=0,
+              decoder_start_token_id=0, architectures=["T5ForConditionalGeneration"])
+    out("hf_config", "t5_tiny.json", config(**t5))
+    out("hf_config", "flan_t5_gated.json", config(**dict(t5, feed_forward_proj="gated-gelu", tie_word_embeddings=False)))
+    out("hf_config", "t5_bad_proj.json", config(**dict(t5, feed_forward_proj="gated-tanh-relu")))
 
 
 def safetensors_file(tensors, metadata=None, raw_header=None):
@@ -230,6 +237,10 @@ def dataset():
     out("dataset", "gzip_truncated", ctl(0, 3) + gz[: len(gz) // 2])
     out("dataset", "dir_jsonl", ctl(0, 1, directory=True) + jsonl.encode() + b"\0" + jsonl.encode())
     out("dataset", "dir_bin", ctl(0, 2, directory=True) + b"\x01\x00\x02\x00\x03\x00\x04\x00\x05\x00")
+    # (input, target) pairs: read as documents and as pairs (a .jsonl name).
+    pairs = "".join(json.dumps({"input": "reverse: " + w, "target": w[::-1]}) + "\n" for w in ["abc", "hello", "x"])
+    out("dataset", "pairs_jsonl", ctl(0, 1) + pairs.encode())
+    out("dataset", "pairs_gzip_wide", ctl(0, 3, u32=True, bos=True) + gzip.compress(pairs.encode(), mtime=0))
 
 
 def main():

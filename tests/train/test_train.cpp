@@ -287,6 +287,12 @@ TEST(TrainCli, BadInputIsAOneLineUsageError) {
       {"--model tiny --data " + kCorpus + " --profile-steps 1:2 --profile-file /nonexistent/t.json", "/nonexistent"},
       {"--model tiny --data " + kCorpus + " --tensorboard " + dir + "/big.bin", "--tensorboard"},
       {"--config /nonexistent/run.toml", "/nonexistent/run.toml"},
+      // An encoder-decoder's flags and data (models.md, T5).
+      {"--model tiny --data " + kCorpus + " --target-len 8", "--target-len is the decoder's width"},
+      {"--model t5-tiny --data " + kCorpus + " --data-format text", "(input, target) pairs from JSON lines"},
+      {"--model t5-tiny --data " + kCorpus + " --seq-len 16", "no field \"input\""},
+      {"--model t5-tiny --data " + kCorpus + " --seq-len 16 --input-field text --target-field text",
+       "must name two different fields"},
   };
   // --device cuda is a usage error only where it cannot run: a CPU-only build
   // says so; a CUDA build on a machine without a GPU names the device count;

@@ -30,6 +30,7 @@
 #include <nlohmann/json_fwd.hpp>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <string>
 #include <utility>
@@ -84,7 +85,7 @@ struct HfExportResult {
 // are neither weights nor config.json: the tokenizer's (tokenizer.json,
 // tokenizer_config.json, special_tokens_map.json, tokenizer.model,
 // added_tokens.json, vocab.json, merges.txt, chat_template.jinja,
-// chat_template.json) and generation_config.json. An export carries over
+// chat_template.json, T5's spiece.model) and generation_config.json. An export carries over
 // those of the --init-from directory, byte for byte (HfExportOptions::extra_files).
 const std::vector<std::string>& hf_side_file_names();
 // (absolute path, file name) of each of hf_side_file_names() present in `dir`.
@@ -100,12 +101,32 @@ bool is_hf_export_file(const std::string& file_name);
 // (Note [Ownership of what we delete], checkpoint/ownership.h).
 void check_export_dir(const std::string& dir, const std::string& flag = "--export-hf");
 
+// Whether import may skip a tensor of a directory that the model does not have.
+using HfIgnorable = std::function<bool(const std::string& tensor_name)>;
+// What export and import need to know of a model besides its parameters,
+// whatever its family (the trainer's model families fill it in).
+struct HfModelInfo {
+  std::string config_json;  // config.json as the export writes it, without "dtype"
+  std::string model_type;   // for messages
+  // Tensors of a directory that import skips without complaint (named in
+  // HfImportResult::ignored): tied copies, buffers older versions saved.
+  HfIgnorable ignorable;
+};
+// A Llama-family config's: LlamaConfig::to_hf_config_json, and as ignorable
+// the tied lm_head.weight and the rotary inv_freq buffers of older files.
+HfModelInfo hf_model_info(const models::LlamaConfig& cfg);
+
 // Collective over `group` (every rank of the model's world); rank 0 writes DIR,
 // holding a DirectoryLock on PARENT/.<name>.lock meanwhile (a second export to
 // DIR is refused). Errors are raised on every rank; check_export_dir's
 // refusals are UsageErrors.
-HfExportResult export_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
+HfExportResult export_hf(const std::string& dir, ShardedModel& model, const HfModelInfo& info,
                          comm::ProcessGroup& group, const HfExportOptions& options = {});
+// export_hf of a Llama-family model: hf_model_info(cfg).
+inline HfExportResult export_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
+                                comm::ProcessGroup& group, const HfExportOptions& options = {}) {
+  return export_hf(dir, model, hf_model_info(cfg), group, options);
+}
 
 // The weights of a Hugging Face model directory: model.safetensors.index.json's
 // weight_map, else model.safetensors, else the only *.safetensors file.
@@ -130,15 +151,25 @@ struct HfImportResult {
 // shape mismatch (naming the tensor and both shapes); tensors the model does
 // not have (other than those listed under `ignored`); a malformed file.
 // Collective over `group` (for the byte count only).
-HfImportResult import_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
+HfImportResult import_hf(const std::string& dir, ShardedModel& model, const HfModelInfo& info,
                          comm::ProcessGroup& group, bool progress = false);
+// import_hf of a Llama-family model: hf_model_info(cfg).
+inline HfImportResult import_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
+                                comm::ProcessGroup& group, bool progress = false) {
+  return import_hf(dir, model, hf_model_info(cfg), group, progress);
+}
 
 // Loads DIR's weights into every parameter of an unsharded, materialized
 // module (named as in named_parameters(): the Hugging Face names) — what rank
 // 0 does before fully_shard broadcasts its values under sync_module_states.
 // The same checks and errors as import_hf; result.io counts this process only.
-HfImportResult import_hf_module(const std::string& dir, torch::nn::Module& module, const models::LlamaConfig& cfg,
+HfImportResult import_hf_module(const std::string& dir, torch::nn::Module& module, const HfModelInfo& info,
                                 bool progress = false);
+// import_hf_module of a Llama-family model: hf_model_info(cfg).
+inline HfImportResult import_hf_module(const std::string& dir, torch::nn::Module& module,
+                                       const models::LlamaConfig& cfg, bool progress = false) {
+  return import_hf_module(dir, module, hf_model_info(cfg), progress);
+}
 
 // "" when `a` and `b` describe the same architecture (every field that changes
 // shapes, results or gradients: model_type, biases, pad_token_id, sizes, rope,

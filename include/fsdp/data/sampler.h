@@ -26,12 +26,18 @@
 //
 // Note [Resume]. get(step, micro_step) is a pure function of its arguments and the
 // options: the data position to save for an exact resume is the step alone.
+//
+// Note [Rows]. What the rule orders are K rows of a RowSource: the windows of
+// a token stream above (token_windows), or the examples of an encoder-decoder's
+// (input, target) pairs (pairs.h), whose inputs and targets have widths of
+// their own. Everything above holds for either.
 #pragma once
 
 #include <ATen/ATen.h>
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 namespace fsdp::data {
@@ -42,8 +48,8 @@ class TokenDataset;
 constexpr int64_t kIgnoreIndex = -100;
 
 struct Batch {
-  at::Tensor inputs;   // (B, T) int64, CPU, contiguous
-  at::Tensor targets;  // (B, T) int64, CPU, contiguous
+  at::Tensor inputs;   // (B, T) int64, CPU, contiguous (pairs: (B, Ts))
+  at::Tensor targets;  // (B, T) int64, CPU, contiguous (pairs: (B, Tt))
   int64_t step = -1;        // training: the step and micro-step it belongs to
   int64_t micro_step = -1;  // (eval batches: step = batch index, micro_step = 0)
 };
@@ -65,6 +71,28 @@ class WindowPermutation {
   uint64_t round_keys_[kRounds] = {};
 };
 
+// The K rows a BatchSampler draws from (Note [Rows]). Immutable, thread-safe.
+class RowSource {
+ public:
+  virtual ~RowSource() = default;
+  virtual int64_t rows() const = 0;          // K
+  virtual int64_t input_width() const = 0;   // a row's inputs
+  virtual int64_t target_width() const = 0;  // a row's targets
+  // Row `row` in [0, K): input_width() inputs and target_width() targets.
+  virtual void fill(int64_t row, int64_t* inputs, int64_t* targets) const = 0;
+  // Row `row`'s targets that are not kIgnoreIndex.
+  virtual int64_t targets(int64_t row) const = 0;
+  // Whether every row has target_width() targets (windows): a rank's mean over
+  // its rows is then the mean over the global batch (Note [Loss over rows] in
+  // src/train/step.cpp).
+  virtual bool uniform_targets() const = 0;
+  virtual std::string describe() const = 0;  // for logs and messages
+};
+
+// The K = (N - 1) / T windows of a token stream (inputs t[w*T .. w*T+T), targets
+// one further). UsageError, naming the dataset, when N < T + 1.
+std::shared_ptr<const RowSource> token_windows(std::shared_ptr<const TokenDataset> dataset, int64_t seq_len);
+
 struct SamplerOptions {
   int64_t seq_len = 0;     // T
   int64_t batch_size = 0;  // B: rows per rank per micro-step
@@ -80,6 +108,9 @@ class BatchSampler {
   // UsageError if an option is out of range, or if the dataset is shorter than one
   // window (N < T + 1): the message gives N, T and the fix.
   BatchSampler(std::shared_ptr<const TokenDataset> dataset, SamplerOptions options);
+  // Rows of any source (Note [Rows]); options.seq_len is then not used.
+  // UsageError when the source has no rows.
+  BatchSampler(std::shared_ptr<const RowSource> rows, SamplerOptions options);
 
   struct Sample {
     int64_t epoch;
@@ -100,14 +131,19 @@ class BatchSampler {
 
   int64_t samples_per_epoch() const { return windows_per_epoch_; }  // K
   int64_t global_batch_size() const;                                // G
-  int64_t tokens_per_step() const { return global_batch_size() * options_.seq_len; }
+  // The targets (not kIgnoreIndex) of step `step`'s G rows over every rank and
+  // micro-step: the same on every rank, without communication.
+  int64_t step_targets(int64_t step) const;
+  int64_t tokens_per_step() const { return global_batch_size() * rows_->input_width(); }
   // Epochs completed after `steps` steps (fractional), for logs.
   double epochs_after(int64_t steps) const;
   const SamplerOptions& options() const { return options_; }
-  const TokenDataset& dataset() const { return *dataset_; }
+  const RowSource& rows() const { return *rows_; }
 
  private:
-  std::shared_ptr<const TokenDataset> dataset_;
+  void check_options() const;
+
+  std::shared_ptr<const RowSource> rows_;
   SamplerOptions options_;
   int64_t windows_per_epoch_ = 0;  // K
 };
@@ -124,7 +160,17 @@ class BatchSampler {
 // forward stay matched; rows past a rank's last window are padding (all targets
 // kIgnoreIndex). The mean loss over the whole set is
 //   all_reduce_sum(sum of per-token losses, ignore_index = kIgnoreIndex) / total_targets().
-class EvalWindows {
+// What evaluation iterates: the same number of batches on every rank, and
+// the count of targets they hold over all ranks (the mean's denominator).
+class EvalBatches {
+ public:
+  virtual ~EvalBatches() = default;
+  virtual int64_t num_batches(int64_t batch_size) const = 0;
+  virtual Batch batch(int64_t index, int64_t batch_size) const = 0;
+  virtual int64_t total_targets() const = 0;
+};
+
+class EvalWindows final : public EvalBatches {
  public:
   // UsageError if N < 2, T < 1, or the rank/world size are out of range.
   EvalWindows(std::shared_ptr<const TokenDataset> dataset, int64_t seq_len, int64_t world_size = 1,
@@ -134,15 +180,15 @@ class EvalWindows {
   int64_t windows_for_rank(int64_t r) const;
   int64_t local_windows() const { return windows_for_rank(rank_); }
   // Target tokens that are not kIgnoreIndex, over all ranks / this rank.
-  int64_t total_targets() const;
+  int64_t total_targets() const override;
   int64_t targets_for_rank(int64_t r) const;
   int64_t local_targets() const { return targets_for_rank(rank_); }
 
   // Batches per rank for batch size B: the same on every rank.
-  int64_t num_batches(int64_t batch_size) const;
+  int64_t num_batches(int64_t batch_size) const override;
   // Batch `index` in [0, num_batches(B)) of this rank: rows are its local windows
   // index*B .. index*B+B-1 (padding past the last).
-  Batch batch(int64_t index, int64_t batch_size) const;
+  Batch batch(int64_t index, int64_t batch_size) const override;
   // Global window index of this rank's local window i.
   int64_t global_window(int64_t local_i) const { return rank_ + local_i * world_size_; }
 
@@ -152,6 +198,24 @@ class EvalWindows {
   std::shared_ptr<const TokenDataset> dataset_;
   int64_t seq_len_, world_size_, rank_;
   int64_t total_windows_ = 0;
+};
+
+// Evaluation over the first max_rows rows (0: all) of a RowSource (Note
+// [Rows]): rank r takes rows r, r+W, r+2W, ...; every rank runs the same
+// number of batches, rows past its last are padding (inputs `pad`, targets
+// kIgnoreIndex). The targets are counted at construction (RowSource::targets).
+class EvalRows final : public EvalBatches {
+ public:
+  // UsageError when the source has no rows or the rank is out of range.
+  EvalRows(std::shared_ptr<const RowSource> rows, int64_t world_size, int64_t rank, int64_t max_rows, int64_t pad);
+  int64_t num_batches(int64_t batch_size) const override;
+  Batch batch(int64_t index, int64_t batch_size) const override;
+  int64_t total_targets() const override { return total_targets_; }
+
+ private:
+  std::shared_ptr<const RowSource> rows_;
+  int64_t world_size_, rank_, count_, pad_;
+  int64_t total_targets_ = 0;
 };
 
 }  // namespace fsdp::data

@@ -45,6 +45,12 @@ struct DataOptions {
   std::string tokenizer = "byte";
   data::DataFormat format = data::DataFormat::kAuto;
   std::string text_field = "text";
+  // Encoder-decoder models (T5) read (input, target) pairs (data/pairs.h):
+  // the JSON-lines fields, and the decoder's width Tt (0: seq_len); seq_len
+  // is then the encoder's width Ts.
+  std::string input_field = "input";
+  std::string target_field = "target";
+  int64_t target_len = 0;
   data::TokenDtype token_dtype = data::TokenDtype::kUint16;
   int64_t seq_len = 256;           // T
   bool shuffle = true;
