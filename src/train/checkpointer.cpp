@@ -13,18 +13,23 @@
 
 namespace fsdp::train {
 
-Checkpointer::Checkpointer(const TrainOptions& run, ModelConfigPtr cfg, comm::ProcessGroup& dir_group, LogLine say,
-                           LogLine warn, bool progress)
-    : run_(run),
-      o_(run.checkpoint),
+Checkpointer::Checkpointer(const CheckpointOptions& options, const DataOptions& data, const StepOptions& step,
+                           const std::string& init_from, ModelConfigPtr cfg, comm::ProcessGroup& dir_group,
+                           const Reporter& reporter)
+    : o_(options),
+      data_(data),
+      step_(step),
+      init_from_(init_from),
       cfg_(std::move(cfg)),
-      say_(std::move(say)),
-      warn_(std::move(warn)),
-      progress_(progress),
+      say_(reporter.say()),
+      warn_(reporter.warn()),
+      progress_(reporter.progress_bars()),
       model_state_(model_state(*cfg_)) {
   if (o_.dir.empty()) return;
   dir_ = checkpoint::open_checkpoint_dir(o_.dir, dir_group);
-  if (o_.async) async_ = std::make_unique<checkpoint::AsyncCheckpointer>(checkpoint::AsyncSaveOptions{o_.staging_limit});
+  if (o_.async) {
+    async_ = std::make_unique<checkpoint::AsyncCheckpointer>(checkpoint::AsyncSaveOptions{o_.staging_limit});
+  }
 }
 
 // --- resume: the newest valid checkpoint of ours, else a distributed checkpoint at the top
@@ -43,7 +48,7 @@ std::optional<int64_t> Checkpointer::resume(const SaveTarget& t, int64_t global_
   for (const auto& why : r.rejected) warn_(why + "; trying the previous checkpoint");
   if (r.loaded) {
     t.summary.resumed_from = r.path;
-    return resume_from(run_, r, *cfg_, global_batch, t.scaler, say_, warn_);
+    return resume_from(data_, step_, r, *cfg_, global_batch, t.scaler, say_, warn_);
   }
   if (checkpoint::is_dcp_dir(o_.dir)) {
     int64_t step = 0;
@@ -51,7 +56,7 @@ std::optional<int64_t> Checkpointer::resume(const SaveTarget& t, int64_t global_
     return step;
   }
   say_(fmt::format("no checkpoint in {} yet: starting from {}", o_.dir,
-                   run_.hf.init_from.empty() ? "scratch" : run_.hf.init_from));
+                   init_from_.empty() ? "scratch" : init_from_));
   return std::nullopt;
 }
 
@@ -72,7 +77,8 @@ void Checkpointer::resume_from_dcp(const SaveTarget& t, int64_t& step) {
   dl.names = dcp_names(layout);
   MetadataState model(checkpoint::kModelKey, model_state_);
   MetadataState trainer(checkpoint::kTrainerKey, nullptr);
-  const checkpoint::DcpLoadResult r = checkpoint::load_dcp(o_.dir, t.model, {&model, &trainer, &t.optimizer}, t.group, dl);
+  const checkpoint::DcpLoadResult r =
+      checkpoint::load_dcp(o_.dir, t.model, {&model, &trainer, &t.optimizer}, t.group, dl);
   if (!model.loaded().is_null()) {
     const std::string diff = saved_model_mismatch(model.loaded(), *cfg_, o_.dir);
     FSDP_CHECK(diff.empty(), "checkpoint ", o_.dir, " was saved from another model (", diff, ")");
@@ -105,7 +111,7 @@ std::string Checkpointer::start_save(const SaveTarget& t, int64_t completed, int
   state.hf_extras = &hf_extras_;
   state.scaler = t.scaler;
   MetadataState model(checkpoint::kModelKey, model_state_);
-  MetadataState trainer(checkpoint::kTrainerKey, trainer_state(run_, state));
+  MetadataState trainer(checkpoint::kTrainerKey, trainer_state(data_, step_, state));
   checkpoint::DcpSaveOptions dcp;  // --checkpoint-format dcp: step_N is a PyTorch distributed checkpoint
   if (o_.format == "dcp") {
     dcp.layout = checkpoint::parse_dcp_layout(o_.dcp_layout, "--dcp-layout");

@@ -20,6 +20,7 @@
 #include "fsdp/train/model_family.h"
 #include "fsdp/train/trainer.h"
 #include "train/console.h"
+#include "train/reporter.h"
 
 namespace fsdp::train {
 
@@ -36,13 +37,15 @@ struct SaveTarget {
 
 class Checkpointer {
  public:
-  // Collective over dir_group when checkpoint.dir is set: rank 0 locks the
+  // Collective over dir_group when options.dir is set: rank 0 locks the
   // directory until the Checkpointer is destroyed and removes what
-  // interrupted saves left (Note [Ownership of what we delete]). `run`'s
-  // flags are recorded into every checkpoint and checked on a resume
-  // (run_state.h); `run` must outlive the Checkpointer.
-  Checkpointer(const TrainOptions& run, ModelConfigPtr cfg, comm::ProcessGroup& dir_group, LogLine say, LogLine warn,
-               bool progress);
+  // interrupted saves left (Note [Ownership of what we delete]). The run's
+  // data and step options are recorded into every checkpoint and checked on
+  // a resume (run_state.h); init_from is where a run without a checkpoint
+  // starts (said in the log). The options must outlive the Checkpointer.
+  Checkpointer(const CheckpointOptions& options, const DataOptions& data, const StepOptions& step,
+               const std::string& init_from, ModelConfigPtr cfg, comm::ProcessGroup& dir_group,
+               const Reporter& reporter);
   Checkpointer(const Checkpointer&) = delete;
   Checkpointer& operator=(const Checkpointer&) = delete;
 
@@ -79,8 +82,10 @@ class Checkpointer {
                     double held_s);
   void report_commit(TrainSummary& summary, const std::optional<checkpoint::AsyncCommit>& c);
 
-  const TrainOptions& run_;
   const CheckpointOptions& o_;
+  const DataOptions& data_;
+  const StepOptions& step_;
+  const std::string& init_from_;
   const ModelConfigPtr cfg_;
   const LogLine say_;
   const LogLine warn_;

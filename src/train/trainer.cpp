@@ -62,7 +62,8 @@ void Trainer::Impl::build() {
   unsharded_bound_ = check_memory(o_, W_, rt_.world.local_world_size, device_, cfg_);
   // --checkpoint-dir is this run's alone until it ends (Note [Ownership of
   // what we delete]): rank 0 locks it and removes what interrupted saves left.
-  checkpointer_.emplace(o_, cfg_, rt_.cpu_group ? *rt_.cpu_group : *world_, say_, warn_, reporter_.progress_bars());
+  checkpointer_.emplace(o_.checkpoint, o_.data, o_.step, o_.hf.init_from, cfg_,
+                        rt_.cpu_group ? *rt_.cpu_group : *world_, reporter_);
   data_.emplace(o_, *cfg_, W_, rank_, warn_);
 
   // The model, built on the meta device; each rank materializes its shards.
