@@ -149,6 +149,33 @@ TEST(Train, AHandWrittenLoopEqualsRun) {
   }
 }
 
+// An agreed stop (options.stop_requested on any rank) ends the steps:
+// train_step() is then refused with what to do instead, and save() goes on
+// (the phase Stopping of src/train/trainer_phase.h).
+TEST(Train, AnAgreedStopEndsTheSteps) {
+  const std::string dir = testing::temp_dir("train-stop");
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    train::TrainOptions o = tiny_options();
+    o.step.batch_size = 2;
+    o.checkpoint.dir = dir + "/ckpt";
+    int calls = 0;
+    // Rank 1 alone asks, at its second step: every rank stops after it.
+    o.stop_requested = [&calls, rank = pg.rank()] { return ++calls == 2 && rank == 1 ? 15 : 0; };
+    train::Trainer t(o, runtime_of(pg, pg.size()));
+    t.restore();
+    t.train_step();
+    EXPECT_FALSE(t.stop_requested());
+    t.train_step();
+    EXPECT_TRUE(t.stop_requested());
+    EXPECT_CONTAINS(testing::usage_error_of([&] { t.train_step(); }),
+                    "Trainer::train_step: a rank asked to stop at the last step (stop_requested()); save() and end "
+                    "the run (phase Stopping -> Training is not legal)");
+    EXPECT_EQ(t.step(), 2);
+    EXPECT_EQ(std::filesystem::path(t.save()).filename().string(), "step_00000002");
+    EXPECT_TRUE(t.stop_requested()) << "a save returns to the phase it was called in";
+  });
+}
+
 // --sync-module-states: rank 0 alone materializes (or loads --init-from) and
 // broadcasts. Rank 1 is pointed at other weights of the same shapes: with the
 // flag its files are not read and the run equals one where every rank loads
