@@ -44,7 +44,7 @@ std::string duration_text(double seconds) {
   return fmt::format("{}d{:02}h", s / 86400, (s % 86400) / 3600);
 }
 
-Console::Console(const TrainOptions& o, bool lead) : on_(lead && !o.log.quiet), bar_(on_ && isatty(STDOUT_FILENO) == 1) {}
+Console::Console(const LogOptions& log, bool lead) : on_(lead && !log.quiet), bar_(on_ && isatty(STDOUT_FILENO) == 1) {}
 
 Console::~Console() { erase_bar(); }
 

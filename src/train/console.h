@@ -25,7 +25,8 @@ std::string signal_name(int code);
 // collected by Kubernetes never hold it).
 class Console {
  public:
-  Console(const TrainOptions& o, bool lead);
+  Console(const LogOptions& log, bool lead);
+  Console(const TrainOptions& o, bool lead) : Console(o.log, lead) {}
   ~Console();
   Console(const Console&) = delete;
   Console& operator=(const Console&) = delete;

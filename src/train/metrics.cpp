@@ -20,19 +20,20 @@ double num(int64_t v) { return static_cast<double>(v); }
 // Present only with dynamic loss scaling (fp16): the scale it used is > 0.
 bool scaling(const MetricSource& s) { return s.step->loss_scale > 0; }
 
-}  // namespace
+// The table (metrics_table: the step's rows, then the evaluation's). Keys
+// and TensorBoard tags are those the files have always had; Prometheus
+// names follow its conventions (base units in the name, _total for a
+// counter), prefixed fsdp_train_ / fsdp_eval_.
+constexpr auto S = MetricScope::kStep;
+constexpr auto E = MetricScope::kEval;
+constexpr auto I = MetricType::kInteger;
+constexpr auto R = MetricType::kReal;
+constexpr auto F = MetricType::kFlag;
+constexpr unsigned JP = kToJson | kToPrometheus;
 
-// The table. Keys and TensorBoard tags are those the files have always had;
-// Prometheus names follow its conventions (base units in the name, _total
-// for a counter), prefixed fsdp_train_ / fsdp_eval_.
-const std::vector<Metric>& metrics_table() {
-  constexpr auto S = MetricScope::kStep;
-  constexpr auto E = MetricScope::kEval;
-  constexpr auto I = MetricType::kInteger;
-  constexpr auto R = MetricType::kReal;
-  constexpr auto F = MetricType::kFlag;
-  constexpr unsigned JP = kToJson | kToPrometheus;
-  static const std::vector<Metric> table = {
+// The table's rows of a step record, in their order.
+std::vector<Metric> step_metrics() {
+  return {
       {S, "step", I, JP, "", "fsdp_train_step", "", "",
        "the step logged, numbered from 0 as in the log's 'Batch N'",
        [](const MetricSource& s) -> V { return num(s.step->step); }},
@@ -97,6 +98,12 @@ const std::vector<Metric>& metrics_table() {
        }},
       {S, "world_size", I, JP, "", "fsdp_world_size", "", "", "processes training",
        [](const MetricSource& s) -> V { return num(s.world_size); }},
+  };
+}
+
+// The table's rows of an evaluation record, after the step's.
+std::vector<Metric> eval_metrics() {
+  return {
       {E, "step", I, JP, "", "fsdp_eval_step", "", "not in evaluation-only runs",
        "completed training steps when evaluated",
        [](const MetricSource& s) -> V { return s.eval_only ? std::nullopt : V(num(s.eval->step)); }},
@@ -106,6 +113,16 @@ const std::vector<Metric>& metrics_table() {
       {E, "eval_tokens", I, JP, "", "fsdp_eval_tokens", "", "", "target tokens evaluated (all ranks)",
        [](const MetricSource& s) -> V { return num(s.eval->targets); }},
   };
+}
+
+}  // namespace
+
+const std::vector<Metric>& metrics_table() {
+  static const std::vector<Metric> table = [] {
+    std::vector<Metric> t = step_metrics();
+    for (Metric& m : eval_metrics()) t.push_back(std::move(m));
+    return t;
+  }();
   return table;
 }
 

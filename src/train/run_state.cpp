@@ -14,20 +14,20 @@
 
 namespace fsdp::train {
 
-nlohmann::json trainer_state(const TrainOptions& o, const RunState& s) {
+nlohmann::json trainer_state(const DataOptions& data, const StepOptions& step, const RunState& s) {
   const optim::LrSchedule& sched = *s.schedule;
   nlohmann::json ts{{"step", s.completed},
                     {"samples_seen", s.completed * s.global_batch},
                     {"epochs", s.epochs},
-                    {"seed", o.step.seed},
+                    {"seed", step.seed},
                     {"global_batch_size", s.global_batch},
-                    {"batch_size", o.step.batch_size},
-                    {"grad_accum", o.step.grad_accum},
+                    {"batch_size", step.batch_size},
+                    {"grad_accum", step.grad_accum},
                     {"world_size", s.world_size},
-                    {"seq_len", o.data.seq_len},
-                    {"shuffle", o.data.shuffle},
-                    {"data", o.data.path},
-                    {"tokenizer", o.data.tokenizer},
+                    {"seq_len", data.seq_len},
+                    {"shuffle", data.shuffle},
+                    {"data", data.path},
+                    {"tokenizer", data.tokenizer},
                     {"schedule",
                      {{"lr", sched.lr},
                       {"min_lr", sched.min_lr},
@@ -46,8 +46,9 @@ nlohmann::json trainer_state(const TrainOptions& o, const RunState& s) {
   return ts;
 }
 
-int64_t resume_from(const TrainOptions& o, const checkpoint::LoadResult& r, const ModelConfig& cfg,
-                    int64_t global_batch, optim::ShardedGradScaler* scaler, const LogLine& say, const LogLine& warn) {
+int64_t resume_from(const DataOptions& data, const StepOptions& step, const checkpoint::LoadResult& r,
+                    const ModelConfig& cfg, int64_t global_batch, optim::ShardedGradScaler* scaler,
+                    const LogLine& say, const LogLine& warn) {
   const std::string diff = saved_model_mismatch(r.saved(checkpoint::kModelKey), cfg, r.path);
   FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " was saved from another model (", diff,
              "); resume with the model it was saved with or use another --checkpoint-dir");
@@ -66,10 +67,10 @@ int64_t resume_from(const TrainOptions& o, const checkpoint::LoadResult& r, cons
     }
   };
   differs("global_batch_size", global_batch, "a global batch of");
-  differs("seq_len", o.data.seq_len, "--seq-len");
-  differs("seed", o.step.seed, "--seed");
-  differs("shuffle", o.data.shuffle, "shuffle =");
-  differs("data", o.data.path, "--data");
+  differs("seq_len", data.seq_len, "--seq-len");
+  differs("seed", step.seed, "--seed");
+  differs("shuffle", data.shuffle, "shuffle =");
+  differs("data", data.path, "--data");
   return start;
 }
 

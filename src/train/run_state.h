@@ -27,15 +27,17 @@ struct RunState {
   const optim::ShardedGradScaler* scaler = nullptr;       // null without loss scaling
 };
 
-// The "trainer_state" a checkpoint records.
-nlohmann::json trainer_state(const TrainOptions& o, const RunState& s);
+// The "trainer_state" a checkpoint records (with the run's data and step options).
+nlohmann::json trainer_state(const DataOptions& data, const StepOptions& step, const RunState& s);
 
 // A checkpoint `r` was loaded to resume from: checks that it holds the model
 // of `cfg` (UsageError otherwise), restores the loss scaler's state (when
-// `scaler`), warns through `warn` where the data order differs from the saved
-// run's, logs the resume through `say`, and returns the checkpoint's step.
-int64_t resume_from(const TrainOptions& o, const checkpoint::LoadResult& r, const ModelConfig& cfg,
-                    int64_t global_batch, optim::ShardedGradScaler* scaler, const LogLine& say, const LogLine& warn);
+// `scaler`), warns through `warn` where the data order (`data`, `step`,
+// `global_batch`) differs from the saved run's, logs the resume through
+// `say`, and returns the checkpoint's step.
+int64_t resume_from(const DataOptions& data, const StepOptions& step, const checkpoint::LoadResult& r,
+                    const ModelConfig& cfg, int64_t global_batch, optim::ShardedGradScaler* scaler,
+                    const LogLine& say, const LogLine& warn);
 
 // Drops the records of steps >= first_step from the metrics file at `path`
 // (Note [Metrics after a resume]); returns how many.

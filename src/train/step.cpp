@@ -31,27 +31,15 @@ class EvalMode {
 
 }  // namespace
 
-// One record to every output this rank has.
-void Trainer::Impl::publish(MetricScope scope, const StepRecord* step, const EvalRecord* eval) {
-  if (sinks_.empty()) return;
-  MetricSource source;
-  source.step = step;
-  source.eval = eval;
-  source.world_size = W_;
-  source.eval_only = eval_only_;
-  const MetricsRecord record = make_metrics_record(scope, source);
-  for (const auto& sink : sinks_) sink->write(record);
-}
-
-
 // --- evaluation: exact mean over every target of the windows (sampler.h, EvalWindows)
 EvalRecord Trainer::Impl::evaluate(int64_t max_windows) {
-  require_restored("evaluate");
-  FSDP_CHECK(data_.has_validation(), "Trainer::evaluate needs eval.val_data (--val-data PATH)");
+  require_legal(phase_, TrainerPhase::kEvaluating, "evaluate");
+  FSDP_CHECK(data_->has_validation(), "Trainer::evaluate needs eval.val_data (--val-data PATH)");
+  PhaseScope scope(phase_, TrainerPhase::kEvaluating, "evaluate");
   const int64_t completed = step_;
   trace::Span span("eval", "eval", -1, {}, completed);
   const auto t0 = Clock::now();
-  const std::unique_ptr<data::EvalBatches> windows = data_.eval_batches(o_.data.seq_len, W_, rank_, max_windows);
+  const std::unique_ptr<data::EvalBatches> windows = data_->eval_batches(max_windows);
   at::NoGradGuard no_grad;
   EvalMode eval_mode(*model_.model);
   double sum = 0.0;
@@ -77,20 +65,19 @@ EvalRecord Trainer::Impl::evaluate(int64_t max_windows) {
   rec.seconds = seconds_since(t0);
   say_(fmt::format("Eval Loss: {:.5f} (step {}, {} tokens, {:.2f} s)", rec.loss, completed, rec.targets,
                    rec.seconds));
-  publish(MetricScope::kEval, nullptr, &rec);
+  reporter_.publish(MetricScope::kEval, nullptr, &rec);
   summary_.evals.push_back(rec);
   sharded_->take_step_counters();  // evaluation's all-gathers are not a step's
   return rec;
 }
 
 
-// The data loader and the step counters start here, not in restore(): an
-// --eval-only run reads no training batches, and a resume's loading and the
-// first evaluation are not a step.
+// Restored -> Training: the data loader and the step counters start here,
+// not in restore(): an --eval-only run reads no training batches, and a
+// resume's loading and the first evaluation are not a step.
 void Trainer::Impl::begin_training() {
-  data::LoaderOptions lopt;
-  lopt.queue_depth = o_.data.prefetch;
-  loader_ = std::make_unique<data::BackgroundLoader>(data_.sampler, /*start_step=*/step_, lopt);
+  transition_to(phase_, TrainerPhase::kTraining, "train_step");
+  data_->start(step_);
   sharded_->take_step_counters();
   sharded_->reset_unsharded_peak();
   // The device's peak from the first step on, as the benchmark's peers count
@@ -120,10 +107,10 @@ void Trainer::Impl::begin_training() {
 // host sum it replaces, the same bits).
 at::Tensor Trainer::Impl::forward_backward() {
   at::Tensor local;
-  const bool uniform = data_.sampler->rows().uniform_targets();
+  const bool uniform = data_->sampler().rows().uniform_targets();
   double per_target = 0.0;  // W / N (rows that differ)
   if (!uniform) {
-    const int64_t n = data_.sampler->step_targets(step_);
+    const int64_t n = data_->sampler().step_targets(step_);
     FSDP_CHECK(n > 0, "step ", step_, " holds no target to learn (every target ignored)");
     per_target = static_cast<double>(W_) / static_cast<double>(n);
   }
@@ -131,7 +118,7 @@ at::Tensor Trainer::Impl::forward_backward() {
     data::Batch batch;
     {
       trace::Span span("data", "data");
-      batch = loader_->next();
+      batch = data_->next();
     }
     sharded_->set_requires_gradient_sync(a == o_.step.grad_accum - 1);
     if (o_.lora.dropout > 0) {
@@ -157,11 +144,12 @@ at::Tensor Trainer::Impl::forward_backward() {
 }
 
 StepRecord Trainer::Impl::train_step() {
-  require_restored("train_step");
+  require_legal(phase_, TrainerPhase::kTraining, "train_step");
   FSDP_CHECK(!eval_only_, "Trainer::train_step: Mode::kEvaluate evaluates and trains nothing");
   FSDP_CHECK(step_ < o_.step.max_steps, "Trainer::train_step: ", step_, " steps are done, step.max_steps is ",
              o_.step.max_steps, "; the schedule ends there");
-  if (!loader_) begin_training();
+  FailsTrainer fails(phase_);
+  if (phase_ == TrainerPhase::kRestored) begin_training();
   const int64_t step = step_;
   const auto t0 = Clock::now();
   const int64_t step_begin_us = trace::enabled() ? trace::now_us() : -1;
@@ -202,7 +190,7 @@ StepRecord Trainer::Impl::train_step() {
     scalars_->all_reduce(lt, comm::ReduceOp::kSum)->wait();
   }
   const double loss_sum = lt[0].item<double>();
-  stop_ = lt[1].item<double>() > 0;
+  const bool stop = lt[1].item<double>() > 0;
   StepRecord rec;
   rec.step = step;
   rec.loss = W_ > 1 ? loss_sum / static_cast<double>(W_) : loss_sum;
@@ -222,10 +210,11 @@ StepRecord Trainer::Impl::train_step() {
   check_unsharded_contract(step, unsharded);
   optim::check_finite_training("loss", rec.loss, step, lr, o_.param_groups);
   ++interval_steps_;
-  if ((step % o_.log.log_every == 0) || step == o_.step.max_steps - 1 || stop_) log_step(rec);
+  if ((step % o_.log.log_every == 0) || step == o_.step.max_steps - 1 || stop) log_step(rec);
   summary_.steps.push_back(rec);
   step_ = step + 1;
   summary_.end_step = step_;
+  if (stop) transition_to(phase_, TrainerPhase::kStopping, "train_step");  // some rank asked to stop
   return rec;
 }
 
@@ -247,16 +236,12 @@ void Trainer::Impl::log_step(StepRecord& rec) {
   const int64_t step = rec.step;
   const double dt = seconds_since(interval_start_);
   seconds_per_step_ = dt / static_cast<double>(interval_steps_);
-  rec.samples_per_s = static_cast<double>(data_.global_batch * interval_steps_) / dt;
+  rec.samples_per_s = static_cast<double>(data_->global_batch() * interval_steps_) / dt;
   rec.tokens_per_s = rec.samples_per_s * static_cast<double>(o_.data.seq_len);
   rec.mfu = device_peak_flops_ > 0
                 ? rec.tokens_per_s / static_cast<double>(W_) * flops_per_token_ / device_peak_flops_
                 : -1;
-  if (!o_.checkpoint.dir.empty()) {  // the saves since the previous logged step (trainer.cpp's start_save)
-    rec.checkpoint_stall_s = std::exchange(checkpoint_stall_, 0.0);
-    rec.checkpoint_wait_s = std::exchange(checkpoint_wait_, 0.0);
-    rec.checkpoint_staging_bytes = async_ ? async_->staging_bytes() : 0;
-  }
+  checkpointer_->take_stalls(rec);  // the saves since the previous logged step
   // The familiar prefix first (scripts grep it), then what people watch.
   say_(fmt::format("Batch {} Loss: {:.5f}, Speed: {:.2f} samples/sec, lr: {:.6f} | step {}/{}, {:.0f} tokens/s{}, "
                    "grad norm {:.4g}{}, peak mem {}, unsharded {} (plan {}), ETA {}",
@@ -266,14 +251,14 @@ void Trainer::Impl::log_step(StepRecord& rec) {
                    rec.peak_mem_bytes >= 0 ? format_bytes(rec.peak_mem_bytes) : std::string("?"),
                    format_bytes(rec.unsharded_peak_bytes), format_bytes(unsharded_bound_),
                    duration_text(seconds_per_step_ * static_cast<double>(o_.step.max_steps - step - 1))));
-  publish(MetricScope::kStep, &rec, nullptr);
+  reporter_.publish(MetricScope::kStep, &rec, nullptr);
   interval_start_ = Clock::now();
   interval_steps_ = 0;
   sharded_->reset_unsharded_peak();  // the next logged figure covers the steps after this one
 }
 
 void Trainer::Impl::finish_trace() {
-  const std::string file = tracer_.finish(*scalars_, cfg_->name(), std::max(o_.log.profile_begin, start_step_),
+  const std::string file = reporter_.tracer().finish(*scalars_, cfg_->name(), std::max(o_.log.profile_begin, start_step_),
                                           std::min(o_.log.profile_end, summary_.end_step) - 1, say_);
   if (lead_) summary_.trace_file = file;
 }

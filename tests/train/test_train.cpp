@@ -93,7 +93,8 @@ TEST(Train, LossesAgreeAcrossWorldSizes) {
 // The Trainer's methods are the pieces of run(): a loop of restore(),
 // train_step(), evaluate() and save() gives run()'s steps, evaluations and
 // checkpoint bit for bit. A method called out of order is a UsageError that
-// changes nothing.
+// changes nothing (the phases of src/train/trainer_phase.h): before
+// restore(), restore() twice, run() after the methods, any call after run().
 TEST(Train, AHandWrittenLoopEqualsRun) {
   const std::string dir = testing::temp_dir("train-loop");
   auto options = [&](const std::string& tag) {
@@ -113,10 +114,17 @@ TEST(Train, AHandWrittenLoopEqualsRun) {
     out << "checkpoint " << std::filesystem::path(s.last_checkpoint).filename().string() << "\n";
   };
   testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
-    const train::TrainSummary ran = train::Trainer(options("run"), runtime_of(pg, pg.size())).run();
+    train::Trainer whole(options("run"), runtime_of(pg, pg.size()));
+    const train::TrainSummary ran = whole.run();
+    EXPECT_CONTAINS(testing::usage_error_of([&] { whole.save(); }),
+                    "Trainer::save: run() finished this Trainer's run; construct a new Trainer for another (phase "
+                    "Finished -> Saving is not legal)");
     train::Trainer t(options("loop"), runtime_of(pg, pg.size()));
     EXPECT_CONTAINS(testing::usage_error_of([&] { t.train_step(); }), "call restore() first");
+    EXPECT_CONTAINS(testing::usage_error_of([&] { t.evaluate(8); }), "Trainer::evaluate: it needs the weights in "
+                    "place: call restore() first (phase Constructed -> Evaluating is not legal)");
     t.restore();
+    EXPECT_CONTAINS(testing::usage_error_of([&] { t.restore(); }), "the weights are restored already; call it once");
     while (t.step() < 8) {
       t.train_step();
       if (t.step() % 4 == 0) t.evaluate(/*max_windows=*/8);
@@ -124,6 +132,7 @@ TEST(Train, AHandWrittenLoopEqualsRun) {
     t.save();
     EXPECT_CONTAINS(testing::usage_error_of([&] { t.train_step(); }), "8 steps are done, step.max_steps is 8");
     EXPECT_CONTAINS(testing::usage_error_of([&] { t.export_hf(); }), "needs hf.export_dir");
+    EXPECT_CONTAINS(testing::usage_error_of([&] { t.run(); }), "run() runs the whole training from the start");
     if (pg.rank() == 0) {
       record("run", ran);
       record("loop", t.summary());
@@ -138,6 +147,33 @@ TEST(Train, AHandWrittenLoopEqualsRun) {
     EXPECT_FALSE(saved.empty()) << shard;
     EXPECT_EQ(testing::read_file(dir + "/ckpt-loop/step_00000008/" + shard), saved) << shard;
   }
+}
+
+// An agreed stop (options.stop_requested on any rank) ends the steps:
+// train_step() is then refused with what to do instead, and save() goes on
+// (the phase Stopping of src/train/trainer_phase.h).
+TEST(Train, AnAgreedStopEndsTheSteps) {
+  const std::string dir = testing::temp_dir("train-stop");
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    train::TrainOptions o = tiny_options();
+    o.step.batch_size = 2;
+    o.checkpoint.dir = dir + "/ckpt";
+    int calls = 0;
+    // Rank 1 alone asks, at its second step: every rank stops after it.
+    o.stop_requested = [&calls, rank = pg.rank()] { return ++calls == 2 && rank == 1 ? 15 : 0; };
+    train::Trainer t(o, runtime_of(pg, pg.size()));
+    t.restore();
+    t.train_step();
+    EXPECT_FALSE(t.stop_requested());
+    t.train_step();
+    EXPECT_TRUE(t.stop_requested());
+    EXPECT_CONTAINS(testing::usage_error_of([&] { t.train_step(); }),
+                    "Trainer::train_step: a rank asked to stop at the last step (stop_requested()); save() and end "
+                    "the run (phase Stopping -> Training is not legal)");
+    EXPECT_EQ(t.step(), 2);
+    EXPECT_EQ(std::filesystem::path(t.save()).filename().string(), "step_00000002");
+    EXPECT_TRUE(t.stop_requested()) << "a save returns to the phase it was called in";
+  });
 }
 
 // --sync-module-states: rank 0 alone materializes (or loads --init-from) and

@@ -352,7 +352,11 @@ int64_t check_memory(const TrainOptions& options, int world_size, int local_worl
 // anything, on every rank alike, and the Trainer stays as it was. After any
 // other exception the ranks may be at different points of a collective: the
 // Trainer can only be destroyed (which stops the data loader and releases
-// checkpoint.dir); no method may be called.
+// checkpoint.dir); any method called is refused (UsageError). The order of
+// calls is a table of phases (src/train/trainer_phase.h: Constructed,
+// Restored, Training, Stopping, Finished, Failed; evaluate, save and
+// export_hf return to the phase they were called in); a call out of order
+// is refused with the phase and what to call instead.
 class Trainer {
  public:
   // Collective. Checks the options (validate_options; UsageError; Mode::kConvert
@@ -388,7 +392,8 @@ class Trainer {
   // On a logged step (every log_every, the last, a stopping one) rank 0 logs
   // the step line and writes its metrics and TensorBoard records. The record
   // is returned and appended to summary().steps.
-  // Requires: restore() done; Mode::kTrain; step() < step.max_steps.
+  // Requires: restore() done; no stop agreed (stop_requested() is false);
+  // Mode::kTrain; step() < step.max_steps.
   // Throws UsageError when the loss is not finite.
   StepRecord train_step();
 
@@ -416,7 +421,8 @@ class Trainer {
   void export_hf();
 
   // Collective. The whole run, as train() describes it, built from the methods
-  // above; returns what it did. Requires: no other method called before.
+  // above; returns what it did. Requires: no other method called before
+  // (run() included: afterwards every method is refused).
   TrainSummary run();
 
   // Completed steps: restore()'s starting step plus the train_step() calls since.
