@@ -144,8 +144,9 @@ void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& 
     FSDP_CHECK(spec.pre_divide == 1 && spec.premul == 1 && spec.post_divide == 1 && !spec.comm && !spec.hook &&
                    spec.shard_op == comm::ReduceOp::kAvg && spec.replica_op == comm::ReduceOp::kAvg,
                label, ": a compressed reduce-scatter (FsdpOptions::compression) computes the mean itself; it cannot "
-               "be combined with a gradient divide factor, force-sum, a custom reduce-scatter or an all-reduce hook "
-               "— set compression.reduce_scatter to native for this model");
+               "be combined with a gradient divide factor, force-sum, an fp16 reduce dtype (which divides before and "
+               "after the sum), a custom reduce-scatter or an all-reduce hook — reduce in fp32 or bf16, or set "
+               "compression.reduce_scatter to native for this model");
     issue_encoded_reduction(r, input, group, grad_shard, may_land_in_shard, ledger, pool, *wire);
     return;
   }
