@@ -92,17 +92,7 @@ def run_all(c, argvs, tmp, name, timeout, envs=None):
         log = tmp / f"{name}.{i}.log"
         logs.append(log)
         procs.append(c.popen(node, argv, env=(envs[i] if envs else env()), log=log))
-    end = time.time() + timeout
-    for p in procs:
-        try:
-            p.wait(timeout=max(1, end - time.time()))
-        except subprocess.TimeoutExpired:
-            pass
-    codes = [p.poll() for p in procs]
-    if any(code != 0 for code in codes):
-        for log in logs:
-            print(f"----- {log}\n{log.read_text(errors='replace')[-2000:]}", file=sys.stderr)
-        raise RuntimeError(f"{name}: exit codes {codes}")
+    results.wait_all(procs, logs, timeout, name, tail=2000)
     return logs
 
 

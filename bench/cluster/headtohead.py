@@ -157,22 +157,6 @@ class Bench:
             procs.append(c.popen(r // nproc, argv, env=self.env(world, r, nproc, c.addr(0), 29500), log=log))
         return self.collect(tag, side, procs, logs, metrics)
 
-    def wait(self, tag, side, procs, logs):
-        end = time.time() + self.a.timeout_s
-        for p in procs:
-            try:
-                p.wait(timeout=max(1, end - time.time()))
-            except subprocess.TimeoutExpired:
-                pass
-        codes = [p.poll() for p in procs]
-        if any(code != 0 for code in codes):
-            for p in procs:
-                if p.poll() is None:
-                    p.kill()
-            for log in logs:
-                print(f"----- {log}\n{log.read_text(errors='replace')[-2500:]}", file=sys.stderr)
-            raise RuntimeError(f"{tag} {side}: exit codes {codes}")
-
     def steps(self, tag, side, metrics):
         rows = peerlib.read_metrics(str(metrics))
         times = [r["step_time_s"] for r in rows if r["step"] >= self.a.warmup]
@@ -181,7 +165,7 @@ class Bench:
         return statistics.median(times), times, rows
 
     def collect(self, tag, side, procs, logs, metrics):
-        self.wait(tag, side, procs, logs)
+        results.wait_all(procs, logs, self.a.timeout_s, f"{tag} {side}")
         return self.steps(tag, side, metrics)
 
     def compute_only_step(self, c, side, world, precision, busy):
@@ -200,7 +184,7 @@ class Bench:
                 procs.append(c.popen(0, argv, env=self.env(1, 0, 1, "", 0), log=log))
                 logs.append(log)
                 files.append(metrics)
-            self.wait(tag, side, procs, logs)
+            results.wait_all(procs, logs, self.a.timeout_s, f"{tag} {side}")
             self.compute_only[key] = statistics.median(self.steps(tag, side, f)[0] for f in files)
         return self.compute_only[key]
 

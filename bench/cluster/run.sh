@@ -11,14 +11,8 @@
 # Builds fsdp-train and fsdp-inspect in $FSDP_BUILD_DIR (default build/, configured by
 # scripts/build.sh). Appends the table to bench/RESULTS.md unless --no-record.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-BUILD=${FSDP_BUILD_DIR:-build}
-record=(--record)
-pass=()
-for arg in "$@"; do
-  if [[ "$arg" == --no-record ]]; then record=(); else pass+=("$arg"); fi
-done
-cmake --build "$BUILD" -j "$(nproc)" --target fsdp-train fsdp-inspect > /dev/null
-PY=$(scripts/venv.sh)/bin/python
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "$0")/common.sh"
+cluster_bench_setup "fsdp-train fsdp-inspect" "$@"
 exec "$PY" bench/cluster/estimate_vs_measured.py --train "$BUILD/apps/fsdp-train" \
   --inspect "$BUILD/apps/fsdp-inspect" "${record[@]}" --command "bench/cluster/run.sh $*" "${pass[@]}"

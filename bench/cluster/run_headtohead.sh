@@ -9,14 +9,8 @@
 # Builds fsdp-train and peer_batches in $FSDP_BUILD_DIR (default build/, configured by
 # scripts/build.sh). Appends the table to bench/RESULTS.md unless --no-record.
 set -euo pipefail
-cd "$(dirname "$0")/../.."
-BUILD=${FSDP_BUILD_DIR:-build}
-record=(--record)
-pass=()
-for arg in "$@"; do
-  if [[ "$arg" == --no-record ]]; then record=(); else pass+=("$arg"); fi
-done
-cmake --build "$BUILD" -j "$(nproc)" --target fsdp-train peer_batches > /dev/null
-PY=$(scripts/venv.sh)/bin/python
+# shellcheck source-path=SCRIPTDIR source=common.sh
+source "$(dirname "$0")/common.sh"
+cluster_bench_setup "fsdp-train peer_batches" "$@"
 exec "$PY" bench/cluster/headtohead.py --build "$BUILD" "${record[@]}" \
   --command "bench/cluster/run_headtohead.sh $*" "${pass[@]}"

@@ -757,50 +757,6 @@ DcpFormat parse_dcp_format(const std::string& text, const std::string& flag) {
   return DcpFormat::kTorchSave;
 }
 
-DcpNames torchtitan_llama_names(int64_t heads, int64_t kv_heads) {
-  DcpNames n;
-  n.name = [](const std::string& ours) -> std::string {
-    static const std::vector<std::pair<std::string, std::string>> layer = {
-        {"self_attn.q_proj.weight", "attention.wq.weight"},    {"self_attn.k_proj.weight", "attention.wk.weight"},
-        {"self_attn.v_proj.weight", "attention.wv.weight"},    {"self_attn.o_proj.weight", "attention.wo.weight"},
-        {"mlp.gate_proj.weight", "feed_forward.w1.weight"},   {"mlp.down_proj.weight", "feed_forward.w2.weight"},
-        {"mlp.up_proj.weight", "feed_forward.w3.weight"},     {"input_layernorm.weight", "attention_norm.weight"},
-        {"post_attention_layernorm.weight", "ffn_norm.weight"}};
-    if (ours == "model.embed_tokens.weight") return "tok_embeddings.weight";
-    if (ours == "model.norm.weight") return "norm.weight";
-    if (ours == "lm_head.weight") return "output.weight";
-    const std::string pre = "model.layers.";
-    if (ours.rfind(pre, 0) == 0) {
-      const size_t dot = ours.find('.', pre.size());
-      if (dot != std::string::npos) {
-        const std::string tail = ours.substr(dot + 1);
-        for (const auto& [h, t] : layer) {
-          if (tail == h) return "layers." + ours.substr(pre.size(), dot - pre.size()) + "." + t;
-        }
-      }
-    }
-    FSDP_CHECK(false, "parameter '", ours, "' has no name in torchtitan's Llama (it has no biases, q/k norms or "
-               "adapters); save with --dcp-layout torch");
-    return "";
-  };
-  n.row = [heads, kv_heads](const std::string& ours, int64_t row, int64_t rows) -> int64_t {
-    // Hugging Face's q/k rows per head: [real halves | imaginary halves]
-    // (rotate_half); Meta's and torchtitan's: interleaved pairs. Our row
-    // h*hd + c*hd/2 + j is their row h*hd + 2j + c.
-    const bool q = ours.find("self_attn.q_proj.weight") != std::string::npos;
-    const bool k = ours.find("self_attn.k_proj.weight") != std::string::npos;
-    if (!q && !k) return row;
-    const int64_t n_heads = q ? heads : kv_heads;
-    FSDP_CHECK(n_heads > 0 && rows % n_heads == 0 && (rows / n_heads) % 2 == 0, "parameter '", ours, "' has ", rows,
-               " rows, not ", n_heads, " heads of an even size");
-    const int64_t hd = rows / n_heads, half = hd / 2;
-    const int64_t head = row / hd, w = row % hd;
-    const int64_t c = w / half, j = w % half;
-    return head * hd + 2 * j + c;
-  };
-  return n;
-}
-
 bool is_dcp_dir(const std::string& dir) {
   std::error_code ec;
   if (fs::is_regular_file(fs::path(dir) / dcp::kMetadataFile, ec)) return true;

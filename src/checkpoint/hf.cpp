@@ -187,63 +187,6 @@ void detail::check_export_dir_of(const std::string& dir, const std::string& flag
   }
 }
 
-namespace {
-
-// A window that never cuts a sequence the config accepts (W >= its
-// max_position_embeddings) is no window.
-std::string effective_window(const models::LlamaConfig& c, int64_t layer) {
-  const std::optional<int64_t> w = c.layer_window(layer);
-  return w && *w < c.max_position_embeddings ? std::to_string(*w) : std::string("none");
-}
-
-std::string optional_id(const std::optional<int64_t>& v) { return v ? std::to_string(*v) : std::string("none"); }
-
-}  // namespace
-
-std::string config_mismatch(const models::LlamaConfig& a, const models::LlamaConfig& b) {
-  auto diff = [](const char* field, const auto& x, const auto& y) -> std::string {
-    if (x == y) return "";
-    std::ostringstream os;
-    os << std::boolalpha << field << " " << x << " vs " << y;
-    return os.str();
-  };
-  for (const std::string& d :
-       {diff("model_type", a.model_type, b.model_type), diff("attention_bias", a.attention_bias, b.attention_bias),
-        diff("pad_token_id", optional_id(a.pad_token_id), optional_id(b.pad_token_id)),
-        diff("hidden_size", a.hidden_size, b.hidden_size),
-        diff("intermediate_size", a.intermediate_size, b.intermediate_size),
-        diff("num_attention_heads", a.num_attention_heads, b.num_attention_heads),
-        diff("num_key_value_heads", a.num_key_value_heads, b.num_key_value_heads),
-        diff("head_dim", a.dh(), b.dh()), diff("num_hidden_layers", a.num_hidden_layers, b.num_hidden_layers),
-        diff("vocab_size", a.vocab_size, b.vocab_size), diff("rms_norm_eps", a.rms_norm_eps, b.rms_norm_eps),
-        diff("rope_theta", a.rope_theta, b.rope_theta),
-        diff("tie_word_embeddings", a.tie_word_embeddings, b.tie_word_embeddings),
-        diff("num_local_experts", a.num_local_experts, b.num_local_experts),
-        diff("num_experts_per_tok", a.num_experts_per_tok, b.num_experts_per_tok),
-        diff("rope_scaling", std::string(a.rope_scaling.has_value() ? "llama3" : "none"),
-             std::string(b.rope_scaling.has_value() ? "llama3" : "none"))}) {
-    if (!d.empty()) return d;
-  }
-  if (a.rope_scaling && b.rope_scaling) {
-    const auto& x = *a.rope_scaling;
-    const auto& y = *b.rope_scaling;
-    for (const std::string& d :
-         {diff("rope_scaling.factor", x.factor, y.factor),
-          diff("rope_scaling.low_freq_factor", x.low_freq_factor, y.low_freq_factor),
-          diff("rope_scaling.high_freq_factor", x.high_freq_factor, y.high_freq_factor),
-          diff("rope_scaling.original_max_position_embeddings", x.original_max_position_embeddings,
-               y.original_max_position_embeddings)}) {
-      if (!d.empty()) return d;
-    }
-  }
-  for (int64_t i = 0; i < a.num_hidden_layers; ++i) {
-    const std::string d = diff(("sliding window of layer " + std::to_string(i)).c_str(), effective_window(a, i),
-                               effective_window(b, i));
-    if (!d.empty()) return d;
-  }
-  return "";
-}
-
 // ---- export ---------------------------------------------------------------------------
 
 HfExportResult detail::export_dir(const std::string& dir, ShardedModel& model, comm::ProcessGroup& group,
@@ -432,21 +375,6 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const HfMo
 }
 
 // ---- import ---------------------------------------------------------------------------
-
-HfModelInfo hf_model_info(const models::LlamaConfig& cfg) {
-  HfModelInfo info;
-  info.config_json = cfg.to_hf_config_json();
-  info.model_type = cfg.model_type;
-  const bool tied = cfg.tie_word_embeddings;
-  info.ignorable = [tied](const std::string& name) {
-    if (tied && name == "lm_head.weight") return true;  // the tied head: embed_tokens
-    // A buffer older transformers versions saved. A file's names are the user's
-    // input: matched in linear time (Note [User patterns]), never by std::regex.
-    static const NamePattern kInvFreq("^model\\.layers\\.[0-9]+\\.self_attn\\.rotary_emb\\.inv_freq$", "inv_freq");
-    return kInvFreq.found_in(name);
-  };
-  return info;
-}
 
 HfWeights find_hf_weights(const std::string& dir) {
   HfWeights w;

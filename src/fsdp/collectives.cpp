@@ -37,27 +37,29 @@ void release_held(Reduction& r, MemoryLedger& ledger) {
 // the cast on the device. plan.cpp's replay counts it (Note [Unsharded
 // memory]). The gather's staging goes back to the pool at once: its next user
 // is ordered after the cast by the compute stream (Note [Preallocated pool]).
+void copy_shard_in(const at::Tensor& shard, const at::Tensor& chunk, UnshardedPool* pool, MemoryLedger& ledger) {
+  RawWriteGuard g;
+  // Casts to the param dtype. From a pinned host shard (CPU offload) the
+  // copy is asynchronous on the compute stream; the host writes the shard
+  // again only in the optimizer step, after the end of backward's
+  // synchronization.
+  if (shard.device() != chunk.device() && shard.scalar_type() != chunk.scalar_type()) {
+    const at::Tensor staging = new_unsharded(pool, shard.numel(), shard.scalar_type(), chunk);
+    ledger.add(BufferKind::kParams, nbytes_of(staging));
+    staging.copy_(shard, /*non_blocking=*/true);
+    chunk.copy_(staging);
+    ledger.release(BufferKind::kParams, nbytes_of(staging));
+    if (pool != nullptr) internals::free_storage(staging);
+  } else {
+    chunk.copy_(shard, /*non_blocking=*/true);
+  }
+}
+
 AllGather all_gather_copy_in(comm::ProcessGroup& group, const at::Tensor& shard, const at::Tensor& full,
                              const at::Tensor& chunk, UnshardedPool* pool, MemoryLedger& ledger,
                              const Wire* wire) {
   if (wire != nullptr && wire->gather != WireFormat::kNative) return all_gather_encoded(group, shard, full, *wire);
-  {
-    RawWriteGuard g;
-    // Casts to the param dtype. From a pinned host shard (CPU offload) the
-    // copy is asynchronous on the compute stream; the host writes the shard
-    // again only in the optimizer step, after the end of backward's
-    // synchronization.
-    if (shard.device() != chunk.device() && shard.scalar_type() != chunk.scalar_type()) {
-      const at::Tensor staging = new_unsharded(pool, shard.numel(), shard.scalar_type(), chunk);
-      ledger.add(BufferKind::kParams, nbytes_of(staging));
-      staging.copy_(shard, /*non_blocking=*/true);
-      chunk.copy_(staging);
-      ledger.release(BufferKind::kParams, nbytes_of(staging));
-      if (pool != nullptr) internals::free_storage(staging);
-    } else {
-      chunk.copy_(shard, /*non_blocking=*/true);
-    }
-  }
+  copy_shard_in(shard, chunk, pool, ledger);
   return AllGather{group.all_gather(full, chunk), true};
 }
 
@@ -142,8 +144,9 @@ void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& 
     FSDP_CHECK(spec.pre_divide == 1 && spec.premul == 1 && spec.post_divide == 1 && !spec.comm && !spec.hook &&
                    spec.shard_op == comm::ReduceOp::kAvg && spec.replica_op == comm::ReduceOp::kAvg,
                label, ": a compressed reduce-scatter (FsdpOptions::compression) computes the mean itself; it cannot "
-               "be combined with a gradient divide factor, force-sum, a custom reduce-scatter or an all-reduce hook "
-               "— set compression.reduce_scatter to native for this model");
+               "be combined with a gradient divide factor, force-sum, an fp16 reduce dtype (which divides before and "
+               "after the sum), a custom reduce-scatter or an all-reduce hook — reduce in fp32 or bf16, or set "
+               "compression.reduce_scatter to native for this model");
     issue_encoded_reduction(r, input, group, grad_shard, may_land_in_shard, ledger, pool, *wire);
     return;
   }

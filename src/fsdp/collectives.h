@@ -39,13 +39,18 @@ struct AllGather {
   bool in_flight() const { return issued; }
 };
 
+// Copies `shard` into `chunk` (this rank's slice of the unsharded buffer),
+// casting to the chunk's dtype. A host shard of another dtype (CPU offload)
+// goes through a staging buffer of its own dtype on the device, from `pool`
+// (when not null) and counted in `ledger` while it lives (Note [Offload
+// staging]). Every gather's copy-in, the custom all-gather's included.
+void copy_shard_in(const at::Tensor& shard, const at::Tensor& chunk, UnshardedPool* pool, MemoryLedger& ledger);
+
 // Copy-in and issue: `shard` (master dtype), cast to `full`'s dtype, is
 // written into `chunk` (this rank's chunk of `full`), then every rank's chunk
 // is gathered into `full` in place. There is no copy-out: the parameters are
 // views of `full` (FlatParam::bind), so the gathered bytes are the parameters.
-// A host shard of another dtype (CPU offload) goes through a staging buffer
-// of its own dtype on the device, from `pool` (when not null) and counted in
-// `ledger` while it lives (Note [Offload staging]).
+// The shard goes in by copy_shard_in.
 // Requires: `full` allocated; nothing reads `full` until wait_all_gather.
 // `label` (below) names the unit in traces and messages.
 // With a compressed `wire`, see all_gather_encoded.

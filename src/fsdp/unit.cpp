@@ -189,10 +189,7 @@ void ShardedUnit::unshard(const comm::ProcessGroupPtr& from) {
       // FSDP2's custom AllGather: its allocate gives the unsharded buffer.
       f.alloc_full_from(comms_.all_gather->allocate(f.layout().padded_numel, f.param_dtype(), f.options().device));
       const at::Tensor chunk = f.own_chunk();
-      {
-        RawWriteGuard g;
-        chunk.copy_(f.shard(), /*non_blocking=*/true);
-      }
+      copy_shard_in(f.shard(), chunk, root_->pool(), root_->ledger());  // Note [Offload staging]
       into = AllGather{(*comms_.all_gather)(f.full(), chunk, *root_->shard_group()), true};
     } else {
       f.alloc_full();

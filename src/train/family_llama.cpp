@@ -5,6 +5,7 @@
 #include <algorithm>
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/name_pattern.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/registry.h"
 
@@ -75,14 +76,24 @@ class LlamaModelConfig final : public ModelConfig {
   nn::InitRuleFn init_rule() const override { return models::llama_init_rule(cfg_); }
 
   std::string hf_config_json() const override { return cfg_.to_hf_config_json(); }
-  checkpoint::HfIgnorable hf_ignorable() const override { return checkpoint::hf_model_info(cfg_).ignorable; }
+  checkpoint::HfIgnorable hf_ignorable() const override {
+    const bool tied = cfg_.tie_word_embeddings;
+    return [tied](const std::string& name) {
+      if (tied && name == "lm_head.weight") return true;  // the tied head: embed_tokens
+      // A buffer older transformers versions saved. A file's names are the user's
+      // input: matched in linear time (Note [User patterns]), never by std::regex.
+      static const NamePattern kInvFreq("^model\\.layers\\.[0-9]+\\.self_attn\\.rotary_emb\\.inv_freq$",
+                                        "inv_freq");
+      return kInvFreq.found_in(name);
+    };
+  }
   std::string mismatch(const ModelConfig& other) const override {
     const auto* o = dynamic_cast<const LlamaModelConfig*>(&other);
     FSDP_ASSERT(o != nullptr, "llama config compared with a ", other.family().name(), " one");
-    return checkpoint::config_mismatch(cfg_, o->cfg_);
+    return models::llama_config_mismatch(cfg_, o->cfg_);
   }
   std::optional<checkpoint::DcpNames> torchtitan_names() const override {
-    return checkpoint::torchtitan_llama_names(cfg_.num_attention_heads, cfg_.num_key_value_heads);
+    return torchtitan_llama_names(cfg_.num_attention_heads, cfg_.num_key_value_heads);
   }
   std::string sentencepiece_file_name() const override { return "tokenizer.model"; }
 
@@ -124,5 +135,51 @@ const models::LlamaConfig* as_llama(const ModelConfig& cfg) {
   const auto* l = dynamic_cast<const LlamaModelConfig*>(&cfg);
   return l != nullptr ? &l->llama() : nullptr;
 }
+
+checkpoint::DcpNames torchtitan_llama_names(int64_t heads, int64_t kv_heads) {
+  checkpoint::DcpNames n;
+  n.name = [](const std::string& ours) -> std::string {
+    static const std::vector<std::pair<std::string, std::string>> layer = {
+        {"self_attn.q_proj.weight", "attention.wq.weight"},    {"self_attn.k_proj.weight", "attention.wk.weight"},
+        {"self_attn.v_proj.weight", "attention.wv.weight"},    {"self_attn.o_proj.weight", "attention.wo.weight"},
+        {"mlp.gate_proj.weight", "feed_forward.w1.weight"},   {"mlp.down_proj.weight", "feed_forward.w2.weight"},
+        {"mlp.up_proj.weight", "feed_forward.w3.weight"},     {"input_layernorm.weight", "attention_norm.weight"},
+        {"post_attention_layernorm.weight", "ffn_norm.weight"}};
+    if (ours == "model.embed_tokens.weight") return "tok_embeddings.weight";
+    if (ours == "model.norm.weight") return "norm.weight";
+    if (ours == "lm_head.weight") return "output.weight";
+    const std::string pre = "model.layers.";
+    if (ours.rfind(pre, 0) == 0) {
+      const size_t dot = ours.find('.', pre.size());
+      if (dot != std::string::npos) {
+        const std::string tail = ours.substr(dot + 1);
+        for (const auto& [h, t] : layer) {
+          if (tail == h) return "layers." + ours.substr(pre.size(), dot - pre.size()) + "." + t;
+        }
+      }
+    }
+    FSDP_CHECK(false, "parameter '", ours, "' has no name in torchtitan's Llama (it has no biases, q/k norms or "
+               "adapters); save with --dcp-layout torch");
+    return "";
+  };
+  n.row = [heads, kv_heads](const std::string& ours, int64_t row, int64_t rows) -> int64_t {
+    // Hugging Face's q/k rows per head: [real halves | imaginary halves]
+    // (rotate_half); Meta's and torchtitan's: interleaved pairs. Our row
+    // h*hd + c*hd/2 + j is their row h*hd + 2j + c.
+    const bool q = ours.find("self_attn.q_proj.weight") != std::string::npos;
+    const bool k = ours.find("self_attn.k_proj.weight") != std::string::npos;
+    if (!q && !k) return row;
+    const int64_t n_heads = q ? heads : kv_heads;
+    FSDP_CHECK(n_heads > 0 && rows % n_heads == 0 && (rows / n_heads) % 2 == 0, "parameter '", ours, "' has ", rows,
+               " rows, not ", n_heads, " heads of an even size");
+    const int64_t hd = rows / n_heads, half = hd / 2;
+    const int64_t head = row / hd, w = row % hd;
+    const int64_t c = w / half, j = w % half;
+    return head * hd + 2 * j + c;
+  };
+  return n;
+}
+
+checkpoint::HfModelInfo llama_hf_info(const models::LlamaConfig& cfg) { return hf_model_info(*llama_model_config(cfg)); }
 
 }  // namespace fsdp::train

@@ -16,6 +16,7 @@
 #include "fsdp/checkpoint/dcp.h"
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/common/error.h"
+#include "fsdp/train/family_llama.h"
 #include "support/errors.h"
 #include "support/multiproc.h"
 
@@ -26,7 +27,7 @@ namespace fs = std::filesystem;
 using testing::make_sharded_llama;
 using testing::token_batch;
 
-void train(testing::ShardedLlama& m, int steps, int world, int rank) {
+void train_steps(testing::ShardedLlama& m, int steps, int world, int rank) {
   for (int s = 0; s < steps; ++s) {
     const at::Tensor global = token_batch(6, 8, m.cfg.vocab_size, 300 + s);
     const int64_t rows = 6 / world;
@@ -58,7 +59,7 @@ void spit(const std::string& path, const std::string& bytes) {
 }
 
 checkpoint::DcpNames titan(const models::LlamaConfig& c) {
-  return checkpoint::torchtitan_llama_names(c.num_attention_heads, c.num_key_value_heads);
+  return train::torchtitan_llama_names(c.num_attention_heads, c.num_key_value_heads);
 }
 
 }  // namespace
@@ -77,7 +78,7 @@ TEST(Dcp, RoundTripsAcrossWorldSizesFormatsAndLayouts) {
     const std::string dir = testing::temp_dir(std::string("dcp-") + c.name);
     testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
       auto m = make_sharded_llama(pg, "full");
-      train(m, 2, pg.size(), pg.rank());
+      train_steps(m, 2, pg.size(), pg.rank());
       checkpoint::DcpSaveOptions so;
       so.format = c.format;
       so.layout = c.layout;
@@ -117,7 +118,7 @@ TEST(Dcp, RoundTripsAcrossWorldSizesFormatsAndLayouts) {
           for (const auto& e : fs::directory_iterator(dir + "/ckpt")) total += static_cast<int64_t>(e.file_size());
           EXPECT_LT(r.io.bytes, total * 3 / 2) << c.name << " at " << world;
         }
-        train(m, 1, pg.size(), pg.rank());
+        train_steps(m, 1, pg.size(), pg.rank());
       });
     }
   }
@@ -128,7 +129,7 @@ TEST(Dcp, LoadsWeightsOnly) {
   const std::string dir = testing::temp_dir("dcp-weights");
   testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
     auto m = make_sharded_llama(pg, "full");
-    train(m, 1, pg.size(), pg.rank());
+    train_steps(m, 1, pg.size(), pg.rank());
     checkpoint::save_dcp(dir + "/ckpt", *m.sharded, {m.opt.get()}, pg);
   });
   testing::run_distributed(2, [&](comm::ProcessGroup& pg) {

@@ -18,6 +18,7 @@
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/common/error.h"
 #include "fsdp/models/registry.h"
+#include "fsdp/train/family_llama.h"
 #include "support/multiproc.h"
 
 namespace fsdp {
@@ -59,10 +60,10 @@ TEST(HuggingFace, ExportImportRoundTripAcrossWorldSizes) {
     if (pg.rank() == 0) checkpoint::save_safetensors(dir + "/logits.safetensors", {{"logits", logits}});
     checkpoint::HfExportOptions eo;
     eo.max_shard_bytes = 40'000;  // a few files for this tiny model
-    auto r = checkpoint::export_hf(dir + "/hf", *m.sharded, m.cfg, pg, eo);
+    auto r = checkpoint::export_hf(dir + "/hf", *m.sharded, train::llama_hf_info(m.cfg), pg, eo);
     EXPECT_GT(r.io.bytes, 0);
     // Single file by default.
-    checkpoint::export_hf(dir + "/hf1", *m.sharded, m.cfg, pg);
+    checkpoint::export_hf(dir + "/hf1", *m.sharded, train::llama_hf_info(m.cfg), pg);
   }, std::chrono::seconds(180), one_thread);
   if (!testing::is_worker()) {
     EXPECT_TRUE(fs::exists(dir + "/hf/model.safetensors.index.json"));
@@ -96,7 +97,7 @@ TEST(HuggingFace, ExportImportRoundTripAcrossWorldSizes) {
     for (const char* src : {"/hf", "/hf1"}) {
       testing::run_distributed(w, [&](comm::ProcessGroup& pg) {
         auto m = make_sharded_llama(pg, w == 4 ? "hybrid" : "full", "block", /*seed=*/123);
-        auto r = checkpoint::import_hf(dir + src, *m.sharded, m.cfg, pg);
+        auto r = checkpoint::import_hf(dir + src, *m.sharded, train::llama_hf_info(m.cfg), pg);
         EXPECT_TRUE(r.ignored.empty());
         const at::Tensor ref = checkpoint::SafetensorsFile(dir + "/logits.safetensors").tensor("logits");
         const at::Tensor got = m.logits(inputs());
@@ -133,7 +134,7 @@ TEST(HuggingFace, HandBuiltCheckpointLandsWhereHuggingFacePutsIt) {
   }
   testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
     auto m = make_sharded_llama(pg, "full");
-    auto r = checkpoint::import_hf(dir + "/ckpt", *m.sharded, m.cfg, pg);
+    auto r = checkpoint::import_hf(dir + "/ckpt", *m.sharded, train::llama_hf_info(m.cfg), pg);
     EXPECT_EQ(r.ignored, std::vector<std::string>{"model.layers.0.self_attn.rotary_emb.inv_freq"});
     const auto state = testing::full_state(m);
     for (const auto& [name, t] : tensors) {
@@ -172,7 +173,7 @@ TEST(HuggingFace, TiedEmbeddings) {
   const std::string dir = testing::temp_dir("hf-tied");
   testing::run_distributed(1, [&](comm::ProcessGroup& pg) {
     auto tied = make_sharded_llama(pg, "full", "block", 7, testing::small_config(true));
-    checkpoint::export_hf(dir + "/tied", *tied.sharded, tied.cfg, pg);
+    checkpoint::export_hf(dir + "/tied", *tied.sharded, train::llama_hf_info(tied.cfg), pg);
     checkpoint::SafetensorsFile f(dir + "/tied/model.safetensors");
     EXPECT_EQ(f.find("lm_head.weight"), nullptr);
     EXPECT_NE(f.find("model.embed_tokens.weight"), nullptr);
@@ -180,14 +181,14 @@ TEST(HuggingFace, TiedEmbeddings) {
 
     // Untied export (has lm_head) into a tied model: lm_head.weight ignored.
     auto untied = make_sharded_llama(pg, "full", "block", 7);
-    checkpoint::export_hf(dir + "/untied", *untied.sharded, untied.cfg, pg);
+    checkpoint::export_hf(dir + "/untied", *untied.sharded, train::llama_hf_info(untied.cfg), pg);
     auto fresh = make_sharded_llama(pg, "full", "block", 8, testing::small_config(true));
-    auto r = checkpoint::import_hf(dir + "/untied", *fresh.sharded, fresh.cfg, pg);
+    auto r = checkpoint::import_hf(dir + "/untied", *fresh.sharded, train::llama_hf_info(fresh.cfg), pg);
     EXPECT_EQ(r.ignored, std::vector<std::string>{"lm_head.weight"});
 
     // Tied file into an untied model: lm_head.weight is missing.
     try {
-      checkpoint::import_hf(dir + "/tied", *untied.sharded, untied.cfg, pg);
+      checkpoint::import_hf(dir + "/tied", *untied.sharded, train::llama_hf_info(untied.cfg), pg);
       ADD_FAILURE() << "expected a UsageError";
     } catch (const UsageError& e) {
       EXPECT_NE(std::string(e.what()).find("'lm_head.weight'"), std::string::npos) << e.what();
@@ -208,9 +209,9 @@ TEST(HuggingFace, ConfigRoundTrip) {
     cfg.bos_token_id = 5;
     cfg.eos_token_id = {6, 7};
     auto m = make_sharded_llama(pg, "full", "block", 7, cfg);
-    checkpoint::export_hf(dir + "/llama3/", *m.sharded, m.cfg, pg);
+    checkpoint::export_hf(dir + "/llama3/", *m.sharded, train::llama_hf_info(m.cfg), pg);
     const auto back = models::resolve_model_config(dir + "/llama3");
-    EXPECT_EQ(checkpoint::config_mismatch(back, cfg), "");
+    EXPECT_EQ(models::llama_config_mismatch(back, cfg), "");
     ASSERT_TRUE(back.rope_scaling.has_value());
     EXPECT_EQ(back.rope_scaling->factor, 32.0);
     EXPECT_EQ(back.bos_token_id, 5);
@@ -224,21 +225,21 @@ TEST(HuggingFace, ConfigRoundTrip) {
     // extra_config replaces the model's ids (the trainer's tokenizer ids for runs without --init-from).
     checkpoint::HfExportOptions eo;
     eo.extra_config = nlohmann::json{{"bos_token_id", 256}, {"eos_token_id", 257}};
-    checkpoint::export_hf(dir + "/llama3-tok", *m.sharded, m.cfg, pg, eo);
+    checkpoint::export_hf(dir + "/llama3-tok", *m.sharded, train::llama_hf_info(m.cfg), pg, eo);
     EXPECT_EQ(read_json(dir + "/llama3-tok/config.json")["eos_token_id"], 257);
     EXPECT_EQ(models::resolve_model_config(dir + "/llama3-tok").bos_token_id, 256);
     auto other = cfg;
     other.rope_scaling->factor = 8.0;
-    EXPECT_EQ(checkpoint::config_mismatch(other, cfg), "rope_scaling.factor 8 vs 32");
+    EXPECT_EQ(models::llama_config_mismatch(other, cfg), "rope_scaling.factor 8 vs 32");
     cfg.model_type = "mistral";
     auto mistral = make_sharded_llama(pg, "full", "block", 7, cfg);
-    checkpoint::export_hf(dir + "/mistral", *mistral.sharded, mistral.cfg, pg);
+    checkpoint::export_hf(dir + "/mistral", *mistral.sharded, train::llama_hf_info(mistral.cfg), pg);
     EXPECT_EQ(read_json(dir + "/mistral/config.json")["architectures"][0], "MistralForCausalLM");
     EXPECT_TRUE(read_json(dir + "/mistral/config.json")["sliding_window"].is_null());
     EXPECT_EQ(models::resolve_model_config(dir + "/mistral").model_type, "mistral");
     cfg.sliding_window = cfg.max_position_embeddings;  // no shorter than any sequence the model accepts
     auto windowed = make_sharded_llama(pg, "full", "block", 7, cfg);
-    checkpoint::export_hf(dir + "/mistral-window", *windowed.sharded, windowed.cfg, pg);
+    checkpoint::export_hf(dir + "/mistral-window", *windowed.sharded, train::llama_hf_info(windowed.cfg), pg);
     EXPECT_EQ(read_json(dir + "/mistral-window/config.json")["sliding_window"], cfg.max_position_embeddings);
     EXPECT_EQ(models::resolve_model_config(dir + "/mistral-window").sliding_window, cfg.max_position_embeddings);
   });
@@ -278,7 +279,7 @@ TEST(HuggingFace, QwenRoundTripSideFilesAndMismatches) {
       if (pg.rank() == 0) checkpoint::save_safetensors(dir + "/" + type + ".logits.safetensors", {{"logits", logits}});
       checkpoint::HfExportOptions eo;
       eo.extra_files = checkpoint::find_hf_side_files(dir + "/src");
-      checkpoint::export_hf(dir + "/" + type, *m.sharded, m.cfg, pg, eo);
+      checkpoint::export_hf(dir + "/" + type, *m.sharded, train::llama_hf_info(m.cfg), pg, eo);
     }, std::chrono::seconds(180), one_thread);
     if (!testing::is_worker()) {  // workers must still reach every run_distributed call
       checkpoint::SafetensorsFile f(dir + "/" + type + "/model.safetensors");
@@ -289,13 +290,13 @@ TEST(HuggingFace, QwenRoundTripSideFilesAndMismatches) {
       EXPECT_EQ(std::string(std::istreambuf_iterator<char>(in), {}), side);
       EXPECT_TRUE(fs::exists(dir + "/" + type + "/generation_config.json"));
       const auto back = models::resolve_model_config(dir + "/" + type);
-      EXPECT_EQ(checkpoint::config_mismatch(back, cfg), "") << type;
+      EXPECT_EQ(models::llama_config_mismatch(back, cfg), "") << type;
       EXPECT_EQ(back.layer_types, cfg.layer_types);
       EXPECT_EQ(back.pad_token_id, 3);
     }
     testing::run_distributed(1, [&](comm::ProcessGroup& pg) {
       auto m = make_sharded_llama(pg, "full", "block", /*seed=*/123, cfg);
-      checkpoint::import_hf(dir + "/" + type, *m.sharded, m.cfg, pg);
+      checkpoint::import_hf(dir + "/" + type, *m.sharded, train::llama_hf_info(m.cfg), pg);
       const at::Tensor ref = checkpoint::SafetensorsFile(dir + "/" + type + ".logits.safetensors").tensor("logits");
       const at::Tensor got = m.logits(inputs());
       EXPECT_TRUE(at::equal(got, ref)) << type << ": max |diff| " << (got - ref).abs().max().item<double>();
@@ -305,20 +306,20 @@ TEST(HuggingFace, QwenRoundTripSideFilesAndMismatches) {
   const auto q3 = qwen("qwen3");
   auto other = q3;
   other.pad_token_id.reset();
-  EXPECT_EQ(checkpoint::config_mismatch(other, q3), "pad_token_id none vs 3");
+  EXPECT_EQ(models::llama_config_mismatch(other, q3), "pad_token_id none vs 3");
   other = q3;
   other.layer_types = {"sliding_attention", "sliding_attention"};
-  EXPECT_EQ(checkpoint::config_mismatch(other, q3), "sliding window of layer 0 5 vs none");
+  EXPECT_EQ(models::llama_config_mismatch(other, q3), "sliding window of layer 0 5 vs none");
   other = q3;
   other.sliding_window = q3.max_position_embeddings;  // never cuts: the same model as full attention
   other.layer_types = {"full_attention", "full_attention"};
   auto wide = other;
   wide.layer_types = {"sliding_attention", "sliding_attention"};
-  EXPECT_EQ(checkpoint::config_mismatch(other, wide), "");
+  EXPECT_EQ(models::llama_config_mismatch(other, wide), "");
   other = q3;
   other.attention_bias = false;
-  EXPECT_EQ(checkpoint::config_mismatch(other, q3), "attention_bias false vs true");
-  EXPECT_EQ(checkpoint::config_mismatch(qwen("qwen2"), q3).rfind("model_type qwen2 vs qwen3", 0), 0u);
+  EXPECT_EQ(models::llama_config_mismatch(other, q3), "attention_bias false vs true");
+  EXPECT_EQ(models::llama_config_mismatch(qwen("qwen2"), q3).rfind("model_type qwen2 vs qwen3", 0), 0u);
   for (const char* name : {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "tokenizer.model",
                            "generation_config.json", "vocab.json", "merges.txt", "chat_template.jinja"}) {
     EXPECT_TRUE(checkpoint::is_hf_export_file(name)) << name;
@@ -335,7 +336,7 @@ TEST(HuggingFace, ShapeMismatchBf16AndForeignFiles) {
     checkpoint::HfExportOptions eo;
     eo.dtype = at::kBFloat16;
     eo.extra_config = nlohmann::json{{"eos_token_id", 2}};
-    checkpoint::export_hf(dir + "/bf16", *m.sharded, m.cfg, pg, eo);
+    checkpoint::export_hf(dir + "/bf16", *m.sharded, train::llama_hf_info(m.cfg), pg, eo);
     const auto cfg = read_json(dir + "/bf16/config.json");
     EXPECT_EQ(cfg["dtype"], "bfloat16");
     EXPECT_EQ(cfg["eos_token_id"], 2);
@@ -346,14 +347,14 @@ TEST(HuggingFace, ShapeMismatchBf16AndForeignFiles) {
       EXPECT_TRUE(at::equal(f.tensor(e.name), state.at("param/" + e.name).to(at::kBFloat16))) << e.name;
     }
     // Re-export over an earlier export: allowed, replaced whole.
-    checkpoint::export_hf(dir + "/bf16", *m.sharded, m.cfg, pg);
+    checkpoint::export_hf(dir + "/bf16", *m.sharded, train::llama_hf_info(m.cfg), pg);
     EXPECT_EQ(read_json(dir + "/bf16/config.json")["dtype"], "float32");
 
     auto cfg2 = testing::small_config();
     cfg2.intermediate_size = 80;
     auto other = make_sharded_llama(pg, "full", "block", 7, cfg2);
     try {
-      checkpoint::import_hf(dir + "/bf16", *other.sharded, other.cfg, pg);
+      checkpoint::import_hf(dir + "/bf16", *other.sharded, train::llama_hf_info(other.cfg), pg);
       ADD_FAILURE() << "expected a UsageError";
     } catch (const UsageError& e) {
       const std::string msg = e.what();
@@ -363,7 +364,7 @@ TEST(HuggingFace, ShapeMismatchBf16AndForeignFiles) {
     }
     fs::create_directories(dir + "/mine");
     std::ofstream(dir + "/mine/notes.txt") << "precious";
-    EXPECT_THROW(checkpoint::export_hf(dir + "/mine", *m.sharded, m.cfg, pg), Failure);
+    EXPECT_THROW(checkpoint::export_hf(dir + "/mine", *m.sharded, train::llama_hf_info(m.cfg), pg), Failure);
     EXPECT_TRUE(fs::exists(dir + "/mine/notes.txt"));
     EXPECT_THROW(checkpoint::check_export_dir(dir + "/mine"), UsageError);
     EXPECT_NO_THROW(checkpoint::check_export_dir(dir + "/bf16"));

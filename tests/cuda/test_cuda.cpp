@@ -361,6 +361,25 @@ TEST_F(Cuda, UnshardedBuffersComeFromThePoolSizedByThePlan) {
 
 // ---- a checkpoint saved on CUDA loads on the CPU --------------------------------
 
+// Loads the newest checkpoint in `dir` (saved at step 3) into `cpu` and expects
+// every shard and second moment equal, bit for bit, to what was saved.
+void expect_loads_as_saved(const std::string& dir, Llama& cpu, comm::ProcessGroup& pg,
+                           const std::vector<at::Tensor>& saved, const std::vector<at::Tensor>& saved_moments) {
+  const checkpoint::LoadResult r = checkpoint::load_latest_checkpoint(dir, *cpu.sharded, cpu.opt.get(), pg);
+  ASSERT_TRUE(r.loaded);
+  EXPECT_EQ(r.step, 3);
+  const std::vector<ShardRef> loaded = cpu.sharded->shards();
+  ASSERT_EQ(loaded.size(), saved.size());
+  for (size_t i = 0; i < saved.size(); ++i) {
+    EXPECT_TRUE(loaded[i].param.equal(saved[i])) << "shard " << i << " ('" << loaded[i].unit_name << "')";
+  }
+  ASSERT_EQ(cpu.opt->slots().size(), saved_moments.size());
+  for (size_t i = 0; i < saved_moments.size(); ++i) {
+    EXPECT_TRUE(cpu.opt->slots()[i].exp_avg_sq.equal(saved_moments[i])) << "second moment " << i;
+  }
+  EXPECT_EQ(cpu.opt->step_count(), 3);
+}
+
 TEST_F(Cuda, ACheckpointSavedFromTheDeviceLoadsOnTheCpuBitForBit) {
   const std::string dir = testing::temp_dir("cuda-ckpt");
   const nlohmann::json config = nlohmann::json::parse(tiny_llama().to_hf_config_json());
@@ -378,19 +397,7 @@ TEST_F(Cuda, ACheckpointSavedFromTheDeviceLoadsOnTheCpuBitForBit) {
   }
   auto cpu_pg = one_rank_group(at::kCPU, "ckpt-load");
   Llama cpu = sharded_llama(cpu_pg, at::kCPU, "bf16");
-  const checkpoint::LoadResult r = checkpoint::load_latest_checkpoint(dir, *cpu.sharded, cpu.opt.get(), *cpu_pg);
-  ASSERT_TRUE(r.loaded);
-  EXPECT_EQ(r.step, 3);
-  const std::vector<ShardRef> loaded = cpu.sharded->shards();
-  ASSERT_EQ(loaded.size(), saved.size());
-  for (size_t i = 0; i < saved.size(); ++i) {
-    EXPECT_TRUE(loaded[i].param.equal(saved[i])) << "shard " << i << " ('" << loaded[i].unit_name << "')";
-  }
-  ASSERT_EQ(cpu.opt->slots().size(), saved_moments.size());
-  for (size_t i = 0; i < saved_moments.size(); ++i) {
-    EXPECT_TRUE(cpu.opt->slots()[i].exp_avg_sq.equal(saved_moments[i])) << "second moment " << i;
-  }
-  EXPECT_EQ(cpu.opt->step_count(), 3);
+  expect_loads_as_saved(dir, cpu, *cpu_pg, saved, saved_moments);
   // And it trains on.
   const double loss = step(cpu, tokens(2, 32, tiny_llama().vocab_size, 99, at::kCPU)).item<double>();
   EXPECT_TRUE(std::isfinite(loss));
@@ -425,19 +432,7 @@ TEST_F(Cuda, AnAsyncSaveFromTheDeviceHoldsTheStateOfItsStart) {
   }
   auto cpu_pg = one_rank_group(at::kCPU, "async-load");
   Llama cpu = sharded_llama(cpu_pg, at::kCPU, "bf16");
-  const checkpoint::LoadResult r = checkpoint::load_latest_checkpoint(dir, *cpu.sharded, cpu.opt.get(), *cpu_pg);
-  ASSERT_TRUE(r.loaded);
-  EXPECT_EQ(r.step, 3);
-  const std::vector<ShardRef> loaded = cpu.sharded->shards();
-  ASSERT_EQ(loaded.size(), saved.size());
-  for (size_t i = 0; i < saved.size(); ++i) {
-    EXPECT_TRUE(loaded[i].param.equal(saved[i])) << "shard " << i << " ('" << loaded[i].unit_name << "')";
-  }
-  ASSERT_EQ(cpu.opt->slots().size(), saved_moments.size());
-  for (size_t i = 0; i < saved_moments.size(); ++i) {
-    EXPECT_TRUE(cpu.opt->slots()[i].exp_avg_sq.equal(saved_moments[i])) << "second moment " << i;
-  }
-  EXPECT_EQ(cpu.opt->step_count(), 3);
+  expect_loads_as_saved(dir, cpu, *cpu_pg, saved, saved_moments);
 }
 
 }  // namespace

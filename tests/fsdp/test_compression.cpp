@@ -10,6 +10,7 @@
 #include <ATen/Parallel.h>
 
 #include <cmath>
+#include <functional>
 #include <limits>
 #include <vector>
 
@@ -19,6 +20,7 @@
 #include "fsdp/optim/adamw.h"
 #include "fsdp/quantize.h"
 #include "parity.h"
+#include "support/errors.h"
 #include "support/multiproc.h"
 #include "toy_models.h"
 
@@ -200,6 +202,39 @@ TEST(Compression, BytesOnTheWireAreWhatTheFormatPromises) {
       });
     }
   }
+}
+
+// A compressed reduce-scatter takes the mean itself: what would divide or sum
+// the gradients otherwise is refused at the first reduction, with its name and
+// the fix, never ignored. An fp16 reduce dtype divides before and after the sum
+// (Note in reduce_spec), so it is among them.
+TEST(Compression, AReduceThatDividesOrSumsIsRefusedWithACompressedReduceScatter) {
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    const testing::ToyConfig cfg = wide_toy();
+    const auto backward_with = [&](const std::function<void(FsdpOptions&)>& set,
+                                   const std::function<void(ShardedModel&)>& after = nullptr) {
+      auto model = testing::make_toy(cfg, false, 5);
+      FsdpOptions o = with_wire(kCases[4], ShardingStrategy::kFullShard);  // rs int8
+      set(o);
+      auto sharded = fully_shard(model.ptr(), borrow(pg), o);
+      if (after) after(*sharded);
+      model->forward(torch::randn({4, cfg.d_in}), torch::randn({4, cfg.d_out})).backward();
+    };
+    const std::string fp16 = testing::usage_error_of(
+        [&] { backward_with([](FsdpOptions& o) { o.mixed_precision.reduce_dtype = at::kHalf; }); });
+    EXPECT_CONTAINS(fp16, "computes the mean itself");
+    EXPECT_CONTAINS(fp16, "an fp16 reduce dtype");
+    EXPECT_CONTAINS(fp16, "reduce in fp32 or bf16");
+    const std::string factor = testing::usage_error_of(
+        [&] { backward_with([](FsdpOptions&) {}, [](ShardedModel& s) { s.set_gradient_divide_factor(4.0); }); });
+    EXPECT_CONTAINS(factor, "a gradient divide factor");
+    const std::string sum = testing::usage_error_of([&] {
+      backward_with([](FsdpOptions&) {}, [](ShardedModel& s) { s.set_force_sum_reduction_for_comms(true); });
+    });
+    EXPECT_CONTAINS(sum, "force-sum");
+    // bf16 reduce with the same wire trains.
+    backward_with([](FsdpOptions& o) { o.mixed_precision.reduce_dtype = at::kBFloat16; });
+  });
 }
 
 // What a compute sees after a compressed gather: SHARD_GRAD_OP keeps the

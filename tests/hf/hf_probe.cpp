@@ -72,6 +72,7 @@
 #include "fsdp/models/lora.h"
 #include "fsdp/models/registry.h"
 #include "fsdp/nn/unit.h"
+#include "fsdp/train/family_llama.h"
 
 namespace {
 
@@ -123,7 +124,7 @@ Loaded build(const models::LlamaConfig& cfg, const std::string& precision, const
 
 Loaded load(const std::string& dir, const std::string& precision, const comm::ProcessGroupPtr& world) {
   Loaded m = build(models::resolve_model_config(dir), precision, world);
-  checkpoint::import_hf(dir, *m.sharded, m.cfg, *world);
+  checkpoint::import_hf(dir, *m.sharded, train::llama_hf_info(m.cfg), *world);
   return m;
 }
 
@@ -233,7 +234,7 @@ int run_export(const std::vector<std::string>& args, const comm::ProcessGroupPtr
   Loaded m = load(args[0], "fp32", world);
   checkpoint::HfExportOptions eo;
   eo.dtype = checkpoint::parse_export_dtype(args[2]);
-  const checkpoint::HfExportResult r = checkpoint::export_hf(args[1], *m.sharded, m.cfg, *world, eo);
+  const checkpoint::HfExportResult r = checkpoint::export_hf(args[1], *m.sharded, train::llama_hf_info(m.cfg), *world, eo);
   std::cout << "exported " << r.dir << "\n";
   return 0;
 }
@@ -252,7 +253,7 @@ Loaded load_lora(const std::string& dir, const std::string& adapter, const comm:
   fo.wrap = WrapPolicy::by_type({models::llama_block_type()});
   fo.init_rule = models::lora_init_rule(*m.impl, models::llama_init_rule(m.cfg));
   m.sharded = fully_shard(m.root, world, fo);
-  checkpoint::import_hf(dir, *m.sharded, m.cfg, *world);
+  checkpoint::import_hf(dir, *m.sharded, train::llama_hf_info(m.cfg), *world);
   checkpoint::import_peft_adapter(adapter, *m.sharded);
   return m;
 }
@@ -267,7 +268,7 @@ int run_lora(const std::vector<std::string>& args, const comm::ProcessGroupPtr& 
   if (args[4] == "unsharded") {
     auto model = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions(), /*seed=*/0);
     models::apply_lora(*model, checkpoint::read_peft_adapter_config(args[1]), /*seed=*/0);
-    checkpoint::import_hf_module(args[0], *model, cfg);
+    checkpoint::import_hf_module(args[0], *model, train::llama_hf_info(cfg));
     checkpoint::import_peft_adapter_module(args[1], *model);
     {
       at::NoGradGuard no_grad;
@@ -313,7 +314,7 @@ int run_lora_export(const std::vector<std::string>& args, const comm::ProcessGro
   if (args[3] == "merged") {
     checkpoint::HfExportOptions eo;
     eo.lora_scaling = lora.alpha / static_cast<double>(lora.rank);
-    checkpoint::export_hf(args[2], *m.sharded, m.cfg, *world, eo);
+    checkpoint::export_hf(args[2], *m.sharded, train::llama_hf_info(m.cfg), *world, eo);
   } else {
     checkpoint::PeftExportOptions po;
     po.base_model = args[0];

@@ -76,15 +76,12 @@ DcpFormat parse_dcp_format(const std::string& text, const std::string& flag);
 // Our parameter names as another program saves them: the name, and (for
 // tensors whose rows another program orders differently) the saved row of
 // each of our rows along the first dimension. The model family knows its
-// names: a layout's adapter comes from the caller.
+// names: a layout's adapter comes from the caller (for torchtitan's Llama,
+// train::torchtitan_llama_names in family_llama.h).
 struct DcpNames {
   std::function<std::string(const std::string& ours)> name;                 // null: the same
   std::function<int64_t(const std::string& ours, int64_t row, int64_t rows)> row;  // null: the same
 };
-// torchtitan's Llama names (Note [DCP keys]); q/k rows in Meta's
-// interleaved-rotary order for `heads` and `kv_heads` heads. UsageError for a
-// parameter torchtitan's Llama does not have (a bias, a q/k norm).
-DcpNames torchtitan_llama_names(int64_t heads, int64_t kv_heads);
 
 // True when `dir` holds a DCP checkpoint (.metadata, or DCP safetensors files).
 bool is_dcp_dir(const std::string& dir);

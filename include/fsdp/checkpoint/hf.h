@@ -1,15 +1,13 @@
-// Hugging Face interchange for Llama-family models: a model directory of
+// Hugging Face interchange for any model family: a model directory of
 // config.json + safetensors weights, as transformers' save_pretrained writes it.
 //
-// Semantics are Hugging Face's (models/llama.h): the same tensor names
-// (model.embed_tokens.weight, model.layers.N.self_attn.q_proj.weight, ...,
-// lm_head.weight), the same layouts (a Linear weight is (out, in)), the same
-// rotary convention (rotate_half: no permutation of q/k rows), and tied
-// embeddings write no lm_head.weight.
-//
-// config.json is written in the form transformers 5 writes (sorted keys,
-// "rope_parameters", "dtype"; LlamaConfig::to_hf_config_json), with the
-// model config's special token ids unless `extra_config` replaces them.
+// The checkpoint layer names no model: what it needs of one (config.json's
+// text, the tensors an import may skip) comes in an HfModelInfo, which each
+// model family fills in (train::hf_model_info, model_family.h). The names and
+// layouts are the model's own, which each family keeps equal to transformers'
+// (a Linear weight is (out, in); tied embeddings write no lm_head.weight).
+// config.json gets the weights' "dtype" and `extra_config`'s keys (e.g. the
+// training tokenizer's special token ids) over the family's text.
 //
 // Export (rank 0 writes; every rank takes part): each unit is gathered in turn
 // (ShardedModel::gather_unit), so no rank ever holds more than one unit's full
@@ -39,7 +37,6 @@
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/fsdp.h"
-#include "fsdp/models/llama_config.h"
 
 namespace torch::nn {
 class Module;
@@ -112,9 +109,6 @@ struct HfModelInfo {
   // HfImportResult::ignored): tied copies, buffers older versions saved.
   HfIgnorable ignorable;
 };
-// A Llama-family config's: LlamaConfig::to_hf_config_json, and as ignorable
-// the tied lm_head.weight and the rotary inv_freq buffers of older files.
-HfModelInfo hf_model_info(const models::LlamaConfig& cfg);
 
 // Collective over `group` (every rank of the model's world); rank 0 writes DIR,
 // holding a DirectoryLock on PARENT/.<name>.lock meanwhile (a second export to
@@ -122,11 +116,6 @@ HfModelInfo hf_model_info(const models::LlamaConfig& cfg);
 // refusals are UsageErrors.
 HfExportResult export_hf(const std::string& dir, ShardedModel& model, const HfModelInfo& info,
                          comm::ProcessGroup& group, const HfExportOptions& options = {});
-// export_hf of a Llama-family model: hf_model_info(cfg).
-inline HfExportResult export_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
-                                comm::ProcessGroup& group, const HfExportOptions& options = {}) {
-  return export_hf(dir, model, hf_model_info(cfg), group, options);
-}
 
 // The weights of a Hugging Face model directory: model.safetensors.index.json's
 // weight_map, else model.safetensors, else the only *.safetensors file.
@@ -153,11 +142,6 @@ struct HfImportResult {
 // Collective over `group` (for the byte count only).
 HfImportResult import_hf(const std::string& dir, ShardedModel& model, const HfModelInfo& info,
                          comm::ProcessGroup& group, bool progress = false);
-// import_hf of a Llama-family model: hf_model_info(cfg).
-inline HfImportResult import_hf(const std::string& dir, ShardedModel& model, const models::LlamaConfig& cfg,
-                                comm::ProcessGroup& group, bool progress = false) {
-  return import_hf(dir, model, hf_model_info(cfg), group, progress);
-}
 
 // Loads DIR's weights into every parameter of an unsharded, materialized
 // module (named as in named_parameters(): the Hugging Face names) — what rank
@@ -165,18 +149,5 @@ inline HfImportResult import_hf(const std::string& dir, ShardedModel& model, con
 // The same checks and errors as import_hf; result.io counts this process only.
 HfImportResult import_hf_module(const std::string& dir, torch::nn::Module& module, const HfModelInfo& info,
                                 bool progress = false);
-// import_hf_module of a Llama-family model: hf_model_info(cfg).
-inline HfImportResult import_hf_module(const std::string& dir, torch::nn::Module& module,
-                                       const models::LlamaConfig& cfg, bool progress = false) {
-  return import_hf_module(dir, module, hf_model_info(cfg), progress);
-}
-
-// "" when `a` and `b` describe the same architecture (every field that changes
-// shapes, results or gradients: model_type, biases, pad_token_id, sizes, rope,
-// tying, each layer's attention window — a window at least as long as the
-// config's max_position_embeddings counts as none; max_position_embeddings,
-// initializer_range and bos/eos token ids may differ),
-// else "<field> <a> vs <b>" for the first difference.
-std::string config_mismatch(const models::LlamaConfig& a, const models::LlamaConfig& b);
 
 }  // namespace fsdp::checkpoint

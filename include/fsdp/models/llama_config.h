@@ -207,4 +207,12 @@ struct LlamaConfig {
   std::string to_hf_config_json() const;
 };
 
+// "" when `a` and `b` describe the same architecture (every field that changes
+// shapes, results or gradients: model_type, biases, pad_token_id, sizes, rope,
+// tying, each layer's attention window — a window at least as long as the
+// config's max_position_embeddings counts as none; max_position_embeddings,
+// initializer_range and bos/eos token ids may differ),
+// else "<field> <a> vs <b>" for the first difference.
+std::string llama_config_mismatch(const LlamaConfig& a, const LlamaConfig& b);
+
 }  // namespace fsdp::models
