@@ -29,6 +29,7 @@
 #include "cli_numbers.h"
 #include "option_names.h"
 #include "estimate_cli.h"
+#include "train_options_table.h"
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/error.h"
@@ -55,6 +56,7 @@ constexpr int64_t kMaxGradAccum = 4096;  // micro-batches per step the estimate 
 // The command line: the plan's options, --estimate's, and every other fsdp-train flag (ignored).
 struct Args {
   std::string model = "tiny";
+  std::string init_from;
   int world_size = 8;
   int rank = 0;
   std::string sharding = "full";
@@ -87,12 +89,14 @@ struct Args {
   int calibrate_steps = 3;
   double calibrate_link_seconds = 4;
   uint64_t seed = 0;
-  std::vector<std::string> ignored;
+  fsdp::cli::IgnoredOptions ignored;  // fsdp-train's flags that change no plan
 };
 
 void add_plan_options(CLI::App& app, Args& a) {
   app.add_option("--model", a.model, "Preset, Hugging Face config.json, or a directory holding one")
       ->capture_default_str();
+  app.add_option("--init-from", a.init_from,
+                 "A Hugging Face model directory: its config.json is the model unless --model is given (as fsdp-train)");
   app.add_option("--world-size", a.world_size, "Data-parallel processes")->capture_default_str();
   app.add_option("--rank", a.rank, "Rank whose shard offsets to show")->capture_default_str();
   app.add_option("--sharding", a.sharding, "full | grad-op | none | hybrid")->capture_default_str();
@@ -150,15 +154,6 @@ void add_estimate_options(CLI::App& app, Args& a) {
   est->add_option("--calibrate-link-seconds", a.calibrate_link_seconds, "About how long --calibrate-link measures")
       ->capture_default_str();
   est->add_option("--seed", a.seed, "Seed of --calibrate's model and batch")->capture_default_str();
-  // fsdp-train's flags that do not change a step's time: accepted, so that a
-  // run's command line can be pasted after --estimate.
-  for (const char* f : {"--data", "--max-steps", "--lr", "--warmup-steps", "--min-lr", "--weight-decay",
-                        "--log-every", "--metrics-file", "--checkpoint-dir", "--checkpoint-every", "--keep-last",
-                        "--timeout", "--tokenizer", "--profile-steps", "--profile-file", "--tensorboard",
-                        "--node-rank", "--master-addr", "--master-port", "--device", "--eval-every", "--val-data",
-                        "--clip-grad", "--checkpoint-format", "--dcp-layout", "--dcp-format"}) {
-    est->add_option(f, a.ignored, "(fsdp-train's; no effect on the estimate)")->group("");
-  }
 }
 
 // --calibrate-link FILE: one process per node of a job measures, and rank 0 writes the link into the file.
@@ -275,8 +270,10 @@ fsdp::FsdpOptions plan_options(const Args& a, const fsdp::train::ModelConfig& cf
   return o;
 }
 
-Planned plan_model(Args& a, bool estimating, const fsdp::ClusterSpec& cluster) {
+Planned plan_model(const CLI::App& app, Args& a, bool estimating, const fsdp::ClusterSpec& cluster) {
   Planned p;
+  // As fsdp-train: --init-from DIR without --model plans DIR's config.json.
+  if (!a.init_from.empty() && app.count("--model") == 0) a.model = a.init_from;
   p.cfg = fsdp::train::resolve_model(a.model);
   // Note [Output targets]: a device or FIFO is written in place, a regular file replaced atomically.
   if (!a.hf_config_out.empty()) {
@@ -456,6 +453,9 @@ std::optional<int> parse_command_line(CLI::App& app, Args& a, int argc, char** a
   app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   add_plan_options(app, a);
   add_estimate_options(app, a);
+  // Every other fsdp-train flag (train_options_table.h): accepted, so that a
+  // run's command line can be pasted after --estimate, and named once below.
+  fsdp::cli::register_ignored_train_options(app, a.ignored);
   fsdp::cli::strict_numbers(app);
   try {
     app.parse(argc, argv);
@@ -463,6 +463,9 @@ std::optional<int> parse_command_line(CLI::App& app, Args& a, int argc, char** a
     if (e.get_exit_code() == 0) return app.exit(e);
     std::cerr << "fsdp-inspect: error: " << e.what() << " (see fsdp-inspect --help)\n";
     return fsdp::kExitUsage;
+  }
+  if (const std::string given = a.ignored.given(); !given.empty() && fsdp::comm::detect_world().rank == 0) {
+    std::cerr << "fsdp-inspect: note: ignored by fsdp-inspect: " << given << " (no effect on a plan or estimate)\n";
   }
   return std::nullopt;
 }
@@ -501,7 +504,7 @@ int run(int argc, char** argv) {
   FSDP_CHECK(a.rank >= 0 && a.rank < a.world_size, "--rank ", a.rank, " is outside [0, --world-size ", a.world_size,
              ") — give a rank below the world size");
   FSDP_CHECK(a.hybrid >= 0, "--hybrid-shard-size must be >= 1 (or 0: the world size), got ", a.hybrid);
-  Planned p = plan_model(a, estimating, cluster);
+  Planned p = plan_model(app, a, estimating, cluster);
   std::ostringstream discarded;  // --estimate --json prints the JSON alone
   print_plan(estimating && a.json ? static_cast<std::ostream&>(discarded) : std::cout, a, p, estimating);
   if (estimating) return estimate(a, p, cluster, calibration);
