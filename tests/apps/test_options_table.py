@@ -3,8 +3,8 @@ everything that lists fsdp-train's flags (issue 38: options declared once):
   - no flag twice in the table, and each configurable row's --config key is its flag without '--';
   - `fsdp-train --help` lists exactly the table's flags, plus CLI11's --help and --version;
   - `fsdp-train --print-config` writes only the table's config keys, and all of them;
-  - fsdp-inspect declares exactly the rows marked "uses" and accepts every other row, ignored, with one
-    note naming the ignored flags given;
+  - fsdp-inspect declares exactly the rows marked "uses", with fsdp-train's defaults, and accepts every
+    other row, ignored, with one note naming the ignored flags given;
   - docs/training.md's flag table names exactly the table's flags;
   - deploy/kubernetes/generate.py passes only the table's flags to fsdp-train.
 
@@ -72,6 +72,14 @@ uses = {row["flag"] for row in rows if row["inspect"] == "uses"}
 check(uses <= inspect_help, f"fsdp-inspect --help lists every row it uses (missing: {sorted(uses - inspect_help)})")
 leaked = (inspect_help & table) - uses
 check(not leaked, f"fsdp-inspect --help lists no ignored fsdp-train flag (listed: {sorted(leaked)})")
+# The defaults fsdp-inspect shows for the flags it reads are fsdp-train's, but where the meaning differs:
+# --seed seeds --calibrate's model there (not a run's data order).
+shown = dict(re.findall(r"^ {2,4}(--[a-z0-9-]+) [A-Z]+=(\S+)", run(INSPECT, "--help").stdout, re.M))
+own_meaning = {"--seed"}
+differ = {f: (shown[f], row["default"]) for row in rows for f in [row["flag"]]
+          if f in uses and f in shown and f not in own_meaning and shown[f] != row["default"]}
+check(len(shown.keys() & uses) >= 10 and not differ,
+      f"fsdp-inspect's defaults of the flags it reads are fsdp-train's (inspect, train: {differ})")
 ignored = [row for row in rows if row["inspect"] == "ignores"]
 args = []
 for row in ignored:
