@@ -472,7 +472,8 @@ std::optional<int> parse_command_line(CLI::App& app, Args& a, int argc, char** a
 
 int run(int argc, char** argv) {
   Args a;
-  CLI::App app{"fsdp-inspect: the FSDP sharding plan and per-rank memory of a model, without running it."};
+  CLI::App app{"fsdp-inspect: the FSDP sharding plan and per-rank memory of a model, without running it. Every "
+               "other fsdp-train flag is accepted and ignored (fsdp-train --list-options: inspect \"ignores\")."};
   if (const std::optional<int> done = parse_command_line(app, a, argc, argv)) return *done;
   const bool estimating = a.estimate || !a.calibrate_file.empty() || !a.calibrate_link_file.empty();
   std::optional<fsdp::cli::Calibration> calibration;
