@@ -464,7 +464,10 @@ std::optional<int> parse_command_line(CLI::App& app, Args& a, int argc, char** a
     std::cerr << "fsdp-inspect: error: " << e.what() << " (see fsdp-inspect --help)\n";
     return fsdp::kExitUsage;
   }
-  if (const std::string given = a.ignored.given(); !given.empty() && fsdp::comm::detect_world().rank == 0) {
+  // Said once: not again by the workers of --calibrate --nproc-per-node (launch_self marks them
+  // FSDP_LAUNCHER=fsdp-train), and by rank 0 alone under another launcher.
+  const fsdp::comm::WorldInfo w = fsdp::comm::detect_world();
+  if (const std::string given = a.ignored.given(); !given.empty() && w.launcher != "fsdp-train" && w.rank == 0) {
     std::cerr << "fsdp-inspect: note: ignored by fsdp-inspect: " << given << " (no effect on a plan or estimate)\n";
   }
   return std::nullopt;
