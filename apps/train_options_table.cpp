@@ -376,16 +376,12 @@ CLI::Option* add_row(CLI::App& where, const OptionRow& row, TrainTargets& t) {
   return opt;
 }
 
-}  // namespace
-
-const std::vector<OptionRow>& train_option_table() {
-  static const std::vector<OptionRow> table = make_table();
-  return table;
-}
-
-void register_train_options(CLI::App& app, TrainTargets& t) {
-  std::map<std::string, CLI::App*> groups;  // each made at its first row: --help lists them in the table's order
+// Adds the rows `take` selects, bound into `t`, each in its option group (made at
+// its first row: --help lists them in the table's order).
+void register_rows(CLI::App& app, TrainTargets& t, const std::function<bool(const OptionRow&)>& take) {
+  std::map<std::string, CLI::App*> groups;
   for (const OptionRow& row : train_option_table()) {
+    if (!take(row)) continue;
     CLI::App* where = &app;
     if (!row.group.empty()) {
       CLI::App*& group = groups[row.group];
@@ -396,6 +392,17 @@ void register_train_options(CLI::App& app, TrainTargets& t) {
   }
 }
 
+}  // namespace
+
+const std::vector<OptionRow>& train_option_table() {
+  static const std::vector<OptionRow> table = make_table();
+  return table;
+}
+
+void register_train_options(CLI::App& app, TrainTargets& t) {
+  register_rows(app, t, [](const OptionRow&) { return true; });
+}
+
 std::string IgnoredOptions::given() const {
   std::vector<std::string> names;
   for (const auto& [flag, o] : options) {
@@ -404,15 +411,18 @@ std::string IgnoredOptions::given() const {
   return join(names);
 }
 
-void register_ignored_train_options(CLI::App& app, IgnoredOptions& ignored) {
-  TrainTargets shapes;  // only the kinds of the rows' values
+void register_inspect_train_options(CLI::App& app, TrainTargets& t, IgnoredOptions& ignored) {
   for (const OptionRow& row : train_option_table()) {
+    FSDP_ASSERT(app.get_option_no_throw(row.name()) == nullptr, "fsdp-inspect declares ", row.name(),
+                " itself, but it is fsdp-train's flag, declared once in the option table "
+                "(apps/train_options_table.cpp): drop fsdp-inspect's declaration, mark the row kUses and read "
+                "its member of TrainTargets");
+  }
+  register_rows(app, t, [](const OptionRow& row) { return row.inspect == Inspect::kUses; });
+  TrainTargets shapes;  // only the kinds of the ignored rows' values
+  for (const OptionRow& row : train_option_table()) {
+    if (row.inspect == Inspect::kUses) continue;
     const std::string name = row.name();
-    const bool declared = app.get_option_no_throw(name) != nullptr;
-    FSDP_ASSERT(declared == (row.inspect == Inspect::kUses), "fsdp-inspect ", declared ? "declares " : "lacks ", name,
-                " but the option table (apps/train_options_table.cpp) says fsdp-inspect ",
-                declared ? "ignores it" : "uses it", ": mark the row or declare the option");
-    if (declared) continue;
     const std::string help = "(fsdp-train's; ignored by fsdp-inspect)";
     CLI::Option* opt = is_switch(row.target(shapes)) ? app.add_flag(name, help)
                                                      : app.add_option(name, ignored.values, help);

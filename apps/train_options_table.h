@@ -4,8 +4,8 @@
 //
 // From this table fsdp-train registers its command line (and so --help, the
 // --config keys and --print-config, which read the registered options);
-// fsdp-inspect accepts every row (those it does not use are ignored, said
-// once); `fsdp-train --list-options` prints the table as JSON, against which
+// fsdp-inspect registers the rows it uses and accepts every other (ignored,
+// said once); `fsdp-train --list-options` prints the table as JSON, against which
 // tests hold docs/training.md's flag table and deploy/kubernetes/generate.py.
 // Adding an option is one row here plus its use (docs/training.md, "Adding an
 // option").
@@ -88,18 +88,20 @@ const std::vector<OptionRow>& train_option_table();
 // into `t`, which must outlive the parse.
 void register_train_options(CLI::App& app, TrainTargets& t);
 
-// fsdp-inspect's side: after it declared the options it uses, adds every other
-// row as accepted and ignored (a switch stays a switch, a repeatable option
-// repeatable, any other takes one value unchecked). Internal error when
-// fsdp-inspect declares a row marked kIgnores or misses one marked kUses: the
-// table and fsdp-inspect must agree.
+// fsdp-inspect's side, after it declared its own options (--world-size,
+// --estimate, ...): the rows marked kUses registered as register_train_options
+// registers them, bound into `t` (fsdp-inspect reads the run from there, with
+// fsdp-train's help texts and defaults), and every other row accepted and
+// ignored (a switch stays a switch, a repeatable option repeatable, any other
+// takes one value unchecked). Internal error when fsdp-inspect declared a flag
+// of the table itself: each fsdp-train flag is declared once, in the table.
 struct IgnoredOptions {
   std::vector<std::string> values;  // sink of the ignored values
   std::vector<std::pair<std::string, CLI::Option*>> options;  // flag, its option
   // The ignored flags given, in table order (e.g. "--lr, --data"); "" when none.
   std::string given() const;
 };
-void register_ignored_train_options(CLI::App& app, IgnoredOptions& ignored);
+void register_inspect_train_options(CLI::App& app, TrainTargets& t, IgnoredOptions& ignored);
 
 // The table as JSON (an array of objects: flag, group, help, kind, type, default,
 // choices, config_key, inspect), with the defaults of `app`, where

@@ -3,8 +3,9 @@ everything that lists fsdp-train's flags (issue 38: options declared once):
   - no flag twice in the table, and each configurable row's --config key is its flag without '--';
   - `fsdp-train --help` lists exactly the table's flags, plus CLI11's --help and --version;
   - `fsdp-train --print-config` writes only the table's config keys, and all of them;
-  - fsdp-inspect declares exactly the rows marked "uses", with fsdp-train's defaults, and accepts every
-    other row, ignored, with one note naming the ignored flags given;
+  - fsdp-inspect declares none of fsdp-train's flags itself: it lists exactly the rows marked "uses", each
+    with the table's help and fsdp-train's default (registered from the table), and accepts every other row,
+    ignored, with one note naming the ignored flags given;
   - docs/training.md's flag table names exactly the table's flags;
   - deploy/kubernetes/generate.py passes only the table's flags to fsdp-train.
 
@@ -34,6 +35,18 @@ def run(*cmd):
 def help_flags(text):
     """The long flags --help lists (an option's line starts with 2 spaces, 4 in a group; descriptions further)."""
     return {m.group(1) for m in re.finditer(r"^ {2,4}(?:-\w,)?(--[a-z0-9][a-z0-9-]*)", text, re.M)}
+
+
+def help_descriptions(text):
+    """{flag: its description} as --help shows them: after the name column on the flag's line, or alone on the
+    next line when the name column is full."""
+    lines = text.splitlines() + [""]
+    out = {}
+    for i, line in enumerate(lines[:-1]):
+        m = re.match(r"^ {2,4}(?:-\w,)?(--[a-z0-9][a-z0-9-]*)(?: \S+)*(?: {2,}(\S.*))?$", line)
+        if m:
+            out[m.group(1)] = m.group(2) if m.group(2) is not None else lines[i + 1].strip()
+    return out
 
 
 r = run(TRAIN, "--list-options")
@@ -66,19 +79,24 @@ check(r.returncode == 0 and keys == printable and keys <= configurable,
       f"--print-config's keys are the table's config keys (extra: {sorted(keys - printable)}; "
       f"missing: {sorted(printable - keys)})")
 
-# fsdp-inspect: its own options are the rows it uses; every other row is accepted and ignored.
-inspect_help = help_flags(run(INSPECT, "--help").stdout)
+# fsdp-inspect: the rows it uses come from the table (fsdp-train's help and default: it declares none of
+# fsdp-train's flags itself); every other row is accepted and ignored.
+inspect_text = run(INSPECT, "--help").stdout
+inspect_help = help_flags(inspect_text)
 uses = {row["flag"] for row in rows if row["inspect"] == "uses"}
-check(uses <= inspect_help, f"fsdp-inspect --help lists every row it uses (missing: {sorted(uses - inspect_help)})")
+check(len(uses) >= 20 and uses <= inspect_help,
+      f"fsdp-inspect --help lists every row it uses (missing: {sorted(uses - inspect_help)})")
 leaked = (inspect_help & table) - uses
 check(not leaked, f"fsdp-inspect --help lists no ignored fsdp-train flag (listed: {sorted(leaked)})")
-# The defaults fsdp-inspect shows for the flags it reads are fsdp-train's, but where the meaning differs:
-# --seed seeds --calibrate's model there (not a run's data order).
-shown = dict(re.findall(r"^ {2,4}(--[a-z0-9-]+) [A-Z]+=(\S+)", run(INSPECT, "--help").stdout, re.M))
-own_meaning = {"--seed"}
+said = help_descriptions(inspect_text)
+own_text = {row["flag"]: said.get(row["flag"]) for row in rows if row["flag"] in uses and said.get(row["flag"]) !=
+            row["help"]}
+check(not own_text, f"fsdp-inspect declares none of fsdp-train's flags itself: each it reads has the table's help "
+      f"(its own: {own_text})")
+shown = dict(re.findall(r"^ {2,4}(--[a-z0-9-]+) [A-Z]+(?::\{[^}]*\})?=(\S+)", inspect_text, re.M))
 differ = {f: (shown[f], row["default"]) for row in rows for f in [row["flag"]]
-          if f in uses and f in shown and f not in own_meaning and shown[f] != row["default"]}
-check(len(shown.keys() & uses) >= 10 and not differ,
+          if f in uses and f in shown and shown[f] != row["default"]}
+check(len(shown.keys() & uses) >= 15 and not differ,
       f"fsdp-inspect's defaults of the flags it reads are fsdp-train's (inspect, train: {differ})")
 ignored = [row for row in rows if row["inspect"] == "ignores"]
 args = []
