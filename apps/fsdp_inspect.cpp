@@ -29,6 +29,7 @@
 #include "cli_numbers.h"
 #include "option_names.h"
 #include "estimate_cli.h"
+#include "train_options_table.h"
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/error.h"
@@ -52,109 +53,370 @@ constexpr int kMaxProcsPerNode = 1 << 10;
 constexpr int64_t kMaxWorld = int64_t{1} << 20;
 constexpr int64_t kMaxGradAccum = 4096;  // micro-batches per step the estimate replays (70B: ~2 s)
 
-int run(int argc, char** argv) {
-  std::string model = "tiny";
+// The command line: fsdp-inspect's own options (the plan's view, --estimate's cluster and calibration), and
+// fsdp-train's flags, declared in fsdp-train's option table (apps/train_options_table.cpp): those that change a
+// plan or an estimate bound into `t`, where fsdp-inspect reads them, every other accepted and ignored.
+struct Args {
+  fsdp::cli::TrainTargets t;  // the run: t.o (TrainOptions), t.flags (the words), t.run (launcher)
   int world_size = 8;
   int rank = 0;
-  std::string sharding = "full";
-  std::string wrap = "block";
-  int hybrid = 0;
-  std::string precision = "fp32";
-  int limit = 2;
-  bool offload = false;
   bool units = false;
-  bool ckpt = false;
   std::string hf_config_out;
-  std::string freeze;
-  int64_t lora_rank = 0;
-  std::string lora_targets = "q_proj,k_proj,v_proj,o_proj";
-  // --estimate: fsdp-train's flags for the run, and the cluster.
+  // --estimate: the cluster.
   bool estimate = false;
   std::string cluster_spec;
-  int nnodes = 1;
-  int nproc = 0;  // 0: the cluster's processes per node
-  int64_t batch_size = 8, seq_len = 256, grad_accum = 1;  // fsdp-train's defaults
-  std::string backward_prefetch = "pre";
-  bool forward_prefetch = false;
-  std::string reduce_dtype;
-  std::string all_gather_wire = "native", reduce_scatter_wire = "native";
-  int64_t quant_block = 256;
   double inter_gbps = 0, inter_latency_us = 0, intra_gbps = 0, intra_latency_us = 0;  // read when given
   double peak_tflops = 0, compute_efficiency = 0;
   bool json = false, timeline = false;
   std::string calibrate_file, calibrate_link_file;
   int calibrate_steps = 3;
   double calibrate_link_seconds = 4;
-  uint64_t seed = 0;
-  std::vector<std::string> ignored;
+  fsdp::cli::IgnoredOptions ignored;  // fsdp-train's flags that change no plan
+};
 
-  CLI::App app{"fsdp-inspect: the FSDP sharding plan and per-rank memory of a model, without running it."};
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-  app.add_option("--model", model, "Preset, Hugging Face config.json, or a directory holding one")
-      ->capture_default_str();
-  app.add_option("--world-size", world_size, "Data-parallel processes")->capture_default_str();
-  app.add_option("--rank", rank, "Rank whose shard offsets to show")->capture_default_str();
-  app.add_option("--sharding", sharding, "full | grad-op | none | hybrid")->capture_default_str();
-  app.add_option("--wrap", wrap, "block | size:N | root | all")->capture_default_str();
-  app.add_option("--hybrid-shard-size", hybrid, "HYBRID: ranks per shard group")->capture_default_str();
-  app.add_option("--mixed-precision", precision, "fp32 | bf16 | fp16 | bf16-pure")->capture_default_str();
-  app.add_option("--limit-all-gathers", limit, "All-gathers issued ahead of use")->capture_default_str();
-  app.add_flag("--cpu-offload", offload, "Shards and optimizer state in host memory");
-  app.add_flag("--activation-checkpointing", ckpt, "Checkpoint every decoder layer");
-  app.add_flag("--units", units, "List every unit");
-  app.add_option("--freeze", freeze, "Plan with the parameters whose name this regex finds frozen (as fsdp-train)");
-  app.add_option("--lora-rank", lora_rank, "Plan with LoRA adapters of this rank, the base frozen (0: none)");
-  app.add_option("--lora-targets", lora_targets, "Linear layers that get adapters (comma-separated)")
-      ->capture_default_str();
-  app.add_option("--write-hf-config", hf_config_out,
+void add_plan_options(CLI::App& app, Args& a) {
+  app.add_option("--world-size", a.world_size, "Data-parallel processes")->capture_default_str();
+  app.add_option("--rank", a.rank, "Rank whose shard offsets to show")->capture_default_str();
+  app.add_flag("--units", a.units, "List every unit");
+  app.add_option("--write-hf-config", a.hf_config_out,
                  "Also write the model's Hugging Face config.json to this file (e.g. for a transformers baseline)");
+}
+
+void add_estimate_options(CLI::App& app, Args& a) {
   auto* est = app.add_option_group("Estimate", "Step time of the run fsdp-train's flags describe (--estimate)");
-  est->add_flag("--estimate", estimate, "Predict the step time, tokens/s, exposed communication, MFU and scaling");
-  est->add_option("--cluster", cluster_spec,
+  est->add_flag("--estimate", a.estimate, "Predict the step time, tokens/s, exposed communication, MFU and scaling");
+  est->add_option("--cluster", a.cluster_spec,
                   "Preset (p5.48xlarge|h100, p5en.48xlarge|h200, p4de.24xlarge|a100) or a cluster JSON file "
                   "(--calibrate writes one)");
-  est->add_option("--nnodes", nnodes, "Nodes (fsdp-train / torchrun --nnodes)")->capture_default_str();
-  est->add_option("--nproc-per-node", nproc, "Processes per node (default: the cluster's GPUs per node)");
-  est->add_option("--batch-size", batch_size, "Samples per process per micro-batch (fsdp-train's)")
-      ->capture_default_str();
-  est->add_option("--seq-len", seq_len, "Tokens per sample")->capture_default_str();
-  est->add_option("--grad-accum", grad_accum, "Micro-batches per step")->capture_default_str();
-  est->add_option("--backward-prefetch", backward_prefetch, "pre | post | none")->capture_default_str();
-  est->add_flag("--forward-prefetch", forward_prefetch, "Prefetch the next unit's all-gather in forward");
-  est->add_option("--reduce-dtype", reduce_dtype, "fp32 | bf16 | fp16 (default: the precision preset's)");
-  est->add_option("--all-gather-wire", all_gather_wire, "native | bf16 | int8 (fsdp-train's; docs/compression.md)")
-      ->capture_default_str();
-  est->add_option("--reduce-scatter-wire", reduce_scatter_wire, "native | bf16 | int8 (fsdp-train's)")
-      ->capture_default_str();
-  est->add_option("--quant-block", quant_block, "int8 wire: elements per scale")->capture_default_str();
-  est->add_option("--inter-node-gbps", inter_gbps, "Override: one node's link to the others, Gbit/s each way");
-  est->add_option("--inter-node-latency-us", inter_latency_us, "Override: latency of a collective between nodes");
-  est->add_option("--intra-node-gbps", intra_gbps, "Override: a process's link inside its node, Gbit/s each way");
-  est->add_option("--intra-node-latency-us", intra_latency_us, "Override: latency inside a node");
-  est->add_option("--peak-tflops", peak_tflops, "Override: a process's dense peak at the compute dtype");
-  est->add_option("--compute-efficiency", compute_efficiency, "Override: fraction of the peak units reach");
-  est->add_flag("--json", json, "Print the estimate as JSON (step_time_s, tokens_per_s, exposed_comm_s, mfu, ...)");
-  est->add_flag("--timeline", timeline, "With --json: the replayed schedule of the last micro-batch");
-  est->add_option("--calibrate", calibrate_file,
+  est->add_option("--inter-node-gbps", a.inter_gbps, "Override: one node's link to the others, Gbit/s each way");
+  est->add_option("--inter-node-latency-us", a.inter_latency_us, "Override: latency of a collective between nodes");
+  est->add_option("--intra-node-gbps", a.intra_gbps, "Override: a process's link inside its node, Gbit/s each way");
+  est->add_option("--intra-node-latency-us", a.intra_latency_us, "Override: latency inside a node");
+  est->add_option("--peak-tflops", a.peak_tflops, "Override: a process's dense peak at the compute dtype");
+  est->add_option("--compute-efficiency", a.compute_efficiency, "Override: fraction of the peak units reach");
+  est->add_flag("--json", a.json, "Print the estimate as JSON (step_time_s, tokens_per_s, exposed_comm_s, mfu, ...)");
+  est->add_flag("--timeline", a.timeline, "With --json: the replayed schedule of the last micro-batch");
+  est->add_option("--calibrate", a.calibrate_file,
                   "Measure this machine's unit compute times for this run (--model, --batch-size, --seq-len, "
                   "precision, checkpointing) and write a cluster file");
-  est->add_option("--calibrate-steps", calibrate_steps, "Measured steps of --calibrate (medians)")
+  est->add_option("--calibrate-steps", a.calibrate_steps, "Measured steps of --calibrate (medians)")
       ->capture_default_str();
-  est->add_option("--calibrate-link", calibrate_link_file,
+  est->add_option("--calibrate-link", a.calibrate_link_file,
                   "Measure the inter-node link from this job of one process per node and write (or update) the "
                   "cluster file (rank 0)");
-  est->add_option("--calibrate-link-seconds", calibrate_link_seconds, "About how long --calibrate-link measures")
+  est->add_option("--calibrate-link-seconds", a.calibrate_link_seconds, "About how long --calibrate-link measures")
       ->capture_default_str();
-  est->add_option("--seed", seed, "Seed of --calibrate's model and batch")->capture_default_str();
-  // fsdp-train's flags that do not change a step's time: accepted, so that a
-  // run's command line can be pasted after --estimate.
-  for (const char* f : {"--data", "--max-steps", "--lr", "--warmup-steps", "--min-lr", "--weight-decay",
-                        "--log-every", "--metrics-file", "--checkpoint-dir", "--checkpoint-every", "--keep-last",
-                        "--timeout", "--tokenizer", "--profile-steps", "--profile-file", "--tensorboard",
-                        "--node-rank", "--master-addr", "--master-port", "--device", "--eval-every", "--val-data",
-                        "--clip-grad", "--checkpoint-format", "--dcp-layout", "--dcp-format"}) {
-    est->add_option(f, ignored, "(fsdp-train's; no effect on the estimate)")->group("");
+}
+
+// --calibrate-link FILE: one process per node of a job measures, and rank 0 writes the link into the file.
+int calibrate_link(const Args& a, at::ScalarType compute_dtype) {
+  // Read (when it exists) and rewritten: a regular file or nothing yet.
+  if (fsdp::check_output_writable(a.calibrate_link_file, "--calibrate-link") != fsdp::OutputTarget::kNew) {
+    fsdp::require_regular_file(a.calibrate_link_file, "--calibrate-link",
+                               "give a cluster JSON file to update, or a new file's path");
   }
+  const fsdp::cli::LinkCalibration measured = fsdp::cli::calibrate_link(a.calibrate_link_seconds);
+  const fsdp::LinkSpec& link = measured.link;
+  if (fsdp::comm::detect_world().rank == 0) {
+    std::optional<fsdp::cli::Calibration> calibration;
+    fsdp::ClusterSpec c;
+    c.name = "calibrated";
+    if (fsdp::check_output_target(a.calibrate_link_file, "--calibrate-link") != fsdp::OutputTarget::kNew) {
+      c = fsdp::cli::read_cluster(a.calibrate_link_file, compute_dtype, &calibration, "--calibrate-link");
+    }
+    c.inter = link;
+    c.host_cpu_s_per_byte = measured.host_cpu_s_per_byte;
+    fsdp::write_output_file(a.calibrate_link_file, fsdp::cli::calibration_file_json(c, calibration) + "\n",
+                            "--calibrate-link");
+    std::cout << fmt::format("Link: {:.4g} Gbit/s per node, latency {:.1f} us, {:.3g} ns of CPU per byte moved -> "
+                             "{}\n", link.bytes_per_s * 8 / 1e9, link.latency_s * 1e6,
+                             measured.host_cpu_s_per_byte * 1e9, a.calibrate_link_file);
+  }
+  return 0;
+}
+
+// --estimate / --calibrate: the cluster of the run (a preset or file, the flags' overrides); sets a.world_size.
+fsdp::ClusterSpec estimate_cluster(const CLI::App& app, Args& a, at::ScalarType compute_dtype,
+                                   std::optional<fsdp::cli::Calibration>& calibration) {
+  FSDP_CHECK(a.t.run.nnodes >= 1 && a.t.run.nnodes <= kMaxNodes, "--nnodes must be in [1, ", kMaxNodes, "], got ",
+             a.t.run.nnodes);
+  FSDP_CHECK(app.count("--nproc-per-node") == 0 || (a.t.run.nproc >= 1 && a.t.run.nproc <= kMaxProcsPerNode),
+             "--nproc-per-node must be in [1, ", kMaxProcsPerNode, "], got ", a.t.run.nproc);
+  // Rates must be positive, latencies and the peak non-negative, all of them
+  // within what a machine can be (fsdp/estimate.h: the replay's sane ranges).
+  const auto in_range = [&](const char* flag, double v, double lo, bool lo_ok, double hi) {
+    FSDP_CHECK(app.count(flag) == 0 || (std::isfinite(v) && (lo_ok ? v >= lo : v > lo) && v <= hi), flag,
+               " must be in ", lo_ok ? "[" : "(", lo, ", ", hi, "], got ", v);
+  };
+  in_range("--inter-node-gbps", a.inter_gbps, fsdp::kMinLinkGbps, true, fsdp::kMaxLinkGbps);
+  in_range("--intra-node-gbps", a.intra_gbps, fsdp::kMinLinkGbps, true, fsdp::kMaxLinkGbps);
+  in_range("--inter-node-latency-us", a.inter_latency_us, 0, true, fsdp::kMaxLatencyUs);
+  in_range("--intra-node-latency-us", a.intra_latency_us, 0, true, fsdp::kMaxLatencyUs);
+  in_range("--peak-tflops", a.peak_tflops, 0, true, fsdp::kMaxPeakTflops);
+  in_range("--compute-efficiency", a.compute_efficiency, 0, false, 1);
+  fsdp::ClusterSpec cluster;
+  if (!a.calibrate_file.empty()) {
+    cluster.name = "calibrated";
+    if (!a.cluster_spec.empty()) cluster = fsdp::cli::read_cluster(a.cluster_spec, compute_dtype, nullptr);
+    cluster.algorithm = fsdp::CollectiveAlgorithm::kMesh;
+    cluster.execution = fsdp::Execution::kHost;
+    cluster.procs_per_node = a.t.run.nproc > 0 ? a.t.run.nproc : 1;
+  } else {
+    FSDP_CHECK(!a.cluster_spec.empty(), "--estimate needs --cluster: a preset (",
+               [] {
+                 std::string s;
+                 for (const auto& n : fsdp::cluster_preset_names()) s += (s.empty() ? "" : ", ") + n;
+                 return s;
+               }(),
+               ") or a cluster JSON file (fsdp-inspect --calibrate FILE measures this machine)");
+    cluster = fsdp::cli::read_cluster(a.cluster_spec, compute_dtype, &calibration);
+  }
+  if (a.t.run.nproc > 0) cluster.procs_per_node = a.t.run.nproc;
+  cluster.nodes = a.t.run.nnodes;
+  if (app.count("--inter-node-gbps") > 0) cluster.inter.bytes_per_s = a.inter_gbps * 1e9 / 8;
+  if (app.count("--inter-node-latency-us") > 0) cluster.inter.latency_s = a.inter_latency_us * 1e-6;
+  if (app.count("--intra-node-gbps") > 0) cluster.intra.bytes_per_s = a.intra_gbps * 1e9 / 8;
+  if (app.count("--intra-node-latency-us") > 0) cluster.intra.latency_s = a.intra_latency_us * 1e-6;
+  if (app.count("--peak-tflops") > 0) cluster.peak_flops = a.peak_tflops * 1e12;
+  if (app.count("--compute-efficiency") > 0) cluster.compute_efficiency = a.compute_efficiency;
+  FSDP_CHECK(static_cast<int64_t>(cluster.nodes) * cluster.procs_per_node <= kMaxWorld, "--nnodes ", cluster.nodes,
+             " x --nproc-per-node ", cluster.procs_per_node, " is more than ", kMaxWorld, " processes");
+  const int estimated_world = cluster.nodes * cluster.procs_per_node;
+  FSDP_CHECK(app.count("--world-size") == 0 || a.world_size == estimated_world, "--world-size ", a.world_size,
+             " differs from --nnodes x --nproc-per-node = ", estimated_world, "; give one or the other");
+  a.world_size = estimated_world;
+  return cluster;
+}
+
+// The model on the meta device, wrapped and planned as fsdp-train would.
+struct Planned {
+  fsdp::train::ModelConfigPtr cfg;
+  std::shared_ptr<torch::nn::Module> impl;
+  fsdp::train::RootedModel root;
+  fsdp::FsdpOptions o;
+  fsdp::ShardingPlan plan;
+  int64_t lora_params = 0;
+};
+
+fsdp::FsdpOptions plan_options(const Args& a, const fsdp::train::ModelConfig& cfg, bool estimating,
+                               const fsdp::ClusterSpec& cluster) {
+  fsdp::FsdpOptions o;
+  o.strategy = fsdp::parse_sharding_strategy(a.t.flags.sharding);
+  o.wrap = fsdp::parse_wrap_policy(a.t.flags.wrap, cfg.block_type());
+  // As fsdp-train: "block" is the family's units (Llama: also the embedding and the head).
+  if (o.wrap.kind == fsdp::WrapPolicy::Kind::kByType) o.wrap.types = cfg.unit_types();
+  const int hybrid = a.t.o.sharding.hybrid_shard_size;
+  o.hybrid_shard_size = hybrid > 0 ? hybrid : estimating ? cluster.procs_per_node : a.world_size;
+  o.mixed_precision = fsdp::MixedPrecision::preset(a.t.flags.mixed_precision);
+  if (!a.t.flags.reduce_dtype.empty()) {
+    const std::string& r = a.t.flags.reduce_dtype;
+    FSDP_CHECK(r == "fp32" || r == "bf16" || r == "fp16", "--reduce-dtype '", r, "' is not one of: fp32, bf16, fp16");
+    o.mixed_precision.reduce_dtype = r == "fp32" ? at::kFloat : r == "bf16" ? at::kBFloat16 : at::kHalf;
+  }
+  o.compression.all_gather = fsdp::parse_wire_format(a.t.flags.all_gather_wire, "--all-gather-wire");
+  o.compression.reduce_scatter = fsdp::parse_wire_format(a.t.flags.reduce_scatter_wire, "--reduce-scatter-wire");
+  o.compression.block_size = a.t.o.sharding.compression.block_size;
+  o.backward_prefetch = fsdp::parse_backward_prefetch(a.t.flags.backward_prefetch);
+  o.forward_prefetch = a.t.o.sharding.forward_prefetch;
+  o.limit_all_gathers = a.t.o.sharding.limit_all_gathers;
+  o.cpu_offload = a.t.o.sharding.cpu_offload;
+  if (a.t.o.sharding.activation_checkpointing) o.checkpoint_types = {cfg.block_type()};
+  return o;
+}
+
+Planned plan_model(const CLI::App& app, Args& a, bool estimating, const fsdp::ClusterSpec& cluster) {
+  Planned p;
+  // As fsdp-train: --init-from DIR without --model plans DIR's config.json.
+  if (!a.t.o.hf.init_from.empty() && app.count("--model") == 0) a.t.o.model = a.t.o.hf.init_from;
+  p.cfg = fsdp::train::resolve_model(a.t.o.model);
+  // Note [Output targets]: a device or FIFO is written in place, a regular file replaced atomically.
+  if (!a.hf_config_out.empty()) {
+    fsdp::write_output_file(a.hf_config_out, p.cfg->hf_config_json() + "\n", "--write-hf-config");
+  }
+  p.impl = p.cfg->make(at::TensorOptions().device(at::kMeta), 0);
+  if (a.t.o.lora.rank != 0) {
+    fsdp::models::LoraConfig lc;
+    lc.rank = a.t.o.lora.rank;
+    lc.alpha = 2.0 * static_cast<double>(a.t.o.lora.rank);
+    lc.targets = fsdp::models::parse_lora_targets(a.t.flags.lora_targets);
+    fsdp::models::apply_lora(*p.impl, lc, 0);
+    for (const auto& param : p.impl->named_parameters(true)) {
+      if (fsdp::models::is_lora_parameter(param.key())) p.lora_params += param.value().numel();
+    }
+  }
+  if (!a.t.o.freeze.empty()) fsdp::nn::freeze_matching(*p.impl, a.t.o.freeze);  // after LoRA, as fsdp-train
+  p.root = p.cfg->root(p.impl);
+  p.o = plan_options(a, *p.cfg, estimating, cluster);
+  fsdp::check_options(p.o, a.world_size);
+  const bool pure = a.t.flags.mixed_precision == "bf16-pure";
+  p.plan = fsdp::plan_sharding(p.root.root, a.world_size, a.rank, p.o, pure ? at::kBFloat16 : at::kFloat);
+  return p;
+}
+
+void print_plan(std::ostream& out, const Args& a, const Planned& p, bool estimating) {
+  const fsdp::train::ModelConfig& cfg = *p.cfg;
+  const fsdp::FsdpOptions& o = p.o;
+  const fsdp::ShardingPlan& plan = p.plan;
+  out << cfg.summary() << "\n"
+      << fmt::format("{} over {} ranks, wrap {}, {} (param {}, reduce {}, master {}){}\n", fsdp::to_string(o.strategy),
+                     a.world_size, a.t.flags.wrap, a.t.flags.mixed_precision,
+                     c10::toString(o.mixed_precision.param_dtype), c10::toString(o.mixed_precision.reduce_dtype),
+                     c10::toString(o.mixed_precision.master_dtype), a.t.o.sharding.cpu_offload ? ", CPU offload" : "")
+      << plan.describe();
+  if (a.t.o.lora.rank != 0) {
+    out << fmt::format("  LoRA rank {} on {}: {} adapter parameters ({:.3f}% of the model's {})\n", a.t.o.lora.rank,
+                       a.t.flags.lora_targets, p.lora_params, 100.0 * static_cast<double>(p.lora_params) /
+                           static_cast<double>(cfg.num_parameters()), cfg.num_parameters());
+  }
+  const fsdp::models::LlamaConfig* llama = fsdp::train::as_llama(cfg);  // its Llama-only notes
+  if (llama != nullptr && llama->moe()) {
+    const fsdp::models::LlamaConfig& l = *llama;
+    // Every rank holds 1/shard of every expert; a decoder layer gathers all E of
+    // them, and each token computes with K.
+    out << fmt::format("  mixture of experts: {} experts per layer, {} per token: {} parameters, {} active per "
+                       "token ({:.1f}%); per rank {} of them in shards\n",
+                       l.num_local_experts, l.num_experts_per_tok, l.num_parameters(), l.active_parameters(),
+                       100.0 * static_cast<double>(l.active_parameters()) / static_cast<double>(l.num_parameters()),
+                       (l.num_parameters() + plan.shard_size - 1) / plan.shard_size);
+  }
+  const int64_t resident = plan.param_shard_bytes + plan.grad_shard_bytes + plan.optimizer_bytes;
+  out << fmt::format("  total per rank without activations: {} ({} resident{} + {} during a step)\n",
+                     fsdp::format_bytes(resident + plan.step_unsharded_bytes), fsdp::format_bytes(resident),
+                     a.t.o.sharding.cpu_offload ? " in host memory" : "",
+                     fsdp::format_bytes(plan.step_unsharded_bytes));
+  // The loss never holds a micro-batch's whole logits (models/chunked_loss.h):
+  // what it takes does not grow with the batch beyond one chunk.
+  const int64_t loss_rows = fsdp::models::default_loss_chunk_rows(cfg.vocab_size());
+  out << fmt::format("  loss: {} tokens per chunk of logits: at most {} during a step (one chunk's logits "
+                     "and their gradient, the output head's gradient)\n",
+                     loss_rows,
+                     fsdp::format_bytes(fsdp::models::chunked_loss_bytes(loss_rows, cfg.vocab_size(),
+                                                                         cfg.hidden_size(),
+                                                                         o.mixed_precision.param_dtype)));
+  // fsdp-inspect plans for any machine (a 70B model over 64 GPUs elsewhere), so a
+  // plan beyond this machine is no error; fsdp-train refuses such a run.
+  const int64_t here = fsdp::available_host_memory_bytes();
+  if (!a.t.o.sharding.cpu_offload && !estimating && here >= 0 && resident + plan.step_unsharded_bytes > here) {
+    std::cerr << fmt::format("fsdp-inspect: note: one rank needs {} without activations, more than the {} of host "
+                             "memory available here (fine when planning for GPUs or other machines; fsdp-train "
+                             "--device cpu refuses such a run on this machine)\n",
+                             fsdp::format_bytes(resident + plan.step_unsharded_bytes), fsdp::format_bytes(here));
+  }
+}
+
+// --calibrate FILE: this machine's unit compute times for the run, written as a cluster file. Returns
+// false on a rank other than 0 of a --nproc-per-node calibration, which has nothing more to do.
+bool calibrate_compute(const Args& a, const Planned& p, fsdp::ClusterSpec& cluster,
+                       std::optional<fsdp::cli::Calibration>& calibration) {
+  std::cerr << fmt::format("fsdp-inspect: calibrating: {} steps of {} on this machine, batch {} x {} tokens, {} "
+                           "threads\n", a.calibrate_steps + 1, a.t.o.model, a.t.o.step.batch_size, a.t.o.data.seq_len,
+                           at::get_num_threads());
+  const fsdp::models::LlamaConfig* llama = fsdp::train::as_llama(*p.cfg);
+  FSDP_CHECK(llama != nullptr, "--calibrate measures Llama-family models; model '", p.cfg->name(), "' is a ",
+             p.cfg->family().name(), " — estimate it from FLOPs with --cluster and --peak-tflops");
+  auto real = std::make_shared<fsdp::models::LlamaForCausalLMImpl>(*llama, at::TensorOptions().device(at::kMeta),
+                                                                   a.t.o.step.seed);
+  fsdp::cli::Calibration cal = fsdp::cli::calibrate_compute(real, *llama, p.o, a.t.o.step.batch_size,
+                                                            a.t.o.data.seq_len, a.calibrate_steps, a.t.o.step.seed);
+  if (a.t.run.nproc > 1) {
+    // Note [Calibrating a node]
+    // The --nproc-per-node processes measured their units at the same time,
+    // on the cores the run will share; now the path between them (our TCP
+    // group, shared memory where it applies) and the CPU it costs. Each
+    // unit's time is the mean over the processes; rank 0 writes the file.
+    const fsdp::comm::Runtime rt = fsdp::comm::init_process_group(fsdp::comm::detect_world());
+    fsdp::cli::average_calibration(cal, *rt.world_group);
+    const fsdp::cli::LinkCalibration local = fsdp::cli::calibrate_local_link(rt.world_group, a.calibrate_link_seconds);
+    cluster.intra = local.link;
+    cluster.host_cpu_s_per_byte = local.host_cpu_s_per_byte;
+    rt.world_group->barrier(std::chrono::minutes(1));
+    if (rt.world_group->rank() != 0) return false;
+    std::cerr << fmt::format("fsdp-inspect: between the {} processes: {:.4g} Gbit/s per process, latency {:.1f} "
+                             "us, {:.3g} ns of CPU per byte moved\n", a.t.run.nproc, local.link.bytes_per_s * 8 / 1e9,
+                             local.link.latency_s * 1e6, local.host_cpu_s_per_byte * 1e9);
+  }
+  cal.model = a.t.o.model;
+  cal.mixed_precision = a.t.flags.mixed_precision;
+  cal.activation_checkpointing = a.t.o.sharding.activation_checkpointing;
+  cluster.optimizer_s_per_element = cal.optimizer_s_per_element;
+  calibration = cal;
+  fsdp::write_output_file(a.calibrate_file, fsdp::cli::calibration_file_json(cluster, calibration) + "\n",
+                          "--calibrate");
+  std::cerr << "fsdp-inspect: wrote " << a.calibrate_file << "\n";
+  return true;
+}
+
+// The step time of the run on `cluster`, from one node up to its own count, printed (text or --json).
+void estimate_step(const Args& a, Planned& p, const fsdp::ClusterSpec& cluster, const fsdp::UnitCostFn& cost) {
+  fsdp::StepWorkload w;
+  w.batch_size = a.t.o.step.batch_size;
+  w.seq_len = a.t.o.data.seq_len;
+  w.grad_accum = a.t.o.step.grad_accum;
+  w.model_flops_per_token = p.cfg->training_flops_per_token(a.t.o.data.seq_len);
+  fsdp::FsdpOptions& o = p.o;
+  o.hybrid_shard_size = a.t.o.sharding.hybrid_shard_size;  // 0: one node, as fsdp-train
+  const fsdp::StepEstimate e = fsdp::estimate_scaling(p.root.root, o, cluster, w, cost);
+  // The same run from one node up: 1, 2, 4, ... and the cluster's own count.
+  std::vector<std::pair<int, fsdp::StepEstimate>> curve;
+  for (int n = 1; n < cluster.nodes; n *= 2) {
+    fsdp::ClusterSpec smaller = cluster;
+    smaller.nodes = n;
+    if (o.strategy == fsdp::ShardingStrategy::kHybridShard && o.hybrid_shard_size > 0 &&
+        (n * cluster.procs_per_node) % o.hybrid_shard_size != 0) {
+      continue;  // a shard group that does not fit n nodes
+    }
+    curve.emplace_back(n, fsdp::estimate_scaling(p.root.root, o, smaller, w, cost));
+  }
+  if (cluster.nodes > 1) curve.emplace_back(cluster.nodes, e);
+  const std::string run = fmt::format(
+      "{} {} {}{} batch {} x seq {}{} on {} x {}", a.t.o.model, a.t.flags.sharding, a.t.flags.mixed_precision,
+      a.t.o.sharding.activation_checkpointing ? " activation-checkpointing" : "", a.t.o.step.batch_size,
+      a.t.o.data.seq_len, a.t.o.step.grad_accum > 1 ? fmt::format(" x accum {}", a.t.o.step.grad_accum) : std::string(),
+      cluster.nodes, cluster.procs_per_node);
+  if (a.json) {
+    std::cout << fsdp::cli::estimate_json(e, cluster, run, a.timeline, curve) << "\n";
+  } else {
+    std::cout << fsdp::cli::estimate_text(e, cluster, a.units, curve);
+  }
+}
+
+// --estimate (and --calibrate): checks the run's shape, measures or models the units' costs, estimates.
+int estimate(const Args& a, Planned& p, fsdp::ClusterSpec& cluster,
+             std::optional<fsdp::cli::Calibration>& calibration) {
+  FSDP_CHECK(a.t.o.step.batch_size >= 1 && a.t.o.data.seq_len >= 1 && a.t.o.step.grad_accum >= 1,
+             "--batch-size, --seq-len and --grad-accum must be >= 1, got ", a.t.o.step.batch_size, ", ",
+             a.t.o.data.seq_len, ", ", a.t.o.step.grad_accum);
+  const std::optional<int64_t> longest = p.cfg->max_seq_len();
+  FSDP_CHECK(!longest || a.t.o.data.seq_len <= *longest, "--seq-len ", a.t.o.data.seq_len,
+             " is longer than the model's ", longest.value_or(0), " positions (max_position_embeddings)");
+  FSDP_CHECK(a.t.o.step.batch_size <= (int64_t{1} << 30), "--batch-size ", a.t.o.step.batch_size,
+             " is beyond any run (at most 2^30)");
+  // Every micro-batch is replayed: 2^30 of them never returned (issue 39).
+  FSDP_CHECK(a.t.o.step.grad_accum <= kMaxGradAccum, "--grad-accum ", a.t.o.step.grad_accum,
+             " is beyond any run (at most ", kMaxGradAccum, ")");
+  if (!a.calibrate_file.empty() && !calibrate_compute(a, p, cluster, calibration)) return 0;
+  fsdp::UnitCostFn cost;
+  if (calibration) {
+    cluster.optimizer_s_per_element = calibration->optimizer_s_per_element > 0 ? calibration->optimizer_s_per_element
+                                                                               : cluster.optimizer_s_per_element;
+    cost = fsdp::cli::calibrated_cost(*calibration, a.t.o.model, a.t.o.step.batch_size, a.t.o.data.seq_len,
+                                      a.t.flags.mixed_precision, a.t.o.sharding.activation_checkpointing);
+  } else {
+    cost = fsdp::cli::flops_cost(p.cfg, cluster, a.t.o.step.batch_size * a.t.o.data.seq_len, a.t.o.data.seq_len);
+  }
+  estimate_step(a, p, cluster, cost);
+  return 0;
+}
+
+// Parses the command line into `a`; an exit code when the program ends here (help, usage error).
+std::optional<int> parse_command_line(CLI::App& app, Args& a, int argc, char** argv) {
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  add_plan_options(app, a);
+  add_estimate_options(app, a);
+  // fsdp-train's flags (train_options_table.h), declared there only: those that
+  // change a plan or an estimate bound into a.t, every other accepted, so that a
+  // run's command line can be pasted after --estimate, and named once below.
+  fsdp::cli::register_inspect_train_options(app, a.t, a.ignored);
   fsdp::cli::strict_numbers(app);
   try {
     app.parse(argc, argv);
@@ -163,283 +425,64 @@ int run(int argc, char** argv) {
     std::cerr << "fsdp-inspect: error: " << e.what() << " (see fsdp-inspect --help)\n";
     return fsdp::kExitUsage;
   }
+  // --nproc-per-node means fsdp-train's processes per node; not given, an estimate
+  // takes the cluster's (its GPUs per node) where fsdp-train would start one: 0 below.
+  if (app.count("--nproc-per-node") == 0) a.t.run.nproc = 0;
+  // Said once: not again by the workers of --calibrate --nproc-per-node (launch_self marks them
+  // FSDP_LAUNCHER=fsdp-train), and by rank 0 alone under another launcher.
+  const fsdp::comm::WorldInfo w = fsdp::comm::detect_world();
+  if (const std::string given = a.ignored.given(); !given.empty() && w.launcher != "fsdp-train" && w.rank == 0) {
+    std::cerr << "fsdp-inspect: note: ignored by fsdp-inspect: " << given << " (no effect on a plan or estimate)\n";
+  }
+  return std::nullopt;
+}
 
-  const bool estimating = estimate || !calibrate_file.empty() || !calibrate_link_file.empty();
+int run(int argc, char** argv) {
+  Args a;
+  CLI::App app{"fsdp-inspect: the FSDP sharding plan and per-rank memory of a model, without running it. "
+               "fsdp-train's flags that change a plan or an estimate mean what they mean to fsdp-train (their help "
+               "below is fsdp-train's; --nproc-per-node not given: the cluster's GPUs per node; --seed also seeds "
+               "--calibrate's model and batch); every other fsdp-train flag is accepted and ignored (fsdp-train "
+               "--list-options: inspect \"ignores\")."};
+  if (const std::optional<int> done = parse_command_line(app, a, argc, argv)) return *done;
+  const bool estimating = a.estimate || !a.calibrate_file.empty() || !a.calibrate_link_file.empty();
   std::optional<fsdp::cli::Calibration> calibration;
   fsdp::ClusterSpec cluster;
-  const at::ScalarType compute_dtype = fsdp::MixedPrecision::preset(precision).param_dtype;
-  FSDP_CHECK(calibrate_steps >= 1 && calibrate_steps <= 1000, "--calibrate-steps must be in [1, 1000], got ",
-             calibrate_steps);
-  FSDP_CHECK(std::isfinite(calibrate_link_seconds) && calibrate_link_seconds > 0 && calibrate_link_seconds <= 600,
-             "--calibrate-link-seconds must be in (0, 600], got ", calibrate_link_seconds);
+  const at::ScalarType compute_dtype = fsdp::MixedPrecision::preset(a.t.flags.mixed_precision).param_dtype;
+  FSDP_CHECK(a.calibrate_steps >= 1 && a.calibrate_steps <= 1000, "--calibrate-steps must be in [1, 1000], got ",
+             a.calibrate_steps);
+  FSDP_CHECK(std::isfinite(a.calibrate_link_seconds) && a.calibrate_link_seconds > 0 && a.calibrate_link_seconds <= 600,
+             "--calibrate-link-seconds must be in (0, 600], got ", a.calibrate_link_seconds);
   // Where a measurement goes is checked before measuring: a FIFO, a device or a
   // missing directory is refused at once, not after minutes (issue 39).
-  if (!calibrate_file.empty()) fsdp::check_output_writable(calibrate_file, "--calibrate");
-  if (!calibrate_file.empty() && nproc > 1) {
+  if (!a.calibrate_file.empty()) fsdp::check_output_writable(a.calibrate_file, "--calibrate");
+  if (!a.calibrate_file.empty() && a.t.run.nproc > 1) {
     // Note [Calibrating a node]: the run's processes measure at once, then the
     // path between them; started here as a local job, as fsdp-train's --nproc-per-node.
     const fsdp::comm::WorldInfo w = fsdp::comm::detect_world();
     if (w.launcher == "single") {
       fsdp::comm::LaunchOptions lo;
-      lo.nproc = nproc;
+      lo.nproc = a.t.run.nproc;
       return fsdp::comm::launch_self("fsdp-inspect", argc, argv, lo);
     }
-    FSDP_CHECK(w.world_size == nproc && w.local_world_size == nproc, "--calibrate with --nproc-per-node ", nproc,
-               " starts its own ", nproc, " processes on this machine; this process is rank ", w.rank, " of ",
-               w.world_size, " started by another launcher: run fsdp-inspect --calibrate directly");
+    FSDP_CHECK(w.world_size == a.t.run.nproc && w.local_world_size == a.t.run.nproc,
+               "--calibrate with --nproc-per-node ", a.t.run.nproc, " starts its own ", a.t.run.nproc,
+               " processes on this machine; this process is rank ", w.rank, " of ", w.world_size,
+               " started by another launcher: run fsdp-inspect --calibrate directly");
   }
-  if (!calibrate_link_file.empty()) {
-    // Read (when it exists) and rewritten: a regular file or nothing yet.
-    if (fsdp::check_output_writable(calibrate_link_file, "--calibrate-link") != fsdp::OutputTarget::kNew) {
-      fsdp::require_regular_file(calibrate_link_file, "--calibrate-link",
-                                 "give a cluster JSON file to update, or a new file's path");
-    }
-    // One process per node of a job: measure, and rank 0 writes the link into the file.
-    const fsdp::cli::LinkCalibration measured = fsdp::cli::calibrate_link(calibrate_link_seconds);
-    const fsdp::LinkSpec& link = measured.link;
-    if (fsdp::comm::detect_world().rank == 0) {
-      fsdp::ClusterSpec c;
-      c.name = "calibrated";
-      if (fsdp::check_output_target(calibrate_link_file, "--calibrate-link") != fsdp::OutputTarget::kNew) {
-        c = fsdp::cli::read_cluster(calibrate_link_file, compute_dtype, &calibration, "--calibrate-link");
-      }
-      c.inter = link;
-      c.host_cpu_s_per_byte = measured.host_cpu_s_per_byte;
-      fsdp::write_output_file(calibrate_link_file, fsdp::cli::calibration_file_json(c, calibration) + "\n",
-                              "--calibrate-link");
-      std::cout << fmt::format("Link: {:.4g} Gbit/s per node, latency {:.1f} us, {:.3g} ns of CPU per byte moved -> "
-                               "{}\n", link.bytes_per_s * 8 / 1e9, link.latency_s * 1e6,
-                               measured.host_cpu_s_per_byte * 1e9, calibrate_link_file);
-    }
-    return 0;
-  }
-  if (estimating) {
-    FSDP_CHECK(nnodes >= 1 && nnodes <= kMaxNodes, "--nnodes must be in [1, ", kMaxNodes, "], got ", nnodes);
-    FSDP_CHECK(app.count("--nproc-per-node") == 0 || (nproc >= 1 && nproc <= kMaxProcsPerNode),
-               "--nproc-per-node must be in [1, ", kMaxProcsPerNode, "], got ", nproc);
-    // Rates must be positive, latencies and the peak non-negative, all of them
-    // within what a machine can be (fsdp/estimate.h: the replay's sane ranges).
-    const auto in_range = [&](const char* flag, double v, double lo, bool lo_ok, double hi) {
-      FSDP_CHECK(app.count(flag) == 0 || (std::isfinite(v) && (lo_ok ? v >= lo : v > lo) && v <= hi), flag,
-                 " must be in ", lo_ok ? "[" : "(", lo, ", ", hi, "], got ", v);
-    };
-    in_range("--inter-node-gbps", inter_gbps, fsdp::kMinLinkGbps, true, fsdp::kMaxLinkGbps);
-    in_range("--intra-node-gbps", intra_gbps, fsdp::kMinLinkGbps, true, fsdp::kMaxLinkGbps);
-    in_range("--inter-node-latency-us", inter_latency_us, 0, true, fsdp::kMaxLatencyUs);
-    in_range("--intra-node-latency-us", intra_latency_us, 0, true, fsdp::kMaxLatencyUs);
-    in_range("--peak-tflops", peak_tflops, 0, true, fsdp::kMaxPeakTflops);
-    in_range("--compute-efficiency", compute_efficiency, 0, false, 1);
-    if (!calibrate_file.empty()) {
-      cluster.name = "calibrated";
-      if (!cluster_spec.empty()) cluster = fsdp::cli::read_cluster(cluster_spec, compute_dtype, nullptr);
-      cluster.algorithm = fsdp::CollectiveAlgorithm::kMesh;
-      cluster.execution = fsdp::Execution::kHost;
-      cluster.procs_per_node = nproc > 0 ? nproc : 1;
-    } else {
-      FSDP_CHECK(!cluster_spec.empty(), "--estimate needs --cluster: a preset (",
-                 [] {
-                   std::string s;
-                   for (const auto& n : fsdp::cluster_preset_names()) s += (s.empty() ? "" : ", ") + n;
-                   return s;
-                 }(),
-                 ") or a cluster JSON file (fsdp-inspect --calibrate FILE measures this machine)");
-      cluster = fsdp::cli::read_cluster(cluster_spec, compute_dtype, &calibration);
-    }
-    if (nproc > 0) cluster.procs_per_node = nproc;
-    cluster.nodes = nnodes;
-    if (app.count("--inter-node-gbps") > 0) cluster.inter.bytes_per_s = inter_gbps * 1e9 / 8;
-    if (app.count("--inter-node-latency-us") > 0) cluster.inter.latency_s = inter_latency_us * 1e-6;
-    if (app.count("--intra-node-gbps") > 0) cluster.intra.bytes_per_s = intra_gbps * 1e9 / 8;
-    if (app.count("--intra-node-latency-us") > 0) cluster.intra.latency_s = intra_latency_us * 1e-6;
-    if (app.count("--peak-tflops") > 0) cluster.peak_flops = peak_tflops * 1e12;
-    if (app.count("--compute-efficiency") > 0) cluster.compute_efficiency = compute_efficiency;
-    FSDP_CHECK(static_cast<int64_t>(cluster.nodes) * cluster.procs_per_node <= kMaxWorld, "--nnodes ", cluster.nodes,
-               " x --nproc-per-node ", cluster.procs_per_node, " is more than ", kMaxWorld, " processes");
-    const int estimated_world = cluster.nodes * cluster.procs_per_node;
-    FSDP_CHECK(app.count("--world-size") == 0 || world_size == estimated_world, "--world-size ", world_size,
-               " differs from --nnodes x --nproc-per-node = ", estimated_world, "; give one or the other");
-    world_size = estimated_world;
-  }
-  FSDP_CHECK(world_size >= 1, "--world-size must be >= 1 (the number of processes), got ", world_size);
-  FSDP_CHECK(rank >= 0 && rank < world_size, "--rank ", rank, " is outside [0, --world-size ", world_size,
+  if (!a.calibrate_link_file.empty()) return calibrate_link(a, compute_dtype);
+  if (estimating) cluster = estimate_cluster(app, a, compute_dtype, calibration);
+  FSDP_CHECK(a.world_size >= 1, "--world-size must be >= 1 (the number of processes), got ", a.world_size);
+  FSDP_CHECK(a.rank >= 0 && a.rank < a.world_size, "--rank ", a.rank, " is outside [0, --world-size ", a.world_size,
              ") — give a rank below the world size");
-  FSDP_CHECK(hybrid >= 0, "--hybrid-shard-size must be >= 1 (or 0: the world size), got ", hybrid);
-  const fsdp::train::ModelConfigPtr cfg = fsdp::train::resolve_model(model);
-  const fsdp::models::LlamaConfig* llama = fsdp::train::as_llama(*cfg);  // its Llama-only notes and --calibrate
-  // Note [Output targets]: a device or FIFO is written in place, a regular file replaced atomically.
-  if (!hf_config_out.empty()) fsdp::write_output_file(hf_config_out, cfg->hf_config_json() + "\n", "--write-hf-config");
-  const std::shared_ptr<torch::nn::Module> impl = cfg->make(at::TensorOptions().device(at::kMeta), 0);
-  int64_t lora_params = 0;
-  if (lora_rank != 0) {
-    fsdp::models::LoraConfig lc;
-    lc.rank = lora_rank;
-    lc.alpha = 2.0 * static_cast<double>(lora_rank);
-    lc.targets = fsdp::models::parse_lora_targets(lora_targets);
-    fsdp::models::apply_lora(*impl, lc, 0);
-    for (const auto& p : impl->named_parameters(true)) {
-      if (fsdp::models::is_lora_parameter(p.key())) lora_params += p.value().numel();
-    }
-  }
-  if (!freeze.empty()) fsdp::nn::freeze_matching(*impl, freeze);  // after LoRA, as fsdp-train
-  const fsdp::train::RootedModel root = cfg->root(impl);
-  fsdp::FsdpOptions o;
-  o.strategy = fsdp::parse_sharding_strategy(sharding);
-  o.wrap = fsdp::parse_wrap_policy(wrap, cfg->block_type());
-  // As fsdp-train: "block" is the family's units (Llama: also the embedding and the head).
-  if (o.wrap.kind == fsdp::WrapPolicy::Kind::kByType) o.wrap.types = cfg->unit_types();
-  o.hybrid_shard_size = hybrid > 0 ? hybrid : estimating ? cluster.procs_per_node : world_size;
-  o.mixed_precision = fsdp::MixedPrecision::preset(precision);
-  if (!reduce_dtype.empty()) {
-    FSDP_CHECK(reduce_dtype == "fp32" || reduce_dtype == "bf16" || reduce_dtype == "fp16", "--reduce-dtype '",
-               reduce_dtype, "' is not one of: fp32, bf16, fp16");
-    o.mixed_precision.reduce_dtype = reduce_dtype == "fp32" ? at::kFloat : reduce_dtype == "bf16" ? at::kBFloat16
-                                                                                                  : at::kHalf;
-  }
-  o.compression.all_gather = fsdp::parse_wire_format(all_gather_wire, "--all-gather-wire");
-  o.compression.reduce_scatter = fsdp::parse_wire_format(reduce_scatter_wire, "--reduce-scatter-wire");
-  o.compression.block_size = quant_block;
-  o.backward_prefetch = fsdp::parse_backward_prefetch(backward_prefetch);
-  o.forward_prefetch = forward_prefetch;
-  o.limit_all_gathers = limit;
-  o.cpu_offload = offload;
-  if (ckpt) o.checkpoint_types = {cfg->block_type()};
-  fsdp::check_options(o, world_size);
-  const bool pure = precision == "bf16-pure";
-  const fsdp::ShardingPlan plan =
-      fsdp::plan_sharding(root.root, world_size, rank, o, pure ? at::kBFloat16 : at::kFloat);
-
+  FSDP_CHECK(a.t.o.sharding.hybrid_shard_size >= 0, "--hybrid-shard-size must be >= 1 (or 0: the world size), got ",
+             a.t.o.sharding.hybrid_shard_size);
+  Planned p = plan_model(app, a, estimating, cluster);
   std::ostringstream discarded;  // --estimate --json prints the JSON alone
-  std::ostream& out = estimating && json ? static_cast<std::ostream&>(discarded) : std::cout;
-  out << cfg->summary() << "\n"
-            << fmt::format("{} over {} ranks, wrap {}, {} (param {}, reduce {}, master {}){}\n",
-                           fsdp::to_string(o.strategy), world_size, wrap, precision,
-                           c10::toString(o.mixed_precision.param_dtype), c10::toString(o.mixed_precision.reduce_dtype),
-                           c10::toString(o.mixed_precision.master_dtype), offload ? ", CPU offload" : "")
-            << plan.describe();
-  if (lora_rank != 0) {
-    out << fmt::format("  LoRA rank {} on {}: {} adapter parameters ({:.3f}% of the model's {})\n", lora_rank,
-                             lora_targets, lora_params, 100.0 * static_cast<double>(lora_params) /
-                                 static_cast<double>(cfg->num_parameters()), cfg->num_parameters());
-  }
-  if (llama != nullptr && llama->moe()) {
-    const fsdp::models::LlamaConfig& l = *llama;
-    // Every rank holds 1/shard of every expert; a decoder layer gathers all E of
-    // them, and each token computes with K.
-    out << fmt::format("  mixture of experts: {} experts per layer, {} per token: {} parameters, {} active per "
-                             "token ({:.1f}%); per rank {} of them in shards\n",
-                             l.num_local_experts, l.num_experts_per_tok, l.num_parameters(), l.active_parameters(),
-                             100.0 * static_cast<double>(l.active_parameters()) /
-                                 static_cast<double>(l.num_parameters()),
-                             (l.num_parameters() + plan.shard_size - 1) / plan.shard_size);
-  }
-  const int64_t resident = plan.param_shard_bytes + plan.grad_shard_bytes + plan.optimizer_bytes;
-  out << fmt::format("  total per rank without activations: {} ({} resident{} + {} during a step)\n",
-                           fsdp::format_bytes(resident + plan.step_unsharded_bytes), fsdp::format_bytes(resident),
-                           offload ? " in host memory" : "", fsdp::format_bytes(plan.step_unsharded_bytes));
-  // The loss never holds a micro-batch's whole logits (models/chunked_loss.h):
-  // what it takes does not grow with the batch beyond one chunk.
-  const int64_t loss_rows = fsdp::models::default_loss_chunk_rows(cfg->vocab_size());
-  out << fmt::format("  loss: {} tokens per chunk of logits: at most {} during a step (one chunk's logits "
-                           "and their gradient, the output head's gradient)\n",
-                           loss_rows,
-                           fsdp::format_bytes(fsdp::models::chunked_loss_bytes(loss_rows, cfg->vocab_size(),
-                                                                               cfg->hidden_size(),
-                                                                               o.mixed_precision.param_dtype)));
-  // fsdp-inspect plans for any machine (a 70B model over 64 GPUs elsewhere), so a
-  // plan beyond this machine is no error; fsdp-train refuses such a run.
-  const int64_t here = fsdp::available_host_memory_bytes();
-  if (!offload && !estimating && here >= 0 && resident + plan.step_unsharded_bytes > here) {
-    std::cerr << fmt::format("fsdp-inspect: note: one rank needs {} without activations, more than the {} of host "
-                             "memory available here (fine when planning for GPUs or other machines; fsdp-train "
-                             "--device cpu refuses such a run on this machine)\n",
-                             fsdp::format_bytes(resident + plan.step_unsharded_bytes), fsdp::format_bytes(here));
-  }
-  if (estimating) {
-    FSDP_CHECK(batch_size >= 1 && seq_len >= 1 && grad_accum >= 1, "--batch-size, --seq-len and --grad-accum must "
-               "be >= 1, got ", batch_size, ", ", seq_len, ", ", grad_accum);
-    const std::optional<int64_t> longest = cfg->max_seq_len();
-    FSDP_CHECK(!longest || seq_len <= *longest, "--seq-len ", seq_len, " is longer than the model's ",
-               longest.value_or(0), " positions (max_position_embeddings)");
-    FSDP_CHECK(batch_size <= (int64_t{1} << 30), "--batch-size ", batch_size, " is beyond any run (at most 2^30)");
-    // Every micro-batch is replayed: 2^30 of them never returned (issue 39).
-    FSDP_CHECK(grad_accum <= kMaxGradAccum, "--grad-accum ", grad_accum, " is beyond any run (at most ",
-               kMaxGradAccum, ")");
-    fsdp::UnitCostFn cost;
-    if (!calibrate_file.empty()) {
-      std::cerr << fmt::format("fsdp-inspect: calibrating: {} steps of {} on this machine, batch {} x {} tokens, {} "
-                               "threads\n", calibrate_steps + 1, model, batch_size, seq_len, at::get_num_threads());
-      FSDP_CHECK(llama != nullptr, "--calibrate measures Llama-family models; model '", cfg->name(), "' is a ",
-                 cfg->family().name(), " — estimate it from FLOPs with --cluster and --peak-tflops");
-      auto real = std::make_shared<fsdp::models::LlamaForCausalLMImpl>(*llama, at::TensorOptions().device(at::kMeta),
-                                                                       seed);
-      fsdp::cli::Calibration cal =
-          fsdp::cli::calibrate_compute(real, *llama, o, batch_size, seq_len, calibrate_steps, seed);
-      if (nproc > 1) {
-        // Note [Calibrating a node]
-        // The --nproc-per-node processes measured their units at the same time,
-        // on the cores the run will share; now the path between them (our TCP
-        // group, shared memory where it applies) and the CPU it costs. Each
-        // unit's time is the mean over the processes; rank 0 writes the file.
-        const fsdp::comm::Runtime rt = fsdp::comm::init_process_group(fsdp::comm::detect_world());
-        fsdp::cli::average_calibration(cal, *rt.world_group);
-        const fsdp::cli::LinkCalibration local =
-            fsdp::cli::calibrate_local_link(rt.world_group, calibrate_link_seconds);
-        cluster.intra = local.link;
-        cluster.host_cpu_s_per_byte = local.host_cpu_s_per_byte;
-        rt.world_group->barrier(std::chrono::minutes(1));
-        if (rt.world_group->rank() != 0) return 0;
-        std::cerr << fmt::format("fsdp-inspect: between the {} processes: {:.4g} Gbit/s per process, latency {:.1f} "
-                                 "us, {:.3g} ns of CPU per byte moved\n", nproc, local.link.bytes_per_s * 8 / 1e9,
-                                 local.link.latency_s * 1e6, local.host_cpu_s_per_byte * 1e9);
-      }
-      cal.model = model;
-      cal.mixed_precision = precision;
-      cal.activation_checkpointing = ckpt;
-      cluster.optimizer_s_per_element = cal.optimizer_s_per_element;
-      calibration = cal;
-      fsdp::write_output_file(calibrate_file, fsdp::cli::calibration_file_json(cluster, calibration) + "\n",
-                              "--calibrate");
-      std::cerr << "fsdp-inspect: wrote " << calibrate_file << "\n";
-    }
-    if (calibration) {
-      cluster.optimizer_s_per_element = calibration->optimizer_s_per_element > 0 ? calibration->optimizer_s_per_element
-                                                                                 : cluster.optimizer_s_per_element;
-      cost = fsdp::cli::calibrated_cost(*calibration, model, batch_size, seq_len, precision, ckpt);
-    } else {
-      cost = fsdp::cli::flops_cost(cfg, cluster, batch_size * seq_len, seq_len);
-    }
-    fsdp::StepWorkload w;
-    w.batch_size = batch_size;
-    w.seq_len = seq_len;
-    w.grad_accum = grad_accum;
-    w.model_flops_per_token = cfg->training_flops_per_token(seq_len);
-    o.hybrid_shard_size = hybrid;  // 0: one node, as fsdp-train
-    const fsdp::StepEstimate e = fsdp::estimate_scaling(root.root, o, cluster, w, cost);
-    // The same run from one node up: 1, 2, 4, ... and the cluster's own count.
-    std::vector<std::pair<int, fsdp::StepEstimate>> curve;
-    for (int n = 1; n < cluster.nodes; n *= 2) {
-      fsdp::ClusterSpec smaller = cluster;
-      smaller.nodes = n;
-      fsdp::FsdpOptions on_n = o;
-      if (o.strategy == fsdp::ShardingStrategy::kHybridShard && o.hybrid_shard_size > 0 &&
-          (n * cluster.procs_per_node) % o.hybrid_shard_size != 0) {
-        continue;  // a shard group that does not fit n nodes
-      }
-      curve.emplace_back(n, fsdp::estimate_scaling(root.root, on_n, smaller, w, cost));
-    }
-    if (cluster.nodes > 1) curve.emplace_back(cluster.nodes, e);
-    const std::string run = fmt::format("{} {} {}{} batch {} x seq {}{} on {} x {}", model, sharding, precision,
-                                        ckpt ? " activation-checkpointing" : "", batch_size, seq_len,
-                                        grad_accum > 1 ? fmt::format(" x accum {}", grad_accum) : std::string(),
-                                        cluster.nodes, cluster.procs_per_node);
-    if (json) {
-      std::cout << fsdp::cli::estimate_json(e, cluster, run, timeline, curve) << "\n";
-      return 0;
-    }
-    std::cout << fsdp::cli::estimate_text(e, cluster, units, curve);
-  }
-  if (units && !estimating) {
-    for (const auto& u : plan.units) {
+  print_plan(estimating && a.json ? static_cast<std::ostream&>(discarded) : std::cout, a, p, estimating);
+  if (estimating) return estimate(a, p, cluster, calibration);
+  if (a.units) {
+    for (const auto& u : p.plan.units) {
       std::cout << fmt::format("  unit {:<24} {:>4} params {:>14} elements  padded {:>14}  shard {:>12} at {}{}{}\n",
                                u.name.empty() ? "<root>" : u.name, u.params.size(), u.numel, u.padded_numel,
                                u.shard_numel, u.shard_offset, u.checkpointed ? "  checkpointed" : "",

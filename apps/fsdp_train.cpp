@@ -6,6 +6,10 @@
 // spelling of a conversion, --max-steps 0 --resume, still works and says it is
 // deprecated.
 //
+// Options: one row each in the option table (train_options_table.cpp), from
+// which the command line, --help, the --config keys and --print-config come
+// (docs/training.md, "Adding an option").
+//
 // Process model: with --nproc-per-node N (> 1) this process becomes a local
 // launcher — it checks the flags, starts N workers (this same program and
 // arguments) with torchrun's environment, supervises them and exits with the
@@ -49,6 +53,7 @@
 #include "option_names.h"
 #include "config_file.h"
 #include "train_flags.h"
+#include "train_options_table.h"
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/internals.h"
@@ -165,367 +170,63 @@ void parse_profile_steps(const std::string& text, fsdp::train::LogOptions& log) 
              " must be after the start ", log.profile_begin, " (A:B traces steps A..B-1)");
 }
 
-std::string join(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
-  return s;
-}
+// The modes: training (no subcommand, or `train`), evaluation, conversion.
+// Every option may follow the subcommand (fallthrough to this app's options).
+struct Modes {
+  CLI::App* train = nullptr;
+  CLI::App* eval = nullptr;
+  CLI::App* convert = nullptr;
+};
 
-int run(int argc, char** argv) {
-  fsdp::train::TrainOptions o;
-  fsdp::cli::TrainFlags flags;  // the choices in words, typed into `o` after parsing
-  int nproc = 1;
-  int nnodes = 1;
-  int node_rank = 0;
-  std::string master_addr;
-  int master_port = 29500;  // torchrun's default
-  std::string token_dtype = "u16";
-  std::string format = "auto";
-  std::string timeout_text;
-  std::string profile_steps;
-  bool print_config = false;
-
-  CLI::App app{"fsdp-train: train a Llama-family model with Fully Sharded Data Parallel (C++/LibTorch)."};
-  app.get_formatter()->column_width(34);
-  // A flag given twice takes its last value (scripts append overrides).
-  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
-
-  app.add_option("--model", o.model,
-                 "Model: a preset (" + join(fsdp::train::all_model_presets()) +
-                     "), a Hugging Face config.json, or a directory holding one")
-      ->capture_default_str();
-  o.data.path = "embedded";
-  app.add_option("--data", o.data.path,
-                 "Training data: plain text, JSON lines (field --text-field), either optionally gzip-compressed "
-                 "(.json.gz), a binary file of little-endian token ids, a directory of such files, or a pattern "
-                 "such as 'c4/en/c4-train.*.json.gz' (files in name order); 'embedded': the corpus "
-                 "scripts/prepare_data.sh builds from "
-                 "Debian's fortunes package (build/data/corpus.jsonl), else the repository's small fallback data/fallback_corpus.jsonl")
-      ->capture_default_str();
-  app.add_option("--data-format", format, "auto | text | jsonl | bin (auto: by extension and content)")
-      ->check(CLI::IsMember({"auto", "text", "jsonl", "bin"}))
-      ->capture_default_str();
-  app.add_option("--text-field", o.data.text_field, "JSON-lines field holding each document")->capture_default_str();
-  app.add_option("--input-field", o.data.input_field,
-                 "Encoder-decoder models (t5): the JSON-lines field holding each example's input")
-      ->capture_default_str();
-  app.add_option("--target-field", o.data.target_field,
-                 "Encoder-decoder models (t5): the JSON-lines field holding each example's target")
-      ->capture_default_str();
-  app.add_option("--target-len", o.data.target_len,
-                 "Encoder-decoder models (t5): target tokens per example, the decoder's width (0: --seq-len, "
-                 "which is then the encoder's)")
-      ->capture_default_str();
-  app.add_option("--token-dtype", token_dtype, "Width of token ids in binary data: u16 | u32")
-      ->check(CLI::IsMember({"u16", "u32", "uint16", "uint32"}))
-      ->capture_default_str();
-  app.add_option("--tokenizer", o.data.tokenizer,
-                 "Tokenizer for text data: byte, a Hugging Face tokenizer.json (Llama 3, Qwen2/2.5/3, SmolLM2, "
-                 "Llama 2, Mistral, TinyLlama), a SentencePiece .model, a tiktoken BPE file (Llama 3), or a model "
-                 "directory holding tokenizer.json or tokenizer.model")
-      ->capture_default_str();
-  app.add_option("--seq-len", o.data.seq_len, "Tokens per sample (T)")->capture_default_str();
-  app.add_option("--batch-size", o.step.batch_size, "Samples per rank per micro-batch (B)")->capture_default_str();
-  app.add_option("--grad-accum", o.step.grad_accum,
-                 "Micro-batches per optimizer step; gradients are synchronized on the last one only")
-      ->capture_default_str();
-  app.add_option("--loss-chunk-rows", o.step.loss_chunk_rows,
-                 "Tokens per chunk of the output projection and loss, which never hold the whole B x T x vocab "
-                 "logits (0: chosen from the vocabulary, 64 MiB of fp32 logits per chunk)")
-      ->capture_default_str();
-  app.add_option("--lr", o.schedule.lr, "Peak learning rate")->capture_default_str();
-  app.add_option("--warmup-steps", o.schedule.warmup_steps, "Linear warmup steps")->capture_default_str();
-  app.add_option("--min-lr", o.schedule.min_lr, "Learning rate at the end of the cosine decay")
-      ->capture_default_str();
-  app.add_option("--weight-decay", o.adamw.weight_decay,
-                 "AdamW decoupled weight decay (not on norms, biases and embeddings unless --weight-decay-all)")
-      ->capture_default_str();
-  app.add_flag("--weight-decay-all", o.param_groups.decay_all,
-               "Decay every parameter, norms, biases and embeddings included (for comparison)");
-  app.add_option("--lr-scale", flags.lr_scales,
-                 "REGEX=FACTOR: parameters whose name the regex finds train at FACTOR x the learning rate "
-                 "(repeatable; the first match wins), e.g. --lr-scale lora_B=4");
-  app.add_option("--freeze", o.freeze,
-                 "Freeze the parameters whose name this regex finds (e.g. 'embed_tokens|layers\\.[0-3]\\.'): "
-                 "no gradients, no reductions, no optimizer state");
-  app.add_option("--beta1", o.adamw.beta1, "AdamW beta1")->capture_default_str();
-  app.add_option("--beta2", o.adamw.beta2, "AdamW beta2")->capture_default_str();
-  app.add_option("--clip-grad", o.step.clip_grad, "Clip the global gradient norm to this (0: off)")
-      ->capture_default_str();
-  app.add_option("--max-steps", o.step.max_steps,
-                 "Optimizer steps; the cosine decay ends here. (0 with --resume: deprecated spelling of "
-                 "'fsdp-train convert')")
-      ->capture_default_str();
-  app.add_option("--seed", o.step.seed, "Seed for initialization and data order")->capture_default_str();
-  app.add_flag("!--no-shuffle", o.data.shuffle, "Read windows in order instead of a seeded shuffle per epoch");
-  app.add_option("--log-every", o.log.log_every, "Log every N steps (and the last)")->capture_default_str();
-  using fsdp::train::MetricScope;
-  app.add_option("--metrics-file", o.log.metrics_file,
-                 "Append one JSON object per logged step (" +
-                     fsdp::train::metric_names(MetricScope::kStep, fsdp::train::kToJson) + ") and per evaluation (" +
-                     fsdp::train::metric_names(MetricScope::kEval, fsdp::train::kToJson) +
-                     "); --list-metrics says what each means");
-  app.add_option("--tensorboard", o.log.tensorboard_dir,
-                 "Write TensorBoard event files into this directory (rank 0): " +
-                     fsdp::train::metric_names(MetricScope::kStep, fsdp::train::kToTensorBoard) +
-                     " at each logged step, and " +
-                     fsdp::train::metric_names(MetricScope::kEval, fsdp::train::kToTensorBoard));
-  app.add_option("--metrics-port", o.log.metrics_port,
-                 "Serve the metrics for Prometheus on http://HOST:PORT/metrics while the run goes on (rank 0; "
-                 "labelled rank=\"0\"): the --metrics-file values as " +
-                     fsdp::train::metric_names(MetricScope::kStep, fsdp::train::kToPrometheus) + ", " +
-                     fsdp::train::metric_names(MetricScope::kEval, fsdp::train::kToPrometheus) +
-                     ". 0: any free port (logged). A port in use is an error before training");
-  app.add_option("--metrics-host", o.log.metrics_host,
-                 "Address --metrics-port listens on: 0.0.0.0 (every interface: a Prometheus server elsewhere) or "
-                 "127.0.0.1 (this machine only)")
-      ->capture_default_str();
-  app.add_flag("--metrics-every-rank", o.log.metrics_every_rank,
-               "Every process serves its own metrics on --metrics-port + its local rank (labelled rank=\"R\")");
-  bool list_metrics = false;
-  app.add_flag("--list-metrics", list_metrics,
-               "Print the table of metrics (--metrics-file keys, TensorBoard tags, Prometheus names, meanings) "
-               "and exit")
-      ->configurable(false);
-  app.add_option("--profile-steps", profile_steps,
-                 "Trace steps A..B-1 ('A:B', steps numbered as in 'Batch N'): every rank's all-gathers and "
-                 "reduce-scatters (issue, wait, the collective itself, bytes), forward, backward, optimizer, data "
-                 "wait, evaluation and checkpoint saves, merged into one Chrome/Perfetto trace (--profile-file), and "
-                 "one line per traced step with its exposed communication time");
-  app.add_option("--profile-file", o.log.profile_file, "Where --profile-steps writes its trace (JSON)")
-      ->capture_default_str();
-  app.add_option("--nproc-per-node", nproc,
-                 "Start N local worker processes and supervise them (ignored under torchrun/srun/PyTorchJob)")
-      ->capture_default_str();
-  app.add_option("--nnodes", nnodes,
-                 "Nodes of the job when fsdp-train launches them itself: run it once per node with the same flags "
-                 "and --node-rank 0..N-1; node 0 hosts the store at --master-addr:--master-port")
-      ->capture_default_str();
-  app.add_option("--node-rank", node_rank, "This node's rank in [0, --nnodes)")->capture_default_str();
-  app.add_option("--master-addr", master_addr, "Node 0's address as the other nodes reach it (--nnodes > 1)");
-  app.add_option("--master-port", master_port, "The store's port on node 0 (--nnodes > 1)")->capture_default_str();
-  app.add_option("--timeout", timeout_text,
-                 "Seconds to wait for other ranks: each collective, and joining the job (default: 600 for "
-                 "collectives, 300 for joining; env FSDP_TIMEOUT). A rank that does not arrive in time "
-                 "(suspended, hung, dead, never started) is named and the job fails");
-  app.add_option("--device", flags.device, "cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
-  app.add_option("--sharding", flags.sharding,
-                 "full (FULL_SHARD) | grad-op (SHARD_GRAD_OP) | none (NO_SHARD, DDP) | hybrid (HYBRID_SHARD)")
-      ->capture_default_str();
-  app.add_option("--wrap", flags.wrap,
-                 "Units: block (one per decoder layer) | size:N (a block becomes a unit once it holds N parameters "
-                 "not yet wrapped) | root (the whole model as one unit) | all (every marked boundary)")
-      ->capture_default_str();
-  app.add_option("--hybrid-shard-size", o.sharding.hybrid_shard_size,
-                 "HYBRID: ranks per shard group (default: LOCAL_WORLD_SIZE, i.e. one node)")
-      ->capture_default_str();
-  app.add_flag("--sync-module-states", o.sharding.sync_module_states,
-               "Rank 0 alone builds the whole model (initialized, or read from --init-from) in host memory and "
-               "broadcasts it to every rank's shards before training; the other ranks read no weights");
-  auto* mem = app.add_option_group("Memory and precision", "Mixed precision, activation checkpointing, offload, prefetch");
-  mem->add_option("--mixed-precision", flags.mixed_precision,
-                  "fp32 | bf16 (bf16 parameters and compute, fp32 reduction and master weights) | fp16 (fp16 "
-                  "parameters with dynamic loss scaling; GPU only with this LibTorch) | bf16-pure (bf16 everywhere, "
-                  "Kahan-compensated AdamW with bf16 moments)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16", "bf16-pure"}))
-      ->capture_default_str();
-  mem->add_option("--reduce-dtype", flags.reduce_dtype,
-                  "Gradient communication dtype: fp32 | bf16 | fp16 (default: the --mixed-precision preset's)")
-      ->check(CLI::IsMember({"fp32", "bf16", "fp16"}));
-  mem->add_option("--all-gather-wire", flags.all_gather_wire,
-                  "Parameter all-gathers on the wire: native (the param dtype) | bf16 (widened on arrival; compute "
-                  "stays in the param dtype) | int8 (per-block scales, dequantized on arrival) — docs/compression.md")
-      ->check(CLI::IsMember({"native", "bf16", "int8"}))
-      ->capture_default_str();
-  mem->add_option("--reduce-scatter-wire", flags.reduce_scatter_wire,
-                  "Gradient reduce-scatters on the wire: native (the reduce dtype) | bf16 | int8 (per-block scales, "
-                  "stochastic rounding); summed in fp32 by the owner — docs/compression.md")
-      ->check(CLI::IsMember({"native", "bf16", "int8"}))
-      ->capture_default_str();
-  mem->add_option("--quant-block", o.sharding.compression.block_size,
-                  "int8 wire: elements per fp32 scale")
-      ->capture_default_str();
-  mem->add_flag("--activation-checkpointing", o.sharding.activation_checkpointing,
-                "Keep only each decoder layer's input in forward and recompute the layer in backward");
-  mem->add_flag("--offload-activations", o.sharding.offload_activations,
-                "With --activation-checkpointing: keep those saved inputs in host memory (GPU runs)");
-  mem->add_flag("--cpu-offload", o.sharding.cpu_offload,
-                "Parameter and gradient shards and optimizer state in host memory; the optimizer steps there");
-  mem->add_option("--backward-prefetch", flags.backward_prefetch,
-                  "pre (gather the next unit before computing this one's gradients) | post (after) | none")
-      ->check(CLI::IsMember({"pre", "post", "none"}))
-      ->capture_default_str();
-  mem->add_flag("--forward-prefetch", o.sharding.forward_prefetch,
-                "Gather the next unit's parameters while the current one computes forward");
-  mem->add_option("--limit-all-gathers", o.sharding.limit_all_gathers,
-                  "At most N all-gathers issued ahead of use (rate limiter)")
-      ->capture_default_str();
-  mem->add_option("--loss-scaling", flags.loss_scaling,
-                  "Dynamic loss scaling: auto (on for fp16) | on | off. Steps with inf/nan gradients are skipped on "
-                  "every rank and the scale halves; it doubles after 2000 clean steps; saved in checkpoints")
-      ->check(CLI::IsMember({"auto", "on", "off"}))
-      ->capture_default_str();
-  mem->add_option("--initial-loss-scale", o.sharding.initial_loss_scale, "Starting loss scale")->capture_default_str();
-  auto* ckpt = app.add_option_group("Checkpoints", "Sharded checkpoints: save, resume, keep");
-  ckpt->add_option("--checkpoint-dir", o.checkpoint.dir,
-                   "Directory for sharded checkpoints (step_NNNNNNNN/, one file per shard + manifest.json); saving "
-                   "and --resume use the same one. Every rank must see it (a shared file system on several nodes)");
-  ckpt->add_option("--checkpoint-every", o.checkpoint.every,
-                   "Save a checkpoint every N steps (0: only at the end and when stopped by SIGTERM/SIGINT)")
-      ->capture_default_str();
-  ckpt->add_option("--keep-last", o.checkpoint.keep_last,
-                   "Keep only the newest K complete checkpoints; older ones are deleted after a newer one is "
-                   "complete (0: keep all)")
-      ->capture_default_str();
-  ckpt->add_flag("--resume", o.checkpoint.resume,
-                 "Continue from the newest complete, valid checkpoint in --checkpoint-dir (damaged ones are "
-                 "skipped; none yet: start from scratch or --init-from). World size, sharding and wrap may differ. "
-                 "A PyTorch distributed checkpoint (DCP: .metadata) at the top of --checkpoint-dir is resumed "
-                 "when the directory holds no checkpoint of ours");
-  ckpt->add_flag("--async-checkpoint", o.checkpoint.async,
-                 "Save checkpoints in the background: training goes on while a writer thread persists a copy of "
-                 "the state staged in host memory (one save in flight; same commit protocol; docs/checkpoints.md)");
-  ckpt->add_option("--checkpoint-staging-limit", flags.checkpoint_staging_limit,
-                   "With --async-checkpoint: the most host memory one rank stages for a save (16GiB, 500MB, "
-                   "bytes); a larger state is saved synchronously, as the log says")
-      ->capture_default_str();
-  ckpt->add_option("--checkpoint-format", o.checkpoint.format,
-                   "sharded (ours: one file per shard) | dcp (each step_N a PyTorch distributed checkpoint that "
-                   "torch.distributed.checkpoint.load reads; docs/checkpoints.md)")
-      ->check(CLI::IsMember({"sharded", "dcp"}))
-      ->capture_default_str();
-  ckpt->add_option("--dcp-layout", o.checkpoint.dcp_layout,
-                   "Keys of a DCP checkpoint written: torch (FSDP2 with get_state_dict: model.<HF name>, "
-                   "optimizer.state.<name>.exp_avg) | torchtitan (its Llama names and q/k row order); reading "
-                   "tells them apart by itself")
-      ->check(CLI::IsMember({"torch", "torchtitan"}))
-      ->capture_default_str();
-  ckpt->add_option("--export-dcp", o.checkpoint.export_dcp,
-                   "fsdp-train convert: write the checkpoint as a PyTorch distributed checkpoint into this new "
-                   "directory (--dcp-layout, --dcp-format; with its optimizer state when it has one)");
-  ckpt->add_option("--export-checkpoint", o.checkpoint.export_checkpoint,
-                   "fsdp-train convert: write the checkpoint as one of ours (step_N) into this checkpoint directory");
-  ckpt->add_option("--dcp-format", o.checkpoint.dcp_format,
-                   "Items of a DCP checkpoint written: torch_save (DCP's default) | safetensors "
-                   "(HuggingFaceStorageWriter's shard files)")
-      ->check(CLI::IsMember({"torch_save", "safetensors"}))
-      ->capture_default_str();
-  auto* hf = app.add_option_group("Hugging Face", "Hugging Face safetensors interchange");
-  hf->add_option("--init-from", o.hf.init_from,
-                 "Start from a Hugging Face Llama/Mistral/Qwen2/Qwen3 directory (config.json + model.safetensors or "
-                 "model.safetensors.index.json); its config.json is the model unless --model is given. Ignored "
-                 "when --resume finds a checkpoint");
-  hf->add_option("--export-hf", o.hf.export_dir,
-                 "At the end, write the weights as Hugging Face safetensors + config.json (transformers 5's form; "
-                 "bos/eos ids from --init-from's config, else from the tokenizer) into this directory (replaced "
-                 "atomically; it must be new, empty or a previous export), with --init-from's tokenizer and "
-                 "generation_config.json files copied as they are");
-  hf->add_option("--export-dtype", flags.export_dtype, "Exported weight dtype: float32 (exact) | bfloat16 | float16")
-      ->check(CLI::IsMember({"float32", "bfloat16", "float16", "fp32", "bf16", "fp16"}))
-      ->capture_default_str();
-  hf->add_option("--export-shard-size", flags.export_shard_size,
-                 "Split exported weights into files of at most this size, with model.safetensors.index.json "
-                 "(5GB, 500MB, 2GiB, bytes; 0: one file)")
-      ->capture_default_str();
-  auto* lora = app.add_option_group("LoRA", "Low-rank adapters (peft's LoRA) on a frozen model");
-  lora->add_option("--lora-rank", o.lora.rank,
-                   "Train LoRA adapters of this rank on --lora-targets, every other parameter frozen (0: off)")
-      ->capture_default_str();
-  lora->add_option("--lora-alpha", o.lora.alpha,
-                   "Adapter scale alpha: outputs are scaled by alpha / rank (default 2 x rank: a scale of 2)");
-  lora->add_option("--lora-dropout", o.lora.dropout, "Dropout on the adapters' input while training, in [0, 1)")
-      ->capture_default_str();
-  lora->add_option("--lora-targets", flags.lora_targets,
-                   "Comma-separated names of the Linear layers that get adapters (q_proj, k_proj, v_proj, o_proj, "
-                   "gate_proj, up_proj, down_proj; Mixtral experts w1, w2, w3)")
-      ->capture_default_str();
-  lora->add_flag("--merge-lora", o.lora.merge,
-                 "--export-hf writes the merged model (W + B A alpha / rank), a plain Hugging Face model, instead "
-                 "of the PEFT adapter directory (adapter_config.json + adapter_model.safetensors, for "
-                 "PeftModel.from_pretrained)");
-  lora->add_option("--init-adapter", o.lora.init_adapter,
-                   "Start the adapters from a PEFT adapter directory of the same rank and targets (ignored when "
-                   "--resume finds a checkpoint)");
-  auto* ev = app.add_option_group("Evaluation", "Held-out loss");
-  ev->add_option("--val-data", o.eval.val_data,
-                 "Validation data (same formats, --data-format, --text-field and --tokenizer as --data); "
-                 "'embedded': the validation split beside the embedded corpus");
-  ev->add_option("--eval-every", o.eval.every,
-                 "Evaluate every N steps and after the last; logs 'Eval Loss: X' (0: never)")
-      ->capture_default_str();
-  ev->add_option("--eval-windows", o.eval.max_windows,
-                 "Periodic evaluation uses only the first N windows of --val-data (0: all)")
-      ->capture_default_str();
-  bool eval_only = false;
-  ev->add_flag("--eval-only", eval_only,
-               "Evaluate the weights from --init-from or --resume on all of --val-data (exact mean loss over every "
-               "target token), print 'Eval Loss: X', and exit (the same as 'fsdp-train eval')");
-  // --config FILE: TOML with the long flag names as keys, e.g.
-  //   model = "llama3.2-1b"   seq-len = 2048   mixed-precision = "bf16"
-  // Flags on the command line override the file (Note [Config files]).
-  std::string config_file;
-  app.add_option("--config", config_file, "Read options from this TOML file (keys: the long flag names without "
-                                          "'--'); command-line flags override it")
-      ->configurable(false);
-  app.add_flag("--print-config", print_config,
-               "Print the effective configuration (the --config file with command-line overrides and defaults "
-               "applied) as TOML, and exit")
-      ->configurable(false);
-  // The modes: training (no subcommand, or `train`), evaluation, conversion.
-  // Every option may follow the subcommand (fallthrough to this app's options).
+Modes add_modes(CLI::App& app) {
   app.fallthrough();
   app.require_subcommand(0, 1);
-  auto* train_cmd = app.add_subcommand("train", "Train (the default)");
-  auto* eval_cmd = app.add_subcommand(
+  Modes m;
+  m.train = app.add_subcommand("train", "Train (the default)");
+  m.eval = app.add_subcommand(
       "eval", "Evaluate the weights of --init-from or --resume on all of --val-data, then export if asked "
               "(= --eval-only)");
-  auto* convert_cmd = app.add_subcommand(
+  m.convert = app.add_subcommand(
       "convert", "Convert the newest checkpoint of --checkpoint-dir (ours, or a PyTorch distributed checkpoint) to "
                  "Hugging Face files (--export-hf), a distributed checkpoint (--export-dcp) or ours "
                  "(--export-checkpoint); no data needed; the model is the checkpoint's (or --model)");
-  fsdp::cli::strict_numbers(app);  // before --version: it is no number
-  app.set_version_flag("--version", std::string("fsdp-train 0.1.0 (LibTorch ") + fsdp::internals::torch_version() + ")")
-      ->configurable(false);
+  return m;
+}
 
-  try {
-    app.parse(argc, argv);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    std::cerr << "fsdp-train: error: " << e.what() << " (see fsdp-train --help)\n";
-    return kExitUsage;
-  }
-  if (app.count("--config") > 0) fsdp::cli::apply_config_file(app, config_file);
-
-  if (list_metrics) {
-    std::cout << fsdp::train::metrics_markdown();
-    return 0;
-  }
+// The mode the command line asks for ("", "eval" or "convert"), set in t.o.mode;
+// UsageError for two modes at once.
+std::string decide_mode(const CLI::App& app, const Modes& m, fsdp::cli::TrainTargets& t) {
+  fsdp::train::TrainOptions& o = t.o;
+  const bool eval_only = t.run.eval_only;
   // --max-steps 0: the old spelling of a conversion.
   const bool deprecated_conversion = app.count("--max-steps") > 0 && o.step.max_steps == 0 &&
-                                     convert_cmd->parsed() == false && eval_cmd->parsed() == false;
+                                     m.convert->parsed() == false && m.eval->parsed() == false;
   FSDP_CHECK(!deprecated_conversion || o.checkpoint.resume, "--max-steps 0 (the deprecated spelling of 'fsdp-train "
              "convert') converts a checkpoint and needs --resume --checkpoint-dir DIR --export-hf OUT; give "
              "--max-steps >= 1 to train");
-  FSDP_CHECK(!(convert_cmd->parsed() && eval_only), "'fsdp-train convert' and --eval-only are two modes; give one");
-  FSDP_CHECK(!(train_cmd->parsed() && (eval_only || deprecated_conversion)), "'fsdp-train train' trains; leave out ",
+  FSDP_CHECK(!(m.convert->parsed() && eval_only), "'fsdp-train convert' and --eval-only are two modes; give one");
+  FSDP_CHECK(!(m.train->parsed() && (eval_only || deprecated_conversion)), "'fsdp-train train' trains; leave out ",
              eval_only ? "--eval-only" : "--max-steps 0", " or use 'fsdp-train ", eval_only ? "eval" : "convert", "'");
-  const std::string mode = convert_cmd->parsed() || deprecated_conversion ? "convert"
-                           : eval_cmd->parsed() || eval_only               ? "eval"
-                                                                           : "";
+  const std::string mode = m.convert->parsed() || deprecated_conversion ? "convert"
+                           : m.eval->parsed() || eval_only               ? "eval"
+                                                                         : "";
   o.mode = mode == "convert" ? fsdp::train::Mode::kConvert
            : mode == "eval"  ? fsdp::train::Mode::kEvaluate
                              : fsdp::train::Mode::kTrain;
+  return mode;
+}
 
+// Types the words of the command line into t.o and the join's timeouts into `init`.
+void apply_parsed(const CLI::App& app, const std::string& mode, fsdp::cli::TrainTargets& t,
+                  fsdp::comm::InitOptions& init) {
+  fsdp::train::TrainOptions& o = t.o;
   // The effective configuration: printed on request (once valid), recorded by every run beside its metrics.
   o.log.config_text = fsdp::cli::effective_config(app, mode);
-  if (app.count("--config") > 0) o.log.config_file = config_file;
-  fsdp::cli::apply_train_flags(flags, o);
-  if (!profile_steps.empty()) parse_profile_steps(profile_steps, o.log);
-  o.data.token_dtype = fsdp::data::parse_token_dtype(token_dtype);
-  o.data.format = fsdp::data::parse_data_format(format);
+  if (app.count("--config") > 0) o.log.config_file = t.run.config_file;
+  fsdp::cli::apply_train_flags(t.flags, o);
+  if (!t.run.profile_steps.empty()) parse_profile_steps(t.run.profile_steps, o.log);
+  o.data.token_dtype = fsdp::data::parse_token_dtype(t.run.token_dtype);
+  o.data.format = fsdp::data::parse_data_format(t.run.data_format);
   if (o.data.path == "embedded") o.data.path = embedded_corpus();
   if (o.eval.val_data == "embedded") o.eval.val_data = validation_split(o.data.path);
   // --init-from DIR without --model: the model is DIR's config.json.
@@ -533,55 +234,50 @@ int run(int argc, char** argv) {
   // Converting a checkpoint without --model: the checkpoint's model (an empty
   // model spec; train/trainer.h).
   if (o.mode == fsdp::train::Mode::kConvert && app.count("--model") == 0) o.model.clear();
-  fsdp::comm::InitOptions init;
   if (app.count("--timeout") > 0) {  // given: '' is refused too, not taken as "not given"
-    init.timeout = init.store_timeout = fsdp::comm::parse_timeout(timeout_text, "--timeout");
+    init.timeout = init.store_timeout = fsdp::comm::parse_timeout(t.run.timeout, "--timeout");
   } else if (const char* env = std::getenv("FSDP_TIMEOUT"); env != nullptr && *env != '\0') {
     init.timeout = init.store_timeout = fsdp::comm::parse_timeout(env, "FSDP_TIMEOUT");
   }
-  if (print_config) {
-    fsdp::train::validate_options(o, std::max(nproc, 1));  // never print a configuration that cannot run
-    std::cout << o.log.config_text;
-    return 0;
-  }
+}
 
-  const fsdp::comm::WorldInfo world = fsdp::comm::detect_world();
-  const bool is_worker = world.launcher != "single";
-  // Said once: by the process the user started, not again by the local launcher's workers.
-  if (deprecated_conversion && world.launcher != "fsdp-train" && world.rank == 0) {
-    std::cerr << "fsdp-train: warning: --max-steps 0 to convert a checkpoint is deprecated; use 'fsdp-train convert "
-                 "--checkpoint-dir DIR --export-hf OUT'\n";
-  }
-  if (!is_worker) check_nproc(nproc, o.device);  // under torchrun/srun/PyTorchJob the flag is ignored
-  if (!is_worker) {
-    FSDP_CHECK(nnodes >= 1 && nnodes <= 65536, "--nnodes must be in [1, 65536], got ", nnodes);
-    FSDP_CHECK(node_rank >= 0 && node_rank < nnodes, "--node-rank ", node_rank, " must be in [0, --nnodes ", nnodes,
-               ") — number the nodes 0..", nnodes - 1);
-    FSDP_CHECK(nnodes == 1 || !master_addr.empty(), "--nnodes ", nnodes,
-               " needs --master-addr: node 0's address as every node reaches it (and the same --master-port on all)");
-    FSDP_CHECK(master_port >= 1 && master_port <= 65535, "--master-port must be in [1, 65535], got ", master_port);
-  }
-  if ((nproc > 1 || nnodes > 1) && !is_worker) {
-    fsdp::train::validate_options(o, nproc * nnodes);  // fail once, before starting anything
-    // The Prometheus ports the workers will listen on: free now, or an error before anything starts.
-    if (o.log.metrics_port > 0 && o.mode != fsdp::train::Mode::kConvert) {
-      for (int r = 0; r < (o.log.metrics_every_rank ? nproc : 1); ++r) {
-        fsdp::train::check_metrics_address(o.log.metrics_host, o.log.metrics_port + r);
-      }
+// The launcher's own flags, checked by the process the user started.
+void check_launcher_flags(const fsdp::cli::RunFlags& r) {
+  FSDP_CHECK(r.nnodes >= 1 && r.nnodes <= 65536, "--nnodes must be in [1, 65536], got ", r.nnodes);
+  FSDP_CHECK(r.node_rank >= 0 && r.node_rank < r.nnodes, "--node-rank ", r.node_rank, " must be in [0, --nnodes ",
+             r.nnodes, ") — number the nodes 0..", r.nnodes - 1);
+  FSDP_CHECK(r.nnodes == 1 || !r.master_addr.empty(), "--nnodes ", r.nnodes,
+             " needs --master-addr: node 0's address as every node reaches it (and the same --master-port on all)");
+  FSDP_CHECK(r.master_port >= 1 && r.master_port <= 65535, "--master-port must be in [1, 65535], got ",
+             r.master_port);
+}
+
+// --nproc-per-node / --nnodes without torchrun: check once, start the workers, supervise them.
+int launch_workers(int argc, char** argv, const fsdp::cli::TrainTargets& t, const fsdp::comm::InitOptions& init) {
+  const fsdp::train::TrainOptions& o = t.o;
+  const fsdp::cli::RunFlags& r = t.run;
+  fsdp::train::validate_options(o, r.nproc * r.nnodes);  // fail once, before starting anything
+  // The Prometheus ports the workers will listen on: free now, or an error before anything starts.
+  if (o.log.metrics_port > 0 && o.mode != fsdp::train::Mode::kConvert) {
+    for (int rank = 0; rank < (o.log.metrics_every_rank ? r.nproc : 1); ++rank) {
+      fsdp::train::check_metrics_address(o.log.metrics_host, o.log.metrics_port + rank);
     }
-    // Every local worker's memory at once, before any of them allocates.
-    fsdp::train::check_memory(o, nproc * nnodes, nproc, std::nullopt);
-    fsdp::comm::LaunchOptions lo;
-    lo.nproc = nproc;
-    lo.nnodes = nnodes;
-    lo.node_rank = node_rank;
-    lo.master_addr = master_addr;
-    lo.master_port = master_port;
-    lo.signal_timeout = init.timeout;
-    lo.join_timeout = init.store_timeout;  // one deadline: this launcher's start to its workers' join
-    return fsdp::comm::launch_self("fsdp-train", argc, argv, lo);
   }
+  // Every local worker's memory at once, before any of them allocates.
+  fsdp::train::check_memory(o, r.nproc * r.nnodes, r.nproc, std::nullopt);
+  fsdp::comm::LaunchOptions lo;
+  lo.nproc = r.nproc;
+  lo.nnodes = r.nnodes;
+  lo.node_rank = r.node_rank;
+  lo.master_addr = r.master_addr;
+  lo.master_port = r.master_port;
+  lo.signal_timeout = init.timeout;
+  lo.join_timeout = init.store_timeout;  // one deadline: this launcher's start to its workers' join
+  return fsdp::comm::launch_self("fsdp-train", argc, argv, lo);
+}
 
+// This process is a worker: join the job and train (or evaluate, or convert).
+int run_worker(fsdp::train::TrainOptions& o, const fsdp::comm::WorldInfo& world, fsdp::comm::InitOptions init) {
   if (o.device == at::kCUDA) {
     // NCCL on cuda:<local rank>, made current before any CUDA work.
     fsdp::set_current_device(fsdp::worker_device("cuda", world.local_rank));
@@ -598,6 +294,61 @@ int run(int argc, char** argv) {
   const fsdp::train::TrainSummary s = fsdp::train::train(o, rt);
   if (s.stop_reason != 0 && o.checkpoint.dir.empty()) return 128 + s.stop_reason;  // stopped, nothing saved
   return 0;
+}
+
+int run(int argc, char** argv) {
+  fsdp::cli::TrainTargets t;  // the options' values, typed into t.o after parsing
+  fsdp::train::TrainOptions& o = t.o;
+  CLI::App app{"fsdp-train: train a Llama-family model with Fully Sharded Data Parallel (C++/LibTorch)."};
+  app.get_formatter()->column_width(34);
+  // A flag given twice takes its last value (scripts append overrides).
+  app.option_defaults()->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
+  fsdp::cli::register_train_options(app, t);  // apps/train_options_table.cpp
+  const Modes modes = add_modes(app);
+  fsdp::cli::strict_numbers(app);  // before --version: it is no number
+  app.set_version_flag("--version", std::string("fsdp-train 0.1.0 (LibTorch ") + fsdp::internals::torch_version() + ")")
+      ->configurable(false);
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    std::cerr << "fsdp-train: error: " << e.what() << " (see fsdp-train --help)\n";
+    return kExitUsage;
+  }
+  if (app.count("--config") > 0) fsdp::cli::apply_config_file(app, t.run.config_file);
+  if (t.run.list_metrics) {
+    std::cout << fsdp::train::metrics_markdown();
+    return 0;
+  }
+  if (t.run.list_options) {
+    std::cout << fsdp::cli::train_options_json(app) << "\n";
+    return 0;
+  }
+  const std::string mode = decide_mode(app, modes, t);
+  fsdp::comm::InitOptions init;
+  apply_parsed(app, mode, t, init);
+  const int nproc = t.run.nproc, nnodes = t.run.nnodes;
+  if (t.run.print_config) {
+    fsdp::train::validate_options(o, std::max(nproc, 1));  // never print a configuration that cannot run
+    std::cout << o.log.config_text;
+    return 0;
+  }
+  const fsdp::comm::WorldInfo world = fsdp::comm::detect_world();
+  const bool is_worker = world.launcher != "single";
+  // The deprecated --max-steps 0 conversion, said once: by the process the user started, not again by the
+  // local launcher's workers.
+  if (mode == "convert" && app.count("--max-steps") > 0 && !modes.convert->parsed() &&
+      world.launcher != "fsdp-train" && world.rank == 0) {
+    std::cerr << "fsdp-train: warning: --max-steps 0 to convert a checkpoint is deprecated; use 'fsdp-train convert "
+                 "--checkpoint-dir DIR --export-hf OUT'\n";
+  }
+  if (!is_worker) check_nproc(nproc, o.device);  // under torchrun/srun/PyTorchJob the flag is ignored
+  if (!is_worker) check_launcher_flags(t.run);
+  if ((nproc > 1 || nnodes > 1) && !is_worker) return launch_workers(argc, argv, t, init);
+  return run_worker(o, world, init);
 }
 
 }  // namespace
