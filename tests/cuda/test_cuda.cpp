@@ -28,6 +28,8 @@
 #include <cstdlib>
 #include <iostream>
 #include <optional>
+#include <sstream>
+#include <string>
 #include <thread>
 
 #include "fsdp/checkpoint/async_save.h"
@@ -92,6 +94,24 @@ at::Tensor random_of(at::ScalarType dtype, int64_t n, const at::Device& d, uint6
 
 // ---- collectives ------------------------------------------------------------
 
+// "" when `got` equals `want` element for element; otherwise how many elements
+// differ and the first of them, so a failure says whether a tail was left
+// unwritten or every element is off.
+std::string mismatch(const at::Tensor& got, const at::Tensor& want) {
+  if (got.equal(want)) return "";
+  const at::Tensor g = got.cpu().to(at::kDouble), w = want.cpu().to(at::kDouble);
+  const at::Tensor differs = g.ne(w);
+  const int64_t count = differs.sum().item<int64_t>();
+  const int64_t first = count > 0 ? differs.nonzero()[0][0].item<int64_t>() : -1;
+  std::ostringstream os;
+  os << count << " of " << want.numel() << " elements differ";
+  if (first >= 0) {
+    os << ", the first at " << first << ": " << g[first].item<double>() << " where " << w[first].item<double>()
+       << " was expected";
+  }
+  return os.str();
+}
+
 TEST_F(Cuda, EveryCollectiveOfOneRankOnUnevenSizesAndDtypes) {
   auto pg = one_rank_group(device_, "collectives");
   EXPECT_EQ(pg->device(), device_);
@@ -105,7 +125,7 @@ TEST_F(Cuda, EveryCollectiveOfOneRankOnUnevenSizesAndDtypes) {
       // the collective finished would see it.
       at::Tensor out = at::full({n}, 3, in.options());
       pg->all_gather(out, in)->wait();
-      EXPECT_TRUE(out.equal(in)) << "all_gather " << what;
+      EXPECT_EQ(mismatch(out, in), "") << "all_gather " << what;
       at::Tensor inplace = in.clone();
       pg->all_gather(inplace, inplace)->wait();
       EXPECT_TRUE(inplace.equal(in)) << "all_gather in place " << what;
@@ -116,14 +136,14 @@ TEST_F(Cuda, EveryCollectiveOfOneRankOnUnevenSizesAndDtypes) {
         if (dt == at::kLong && op == comm::ReduceOp::kAvg) continue;  // an average of integers is not one
         at::Tensor rs = at::full({n}, 3, in.options());
         pg->reduce_scatter(rs, in, op)->wait();
-        EXPECT_TRUE(rs.equal(in)) << "reduce_scatter " << comm::to_string(op) << " " << what;
+        EXPECT_EQ(mismatch(rs, in), "") << "reduce_scatter " << comm::to_string(op) << " " << what;
         at::Tensor ar = in.clone();
         comm::WorkPtr w = pg->all_reduce(ar, op);
         // completed() turns true without a wait (the watchdog or the event).
         for (int i = 0; i < 1000 && !w->completed(); ++i) std::this_thread::sleep_for(10ms);
         EXPECT_TRUE(w->completed()) << "all_reduce " << what << " not completed after 10 s";
         w->wait();
-        EXPECT_TRUE(ar.equal(in)) << "all_reduce " << comm::to_string(op) << " " << what;
+        EXPECT_EQ(mismatch(ar, in), "") << "all_reduce " << comm::to_string(op) << " " << what;
       }
       ++checked;
     }
