@@ -84,6 +84,12 @@ ParityReport run_parity(const comm::ProcessGroupPtr& world, const ParityModel& m
 
   // --- reference: fp32-initialized masters, a compute copy in the param dtype
   std::shared_ptr<nn::UnitBase> ref = model.build(false, c.seed);
+  // On the sharded run's device: the same kernels on both sides, so what is
+  // compared is the sharding alone. (A CPU reference for a CUDA run drifted
+  // apart from step 6 in fp32 and from step 2 in bf16 on an H200: AdamW's first
+  // steps move every element by about lr whatever the size of its gradient, so
+  // another device's rounding of a near-zero gradient flips the update.)
+  if (c.fsdp.device != ref->parameters().front().device()) ref->to(c.fsdp.device);
   freeze(*ref);
   std::vector<std::string> names;
   std::vector<at::Tensor> compute;
@@ -125,7 +131,8 @@ ParityReport run_parity(const comm::ProcessGroupPtr& world, const ParityModel& m
       (c.loss_scaling ? scaler.scale(loss) : loss).backward();
       local += loss.item<double>();
     }
-    at::Tensor lt = at::full({1}, local, at::TensorOptions().dtype(at::kDouble));
+    // On the group's device: an NCCL group reduces device tensors only.
+    at::Tensor lt = at::full({1}, local, at::TensorOptions().dtype(at::kDouble).device(world->device()));
     world->all_reduce(lt, comm::ReduceOp::kAvg)->wait();
     const double loss_sharded = lt.item<double>();
     bool found_inf = false;
