@@ -37,6 +37,30 @@ def load(path):
     return rows
 
 
+def result_line(a):
+    """The run's result: the last line of its output that is a JSON object.
+
+    Libraries print to standard output too (NCCL's "NCCL version ..." banner
+    on the GPU machine), so the output is not the result line alone."""
+    found = None
+    with open(a.output) as f:
+        for line in f:
+            line = line.strip()
+            if not line.startswith("{"):
+                continue
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            if isinstance(obj, dict):
+                found = line
+    if found is None:
+        print(f"report.py: {a.output} holds no JSON result line", file=sys.stderr)
+        return 1
+    print(found)
+    return 0
+
+
 def gib(b):
     return f"{b / 2**30:.2f} GiB"
 
@@ -141,13 +165,15 @@ def main():
     e.add_argument("--kind", required=True)
     e.add_argument("--ckpt", action="store_true")
     e.add_argument("--stderr", required=True, help="the run's error output")
+    o = sub.add_parser("result-line", help="print the last JSON object line of a run's output")
+    o.add_argument("--output", required=True, help="the run's standard output")
     t = sub.add_parser("table", help="print the result table")
     t.add_argument("--results", required=True, help="JSON lines: one per run")
     t.add_argument("--config", required=True, help="the model's Hugging Face config.json")
     t.add_argument("--seq-len", type=int, required=True)
     t.add_argument("--peak", required=True, help="matmul_peak.py's JSON line")
     a = p.parse_args()
-    return {"train-row": train_row, "failed-row": failed_row, "table": table}[a.cmd](a)
+    return {"train-row": train_row, "failed-row": failed_row, "result-line": result_line, "table": table}[a.cmd](a)
 
 
 if __name__ == "__main__":

@@ -163,6 +163,9 @@ write_table() {
   mv "$work/table.md" "$out/table.md"
   return $status
 }
+# The run's result line from its output (libraries print there too: NCCL's
+# version banner on a GPU machine).
+result_line() { "$PYTHON" "$here/report.py" result-line --output "$work/run.out"; }
 # A row that failed: its reason (the last line of its error output) in place of numbers.
 failed_row() {  # row kind ckpt
   "$PYTHON" "$here/report.py" failed-row --row "$1" --kind "$2" $([[ $3 -eq 1 ]] && echo --ckpt) \
@@ -174,8 +177,8 @@ echo "bench/gpu/run.sh: $model, seq $seq, batch $batch (checkpointing: $ckpt_bat
 torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2> /dev/null || echo "(torch does not import)")
 # The MFU's denominator. Without it the rows still run; MFU says "-".
 if run_logged "matmul peak" "$PYTHON" "$here/matmul_peak.py" --device "$device" \
-    $([[ $dry -eq 1 ]] && echo "--n 512 --iters 5"); then
-  cp "$work/run.out" "$work/peak.json"
+    $([[ $dry -eq 1 ]] && echo "--n 512 --iters 5") && result_line > "$work/peak.json" 2>> "$work/run.err"; then
+  :
 else
   "$PYTHON" -c 'import json,sys; print(json.dumps({"error": sys.argv[1][:200]}))' \
     "$(tail -n 1 "$work/run.err" 2> /dev/null)" > "$work/peak.json"
@@ -223,7 +226,7 @@ for ckpt in 0 1; do
     if run_logged "$name" "$PYTHON" "$here/hf_fsdp.py" --impl "$impl" --row "$name" --config "$work/config.json" \
         --tokens "$work/tokens.bin" --seq-len "$seq" --batch-size "$b" --steps "$steps" --warmup "$warmup" \
         --clip-grad "$clip" --device "$device" $([[ $ckpt -eq 1 ]] && echo --activation-checkpointing); then
-      cat "$work/run.out" >> "$results"
+      result_line >> "$results" 2>> "$work/run.err" || failed_row "$name" llama "$ckpt"
     else
       failed_row "$name" llama "$ckpt"
     fi
@@ -238,7 +241,7 @@ if wants mlp; then
     name="MLP ${offload:-on-device}"
     if run_logged "$name" "$mlp_bin" --device "$device" --width "$mlp_width" --batch-size "$mlp_batch" \
         --precision "$([[ $device == cuda ]] && echo bf16 || echo fp32)" --steps "$steps" --warmup "$warmup" $offload; then
-      cat "$work/run.out" >> "$results"
+      result_line >> "$results" 2>> "$work/run.err" || failed_row "$name" mlp 0
     else
       failed_row "$name" mlp 0
     fi
