@@ -95,7 +95,8 @@ def main():
     took = time.time() - t0
     if a.record:
         results.append("Compressed collectives: loss after 300 steps vs fp32", (
-            f"Command: `bench/cluster/loss_gap.py --train {a.train} --steps {a.steps} --record` ({took / 60:.0f} min)\n"
+            f"Command: `bench/cluster/loss_gap.py --train {a.train} --steps {a.steps} --options {','.join(names)} "
+            f"--record` ({took / 60:.0f} min)\n"
             f"Machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the run\n\n"
             f"bench/cpu/llama-100m.json (99.9M parameters), data/fallback_corpus.jsonl, 2 ranks on one host "
             f"(FULL_SHARD, fp32, one thread each), seq {a.seq_len} x batch {a.batch_size} per rank, {a.steps} steps, "
