@@ -9,7 +9,9 @@ thread each), the same seed and batches, once per wire option: fp32 (native),
 then each of --options. The numerics of a wire format do not depend on the link,
 so the ranks share this host (shared memory). Per option: the mean loss of the
 last 20 steps and of the last step, and their gap to fp32, relative. The
-issue's criterion: within 1% of fp32 after 300 steps.
+issue's criterion: within 1% of fp32 after 300 steps. The option `fp32-1rank`
+is the floor: fp32 at one rank with the whole batch, the same samples summed
+in another order, so its gap is what rounding alone does to this run's end.
 
 About 10 minutes per option on 2 quiet cores at the default seq 128 x batch 2.
 --record appends the table to bench/RESULTS.md with the command and the load.
@@ -35,16 +37,21 @@ OPTIONS = {
     "rs-int8": ["--reduce-scatter-wire", "int8"],
     "ag-int8+rs-bf16": ["--all-gather-wire", "int8", "--reduce-scatter-wire", "bf16"],
 }
+# Not a wire format: fp32 at one rank with the whole batch (two threads), the same
+# samples per step summed in another order. Its gap to fp32 is what rounding alone
+# moves the end of this run by: the floor under which a wire format's gap says nothing.
+FLOOR = "fp32-1rank"
 TAIL = 20  # steps averaged at the end
 
 
 def run(a, name, flags, tmp):
     metrics = tmp / f"{name}.jsonl"
+    ranks, batch, threads = (1, 2 * a.batch_size, "2") if name == FLOOR else (2, a.batch_size, "1")
     argv = [a.train, "--model", str(ROOT / "bench" / "cpu" / "llama-100m.json"),
             "--data", str(ROOT / "data" / "fallback_corpus.jsonl"), "--seq-len", str(a.seq_len),
-            "--batch-size", str(a.batch_size), "--max-steps", str(a.steps), "--log-every", "1", "--seed", "1337",
-            "--nproc-per-node", "2", "--metrics-file", str(metrics), *flags]
-    env = dict(os.environ, OMP_NUM_THREADS="1")
+            "--batch-size", str(batch), "--max-steps", str(a.steps), "--log-every", "1", "--seed", "1337",
+            "--nproc-per-node", str(ranks), "--metrics-file", str(metrics), *flags]
+    env = dict(os.environ, OMP_NUM_THREADS=threads)
     t0 = time.time()
     with open(tmp / f"{name}.log", "w") as log:
         r = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=a.timeout_s)
@@ -65,21 +72,21 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=2, help="per rank")
-    ap.add_argument("--options", default=",".join(OPTIONS))
+    ap.add_argument("--options", default=",".join([*OPTIONS, FLOOR]))
     ap.add_argument("--timeout-s", type=float, default=7200)
     ap.add_argument("--record", action="store_true")
     a = ap.parse_args()
     names = [n for n in a.options.split(",") if n]
     for n in names:
-        if n not in OPTIONS:
-            print(f"loss_gap.py: unknown option '{n}' (known: {', '.join(OPTIONS)})", file=sys.stderr)
+        if n not in OPTIONS and n != FLOOR:
+            print(f"loss_gap.py: unknown option '{n}' (known: {', '.join(OPTIONS)}, {FLOOR})", file=sys.stderr)
             return 2
     load = os.getloadavg()
     t0 = time.time()
     out = {}
     with tempfile.TemporaryDirectory(prefix="fsdp-loss-gap.") as d:
         tmp = Path(d)
-        for name, flags in [("fp32", [])] + [(n, OPTIONS[n]) for n in names]:
+        for name, flags in [("fp32", [])] + [(n, OPTIONS.get(n, [])) for n in names]:
             out[name] = run(a, name, flags, tmp)
             r = out[name]
             print(f"{name:18s} loss {r['first']:.4f} -> last {r['last']:.4f}, mean of the last {TAIL} "
