@@ -29,10 +29,10 @@
 
 #include <algorithm>
 #include <atomic>
-#include <mutex>
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
@@ -289,9 +289,9 @@ TEST_F(Cuda, AStepNeverWaitsForTheDeviceAndAttentionRunsOnFlashOrCudnn) {
 // What the libraries a step calls take from the caching allocator beyond
 // their inputs and outputs, measured on a bare linear layer with a bias in
 // `dtype`, forward and backward, after a warm-up: cuBLASLt's workspace where
-// the build asks the allocator for one per call (on the H200 the step below
-// took 2,163,712 bytes beside the pool, about 2 MiB of them such a workspace),
-// and a few small temporaries. The step may take as much beside the pool.
+// a build asks the allocator for one per call, and a few small temporaries
+// (10,240 bytes on the H200, whose build keeps its workspaces). The step may
+// take as much beside the pool.
 int64_t library_transient_bytes(const at::Device& d, at::ScalarType dtype) {
   const at::TensorOptions o = at::TensorOptions().device(d).dtype(dtype);
   const at::Tensor w = at::randn({64, 64}, o).requires_grad_(true);
