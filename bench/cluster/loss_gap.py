@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The loss cost of the compressed collectives (docs/compression.md) over a long run.
 
-    bench/cluster/loss_gap.py --train build/apps/fsdp-train [--steps 300] [--record]
+    bench/cluster/loss_gap.py --train build/apps/fsdp-train [--steps 300] [--seeds 1337,...] [--record]
 
 Trains the `100m` row of the CPU head-to-head (bench/cpu/llama-100m.json, 99.9M
 parameters) on data/fallback_corpus.jsonl with 2 ranks (FULL_SHARD, fp32, one
@@ -12,6 +12,11 @@ last 20 steps and of the last step, and their gap to fp32, relative. The
 issue's criterion: within 1% of fp32 after 300 steps. The option `fp32-1rank`
 is the floor: fp32 at one rank with the whole batch, the same samples summed
 in another order, so its gap is what rounding alone does to this run's end.
+
+--seeds runs the whole set once per seed (initialization and data order both
+follow the seed). One seed's gap cannot tell a format's systematic cost from the
+spread of a perturbed run on this memorizing corpus; over several seeds the table
+gives each gap, their mean and their range, beside fp32's own spread.
 
 About 10 minutes per option on 2 quiet cores at the default seq 128 x batch 2.
 --record appends the table to bench/RESULTS.md with the command and the load.
@@ -44,26 +49,61 @@ FLOOR = "fp32-1rank"
 TAIL = 20  # steps averaged at the end
 
 
-def run(a, name, flags, tmp):
-    metrics = tmp / f"{name}.jsonl"
+def run(a, name, flags, seed, tmp):
+    metrics = tmp / f"{name}.{seed}.jsonl"
     ranks, batch, threads = (1, 2 * a.batch_size, "2") if name == FLOOR else (2, a.batch_size, "1")
     argv = [a.train, "--model", str(ROOT / "bench" / "cpu" / "llama-100m.json"),
             "--data", str(ROOT / "data" / "fallback_corpus.jsonl"), "--seq-len", str(a.seq_len),
-            "--batch-size", str(batch), "--max-steps", str(a.steps), "--log-every", "1", "--seed", "1337",
+            "--batch-size", str(batch), "--max-steps", str(a.steps), "--log-every", "1", "--seed", str(seed),
             "--nproc-per-node", str(ranks), "--metrics-file", str(metrics), *flags]
     env = dict(os.environ, OMP_NUM_THREADS=threads)
     t0 = time.time()
-    with open(tmp / f"{name}.log", "w") as log:
+    log_path = tmp / f"{name}.{seed}.log"
+    with open(log_path, "w") as log:
         r = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=env, timeout=a.timeout_s)
     if r.returncode != 0:
-        print((tmp / f"{name}.log").read_text(errors="replace")[-3000:], file=sys.stderr)
-        raise RuntimeError(f"{name}: fsdp-train exited {r.returncode}")
+        print(log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
+        raise RuntimeError(f"{name}, seed {seed}: fsdp-train exited {r.returncode}")
     rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
     losses = [r["loss"] for r in rows if "loss" in r and "step" in r]
     if len(losses) != a.steps:
-        raise RuntimeError(f"{name}: {len(losses)} steps logged, expected {a.steps}")
+        raise RuntimeError(f"{name}, seed {seed}: {len(losses)} steps logged, expected {a.steps}")
     return {"tail": statistics.mean(losses[-TAIL:]), "last": losses[-1], "first": losses[0],
             "seconds": time.time() - t0}
+
+
+def pct(x, base):
+    return 100 * (x / base - 1)
+
+
+def one_seed_table(out):
+    """One seed: each row's mean loss of the last TAIL steps and its last step, against fp32."""
+    base = out["fp32"]
+    lines = [f"| wire | final loss (mean of the last {TAIL} steps) | vs fp32 | last step's loss | vs fp32 |",
+             "|---|---|---|---|---|"]
+    for name, r in out.items():
+        lines.append(f"| {name} | {r['tail']:.4f} | {pct(r['tail'], base['tail']):+.2f}% | {r['last']:.4f} | "
+                     f"{pct(r['last'], base['last']):+.2f}% |")
+    return "\n".join(lines)
+
+
+def seeds_table(by_seed):
+    """Several seeds: per row, each seed's gap of the mean loss of the last TAIL steps to
+    that seed's fp32, their mean and range; fp32's row gives its own loss per seed and
+    the spread across seeds (range over mean), the yardstick for a gap."""
+    seeds = list(by_seed)
+    head = " | ".join(f"seed {s}" for s in seeds)
+    lines = [f"| wire (mean loss of the last {TAIL} steps) | {head} | mean gap | range of gaps |",
+             "|---|" + "---|" * (len(seeds) + 2)]
+    base = [by_seed[s]["fp32"]["tail"] for s in seeds]
+    spread = 100 * (max(base) - min(base)) / statistics.mean(base)
+    lines.append("| fp32 | " + " | ".join(f"{b:.4f}" for b in base) +
+                 f" | - | fp32 across seeds: {spread:.2f}% of its mean |")
+    for name in [n for n in by_seed[seeds[0]] if n != "fp32"]:
+        gaps = [pct(by_seed[s][name]["tail"], by_seed[s]["fp32"]["tail"]) for s in seeds]
+        cells = " | ".join(f"{by_seed[s][name]['tail']:.4f} ({g:+.2f}%)" for s, g in zip(seeds, gaps))
+        lines.append(f"| {name} | {cells} | {statistics.mean(gaps):+.2f}% | {min(gaps):+.2f}% .. {max(gaps):+.2f}% |")
+    return "\n".join(lines)
 
 
 def main():
@@ -73,6 +113,7 @@ def main():
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=2, help="per rank")
     ap.add_argument("--options", default=",".join([*OPTIONS, FLOOR]))
+    ap.add_argument("--seeds", default="1337", help="comma-separated; every row runs once per seed")
     ap.add_argument("--timeout-s", type=float, default=7200)
     ap.add_argument("--record", action="store_true")
     a = ap.parse_args()
@@ -81,33 +122,37 @@ def main():
         if n not in OPTIONS and n != FLOOR:
             print(f"loss_gap.py: unknown option '{n}' (known: {', '.join(OPTIONS)}, {FLOOR})", file=sys.stderr)
             return 2
+    try:
+        seeds = [int(s) for s in a.seeds.split(",") if s]
+    except ValueError:
+        print(f"loss_gap.py: --seeds '{a.seeds}' is not a comma-separated list of integers (e.g. 1337,7,42)",
+              file=sys.stderr)
+        return 2
+    if not seeds or len(set(seeds)) != len(seeds) or min(seeds) < 0:
+        print(f"loss_gap.py: --seeds '{a.seeds}' needs one or more distinct non-negative integers", file=sys.stderr)
+        return 2
     load = os.getloadavg()
     t0 = time.time()
-    out = {}
+    by_seed = {}
     with tempfile.TemporaryDirectory(prefix="fsdp-loss-gap.") as d:
         tmp = Path(d)
-        for name, flags in [("fp32", [])] + [(n, OPTIONS.get(n, [])) for n in names]:
-            out[name] = run(a, name, flags, tmp)
-            r = out[name]
-            print(f"{name:18s} loss {r['first']:.4f} -> last {r['last']:.4f}, mean of the last {TAIL} "
-                  f"{r['tail']:.4f} ({r['seconds']:.0f} s)", flush=True)
-    base = out["fp32"]
-    lines = [f"| wire | final loss (mean of the last {TAIL} steps) | vs fp32 | last step's loss | vs fp32 |",
-             "|---|---|---|---|---|"]
-    for name, r in out.items():
-        lines.append(f"| {name} | {r['tail']:.4f} | {100 * (r['tail'] / base['tail'] - 1):+.2f}% | {r['last']:.4f} | "
-                     f"{100 * (r['last'] / base['last'] - 1):+.2f}% |")
-    table = "\n".join(lines)
+        for seed in seeds:
+            out = by_seed[seed] = {}
+            for name, flags in [("fp32", [])] + [(n, OPTIONS.get(n, [])) for n in names]:
+                out[name] = r = run(a, name, flags, seed, tmp)
+                print(f"seed {seed} {name:18s} loss {r['first']:.4f} -> last {r['last']:.4f}, mean of the last "
+                      f"{TAIL} {r['tail']:.4f} ({r['seconds']:.0f} s)", flush=True)
+    table = one_seed_table(by_seed[seeds[0]]) if len(seeds) == 1 else seeds_table(by_seed)
     print(table)
     took = time.time() - t0
     if a.record:
         results.append("Compressed collectives: loss after 300 steps vs fp32", (
             f"Command: `bench/cluster/loss_gap.py --train {a.train} --steps {a.steps} --options {','.join(names)} "
-            f"--record` ({took / 60:.0f} min)\n"
+            f"--seeds {','.join(map(str, seeds))} --record` ({took / 60:.0f} min)\n"
             f"Machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the run\n\n"
             f"bench/cpu/llama-100m.json (99.9M parameters), data/fallback_corpus.jsonl, 2 ranks on one host "
             f"(FULL_SHARD, fp32, one thread each), seq {a.seq_len} x batch {a.batch_size} per rank, {a.steps} steps, "
-            f"seed 1337 (same batches for every row).\n\n{table}\n"))
+            f"seed {', '.join(map(str, seeds))} (per seed, the same batches for every row).\n\n{table}\n"))
     return 0
 
 
