@@ -176,10 +176,8 @@ echo "bench/gpu/run.sh: $model, seq $seq, batch $batch (checkpointing: $ckpt_bat
 "$inspect" --model "$model" --write-hf-config "$work/config.json" > /dev/null
 torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2> /dev/null || echo "(torch does not import)")
 # The MFU's denominator. Without it the rows still run; MFU says "-".
-if run_logged "matmul peak" "$PYTHON" "$here/matmul_peak.py" --device "$device" \
-    $([[ $dry -eq 1 ]] && echo "--n 512 --iters 5") && result_line > "$work/peak.json" 2>> "$work/run.err"; then
-  :
-else
+if ! run_logged "matmul peak" "$PYTHON" "$here/matmul_peak.py" --device "$device" \
+    $([[ $dry -eq 1 ]] && echo "--n 512 --iters 5") || ! result_line > "$work/peak.json" 2>> "$work/run.err"; then
   "$PYTHON" -c 'import json,sys; print(json.dumps({"error": sys.argv[1][:200]}))' \
     "$(tail -n 1 "$work/run.err" 2> /dev/null)" > "$work/peak.json"
 fi
@@ -223,11 +221,10 @@ for ckpt in 0 1; do
     letter=$([[ $impl == fsdp1 ]] && echo b || echo c)
     name=$([[ $impl == fsdp1 ]] && echo "(b) PyTorch FSDP" || echo "(c) PyTorch FSDP2")
     wants "$letter" || continue
-    if run_logged "$name" "$PYTHON" "$here/hf_fsdp.py" --impl "$impl" --row "$name" --config "$work/config.json" \
+    if ! run_logged "$name" "$PYTHON" "$here/hf_fsdp.py" --impl "$impl" --row "$name" --config "$work/config.json" \
         --tokens "$work/tokens.bin" --seq-len "$seq" --batch-size "$b" --steps "$steps" --warmup "$warmup" \
-        --clip-grad "$clip" --device "$device" $([[ $ckpt -eq 1 ]] && echo --activation-checkpointing); then
-      result_line >> "$results" 2>> "$work/run.err" || failed_row "$name" llama "$ckpt"
-    else
+        --clip-grad "$clip" --device "$device" $([[ $ckpt -eq 1 ]] && echo --activation-checkpointing) ||
+        ! result_line >> "$results" 2>> "$work/run.err"; then
       failed_row "$name" llama "$ckpt"
     fi
     write_table || true
@@ -239,10 +236,9 @@ done
 if wants mlp; then
   for offload in "" --cpu-offload; do
     name="MLP ${offload:-on-device}"
-    if run_logged "$name" "$mlp_bin" --device "$device" --width "$mlp_width" --batch-size "$mlp_batch" \
-        --precision "$([[ $device == cuda ]] && echo bf16 || echo fp32)" --steps "$steps" --warmup "$warmup" $offload; then
-      result_line >> "$results" 2>> "$work/run.err" || failed_row "$name" mlp 0
-    else
+    if ! run_logged "$name" "$mlp_bin" --device "$device" --width "$mlp_width" --batch-size "$mlp_batch" \
+        --precision "$([[ $device == cuda ]] && echo bf16 || echo fp32)" --steps "$steps" --warmup "$warmup" $offload ||
+        ! result_line >> "$results" 2>> "$work/run.err"; then
       failed_row "$name" mlp 0
     fi
     write_table || true
