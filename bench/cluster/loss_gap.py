@@ -35,23 +35,27 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import results  # noqa: E402  (bench/cluster/results.py)
 
-OPTIONS = {
-    "ag-bf16": ["--all-gather-wire", "bf16"],
-    "ag-int8": ["--all-gather-wire", "int8"],
-    "rs-bf16": ["--reduce-scatter-wire", "bf16"],
-    "rs-int8": ["--reduce-scatter-wire", "int8"],
-    "ag-int8+rs-bf16": ["--all-gather-wire", "int8", "--reduce-scatter-wire", "bf16"],
+RANKS = 2  # every row sees RANKS x --batch-size samples per step on RANKS threads
+# row: (fsdp-train flags, ranks). fp32 is the reference every other row is held to.
+ROWS = {
+    "fp32": ([], RANKS),
+    "ag-bf16": (["--all-gather-wire", "bf16"], RANKS),
+    "ag-int8": (["--all-gather-wire", "int8"], RANKS),
+    "rs-bf16": (["--reduce-scatter-wire", "bf16"], RANKS),
+    "rs-int8": (["--reduce-scatter-wire", "int8"], RANKS),
+    "ag-int8+rs-bf16": (["--all-gather-wire", "int8", "--reduce-scatter-wire", "bf16"], RANKS),
+    # Not a wire format: fp32 at one rank with the whole batch, the same samples per
+    # step summed in another order. Its gap to fp32 is what rounding alone moves the
+    # end of this run by: the floor under which a wire format's gap says nothing.
+    "fp32-1rank": ([], 1),
 }
-# Not a wire format: fp32 at one rank with the whole batch (two threads), the same
-# samples per step summed in another order. Its gap to fp32 is what rounding alone
-# moves the end of this run by: the floor under which a wire format's gap says nothing.
-FLOOR = "fp32-1rank"
 TAIL = 20  # steps averaged at the end
 
 
-def run(a, name, flags, seed, tmp):
+def run(a, name, seed, tmp):
     metrics = tmp / f"{name}.{seed}.jsonl"
-    ranks, batch, threads = (1, 2 * a.batch_size, "2") if name == FLOOR else (2, a.batch_size, "1")
+    flags, ranks = ROWS[name]
+    batch, threads = RANKS * a.batch_size // ranks, str(RANKS // ranks)
     argv = [a.train, "--model", str(ROOT / "bench" / "cpu" / "llama-100m.json"),
             "--data", str(ROOT / "data" / "fallback_corpus.jsonl"), "--seq-len", str(a.seq_len),
             "--batch-size", str(batch), "--max-steps", str(a.steps), "--log-every", "1", "--seed", str(seed),
@@ -112,15 +116,16 @@ def main():
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=2, help="per rank")
-    ap.add_argument("--options", default=",".join([*OPTIONS, FLOOR]))
+    ap.add_argument("--options", default=",".join(n for n in ROWS if n != "fp32"))
     ap.add_argument("--seeds", default="1337", help="comma-separated; every row runs once per seed")
     ap.add_argument("--timeout-s", type=float, default=7200)
     ap.add_argument("--record", action="store_true")
     a = ap.parse_args()
     names = [n for n in a.options.split(",") if n]
     for n in names:
-        if n not in OPTIONS and n != FLOOR:
-            print(f"loss_gap.py: unknown option '{n}' (known: {', '.join(OPTIONS)}, {FLOOR})", file=sys.stderr)
+        if n not in ROWS or n == "fp32":
+            known = ", ".join(r for r in ROWS if r != "fp32")
+            print(f"loss_gap.py: unknown option '{n}' (known: {known}; fp32 always runs)", file=sys.stderr)
             return 2
     try:
         seeds = [int(s) for s in a.seeds.split(",") if s]
@@ -138,8 +143,8 @@ def main():
         tmp = Path(d)
         for seed in seeds:
             out = by_seed[seed] = {}
-            for name, flags in [("fp32", [])] + [(n, OPTIONS.get(n, [])) for n in names]:
-                out[name] = r = run(a, name, flags, seed, tmp)
+            for name in ["fp32", *names]:
+                out[name] = r = run(a, name, seed, tmp)
                 print(f"seed {seed} {name:18s} loss {r['first']:.4f} -> last {r['last']:.4f}, mean of the last "
                       f"{TAIL} {r['tail']:.4f} ({r['seconds']:.0f} s)", flush=True)
     table = one_seed_table(by_seed[seeds[0]]) if len(seeds) == 1 else seeds_table(by_seed)
