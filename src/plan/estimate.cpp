@@ -631,9 +631,12 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
       per.gather_cpu_s[k] = cpu * process_bytes(Collective::kAllGather, gb, shard, cluster);
       const int g = policies[k].post_forward_group;
       if (g > 1) {  // hpZ: backward gathers over groups of g consecutive ranks
+        // The post-forward shards hold the gathered values in the param dtype
+        // (Note [Post-forward shards]): that gather is never compressed.
+        const double native = static_cast<double>(u.gather_elems) * static_cast<double>(c10::elementSize(mp.param_dtype));
         const GroupShape small = group_shape(g, 1, cluster.procs_per_node);
-        per.group_gather_s[k][g] = collective_s(Collective::kAllGather, gb, small, cluster);
-        per.group_gather_cpu_s[k][g] = cpu * process_bytes(Collective::kAllGather, gb, small, cluster);
+        per.group_gather_s[k][g] = collective_s(Collective::kAllGather, native, small, cluster);
+        per.group_gather_cpu_s[k][g] = cpu * process_bytes(Collective::kAllGather, native, small, cluster);
       }
     }
     if (u.reduce_elems > 0) {
