@@ -202,6 +202,7 @@ fsdp::FsdpOptions plan_options(const Args& a, const fsdp::train::ModelConfig& cf
                                const fsdp::ClusterSpec& cluster) {
   fsdp::FsdpOptions o;
   o.strategy = fsdp::parse_sharding_strategy(a.t.flags.sharding);
+  o.reshard_after_forward = fsdp::parse_reshard_after_forward(a.t.flags.reshard_after_forward, "--reshard-after-forward");
   o.wrap = fsdp::parse_wrap_policy(a.t.flags.wrap, cfg.block_type());
   // As fsdp-train: "block" is the family's units (Llama: also the embedding and the head).
   if (o.wrap.kind == fsdp::WrapPolicy::Kind::kByType) o.wrap.types = cfg.unit_types();

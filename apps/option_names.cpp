@@ -14,6 +14,7 @@ const std::pair<const char*, const char*> kFlagNames[] = {
     {"FsdpOptions::compression", "--all-gather-wire / --reduce-scatter-wire"},
     {"FsdpOptions::checkpoint_types", "--activation-checkpointing"},
     {"FsdpOptions::hybrid_shard_size", "--hybrid-shard-size"},
+    {"FsdpOptions::reshard_after_forward", "--reshard-after-forward"},
     {"FsdpOptions::limit_all_gathers", "--limit-all-gathers"},
     {"FsdpOptions::wrap", "--wrap"},
     {"plan_sharding: world_size", "--world-size"},

@@ -90,6 +90,7 @@ std::pair<std::string, double> parse_lr_scale(const std::string& s) {
 void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o) {
   o.device = parse_device(flags.device);
   o.sharding.strategy = parse_sharding(flags.sharding);
+  o.sharding.reshard_after_forward = parse_reshard_after_forward(flags.reshard_after_forward, "--reshard-after-forward");
   o.sharding.wrap = parse_wrap(flags.wrap);
   o.sharding.mixed_precision = parse_mixed_precision(flags.mixed_precision, flags.reduce_dtype);
   o.sharding.compression.all_gather = parse_wire_format(flags.all_gather_wire, "--all-gather-wire");

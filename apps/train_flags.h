@@ -27,6 +27,7 @@ namespace fsdp::cli {
 struct TrainFlags {
   std::string device = "cpu";                // --device
   std::string sharding = "full";             // --sharding
+  std::string reshard_after_forward = "default";  // --reshard-after-forward
   std::string wrap = "block";                // --wrap
   std::string mixed_precision = "fp32";      // --mixed-precision
   std::string reduce_dtype;                  // --reduce-dtype; "": the preset's

@@ -170,6 +170,12 @@ std::vector<OptionRow> run_rows() {
        BIND(flags.wrap), {}, kD, kUses},
       {"--hybrid-shard-size", "", "HYBRID: ranks per shard group (default: LOCAL_WORLD_SIZE, i.e. one node)",
        BIND(o.sharding.hybrid_shard_size), {}, kD, kUses},
+      {"--reshard-after-forward", "",
+       "After each unit's forward, the root's aside (FSDP2's reshard_after_forward): default (the strategy's: true "
+       "for full and hybrid, false for grad-op) | true (free the gathered parameters) | false (keep them "
+       "to backward) | N (keep a shard over groups of N ranks, so backward gathers inside the group: "
+       "ZeRO++'s hpZ, e.g. the processes of one node) — docs/compression.md",
+       BIND(flags.reshard_after_forward), {}, kD, kUses},
       {"--sync-module-states", "",
        "Rank 0 alone builds the whole model (initialized, or read from --init-from) in host memory and "
        "broadcasts it to every rank's shards before training; the other ranks read no weights",

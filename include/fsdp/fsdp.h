@@ -229,6 +229,9 @@ struct ReshardAfterForward {
     return r;
   }
 };
+// "default" (nullopt: the strategy's) | "true" | "false" | N >= 1 (to_group(N));
+// `what` names the option in the error.
+std::optional<ReshardAfterForward> parse_reshard_after_forward(const std::string& s, const char* what);
 
 // The options of one fully_shard call of FSDP2, for the units an override
 // selects (FsdpOptions::unit_overrides). Unset fields keep the model's.

@@ -101,6 +101,17 @@ WireFormat parse_wire_format(const std::string& s, const char* what) {
   return WireFormat::kNative;
 }
 
+std::optional<ReshardAfterForward> parse_reshard_after_forward(const std::string& s, const char* what) {
+  if (s == "default") return std::nullopt;
+  if (s == "true" || s == "True") return ReshardAfterForward(true);
+  if (s == "false" || s == "False") return ReshardAfterForward(false);
+  const bool digits = !s.empty() && s.size() <= 6 && s.find_first_not_of("0123456789") == std::string::npos;
+  FSDP_CHECK(digits && std::stoi(s) >= 1, what, " '", s,
+             "' is not one of: default (the sharding strategy's), true, false, or a number of ranks N >= 1 "
+             "(a post-forward shard over groups of N ranks, ZeRO++'s hpZ: e.g. the processes of one node)");
+  return ReshardAfterForward::to_group(std::stoi(s));
+}
+
 void check_options(const FsdpOptions& o, int world_size) {
   FSDP_CHECK(o.limit_all_gathers >= 1, "FsdpOptions::limit_all_gathers must be >= 1 (all-gathers issued ahead of use), got ",
              o.limit_all_gathers);
@@ -130,6 +141,16 @@ void check_options(const FsdpOptions& o, int world_size) {
     FSDP_CHECK(world_size <= 0 || world_size % s == 0, "world size ", world_size,
                " is not a multiple of the hybrid shard size ", s,
                "; choose a FsdpOptions::hybrid_shard_size that divides the world size");
+  }
+  // FSDP2's int (Note [Post-forward shards]): a divisor of the shard group;
+  // NO_SHARD's units are replicated and keep no shard.
+  if (o.reshard_after_forward && o.reshard_after_forward->reshard && o.reshard_after_forward->group != 0 &&
+      o.strategy != ShardingStrategy::kNoShard) {
+    const int g = o.reshard_after_forward->group;
+    const int shard = o.strategy == ShardingStrategy::kHybridShard ? o.hybrid_shard_size : world_size;
+    FSDP_CHECK(g >= 1 && (shard <= 0 || (g <= shard && shard % g == 0)), "FsdpOptions::reshard_after_forward = ", g,
+               " must divide the shard-group size ", shard,
+               " (the ranks each post-forward shard is spread over; e.g. the processes of one node)");
   }
 }
 

@@ -153,6 +153,7 @@ FsdpOptions engine_options(const TrainOptions& o, const ModelConfig* cfg, int wo
   fo.strategy = s.strategy;
   fo.wrap = wrap_policy(s.wrap, cfg != nullptr ? cfg->unit_types() : std::vector<std::type_index>{});
   fo.hybrid_shard_size = s.hybrid_shard_size;
+  fo.reshard_after_forward = s.reshard_after_forward;
   fo.sync_module_states = s.sync_module_states;
   fo.mixed_precision = s.mixed_precision;
   fo.compression = s.compression;
@@ -170,6 +171,7 @@ FsdpOptions engine_options(const TrainOptions& o, const ModelConfig* cfg, int wo
   FsdpOptions checked = fo;
   if (checked.strategy == ShardingStrategy::kHybridShard && checked.hybrid_shard_size == 0) {
     checked.hybrid_shard_size = 1;
+    checked.reshard_after_forward.reset();  // its divisor check waits for the node's size too
   }
   check_options(checked, world_size);
   return fo;

@@ -78,12 +78,19 @@ TEST(InputCli, ProductsOfFlagsAndOutOfRangeNumbersAreRefused) {
       {"--nproc-per-node 1000", "--nproc-per-node 1000 is more processes than this machine can run: at most"},
       // The memory one micro-batch's logits need, against what the machine has.
       {"--batch-size 100000000", "of host memory per process"},
+      // FSDP2's int must divide the shard group: refused before any process starts.
+      {"--nproc-per-node 2 --reshard-after-forward 3",
+       "--reshard-after-forward = 3 must divide the shard-group size 2"},
+      {"--reshard-after-forward 0", "--reshard-after-forward '0' is not one of: default"},
   });
   expect_refused(kInspectBin, {{"--world-size 0", "--world-size must be >= 1"},
                                {"--world-size 4 --rank 4", "--rank 4 is outside [0, --world-size 4)"},
                                {"--world-size 99999999999", "--world-size"},
                                {"--sharding hybrid --world-size 4 --hybrid-shard-size 3", "--hybrid-shard-size"},
-                               {"--limit-all-gathers 0", "--limit-all-gathers must be >= 1"}});
+                               {"--limit-all-gathers 0", "--limit-all-gathers must be >= 1"},
+                               {"--sharding hybrid --world-size 8 --hybrid-shard-size 4 --reshard-after-forward 3",
+                                "--reshard-after-forward = 3 must divide the shard-group size 4"},
+                               {"--reshard-after-forward yes", "--reshard-after-forward 'yes' is not one of"}});
 }
 
 TEST(InputCli, MemoryRefusalNamesNeedAndAvailable) {

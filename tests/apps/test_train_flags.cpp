@@ -4,6 +4,9 @@
 // defaults are TrainOptions' defaults.
 #include <gtest/gtest.h>
 
+#include <optional>
+#include <tuple>
+
 #include "support/errors.h"
 #include "option_names.h"
 #include "train_flags.h"
@@ -13,6 +16,12 @@ namespace {
 
 using testing::usage_error_of;
 using Kind = train::WrapChoice::Kind;
+
+train::TrainOptions options_of(const TrainFlags& flags) {
+  train::TrainOptions o;
+  apply_train_flags(flags, o);
+  return o;
+}
 
 bool same(const MixedPrecision& a, const MixedPrecision& b) {
   return a.param_dtype == b.param_dtype && a.reduce_dtype == b.reduce_dtype && a.buffer_dtype == b.buffer_dtype &&
@@ -70,6 +79,55 @@ TEST(TrainFlags, WordsGiveTheirValues) {
   EXPECT_EQ(parse_export_shard_size("5GB"), 5'000'000'000);
   EXPECT_EQ(parse_export_shard_size("2GiB"), int64_t{2} << 30);
   EXPECT_EQ(parse_export_shard_size("0"), 0);
+}
+
+// --reshard-after-forward: FSDP2's bool or int, or the strategy's default.
+TEST(TrainFlags, ReshardAfterForwardIsFsdp2sBoolOrInt) {
+  const char* flag = "--reshard-after-forward";
+  EXPECT_FALSE(parse_reshard_after_forward("default", flag).has_value());
+  EXPECT_FALSE(options_of(TrainFlags{}).sharding.reshard_after_forward.has_value());
+  for (const auto& [word, reshard, group] :
+       {std::tuple{"true", true, 0}, {"True", true, 0}, {"false", false, 0}, {"2", true, 2}, {"1", true, 1}}) {
+    const std::optional<ReshardAfterForward> r = parse_reshard_after_forward(word, flag);
+    ASSERT_TRUE(r.has_value()) << word;
+    EXPECT_EQ(r->reshard, reshard) << word;
+    EXPECT_EQ(r->group, group) << word;
+  }
+  TrainFlags flags;
+  flags.reshard_after_forward = "4";
+  const train::TrainOptions o = options_of(flags);
+  ASSERT_TRUE(o.sharding.reshard_after_forward.has_value());
+  EXPECT_EQ(o.sharding.reshard_after_forward->group, 4);
+  for (const char* bad : {"0", "-1", "yes", "", "2x", "1e3", "9999999", " 2"}) {
+    EXPECT_EQ(usage_error_of([&] { parse_reshard_after_forward(bad, flag); }),
+              std::string("--reshard-after-forward '") + bad +
+                  "' is not one of: default (the sharding strategy's), true, false, or a number of ranks N >= 1 "
+                  "(a post-forward shard over groups of N ranks, ZeRO++'s hpZ: e.g. the processes of one node)")
+        << bad;
+  }
+}
+
+// The engine refuses a group that does not divide the shard group, in the flag's terms
+// where the program speaks (FULL_SHARD: the world; HYBRID: the shard group; NO_SHARD: unused).
+TEST(TrainFlags, ReshardAfterForwardMustDivideTheShardGroup) {
+  FsdpOptions o;
+  o.reshard_after_forward = ReshardAfterForward::to_group(2);
+  check_options(o, 4);
+  check_options(o, 2);
+  EXPECT_EQ(in_flag_terms(usage_error_of([&] { check_options(o, 3); })),
+            "--reshard-after-forward = 2 must divide the shard-group size 3 (the ranks each post-forward shard is "
+            "spread over; e.g. the processes of one node)");
+  o.strategy = ShardingStrategy::kHybridShard;
+  o.hybrid_shard_size = 4;
+  check_options(o, 8);
+  o.reshard_after_forward = ReshardAfterForward::to_group(8);
+  EXPECT_CONTAINS(in_flag_terms(usage_error_of([&] { check_options(o, 8); })),
+                  "--reshard-after-forward = 8 must divide the shard-group size 4");
+  o.strategy = ShardingStrategy::kNoShard;
+  check_options(o, 3);
+  o.strategy = ShardingStrategy::kFullShard;
+  o.reshard_after_forward = ReshardAfterForward(false);
+  check_options(o, 3);
 }
 
 // The messages fsdp-train printed when the trainer parsed these words itself.

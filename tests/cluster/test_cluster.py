@@ -39,6 +39,14 @@ CHECK is one of:
             1e-3), the table has both sides' tokens/s, ratio and exposed
             communication, and the compressed row moves under half the
             collective bytes of the plain one. No timing is asserted.
+  hpz       2 nodes x 2 processes, FULL_SHARD over all 4, with --reshard-after-forward 2
+            (ZeRO++'s hpZ: after forward each unit keeps a shard over its node's 2
+            processes) against the default (true): every step's loss and gradient
+            norm and the exported weights are bit-identical (backward computes with
+            the bits forward used), with the native and the int8 all-gather; and
+            the bytes through node 1's link (its eth0 counters) fall to under 0.8 of
+            the default's, since backward's all-gathers no longer leave the node
+            (about 2/3: forward's all-gather and the reduce-scatter still cross it).
   cleanup   The fixture leaves nothing: a test process SIGKILLed while its cluster
             runs a process loses its namespaces and processes (the watchdog), and
             a dead run's namespace is reaped by the next cluster.
@@ -455,6 +463,40 @@ def check_headtohead(a, tmp):
            f"{packed['mb_ours']:.2f} MB per step, the native wire {plain['mb_ours']:.2f} MB (expected under half)")
 
 
+def link_bytes(c, node):
+    """Bytes through node `node`'s link so far, both directions (its eth0's counters)."""
+    stats = "/sys/class/net/eth0/statistics"
+    r = subprocess.run(c.argv(node, ["cat", f"{stats}/tx_bytes", f"{stats}/rx_bytes"]), capture_output=True,
+                       text=True, timeout=30)
+    if r.returncode != 0:
+        raise RuntimeError(f"reading node {node}'s link counters failed: {r.stderr.strip()}")
+    return sum(int(x) for x in r.stdout.split())
+
+
+def check_hpz(a, tmp):
+    steps = 4
+    crossed = {}
+    with netcluster.Cluster(2, tag="hpz") as c:
+        for wire in ("native", "int8"):
+            for reshard in ("true", "2"):
+                name = f"hpz-{wire}-{reshard}"
+                print(f"2 nodes x 2 processes, --all-gather-wire {wire} --reshard-after-forward {reshard}", flush=True)
+                before = link_bytes(c, 1)
+                if not run_nodes(c, tmp, name, [train_args(a, tmp, name, steps, [
+                        "--nproc-per-node", "2", "--nnodes", "2", "--node-rank", str(i), "--master-addr", c.addr(0),
+                        "--all-gather-wire", wire, "--reshard-after-forward", reshard]) for i in range(2)]):
+                    return
+                crossed[name] = link_bytes(c, 1) - before
+            same_training(tmp, f"hpz-{wire}-true", f"hpz-{wire}-2")
+    for wire in ("native", "int8"):
+        full, hpz = crossed[f"hpz-{wire}-true"], crossed[f"hpz-{wire}-2"]
+        print(f"  {wire} all-gather: node 1's link carried {full / 1e6:.2f} MB, with hpZ {hpz / 1e6:.2f} MB "
+              f"({hpz / full:.2f})", flush=True)
+    full, hpz = crossed["hpz-native-true"], crossed["hpz-native-2"]
+    expect(hpz < 0.8 * full, f"with --reshard-after-forward 2 node 1's link carried {hpz / 1e6:.2f} MB, the default "
+           f"{full / 1e6:.2f} MB: expected under 0.8 of it (backward's all-gathers inside the node)")
+
+
 def check_cleanup(a, tmp):
     """The fixture leaves nothing behind: a test process killed with SIGKILL while its
     cluster runs a process (the watchdog reaps), and a dead run's namespaces (the next
@@ -499,7 +541,7 @@ def check_cleanup(a, tmp):
     print(f"  SIGKILLed test: its 4 namespaces and 1 process gone; a dead run's namespace reaped", flush=True)
 
 
-CHECKS = {"headtohead": check_headtohead, "discovery": check_discovery, "cleanup": check_cleanup, "parity": check_parity, "linkcut": check_linkcut, "elastic": check_elastic, "slowlink": check_slowlink}
+CHECKS = {"hpz": check_hpz, "headtohead": check_headtohead, "discovery": check_discovery, "cleanup": check_cleanup, "parity": check_parity, "linkcut": check_linkcut, "elastic": check_elastic, "slowlink": check_slowlink}
 
 
 def main():

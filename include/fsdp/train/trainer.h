@@ -127,6 +127,9 @@ struct ShardingOptions {
   ShardingStrategy strategy = ShardingStrategy::kFullShard;
   WrapChoice wrap;
   int hybrid_shard_size = 0;      // 0: LOCAL_WORLD_SIZE
+  // After each unit's forward, the root's aside (FsdpOptions::reshard_after_forward):
+  // unset follows the strategy; to_group(N) keeps a shard over N ranks (hpZ).
+  std::optional<ReshardAfterForward> reshard_after_forward;
   bool sync_module_states = false;
   // Memory and precision (FsdpOptions). Pure bf16 (master_dtype kBFloat16)
   // also switches AdamW to bf16 moments with Kahan-compensated updates.
