@@ -22,7 +22,10 @@ method on both sides: the step time minus the compute-only step time of that sid
 is the median step of `world size` single-process copies of it run at once on node 0 (the
 same per-rank batch, the same cores shared by as many processes, no network). Rows whose
 name ends in a wire option are fsdp-train with that option against FSDP2's uncompressed
-row (FSDP2 has no compression).
+row (FSDP2 has no compression). A row name may also carry "+hpz" after its base: both sides
+then keep, after each layer's forward, a shard over the processes of one node
+(fsdp-train --reshard-after-forward N, FSDP2's reshard_after_forward=N on the decoder
+layers: ZeRO++'s hpZ), so backward's all-gathers stay inside the node.
 
 --busy N: N busy processes (a shell loop each) run beside both sides for the whole row:
 the oversubscribed machine of the issue's item 5; rows are repeated per value.
@@ -59,8 +62,9 @@ WIRE = {
     "ag-bf16+rs-bf16": ["--all-gather-wire", "bf16", "--reduce-scatter-wire", "bf16"],
     "ag-int8+rs-int8": ["--all-gather-wire", "int8", "--reduce-scatter-wire", "int8"],
 }
-# name: (nodes, processes per node, sharding, precision, Mbit/s). A name may end in
-# "+<wire>" (a key of WIRE): fsdp-train with that wire against the row without it.
+# name: (nodes, processes per node, sharding, precision, Mbit/s). A name may go on with
+# "+hpz" (both sides; full sharding over nodes of several processes), then "+<wire>" (a key
+# of WIRE): fsdp-train with that wire against the row without it.
 BASE_ROWS = {
     "2x1-full-fp32-150": (2, 1, "full", "fp32", SLOW),
     "4x1-full-fp32-150": (4, 1, "full", "fp32", SLOW),
@@ -78,10 +82,17 @@ DEFAULT_ROWS = [n for n in BASE_ROWS if not n.startswith("1x")] + ["2x1-full-fp3
 
 
 def split_row(name):
-    base, _, wire = name.partition("+")
+    """(base, hpz, wire) of a row name: BASE[+hpz][+WIRE]."""
+    base, _, rest = name.partition("+")
+    hpz = rest == "hpz" or rest.startswith("hpz+")
+    wire = rest[len("hpz+"):] if rest.startswith("hpz+") else "" if hpz else rest
     if base not in BASE_ROWS or (wire and wire not in WIRE):
-        raise ValueError(f"unknown row '{name}' (rows: {', '.join(BASE_ROWS)}, optionally +{'|+'.join(WIRE)})")
-    return base, wire
+        raise ValueError(f"unknown row '{name}' (rows: {', '.join(BASE_ROWS)}, optionally +hpz, then optionally "
+                         f"+{'|+'.join(WIRE)})")
+    if hpz and (BASE_ROWS[base][0] < 2 or BASE_ROWS[base][1] < 2 or BASE_ROWS[base][2] != "full"):
+        raise ValueError(f"row '{name}': +hpz keeps a shard over each node's processes after forward, which "
+                         f"needs FULL_SHARD over more than one node of several processes; '{base}' is not that")
+    return base, hpz, wire
 
 
 class Bench:
@@ -114,7 +125,7 @@ class Bench:
             cpu_h2h.write_batches(self.a, self.tokens, world, self.a.warmup + self.a.steps, prefix)
         return prefix
 
-    def argv(self, side, world, sharding, precision, wire, metrics, shard_size):
+    def argv(self, side, world, sharding, precision, wire, metrics, shard_size, hpz=False):
         steps = self.a.warmup + self.a.steps
         argv = cpu_h2h.side_argv(self.a, side, self.hf_dir, self.tokens, self.batches(world), metrics, steps, world,
                                  self.a.threads)
@@ -129,6 +140,8 @@ class Bench:
             if sharding == "hybrid":
                 argv += ["--hybrid-shard-size", str(shard_size)]
             argv[argv.index("--timeout-s") + 1] = "1200"
+        if hpz:  # the post-forward shard over one node's processes, on both sides
+            argv += ["--reshard-after-forward", str(shard_size)]
         return argv
 
     def env(self, world, rank, nproc, master, port):
@@ -143,13 +156,13 @@ class Bench:
                        LOCAL_RANK=str(rank % nproc), LOCAL_WORLD_SIZE=str(nproc))
         return env
 
-    def run(self, c, tag, side, nodes, nproc, sharding, precision, wire):
+    def run(self, c, tag, side, nodes, nproc, sharding, precision, wire, hpz=False):
         """One side on the cluster; returns (median step s, step times, rank 0's metrics rows)."""
         world = nodes * nproc
         metrics = self.work / f"{tag}.{side}.jsonl"
         if metrics.exists():
             metrics.unlink()
-        argv = self.argv(side, world, sharding, precision, wire, str(metrics), nproc)
+        argv = self.argv(side, world, sharding, precision, wire, str(metrics), nproc, hpz)
         procs, logs = [], []
         for r in range(world):
             log = self.work / f"{tag}.{side}.rank{r}.log"
@@ -247,17 +260,19 @@ def main():
         bench = Bench(a, Path(d))
         theirs_cache = {}
         for busy in busy_counts:
-            for base, wire, name in rows:
+            for base, hpz, wire, name in rows:
                 nodes, nproc, sharding, precision, rate = BASE_ROWS[base]
                 world = nodes * nproc
                 with Busy(busy), netcluster.Cluster(nodes, rate_mbit=rate, tag="h2h") as c:
                     comp_ours = bench.compute_only_step(c, "ours", world, precision, busy)
                     comp_theirs = bench.compute_only_step(c, "theirs", world, precision, busy)
-                    step_o, _, rows_o = bench.run(c, f"{name}.b{busy}", "ours", nodes, nproc, sharding, precision, wire)
-                    if (base, busy) not in theirs_cache:
-                        theirs_cache[(base, busy)] = bench.run(c, f"{base}.b{busy}", "theirs", nodes, nproc, sharding,
-                                                               precision, "")
-                    step_t, _, rows_t = theirs_cache[(base, busy)]
+                    step_o, _, rows_o = bench.run(c, f"{name}.b{busy}", "ours", nodes, nproc, sharding, precision, wire,
+                                                  hpz)
+                    theirs = base + ("+hpz" if hpz else "")
+                    if (theirs, busy) not in theirs_cache:
+                        theirs_cache[(theirs, busy)] = bench.run(c, f"{theirs}.b{busy}", "theirs", nodes, nproc,
+                                                                 sharding, precision, "", hpz)
+                    step_t, _, rows_t = theirs_cache[(theirs, busy)]
                 tokens = world * a.batch_size * a.seq_len
                 measured = [r for r in rows_o if r["step"] >= a.warmup]
                 sent = statistics.median(r.get("allgather_bytes", 0) + r.get("reduce_scatter_bytes", 0) +
@@ -279,7 +294,7 @@ def main():
     print(f"{took:.0f} s; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(out, indent=1))
-    bad = [r for r in out if r["loss0_rel"] > 1e-3 and "+" not in r["row"]]
+    bad = [r for r in out if r["loss0_rel"] > 1e-3 and not split_row(r["row"])[2]]
     if a.record:
         results.append("Head-to-head on the emulated cluster: fsdp-train vs FSDP2 (gloo)", (
             f"Command: `{a.command or 'bench/cluster/run_headtohead.sh'}` ({took / 60:.0f} min)\n"

@@ -14,6 +14,8 @@ What matches fsdp-train (and where it is in our code):
 - Units: fully_shard on each decoder layer, then on the root (--wrap block).
   --sharding full: reshard_after_forward=True; grad-op: False; hybrid: a 2-D DeviceMesh
   (replicate, shard) with shard groups of --hybrid-shard-size consecutive ranks.
+  --reshard-after-forward N (> 1): the decoder layers' reshard_after_forward=N (FSDP2's int,
+  ZeRO++'s hpZ), as fsdp-train --reshard-after-forward N; the root keeps FSDP2's own rule.
 - Mixed precision: --mixed-precision bf16 = MixedPrecisionPolicy(param_dtype=bf16,
   reduce_dtype=fp32): bf16 compute, fp32 gradient reduction and fp32 sharded parameters.
 - Batches: --batches PREFIX, peer_batches' files; rank r's micro-step a is the global batch's
@@ -61,6 +63,8 @@ def parse_args(argv=None):
     p.add_argument("--batches", required=True, help="peer_batches output prefix (<prefix>.global.npy, .ranks.npy)")
     p.add_argument("--sharding", choices=["full", "grad-op", "hybrid"], default="full")
     p.add_argument("--hybrid-shard-size", type=int, default=0, help="hybrid: ranks per shard group")
+    p.add_argument("--reshard-after-forward", type=int, default=0,
+                   help="N > 1: the layers' reshard_after_forward=N (hpZ); 0: the strategy's bool")
     p.add_argument("--mixed-precision", choices=["fp32", "bf16"], default="fp32")
     p.add_argument("--batch-size", type=int, required=True, help="B, per rank and micro-step")
     p.add_argument("--grad-accum", type=int, default=1)
@@ -247,6 +251,7 @@ def main(argv=None):
     mp = (MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
           if a.mixed_precision == "bf16" else MixedPrecisionPolicy())
     reshard = a.sharding != "grad-op"
+    layer_reshard = a.reshard_after_forward if a.reshard_after_forward > 1 else reshard
 
     config = LlamaConfig.from_pretrained(a.hf_dir)
     config.use_cache = False
@@ -254,7 +259,7 @@ def main(argv=None):
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
     for layer in model.model.layers:
-        fully_shard(layer, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+        fully_shard(layer, mesh=mesh, reshard_after_forward=layer_reshard, mp_policy=mp)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
     model.to_empty(device="cpu")
     model.model.rotary_emb = LlamaRotaryEmbedding(config=config)  # its buffers were meta
