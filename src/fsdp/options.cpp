@@ -3,6 +3,7 @@
 // ...); a program maps them to its own flags (fsdp-train: apps/option_names.h).
 #include "fsdp/common/error.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/state.h"
 
 namespace fsdp {
 
@@ -106,11 +107,22 @@ std::optional<ReshardAfterForward> parse_reshard_after_forward(const std::string
   if (s == "true" || s == "True") return ReshardAfterForward(true);
   if (s == "false" || s == "False") return ReshardAfterForward(false);
   const bool digits = !s.empty() && s.size() <= 6 && s.find_first_not_of("0123456789") == std::string::npos;
-  FSDP_CHECK(digits && std::stoi(s) >= 1, what, " '", s,
+  const int n = digits ? std::stoi(s) : 0;
+  FSDP_CHECK(n >= 1, what, " '", s,
              "' is not one of: default (the sharding strategy's), true, false, or a number of ranks N >= 1 "
              "(a post-forward shard over groups of N ranks, ZeRO++'s hpZ: e.g. the processes of one node)");
-  return ReshardAfterForward::to_group(std::stoi(s));
+  return ReshardAfterForward::to_group(n);
 }
+
+namespace detail {
+
+void check_post_forward_group(int group, int shard_size, std::string_view who) {
+  FSDP_CHECK(group >= 1 && (shard_size <= 0 || (group <= shard_size && shard_size % group == 0)), who, " = ", group,
+             " must divide the shard-group size ", shard_size,
+             " (the ranks each post-forward shard is spread over; e.g. the processes of one node)");
+}
+
+}  // namespace detail
 
 void check_options(const FsdpOptions& o, int world_size) {
   FSDP_CHECK(o.limit_all_gathers >= 1, "FsdpOptions::limit_all_gathers must be >= 1 (all-gathers issued ahead of use), got ",
@@ -146,11 +158,8 @@ void check_options(const FsdpOptions& o, int world_size) {
   // NO_SHARD's units are replicated and keep no shard.
   if (o.reshard_after_forward && o.reshard_after_forward->reshard && o.reshard_after_forward->group != 0 &&
       o.strategy != ShardingStrategy::kNoShard) {
-    const int g = o.reshard_after_forward->group;
     const int shard = o.strategy == ShardingStrategy::kHybridShard ? o.hybrid_shard_size : world_size;
-    FSDP_CHECK(g >= 1 && (shard <= 0 || (g <= shard && shard % g == 0)), "FsdpOptions::reshard_after_forward = ", g,
-               " must divide the shard-group size ", shard,
-               " (the ranks each post-forward shard is spread over; e.g. the processes of one node)");
+    detail::check_post_forward_group(o.reshard_after_forward->group, shard, "FsdpOptions::reshard_after_forward");
   }
 }
 

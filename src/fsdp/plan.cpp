@@ -83,9 +83,7 @@ void resolve_unit_options(std::vector<PlannedUnit>& plan, const FsdpOptions& o, 
     // FSDP2's int: 1 is false, the shard-group size is true; else a divisor.
     ReshardAfterForward r = raf[k];
     if (r.reshard && r.group > 0 && shard_size > 0) {
-      FSDP_CHECK(r.group >= 1 && r.group <= shard_size && shard_size % r.group == 0, "unit '", pu.name,
-                 "': reshard_after_forward = ", r.group, " must divide the shard-group size ", shard_size,
-                 " (the ranks each post-forward shard is spread over; e.g. the processes of one node)");
+      check_post_forward_group(r.group, shard_size, "unit '" + pu.name + "': reshard_after_forward");
       if (r.group == 1) r = ReshardAfterForward(false);
       if (r.group == shard_size) r.group = 0;
     }

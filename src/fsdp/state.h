@@ -456,4 +456,10 @@ class ShardedModelImpl {
   comm::CommCounters counters_base_replicate_;
 };
 
+// FSDP2's integer reshard_after_forward (Note [Post-forward shards]) must be
+// >= 1 and divide the shard group (`shard_size` <= 0: not known yet, only >= 1
+// is checked). `who` names the setting in the error: the model-wide option or
+// one unit's.
+void check_post_forward_group(int group, int shard_size, std::string_view who);
+
 }  // namespace fsdp::detail

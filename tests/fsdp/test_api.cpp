@@ -53,6 +53,11 @@ TEST(Api, UnknownUnitNamesAreRefusedListingTheUnits) {
     FsdpOptions g;
     g.reshard_after_forward = ReshardAfterForward::to_group(3);  // does not divide 2
     expect_usage([&] { make(pg, g); }, {"reshard_after_forward = 3", "divide"});
+    FsdpOptions u;  // one unit's override: checked when the plan resolves it, in that unit's name
+    UnitOverride one{{"blocks.0"}, {}, {}};
+    one.options.reshard_after_forward = ReshardAfterForward::to_group(3);
+    u.unit_overrides = {one};
+    expect_usage([&] { make(pg, u); }, {"unit 'blocks.0': reshard_after_forward = 3", "divide the shard-group size 2"});
   });
 }
 
