@@ -278,7 +278,7 @@ def main():
                 sent = statistics.median(r.get("allgather_bytes", 0) + r.get("reduce_scatter_bytes", 0) +
                                          r.get("allreduce_bytes", 0) for r in measured)
                 l0, l1 = rows_o[0]["loss"], rows_t[0]["loss"]
-                row = dict(row=name, busy=busy, link=f"{rate} Mbit/s" if rate else "one node", tps_ours=tokens / step_o,
+                row = dict(row=name, wire=wire, busy=busy, link=f"{rate} Mbit/s" if rate else "one node", tps_ours=tokens / step_o,
                            tps_theirs=tokens / step_t, ratio=step_t / step_o, step_ours=step_o, step_theirs=step_t,
                            compute_ours=comp_ours, compute_theirs=comp_theirs,
                            exposed_ours=max(0.0, step_o - comp_ours), exposed_theirs=max(0.0, step_t - comp_theirs),
@@ -294,7 +294,7 @@ def main():
     print(f"{took:.0f} s; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(out, indent=1))
-    bad = [r for r in out if r["loss0_rel"] > 1e-3 and not split_row(r["row"])[2]]
+    bad = [r for r in out if r["loss0_rel"] > 1e-3 and not r["wire"]]
     if a.record:
         results.append("Head-to-head on the emulated cluster: fsdp-train vs FSDP2 (gloo)", (
             f"Command: `{a.command or 'bench/cluster/run_headtohead.sh'}` ({took / 60:.0f} min)\n"
