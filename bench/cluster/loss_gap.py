@@ -1,29 +1,47 @@
 #!/usr/bin/env python3
 """The loss cost of the compressed collectives (docs/compression.md) over a long run.
 
-    bench/cluster/loss_gap.py --train build/apps/fsdp-train [--steps 300] [--seeds 1337,...] [--record]
+    bench/cluster/loss_gap.py --train build/apps/fsdp-train [--steps 300] [--corpus pydoc|fallback]
+                              [--seeds 1337,...] [--record]
 
 Trains the `100m` row of the CPU head-to-head (bench/cpu/llama-100m.json, 99.9M
-parameters) on data/fallback_corpus.jsonl with 2 ranks (FULL_SHARD, fp32, one
-thread each), the same seed and batches, once per wire option: fp32 (native),
-then each of --options. The numerics of a wire format do not depend on the link,
-so the ranks share this host (shared memory). Per option: the mean loss of the
-last 20 steps and of the last step, and their gap to fp32, relative. The
-issue's criterion: within 1% of fp32 after 300 steps. The option `fp32-1rank`
+parameters) with 2 ranks (FULL_SHARD, fp32, one thread each), the same seed and
+batches, once per wire option: fp32 (native), then each of --options. The
+numerics of a wire format do not depend on the link, so the ranks share this
+host (shared memory). Per option: the held-out loss after the last step (where
+the corpus has one), the mean training loss of the last 20 steps and the last
+step's, and their gaps to fp32, relative. The criterion: within 1% of fp32
+after 300 steps. The option `fp32-1rank`
 is the floor: fp32 at one rank with the whole batch, the same samples summed
 in another order, so its gap is what rounding alone does to this run's end.
 
+--corpus says what it trains on. `pydoc` (the default): the English text of the
+interpreter's own reference topics (pydoc_data.topics, ~466 KB; no download),
+nine topics in ten to train on and every tenth held out. 300 steps read about a
+third of it once, so the model learns the language rather than memorizing a
+page, and the yardstick is the loss on the held-out topics after the last step
+(the exact mean over every target token, `fsdp-train`'s --eval-every), beside
+the same loss of the master weights the run exported (fp32, read back by
+`fsdp-train eval` with the native wire): with an int8 all-gather the first
+includes the format's rounding of the weights, the second is what was trained.
+`fallback`: data/fallback_corpus.jsonl (8 KB, ~19 passes in 300 steps), the
+corpus of the tables recorded before --corpus existed; there the model memorizes
+and the end of a run swings with any perturbation (no held-out loss).
+
 --seeds runs the whole set once per seed (initialization and data order both
 follow the seed). One seed's gap cannot tell a format's systematic cost from the
-spread of a perturbed run on this memorizing corpus; over several seeds the table
-gives each gap, their mean and their range, beside fp32's own spread.
+spread of a perturbed run (large where the model memorizes); over several
+seeds the table gives each gap, their mean and their range, beside fp32's own
+spread.
 
-About 10 minutes per option on 2 quiet cores at the default seq 128 x batch 2.
+About 14 minutes per option on 2 quiet cores at the default seq 128 x batch 2
+(with --corpus pydoc, the two held-out evaluations included).
 --record appends the table to bench/RESULTS.md with the command and the load.
 """
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -52,12 +70,44 @@ ROWS = {
 TAIL = 20  # steps averaged at the end
 
 
-def run(a, name, seed, tmp):
+HELD_OUT_EVERY = 10  # --corpus pydoc: every tenth topic (in sorted order) is held out
+
+
+def pydoc_corpus(tmp):
+    """The interpreter's reference topics as two JSONL files, (train, held-out):
+    one document per topic, in sorted order, every HELD_OUT_EVERY-th held out."""
+    import pydoc_data.topics
+    train, held = tmp / "pydoc.train.jsonl", tmp / "pydoc.heldout.jsonl"
+    with open(train, "w") as t, open(held, "w") as h:
+        for i, key in enumerate(sorted(pydoc_data.topics.topics)):
+            print(json.dumps({"text": pydoc_data.topics.topics[key]}), file=h if i % HELD_OUT_EVERY == 0 else t)
+    return train, held
+
+
+CORPUS_WORDS = {
+    "pydoc": f"the reference topics of Python {sys.version.split()[0]} (pydoc_data.topics; every "
+             f"{HELD_OUT_EVERY}th topic held out)",
+    "fallback": "data/fallback_corpus.jsonl",
+}
+
+
+def corpus_files(corpus, tmp):
+    """(train data, held-out data or None) for --corpus."""
+    if corpus == "pydoc":
+        return pydoc_corpus(tmp)
+    return ROOT / "data" / "fallback_corpus.jsonl", None
+
+
+def run(a, name, seed, tmp, data, held):
     metrics = tmp / f"{name}.{seed}.jsonl"
     flags, ranks = ROWS[name]
     batch, threads = RANKS * a.batch_size // ranks, str(RANKS // ranks)
+    hf = tmp / f"hf.{name}.{seed}"
+    if held is not None:  # the held-out loss after the last step, over every target token; the masters exported
+        flags = [*flags, "--val-data", str(held), "--eval-every", str(a.steps), "--eval-windows", "0",
+                 "--export-hf", str(hf)]
     argv = [a.train, "--model", str(ROOT / "bench" / "cpu" / "llama-100m.json"),
-            "--data", str(ROOT / "data" / "fallback_corpus.jsonl"), "--seq-len", str(a.seq_len),
+            "--data", str(data), "--seq-len", str(a.seq_len),
             "--batch-size", str(batch), "--max-steps", str(a.steps), "--log-every", "1", "--seed", str(seed),
             "--nproc-per-node", str(ranks), "--metrics-file", str(metrics), *flags]
     env = dict(os.environ, OMP_NUM_THREADS=threads)
@@ -72,40 +122,75 @@ def run(a, name, seed, tmp):
     losses = [r["loss"] for r in rows if "loss" in r and "step" in r]
     if len(losses) != a.steps:
         raise RuntimeError(f"{name}, seed {seed}: {len(losses)} steps logged, expected {a.steps}")
+    evals = [r["eval_loss"] for r in rows if "eval_loss" in r]
+    if held is not None and not evals:
+        raise RuntimeError(f"{name}, seed {seed}: no held-out loss in {metrics}")
+    masters = None
+    if held is not None:
+        masters = eval_masters(a, hf, held, tmp / f"{name}.{seed}.masters", env)
+        shutil.rmtree(hf)
     return {"tail": statistics.mean(losses[-TAIL:]), "last": losses[-1], "first": losses[0],
-            "seconds": time.time() - t0}
+            "heldout": evals[-1] if evals else None, "masters": masters, "seconds": time.time() - t0}
+
+
+def eval_masters(a, hf, held, stem, env):
+    """The held-out loss of the master weights a run exported (fp32), read back and
+    evaluated with the native wire: what the run trained, apart from the format its
+    forward computed with. A run whose all-gather is native evaluated the same
+    weights the same way at its end, so there the two losses agree."""
+    metrics = Path(f"{stem}.jsonl")
+    argv = [a.train, "eval", "--init-from", str(hf), "--val-data", str(held), "--seq-len", str(a.seq_len),
+            "--batch-size", str(a.batch_size), "--nproc-per-node", str(RANKS), "--metrics-file", str(metrics)]
+    with open(f"{stem}.log", "w") as log:
+        r = subprocess.run(argv, stdout=log, stderr=subprocess.STDOUT, env=dict(env, OMP_NUM_THREADS="1"),
+                           timeout=a.timeout_s)
+    if r.returncode != 0:
+        raise RuntimeError(f"evaluating {hf}: fsdp-train eval exited {r.returncode} (log: {stem}.log)")
+    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    return [r["eval_loss"] for r in rows if "eval_loss" in r][-1]
 
 
 def pct(x, base):
     return 100 * (x / base - 1)
 
 
+# The columns a table may show: (key in run()'s result, header). The held-out loss
+# comes first where the corpus has one: it is the yardstick there.
+MEASURES = [("heldout", "held-out loss after the last step"),
+            ("masters", "held-out loss of the exported masters, native forward"),
+            ("tail", f"mean training loss of the last {TAIL} steps"),
+            ("last", "last step's training loss")]
+
+
+def measures(out):
+    return [(k, label) for k, label in MEASURES if out["fp32"][k] is not None]
+
+
 def one_seed_table(out):
-    """One seed: each row's mean loss of the last TAIL steps and its last step, against fp32."""
-    base = out["fp32"]
-    lines = [f"| wire | final loss (mean of the last {TAIL} steps) | vs fp32 | last step's loss | vs fp32 |",
-             "|---|---|---|---|---|"]
+    """One seed: each row's losses and their gaps to fp32."""
+    base, cols = out["fp32"], measures(out)
+    lines = ["| wire | " + " | ".join(f"{label} | vs fp32" for _, label in cols) + " |",
+             "|---|" + "---|---|" * len(cols)]
     for name, r in out.items():
-        lines.append(f"| {name} | {r['tail']:.4f} | {pct(r['tail'], base['tail']):+.2f}% | {r['last']:.4f} | "
-                     f"{pct(r['last'], base['last']):+.2f}% |")
+        lines.append(f"| {name} | " + " | ".join(f"{r[k]:.4f} | {pct(r[k], base[k]):+.2f}%" for k, _ in cols) + " |")
     return "\n".join(lines)
 
 
-def seeds_table(by_seed):
-    """Several seeds: per row, each seed's gap of the mean loss of the last TAIL steps to
-    that seed's fp32, their mean and range; fp32's row gives its own loss per seed and
-    the spread across seeds (range over mean), the yardstick for a gap."""
+def seeds_table(by_seed, key, label):
+    """Several seeds, one measure: per row, each seed's gap to that seed's fp32, their
+    mean and range; fp32's row gives its own loss per seed and the spread across seeds
+    (range over mean), the yardstick for a gap."""
     seeds = list(by_seed)
     head = " | ".join(f"seed {s}" for s in seeds)
-    lines = [f"| wire (mean loss of the last {TAIL} steps) | {head} | mean gap | range of gaps |",
+    lines = [f"| wire ({label}) | {head} | mean gap | range of gaps |",
              "|---|" + "---|" * (len(seeds) + 2)]
-    base = [by_seed[s]["fp32"]["tail"] for s in seeds]
+    base = [by_seed[s]["fp32"][key] for s in seeds]
     spread = 100 * (max(base) - min(base)) / statistics.mean(base)
     lines.append("| fp32 | " + " | ".join(f"{b:.4f}" for b in base) +
                  f" | - | fp32 across seeds: {spread:.2f}% of its mean |")
     for name in [n for n in by_seed[seeds[0]] if n != "fp32"]:
-        gaps = [pct(by_seed[s][name]["tail"], by_seed[s]["fp32"]["tail"]) for s in seeds]
-        cells = " | ".join(f"{by_seed[s][name]['tail']:.4f} ({g:+.2f}%)" for s, g in zip(seeds, gaps))
+        gaps = [pct(by_seed[s][name][key], by_seed[s]["fp32"][key]) for s in seeds]
+        cells = " | ".join(f"{by_seed[s][name][key]:.4f} ({g:+.2f}%)" for s, g in zip(seeds, gaps))
         lines.append(f"| {name} | {cells} | {statistics.mean(gaps):+.2f}% | {min(gaps):+.2f}% .. {max(gaps):+.2f}% |")
     return "\n".join(lines)
 
@@ -117,6 +202,8 @@ def main():
     ap.add_argument("--seq-len", type=int, default=128)
     ap.add_argument("--batch-size", type=int, default=2, help="per rank")
     ap.add_argument("--options", default=",".join(n for n in ROWS if n != "fp32"))
+    ap.add_argument("--corpus", choices=["pydoc", "fallback"], default="pydoc",
+                    help="pydoc: reference topics, a held-out tenth (default); fallback: the embedded 8 KB corpus")
     ap.add_argument("--seeds", default="1337", help="comma-separated; every row runs once per seed")
     ap.add_argument("--timeout-s", type=float, default=7200)
     ap.add_argument("--record", action="store_true")
@@ -141,21 +228,27 @@ def main():
     by_seed = {}
     with tempfile.TemporaryDirectory(prefix="fsdp-loss-gap.") as d:
         tmp = Path(d)
+        data, held = corpus_files(a.corpus, tmp)
         for seed in seeds:
             out = by_seed[seed] = {}
             for name in ["fp32", *names]:
-                out[name] = r = run(a, name, seed, tmp)
+                out[name] = r = run(a, name, seed, tmp, data, held)
+                heldout = "" if r["heldout"] is None else \
+                    f", held-out {r['heldout']:.4f} (exported masters {r['masters']:.4f})"
                 print(f"seed {seed} {name:18s} loss {r['first']:.4f} -> last {r['last']:.4f}, mean of the last "
-                      f"{TAIL} {r['tail']:.4f} ({r['seconds']:.0f} s)", flush=True)
-    table = one_seed_table(by_seed[seeds[0]]) if len(seeds) == 1 else seeds_table(by_seed)
+                      f"{TAIL} {r['tail']:.4f}{heldout} ({r['seconds']:.0f} s)", flush=True)
+    first = by_seed[seeds[0]]
+    table = one_seed_table(first) if len(seeds) == 1 else "\n\n".join(
+        seeds_table(by_seed, k, label) for k, label in measures(first) if k != "last")
     print(table)
     took = time.time() - t0
     if a.record:
         results.append("Compressed collectives: loss after 300 steps vs fp32", (
-            f"Command: `bench/cluster/loss_gap.py --train {a.train} --steps {a.steps} --options {','.join(names)} "
+            f"Command: `bench/cluster/loss_gap.py --train {a.train} --steps {a.steps} --corpus {a.corpus} "
+            f"--options {','.join(names)} "
             f"--seeds {','.join(map(str, seeds))} --record` ({took / 60:.0f} min)\n"
             f"Machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the run\n\n"
-            f"bench/cpu/llama-100m.json (99.9M parameters), data/fallback_corpus.jsonl, 2 ranks on one host "
+            f"bench/cpu/llama-100m.json (99.9M parameters), {CORPUS_WORDS[a.corpus]}, 2 ranks on one host "
             f"(FULL_SHARD, fp32, one thread each), seq {a.seq_len} x batch {a.batch_size} per rank, {a.steps} steps, "
             f"seed {', '.join(map(str, seeds))} (per seed, the same batches for every row).\n\n{table}\n"))
     return 0
