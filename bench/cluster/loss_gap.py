@@ -2,7 +2,7 @@
 """The loss cost of the compressed collectives (docs/compression.md) over a long run.
 
     bench/cluster/loss_gap.py --train build/apps/fsdp-train [--steps 300] [--corpus pydoc|fallback]
-                              [--seeds 1337,...] [--record]
+                              [--seeds 1337,...] [--keep DIR] [--record]
 
 Trains the `100m` row of the CPU head-to-head (bench/cpu/llama-100m.json, 99.9M
 parameters) with 2 ranks (FULL_SHARD, fp32, one thread each), the same seed and
@@ -11,9 +11,9 @@ numerics of a wire format do not depend on the link, so the ranks share this
 host (shared memory). Per option: the held-out loss after the last step (where
 the corpus has one), the mean training loss of the last 20 steps and the last
 step's, and their gaps to fp32, relative. The criterion: within 1% of fp32
-after 300 steps. The option `fp32-1rank`
-is the floor: fp32 at one rank with the whole batch, the same samples summed
-in another order, so its gap is what rounding alone does to this run's end.
+after 300 steps. The option `fp32-1rank` is the floor: fp32 at one rank with
+the whole batch, the same samples summed in another order, so its gap is what
+rounding alone does to this run's end.
 
 --corpus says what it trains on. `pydoc` (the default): the English text of the
 interpreter's own reference topics (pydoc_data.topics, ~466 KB; no download),
@@ -24,6 +24,8 @@ page, and the yardstick is the loss on the held-out topics after the last step
 the same loss of the master weights the run exported (fp32, read back by
 `fsdp-train eval` with the native wire): with an int8 all-gather the first
 includes the format's rounding of the weights, the second is what was trained.
+Rows whose all-gather is native evaluated their masters unrounded already: they
+export nothing, and both columns give that loss.
 `fallback`: data/fallback_corpus.jsonl (8 KB, ~19 passes in 300 steps), the
 corpus of the tables recorded before --corpus existed; there the model memorizes
 and the end of a run swings with any perturbation (no held-out loss).
@@ -31,14 +33,19 @@ and the end of a run swings with any perturbation (no held-out loss).
 --seeds runs the whole set once per seed (initialization and data order both
 follow the seed). One seed's gap cannot tell a format's systematic cost from the
 spread of a perturbed run (large where the model memorizes); over several
-seeds the table gives each gap, their mean and their range, beside fp32's own
-spread.
+seeds the table gives each gap, their mean with its 95% interval (Student's t
+over the paired gaps) and their range, beside fp32's own spread.
 
 About 14 minutes per option on 2 quiet cores at the default seq 128 x batch 2
 (with --corpus pydoc, the two held-out evaluations included).
+--keep DIR stores each finished row's result (JSON, one file per row and seed) and
+reuses a stored row whose row, seed, shapes, corpus and fsdp-train binary all match:
+a run stopped part-way resumes where it stopped, and the fp32 reference is not
+retrained by every invocation.
 --record appends the table to bench/RESULTS.md with the command and the load.
 """
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -103,9 +110,10 @@ def run(a, name, seed, tmp, data, held):
     flags, ranks = ROWS[name]
     batch, threads = RANKS * a.batch_size // ranks, str(RANKS // ranks)
     hf = tmp / f"hf.{name}.{seed}"
-    if held is not None:  # the held-out loss after the last step, over every target token; the masters exported
+    exports = "--all-gather-wire" in flags  # only a rounded forward needs its masters read back natively
+    if held is not None:  # the held-out loss after the last step, over every target token
         flags = [*flags, "--val-data", str(held), "--eval-every", str(a.steps), "--eval-windows", "0",
-                 "--export-hf", str(hf)]
+                 *(["--export-hf", str(hf)] if exports else [])]
     argv = [a.train, "--model", str(ROOT / "bench" / "cpu" / "llama-100m.json"),
             "--data", str(data), "--seq-len", str(a.seq_len),
             "--batch-size", str(batch), "--max-steps", str(a.steps), "--log-every", "1", "--seed", str(seed),
@@ -118,7 +126,7 @@ def run(a, name, seed, tmp, data, held):
     if r.returncode != 0:
         print(log_path.read_text(errors="replace")[-3000:], file=sys.stderr)
         raise RuntimeError(f"{name}, seed {seed}: fsdp-train exited {r.returncode}")
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
+    rows = read_metrics(metrics)
     losses = [r["loss"] for r in rows if "loss" in r and "step" in r]
     if len(losses) != a.steps:
         raise RuntimeError(f"{name}, seed {seed}: {len(losses)} steps logged, expected {a.steps}")
@@ -127,17 +135,24 @@ def run(a, name, seed, tmp, data, held):
         raise RuntimeError(f"{name}, seed {seed}: no held-out loss in {metrics}")
     masters = None
     if held is not None:
-        masters = eval_masters(a, hf, held, tmp / f"{name}.{seed}.masters", env)
-        shutil.rmtree(hf)
+        # Where the all-gather is native, the run's own held-out evaluation already read the
+        # masters unrounded: that loss is theirs (fp32 gave 2.1594 both ways, RESULTS 2026-11-28).
+        masters = eval_masters(a, hf, held, tmp / f"{name}.{seed}.masters", env) if exports else evals[-1]
+        shutil.rmtree(hf, ignore_errors=True)
     return {"tail": statistics.mean(losses[-TAIL:]), "last": losses[-1], "first": losses[0],
             "heldout": evals[-1] if evals else None, "masters": masters, "seconds": time.time() - t0}
+
+
+def read_metrics(path):
+    """fsdp-train's --metrics-file: one JSON object per line."""
+    return [json.loads(line) for line in Path(path).read_text().splitlines() if line.strip()]
 
 
 def eval_masters(a, hf, held, stem, env):
     """The held-out loss of the master weights a run exported (fp32), read back and
     evaluated with the native wire: what the run trained, apart from the format its
-    forward computed with. A run whose all-gather is native evaluated the same
-    weights the same way at its end, so there the two losses agree."""
+    forward computed with. Only for rows whose all-gather is compressed: a run whose
+    all-gather is native evaluated the same weights the same way at its end."""
     metrics = Path(f"{stem}.jsonl")
     argv = [a.train, "eval", "--init-from", str(hf), "--val-data", str(held), "--seq-len", str(a.seq_len),
             "--batch-size", str(a.batch_size), "--nproc-per-node", str(RANKS), "--metrics-file", str(metrics)]
@@ -146,8 +161,30 @@ def eval_masters(a, hf, held, stem, env):
                            timeout=a.timeout_s)
     if r.returncode != 0:
         raise RuntimeError(f"evaluating {hf}: fsdp-train eval exited {r.returncode} (log: {stem}.log)")
-    rows = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return [r["eval_loss"] for r in rows if "eval_loss" in r][-1]
+    return [r["eval_loss"] for r in read_metrics(metrics) if "eval_loss" in r][-1]
+
+
+def kept_path(keep, key):
+    return Path(keep) / f"{key['row']}.seed{key['seed']}.json"
+
+
+def reuse(keep, key):
+    """--keep: the result of a row finished earlier with the same key (row, flags, seed,
+    steps, shapes, corpus and fsdp-train binary), else None. Rows are deterministic,
+    so a kept result is what a rerun would print."""
+    if not keep or not kept_path(keep, key).exists():
+        return None
+    saved = json.loads(kept_path(keep, key).read_text())
+    return saved["result"] if saved.get("key") == key else None
+
+
+def keep(keep_dir, key, result):
+    """Writes a finished row's result under --keep (a whole file or none: written
+    beside it, then renamed)."""
+    path = kept_path(keep_dir, key)
+    part = path.with_suffix(".part")
+    part.write_text(json.dumps({"key": key, "result": result}, indent=1))
+    os.replace(part, path)
 
 
 def pct(x, base):
@@ -176,13 +213,28 @@ def one_seed_table(out):
     return "\n".join(lines)
 
 
+# Two-sided 95% quantiles of Student's t for 1..10 degrees of freedom (any table of the
+# t distribution); more seeds than 11 use the last, which then errs on the wide side.
+T975 = [12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228]
+
+
+def mean_interval(gaps):
+    """(mean, half-width of its 95% interval) of paired gaps; the half-width is None
+    for a single seed. The seeds are the samples: each gap pairs a row with the fp32
+    run of the same seed, so fp32's own spread across seeds cancels."""
+    m = statistics.mean(gaps)
+    if len(gaps) < 2:
+        return m, None
+    return m, T975[min(len(gaps), len(T975) + 1) - 2] * statistics.stdev(gaps) / len(gaps) ** 0.5
+
+
 def seeds_table(by_seed, key, label):
     """Several seeds, one measure: per row, each seed's gap to that seed's fp32, their
-    mean and range; fp32's row gives its own loss per seed and the spread across seeds
-    (range over mean), the yardstick for a gap."""
+    mean with its 95% interval, and their range; fp32's row gives its own loss per seed
+    and the spread across seeds (range over mean)."""
     seeds = list(by_seed)
     head = " | ".join(f"seed {s}" for s in seeds)
-    lines = [f"| wire ({label}) | {head} | mean gap | range of gaps |",
+    lines = [f"| wire ({label}) | {head} | mean gap, 95% interval | range of gaps |",
              "|---|" + "---|" * (len(seeds) + 2)]
     base = [by_seed[s]["fp32"][key] for s in seeds]
     spread = 100 * (max(base) - min(base)) / statistics.mean(base)
@@ -191,7 +243,9 @@ def seeds_table(by_seed, key, label):
     for name in [n for n in by_seed[seeds[0]] if n != "fp32"]:
         gaps = [pct(by_seed[s][name][key], by_seed[s]["fp32"][key]) for s in seeds]
         cells = " | ".join(f"{by_seed[s][name][key]:.4f} ({g:+.2f}%)" for s, g in zip(seeds, gaps))
-        lines.append(f"| {name} | {cells} | {statistics.mean(gaps):+.2f}% | {min(gaps):+.2f}% .. {max(gaps):+.2f}% |")
+        m, half = mean_interval(gaps)
+        within = "" if half is None else f" ± {half:.2f}% ({m - half:+.2f}% .. {m + half:+.2f}%)"
+        lines.append(f"| {name} | {cells} | {m:+.2f}%{within} | {min(gaps):+.2f}% .. {max(gaps):+.2f}% |")
     return "\n".join(lines)
 
 
@@ -206,6 +260,9 @@ def main():
                     help="pydoc: reference topics, a held-out tenth (default); fallback: the embedded 8 KB corpus")
     ap.add_argument("--seeds", default="1337", help="comma-separated; every row runs once per seed")
     ap.add_argument("--timeout-s", type=float, default=7200)
+    ap.add_argument("--keep", metavar="DIR",
+                    help="store each finished row's result in DIR and reuse those whose row, seed, shapes, corpus "
+                         "and fsdp-train binary match (a stopped run resumes; fp32 is not rerun per invocation)")
     ap.add_argument("--record", action="store_true")
     a = ap.parse_args()
     names = [n for n in a.options.split(",") if n]
@@ -226,17 +283,29 @@ def main():
     load = os.getloadavg()
     t0 = time.time()
     by_seed = {}
+    build = hashlib.sha256(Path(a.train).read_bytes()).hexdigest()  # the project's code is linked in statically
+    if a.keep:
+        Path(a.keep).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fsdp-loss-gap.") as d:
         tmp = Path(d)
         data, held = corpus_files(a.corpus, tmp)
         for seed in seeds:
             out = by_seed[seed] = {}
             for name in ["fp32", *names]:
-                out[name] = r = run(a, name, seed, tmp, data, held)
+                key = {"row": name, "flags": ROWS[name][0], "ranks": ROWS[name][1], "seed": seed, "steps": a.steps,
+                       "seq_len": a.seq_len, "batch_size": a.batch_size, "corpus": a.corpus, "fsdp_train": build,
+                       "python": sys.version.split()[0]}  # pydoc's topics are the interpreter's
+                out[name] = r = reuse(a.keep, key)
+                how = "kept"
+                if r is None:
+                    out[name] = r = run(a, name, seed, tmp, data, held)
+                    how = f"{r['seconds']:.0f} s"
+                    if a.keep:
+                        keep(a.keep, key, r)
                 heldout = "" if r["heldout"] is None else \
                     f", held-out {r['heldout']:.4f} (exported masters {r['masters']:.4f})"
                 print(f"seed {seed} {name:18s} loss {r['first']:.4f} -> last {r['last']:.4f}, mean of the last "
-                      f"{TAIL} {r['tail']:.4f}{heldout} ({r['seconds']:.0f} s)", flush=True)
+                      f"{TAIL} {r['tail']:.4f}{heldout} ({how})", flush=True)
     first = by_seed[seeds[0]]
     table = one_seed_table(first) if len(seeds) == 1 else "\n\n".join(
         seeds_table(by_seed, k, label) for k, label in measures(first) if k != "last")
@@ -246,7 +315,8 @@ def main():
         results.append("Compressed collectives: loss after 300 steps vs fp32", (
             f"Command: `bench/cluster/loss_gap.py --train {a.train} --steps {a.steps} --corpus {a.corpus} "
             f"--options {','.join(names)} "
-            f"--seeds {','.join(map(str, seeds))} --record` ({took / 60:.0f} min)\n"
+            f"--seeds {','.join(map(str, seeds))}{' --keep ' + a.keep if a.keep else ''} --record` "
+            f"({took / 60:.0f} min{', rows kept from earlier runs included' if a.keep else ''})\n"
             f"Machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the run\n\n"
             f"bench/cpu/llama-100m.json (99.9M parameters), {CORPUS_WORDS[a.corpus]}, 2 ranks on one host "
             f"(FULL_SHARD, fp32, one thread each), seq {a.seq_len} x batch {a.batch_size} per rank, {a.steps} steps, "
