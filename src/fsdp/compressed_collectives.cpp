@@ -14,7 +14,8 @@ namespace fsdp::detail {
 //    parameters. Masters and the optimizer stay fp32; compute runs in the
 //    param dtype. (With param_dtype bf16 this is the native gather.)
 //  - all-gather, int8: the shard is block-quantized with rounding to nearest
-//    (Note [Block int8] in quantize.h) into its chunk; every chunk, this
+//    (Note [Block int8] in quantize.h: blocks on the flat parameter's grid,
+//    cut at the chunk's ends) into its chunk; every chunk, this
 //    rank's own included, is dequantized on arrival, so all ranks compute
 //    with identical parameters.
 //  - reduce-scatter, bf16 or int8: chunk j of the unsharded gradients is
@@ -104,7 +105,8 @@ AllGather all_gather_encoded(comm::ProcessGroup& group, const at::Tensor& shard,
   const int64_t cb = int8_chunk_bytes(n, wire.block);
   at::Tensor buf = at::empty({w * cb}, full.options().dtype(at::kByte));
   const at::Tensor src = as_float(shard);
-  quantize_int8(src.data_ptr<float>(), n, wire.block, Rounding::kNearest, 0, buf.data_ptr<uint8_t>() + me * cb);
+  quantize_int8(src.data_ptr<float>(), n, me * n, wire.block, Rounding::kNearest, 0,
+                buf.data_ptr<uint8_t>() + me * cb);
   g.work = group.all_gather(buf, buf.narrow(0, me * cb, cb));
   const int64_t block = wire.block;
   g.arrive = [buf, full, n, cb, w, block] {
@@ -112,11 +114,11 @@ AllGather all_gather_encoded(comm::ProcessGroup& group, const at::Tensor& shard,
     if (full.scalar_type() == at::kFloat) {
       // Straight into the parameters' bytes: no autograd version bump (as a collective writes).
       auto* out = static_cast<float*>(full.data_ptr());
-      for (int64_t r = 0; r < w; ++r) dequantize_int8(in + r * cb, n, block, out + r * n);
+      for (int64_t r = 0; r < w; ++r) dequantize_int8(in + r * cb, n, r * n, block, out + r * n);
       return;
     }
     at::Tensor wide = at::empty({w * n}, full.options().dtype(at::kFloat));
-    for (int64_t r = 0; r < w; ++r) dequantize_int8(in + r * cb, n, block, wide.data_ptr<float>() + r * n);
+    for (int64_t r = 0; r < w; ++r) dequantize_int8(in + r * cb, n, r * n, block, wide.data_ptr<float>() + r * n);
     RawWriteGuard guard;
     full.copy_(wide);
   };
@@ -162,18 +164,19 @@ void issue_encoded_reduction(Reduction& r, const at::Tensor& input, comm::Proces
     const float* x = src.data_ptr<float>();
     uint8_t* p = send.data_ptr<uint8_t>();
     for (int64_t j = 0; j < w; ++j) {
-      quantize_int8(x + j * n, n, wire.block, Rounding::kStochastic, mix(wire.seed + static_cast<uint64_t>(j)),
-                    p + j * cb);
+      quantize_int8(x + j * n, n, j * n, wire.block, Rounding::kStochastic,
+                    mix(wire.seed + static_cast<uint64_t>(j)), p + j * cb);
     }
   }
   at::Tensor recv = at::empty_like(send);
   r.work = group.all_to_all(recv, send);
   const int64_t block = wire.block;
-  r.arrive = [send, recv, out, n, w, cb, block] {
+  const int64_t start = group.rank() * n;  // every chunk received is a contribution to this rank's shard
+  r.arrive = [send, recv, out, n, w, cb, block, start] {
     const uint8_t* in = recv.data_ptr<uint8_t>();
     auto* acc = static_cast<float*>(out.data_ptr());
-    dequantize_int8(in, n, block, acc);
-    for (int64_t j = 1; j < w; ++j) dequantize_int8_add(in + j * cb, n, block, acc);
+    dequantize_int8(in, n, start, block, acc);
+    for (int64_t j = 1; j < w; ++j) dequantize_int8_add(in + j * cb, n, start, block, acc);
     at::NoGradGuard no_grad;
     out.div_(w);
   };

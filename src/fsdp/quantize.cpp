@@ -22,6 +22,23 @@ uint64_t splitmix64(uint64_t x) {
   return x ^ (x >> 31);
 }
 
+// The blocks of a chunk on the flat grid (Note [Block int8]): block b covers
+// chunk elements [lo, hi).
+struct Grid {
+  int64_t n, phase, block;  // phase: how far into its grid block the chunk starts
+  int64_t count() const { return n == 0 ? 0 : (phase + n + block - 1) / block; }
+  int64_t lo(int64_t b) const { return std::max<int64_t>(0, b * block - phase); }
+  int64_t hi(int64_t b) const { return std::min(n, (b + 1) * block - phase); }
+};
+
+Grid grid(int64_t n, int64_t start, int64_t block) {
+  FSDP_ASSERT(block >= 1 && n >= 0 && start >= 0, "int8 chunk: block ", block, ", n ", n, ", start ", start);
+  const Grid g{n, start % block, block};
+  FSDP_ASSERT(g.count() <= int8_scale_count(n, block), "int8 chunk of ", n, " elements at ", start,
+              " holds more blocks of ", block, " than its ", int8_scale_count(n, block), " scale slots");
+  return g;
+}
+
 // Blocks [b0, b1) of a chunk, in parallel when there are many (each block is
 // independent, and the stochastic stream of a block depends only on the seed
 // and the block's index: the result does not depend on the thread count).
@@ -35,21 +52,28 @@ void for_blocks(int64_t blocks, int64_t block, F f) {
 
 }  // namespace
 
-int64_t int8_scale_count(int64_t n, int64_t block) { return (n + block - 1) / block; }
+int64_t int8_scale_count(int64_t n, int64_t block) {
+  // B | n: chunks start on the grid. Else the worst start, B - 1 past a grid line.
+  return n % block == 0 ? n / block : (n + 2 * block - 2) / block;
+}
 
 int64_t int8_chunk_bytes(int64_t n, int64_t block) {
   const int64_t bytes = 4 * int8_scale_count(n, block) + n;
   return (bytes + 7) / 8 * 8;
 }
 
-void quantize_int8(const float* x, int64_t n, int64_t block, Rounding rounding, uint64_t seed, uint8_t* out) {
-  FSDP_ASSERT(block >= 1 && n >= 0, "quantize_int8: block ", block, ", n ", n);
-  const int64_t blocks = int8_scale_count(n, block);
+void quantize_int8(const float* x, int64_t n, int64_t start, int64_t block, Rounding rounding, uint64_t seed,
+                   uint8_t* out) {
+  const Grid g = grid(n, start, block);
+  const int64_t slots = int8_scale_count(n, block);
   auto* scales = reinterpret_cast<float*>(out);
-  auto* q = reinterpret_cast<int8_t*>(out + 4 * blocks);
-  for_blocks(blocks, block, [&](int64_t b) {
-    const int64_t i0 = b * block;
-    const int64_t len = std::min(block, n - i0);
+  auto* q = reinterpret_cast<int8_t*>(out + 4 * slots);
+  // Slots this chunk does not use, and the padding after its values, go out as zeros (deterministic bytes).
+  std::memset(out + 4 * g.count(), 0, static_cast<size_t>(4 * (slots - g.count())));
+  std::memset(out + 4 * slots + n, 0, static_cast<size_t>(int8_chunk_bytes(n, block) - 4 * slots - n));
+  for_blocks(g.count(), block, [&](int64_t b) {
+    const int64_t i0 = g.lo(b);
+    const int64_t len = g.hi(b) - i0;
     const float* xb = x + i0;
     float amax = 0.0f;
     float probe = 0.0f;  // NaN when any value is NaN or infinite (inf * 0 is NaN)
@@ -88,16 +112,14 @@ void quantize_int8(const float* x, int64_t n, int64_t block, Rounding rounding, 
 namespace {
 // out[i] = x_i (kAdd false) or out[i] += x_i, x_i the chunk's values.
 template <bool kAdd>
-void dequantize(const uint8_t* in, int64_t n, int64_t block, float* out) {
-  const int64_t blocks = int8_scale_count(n, block);
+void dequantize(const uint8_t* in, int64_t n, int64_t start, int64_t block, float* out) {
+  const Grid g = grid(n, start, block);
   const auto* scales = reinterpret_cast<const float*>(in);
-  const auto* q = reinterpret_cast<const int8_t*>(in + 4 * blocks);
-  for_blocks(blocks, block, [&](int64_t b) {
-    const int64_t i0 = b * block;
-    const int64_t len = std::min(block, n - i0);
+  const auto* q = reinterpret_cast<const int8_t*>(in + 4 * int8_scale_count(n, block));
+  for_blocks(g.count(), block, [&](int64_t b) {
     float scale;
     std::memcpy(&scale, scales + b, sizeof(scale));
-    for (int64_t i = i0; i < i0 + len; ++i) {
+    for (int64_t i = g.lo(b); i < g.hi(b); ++i) {
       const float x = scale * static_cast<float>(q[i]);
       out[i] = kAdd ? out[i] + x : x;
     }
@@ -105,10 +127,12 @@ void dequantize(const uint8_t* in, int64_t n, int64_t block, float* out) {
 }
 }  // namespace
 
-void dequantize_int8(const uint8_t* in, int64_t n, int64_t block, float* out) { dequantize<false>(in, n, block, out); }
+void dequantize_int8(const uint8_t* in, int64_t n, int64_t start, int64_t block, float* out) {
+  dequantize<false>(in, n, start, block, out);
+}
 
-void dequantize_int8_add(const uint8_t* in, int64_t n, int64_t block, float* acc) {
-  dequantize<true>(in, n, block, acc);
+void dequantize_int8_add(const uint8_t* in, int64_t n, int64_t start, int64_t block, float* acc) {
+  dequantize<true>(in, n, start, block, acc);
 }
 
 }  // namespace fsdp::detail

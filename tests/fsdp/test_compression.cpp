@@ -12,6 +12,7 @@
 #include <cmath>
 #include <functional>
 #include <limits>
+#include <utility>
 #include <vector>
 
 #include "fsdp/common/error.h"
@@ -40,32 +41,57 @@ std::vector<float> sample(int64_t n, int64_t block, uint64_t seed) {
   return v;
 }
 
-// Reference scale of block b: max |x| / 127, in double.
-double ref_scale(const std::vector<float>& x, int64_t b, int64_t block) {
+// Reference scale of element i of a chunk x that holds flat elements
+// [start, start + n): max |x| / 127 over its block of the flat grid
+// ([kB, (k+1)B) with k = (start + i) / B) cut at the chunk's ends, in double.
+double ref_scale(const std::vector<float>& x, int64_t i, int64_t block, int64_t start) {
+  const int64_t k = (start + i) / block;
+  const int64_t lo = std::max<int64_t>(0, k * block - start);
+  const int64_t hi = std::min<int64_t>((k + 1) * block - start, static_cast<int64_t>(x.size()));
   double m = 0;
-  for (int64_t i = b * block; i < std::min<int64_t>((b + 1) * block, static_cast<int64_t>(x.size())); ++i) {
-    m = std::max(m, std::fabs(static_cast<double>(x[static_cast<size_t>(i)])));
-  }
+  for (int64_t j = lo; j < hi; ++j) m = std::max(m, std::fabs(static_cast<double>(x[static_cast<size_t>(j)])));
   return m / 127.0;
 }
 
-std::vector<float> roundtrip(const std::vector<float>& x, int64_t block, Rounding r, uint64_t seed) {
+std::vector<float> roundtrip(const std::vector<float>& x, int64_t block, Rounding r, uint64_t seed,
+                             int64_t start = 0) {
   const auto n = static_cast<int64_t>(x.size());
-  std::vector<uint8_t> wire(static_cast<size_t>(detail::int8_chunk_bytes(n, block)));
-  detail::quantize_int8(x.data(), n, block, r, seed, wire.data());
+  // Filled with a marker: unused scale slots and the padding must go out as zeros.
+  std::vector<uint8_t> wire(static_cast<size_t>(detail::int8_chunk_bytes(n, block)), 0xA5);
+  detail::quantize_int8(x.data(), n, start, block, r, seed, wire.data());
+  const int64_t used = n == 0 ? 0 : ((start % block) + n + block - 1) / block;
+  for (int64_t b = 4 * used; b < 4 * detail::int8_scale_count(n, block); ++b) {
+    EXPECT_EQ(wire[static_cast<size_t>(b)], 0) << "unused scale byte " << b;
+  }
+  for (auto b = static_cast<size_t>(4 * detail::int8_scale_count(n, block) + n); b < wire.size(); ++b) {
+    EXPECT_EQ(wire[b], 0) << "padding byte " << b;
+  }
   std::vector<float> out(x.size());
-  detail::dequantize_int8(wire.data(), n, block, out.data());
+  detail::dequantize_int8(wire.data(), n, start, block, out.data());
   return out;
 }
 
 }  // namespace
 
 TEST(Quantize, ChunkLayoutIsScalesThenValuesPaddedToEightBytes) {
-  EXPECT_EQ(detail::int8_scale_count(1000, 256), 4);
-  EXPECT_EQ(detail::int8_chunk_bytes(1000, 256), 1016);  // 16 + 1000
-  EXPECT_EQ(detail::int8_chunk_bytes(1001, 256), 1024);  // 16 + 1001 -> 1024
-  EXPECT_EQ(detail::int8_chunk_bytes(7, 1), 40);  // 28 + 7 -> 40
+  // Scale slots: n / B when B divides n; else the most blocks of the flat grid a chunk
+  // of n can touch (1000 = 3 x 256 + 232, starting 255 past a grid line: 1 + 3 + 1).
+  EXPECT_EQ(detail::int8_scale_count(1024, 256), 4);
+  EXPECT_EQ(detail::int8_scale_count(1000, 256), 5);
+  EXPECT_EQ(detail::int8_scale_count(1025, 256), 5);  // one past: at most 1 + 4 blocks, or 4 + 1
+  EXPECT_EQ(detail::int8_scale_count(7, 1), 7);
+  EXPECT_EQ(detail::int8_chunk_bytes(1024, 256), 1040);  // 16 + 1024
+  EXPECT_EQ(detail::int8_chunk_bytes(1000, 256), 1024);  // 20 + 1000 -> 1024
+  EXPECT_EQ(detail::int8_chunk_bytes(1001, 256), 1024);  // 20 + 1001 -> 1024
+  EXPECT_EQ(detail::int8_chunk_bytes(7, 1), 40);         // 28 + 7 -> 40
   EXPECT_EQ(detail::int8_chunk_bytes(0, 256), 0);
+  // Every start a chunk can have fits its slots (checked by the kernels themselves).
+  for (int64_t n : {1, 2, 255, 257, 1000, 1023}) {
+    for (int64_t r = 0; r < 300; ++r) {
+      const int64_t start = r * n, used = (start % 256 + n + 255) / 256;
+      ASSERT_LE(used, detail::int8_scale_count(n, 256)) << "n " << n << ", rank " << r;
+    }
+  }
   // What each format promises per element of fp32 parameters or gradients.
   const int64_t n = 1 << 20;
   EXPECT_EQ(detail::gather_wire_bytes(WireFormat::kNative, n, at::kFloat, 256), 4 * n);
@@ -76,23 +102,58 @@ TEST(Quantize, ChunkLayoutIsScalesThenValuesPaddedToEightBytes) {
 }
 
 TEST(Quantize, NearestIsWithinHalfAScaleOfTheReference) {
-  for (int64_t block : {1, 7, 64, 256}) {
-    const int64_t n = 4 * block + 3;  // a partial last block
+  // The chunks of ranks 0, 1 and 3 of n = 4B + 3 elements (a partial last block): on and off the grid.
+  for (const auto& [block, rank] : std::vector<std::pair<int64_t, int64_t>>{
+           {1, 0}, {7, 0}, {7, 1}, {7, 3}, {64, 0}, {64, 1}, {64, 3}, {256, 0}, {256, 1}, {256, 3}}) {
+    const int64_t n = 4 * block + 3, start = rank * n;
     const std::vector<float> x = sample(n, block, 11);
-    const std::vector<float> y = roundtrip(x, block, Rounding::kNearest, 0);
+    const std::vector<float> y = roundtrip(x, block, Rounding::kNearest, 0, start);
     int64_t off_grid = 0;
     for (int64_t i = 0; i < n; ++i) {
-      const double s = ref_scale(x, i / block, block);
+      const double s = ref_scale(x, i, block, start);
       const double xi = x[static_cast<size_t>(i)], yi = y[static_cast<size_t>(i)];
       // Stated bound: s / 2, plus float rounding of the scale and the product.
-      ASSERT_LE(std::fabs(xi - yi), s / 2 * (1 + 1e-5) + 1e-30) << "block " << block << " element " << i;
+      ASSERT_LE(std::fabs(xi - yi), s / 2 * (1 + 1e-5) + 1e-30)
+          << "block " << block << " start " << start << " element " << i;
       // On the reference grid: y = s q with q the nearest integer to x / s.
       const double q = std::nearbyint(xi / s);
       if (s > 0 && std::fabs(yi - s * q) > 1e-6 * s * 127) ++off_grid;
     }
-    EXPECT_EQ(off_grid, 0) << "block " << block;
-    for (int64_t i = block; i < 2 * block; ++i) EXPECT_EQ(y[static_cast<size_t>(i)], 0.0f);  // zeros stay exact
+    EXPECT_EQ(off_grid, 0) << "block " << block << " start " << start;
+    if (rank == 0) {
+      for (int64_t i = block; i < 2 * block; ++i) EXPECT_EQ(y[static_cast<size_t>(i)], 0.0f);  // zeros stay exact
+    }
   }
+}
+
+// Why blocks follow the flat grid (Note [Block int8]): four ranks' chunks of 100
+// elements over two parameters, a norm-like weight of 128 ones and then 272 small
+// weights (std 0.02), block 64. The parameter boundary, 128, is on the grid; the
+// chunks of ranks 1 and 3 start off it. Every small weight is quantized with a
+// scale from small weights only, whichever rank holds it: within half of its own
+// block's scale, far under the 1 / 254 a shared block with the ones would give.
+TEST(Quantize, BlocksFollowTheFlatGridAcrossRanks) {
+  const int64_t block = 64, n = 100, ranks = 4, boundary = 128;
+  torch::manual_seed(3);
+  at::Tensor flat = at::cat({torch::ones({boundary}), 0.02 * torch::randn({ranks * n - boundary})});
+  double worst_small = 0, small_amax = 0;
+  for (int64_t r = 0; r < ranks; ++r) {
+    const float* p = flat.data_ptr<float>() + r * n;
+    const std::vector<float> x(p, p + n);
+    const std::vector<float> y = roundtrip(x, block, Rounding::kNearest, 0, r * n);
+    for (int64_t i = 0; i < n; ++i) {
+      if (r * n + i < boundary) {
+        EXPECT_NEAR(y[static_cast<size_t>(i)], 1.0f, 1e-6) << "rank " << r << " element " << i;
+        continue;
+      }
+      const double err = std::fabs(x[static_cast<size_t>(i)] - y[static_cast<size_t>(i)]);
+      ASSERT_LE(err, ref_scale(x, i, block, r * n) / 2 * (1 + 1e-5) + 1e-30) << "rank " << r << " element " << i;
+      worst_small = std::max(worst_small, err);
+      small_amax = std::max(small_amax, std::fabs(static_cast<double>(x[static_cast<size_t>(i)])));
+    }
+  }
+  EXPECT_LE(worst_small, small_amax / 254 * (1 + 1e-5));
+  EXPECT_LT(worst_small, 0.25 / 254) << "a small weight shared a scale with the ones";
 }
 
 TEST(Quantize, StochasticRoundingIsUnbiasedBoundedAndReproducible) {
@@ -103,14 +164,14 @@ TEST(Quantize, StochasticRoundingIsUnbiasedBoundedAndReproducible) {
   for (int t = 0; t < trials; ++t) {
     const std::vector<float> y = roundtrip(x, block, Rounding::kStochastic, 1000 + t);
     for (int64_t i = 0; i < n; ++i) {
-      const double s = ref_scale(x, i / block, block);
+      const double s = ref_scale(x, i, block, 0);
       ASSERT_LT(std::fabs(x[static_cast<size_t>(i)] - y[static_cast<size_t>(i)]), s * (1 + 1e-5) + 1e-30);
       mean[static_cast<size_t>(i)] += y[static_cast<size_t>(i)] / trials;
     }
   }
   for (int64_t i = 0; i < n; ++i) {
     // The mean of `trials` draws, each off by less than s: within 5 standard errors of x.
-    const double s = ref_scale(x, i / block, block);
+    const double s = ref_scale(x, i, block, 0);
     EXPECT_LE(std::fabs(mean[static_cast<size_t>(i)] - x[static_cast<size_t>(i)]), 5 * s / 2 / std::sqrt(trials) + 1e-30)
         << "element " << i;
   }
@@ -119,12 +180,12 @@ TEST(Quantize, StochasticRoundingIsUnbiasedBoundedAndReproducible) {
   std::vector<uint8_t> a(static_cast<size_t>(detail::int8_chunk_bytes(1 << 18, 256))), b(a.size());
   const int threads = at::get_num_threads();
   at::set_num_threads(1);
-  detail::quantize_int8(big.data(), 1 << 18, 256, Rounding::kStochastic, 42, a.data());
+  detail::quantize_int8(big.data(), 1 << 18, 0, 256, Rounding::kStochastic, 42, a.data());
   at::set_num_threads(2);
-  detail::quantize_int8(big.data(), 1 << 18, 256, Rounding::kStochastic, 42, b.data());
+  detail::quantize_int8(big.data(), 1 << 18, 0, 256, Rounding::kStochastic, 42, b.data());
   at::set_num_threads(threads);
   EXPECT_EQ(a, b);
-  detail::quantize_int8(big.data(), 1 << 18, 256, Rounding::kStochastic, 43, b.data());
+  detail::quantize_int8(big.data(), 1 << 18, 0, 256, Rounding::kStochastic, 43, b.data());
   EXPECT_NE(a, b);
 }
 
@@ -135,9 +196,9 @@ TEST(Quantize, NonFiniteValuesArriveAsNaNAndDequantizeAddAccumulates) {
   EXPECT_NEAR(y[4], 3.0f, 3.0f / 254);
   std::vector<uint8_t> wire(static_cast<size_t>(detail::int8_chunk_bytes(3, 3)));
   const std::vector<float> z = {1.0f, 2.0f, 3.0f};
-  detail::quantize_int8(z.data(), 3, 3, Rounding::kNearest, 0, wire.data());
+  detail::quantize_int8(z.data(), 3, 0, 3, Rounding::kNearest, 0, wire.data());
   std::vector<float> acc = {10.0f, 20.0f, 30.0f};
-  detail::dequantize_int8_add(wire.data(), 3, 3, acc.data());
+  detail::dequantize_int8_add(wire.data(), 3, 0, 3, acc.data());
   for (int i = 0; i < 3; ++i) EXPECT_NEAR(acc[static_cast<size_t>(i)], 11.0f * (i + 1), 3.0f / 254);
 }
 
@@ -241,8 +302,8 @@ TEST(Compression, AReduceThatDividesOrSumsIsRefusedWithACompressedReduceScatter)
 // parameters unsharded from forward to the end of backward, so after forward
 // each parameter is read and held against the master copy (gather_unit)
 // with the format's bound: bf16 within half a unit in the 8th significant
-// bit, int8 within half of its block's scale (blocks of 64 elements of each
-// rank's shard).
+// bit, int8 within half of its block's scale (blocks of 64 elements on the
+// flat parameter's grid, cut at each rank's shard).
 TEST(Compression, GatheredParametersAreTheMastersWithinTheFormatsError) {
   testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
     for (const Case& c : kCases) {
@@ -260,12 +321,13 @@ TEST(Compression, GatheredParametersAreTheMastersWithinTheFormatsError) {
         const UnitInfo& info = sharded->units()[u];
         const at::Tensor m = masters[u];
         const float* mp = m.data_ptr<float>();
-        // The int8 bound of flat element i: half the scale of its block of its rank's shard.
+        // The int8 bound of flat element i: half the scale of its block of the flat grid
+        // ([64k, 64(k + 1))), cut at the ends of its rank's shard.
         std::vector<double> half_scale(static_cast<size_t>(info.numel), 0.0);
         for (int64_t i = 0; i < info.numel; ++i) {
-          const int64_t r = i / info.shard_numel, j = i % info.shard_numel, b = j / 64;
-          const int64_t b0 = r * info.shard_numel + b * 64;
-          const int64_t b1 = std::min({b0 + 64, (r + 1) * info.shard_numel, info.numel});
+          const int64_t r = i / info.shard_numel, k = i / 64;
+          const int64_t b0 = std::max(r * info.shard_numel, k * 64);
+          const int64_t b1 = std::min({(k + 1) * 64, (r + 1) * info.shard_numel, info.numel});
           double amax = 0;
           for (int64_t k = b0; k < b1; ++k) amax = std::max(amax, std::fabs(static_cast<double>(mp[k])));
           half_scale[static_cast<size_t>(i)] = amax / 127 / 2;
