@@ -249,6 +249,28 @@ def seeds_table(by_seed, key, label):
     return "\n".join(lines)
 
 
+def measure_all(a, seeds, names, build, tmp, by_seed):
+    """Every row of every seed, kept ones reused (--keep), into by_seed[seed][row]."""
+    data, held = corpus_files(a.corpus, tmp)
+    for seed in seeds:
+        out = by_seed[seed] = {}
+        for name in ["fp32", *names]:
+            key = {"row": name, "flags": ROWS[name][0], "ranks": ROWS[name][1], "seed": seed, "steps": a.steps,
+                   "seq_len": a.seq_len, "batch_size": a.batch_size, "corpus": a.corpus, "fsdp_train": build,
+                   "python": sys.version.split()[0]}  # pydoc's topics are the interpreter's
+            out[name] = r = reuse(a.keep, key)
+            how = "kept"
+            if r is None:
+                out[name] = r = run(a, name, seed, tmp, data, held)
+                how = f"{r['seconds']:.0f} s"
+                if a.keep:
+                    keep(a.keep, key, r)
+            heldout = "" if r["heldout"] is None else \
+                f", held-out {r['heldout']:.4f} (exported masters {r['masters']:.4f})"
+            print(f"seed {seed} {name:18s} loss {r['first']:.4f} -> last {r['last']:.4f}, mean of the last "
+                  f"{TAIL} {r['tail']:.4f}{heldout} ({how})", flush=True)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--train", required=True)
@@ -287,25 +309,15 @@ def main():
     if a.keep:
         Path(a.keep).mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(prefix="fsdp-loss-gap.") as d:
-        tmp = Path(d)
-        data, held = corpus_files(a.corpus, tmp)
-        for seed in seeds:
-            out = by_seed[seed] = {}
-            for name in ["fp32", *names]:
-                key = {"row": name, "flags": ROWS[name][0], "ranks": ROWS[name][1], "seed": seed, "steps": a.steps,
-                       "seq_len": a.seq_len, "batch_size": a.batch_size, "corpus": a.corpus, "fsdp_train": build,
-                       "python": sys.version.split()[0]}  # pydoc's topics are the interpreter's
-                out[name] = r = reuse(a.keep, key)
-                how = "kept"
-                if r is None:
-                    out[name] = r = run(a, name, seed, tmp, data, held)
-                    how = f"{r['seconds']:.0f} s"
-                    if a.keep:
-                        keep(a.keep, key, r)
-                heldout = "" if r["heldout"] is None else \
-                    f", held-out {r['heldout']:.4f} (exported masters {r['masters']:.4f})"
-                print(f"seed {seed} {name:18s} loss {r['first']:.4f} -> last {r['last']:.4f}, mean of the last "
-                      f"{TAIL} {r['tail']:.4f}{heldout} ({how})", flush=True)
+        try:
+            measure_all(a, seeds, names, build, Path(d), by_seed)
+        except (RuntimeError, subprocess.TimeoutExpired) as e:  # a row's fsdp-train failed (its log's tail above)
+            if isinstance(e, subprocess.TimeoutExpired):
+                e = f"fsdp-train ran past --timeout-s {a.timeout_s:.0f} ({' '.join(map(str, e.cmd[:2]))} ...)"
+            resume = f"; the rows finished before it are kept in {a.keep}: the same command resumes after them" \
+                if a.keep else "; rerun with --keep DIR to keep each row as it finishes"
+            print(f"loss_gap.py: {e}{resume}", file=sys.stderr)
+            return 1
     first = by_seed[seeds[0]]
     table = one_seed_table(first) if len(seeds) == 1 else "\n\n".join(
         seeds_table(by_seed, k, label) for k, label in measures(first) if k != "last")
