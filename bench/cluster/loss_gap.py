@@ -69,6 +69,10 @@ ROWS = {
     "rs-bf16": (["--reduce-scatter-wire", "bf16"], RANKS),
     "rs-int8": (["--reduce-scatter-wire", "int8"], RANKS),
     "ag-int8+rs-bf16": (["--all-gather-wire", "int8", "--reduce-scatter-wire", "bf16"], RANKS),
+    # The same at a quarter of the default block (256): four times the scales, a quarter of the
+    # largest rounding step within a block (docs/compression.md, the chunk size formula).
+    "ag-int8+rs-bf16-b64": (["--all-gather-wire", "int8", "--reduce-scatter-wire", "bf16",
+                             "--quant-block", "64"], RANKS),
     # Not a wire format: fp32 at one rank with the whole batch, the same samples per
     # step summed in another order. Its gap to fp32 is what rounding alone moves the
     # end of this run by: the floor under which a wire format's gap says nothing.
