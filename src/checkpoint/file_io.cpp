@@ -14,6 +14,7 @@
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/files.h"
+#include "fsdp/common/remove.h"
 
 namespace fsdp::checkpoint::io {
 namespace {
@@ -21,7 +22,9 @@ namespace {
 [[noreturn]] void fail_errno(const char* op, const std::string& path) {
   const int e = errno;
   FSDP_FAIL("checkpoint I/O: ", op, " ", path, " failed: ", std::strerror(e),
-            e == ENOSPC ? " — the disk is full; free space or choose another --checkpoint-dir" : "");
+            e == ENOSPC || e == EFBIG || e == EDQUOT
+                ? " — the disk is full (or a quota or file-size limit is reached); free space or write elsewhere"
+                : "");
 }
 
 }  // namespace
@@ -50,13 +53,18 @@ File File::create(const std::string& path) {
   return f;
 }
 
-File File::open_read(const std::string& path) {
+File File::open_read(const std::string& path, Links links) {
   File f;
   f.path_ = path;
   // O_NONBLOCK and the kind on the descriptor: a FIFO or a device planted in a
   // checkpoint or an --init-from directory is refused, never waited on or read
   // without end (Note [Input files] in common/files.h).
-  f.fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  const int nofollow = links == Links::kRefuse ? O_NOFOLLOW : 0;
+  f.fd_ = ::open(path.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC | nofollow);
+  if (f.fd_ < 0 && errno == ELOOP && links == Links::kRefuse) {
+    FSDP_FAIL(path, " is a symbolic link: a checkpoint's files are its own, and one from elsewhere must not name a "
+              "file of this machine; replace the link with the file that belongs there");
+  }
   if (f.fd_ < 0) fail_errno("open", path);
   struct stat st {};
   FSDP_CHECK(::fstat(f.fd_, &st) == 0 && S_ISREG(st.st_mode), path, " is ", path_kind(path),
@@ -134,35 +142,28 @@ void fsync_dir(const std::string& dir) {
 }
 
 void rename_path(const std::string& from, const std::string& to) {
-  if (std::rename(from.c_str(), to.c_str()) != 0) fail_errno(("rename to " + to + ":").c_str(), from);
+  if (const int e = rename_entry(from, to); e != 0) {
+    FSDP_FAIL("checkpoint I/O: rename of ", from, " to ", to, " failed: ", std::strerror(e));
+  }
 }
-
-namespace {
-// renameat2(RENAME_EXCHANGE) swaps two paths atomically (Linux >= 3.15).
-bool exchange_paths(const std::string& a, const std::string& b) {
-#ifdef RENAME_EXCHANGE
-  return ::renameat2(AT_FDCWD, a.c_str(), AT_FDCWD, b.c_str(), RENAME_EXCHANGE) == 0;
-#else
-  (void)a;
-  (void)b;
-  return false;
-#endif
-}
-}  // namespace
 
 void replace_directory(const std::string& tmp, const std::string& final, bool keep_marker) {
   namespace fs = std::filesystem;
   const fs::path f(final);
   const std::string parent = f.parent_path().empty() ? "." : f.parent_path().string();
-  std::error_code ec;
-  if (fs::exists(f, ec)) {
+  const EntryKind was = entry_kind(final);
+  FSDP_CHECK(was != EntryKind::kOther, final, " exists and is not a directory; move it away or choose another path");
+  if (was != EntryKind::kNone) {
     const std::string old = (f.parent_path() / (".old-" + f.filename().string())).string();
     remove_owned_directory(old);  // Note [Ownership of what we delete]: never a directory we did not create
     // The previous contents are ours (the caller checked): marked before they
-    // move, so wherever a kill leaves them (.tmp-, .old-) they are recognisably ours.
-    if (!is_owned_directory(final)) mark_owned(final);
-    if (exchange_paths(tmp, final)) {
-      rename_path(tmp, old);  // tmp now holds the previous contents
+    // move, so wherever a kill leaves them (.tmp-, .old-) they are recognisably
+    // ours. A link (a checkpoint linked in from elsewhere) is replaced as a
+    // link: nothing is written into, or removed from, what it points to
+    // (Note [Removing without following links]).
+    if (was == EntryKind::kDirectory && !is_owned_directory(final)) mark_owned(final);
+    if (exchange_entries(tmp, final)) {
+      rename_path(tmp, old);  // tmp now holds the previous entry
     } else {
       rename_path(final, old);
       rename_path(tmp, final);
@@ -172,7 +173,7 @@ void replace_directory(const std::string& tmp, const std::string& final, bool ke
   } else {
     rename_path(tmp, final);
   }
-  if (!keep_marker) fs::remove(f / kOwnedMarker, ec);
+  if (!keep_marker) (void)remove_tree((f / kOwnedMarker).string());
   fsync_dir(parent);
 }
 
@@ -183,8 +184,10 @@ void write_text_file(const std::string& path, const std::string& text) {
   f.close();
 }
 
-std::string read_text_file(const std::string& path) {
-  File f = File::open_read(path);
+std::string read_text_file(const std::string& path) { return read_text_file(path, File::Links::kFollow); }
+
+std::string read_text_file(const std::string& path, File::Links links) {
+  File f = File::open_read(path, links);
   const int64_t n = f.size();
   std::string s(static_cast<size_t>(n), '\0');
   if (n > 0) f.pread_all(s.data(), static_cast<size_t>(n), 0);

@@ -20,7 +20,12 @@ class File {
 
   // New file (truncated if it exists), write-only.
   static File create(const std::string& path);
-  static File open_read(const std::string& path);
+  // Whether open_read follows a symbolic link at the path's last component.
+  enum class Links {
+    kFollow,  // a file the user named, or one of a model directory (the Hugging Face cache links its files)
+    kRefuse,  // a file inside a checkpoint: its files are its own, never links to files elsewhere (issue 50)
+  };
+  static File open_read(const std::string& path, Links links = Links::kFollow);
 
   void write_all(const void* data, size_t n);
   // Reads exactly n bytes at `offset`; a short read (the file is shorter than
@@ -59,6 +64,8 @@ class MappedFile {
 
 // fsync of a directory, so renames and new entries inside it are durable.
 void fsync_dir(const std::string& dir);
+// The whole file, read as File::open_read(path, links) reads it.
+std::string read_text_file(const std::string& path, File::Links links);
 // rename(2): atomic on one file system.
 void rename_path(const std::string& from, const std::string& to);
 // Moves directory `tmp` to `final` (same parent) and fsyncs the parent. An

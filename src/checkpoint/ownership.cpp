@@ -9,11 +9,11 @@
 #include <cstdlib>
 #include <cstring>
 #include <filesystem>
-#include <vector>
 
 #include "file_io.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/files.h"
+#include "fsdp/common/remove.h"
 
 namespace fsdp::checkpoint {
 
@@ -52,18 +52,22 @@ void create_owned_directory(const std::string& path) {
 }
 
 void mark_owned(const std::string& path) {
+  // Never through a link: the marker would land in the directory it points to,
+  // which is not ours (Note [Removing without following links]).
+  FSDP_ASSERT(entry_kind(path) == EntryKind::kDirectory, "mark_owned(", path, "): not a directory of ours");
   io::write_text_file((fs::path(path) / kOwnedMarker).string(), kMarkerText);
 }
 
 bool is_owned_directory(const std::string& path) {
-  std::error_code ec;
-  return fs::is_directory(path, ec) && fs::is_regular_file(fs::path(path) / kOwnedMarker, ec);
+  return entry_kind(path) == EntryKind::kDirectory && entry_kind((fs::path(path) / kOwnedMarker).string()) ==
+                                                           EntryKind::kOther;
 }
 
 void check_removable(const std::string& path) {
   std::error_code ec;
-  if (!fs::exists(fs::symlink_status(path, ec))) return;
-  if (fs::is_directory(fs::symlink_status(path, ec)) && (is_owned_directory(path) || holds_nothing(path))) return;
+  const EntryKind kind = entry_kind(path);
+  if (kind == EntryKind::kNone) return;
+  if (kind == EntryKind::kDirectory && (is_owned_directory(path) || holds_nothing(path))) return;
   // Gone meanwhile: another rank's remove_owned_directory finished.
   FSDP_CHECK(!fs::exists(fs::symlink_status(path, ec)), refusal(path));
 }
@@ -72,40 +76,13 @@ void remove_owned_directory(const std::string& path) {
   check_removable(path);
   // The marker goes last, so that whoever looks meanwhile (another rank
   // checking the directory at start-up) sees a marked or an empty directory.
-  std::error_code ec;
-  std::vector<fs::path> contents;
-  for (const auto& e : fs::directory_iterator(path, ec)) {
-    if (e.path().filename() != kOwnedMarker) contents.push_back(e.path());
-  }
-  for (const auto& p : contents) {
-    if (!ec) fs::remove_all(p, ec);
-  }
-  if (!ec) fs::remove(fs::path(path) / kOwnedMarker, ec);
-  if (!ec) fs::remove(path, ec);
-  if (ec && ec != std::errc::no_such_file_or_directory) {
-    FSDP_FAIL("cannot remove ", path, ": ", ec.message(), "; remove it by hand");
+  if (const std::string why = remove_tree(path, kOwnedMarker); !why.empty()) {
+    FSDP_FAIL("cannot remove ", path, ": ", why, "; remove it by hand");
   }
 }
 
 bool discard_owned_directory(const std::string& path) noexcept {
-  try {
-    std::error_code ec;
-    if (!fs::exists(fs::symlink_status(path, ec))) return true;
-    std::vector<fs::path> contents;
-    for (const auto& e : fs::directory_iterator(path, ec)) {
-      if (e.path().filename() != kOwnedMarker) contents.push_back(e.path());
-    }
-    bool ok = !ec;
-    for (const auto& p : contents) {
-      fs::remove_all(p, ec);
-      ok = ok && !ec;
-    }
-    if (!ok) return false;  // the marker stays with what is left
-    fs::remove(fs::path(path) / kOwnedMarker, ec);
-    return fs::remove(path, ec) && !ec;
-  } catch (const std::exception&) {
-    return false;
-  }
+  return remove_tree(path, kOwnedMarker).empty();  // a link: only the link
 }
 
 void check_writable(const std::string& path, const std::string& flag, bool directory) {
@@ -141,7 +118,7 @@ void check_writable(const std::string& path, const std::string& flag, bool direc
       FSDP_CHECK(false, flag, " ", path, exists ? " is not writable" : " cannot be created", ": creating an entry in ",
                  probe.string(), " fails (", std::strerror(e), "); choose a path in a directory you can write to");
     }
-    ::rmdir(name.c_str());
+    (void)remove_tree(name);  // the empty probe this call made
   }
 }
 
@@ -208,7 +185,7 @@ DirectoryLock::~DirectoryLock() {
   struct stat named {};
   if (::fstat(fd_, &held) == 0 && ::lstat(path_.c_str(), &named) == 0 && S_ISREG(named.st_mode) &&
       held.st_ino == named.st_ino && held.st_dev == named.st_dev) {
-    ::unlink(path_.c_str());
+    (void)remove_tree(path_);
   }
   ::close(fd_);
 }

@@ -11,6 +11,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/common/files.h"
+#include "fsdp/common/remove.h"
 
 namespace fsdp {
 
@@ -105,7 +106,7 @@ void write_output_file(const std::string& path, const std::string& text, const s
   }
   const std::string tmp = real + ".tmp-fsdp-" + std::to_string(::getpid());
   struct stat st {};
-  if (::lstat(tmp.c_str(), &st) == 0 && S_ISREG(st.st_mode)) ::unlink(tmp.c_str());  // a crashed run of this pid's
+  if (::lstat(tmp.c_str(), &st) == 0 && S_ISREG(st.st_mode)) (void)remove_tree(tmp);  // a crashed run of this pid's
   const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
   if (fd < 0) {
     const int e = errno;
@@ -117,9 +118,9 @@ void write_output_file(const std::string& path, const std::string& text, const s
   int e = write_all(fd, text);
   if (e == 0 && ::fsync(fd) != 0 && errno != EINVAL) e = errno;
   if (::close(fd) != 0 && e == 0) e = errno;
-  if (e == 0 && ::rename(tmp.c_str(), real.c_str()) != 0) e = errno;
+  if (e == 0) e = rename_entry(tmp, real);
   if (e != 0) {
-    ::unlink(tmp.c_str());  // created by this call (O_EXCL): ours to remove
+    (void)remove_tree(tmp);  // created by this call (O_EXCL): ours to remove
     fail_write(flag, path, e);
   }
   // The rename is durable once the directory is: best effort (a directory
