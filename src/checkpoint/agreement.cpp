@@ -23,6 +23,12 @@ int precedence(RankStatus::Kind k) {
   return 0;
 }
 
+}  // namespace
+
+nlohmann::json RankStatus::payload_json() const { return nlohmann::json::parse(payload); }
+
+namespace {
+
 std::string encode(const RankStatus& s) {
   return nlohmann::json{{"kind", static_cast<int>(s.kind)}, {"message", s.message}, {"file", s.file},
                         {"payload", s.payload}}

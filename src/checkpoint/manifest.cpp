@@ -63,6 +63,15 @@ std::string encode_words(const std::vector<uint32_t>& words) {
   return base64_encode(bytes);
 }
 
+void hand_saved_state(StateOwner& owner, const nlohmann::json& saved, const std::string& checkpoint,
+                      const std::string& file) {
+  try {
+    owner.load_state_metadata(saved);
+  } catch (const MalformedState& e) {
+    throw DamagedCheckpoint(checkpoint, file, detail::cat("the saved state \"", owner.state_key(), "\": ", e.what()));
+  }
+}
+
 Manifest read_manifest(const fs::path& dir) {
   const std::string name = dir.filename().string();
   auto damaged = [&](const std::string& file, const auto&... why) {
@@ -71,12 +80,12 @@ Manifest read_manifest(const fs::path& dir) {
   std::string text;
   std::string crc_text;
   try {
-    text = io::read_text_file((dir / kManifest).string());
+    text = io::read_text_file((dir / kManifest).string(), io::File::Links::kRefuse);
   } catch (const std::exception& e) {
     damaged(kManifest, "cannot be read (", e.what(), ")");
   }
   try {
-    crc_text = io::read_text_file((dir / kManifestCrc).string());
+    crc_text = io::read_text_file((dir / kManifestCrc).string(), io::File::Links::kRefuse);
   } catch (const std::exception& e) {
     damaged(kManifestCrc, "cannot be read (", e.what(), ")");
   }

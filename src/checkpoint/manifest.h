@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+#include "fsdp/common/state.h"
+
 namespace fsdp::checkpoint {
 
 constexpr const char* kFormat = "fsdp-cpp/sharded-checkpoint";
@@ -60,6 +62,12 @@ struct Manifest {
 std::string hex32(uint32_t v);
 // Per-block checksums travel in the manifest as base64 of their little-endian bytes.
 std::string encode_words(const std::vector<uint32_t>& words);
+
+// Hands `owner` its saved metadata (StateOwner::load_state_metadata). What the
+// owner finds malformed (MalformedState) is damage of the checkpoint: a
+// DamagedCheckpoint naming `checkpoint`, `file` and the owner's key.
+void hand_saved_state(StateOwner& owner, const nlohmann::json& saved, const std::string& checkpoint,
+                      const std::string& file);
 
 // Reads `dir`/manifest.json, checks it against manifest.crc32c and parses it.
 // Throws DamagedCheckpoint naming the checkpoint (dir's name) and the file.

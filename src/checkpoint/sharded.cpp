@@ -9,12 +9,14 @@
 #include <optional>
 #include <set>
 
+#include "carried.h"
 #include "file_io.h"
 #include "fsdp/checkpoint/ownership.h"
 #include "manifest.h"
 #include "fsdp/checkpoint/crc32c.h"
 #include "fsdp/checkpoint/dcp.h"
 #include "fsdp/common/encoding.h"
+#include "fsdp/common/remove.h"
 #include "progress.h"
 #include "save_job.h"
 #include "shard_position.h"
@@ -223,7 +225,8 @@ std::vector<fs::path> stale_temporaries(const std::string& dir) {
 void check_checkpoint_name_free(const fs::path& final) {
   std::error_code ec;
   if (!fs::exists(fs::symlink_status(final, ec))) return;
-  FSDP_CHECK(fs::is_directory(fs::symlink_status(final, ec)) && fs::exists(final / kManifest, ec), "cannot save ",
+  // A checkpoint linked in from elsewhere counts as one: a save replaces the link, never what it names.
+  FSDP_CHECK(fs::is_directory(final, ec) && fs::exists(final / kManifest, ec), "cannot save ",
              final.string(), ": it exists and is not a checkpoint (no ", kManifest, "), and this program never "
              "overwrites what it did not write; move it out of --checkpoint-dir ", final.parent_path().string(),
              " and resume");
@@ -376,7 +379,7 @@ int64_t read_file_ranges(const std::vector<const ReadRequest*>& reads, const Sav
                          const std::string& checkpoint, std::vector<uint8_t>& buffer, io::Progress& progress) {
   io::File file;
   try {
-    file = io::File::open_read(f.path);
+    file = io::File::open_read(f.path, io::File::Links::kRefuse);
   } catch (const std::exception& e) {
     throw DamagedCheckpoint(checkpoint, f.name, e.what());
   }
@@ -457,28 +460,45 @@ void raise_agreed(const Agreement& all, const std::string& name, const std::stri
 
 // A step_N saved with SaveOptions::dcp: its manifest is checked as any
 // checkpoint's (the model, each DCP file's size), the rest is the DCP reader's.
+// The manifest's carried files (an empty list when it names none).
+const nlohmann::json* carried_list(const Manifest& m) {
+  static const nlohmann::json kNone = nlohmann::json::array();
+  return m.json.contains("carried") ? &m.json.at("carried") : &kNone;
+}
+
 LoadResult load_dcp_checkpoint(const std::string& path, ShardedModel& model, const std::vector<StateOwner*>& owners,
                                comm::ProcessGroup& group, const LoadOptions& options) {
   const fs::path dir(path);
   const std::string name = dir.filename().string();
   Manifest m;
+  std::vector<CarriedFile> carried;
   const RankStatus status = RankStatus::capture([&] {
     m = read_manifest(dir);
     check_compatible(m, model.units(), name);
     if (!m.json.contains("dcp")) throw DamagedCheckpoint(name, kManifest, "names no DCP files, but the directory holds some");
-    for (const auto& f : m.json["dcp"].at("files")) {
-      const std::string file = f.at("name").get<std::string>();
+    const nlohmann::json& dcp = m.json["dcp"];
+    if (!dcp.is_object() || !dcp.contains("files") || !dcp["files"].is_array()) {
+      throw DamagedCheckpoint(name, kManifest, "\"dcp\" does not list the DCP files");
+    }
+    for (const auto& f : dcp["files"]) {
+      if (!f.is_object() || !f.contains("name") || !f["name"].is_string() || !is_entry_name(f["name"].get<std::string>()) ||
+          !f.contains("size") || !f["size"].is_number_unsigned()) {
+        throw DamagedCheckpoint(name, kManifest, "a DCP file entry is not {\"name\", \"size\"}: " + f.dump());
+      }
+      const std::string file = f["name"].get<std::string>();
       std::error_code ec;
+      if (fs::is_symlink(dir / file, ec)) throw DamagedCheckpoint(name, file, "is a symbolic link, not a file of its own");
       const auto size = fs::file_size(dir / file, ec);
       if (ec) throw DamagedCheckpoint(name, file, "cannot be read: " + ec.message());
-      if (static_cast<int64_t>(size) != f.at("size").get<int64_t>()) {
-        throw DamagedCheckpoint(name, file, detail::cat("has ", size, " bytes, the manifest says ", f.at("size").dump()));
+      if (size != f["size"].get<uint64_t>()) {
+        throw DamagedCheckpoint(name, file, detail::cat("has ", size, " bytes, the manifest says ", f["size"].dump()));
       }
     }
+    carried = read_carried_files(dir, carried_list(m), name);
   });
   raise_agreed(agree(group, status), name, path);
   DcpLoadOptions dl;
-  if (m.json["dcp"].value("layout", "torch") == "torchtitan") {
+  if (m.json["dcp"].contains("layout") && m.json["dcp"]["layout"] == "torchtitan") {
     FSDP_CHECK(options.dcp_names != nullptr, "checkpoint ", path, " was saved with torchtitan's names; loading it "
                "needs the model family's torchtitan names (LoadOptions::dcp_names)");
     dl.names = *options.dcp_names;
@@ -493,6 +513,7 @@ LoadResult load_dcp_checkpoint(const std::string& path, ShardedModel& model, con
   const nlohmann::json ts = result.saved(kTrainerKey);
   result.trainer_state = ts.is_object() ? ts : nlohmann::json::object();
   result.io = d.io;
+  result.carried = std::move(carried);
   return result;
 }
 
@@ -729,7 +750,7 @@ SaveResult commit_save(SaveJob& job, const RankStatus& written, comm::ProcessGro
   if (!job.dcp) {
     for (const auto& r : records.ranks()) {
       if (r.payload.empty()) continue;  // not a writer
-      nlohmann::json f = nlohmann::json::parse(r.payload);
+      nlohmann::json f = r.payload_json();
       bytes += f.at("size").get<int64_t>();
       files.push_back(std::move(f));
     }
@@ -749,7 +770,7 @@ SaveResult commit_save(SaveJob& job, const RankStatus& written, comm::ProcessGro
         nlohmann::json dcp_files = nlohmann::json::array();
         for (const auto& e : fs::directory_iterator(job.tmp)) {
           const std::string n = e.path().filename().string();
-          if (n == kOwnedMarker) continue;
+          if (n == kOwnedMarker || n == kCarriedDir) continue;
           dcp_files.push_back({{"name", n}, {"size", static_cast<int64_t>(e.file_size())}});
           bytes += static_cast<int64_t>(e.file_size());
         }
@@ -757,6 +778,7 @@ SaveResult commit_save(SaveJob& job, const RankStatus& written, comm::ProcessGro
                   [](const nlohmann::json& a, const nlohmann::json& b) { return a.at("name") < b.at("name"); });
         m["dcp"]["files"] = dcp_files;
       }
+      if (!job.options.carried.empty()) m["carried"] = write_carried_files(job.tmp, job.options.carried);
       const std::string text = m.dump(1) + "\n";
       io::write_text_file((fs::path(job.tmp) / kManifest).string(), text);
       io::write_text_file((fs::path(job.tmp) / kManifestCrc).string(), hex32(crc32c(text.data(), text.size())) + "\n");
@@ -773,6 +795,16 @@ SaveResult commit_save(SaveJob& job, const RankStatus& written, comm::ProcessGro
         }
         for (size_t i = static_cast<size_t>(job.options.keep_last); i < all.size(); ++i) {
           const fs::path doomed(all[i].path);
+          if (entry_kind(doomed.string()) == EntryKind::kLink) {
+            // A checkpoint linked in from elsewhere: the link goes, what it points
+            // to stays (Note [Removing without following links]).
+            if (const std::string why = remove_tree(doomed.string()); !why.empty()) {
+              FSDP_FAIL("cannot remove the link ", doomed.string(), ": ", why);
+            }
+            io::fsync_dir(root.string());
+            result.pruned.push_back(doomed.filename().string());
+            continue;
+          }
           const fs::path del = root / (".del-" + doomed.filename().string());
           remove_owned_directory(del.string());
           if (!is_owned_directory(doomed.string())) mark_owned(doomed.string());  // saved by an older version
@@ -821,8 +853,9 @@ LoadResult load_checkpoint(const std::string& path, ShardedModel& model, const s
     // The owners' metadata (the same on every rank): an owner refuses what does not fit it.
     for (StateOwner* owner : owners) {
       const std::string key = owner->state_key();
-      owner->load_state_metadata(m.state.contains(key) ? m.state.at(key) : nlohmann::json());
+      hand_saved_state(*owner, m.state.contains(key) ? m.state.at(key) : nlohmann::json(), name, kManifest);
     }
+    result.carried = read_carried_files(dir, carried_list(m), name);
     // Every file: present, with the size the manifest records.
     for (size_t f = 0; f < m.files.size(); ++f) {
       std::error_code ec;
@@ -887,7 +920,7 @@ LoadResult load_latest_checkpoint(const std::string& dir, ShardedModel& model,
   const Agreement all = agree(group, listed.ok() ? RankStatus::success(mine.dump()) : listed);
   all.raise_if_failed("listing the checkpoints in " + dir + " failed");
   const std::vector<std::string> candidates =
-      nlohmann::json::parse(all.ranks()[0].payload).get<std::vector<std::string>>();
+      all.ranks()[0].payload_json().get<std::vector<std::string>>();
   std::vector<std::string> rejected;
   for (const auto& c : candidates) {
     try {

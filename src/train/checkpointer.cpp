@@ -6,6 +6,7 @@
 #include <utility>
 
 #include "fsdp/common/error.h"
+#include "fsdp/common/files.h"
 #include "fsdp/common/memory.h"
 #include "fsdp/common/state.h"
 #include "fsdp/common/trace.h"
@@ -32,15 +33,27 @@ Checkpointer::Checkpointer(const CheckpointOptions& options, const DataOptions& 
   }
 }
 
+void Checkpointer::set_export_extras(ExportExtras extras) {
+  hf_extras_ = std::move(extras);
+  hf_record_ = export_record(hf_extras_);
+  carried_ = hf_extras_.files;
+  if (!enabled()) return;
+  for (checkpoint::CarriedFile& f : carried_) {
+    f.content = std::make_shared<const std::string>(
+        read_input_file(f.path, "the run's " + f.name, kMaxTokenizerBytes,
+                        "every checkpoint carries a copy of the tokenizer and generation files an export writes"));
+  }
+}
+
 // --- resume: the newest valid checkpoint of ours, else a distributed checkpoint at the top
 std::optional<int64_t> Checkpointer::resume(const SaveTarget& t, int64_t global_batch) {
   for (const auto& name : dir_.removed) say_(fmt::format("removed {}/{}, left by an interrupted save", o_.dir, name));
   if (!o_.resume) return std::nullopt;
   checkpoint::LoadOptions lo;
   lo.progress = progress_;
-  // The model's and the trainer's metadata are checked by resume_from.
+  // The model's metadata is checked by resume_from; the trainer's shape on load.
   MetadataState model(checkpoint::kModelKey, model_state_);
-  MetadataState trainer(checkpoint::kTrainerKey, nullptr);
+  MetadataState trainer(checkpoint::kTrainerKey, nullptr, check_trainer_state);
   const std::optional<checkpoint::DcpNames> titan = cfg_->torchtitan_names();
   lo.dcp_names = titan ? &*titan : nullptr;
   const checkpoint::LoadResult r =
@@ -76,7 +89,7 @@ void Checkpointer::resume_from_dcp(const SaveTarget& t, int64_t& step) {
   const checkpoint::DcpLayout layout = checkpoint::detect_dcp_layout(o_.dir);
   dl.names = dcp_names(layout);
   MetadataState model(checkpoint::kModelKey, model_state_);
-  MetadataState trainer(checkpoint::kTrainerKey, nullptr);
+  MetadataState trainer(checkpoint::kTrainerKey, nullptr, check_trainer_state);
   const checkpoint::DcpLoadResult r =
       checkpoint::load_dcp(o_.dir, t.model, {&model, &trainer, &t.optimizer}, t.group, dl);
   if (!model.loaded().is_null()) {
@@ -84,7 +97,7 @@ void Checkpointer::resume_from_dcp(const SaveTarget& t, int64_t& step) {
     FSDP_CHECK(diff.empty(), "checkpoint ", o_.dir, " was saved from another model (", diff, ")");
   }
   step = r.optimizer_step;
-  if (trainer.loaded().is_object() && trainer.loaded().contains("step")) step = trainer.loaded()["step"].get<int64_t>();
+  if (trainer.loaded().is_object()) step = trainer.loaded().value("step", step);  // checked on load: a count
   FSDP_CHECK(step >= 0, "the distributed checkpoint ", o_.dir, " holds no step count (no optimizer.state."
              "<name>.step, no train_state.step); it cannot resume training: start from its weights with --init-from");
   t.optimizer.set_step_count(step);
@@ -108,7 +121,8 @@ std::string Checkpointer::start_save(const SaveTarget& t, int64_t completed, int
   state.epochs = epochs;
   state.world_size = t.group.size();  // every rank: the scalars group spans the world
   state.schedule = &t.schedule;
-  state.hf_extras = &hf_extras_;
+  state.hf_extras = &hf_record_;
+  so.carried = carried_;  // Note [Carried files]: the snapshots
   state.scaler = t.scaler;
   MetadataState model(checkpoint::kModelKey, model_state_);
   MetadataState trainer(checkpoint::kTrainerKey, trainer_state(data_, step_, state));

@@ -20,6 +20,7 @@
 #include "fsdp/train/model_family.h"
 #include "fsdp/train/trainer.h"
 #include "train/console.h"
+#include "train/export.h"
 #include "train/reporter.h"
 
 namespace fsdp::train {
@@ -50,9 +51,12 @@ class Checkpointer {
   Checkpointer& operator=(const Checkpointer&) = delete;
 
   bool enabled() const { return !o_.dir.empty(); }
-  // Note [Export extras]: what --export-hf adds, recorded in every checkpoint.
-  void set_export_extras(nlohmann::json extras) { hf_extras_ = std::move(extras); }
-  const nlohmann::json& export_extras() const { return hf_extras_; }
+  // Note [Export extras]: what --export-hf adds, recorded (and its files
+  // carried) in every checkpoint.
+  // The files are read here, once: every checkpoint carries these copies
+  // (Note [Carried files]), whatever becomes of the files during the run.
+  void set_export_extras(ExportExtras extras);
+  const ExportExtras& export_extras() const { return hf_extras_; }
 
   // checkpoint.resume: loads the newest valid checkpoint of checkpoint.dir
   // (else a PyTorch distributed checkpoint at its top) into `t`, logging
@@ -91,7 +95,9 @@ class Checkpointer {
   const LogLine warn_;
   const bool progress_;
   const nlohmann::json model_state_;  // the model family's checkpoint metadata (model_family.h model_state)
-  nlohmann::json hf_extras_;
+  ExportExtras hf_extras_;
+  std::vector<checkpoint::CarriedFile> carried_;  // hf_extras_.files with their bytes (checkpoints only)
+  nlohmann::json hf_record_ = export_record(ExportExtras{});
   int64_t saved_at_ = -1;
   double stall_ = 0;
   double wait_ = 0;

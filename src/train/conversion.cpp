@@ -20,6 +20,7 @@
 #include "train/console.h"
 #include "train/export.h"
 #include "train/model_build.h"
+#include "train/run_state.h"
 
 namespace fsdp::train {
 
@@ -31,7 +32,7 @@ struct Source {
   std::string path;
   int64_t step = 0;
   bool with_optimizer = false;
-  nlohmann::json extras = nlohmann::json::object();
+  ExportExtras extras;  // its files: copies inside the checkpoint (Note [Carried files]), or the HF directory's
 };
 
 // The model, sharded over the world group as the run would have it.
@@ -65,7 +66,7 @@ Converting shard_for_conversion(const TrainOptions& o, const comm::Runtime& rt, 
 
 // A PyTorch distributed checkpoint at the top of --checkpoint-dir (Note [DCP keys]).
 Source load_dcp_source(const TrainOptions& o, Converting& c, const std::vector<StateOwner*>& owners,
-                       MetadataState& trainer, optim::AdamW& opt, const LogLine& say) {
+                       MetadataState& trainer, optim::AdamW& opt, const LogLine& say, const LogLine& warn) {
   checkpoint::DcpLoadOptions dl;
   if (checkpoint::detect_dcp_layout(o.checkpoint.dir) == checkpoint::DcpLayout::kTorchtitan) {
     const std::optional<checkpoint::DcpNames> titan = c.cfg->torchtitan_names();
@@ -78,9 +79,10 @@ Source load_dcp_source(const TrainOptions& o, Converting& c, const std::vector<S
   Source s;
   s.with_optimizer = r.optimizer_loaded;
   s.step = std::max<int64_t>(0, r.optimizer_step);
-  if (trainer.loaded().is_object()) {
+  if (trainer.loaded().is_object()) {  // checked on load (check_trainer_state)
     s.step = trainer.loaded().value("step", s.step);
-    s.extras = trainer.loaded().value("hf_export", s.extras);
+    s.extras = saved_export_extras(trainer.loaded().value("hf_export", nlohmann::json()), r.carried,
+                                   o.checkpoint.dir, warn);
   }
   if (s.with_optimizer && r.state->is_null()) opt.set_step_count(s.step);
   s.path = o.checkpoint.dir;
@@ -114,7 +116,7 @@ Source load_our_checkpoint(const TrainOptions& o, Converting& c, std::vector<Sta
                   megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
   s.step = r.step;
   s.path = r.path;
-  if (r.trainer_state->contains("hf_export")) s.extras = (*r.trainer_state)["hf_export"];
+  s.extras = saved_export_extras(r.trainer_state->value("hf_export", nlohmann::json()), r.carried, r.path, warn);
   return s;
 }
 
@@ -127,9 +129,7 @@ Source load_hf_source(const TrainOptions& o, Converting& c, bool progress, const
                   megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
   Source s;
   s.path = o.hf.init_from;
-  nlohmann::json files = nlohmann::json::array();
-  for (const auto& [path, name] : checkpoint::find_hf_side_files(o.hf.init_from)) files.push_back({path, name});
-  s.extras = {{"extra_config", nlohmann::json::object()}, {"extra_files", files}};
+  for (const auto& [path, name] : checkpoint::find_hf_side_files(o.hf.init_from)) s.extras.files.push_back({path, name});
   return s;
 }
 
@@ -146,6 +146,7 @@ void write_targets(const TrainOptions& o, Converting& c, const Source& s, std::v
       FSDP_CHECK(titan.has_value(), "--dcp-layout torchtitan: model '", c.cfg->name(), "' has no torchtitan layout");
       so.names = *titan;
     }
+    so.carried = s.extras.files;  // Note [Carried files]: the export of this DCP writes them too
     const checkpoint::IoStats io = checkpoint::save_dcp(o.checkpoint.export_dcp, *c.sharded, owners, *c.group, so);
     if (c.group->rank() == 0) {  // the model beside the weights: --init-from and convert read it
       write_output_file((std::filesystem::path(o.checkpoint.export_dcp) / "config.json").string(),
@@ -157,8 +158,10 @@ void write_targets(const TrainOptions& o, Converting& c, const Source& s, std::v
   }
   if (!o.checkpoint.export_checkpoint.empty()) {
     const checkpoint::CheckpointDirHold hold = checkpoint::open_checkpoint_dir(o.checkpoint.export_checkpoint, *c.group);
+    checkpoint::SaveOptions so;
+    so.carried = s.extras.files;
     const checkpoint::SaveResult r = checkpoint::save_checkpoint(o.checkpoint.export_checkpoint, s.step, *c.sharded,
-                                                                 owners, *c.group);
+                                                                 owners, *c.group, so);
     say(fmt::format("Wrote checkpoint {}{}: {} in {:.2f} s", r.path,
                     s.with_optimizer ? " (with optimizer state: --resume continues it)" : " (weights only)",
                     megabytes(r.io.bytes), r.io.seconds));
@@ -184,17 +187,20 @@ TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) 
   optim::AdamW opt(o.adamw);
   opt.add_shards(c.sharded->shards(), c.sharded->units(), optim::param_rule(o.param_groups));
   MetadataState model(checkpoint::kModelKey, model_state(*c.cfg));
-  MetadataState trainer(checkpoint::kTrainerKey, nullptr);
+  MetadataState trainer(checkpoint::kTrainerKey, nullptr, check_trainer_state);
   Source s;
   if (!o.hf.init_from.empty()) {
     s = load_hf_source(o, c, progress, say);
   } else if (checkpoint::list_checkpoints(o.checkpoint.dir).empty() && checkpoint::is_dcp_dir(o.checkpoint.dir)) {
-    s = load_dcp_source(o, c, {&model, &trainer, &opt}, trainer, opt, say);
+    s = load_dcp_source(o, c, {&model, &trainer, &opt}, trainer, opt, say, warn);
   } else {
     s = load_our_checkpoint(o, c, {&model, &trainer}, opt, progress, say, warn);
   }
-  MetadataState carried(checkpoint::kTrainerKey, trainer.loaded().is_object() ? trainer.loaded()
-                                                                                : nlohmann::json{{"step", s.step}});
+  // The trainer's state travels into a checkpoint target, its export record
+  // rewritten to name what is carried now.
+  nlohmann::json trainer_out = trainer.loaded().is_object() ? trainer.loaded() : nlohmann::json{{"step", s.step}};
+  trainer_out["hf_export"] = export_record(s.extras);
+  MetadataState carried(checkpoint::kTrainerKey, trainer_out);
   std::vector<StateOwner*> owners = {&model, &carried};
   if (s.with_optimizer) owners.push_back(&opt);
   write_targets(o, c, s, owners, progress, say, warn);

@@ -5,44 +5,52 @@
 
 #include <algorithm>
 #include <filesystem>
+#include <optional>
 
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/checkpoint/peft.h"
+#include "fsdp/common/error.h"
+#include "fsdp/common/state.h"
 #include "train/model_build.h"
 
 namespace fsdp::train {
 
 // Note [Export extras]
 // What --export-hf writes beside the weights and the model's config.json:
-//  - "extra_config": the special token ids when there is no --init-from (the
+//  - config: the special token ids when there is no --init-from (the
 //    tokenizer's; with --init-from its config.json's travel in the model
-//    config, see resolve_model_config);
-//  - "extra_files": [[absolute source path, file name], ...] copied as they
-//    are: the --init-from directory's tokenizer and generation files
-//    (checkpoint::find_hf_side_files), then the files of the run's own
-//    --tokenizer, which replace those of the same name (the model was trained
-//    with it): a model directory's tokenizer files; a tokenizer.json (also
-//    under another name) as tokenizer.json, with the tokenizer files beside a
-//    file named tokenizer.json; a SentencePiece model as the family's name
-//    for it (tokenizer.model; T5: spiece.model).
+//    config, see resolve_model_config). Nothing else: a key read back from a
+//    checkpoint outside kExportConfigKeys is damage (issue 50: a checkpoint
+//    from elsewhere must not put `auto_map` or `model_type` into config.json);
+//  - files, copied as they are: the --init-from directory's tokenizer and
+//    generation files (checkpoint::find_hf_side_files), then the files of the
+//    run's own --tokenizer, which replace those of the same name (the model
+//    was trained with it): a model directory's tokenizer files; a
+//    tokenizer.json (also under another name) as tokenizer.json, with the
+//    tokenizer files beside a file named tokenizer.json; a SentencePiece model
+//    as the family's name for it (tokenizer.model; T5: spiece.model).
 //    A tiktoken file (its format is not transformers') and "byte" add none.
-// The same JSON goes into every checkpoint's trainer_state ("hf_export"), so a
-// conversion of the checkpoint (Note [Checkpoint conversion]) writes what the
-// run's own --export-hf would have written.
-nlohmann::json export_extras(const TrainOptions& o, const ModelConfig& cfg, const data::Tokenizer& tokenizer,
-                             const std::optional<int64_t>& bos, const std::vector<int64_t>& eos) {
+// Every checkpoint records the config and the files' names (export_record)
+// and carries copies of the files (Note [Carried files] in
+// src/checkpoint/carried.h), so that a conversion of it (Note [Checkpoint
+// conversion]) writes what the run's own --export-hf would have written —
+// from the copies inside the checkpoint, never from a path it names.
+ExportExtras export_extras(const TrainOptions& o, const ModelConfig& cfg, const data::Tokenizer& tokenizer,
+                           const std::optional<int64_t>& bos, const std::vector<int64_t>& eos) {
   namespace fs = std::filesystem;
-  nlohmann::json config = nlohmann::json::object();
+  ExportExtras x;
   if (o.hf.init_from.empty()) {
-    config["bos_token_id"] = bos ? nlohmann::json(*bos) : nlohmann::json(nullptr);
-    config["eos_token_id"] = eos.empty() ? nlohmann::json(nullptr) : nlohmann::json(eos[0]);
+    x.config["bos_token_id"] = bos ? nlohmann::json(*bos) : nlohmann::json(nullptr);
+    x.config["eos_token_id"] = eos.empty() ? nlohmann::json(nullptr) : nlohmann::json(eos[0]);
   }
-  std::vector<std::pair<std::string, std::string>> files;
-  if (!o.hf.init_from.empty()) files = checkpoint::find_hf_side_files(o.hf.init_from);
+  std::vector<checkpoint::CarriedFile>& files = x.files;
+  if (!o.hf.init_from.empty()) {
+    for (const auto& [path, name] : checkpoint::find_hf_side_files(o.hf.init_from)) files.push_back({path, name});
+  }
   auto own = [&](const std::string& path, const std::string& name) {
-    files.erase(std::remove_if(files.begin(), files.end(), [&](const auto& f) { return f.second == name; }),
+    files.erase(std::remove_if(files.begin(), files.end(), [&](const auto& f) { return f.name == name; }),
                 files.end());
-    files.emplace_back(path, name);
+    files.push_back({path, name});
   };
   // A directory's tokenizer files; its generation_config.json belongs to a model, not to the tokenizer.
   auto own_directory = [&](const fs::path& dir) {
@@ -61,33 +69,103 @@ nlohmann::json export_extras(const TrainOptions& o, const ModelConfig& cfg, cons
   } else if (kind == "sentencepiece") {
     own(fs::absolute(spec, ec).string(), cfg.sentencepiece_file_name());
   }
-  nlohmann::json list = nlohmann::json::array();
-  for (const auto& [path, name] : files) list.push_back({path, name});
-  return {{"extra_config", config}, {"extra_files", list}};
+  return x;
+}
+
+namespace {
+
+// The config.json keys an export takes from its extras (Note [Export extras]).
+const std::vector<std::string> kExportConfigKeys = {"bos_token_id", "eos_token_id"};
+
+bool is_side_file(const std::string& name) {
+  const auto& side = checkpoint::hf_side_file_names();
+  return std::find(side.begin(), side.end(), name) != side.end();
+}
+
+// A token id: null, a non-negative integer, or (eos) a short list of them.
+bool is_token_id(const nlohmann::json& v) {
+  const auto one = [](const nlohmann::json& x) { return x.is_number_unsigned(); };
+  if (v.is_null() || one(v)) return true;
+  return v.is_array() && v.size() <= 64 && std::all_of(v.begin(), v.end(), one);
+}
+
+// A file name of the record: a name (this version), or [path, name] (earlier ones; the path is ignored).
+std::optional<std::string> recorded_name(const nlohmann::json& f) {
+  if (f.is_string()) return f.get<std::string>();
+  if (f.is_array() && f.size() == 2 && f[0].is_string() && f[1].is_string()) return f[1].get<std::string>();
+  return std::nullopt;
+}
+
+}  // namespace
+
+nlohmann::json export_record(const ExportExtras& extras) {
+  nlohmann::json names = nlohmann::json::array();
+  for (const auto& f : extras.files) names.push_back(f.name);
+  return {{"extra_config", extras.config}, {"extra_files", names}};
+}
+
+void check_export_record(const nlohmann::json& record) {
+  auto bad = [](const auto&... why) { throw MalformedState(detail::cat("its export record: ", why...)); };
+  if (!record.is_object()) bad("not an object but ", record.dump());
+  for (auto it = record.begin(); it != record.end(); ++it) {
+    if (it.key() != "extra_config" && it.key() != "extra_files") bad("an unknown key \"", it.key(), "\"");
+  }
+  const nlohmann::json config = record.value("extra_config", nlohmann::json::object());
+  if (!config.is_object()) bad("extra_config is not an object");
+  for (auto it = config.begin(); it != config.end(); ++it) {
+    if (std::find(kExportConfigKeys.begin(), kExportConfigKeys.end(), it.key()) == kExportConfigKeys.end()) {
+      bad("extra_config names \"", it.key(), "\", which an export never takes from a checkpoint (only bos_token_id "
+          "and eos_token_id)");
+    }
+    if (!is_token_id(it.value())) bad("extra_config \"", it.key(), "\" is ", it.value().dump(), ", not a token id");
+  }
+  const nlohmann::json files = record.value("extra_files", nlohmann::json::array());
+  if (!files.is_array() || files.size() > checkpoint::hf_side_file_names().size()) bad("extra_files is not a list of names");
+  for (const nlohmann::json& f : files) {
+    const std::optional<std::string> name = recorded_name(f);
+    if (!name || !is_side_file(*name)) {
+      bad("extra_files names ", f.dump(), ", not one of the tokenizer and generation files an export carries");
+    }
+  }
+}
+
+ExportExtras saved_export_extras(const nlohmann::json& record, const std::vector<checkpoint::CarriedFile>& carried,
+                                 const std::string& checkpoint, const LogLine& warn) {
+  ExportExtras x;
+  if (!record.is_object()) return x;
+  check_export_record(record);  // checked on load already; again for a caller that did not load it
+  x.config = record.value("extra_config", nlohmann::json::object());
+  for (const nlohmann::json& f : record.value("extra_files", nlohmann::json::array())) {
+    const std::string name = *recorded_name(f);
+    const auto copy = std::find_if(carried.begin(), carried.end(), [&](const auto& c) { return c.name == name; });
+    if (copy != carried.end()) {
+      x.files.push_back(*copy);
+    } else {
+      warn(fmt::format("checkpoint {} carries no copy of the run's {} (saved by an earlier version, which recorded "
+                       "only its path): the export has no {}; copy it there by hand", checkpoint, name, name));
+    }
+  }
+  return x;
 }
 
 namespace {
 
 // The export options of --export-hf with the extras above. Carried files that
-// no longer exist (a conversion long after the run) are left out, each named
+// no longer exist (the run's own, removed meanwhile) are left out, each named
 // through `warn`.
-checkpoint::HfExportOptions export_options(const TrainOptions& o, const nlohmann::json& extras, bool progress,
+checkpoint::HfExportOptions export_options(const TrainOptions& o, const ExportExtras& extras, bool progress,
                                            const LogLine& warn) {
   checkpoint::HfExportOptions eo;
   eo.dtype = o.hf.export_dtype;
   eo.max_shard_bytes = o.hf.export_shard_bytes;
   eo.progress = progress;
-  if (extras.contains("extra_config")) eo.extra_config = extras["extra_config"];
-  if (extras.contains("extra_files")) {
-    for (const auto& f : extras["extra_files"]) {
-      const std::string path = f.at(0).get<std::string>();
-      const std::string name = f.at(1).get<std::string>();
-      if (std::filesystem::is_regular_file(path)) {
-        eo.extra_files.emplace_back(path, name);
-      } else {
-        warn(fmt::format("{} (the run's {}) no longer exists: the export has no {}; copy it there by hand", path,
-                         name, name));
-      }
+  eo.extra_config = extras.config;
+  for (const auto& f : extras.files) {
+    if (std::filesystem::is_regular_file(f.path)) {
+      eo.extra_files.emplace_back(f.path, f.name);
+    } else {
+      warn(fmt::format("{} (the run's {}) no longer exists: the export has no {}; copy it there by hand", f.path,
+                       f.name, f.name));
     }
   }
   return eo;
@@ -96,7 +174,7 @@ checkpoint::HfExportOptions export_options(const TrainOptions& o, const nlohmann
 }  // namespace
 
 void export_and_report(const TrainOptions& o, ShardedModel& sharded, const ModelConfig& cfg,
-                       comm::ProcessGroup& group, const nlohmann::json& extras, bool progress, const LogLine& say,
+                       comm::ProcessGroup& group, const ExportExtras& extras, bool progress, const LogLine& say,
                        const LogLine& warn) {
   checkpoint::HfExportOptions eo = export_options(o, extras, progress, warn);
   checkpoint::HfExportResult e;

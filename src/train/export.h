@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "fsdp/checkpoint/sharded.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/fsdp.h"
@@ -17,11 +18,29 @@
 
 namespace fsdp::train {
 
+// What --export-hf writes beside the weights (Note [Export extras]).
+struct ExportExtras {
+  nlohmann::json config = nlohmann::json::object();  // merged into config.json: special token ids only
+  std::vector<checkpoint::CarriedFile> files;         // copied into the export: (source path, file name)
+};
+
 // The extras of Note [Export extras] for a run of `o` with `tokenizer`
-// (whose special token ids are `bos` and `eos`), as the JSON every
-// checkpoint records.
-nlohmann::json export_extras(const TrainOptions& o, const ModelConfig& cfg, const data::Tokenizer& tokenizer,
-                             const std::optional<int64_t>& bos, const std::vector<int64_t>& eos);
+// (whose special token ids are `bos` and `eos`).
+ExportExtras export_extras(const TrainOptions& o, const ModelConfig& cfg, const data::Tokenizer& tokenizer,
+                           const std::optional<int64_t>& bos, const std::vector<int64_t>& eos);
+
+// What every checkpoint records of `extras` ("hf_export" in the trainer's
+// state): the config keys and the files' names, never their paths (the
+// checkpoint carries copies: Note [Carried files] in src/checkpoint/carried.h).
+nlohmann::json export_record(const ExportExtras& extras);
+// MalformedState unless `record` is what export_record writes (or what an
+// earlier version wrote: [path, name] pairs, whose paths are ignored).
+void check_export_record(const nlohmann::json& record);
+// The extras of a checkpoint: its record's config, and the copies it carries
+// of the files the record names. A named file without a copy (a checkpoint
+// written before checkpoints carried them) is said through `warn`.
+ExportExtras saved_export_extras(const nlohmann::json& record, const std::vector<checkpoint::CarriedFile>& carried,
+                                 const std::string& checkpoint, const LogLine& warn);
 
 // Collective over `group`: writes hf.export_dir (the weights of `sharded` as
 // Hugging Face safetensors and config.json of `cfg`, or with LoRA the PEFT
@@ -29,7 +48,7 @@ nlohmann::json export_extras(const TrainOptions& o, const ModelConfig& cfg, cons
 // it wrote through `say`; carried files that no longer exist are named
 // through `warn`.
 void export_and_report(const TrainOptions& o, ShardedModel& sharded, const ModelConfig& cfg,
-                       comm::ProcessGroup& group, const nlohmann::json& extras, bool progress, const LogLine& say,
+                       comm::ProcessGroup& group, const ExportExtras& extras, bool progress, const LogLine& say,
                        const LogLine& warn);
 
 // UsageError unless hf.export_dir may receive this run's export (a LoRA run

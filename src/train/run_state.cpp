@@ -2,14 +2,18 @@
 
 #include <fmt/format.h>
 
+#include <cmath>
 #include <filesystem>
 #include <sstream>
 
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/files.h"
+#include "fsdp/common/json_input.h"
 #include "fsdp/common/output_file.h"
+#include "fsdp/common/state.h"
 #include "fsdp/models/registry.h"
+#include "train/export.h"
 #include "train/model_build.h"
 
 namespace fsdp::train {
@@ -46,6 +50,26 @@ nlohmann::json trainer_state(const DataOptions& data, const StepOptions& step, c
   return ts;
 }
 
+void check_trainer_state(const nlohmann::json& saved) {
+  if (saved.is_null()) return;  // a checkpoint without one (PyTorch's, or weights only)
+  auto bad = [](const auto&... why) { throw MalformedState(detail::cat(why...)); };
+  auto count = [](const nlohmann::json& v) {
+    return v.is_number_unsigned() && v.get<uint64_t>() <= static_cast<uint64_t>(INT64_MAX);
+  };
+  if (!saved.is_object()) bad("the trainer's state is ", saved.dump(), ", not an object");
+  if (saved.contains("step") && !count(saved["step"])) {
+    bad("the trainer's step ", saved["step"].dump(), " is not a count of steps");
+  }
+  if (saved.contains("grad_scaler")) {
+    const nlohmann::json& g = saved["grad_scaler"];
+    const bool ok = g.is_object() && g.contains("scale") && g["scale"].is_number() &&
+                    std::isfinite(g["scale"].get<double>()) && g["scale"].get<double>() > 0 &&
+                    g.contains("growth_tracker") && count(g["growth_tracker"]);
+    if (!ok) bad("the loss scaler's state ", g.dump(), " is not {\"scale\": a number > 0, \"growth_tracker\": a count}");
+  }
+  if (saved.contains("hf_export")) check_export_record(saved["hf_export"]);
+}
+
 int64_t resume_from(const DataOptions& data, const StepOptions& step, const checkpoint::LoadResult& r,
                     const ModelConfig& cfg, int64_t global_batch, optim::ShardedGradScaler* scaler,
                     const LogLine& say, const LogLine& warn) {
@@ -53,7 +77,7 @@ int64_t resume_from(const DataOptions& data, const StepOptions& step, const chec
   FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " was saved from another model (", diff,
              "); resume with the model it was saved with or use another --checkpoint-dir");
   const nlohmann::json& ts = *r.trainer_state;
-  const int64_t start = ts.at("step").get<int64_t>();
+  const int64_t start = ts.contains("step") ? ts["step"].get<int64_t>() : r.step;  // checked on load
   if (scaler != nullptr && ts.contains("grad_scaler")) {
     scaler->set_state(ts["grad_scaler"].at("scale").get<double>(),
                       ts["grad_scaler"].at("growth_tracker").get<int64_t>());
@@ -92,9 +116,10 @@ int64_t drop_metrics_from(const std::string& path, int64_t first_step) {
   std::string line, kept;
   int64_t dropped = 0;
   while (std::getline(in, line)) {
-    const nlohmann::json j = nlohmann::json::parse(line, nullptr, /*allow_exceptions=*/false);
-    if (j.is_object() && j.contains("step") && j["step"].is_number_integer() &&
-        j["step"].get<int64_t>() >= first_step) {
+    std::string why;  // a line that is not JSON (or nests too deep) is kept as it is
+    const std::optional<nlohmann::json> j = parse_json_input(line, why);
+    if (j && j->is_object() && j->contains("step") && (*j)["step"].is_number_integer() &&
+        (*j)["step"].get<int64_t>() >= first_step) {
       ++dropped;
       continue;
     }

@@ -30,6 +30,13 @@ struct RunState {
 // The "trainer_state" a checkpoint records (with the run's data and step options).
 nlohmann::json trainer_state(const DataOptions& data, const StepOptions& step, const RunState& s);
 
+// The check of a trainer state read back from a checkpoint (MetadataState's
+// Check): MalformedState unless it is null or an object whose fields the
+// trainer reads — "step", "grad_scaler", "hf_export", each when present —
+// have the shape trainer_state writes. Fields only compared with the run's flags (seed,
+// data, ...) may hold anything.
+void check_trainer_state(const nlohmann::json& saved);
+
 // A checkpoint `r` was loaded to resume from: checks that it holds the model
 // of `cfg` (UsageError otherwise), restores the loss scaler's state (when
 // `scaler`), warns through `warn` where the data order (`data`, `step`,

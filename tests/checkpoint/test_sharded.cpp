@@ -485,4 +485,87 @@ TEST(ShardedCheckpoint, ALockedDirectoryIsRefusedOnEveryRank) {
   });
 }
 
+// Issue 50, finding 2: a checkpoint linked into --checkpoint-dir from elsewhere (a base to resume
+// from) is pruned by keep_last as a link, and saved over as a link: what it names stays byte for
+// byte, no marker is written into it. A file inside a checkpoint that is a link is damage: a
+// checkpoint from elsewhere must not name a file of this machine.
+TEST(ShardedCheckpoint, LinksInTheDirectoryAreNeverFollowed) {
+  const std::string root = testing::temp_dir("ckpt-links");
+  const std::string other = root + "/other", dir = root + "/ck";
+  testing::run_distributed(1, [&](comm::ProcessGroup& pg) {
+    auto m = make_sharded_llama(pg, "full");
+    checkpoint::save_checkpoint(other, 10, *m.sharded, m.opt.get(), {}, {}, pg);
+    auto files_of = [](const std::string& d) {
+      std::map<std::string, std::string> out;
+      for (const auto& e : fs::recursive_directory_iterator(d)) {
+        if (!e.is_regular_file()) continue;
+        std::ifstream in(e.path(), std::ios::binary);
+        out[fs::relative(e.path(), d).string()] =
+            std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+      }
+      return out;
+    };
+    const auto before = files_of(other);
+    fs::create_directories(dir);
+    fs::create_directory_symlink(other + "/step_00000010", dir + "/step_00000010");
+    // Saved again at the link's own step: the link is replaced by the new checkpoint.
+    checkpoint::save_checkpoint(dir, 10, *m.sharded, m.opt.get(), {}, {{"again", true}}, pg);
+    EXPECT_FALSE(fs::is_symlink(dir + "/step_00000010"));
+    EXPECT_EQ(files_of(other), before);
+    // Linked in again under another step, then pruned: the link goes, the checkpoint stays.
+    fs::create_directory_symlink(other + "/step_00000010", dir + "/step_00000005");
+    checkpoint::SaveOptions so;
+    so.keep_last = 1;
+    const auto r = checkpoint::save_checkpoint(dir, 20, *m.sharded, m.opt.get(), {}, {}, pg, so);
+    EXPECT_EQ(r.pruned, (std::vector<std::string>{"step_00000010", "step_00000005"}));
+    EXPECT_FALSE(fs::exists(fs::symlink_status(dir + "/step_00000005")));
+    EXPECT_EQ(files_of(other), before);
+    // A shard file that is a link (to a copy of itself) is damage, named.
+    const std::string step = dir + "/step_00000020";
+    std::string shard;
+    for (const auto& e : fs::directory_iterator(step)) {
+      if (e.path().extension() == ".bin") shard = e.path().string();
+    }
+    fs::copy_file(shard, root + "/copy.bin");
+    fs::remove(shard);
+    fs::create_symlink(root + "/copy.bin", shard);
+    auto fresh = make_sharded_llama(pg, "full", "block", 3);
+    const std::string msg = testing::error_of<checkpoint::DamagedCheckpoint>(
+        [&] { checkpoint::load_checkpoint(step, *fresh.sharded, fresh.opt.get(), pg); });
+    EXPECT_CONTAINS(msg, "symbolic link");
+  });
+}
+
+// Note [Carried files]: copies travel in the checkpoint (not paths), come back as files inside it,
+// and a copy changed, missing or replaced by a link is damage naming it.
+TEST(ShardedCheckpoint, CarriedFilesAreCopiesInsideTheCheckpoint) {
+  const std::string root = testing::temp_dir("ckpt-carried");
+  const std::string dir = root + "/ck", tok = root + "/tokenizer.json";
+  std::ofstream(tok) << "{\"model\": \"the run's tokenizer\"}";
+  testing::run_distributed(1, [&](comm::ProcessGroup& pg) {
+    auto m = make_sharded_llama(pg, "full");
+    checkpoint::SaveOptions so;
+    so.carried = {{tok, "tokenizer.json"}};
+    checkpoint::save_checkpoint(dir, 1, *m.sharded, m.opt.get(), {}, {}, pg, so);
+    fs::remove(tok);  // the run's own file is gone: the checkpoint's copy is what counts
+    auto fresh = make_sharded_llama(pg, "full", "block", 3);
+    const std::string step = dir + "/step_00000001";
+    const auto r = checkpoint::load_checkpoint(step, *fresh.sharded, fresh.opt.get(), pg);
+    ASSERT_EQ(r.carried.size(), 1u);
+    EXPECT_EQ(r.carried[0].name, "tokenizer.json");
+    EXPECT_EQ(fs::path(r.carried[0].path).parent_path(), fs::path(step) / "carried");
+    auto load_error = [&] {
+      return testing::error_of<checkpoint::DamagedCheckpoint>(
+          [&] { checkpoint::load_checkpoint(step, *fresh.sharded, fresh.opt.get(), pg); });
+    };
+    const std::string copy = step + "/carried/tokenizer.json";
+    std::ofstream(copy, std::ios::app) << " ";
+    EXPECT_CONTAINS(load_error(), "carried/tokenizer.json");
+    fs::remove(copy);
+    std::ofstream(root + "/elsewhere") << "{\"model\": \"the run's tokenizer\"}";
+    fs::create_symlink(root + "/elsewhere", copy);
+    EXPECT_CONTAINS(load_error(), "symbolic link");
+  });
+}
+
 }  // namespace fsdp

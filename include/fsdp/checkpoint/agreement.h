@@ -17,6 +17,8 @@
 #include <string>
 #include <vector>
 
+#include <nlohmann/json_fwd.hpp>
+
 #include "fsdp/comm/process_group.h"
 
 namespace fsdp::checkpoint {
@@ -34,6 +36,8 @@ struct RankStatus {
   std::string payload;  // kOk: data for the other ranks
 
   bool ok() const { return kind == Kind::kOk; }
+  // `payload` as the JSON a rank of this job made it from (this program's own text, not a file's).
+  nlohmann::json payload_json() const;
   static RankStatus success(std::string payload = {});
   static RankStatus failure(std::string message);
   // The kind of `e` (UsageError, DamagedCheckpoint, else failure), its message without the rank tag.

@@ -8,6 +8,7 @@
 //     manifest.crc32c                   CRC-32C of manifest.json, 8 hex digits
 //     shard-00000-of-00002.bin          shard 0's sections (raw little-endian, back to back)
 //     shard-00001-of-00002.bin
+//     carried/                          copies of the run's tokenizer files (SaveOptions::carried)
 //     .fsdp-cpp-owned                   the marker of a directory this program created (below)
 //   .tmp-step_00000200/                 a save in progress (or left by a crash): never a checkpoint
 //   .old-step_*, .del-step_*            a checkpoint being replaced or deleted (crash leftovers)
@@ -62,6 +63,7 @@
 //     "units": [ {"name", "numel", "padded_numel", "shard_numel",
 //                 "params": [ {"name", "shape", "flat_offset", "numel"} ]} ],
 //     "checksum": {"algorithm": "crc32c", "block_size": 1048576},
+//     "carried": [ {"name", "size", "crc32c"} ]   (files in carried/: Note [Carried files]; absent: none)
 //     "files": [ {"name", "size", "crc32c": "8 hex digits", "shard_index",
 //                 "block_crc32c": base64 of the little-endian uint32 CRC-32C of
 //                                 each block_size bytes of the file (the last may be short),
@@ -170,6 +172,19 @@ struct IoStats {
   double gb_per_s() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
 };
 
+// A small file a checkpoint takes along (Note [Carried files] in
+// src/checkpoint/carried.h): the run's tokenizer and generation files, so that
+// a conversion of the checkpoint exports what the run's own --export-hf would
+// have. Saved into the checkpoint's carried/ directory; a loaded checkpoint
+// names only its own copies (regular files inside it, checksummed).
+struct CarriedFile {
+  std::string path;  // saving: the file to copy; loaded: its copy inside the checkpoint
+  std::string name;  // its name in carried/: one path component
+  // Saving: the bytes to write instead of reading `path` at each save (a
+  // snapshot taken once, so a save never depends on the file still being there).
+  std::shared_ptr<const std::string> content;
+};
+
 struct DcpSaveOptions;  // how a DCP directory is written (checkpoint/dcp.h)
 struct DcpNames;        // another program's parameter names (checkpoint/dcp.h)
 
@@ -185,6 +200,8 @@ struct SaveOptions {
   // (the step, the owners' metadata, the units, each DCP file's size), under
   // the same commit protocol, keep_last and damage fallback.
   const DcpSaveOptions* dcp = nullptr;
+  // Copied by rank 0 into the checkpoint (Note [Carried files]).
+  std::vector<CarriedFile> carried;
 };
 
 // What save_checkpoint did.
@@ -233,6 +250,7 @@ struct LoadResult {
   // state[key], or null when the checkpoint has none for `key`.
   nlohmann::json saved(const std::string& key) const;
   IoStats io;               // bytes read by all ranks, and the time
+  std::vector<CarriedFile> carried;  // the checkpoint's carried files, checked (Note [Carried files])
   // Newer checkpoints skipped as damaged, one line each ("step_00000020: file
   // shard-00001-of-00002.bin: ..."), the same on every rank.
   std::vector<std::string> rejected;

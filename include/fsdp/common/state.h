@@ -17,11 +17,24 @@
 #include <ATen/ATen.h>
 #include <nlohmann/json_fwd.hpp>
 
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "fsdp/common/error.h"
+
 namespace fsdp {
+
+// What load_state_metadata throws when the saved metadata is not of the shape
+// this owner writes (a damaged or hand-made checkpoint; another owner's state,
+// such as another optimizer's, is a UsageError instead). The checkpoint
+// formats report it as damage of the checkpoint, naming the owner's key, so a
+// resume falls back to an older checkpoint (issue 50).
+class MalformedState : public Failure {
+ public:
+  using Failure::Failure;
+};
 
 // One named per-shard state tensor of a StateOwner.
 struct StateSlot {
@@ -45,7 +58,9 @@ class StateOwner {
   virtual nlohmann::json state_metadata() const = 0;
   // What state_metadata() returned when the checkpoint was saved (null when the
   // checkpoint has none for this key). Throws UsageError when it does not fit
-  // this owner (another optimizer type, another model), saying which and why.
+  // this owner (another optimizer type, another model), saying which and why;
+  // MalformedState when it is not what this owner writes (a checkpoint is
+  // untrusted input: every field is checked before it is used).
   virtual void load_state_metadata(const nlohmann::json& saved) = 0;
 };
 
@@ -55,11 +70,13 @@ class StateOwner {
 int64_t saved_optimizer_step(const nlohmann::json& saved, const std::string& type);
 
 // A metadata-only owner around a value (the trainer's counters, a model
-// family's configuration): saves `metadata`; load_state_metadata stores what
-// was saved in `loaded` (a check, if any, is the caller's).
+// family's configuration): saves `metadata`; load_state_metadata runs `check`
+// (when given) on what was saved, which throws MalformedState for what the
+// saver never writes, then stores it in `loaded`.
 class MetadataState : public StateOwner {
  public:
-  MetadataState(std::string key, const nlohmann::json& metadata);
+  using Check = std::function<void(const nlohmann::json& saved)>;
+  MetadataState(std::string key, const nlohmann::json& metadata, Check check = nullptr);
   MetadataState(MetadataState&& other) noexcept;             // leaves `other` without values
   MetadataState& operator=(MetadataState&& other) noexcept;  // the same
   ~MetadataState() override;
