@@ -332,7 +332,10 @@ int run(int argc, char** argv) {
   apply_parsed(app, mode, t, init);
   const int nproc = t.run.nproc, nnodes = t.run.nnodes;
   if (t.run.print_config) {
-    fsdp::train::validate_options(o, std::max(nproc, 1));  // never print a configuration that cannot run
+    // Never print a configuration that cannot run: the launcher's flags too (issue 50).
+    check_nproc(nproc, o.device);
+    check_launcher_flags(t.run);
+    fsdp::train::validate_options(o, std::max(nproc, 1) * std::max(nnodes, 1));
     std::cout << o.log.config_text;
     return 0;
   }

@@ -11,6 +11,9 @@ namespace {
 const std::pair<const char*, const char*> kFlagNames[] = {
     {"FsdpOptions::offload_checkpoint_inputs", "--offload-activations"},
     {"FsdpOptions::compression.block_size", "--quant-block"},
+    {"FsdpOptions::compression.reduce_scatter", "--reduce-scatter-wire"},
+    {"FsdpOptions::compression.all_gather", "--all-gather-wire"},
+    {"FsdpOptions::mixed_precision.reduce_dtype", "--reduce-dtype"},
     {"FsdpOptions::compression", "--all-gather-wire / --reduce-scatter-wire"},
     {"FsdpOptions::checkpoint_types", "--activation-checkpointing"},
     {"FsdpOptions::hybrid_shard_size", "--hybrid-shard-size"},

@@ -145,6 +145,14 @@ void check_options(const FsdpOptions& o, int world_size) {
              "FsdpOptions::compression: the int8 all-gather and the compressed reduce-scatter run on the CPU process "
              "group, the device is ", o.device,
              " — on CUDA use the bf16 all-gather, and FsdpOptions::mixed_precision.reduce_dtype bf16 for gradients");
+  // A float16 reduction divides before and after the sum (FSDP's overflow guard), which a compressed
+  // reduce-scatter, computing the mean itself, cannot: refused with the options, once, rather than by
+  // every rank at its first reduction (issue 50). At one rank nothing is reduced.
+  FSDP_CHECK(c.reduce_scatter == WireFormat::kNative || mp.reduce_dtype != at::kHalf || world_size == 1,
+             "FsdpOptions::compression.reduce_scatter ", to_string(c.reduce_scatter),
+             " computes the mean itself and cannot reduce in float16 (FsdpOptions::mixed_precision.reduce_dtype), "
+             "which divides before and after the sum; reduce in float32 or bfloat16, or keep the native "
+             "reduce-scatter");
   if (o.strategy == ShardingStrategy::kHybridShard) {
     const int s = o.hybrid_shard_size;
     FSDP_CHECK(s >= 1, "HYBRID_SHARD needs a shard-group size >= 1 (FsdpOptions::hybrid_shard_size, default "

@@ -140,7 +140,11 @@ void T5Config::validate() const {
   in("num_layers", num_layers, 1, kMaxLayers, "give the encoder's blocks");
   in("num_decoder_layers", num_decoder_layers, 1, kMaxLayers, "give the decoder's blocks");
   in("vocab_size", vocab_size, 1, kMaxVocabSize, "give the vocabulary's size");
-  in("relative_attention_num_buckets", relative_attention_num_buckets, 2, kMaxHeads, "T5 uses 32");
+  // The encoder splits the buckets between the two directions and keeps half
+  // of each exact: below 4 a direction has no exact bucket, and the bucket
+  // arithmetic divides by zero (transformers' too) and indexes out of range.
+  in("relative_attention_num_buckets", relative_attention_num_buckets, 4, kMaxHeads,
+     "T5 uses 32; the encoder needs at least 4 (an exact bucket per direction)");
   // Half of the buckets (of each direction, encoder) are exact; the others are
   // logarithmic up to max_distance, which must lie beyond the exact ones.
   in("relative_attention_max_distance", relative_attention_max_distance, relative_attention_num_buckets / 2 + 1,

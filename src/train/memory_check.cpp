@@ -47,14 +47,18 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   // what grows with a micro-batch: B x T x (elements per token) of the compute dtype.
   const int64_t elem = static_cast<int64_t>(c10::elementSize(fo.mixed_precision.param_dtype));
   const int64_t kHuge = std::numeric_limits<int64_t>::max() / 4;  // "more than any machine": no overflow below
+  // A row's tokens: --seq-len, or an encoder-decoder's wider --target-len (the decoder's width).
+  const bool wider_target = cfg.data_kind() == DataKind::kPairs && o.data.target_len > o.data.seq_len;
+  const int64_t width = wider_target ? o.data.target_len : o.data.seq_len;
+  const char* width_flag = wider_target ? "--target-len" : "--seq-len";
   const auto bytes_per_micro_batch = [&](int64_t elements_per_token) {
-    const std::optional<int64_t> b = checked_product({o.step.batch_size, o.data.seq_len, elements_per_token, elem});
+    const std::optional<int64_t> b = checked_product({o.step.batch_size, width, elements_per_token, elem});
     return std::min(b.value_or(kHuge), kHuge);
   };
   // The loss holds one chunk of logits at a time (models/chunked_loss.h).
   const int64_t loss_rows = o.step.loss_chunk_rows > 0 ? o.step.loss_chunk_rows
                                                        : models::default_loss_chunk_rows(cfg.vocab_size(), o.device);
-  const std::optional<int64_t> tokens = checked_product({o.step.batch_size, o.data.seq_len});
+  const std::optional<int64_t> tokens = checked_product({o.step.batch_size, width});
   const int64_t logit_bytes =
       std::min(models::chunked_loss_bytes(std::min(tokens.value_or(kHuge), loss_rows), cfg.vocab_size(),
                                           cfg.hidden_size(), fo.mixed_precision.param_dtype),
@@ -71,13 +75,14 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   const int64_t host = cuda_run ? (o.sharding.cpu_offload ? shards : 0) : shards + step;
   const std::string parts = fmt::format(
       "parameter and gradient shards {}, optimizer state {}, unsharded units during a step {}, the loss's logits "
-      "of one micro-batch {} (chunks of {} of its --batch-size {} x --seq-len {} tokens x vocab_size {}), "
+      "of one micro-batch {} (chunks of {} of its --batch-size {} x {} {} tokens x vocab_size {}), "
       "activations {}",
       format_bytes(plan.param_shard_bytes + (eval_only ? 0 : plan.grad_shard_bytes)),
       format_bytes(eval_only ? 0 : plan.optimizer_bytes), format_bytes(unsharded), format_bytes(logit_bytes),
-      loss_rows, o.step.batch_size, o.data.seq_len, cfg.vocab_size(), format_bytes(activation_bytes));
-  const char* fix = "reduce --batch-size or --seq-len, add --activation-checkpointing, shard over more processes or "
-                    "machines, use --cpu-offload, bf16 (--mixed-precision) or a smaller model";
+      loss_rows, o.step.batch_size, width_flag, width, cfg.vocab_size(), format_bytes(activation_bytes));
+  const std::string fix = fmt::format("reduce --batch-size or {}, add --activation-checkpointing, shard over more "
+                                      "processes or machines, use --cpu-offload, bf16 (--mixed-precision) or a "
+                                      "smaller model", width_flag);
   const int ranks = this_rank ? 1 : std::max(local_world_size, 1);
   if (host > 0) {
     const int64_t available = available_host_memory_bytes();

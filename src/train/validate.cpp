@@ -57,6 +57,41 @@ void validate_lora(const TrainOptions& o, const ModelConfigPtr& cfg) {
   }
 }
 
+// --dcp-layout torchtitan needs the model family's torchtitan names (a T5 has none).
+void check_dcp_names(const TrainOptions& o, const ModelConfig& cfg) {
+  FSDP_CHECK(o.checkpoint.dcp_layout != "torchtitan" || cfg.torchtitan_names().has_value(), "--dcp-layout torchtitan: "
+             "model '", cfg.name(), "' (", cfg.family().name(), ") has no torchtitan layout; use --dcp-layout torch");
+}
+
+// Whether writing directory `target` would replace `source`: the same
+// directory (links and "." resolved), or one holding it.
+bool replaces(const std::string& target, const std::string& source) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  const fs::path t = fs::weakly_canonical(fs::absolute(target, ec), ec);
+  const fs::path s = fs::weakly_canonical(fs::absolute(source, ec), ec);
+  const fs::path rel = s.lexically_relative(t);
+  return !rel.empty() && *rel.begin() != "..";
+}
+
+// An export never names its own source (issue 50): a conversion to bf16 into
+// its --init-from would replace the input with its rounding, exit 0.
+void check_targets_apart(const TrainOptions& o) {
+  const std::vector<std::pair<const char*, std::string>> targets = {
+      {"--export-hf", o.hf.export_dir},
+      {"--export-dcp", o.checkpoint.export_dcp},
+      {"--export-checkpoint", o.checkpoint.export_checkpoint}};
+  const std::vector<std::pair<const char*, std::string>> sources = {
+      {"--init-from", o.hf.init_from}, {"--checkpoint-dir", o.checkpoint.dir}, {"--init-adapter", o.lora.init_adapter}};
+  for (const auto& [tflag, target] : targets) {
+    if (target.empty()) continue;
+    for (const auto& [sflag, source] : sources) {
+      FSDP_CHECK(source.empty() || !replaces(target, source), tflag, " ", target, " would replace ", sflag, " ",
+                 source, ", which the run reads: an export never overwrites its own source; choose another directory");
+    }
+  }
+}
+
 // Note [Checkpoint conversion]
 // Mode::kConvert (fsdp-train convert --checkpoint-dir CK --export-hf OUT; the
 // deprecated spelling --max-steps 0 --resume ...): load the newest valid
@@ -81,6 +116,7 @@ ModelConfigPtr validate_conversion(const TrainOptions& o, int world_size, const 
   FSDP_CHECK(o.hf.init_from.empty() || o.checkpoint.dir.empty(), what, " reads one source: --checkpoint-dir ",
              o.checkpoint.dir, " or --init-from ", o.hf.init_from, " — leave out the other (a checkpoint carries "
              "its run's --init-from files over by itself)");
+  check_targets_apart(o);
   if (!o.hf.init_from.empty()) {
     checkpoint::find_hf_weights(o.hf.init_from);  // UsageError: no weights there
   } else {
@@ -93,14 +129,7 @@ ModelConfigPtr validate_conversion(const TrainOptions& o, int world_size, const 
   }
   checkpoint::parse_dcp_layout(o.checkpoint.dcp_layout, "--dcp-layout");
   checkpoint::parse_dcp_format(o.checkpoint.dcp_format, "--dcp-format");
-  if (!o.checkpoint.export_dcp.empty()) {
-    std::error_code ec;
-    const std::filesystem::path out(o.checkpoint.export_dcp);
-    FSDP_CHECK(!std::filesystem::exists(out, ec) || (std::filesystem::is_directory(out, ec) &&
-                                                     std::filesystem::is_empty(out, ec)) ||
-                   checkpoint::is_owned_directory(out.string()),
-               "--export-dcp ", out.string(), " exists and is not empty; choose a new directory");
-  }
+  if (!o.checkpoint.export_dcp.empty()) checkpoint::check_dcp_target(o.checkpoint.export_dcp, "--export-dcp");
   if (!o.checkpoint.export_checkpoint.empty()) {
     checkpoint::check_writable(o.checkpoint.export_checkpoint, "--export-checkpoint", /*directory=*/true);
     checkpoint::check_checkpoint_dir(o.checkpoint.export_checkpoint);
@@ -108,6 +137,7 @@ ModelConfigPtr validate_conversion(const TrainOptions& o, int world_size, const 
   check_engine_options(o, world_size);
   ModelConfigPtr cfg = resolved != nullptr ? *resolved : resolve_model_config(o);
   validate_lora(o, cfg);
+  if (!o.checkpoint.export_dcp.empty()) check_dcp_names(o, *cfg);
   return cfg;
 }
 
@@ -167,11 +197,26 @@ void validate_checkpoints(const TrainOptions& o) {
   checkpoint::parse_dcp_format(o.checkpoint.dcp_format, "--dcp-format");
   FSDP_CHECK(o.checkpoint.every >= 0, "--checkpoint-every must be >= 0 (0: only at the end), got ", o.checkpoint.every);
   FSDP_CHECK(o.checkpoint.keep_last >= 0, "--keep-last must be >= 0 (0: keep all), got ", o.checkpoint.keep_last);
+  // A flag that would do nothing is refused, never ignored in silence (issue 50).
+  for (const auto& [given, flag] : {std::pair<bool, const char*>{!o.checkpoint.export_dcp.empty(), "--export-dcp"},
+                                    {!o.checkpoint.export_checkpoint.empty(), "--export-checkpoint"}}) {
+    FSDP_CHECK(!given, flag, " is the target of a conversion: use it with 'fsdp-train convert --checkpoint-dir DIR' "
+               "(a training run saves into --checkpoint-dir, and --export-hf exports at its end)");
+  }
+  const bool dcp_out = o.checkpoint.format == "dcp";
+  FSDP_CHECK(dcp_out || (o.checkpoint.dcp_layout == "torch" && o.checkpoint.dcp_format == "torch_save"),
+             "--dcp-layout ", o.checkpoint.dcp_layout, " / --dcp-format ", o.checkpoint.dcp_format,
+             " shape a distributed checkpoint, and this run writes none: add --checkpoint-format dcp (with "
+             "--checkpoint-dir DIR), or leave them out");
   if (o.checkpoint.dir.empty()) {
     FSDP_CHECK(!o.checkpoint.resume, "--resume needs --checkpoint-dir DIR (the directory checkpoints are saved to "
                "and resumed from)");
     FSDP_CHECK(o.checkpoint.every == 0, "--checkpoint-every needs --checkpoint-dir DIR");
     FSDP_CHECK(o.checkpoint.keep_last == 0, "--keep-last needs --checkpoint-dir DIR");
+    FSDP_CHECK(!o.checkpoint.async, "--async-checkpoint needs --checkpoint-dir DIR (it saves checkpoints there in "
+               "the background)");
+    FSDP_CHECK(!dcp_out, "--checkpoint-format dcp needs --checkpoint-dir DIR (the format of the checkpoints saved "
+               "there)");
     return;
   }
   std::error_code ec;
@@ -282,6 +327,7 @@ ModelConfigPtr validate_options(const TrainOptions& o, int world_size, const Mod
     check_export_target(o);
     checkpoint::hf_dtype_name(o.hf.export_dtype);  // float32, bfloat16 or float16, else UsageError
   }
+  check_targets_apart(o);
   FSDP_CHECK(o.eval.every >= 0, "--eval-every must be >= 0 (0: no periodic evaluation), got ", o.eval.every);
   FSDP_CHECK(o.eval.max_windows >= 0, "--eval-windows must be >= 0 (0: all), got ", o.eval.max_windows);
   const bool eval_only = o.mode == Mode::kEvaluate;
@@ -309,10 +355,14 @@ ModelConfigPtr validate_options(const TrainOptions& o, int world_size, const Mod
     FSDP_CHECK(o.data.seq_len >= 2 && (o.data.target_len == 0 || o.data.target_len >= 2), "model '", cfg->name(),
                "' reads pairs of at least 2 tokens each (a token and EOS): --seq-len ", o.data.seq_len,
                ", --target-len ", o.data.target_len);
+    FSDP_CHECK(checked_product({o.step.batch_size, o.data.target_len, 2}).has_value(), "a micro-batch of --batch-size ",
+               o.step.batch_size, " x --target-len ", o.data.target_len, " tokens is beyond 64-bit integers — use "
+               "smaller values");
   } else {
     FSDP_CHECK(o.data.target_len == 0, "--target-len is the decoder's width of an encoder-decoder model (t5); model '",
                cfg->name(), "' reads windows of --seq-len tokens");
   }
+  check_dcp_names(o, *cfg);
   validate_records(o);
   return cfg;
 }
