@@ -1,5 +1,6 @@
 #include "config_file.h"
 
+#include <algorithm>
 #include <cstdlib>
 #include <functional>
 #include <vector>
@@ -80,12 +81,17 @@ std::string toml_value(const CLI::Option& o, const std::vector<std::string>& tex
 
 }  // namespace
 
-void apply_config_file(CLI::App& app, const std::string& path) {
+void apply_config_file(CLI::App& app, const std::string& path, const std::vector<std::string>& ignored,
+                       std::vector<std::string>* found_ignored) {
   for (const ConfigEntry& e : read_config_file(path, kFlag)) {
     const std::string at = detail::cat(kFlag, " ", path, " line ", e.line, ": ");
     CLI::Option* opt = option_of(app, e.key);
     FSDP_CHECK(opt != nullptr, at, "'", e.key, "' is not an option of fsdp-train (keys are the long flag names "
                "without '--', e.g. seq-len = 2048; see fsdp-train --help)");
+    if (std::find(ignored.begin(), ignored.end(), "--" + e.key) != ignored.end()) {
+      if (found_ignored != nullptr) found_ignored->push_back("--" + e.key);
+      continue;
+    }
     FSDP_CHECK(opt->get_configurable(), at, "'", e.key, "' cannot be set in a config file; give --", e.key,
                " on the command line");
     const std::string want = type_mismatch(*opt, e);

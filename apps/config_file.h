@@ -7,6 +7,7 @@
 #include <CLI/CLI.hpp>
 
 #include <string>
+#include <vector>
 
 namespace fsdp::cli {
 
@@ -16,7 +17,11 @@ namespace fsdp::cli {
 // --config, the file, the line and the key: an unknown key, a non-configurable
 // one (config, print-config, help, version), a value of the wrong TOML type,
 // one the option's checks refuse; and read_config_file's errors.
-void apply_config_file(CLI::App& app, const std::string& path);
+// `ignored`: keys that name options of fsdp-train this program accepts and
+// ignores (fsdp-inspect's): checked to be fsdp-train's, not applied; each one
+// found is added to `found_ignored` (when given), in the file's order.
+void apply_config_file(CLI::App& app, const std::string& path, const std::vector<std::string>& ignored = {},
+                       std::vector<std::string>* found_ignored = nullptr);
 
 // The effective configuration as a --config file: the options given (on the
 // command line or in --config) as keys, every other option's default as a

@@ -20,6 +20,7 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 #include <iostream>
 #include <optional>
 #include <sstream>
@@ -27,6 +28,7 @@
 #include <fmt/format.h>
 
 #include "cli_numbers.h"
+#include "config_file.h"
 #include "option_names.h"
 #include "estimate_cli.h"
 #include "train_options_table.h"
@@ -188,6 +190,32 @@ fsdp::ClusterSpec estimate_cluster(const CLI::App& app, Args& a, at::ScalarType 
   return cluster;
 }
 
+// The run's flags that fsdp-inspect uses, refused where fsdp-train refuses
+// them (issue 50): a plan of a run that cannot start is no plan. Values only
+// an estimate reads (a cluster's size, --grad-accum's replay) are checked there.
+void check_run_shape(const Args& a) {
+  const fsdp::train::TrainOptions& o = a.t.o;
+  FSDP_CHECK(o.step.batch_size >= 1, "--batch-size must be >= 1, got ", o.step.batch_size);
+  FSDP_CHECK(o.step.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.step.grad_accum);
+  FSDP_CHECK(o.data.seq_len >= 1, "--seq-len must be >= 1, got ", o.data.seq_len);
+  (void)fsdp::models::parse_lora_targets(a.t.flags.lora_targets);  // UsageError: an empty or unknown list
+  // A plan needs a model's config, not its weights (plan before downloading them): the directory must exist.
+  std::error_code ec;
+  FSDP_CHECK(o.hf.init_from.empty() || std::filesystem::is_directory(o.hf.init_from, ec), "--init-from ",
+             o.hf.init_from, " is not a directory; give a Hugging Face model directory (config.json and "
+             "*.safetensors) or a PyTorch distributed checkpoint");
+}
+
+// --calibrate measures Llama-family models: refused before anything is
+// printed, measured or started (issue 50).
+void check_calibratable(const CLI::App& app, const Args& a) {
+  if (a.calibrate_file.empty()) return;
+  const std::string model = !a.t.o.hf.init_from.empty() && app.count("--model") == 0 ? a.t.o.hf.init_from : a.t.o.model;
+  const fsdp::train::ModelConfigPtr cfg = fsdp::train::resolve_model(model);
+  FSDP_CHECK(fsdp::train::as_llama(*cfg) != nullptr, "--calibrate measures Llama-family models; model '", cfg->name(),
+             "' is a ", cfg->family().name(), " — estimate it from FLOPs with --cluster and --peak-tflops");
+}
+
 // The model on the meta device, wrapped and planned as fsdp-train would.
 struct Planned {
   fsdp::train::ModelConfigPtr cfg;
@@ -230,6 +258,10 @@ Planned plan_model(const CLI::App& app, Args& a, bool estimating, const fsdp::Cl
   // As fsdp-train: --init-from DIR without --model plans DIR's config.json.
   if (!a.t.o.hf.init_from.empty() && app.count("--model") == 0) a.t.o.model = a.t.o.hf.init_from;
   p.cfg = fsdp::train::resolve_model(a.t.o.model);
+  const std::optional<int64_t> longest = p.cfg->max_seq_len();
+  FSDP_CHECK(!longest || a.t.o.data.seq_len <= *longest, "--seq-len ", a.t.o.data.seq_len, " is longer than model '",
+             p.cfg->name(), "' supports (max_position_embeddings = ", longest.value_or(0), "); use --seq-len <= ",
+             longest.value_or(0));
   // Note [Output targets]: a device or FIFO is written in place, a regular file replaced atomically.
   if (!a.hf_config_out.empty()) {
     fsdp::write_output_file(a.hf_config_out, p.cfg->hf_config_json() + "\n", "--write-hf-config");
@@ -309,12 +341,11 @@ void print_plan(std::ostream& out, const Args& a, const Planned& p, bool estimat
 // false on a rank other than 0 of a --nproc-per-node calibration, which has nothing more to do.
 bool calibrate_compute(const Args& a, const Planned& p, fsdp::ClusterSpec& cluster,
                        std::optional<fsdp::cli::Calibration>& calibration) {
+  const fsdp::models::LlamaConfig* llama = fsdp::train::as_llama(*p.cfg);
+  FSDP_ASSERT(llama != nullptr, "check_calibratable let a ", p.cfg->family().name(), " through");
   std::cerr << fmt::format("fsdp-inspect: calibrating: {} steps of {} on this machine, batch {} x {} tokens, {} "
                            "threads\n", a.calibrate_steps + 1, a.t.o.model, a.t.o.step.batch_size, a.t.o.data.seq_len,
                            at::get_num_threads());
-  const fsdp::models::LlamaConfig* llama = fsdp::train::as_llama(*p.cfg);
-  FSDP_CHECK(llama != nullptr, "--calibrate measures Llama-family models; model '", p.cfg->name(), "' is a ",
-             p.cfg->family().name(), " — estimate it from FLOPs with --cluster and --peak-tflops");
   auto real = std::make_shared<fsdp::models::LlamaForCausalLMImpl>(*llama, at::TensorOptions().device(at::kMeta),
                                                                    a.t.o.step.seed);
   fsdp::cli::Calibration cal = fsdp::cli::calibrate_compute(real, *llama, p.o, a.t.o.step.batch_size,
@@ -384,12 +415,7 @@ void estimate_step(const Args& a, Planned& p, const fsdp::ClusterSpec& cluster, 
 // --estimate (and --calibrate): checks the run's shape, measures or models the units' costs, estimates.
 int estimate(const Args& a, Planned& p, fsdp::ClusterSpec& cluster,
              std::optional<fsdp::cli::Calibration>& calibration) {
-  FSDP_CHECK(a.t.o.step.batch_size >= 1 && a.t.o.data.seq_len >= 1 && a.t.o.step.grad_accum >= 1,
-             "--batch-size, --seq-len and --grad-accum must be >= 1, got ", a.t.o.step.batch_size, ", ",
-             a.t.o.data.seq_len, ", ", a.t.o.step.grad_accum);
-  const std::optional<int64_t> longest = p.cfg->max_seq_len();
-  FSDP_CHECK(!longest || a.t.o.data.seq_len <= *longest, "--seq-len ", a.t.o.data.seq_len,
-             " is longer than the model's ", longest.value_or(0), " positions (max_position_embeddings)");
+  // The run's shape was checked with the plan (check_run_shape); what the replay adds:
   FSDP_CHECK(a.t.o.step.batch_size <= (int64_t{1} << 30), "--batch-size ", a.t.o.step.batch_size,
              " is beyond any run (at most 2^30)");
   // Every micro-batch is replayed: 2^30 of them never returned (issue 39).
@@ -426,13 +452,28 @@ std::optional<int> parse_command_line(CLI::App& app, Args& a, int argc, char** a
     std::cerr << "fsdp-inspect: error: " << e.what() << " (see fsdp-inspect --help)\n";
     return fsdp::kExitUsage;
   }
+  // --config FILE: fsdp-train's configuration file sets what fsdp-inspect uses,
+  // as on fsdp-train's command line (flags given win); its other keys are
+  // checked to be fsdp-train's and named in the note below (issue 50).
+  std::vector<std::string> ignored_in_config;
+  if (app.count("--config") > 0) {
+    std::vector<std::string> ignored_names;
+    for (const auto& [name, opt] : a.ignored.options) ignored_names.push_back(name);
+    fsdp::cli::apply_config_file(app, a.t.run.config_file, ignored_names, &ignored_in_config);
+  }
   // --nproc-per-node means fsdp-train's processes per node; not given, an estimate
   // takes the cluster's (its GPUs per node) where fsdp-train would start one: 0 below.
   if (app.count("--nproc-per-node") == 0) a.t.run.nproc = 0;
   // Said once: not again by the workers of --calibrate --nproc-per-node (launch_self marks them
   // FSDP_LAUNCHER=fsdp-train), and by rank 0 alone under another launcher.
   const fsdp::comm::WorldInfo w = fsdp::comm::detect_world();
-  if (const std::string given = a.ignored.given(); !given.empty() && w.launcher != "fsdp-train" && w.rank == 0) {
+  std::string given = a.ignored.given();
+  if (!ignored_in_config.empty()) {
+    std::string keys;
+    for (const auto& k : ignored_in_config) keys += (keys.empty() ? "" : ", ") + k;
+    given += (given.empty() ? "" : "; ") + keys + " (from --config)";
+  }
+  if (!given.empty() && w.launcher != "fsdp-train" && w.rank == 0) {
     std::cerr << "fsdp-inspect: note: ignored by fsdp-inspect: " << given << " (no effect on a plan or estimate)\n";
   }
   return std::nullopt;
@@ -447,6 +488,8 @@ int run(int argc, char** argv) {
                "--list-options: inspect \"ignores\")."};
   if (const std::optional<int> done = parse_command_line(app, a, argc, argv)) return *done;
   const bool estimating = a.estimate || !a.calibrate_file.empty() || !a.calibrate_link_file.empty();
+  check_run_shape(a);
+  check_calibratable(app, a);
   std::optional<fsdp::cli::Calibration> calibration;
   fsdp::ClusterSpec cluster;
   const at::ScalarType compute_dtype = fsdp::MixedPrecision::preset(a.t.flags.mixed_precision).param_dtype;

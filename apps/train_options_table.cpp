@@ -335,7 +335,7 @@ std::vector<OptionRow> hf_lora_eval_rows() {
       {"--config", "",
        "Read options from this TOML file (keys: the long flag names without "
        "'--'); command-line flags override it",
-       BIND(run.config_file), {}, kNotInConfig},
+       BIND(run.config_file), {}, kNotInConfig, kUses},
       {"--print-config", "",
        "Print the effective configuration (the --config file with command-line overrides and defaults "
        "applied) as TOML, and exit",
