@@ -45,7 +45,7 @@ std::string shard_name(size_t i, size_t n) {
 
 }  // namespace
 
-int64_t parse_byte_size(const std::string& text, const std::string& flag) {
+int64_t parse_byte_size(const std::string& text, const std::string& flag, const std::string& zero_means) {
   // \s* digits [. digits] \s* letters \s*, read by hand: the text is the user's (no std::regex).
   const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
   const auto digit = [](char c) { return c >= '0' && c <= '9'; };
@@ -70,18 +70,26 @@ int64_t parse_byte_size(const std::string& text, const std::string& flag) {
   std::string unit = text.substr(unit_at, i - unit_at);
   const std::string given_unit = unit;
   skip(space);
-  FSDP_CHECK(ok && i == text.size(), flag, " '", text,
-             "' is not a size; write e.g. 5GB, 500MB, 2GiB or a number of bytes (0: no limit)");
-  const double v = std::stod(number);
+  const std::string zero = zero_means.empty() ? std::string() : " (0: " + zero_means + ")";
+  FSDP_CHECK(ok && i == text.size(), flag, " '", text, "' is not a size; write e.g. 5GB, 500MB, 2GiB or a number of "
+             "bytes", zero);
   std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
-  static const std::map<std::string, double> kUnits = {
-      {"", 1},        {"b", 1},          {"kb", 1e3},          {"mb", 1e6},         {"gb", 1e9},
-      {"tb", 1e12},   {"kib", 1024.0},   {"mib", 1048576.0},   {"gib", 1073741824.0}, {"tib", 1099511627776.0},
-      {"k", 1e3},     {"m", 1e6},        {"g", 1e9}};
+  static const std::map<std::string, long double> kUnits = {
+      {"", 1},        {"b", 1},          {"kb", 1e3L},          {"mb", 1e6L},         {"gb", 1e9L},
+      {"tb", 1e12L},  {"kib", 1024.0L},  {"mib", 1048576.0L},   {"gib", 1073741824.0L}, {"tib", 1099511627776.0L},
+      {"k", 1e3L},    {"m", 1e6L},       {"g", 1e9L}};
   auto it = kUnits.find(unit);
   FSDP_CHECK(it != kUnits.end(), flag, " '", text, "': unknown unit '", given_unit,
              "'; use B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)");
-  return static_cast<int64_t>(std::llround(v * it->second));
+  // Digits only (no sign, no exponent): strtold cannot fail; hundreds of
+  // digits read as a huge value, refused below rather than thrown as "stod".
+  const long double bytes = std::strtold(number.c_str(), nullptr) * it->second;
+  constexpr long double kMax = 9223372036854775807.0L;  // 2^63 - 1, what a file size can be
+  FSDP_CHECK(bytes <= kMax, flag, " '", text, "' is more than the largest size, 2^63 - 1 bytes (8 EiB); give a "
+             "size this machine can have, e.g. 5GB", zero);
+  const int64_t n = static_cast<int64_t>(std::llroundl(bytes));
+  FSDP_CHECK(n > 0 || bytes == 0, flag, " '", text, "' is less than one byte; give at least 1 byte", zero);
+  return n;
 }
 
 at::ScalarType parse_export_dtype(const std::string& s) {
