@@ -79,3 +79,24 @@ function(fsdp_area dir)
     add_subdirectory(${dir})
   endif()
 endfunction()
+
+# fsdp_add_build_tree_paths(DIR): every executable defined in DIR and below gets the generated
+# source that tells it where this build tree keeps what libraries load at run time (the
+# SentencePiece module: src/data/CMakeLists.txt). Only programs built here carry a build-tree
+# path; the libraries `cmake --install` ships reference it weakly and carry none.
+function(fsdp_add_build_tree_paths dir)
+  get_property(targets DIRECTORY ${dir} PROPERTY BUILDSYSTEM_TARGETS)
+  foreach(t IN LISTS targets)
+    get_target_property(type ${t} TYPE)
+    if(type STREQUAL "EXECUTABLE")
+      set(generated ${PROJECT_BINARY_DIR}/generated/spm_build_path.cpp)
+      target_sources(${t} PRIVATE ${generated})
+      # One line of C: LibTorch's precompiled header would cost each program seconds.
+      set_source_files_properties(${generated} TARGET_DIRECTORY ${t} PROPERTIES SKIP_PRECOMPILE_HEADERS ON)
+    endif()
+  endforeach()
+  get_property(subdirs DIRECTORY ${dir} PROPERTY SUBDIRECTORIES)
+  foreach(sub IN LISTS subdirs)
+    fsdp_add_build_tree_paths(${sub})
+  endforeach()
+endfunction()

@@ -26,6 +26,11 @@
 #include <cstdlib>
 #include <filesystem>
 
+// The build tree's module, defined only in programs built in the tree
+// (src/data/CMakeLists.txt generates it); null in a program that links the
+// installed library, which names no path of the tree it was built in.
+extern "C" const char* fsdp_spm_shim_build_path() __attribute__((weak));
+
 namespace fsdp::data {
 namespace {
 
@@ -50,9 +55,7 @@ std::vector<std::string> shim_candidates() {
     out.push_back((exe.parent_path() / kShimName).string());
     out.push_back((exe.parent_path().parent_path() / "lib" / kShimName).string());
   }
-#ifdef FSDP_SPM_SHIM_PATH
-  out.emplace_back(FSDP_SPM_SHIM_PATH);
-#endif
+  if (fsdp_spm_shim_build_path != nullptr) out.emplace_back(fsdp_spm_shim_build_path());
   out.emplace_back(kShimName);  // the dynamic loader's search path
   return out;
 }

@@ -81,9 +81,13 @@ def step_install(a):
                if not (prefix / "include" / p.relative_to(a.source / "include")).is_file()]
     if missing:
         raise Failed(f"headers not installed: {missing}")
-    # Nothing installed names the build tree: the package must work with it gone.
-    for f in config.iterdir():
-        if str(a.build) in f.read_text():
+    # Nothing installed names the build tree: the package must work with it gone, and a program
+    # linked against it must never load a file of the tree it was built in (issue 50: the
+    # installed libfsdp_data.a named the build tree's libfsdp_spm_shim.so). Every file, the
+    # libraries' bytes included.
+    tree = str(Path(a.build).resolve()).encode()
+    for f in sorted(p for p in prefix.rglob("*") if p.is_file()):
+        if tree in f.read_bytes():
             raise Failed(f"{f} names the build tree {a.build}")
     print(f"installed to {prefix}")
 
