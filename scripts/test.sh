@@ -90,10 +90,11 @@ if [[ "${FSDP_SKIP_PACK:-0}" != 1 && $# -eq 0 ]]; then
     in_root OUT="$fresh/out/dry-run" "$fresh/pack/run.sh" --dry-run || pack_rc=$?
   fi
   if ((pack_rc != 0)); then
-    echo "test.sh: the GPU pack's self-test or dry run failed (exit $pack_rc)" >&2
+    echo "test.sh: the GPU pack's build, self-test or dry run failed (exit $pack_rc) after ${SECONDS}s" >&2
     rc=1
+  else
+    echo "test.sh: GPU pack built, self-tested and dry-run in a minimal root in ${SECONDS}s"
   fi
-  echo "test.sh: GPU pack built, self-tested and dry-run in a minimal root in ${SECONDS}s"
 fi
 
 # Skipped tests: named always; a failure under CI=true.

@@ -166,7 +166,22 @@ def parse_args(argv):
     rdzv.add_argument("--etcd-image", default="quay.io/coreos/etcd:v3.5.17",
                       help="etcd image; must serve the v2 API (etcd <= 3.5)")
     rdzv.add_argument("--rdzv-id", help="rendezvous id (default: JOB_NAME-UTC timestamp, unique per generation)")
-    return p, p.parse_args(argv)
+    return p, p.parse_args(attach_flag_values(argv, ("--train-args",)))
+
+
+def attach_flag_values(argv, flags):
+    """`--train-args '--metrics-port=1'` as `--train-args=--metrics-port=1`: argparse takes a value that starts
+    with '-' for an option of its own ("expected one argument"), and fsdp-train's flags all do."""
+    argv = list(argv if argv is not None else sys.argv[1:])
+    out, i = [], 0
+    while i < len(argv):
+        if argv[i] in flags and i + 1 < len(argv):
+            out.append(f"{argv[i]}={argv[i + 1]}")
+            i += 2
+        else:
+            out.append(argv[i])
+            i += 1
+    return out
 
 
 def check(cond, message):
