@@ -3,17 +3,22 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <optional>
 #include <random>
 #include <set>
 
+#include "carried.h"
 #include "dcp_format.h"
 #include "file_io.h"
 #include "fsdp/checkpoint/agreement.h"
 #include "fsdp/checkpoint/ownership.h"
 #include "fsdp/checkpoint/safetensors.h"
+#include "fsdp/common/json_input.h"
+#include "manifest.h"
 #include "save_job.h"
 #include "shard_position.h"
 
@@ -419,6 +424,17 @@ class Damage {
   std::string checkpoint_;
 };
 
+// A JSON object held in a checkpoint file (a metadata string, an item), read
+// by the bounded reader (fsdp/common/json_input.h): anything else is damage.
+nlohmann::json json_object_of(const std::string& text, const std::string& file, const std::string& what,
+                              const Damage& damaged) {
+  std::string why;
+  std::optional<nlohmann::json> j = parse_json_input(text, why);
+  if (!j) damaged(file, what, " is not valid JSON: ", why);
+  if (!j->is_object()) damaged(file, what, " is not a JSON object");
+  return std::move(*j);
+}
+
 size_t file_index(Catalog& c, const std::string& path) {
   const auto it = std::find(c.files.begin(), c.files.end(), path);
   if (it != c.files.end()) return static_cast<size_t>(it - c.files.begin());
@@ -449,7 +465,7 @@ Catalog catalog_torch_save(const fs::path& dir, const Damage& damaged) {
     damaged(dcp::kMetadataFile, "has ", size, " bytes, more than the ", kMaxMetadata, " this reader reads");
   }
   try {
-    bytes = io::read_text_file((dir / dcp::kMetadataFile).string());
+    bytes = io::read_text_file((dir / dcp::kMetadataFile).string(), io::File::Links::kRefuse);
   } catch (const std::exception& e) {
     damaged(dcp::kMetadataFile, "cannot be read (", e.what(), ")");
   }
@@ -492,13 +508,13 @@ Catalog catalog_safetensors(const fs::path& dir, const Damage& damaged) {
   std::sort(paths.begin(), paths.end());
   for (const fs::path& path : paths) {
     const std::string name = path.filename().string();
+    if (fs::is_symlink(path, ec)) damaged(name, "is a symbolic link, not a file of the checkpoint's own");
     try {
       SafetensorsFile f(path.string());
       nlohmann::json info = nlohmann::json::object();
       const auto it = f.metadata().find("DCP_SHARDING_INFO");
       if (it != f.metadata().end()) {
-        info = nlohmann::json::parse(it->second, nullptr, /*allow_exceptions=*/false);
-        if (!info.is_object()) damaged(name, "its DCP_SHARDING_INFO is not a JSON object");
+        info = json_object_of(it->second, name, "its DCP_SHARDING_INFO", damaged);
       }
       if (const auto st = f.metadata().find(kStateKey); st != f.metadata().end()) c.state_json = st->second;
       const size_t fi = file_index(c, path.string());
@@ -575,7 +591,7 @@ class Files {
   io::File& get(size_t f) {
     if (!open_[f].is_open()) {
       try {
-        open_[f] = io::File::open_read(c_.files[f]);
+        open_[f] = io::File::open_read(c_.files[f], io::File::Links::kRefuse);
       } catch (const std::exception& e) {
         damaged_(name(f), "cannot be read: ", strip_rank_tag(e.what()));
       }
@@ -615,13 +631,23 @@ struct Run {
   int64_t dst_offset = 0;
 };
 
+// The names of the files holding tensor `t`'s chunks, in order ("a.safetensors, b.safetensors").
+std::string chunk_files(const SavedTensor& t, const Catalog& c) {
+  std::set<std::string> names;
+  for (size_t s : t.sources) names.insert(fs::path(c.files[c.sources[s].file]).filename().string());
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
 // Note [DCP resharding]: this part's elements, line by line along the last
 // dimension, from the saved chunks that hold them.
 void plan_part(const LocalPart& p, const SavedTensor& t, const Catalog& c, const DcpNames& names,
-               std::vector<Run>* out) {
+               const Damage& damaged, std::vector<Run>* out) {
   const size_t nd = p.shape.size();
   const int64_t last = nd == 0 ? 1 : p.shape.back();
   std::vector<int64_t> prefix(nd > 0 ? nd - 1 : 0), saved(prefix.size());
+  std::vector<std::pair<int64_t, int64_t>> segments;  // [lo, hi) of the line held by each chunk
   for (int64_t e = p.lo; e < p.hi;) {
     const int64_t line = e / last;
     const int64_t c0 = e % last;
@@ -647,6 +673,7 @@ void plan_part(const LocalPart& p, const SavedTensor& t, const Catalog& c, const
                            [&](int64_t r, size_t s) { return r < c.sources[s].chunk.offsets[0]; }) -
           t.sources.begin());
     }
+    segments.clear();
     for (size_t k = hi_idx; k-- > 0;) {
       const Source& src = c.sources[t.sources[k]];
       const dcp::Chunk& ch = src.chunk;
@@ -654,6 +681,7 @@ void plan_part(const LocalPart& p, const SavedTensor& t, const Catalog& c, const
       if (nd == 0 || !contains(ch)) continue;
       const int64_t lo = std::max(c0, ch.offsets.back()), hi = std::min(c1, ch.offsets.back() + ch.sizes.back());
       if (lo >= hi) continue;
+      segments.emplace_back(lo, hi);
       int64_t idx = 0;
       for (size_t d = 0; d < saved.size(); ++d) idx = idx * ch.sizes[d] + (saved[d] - ch.offsets[d]);
       idx = idx * ch.sizes.back() + (lo - ch.offsets.back());
@@ -667,6 +695,26 @@ void plan_part(const LocalPart& p, const SavedTensor& t, const Catalog& c, const
         }
       }
       out->push_back(std::move(r));
+    }
+    // Note [Chunks cover once] (src/checkpoint/dcp_format.cpp): every element of the line
+    // held exactly once, whatever the metadata's own check could afford.
+    if (nd > 0) {
+      std::sort(segments.begin(), segments.end());
+      int64_t at = c0;
+      // Where the chunks are described: .metadata, or the safetensors files' DCP_SHARDING_INFO.
+      const std::string where = c.format == DcpFormat::kTorchSave ? std::string(dcp::kMetadataFile)
+                                                                  : chunk_files(t, c);
+      for (const auto& [lo, hi] : segments) {
+        if (lo != at) {
+          damaged(where, "the chunks of '", p.key, "' ", lo < at ? "overlap" : "leave a gap", " at row ", line,
+                  ", column ", std::min(lo, at), " (chunks must cover the tensor exactly once)");
+        }
+        at = hi;
+      }
+      if (at != c1) {
+        damaged(where, "the chunks of '", p.key, "' leave a gap at row ", line, ", column ", at,
+                " (chunks must cover the tensor exactly once)");
+      }
     }
     e = line * last + c1;
   }
@@ -729,6 +777,25 @@ int64_t read_runs(std::vector<Run>& runs, Catalog& c, Files& files) {
     i = j;
   }
   return bytes;
+}
+
+// Weights are finite: a NaN or inf loaded here would surface steps later as
+// a NaN loss far from its cause (as a Hugging Face directory's are checked,
+// checkpoint/safetensors.h). The first one found is named with its files.
+void check_finite(const std::vector<LocalPart>& parts, const Catalog& c, const Damage& damaged) {
+  at::NoGradGuard no_grad;
+  for (const LocalPart& p : parts) {
+    if (!p.is_param || p.hi <= p.lo) continue;
+    const at::Tensor v = p.shard.narrow(0, p.shard_begin, p.hi - p.lo);
+    if (at::isfinite(v).all().item<bool>()) continue;
+    const int64_t i = at::logical_not(at::isfinite(v)).nonzero()[0].item<int64_t>();
+    const double x = v[i].item<double>();
+    const auto it = c.tensors.find(p.key);
+    const std::string names = it != c.tensors.end() ? chunk_files(it->second, c) : std::string();
+    damaged(names.empty() ? std::string(dcp::kMetadataFile) : names, "tensor '", p.key, "' holds ",
+            std::isnan(x) ? "NaN" : "inf", " (element ", p.lo + i, "): the weights are damaged; save them again from "
+            "a run that had finite weights");
+  }
 }
 
 // A 0-d tensor item's value (a step count).
@@ -882,7 +949,7 @@ int64_t finish_dcp_write(const std::string& dir, const Agreement& all, const Dcp
   int64_t total = 0;
   std::vector<nlohmann::json> every;
   for (const RankStatus& r : all.ranks()) {
-    const nlohmann::json j = nlohmann::json::parse(r.payload);
+    const nlohmann::json j = r.payload_json();
     total += j.at("bytes").get<int64_t>();
     every.push_back(j.at("records"));
   }
@@ -910,19 +977,29 @@ IoStats write_dcp_files(const std::string& dir, ShardedModel& model, const std::
   return IoStats{total, io::now_seconds() - t0};
 }
 
+void check_dcp_target(const std::string& dir, const std::string& flag) {
+  const fs::path final = fs::absolute(fs::path(dir)).lexically_normal();
+  FSDP_CHECK(final.has_filename() && final.filename() != "." && final.filename() != "..", flag, " ", dir,
+             " must name a directory to create, not the current or a parent directory");
+  std::error_code ec;
+  // The checkpoint is renamed into place at DIR: at a symbolic link that would
+  // replace the user's link, not fill the directory it names (as --export-hf).
+  FSDP_CHECK(!fs::is_symlink(fs::symlink_status(final, ec)), flag, " ", dir, " is a symbolic link (to ",
+             fs::read_symlink(final, ec).string(), "); a DCP save replaces the directory at its path, which would "
+             "replace the link — give the directory's own path");
+  const bool exists = fs::exists(fs::symlink_status(final, ec));
+  FSDP_CHECK(!exists || (fs::is_directory(final, ec) && fs::is_empty(final, ec)) || is_owned_directory(final.string()),
+             flag, " ", dir, " exists and is neither empty nor a directory this program wrote; choose a new directory");
+}
+
 IoStats save_dcp(const std::string& dir, ShardedModel& model, const std::vector<StateOwner*>& owners,
                  comm::ProcessGroup& group, const DcpSaveOptions& options) {
   const fs::path final = fs::absolute(fs::path(dir)).lexically_normal();
-  FSDP_CHECK(final.has_filename() && final.filename() != "." && final.filename() != "..", "DCP output ", dir,
-             " must name a directory to create, not the current or a parent directory");
   const fs::path tmp = final.parent_path() / (".tmp-" + final.filename().string());
   RankStatus prepared;
   if (group.rank() == 0) {
     prepared = RankStatus::capture([&] {
-      std::error_code ec;
-      const bool exists = fs::exists(fs::symlink_status(final, ec));
-      FSDP_CHECK(!exists || (fs::is_directory(final, ec) && fs::is_empty(final, ec)) || is_owned_directory(final.string()),
-                 "DCP output ", dir, " exists and is not a directory this program wrote; move it or choose another");
+      check_dcp_target(dir, "DCP output");
       fs::create_directories(final.parent_path());
       remove_owned_directory(tmp.string());
       create_owned_directory(tmp.string());
@@ -937,7 +1014,12 @@ IoStats save_dcp(const std::string& dir, ShardedModel& model, const std::vector<
     throw;
   }
   RankStatus committed;
-  if (group.rank() == 0) committed = RankStatus::capture([&] { io::replace_directory(tmp.string(), final.string()); });
+  if (group.rank() == 0) {
+    committed = RankStatus::capture([&] {
+      write_carried_files(tmp.string(), options.carried);
+      io::replace_directory(tmp.string(), final.string());
+    });
+  }
   agree(group, committed).raise_if_failed("saving DCP checkpoint " + dir + " failed");
   return io;
 }
@@ -959,6 +1041,7 @@ DcpLoadResult load_dcp(const std::string& dir, ShardedModel& model, const std::v
     Catalog c = fs::is_regular_file(root / dcp::kMetadataFile, ec) ? catalog_torch_save(root, damaged)
                                                                     : catalog_safetensors(root, damaged);
     result.format = c.format;
+    result.carried = read_carried_files(root, nullptr, name.empty() ? dir : name);
     Files files(c, damaged);
     const Slots slots = collect_slots(model, owners);
     bool with_slots = options.load_optimizer;
@@ -998,17 +1081,11 @@ DcpLoadResult load_dcp(const std::string& dir, ShardedModel& model, const std::v
       FSDP_CHECK(t.size == p.shape, "DCP checkpoint ", dir, " holds a different model: '", p.key, "' has shape ",
                  c10::IntArrayRef(t.size), " there but ", c10::IntArrayRef(p.shape), " in this model (parameter '",
                  p.ours, "')");
-      const size_t before = runs.size();
-      plan_part(p, t, c, options.names, &runs);
-      int64_t covered = 0;
-      for (size_t k = before; k < runs.size(); ++k) covered += runs[k].count;
-      if (covered != p.hi - p.lo) {
-        damaged(dcp::kMetadataFile, "the chunks of '", p.key, "' cover ", covered, " of the ", p.hi - p.lo,
-                " elements this rank needs");
-      }
+      plan_part(p, t, c, options.names, damaged, &runs);  // Note [Chunks cover once]
     }
     for (const Run& r : runs) resolve(c.sources[r.source], files, damaged);
     bytes_read = read_runs(runs, c, files);
+    check_finite(parts, c, damaged);
     // The step count: PyTorch's per-parameter step (the same for all), else torchtitan's train_state.step.
     if (with_slots) {
       for (const LocalPart& p : parts) {
@@ -1038,8 +1115,7 @@ DcpLoadResult load_dcp(const std::string& dir, ShardedModel& model, const std::v
       }
     }
     if (!text.empty()) {
-      state = nlohmann::json::parse(text, nullptr, /*allow_exceptions=*/false);
-      if (!state.is_object()) damaged(kStateKey, "is not a JSON object");
+      state = json_object_of(text, kStateKey, "the owners' metadata", damaged);
     }
   });
   const Agreement all = agree(group, status);
@@ -1055,7 +1131,7 @@ DcpLoadResult load_dcp(const std::string& dir, ShardedModel& model, const std::v
   if (result.optimizer_loaded && state.is_object()) {
     for (StateOwner* o : owners) {
       const std::string key = o->state_key();
-      o->load_state_metadata(state.contains(key) ? state[key] : nlohmann::json());
+      hand_saved_state(*o, state.contains(key) ? state[key] : nlohmann::json(), name, kStateKey);
     }
   }
   at::Tensor total = at::full({1}, static_cast<double>(bytes_read), at::kDouble);

@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstring>
+#include <exception>
 #include <limits>
 #include <tuple>
 
@@ -103,6 +104,78 @@ int64_t product(const std::vector<int64_t>& sizes, const std::string& origin, co
   return n;
 }
 
+// Note [Materialized volume] (issue 50)
+// A pickle's values form a graph, not a tree: memo GET and DUP share a value
+// for two bytes, so a 124-byte pickle reaches 2^60 leaves when its values are
+// walked as a tree (a tuple of two references to the tuple before, 60 times).
+// What a reader copies out of the values (entries, chunks, strings) is
+// therefore bounded by the input's own size times a margin no pickle that
+// Python writes comes near: Python shares a value only where one object is
+// referenced twice (a dtype, a class), never to repeat a tensor's metadata.
+class Budget {
+ public:
+  Budget(size_t input_bytes, const std::string& origin)
+      : limit_(kFactor * static_cast<int64_t>(input_bytes) + kSlack), left_(limit_), origin_(origin) {}
+  // `n` more values or bytes copied out.
+  void spend(int64_t n) {
+    left_ -= n;
+    if (left_ < 0) {
+      bad(origin_, "its values would expand to more than ", limit_, " entries and bytes (", kFactor,
+          " times the pickle's size): values shared through the memo so that reading them copies far more than the "
+          "file holds — a damaged or hostile pickle, not one PyTorch writes");
+    }
+  }
+
+ private:
+  static constexpr int64_t kFactor = 16;
+  static constexpr int64_t kSlack = 4096;
+  int64_t limit_;
+  int64_t left_;
+  std::string origin_;
+};
+
+// Note [Chunks cover once] (issue 50): a tensor's chunks hold each element
+// exactly once. Their element count equal to the tensor's is not enough —
+// chunks that overlap and leave a gap hold as many — but with it, pairwise
+// disjoint chunks cover the tensor. Checked here by a sweep along the first
+// dimension (a chunk is compared only with those whose rows it meets: one
+// neighbour for a row-sharded tensor, the tensor-parallel degree for a 2-D
+// layout) within a budget of comparisons; a layout past the budget is left
+// to the loader, which checks every line it reads (dcp.cpp, plan_part), so
+// no layout loads a gap or an overlap either way.
+void check_disjoint(const std::string& what, const std::vector<Chunk>& chunks, const std::string& origin,
+                    int64_t& budget) {
+  if (chunks.size() < 2 || chunks[0].offsets.empty()) return;
+  std::vector<const Chunk*> order;
+  for (const Chunk& c : chunks) order.push_back(&c);
+  std::sort(order.begin(), order.end(), [](const Chunk* a, const Chunk* b) { return a->offsets < b->offsets; });
+  auto meet = [](const Chunk& a, const Chunk& b) {
+    for (size_t d = 0; d < a.offsets.size(); ++d) {
+      if (a.offsets[d] >= b.offsets[d] + b.sizes[d] || b.offsets[d] >= a.offsets[d] + a.sizes[d]) return false;
+    }
+    return a.numel() > 0 && b.numel() > 0;
+  };
+  auto at = [](const Chunk& c) {
+    std::string s;
+    for (int64_t x : c.offsets) s += (s.empty() ? "" : ", ") + std::to_string(x);
+    return "(" + s + ")";
+  };
+  std::vector<const Chunk*> active;  // chunks whose rows reach the current one's first row
+  for (const Chunk* c : order) {
+    active.erase(std::remove_if(active.begin(), active.end(),
+                                [&](const Chunk* a) { return a->offsets[0] + a->sizes[0] <= c->offsets[0]; }),
+                 active.end());
+    for (const Chunk* a : active) {
+      if (--budget < 0) return;  // the loader's line check covers the rest
+      if (meet(*a, *c)) {
+        bad(origin, what, ": its chunks at offsets ", at(*a), " and ", at(*c), " overlap (chunks must cover the "
+            "tensor exactly once)");
+      }
+    }
+    active.push_back(c);
+  }
+}
+
 }  // namespace
 
 int64_t Chunk::numel() const {
@@ -169,12 +242,15 @@ Metadata parse_metadata(const std::string& bytes, const std::string& origin) {
   const pickle::Pickled p = pickle::read(bytes, metadata_allow_list(), origin);
   const Value& root = *p.root;
   expect_object(root, kMetadataModule, "Metadata", origin, "the pickled object");
+  Budget budget(bytes.size(), origin);  // Note [Materialized volume]
+  int64_t comparisons = 1'000'000 + 64 * static_cast<int64_t>(bytes.size() / 16);  // Note [Chunks cover once]
   Metadata m;
   const Value& sdm = need(root.get("state_dict_metadata"), origin, "state_dict_metadata");
   if (sdm.kind != Kind::kDict) bad(origin, "state_dict_metadata is not a dict");
   for (size_t k = 0; k + 1 < sdm.items.size(); k += 2) {
     const std::string& fqn = sdm.items[k]->as_str("a state_dict_metadata key");
     const Value& v = *sdm.items[k + 1];
+    budget.spend(1 + static_cast<int64_t>(fqn.size()));
     const std::string what = "state_dict_metadata['" + fqn + "']";
     if (is_object(v, kMetadataModule, "BytesStorageMetadata")) {
       m.bytes.push_back(fqn);
@@ -198,6 +274,7 @@ Metadata parse_metadata(const std::string& bytes, const std::string& origin) {
     int64_t covered = 0;
     for (const Value* c : chunks.items) {
       expect_object(*c, kMetadataModule, "ChunkStorageMetadata", origin, what + ".chunks[]");
+      budget.spend(1 + 2 * static_cast<int64_t>(t.size.size()));
       Chunk ch;
       ch.offsets = size_of(need(c->get("offsets"), origin, what + " chunk offsets"), origin, what + " chunk offsets");
       ch.sizes = size_of(need(c->get("sizes"), origin, what + " chunk sizes"), origin, what + " chunk sizes");
@@ -218,6 +295,7 @@ Metadata parse_metadata(const std::string& bytes, const std::string& origin) {
       bad(origin, what, ": its chunks hold ", covered, " elements, the tensor has ", numel,
           " (chunks overlap or leave a gap)");
     }
+    check_disjoint(what, t.chunks, origin, comparisons);  // Note [Chunks cover once]
     m.tensors[fqn] = std::move(t);
   }
   if (const Value* pd = root.get("planner_data"); pd != nullptr && pd->kind == Kind::kDict) {
@@ -225,7 +303,9 @@ Metadata parse_metadata(const std::string& bytes, const std::string& origin) {
       const Value& path = *pd->items[k + 1];
       if (pd->items[k]->kind != Kind::kStr || (path.kind != Kind::kTuple && path.kind != Kind::kList)) continue;
       std::vector<std::string> parts;
+      budget.spend(1 + static_cast<int64_t>(pd->items[k]->s.size()));
       for (const Value* x : path.items) {
+        budget.spend(1 + static_cast<int64_t>(x->s.size()));
         if (x->kind == Kind::kStr) {
           parts.push_back(x->s);
         } else if (x->kind == Kind::kInt) {
@@ -249,6 +329,7 @@ Metadata parse_metadata(const std::string& bytes, const std::string& origin) {
     if (key.tensor) key.offsets = size_of(*off, origin, "MetadataIndex('" + key.fqn + "').offset");
     StorageInfo s;
     s.relative_path = need(info.get("relative_path"), origin, "_StorageInfo.relative_path").as_str("relative_path");
+    budget.spend(1 + static_cast<int64_t>(key.fqn.size() + key.offsets.size() + s.relative_path.size()));
     s.offset = int_of(need(info.get("offset"), origin, "_StorageInfo.offset"), origin, "_StorageInfo.offset");
     s.length = int_of(need(info.get("length"), origin, "_StorageInfo.length"), origin, "_StorageInfo.length");
     if (const Value* tr = info.get("transform_descriptors");
@@ -393,8 +474,9 @@ std::string data_pkl(caffe2::serialize::PyTorchStreamReader& zip, const std::str
   return s;
 }
 
-PyValue py_value(const Value& v, const std::string& origin, int depth) {
+PyValue py_value(const Value& v, const std::string& origin, int depth, Budget& budget) {
   if (depth > pickle::kMaxDepth) bad(origin, "a value nested deeper than ", pickle::kMaxDepth, " levels");
+  budget.spend(1 + static_cast<int64_t>(v.s.size()));  // Note [Materialized volume]
   PyValue out;
   out.kind = v.kind;
   switch (v.kind) {
@@ -406,7 +488,7 @@ PyValue py_value(const Value& v, const std::string& origin, int depth) {
     case Kind::kBytes: out.s = v.s; break;
     case Kind::kTuple:
     case Kind::kList:
-      for (const Value* x : v.items) out.items.push_back(py_value(*x, origin, depth + 1));
+      for (const Value* x : v.items) out.items.push_back(py_value(*x, origin, depth + 1, budget));
       break;
     default: bad(origin, "holds a ", pickle::kind_name(v.kind), " where a plain value was expected");
   }
@@ -434,17 +516,32 @@ const Value* py_to_pickle(pickle::Builder& b, const PyValue& v, int depth) {
 }
 
 // torch.save's records around data.pkl, as torch.serialization._save writes them.
+// The sink's error (a full disk: it names the file and says so) is what the
+// caller gets. It must not pass through the zip writer: thrown from inside
+// miniz, it left the writer's position behind, and the writer's next record
+// replaced it with "unexpected pos 704 vs 598" (issue 50). So the first error
+// is kept, the writer is told every byte went (nothing more is written), and
+// the error is raised once the archive is done.
 void archive(const std::string& pkl, const at::Tensor* data, const Sink& sink) {
-  caffe2::serialize::PyTorchStreamWriter zip([&](const void* p, size_t n) {
-    sink(p, n);
-    return n;
-  });
-  zip.writeRecord("data.pkl", pkl.data(), pkl.size());
-  zip.writeRecord(".format_version", "1", 1);
-  zip.writeRecord(".storage_alignment", "64", 2);
-  zip.writeRecord("byteorder", "little", 6);
-  if (data != nullptr) zip.writeRecord("data/0", data->data_ptr(), static_cast<size_t>(data->nbytes()));
-  zip.writeEndOfFile();
+  std::exception_ptr failed;
+  {
+    caffe2::serialize::PyTorchStreamWriter zip([&](const void* p, size_t n) {
+      if (failed) return n;
+      try {
+        sink(p, n);
+      } catch (...) {
+        failed = std::current_exception();
+      }
+      return n;
+    });
+    zip.writeRecord("data.pkl", pkl.data(), pkl.size());
+    zip.writeRecord(".format_version", "1", 1);
+    zip.writeRecord(".storage_alignment", "64", 2);
+    zip.writeRecord("byteorder", "little", 6);
+    if (data != nullptr) zip.writeRecord("data/0", data->data_ptr(), static_cast<size_t>(data->nbytes()));
+    zip.writeEndOfFile();
+  }
+  if (failed) std::rethrow_exception(failed);
 }
 
 }  // namespace
@@ -477,15 +574,15 @@ TensorRecord read_tensor_item(const ReadAt& read, int64_t length, const std::str
     r.size = size_of(*t.items[2], origin, "the tensor's size");
     r.stride = size_of(*t.items[3], origin, "the tensor's stride");
     if (r.size.size() != r.stride.size()) bad(origin, "data.pkl: size and stride differ in length");
-    int64_t expect = 1;
-    for (size_t d = r.size.size(); d-- > 0;) {
+    const int64_t numel = product(r.size, origin, "the tensor");  // checked before the strides multiply sizes
+    int64_t expect = 1;  // every partial product is at most numel (an empty tensor has no layout to check)
+    for (size_t d = r.size.size(); numel > 0 && d-- > 0;) {
       if (r.size[d] != 1 && r.stride[d] != expect) {
         bad(origin, "holds a tensor that is not contiguous (stride ", r.stride[d], " in dimension ", d, "); this "
             "reader reads row-major chunks, as DCP writes them");
       }
       expect *= r.size[d];
     }
-    const int64_t numel = product(r.size, origin, "the tensor");
     const int64_t elem = static_cast<int64_t>(c10::elementSize(r.dtype));
     if (r.storage_numel > length / elem) bad(origin, "data.pkl: a storage of ", r.storage_numel, " elements in an item of ", length, " bytes");
     if (r.storage_numel < 0 || r.storage_offset < 0 || numel > r.storage_numel - r.storage_offset) {
@@ -510,7 +607,8 @@ PyValue read_value_item(const ReadAt& read, int64_t length, const std::string& o
   return with_archive(read, length, origin, [&](caffe2::serialize::PyTorchStreamReader& zip) {
     const std::string pkl = data_pkl(zip, origin);
     const pickle::Pickled p = pickle::read(pkl, {}, origin + " data.pkl");
-    return py_value(*p.root, origin, 0);
+    Budget budget(pkl.size(), origin + " data.pkl");
+    return py_value(*p.root, origin, 0, budget);
   });
 }
 

@@ -159,7 +159,12 @@ class Reader {
     return t;
   }
   void memo_put(uint64_t idx, size_t at) {
-    if (idx >= static_cast<uint64_t>(kMaxMemo)) fail(at, "memo index ", idx, " beyond the limit ", kMaxMemo);
+    // Each memo entry costs an opcode of at least one byte, and Python numbers
+    // them from 0: a pickle of n bytes never needs an index of n or more. The
+    // limit grows with the file, so no valid checkpoint exceeds it (a 70B model's
+    // .metadata at 64 ranks holds ~2.3M entries), and the memo stays within 8
+    // bytes per byte of input.
+    if (idx >= in_.size()) fail(at, "memo index ", idx, " beyond what a pickle of ", in_.size(), " bytes can number");
     if (memo_.size() <= idx) memo_.resize(static_cast<size_t>(idx) + 1, nullptr);
     memo_[static_cast<size_t>(idx)] = top(at);
   }

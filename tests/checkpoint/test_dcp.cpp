@@ -9,6 +9,7 @@
 
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <sstream>
 
 #include "ckpt_test_util.h"
@@ -224,6 +225,70 @@ TEST(Dcp, HostileDirectoriesAreClearErrorsNamingTheFile) {
     EXPECT_CONTAINS(e, "gate_proj.weight");
     EXPECT_CONTAINS(e, "[72, 32]");
     EXPECT_CONTAINS(e, "[64, 32]");
+  });
+}
+
+// Issue 50, finding 5: chunks that overlap and leave a gap hold as many elements as the tensor, so
+// the metadata's count check passes; the load finds both (Note [Chunks cover once]) instead of
+// loading the gap as zeros. Finding 16: NaN weights are damage naming the tensor and the file.
+TEST(Dcp, ChunksMustCoverOnceAndWeightsBeFinite) {
+  const std::string dir = testing::temp_dir("dcp-cover");
+  const std::string ck = dir + "/ckpt";
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    auto m = make_sharded_llama(pg, "full");
+    checkpoint::save_dcp(ck, *m.sharded, {m.opt.get()}, pg);
+  });
+  const bool parent = !testing::is_worker();
+  const std::string metadata = slurp(ck + "/.metadata");
+  std::string moved;
+  if (parent) {
+    auto md = checkpoint::dcp::parse_metadata(metadata, ".metadata");
+    // A tensor in two chunks of whole rows: the second moved up a row.
+    for (auto& [fqn, t] : md.tensors) {
+      if (t.size.size() != 2 || t.chunks.size() != 2 || t.chunks[1].offsets[0] == 0) continue;
+      if (t.chunks[0].sizes[1] != t.size[1] || t.chunks[1].sizes[1] != t.size[1]) continue;
+      checkpoint::dcp::Chunk& second = t.chunks[1];
+      const auto at = md.storage.find({fqn, true, second.offsets});
+      ASSERT_NE(at, md.storage.end());
+      const checkpoint::dcp::StorageInfo where = at->second;
+      md.storage.erase(at);
+      second.offsets[0] -= 1;
+      md.storage[{fqn, true, second.offsets}] = where;
+      moved = fqn;
+      break;
+    }
+    ASSERT_FALSE(moved.empty()) << "no tensor saved in two chunks of rows";
+    spit(ck + "/.metadata", checkpoint::dcp::write_metadata(md, ck, "id"));
+    spit(dir + "/moved.txt", moved);
+  }
+  if (!parent) moved = slurp(dir + "/moved.txt");
+  for (int world : {1, 2}) {
+    testing::run_distributed(world, [&](comm::ProcessGroup& pg) {
+      auto m = make_sharded_llama(pg, "full", "block", 3);
+      const std::string msg = testing::error_of<checkpoint::DamagedCheckpoint>(
+          [&] { checkpoint::load_dcp(ck, *m.sharded, {m.opt.get()}, pg); });
+      EXPECT_CONTAINS(msg, moved);
+      EXPECT_CONTAINS(msg, "exactly once");
+    });
+  }
+  if (parent) spit(ck + "/.metadata", metadata);
+  // NaN in a weight: saved as it is, refused on load, naming the tensor and its files.
+  const std::string nan_ck = dir + "/nan";
+  testing::run_distributed(1, [&](comm::ProcessGroup& pg) {
+    auto m = make_sharded_llama(pg, "full");
+    {
+      at::NoGradGuard no_grad;
+      m.sharded->shards().back().param.view(-1)[0] = std::numeric_limits<float>::quiet_NaN();
+    }
+    checkpoint::save_dcp(nan_ck, *m.sharded, {m.opt.get()}, pg);
+    auto fresh = make_sharded_llama(pg, "full", "block", 3);
+    checkpoint::DcpLoadOptions weights;
+    weights.load_optimizer = false;
+    const std::string msg = testing::error_of<checkpoint::DamagedCheckpoint>(
+        [&] { checkpoint::load_dcp(nan_ck, *fresh.sharded, {}, pg, weights); });
+    EXPECT_CONTAINS(msg, "NaN");
+    EXPECT_CONTAINS(msg, "__0_0.distcp");
+    EXPECT_CONTAINS(msg, "tensor 'model.");
   });
 }
 

@@ -8,6 +8,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <caffe2/serialize/inline_container.h>
+
 #include "dcp_format.h"
 #include "fsdp/checkpoint/pickle.h"
 #include "support/errors.h"
@@ -29,6 +31,30 @@ std::string seed(const std::string& target, const std::string& name) {
 
 std::string pickle_error(const std::string& bytes, const pickle::AllowList& allowed = {}) {
   return testing::error_of<PickleError>([&] { pickle::read(bytes, allowed, "test.pkl"); });
+}
+
+// A torch.save archive around `pkl` as its data.pkl (no tensor data), as a DCP item holds it.
+std::string archive_of(const std::string& pkl) {
+  std::string bytes;
+  caffe2::serialize::PyTorchStreamWriter zip([&](const void* p, size_t n) {
+    bytes.append(static_cast<const char*>(p), n);
+    return n;
+  });
+  zip.writeRecord("data.pkl", pkl.data(), pkl.size());
+  zip.writeRecord("byteorder", "little", 6);
+  zip.writeEndOfFile();
+  return bytes;
+}
+
+dcp::ReadAt reader_of(const std::string& bytes) {
+  return [&bytes](int64_t off, int64_t n, void* dst) { std::memcpy(dst, bytes.data() + off, static_cast<size_t>(n)); };
+}
+
+// EMPTY_TUPLE, then `n` times DUP + TUPLE2: 2^n leaves as a tree in 2 + 1 + 2n + 1 bytes (issue 50, finding 4).
+std::string shared_tuples(int n) {
+  std::string pkl("\x80\x02)", 3);
+  for (int i = 0; i < n; ++i) pkl += "2\x86";
+  return pkl + ".";
 }
 
 }  // namespace
@@ -164,6 +190,73 @@ TEST(DcpItem, ReadsTorchSaveArchivesAndWritesThemBack) {
   ASSERT_EQ(v.kind, Kind::kTuple);
   ASSERT_EQ(v.items.size(), 2u);
   EXPECT_DOUBLE_EQ(v.items[0].f, 0.9);
+}
+
+// Finding 4: a 124-byte "billion laughs" reads as 121 values sharing each other, and is refused
+// when a reader would copy it out as a tree, naming the file; a small shared graph still reads.
+TEST(DcpItem, ASharedValueGraphIsRefusedBeforeItExpands) {
+  const std::string laughs = shared_tuples(60);
+  ASSERT_EQ(laughs.size(), 124u);
+  EXPECT_NO_THROW(pickle::read(laughs, {}, "laughs.pkl"));  // 121 values: the graph itself is small
+  const std::string item = archive_of(laughs);
+  const std::string msg = testing::error_of<PickleError>([&] {
+    dcp::read_value_item(reader_of(item), static_cast<int64_t>(item.size()), "fsdp_cpp.state");
+  });
+  EXPECT_CONTAINS(msg, "fsdp_cpp.state");
+  EXPECT_CONTAINS(msg, "expand");
+  // 2^4 leaves from 12 bytes: within the margin (Note [Materialized volume]), read as Python would.
+  const std::string small = archive_of(shared_tuples(4));
+  const dcp::PyValue v = dcp::read_value_item(reader_of(small), static_cast<int64_t>(small.size()), "small");
+  ASSERT_EQ(v.kind, Kind::kTuple);
+  EXPECT_EQ(v.items.size(), 2u);
+}
+
+// Finding 6: memo indices past the fixed 1,000,000 of earlier versions, as a large run's .metadata
+// has them (PyTorch's pickler numbers every object it memoizes), read; an index no pickle of that
+// size can reach is still refused.
+TEST(Pickle, MemoGrowsWithTheInput) {
+  constexpr int kEntries = 1'200'000;
+  std::string pkl("\x80\x04]\x94(", 5);  // PROTO 4, EMPTY_LIST, MEMOIZE, MARK
+  for (int i = 0; i < kEntries; ++i) {
+    pkl += 'K';                                       // BININT1
+    pkl += static_cast<char>(i & 0x7f);
+    pkl += '\x94';                                    // MEMOIZE
+  }
+  pkl += "e";                                         // APPENDS
+  pkl += "r";                                         // LONG_BINPUT at the last index, rebinding it
+  const uint32_t last = kEntries;                     // the list is entry 0, the ints 1..kEntries
+  pkl.append(reinterpret_cast<const char*>(&last), 4);
+  pkl += "j";                                         // LONG_BINGET of it
+  pkl.append(reinterpret_cast<const char*>(&last), 4);
+  pkl += "0.";                                        // POP, STOP
+  const pickle::Pickled p = pickle::read(pkl, {}, "large.pkl");
+  ASSERT_EQ(p.root->kind, Kind::kList);
+  EXPECT_EQ(p.root->items.size(), static_cast<size_t>(kEntries));
+  EXPECT_EQ(p.root->items.back()->i, (kEntries - 1) & 0x7f);
+  EXPECT_CONTAINS(pickle_error(std::string("\x80\x02Nr\x40\x00\x00\x00.", 9)), "memo index 64");
+}
+
+// Finding 21: sizes whose product overflows 64 bits (2^40 x 2^40) are refused before the strides
+// multiply them (UBSan found the signed overflow), an empty tensor of such sizes included.
+TEST(DcpItem, SizesThatOverflowAreRefusedBeforeTheStrideCheck) {
+  for (const std::vector<int64_t>& size : std::vector<std::vector<int64_t>>{{int64_t{1} << 40, int64_t{1} << 40},
+                                                                           {0, int64_t{1} << 40, int64_t{1} << 40}}) {
+    pickle::Builder b;
+    std::vector<const pickle::Value*> dims, strides;
+    for (int64_t d : size) dims.push_back(b.integer(d));
+    for (size_t i = 0; i < size.size(); ++i) strides.push_back(b.integer(1));
+    const pickle::Value* storage = b.persistent(
+        b.tuple({b.str("storage"), b.global("torch", "FloatStorage"), b.str("0"), b.str("cpu"), b.integer(0)}));
+    const pickle::Value* t = b.object(b.global("torch._utils", "_rebuild_tensor_v2"),
+                                      b.tuple({storage, b.integer(0), b.tuple(dims), b.tuple(strides), b.boolean(false),
+                                               b.none()}));
+    const std::string item = archive_of(pickle::write(*t, 2));
+    const std::string msg = testing::error_of<PickleError>([&] {
+      dcp::read_tensor_item(reader_of(item), static_cast<int64_t>(item.size()), "huge item");
+    });
+    EXPECT_CONTAINS(msg, "huge item");
+    if (size[0] != 0) EXPECT_CONTAINS(msg, "too large");  // the empty one fails later: it has no data record
+  }
 }
 
 TEST(DcpItem, RefusesNonContiguousAndDamagedArchives) {

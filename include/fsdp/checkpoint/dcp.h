@@ -94,6 +94,9 @@ struct DcpSaveOptions {
   DcpLayout layout = DcpLayout::kTorch;
   DcpFormat format = DcpFormat::kTorchSave;
   DcpNames names;         // required for kTorchtitan
+  // save_dcp: copied by rank 0 into DIR/carried/ (Note [Carried files] in
+  // src/checkpoint/carried.h); dcp.load reads only what .metadata names.
+  std::vector<CarriedFile> carried;
 };
 
 // Writes the model's shards, the owners' slots (optimizer.state.<name>.<kind>)
@@ -103,6 +106,9 @@ struct DcpSaveOptions {
 // save_checkpoint with SaveOptions::format). Collective over `group`.
 IoStats write_dcp_files(const std::string& dir, ShardedModel& model, const std::vector<StateOwner*>& owners,
                         comm::ProcessGroup& group, const DcpSaveOptions& options = {});
+// UsageError naming `flag` unless DIR may receive save_dcp: not a symbolic
+// link, and absent, empty or a directory this program wrote.
+void check_dcp_target(const std::string& dir, const std::string& flag);
 // write_dcp_files into DIR.tmp (owned, Note [Ownership of what we delete]),
 // renamed to DIR when complete. DIR must not exist, or be a directory this
 // program wrote (an export or a DCP save of its own): UsageError otherwise.
@@ -124,6 +130,7 @@ struct DcpLoadResult {
   int64_t optimizer_step = -1;  // optimizer.state.<first param>.step, else train_state.step; -1: none
   bool optimizer_loaded = false;  // the owners' slots were loaded
   JsonValue state;              // the owners' metadata ("fsdp_cpp.state") when the checkpoint has them, else null
+  std::vector<CarriedFile> carried;  // what DIR/carried/ holds, each a regular file (Note [Carried files])
 };
 
 // Loads DIR into the model's shards and, with load_optimizer, every owner's

@@ -15,7 +15,9 @@
 //                the state a BUILD gave it: recorded, never called;
 //   kPersistent  BINPERSID's id (torch.save's storage references).
 // Limits: the input's size (the caller reads a bounded file), 64 nested
-// containers, 1,000,000 memo entries, 8-byte integers (LONG1/LONG4 longer
+// containers, memo indices below the input's size in bytes (each entry costs
+// an opcode; a limit that grows with the file, never one a valid large
+// checkpoint exceeds), 8-byte integers (LONG1/LONG4 longer
 // than that are refused), no out-of-band buffers (protocol 5's NEXT_BUFFER)
 // and no text opcodes of protocols 0 and 1. Values live in an arena owned by
 // the Pickled result, so a pickle that makes a list contain itself (memo +
@@ -46,8 +48,7 @@ class PickleError : public Failure {
   using Failure::Failure;
 };
 
-inline constexpr int kMaxDepth = 64;            // nested containers (read and walked)
-inline constexpr int64_t kMaxMemo = 1'000'000;  // memo entries
+inline constexpr int kMaxDepth = 64;  // nested containers (read and walked)
 
 enum class Kind { kNone, kBool, kInt, kFloat, kStr, kBytes, kTuple, kList, kDict, kGlobal, kObject, kPersistent };
 // "None", "bool", ..., "persistent id": for messages.
