@@ -1,4 +1,5 @@
-"""Writes the seed corpora of the fuzz targets into corpus/<target>/ (checked in).
+"""Writes the seed corpora of the fuzz targets into corpus/<target>/ (checked in); with
+--regressions, the inputs of issue 50's findings into regressions/<target>/ (checked in).
 
 Run with the project's Python environment (it trains two tiny tokenizers with the
 `tokenizers` library); the output is deterministic, so re-running it changes nothing
@@ -243,7 +244,67 @@ def dataset():
     out("dataset", "pairs_gzip_wide", ctl(0, 3, u32=True, bos=True) + gzip.compress(pairs.encode(), mtime=0))
 
 
+def regression(target, name, data):
+    d = os.path.join(HERE, "regressions", target)
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, name), "wb") as f:
+        f.write(data)
+
+
+def torch_save_archive(pkl):
+    """A torch.save archive whose data.pkl is `pkl` (as a DCP item holds one), by PyTorch's own writer."""
+    import io
+    import torch
+    buf = io.BytesIO()
+    w = torch._C.PyTorchFileWriter(buf)
+    w.write_record("data.pkl", pkl, len(pkl))
+    w.write_record("byteorder", b"little", 6)
+    w.write_end_of_file()
+    return buf.getvalue()
+
+
+def regressions():
+    """The fourth hostile campaign's findings (issue 50) as regression inputs, replayed by every run
+    and mutated from: a pickle whose shared values expand to 2^60 leaves (124 bytes), a state item of
+    JSON nested a million deep, a tensor whose sizes overflow 64 bits (2^40 x 2^40), and .metadata
+    whose chunks overlap and leave a gap with the tensor's element count."""
+    import io
+    import pickle
+    import torch
+    from torch.distributed.checkpoint.filesystem import _StorageInfo
+    from torch.distributed.checkpoint.metadata import (ChunkStorageMetadata, Metadata, MetadataIndex,
+                                                       TensorProperties, TensorStorageMetadata)
+    laughs = b"\x80\x02)" + b"2\x86" * 60 + b"."
+    regression("dcp_item", "billion_laughs", torch_save_archive(laughs))
+    regression("dcp_item", "state_deep_json",
+               torch_save_archive(pickle.dumps("[" * 1_000_000 + "]" * 1_000_000, protocol=2)))
+    class Storage:  # stands for the storage: written as torch.save's persistent id
+        pass
+
+    class Huge:  # torch._utils._rebuild_tensor_v2(storage, 0, (2^40, 2^40), (1, 1), False, None)
+        def __reduce__(self):
+            return torch._utils._rebuild_tensor_v2, (Storage(), 0, (2**40, 2**40), (1, 1), False, None)
+
+    class Pickler(pickle.Pickler):
+        def persistent_id(self, obj):
+            return ("storage", torch.FloatStorage, "0", "cpu", 0) if isinstance(obj, Storage) else None
+    buf = io.BytesIO()
+    Pickler(buf, protocol=2).dump(Huge())
+    storage = buf.getvalue()
+    regression("dcp_item", "size_overflow_2e40", torch_save_archive(storage))
+    props = TensorProperties(dtype=torch.float32)
+    chunks = [ChunkStorageMetadata(offsets=torch.Size([0, 0]), sizes=torch.Size([4, 3])),
+              ChunkStorageMetadata(offsets=torch.Size([3, 0]), sizes=torch.Size([4, 3]))]  # rows 3 twice, 7 never
+    md = Metadata(state_dict_metadata={"w": TensorStorageMetadata(props, torch.Size([8, 3]), chunks)},
+                  storage_data={MetadataIndex("w", torch.Size([0, 0])): _StorageInfo("__0_0.distcp", 0, 100),
+                                MetadataIndex("w", torch.Size([3, 0])): _StorageInfo("__0_0.distcp", 100, 100)})
+    regression("dcp_metadata", "overlap_with_gap", pickle.dumps(md, protocol=4))
+
+
 def main():
+    if sys.argv[1:] == ["--regressions"]:
+        regressions()
+        return
     corpus = os.path.join(HERE, "corpus")
     shutil.rmtree(corpus, ignore_errors=True)
     hf_config()

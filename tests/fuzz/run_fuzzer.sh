@@ -15,6 +15,9 @@ export FSDP_FUZZ_DIR="$work/files"
 export ASAN_OPTIONS=${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=0}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1}
 limits=(-timeout=10 -rss_limit_mb=2048 -malloc_limit_mb=1024 -artifact_prefix="$work/")
+# A target's dictionary (tests/fuzz/dicts/<target>.dict), when it has one: tokens the mutations splice in.
+dict="$(dirname "$0")/dicts/$(basename "$seeds").dict"
+[[ -f $dict ]] && limits+=(-dict="$dict")
 if [[ $runs == 0 ]]; then
   inputs=()
   for d in "$seeds" "$regressions"; do
