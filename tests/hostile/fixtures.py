@@ -7,6 +7,12 @@ build() makes, once per campaign, in one fixtures directory:
   tokenizer.json   a hand-written character-level BPE (printable ASCII, <unk>, a few merges)
   tokens.bin       little-endian uint16 token ids below 256, enough for every case
   adapter/         a PEFT LoRA adapter (rank 4) of the tiny model, exported by fsdp-train
+  t5.json          the `t5-tiny` preset's config.json
+  ck_tok/          step_00000001 of a run with a tokenizer.json whose directory is gone since
+                   (its copy travels in the checkpoint: CK_TOK_TOKENIZER)
+  dcp_st/          ck's newest checkpoint converted at 2 processes to a PyTorch distributed
+                   checkpoint in safetensors files (every tensor in two chunks)
+  ck_dcp/          step_00000001 and step_00000002 of a 2-process run saving DCP checkpoints (safetensors)
 Cases copy what they damage into their own directory; the fixtures themselves stay intact.
 """
 
@@ -78,6 +84,32 @@ def build(env: Env) -> None:
     (fx / "tokenizer.json").write_text(json.dumps(tokenizer_json()))
     (fx / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
     (fx / "tokens.bin").write_bytes(u16_tokens(20000))
+    build_fourth(env)
+
+
+CK_TOK_TOKENIZER = json.dumps(tokenizer_json({"carried": 120})).encode()
+
+
+def build_fourth(env: Env) -> None:
+    """The fourth campaign's fixtures (issue 50): t5.json, ck_tok/, dcp_st/, ck_dcp/."""
+    fx = env.fx
+    _run([env.inspect, "--model", "t5-tiny", "--write-hf-config", str(fx / "t5.json")], "t5.json")
+    tok = fx / "tok_gone"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_bytes(CK_TOK_TOKENIZER)
+    (tok / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>"}))
+    _run([env.train, *TINY, "--data", env.corpus, "--max-steps", "1", "--tokenizer", str(tok / "tokenizer.json"),
+          "--checkpoint-dir", str(fx / "ck_tok"), "--checkpoint-every", "1"], "ck_tok/")
+    shutil.rmtree(tok)
+    _run([env.train, "convert", "--checkpoint-dir", str(fx / "ck"), "--export-dcp", str(fx / "dcp_st"),
+          "--dcp-format", "safetensors", "--nproc-per-node", "2"], "dcp_st/")
+    _run([env.train, *TINY, "--data", env.corpus, "--max-steps", "2", "--nproc-per-node", "2",
+          "--checkpoint-dir", str(fx / "ck_dcp"), "--checkpoint-every", "1", "--checkpoint-format", "dcp",
+          "--dcp-format", "safetensors"], "ck_dcp/")
+    for need in ("t5.json", "ck_tok/step_00000001/carried/tokenizer.json", "dcp_st/config.json",
+                 "ck_dcp/step_00000002/manifest.json"):
+        if not (fx / need).exists():
+            raise FixtureError(f"fixture {need} was not written")
 
 
 # --- damaging tools -------------------------------------------------------------------
