@@ -244,7 +244,11 @@ TEST(DcpItem, SizesThatOverflowAreRefusedBeforeTheStrideCheck) {
     pickle::Builder b;
     std::vector<const pickle::Value*> dims, strides;
     for (int64_t d : size) dims.push_back(b.integer(d));
-    for (size_t i = 0; i < size.size(); ++i) strides.push_back(b.integer(1));
+    int64_t stride = 1;  // row-major: the strides the old check multiplied into an overflow
+    for (size_t i = size.size(); i-- > 0;) {
+      strides.insert(strides.begin(), b.integer(stride));
+      stride = size[i] != 0 ? int64_t{1} << 40 : 1;
+    }
     const pickle::Value* storage = b.persistent(
         b.tuple({b.str("storage"), b.global("torch", "FloatStorage"), b.str("0"), b.str("cpu"), b.integer(0)}));
     const pickle::Value* t = b.object(b.global("torch._utils", "_rebuild_tensor_v2"),

@@ -281,9 +281,9 @@ def regressions():
     class Storage:  # stands for the storage: written as torch.save's persistent id
         pass
 
-    class Huge:  # torch._utils._rebuild_tensor_v2(storage, 0, (2^40, 2^40), (1, 1), False, None)
+    class Huge:  # torch._utils._rebuild_tensor_v2(storage, 0, (2^40, 2^40), (2^40, 1), False, None): row-major
         def __reduce__(self):
-            return torch._utils._rebuild_tensor_v2, (Storage(), 0, (2**40, 2**40), (1, 1), False, None)
+            return torch._utils._rebuild_tensor_v2, (Storage(), 0, (2**40, 2**40), (2**40, 1), False, None)
 
     class Pickler(pickle.Pickler):
         def persistent_id(self, obj):
