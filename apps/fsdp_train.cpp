@@ -234,6 +234,7 @@ void apply_parsed(const CLI::App& app, const std::string& mode, fsdp::cli::Train
   // Converting a checkpoint without --model: the checkpoint's model (an empty
   // model spec; train/trainer.h).
   if (o.mode == fsdp::train::Mode::kConvert && app.count("--model") == 0) o.model.clear();
+  init.backend = fsdp::comm::choose_backend(t.run.backend, o.device == at::kCUDA);
   if (app.count("--timeout") > 0) {  // given: '' is refused too, not taken as "not given"
     init.timeout = init.store_timeout = fsdp::comm::parse_timeout(t.run.timeout, "--timeout");
   } else if (const char* env = std::getenv("FSDP_TIMEOUT"); env != nullptr && *env != '\0') {
@@ -279,9 +280,8 @@ int launch_workers(int argc, char** argv, const fsdp::cli::TrainTargets& t, cons
 // This process is a worker: join the job and train (or evaluate, or convert).
 int run_worker(fsdp::train::TrainOptions& o, const fsdp::comm::WorldInfo& world, fsdp::comm::InitOptions init) {
   if (o.device == at::kCUDA) {
-    // NCCL on cuda:<local rank>, made current before any CUDA work.
+    // The NCCL groups on cuda:<local rank>, made current before any CUDA work.
     fsdp::set_current_device(fsdp::worker_device("cuda", world.local_rank));
-    init.backend = "nccl";
   }
   // Nodes started with different --max-steps would part mid-run (one finishes,
   // the other waits in a collective): agreed at the join, both values named.

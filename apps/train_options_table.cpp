@@ -160,6 +160,10 @@ std::vector<OptionRow> run_rows() {
        "collectives, 300 for joining; env FSDP_TIMEOUT). A rank that does not arrive in time "
        "(suspended, hung, dead, never started) is named and the job fails",
        BIND(run.timeout)},
+      {"--backend", "",
+       "Process group: tcp (ours, the CPU's default) | gloo (PyTorch's ProcessGroupGloo) | nccl (ours, CUDA's "
+       "default) | c10d-nccl (PyTorch's ProcessGroupNCCL) | auto",
+       BIND(run.backend), {"auto", "tcp", "gloo", "nccl", "c10d-nccl"}, kD},
       {"--device", "", "cpu | cuda", BIND(flags.device), {"cpu", "cuda"}, kD},
       {"--sharding", "",
        "full (FULL_SHARD) | grad-op (SHARD_GRAD_OP) | none (NO_SHARD, DDP) | hybrid (HYBRID_SHARD)",

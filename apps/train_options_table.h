@@ -35,6 +35,7 @@ struct RunFlags {
   std::string token_dtype = "u16";    // --token-dtype
   std::string data_format = "auto";   // --data-format
   std::string timeout;                // --timeout; "": not given
+  std::string backend = "auto";       // --backend (comm::choose_backend)
   std::string profile_steps;          // --profile-steps A:B
   std::string config_file;            // --config
   bool print_config = false;          // --print-config

@@ -16,6 +16,9 @@ PACKAGES=(
   # RE2: the regular expressions users give (--freeze, --lr-scale) match in linear time; the
   # programs load libre2 at run time. toml++ (header-only here) reads --config files.
   libre2-dev libtomlplusplus-dev
+  # Gloo's headers, which LibTorch's ProcessGroupGloo.hpp includes and the PyTorch wheel does not ship:
+  # --backend gloo (c10d's ProcessGroupGloo). Declarations only (Note [Gloo headers] in src/comm/gloo_backend.cpp).
+  libgloo-dev
   # SentencePiece: the demo's tokenizer is trained with spm_train at setup; the C++ tokenizer
   # loads libsentencepiece at run time.
   libsentencepiece-dev sentencepiece

@@ -22,7 +22,9 @@ method on both sides: the step time minus the compute-only step time of that sid
 is the median step of `world size` single-process copies of it run at once on node 0 (the
 same per-rank batch, the same cores shared by as many processes, no network). Rows whose
 name ends in a wire option are fsdp-train with that option against FSDP2's uncompressed
-row (FSDP2 has no compression). A row name may also carry "+hpz" after its base: both sides
+row (FSDP2 has no compression); "+gloo" is fsdp-train over c10d's ProcessGroupGloo
+(--backend gloo), the transport FSDP2 uses: FSDP2 + Gloo, fsdp-train + Gloo and fsdp-train
++ ours on the same links in one run, the engine's share apart from the transport's. A row name may also carry "+hpz" after its base: both sides
 then keep, after each layer's forward, a shard over the processes of one node
 (fsdp-train --reshard-after-forward N, FSDP2's reshard_after_forward=N on the decoder
 layers: ZeRO++'s hpZ), so backward's all-gathers stay inside the node.
@@ -61,6 +63,9 @@ WIRE = {
     "ag-int8+rs-bf16": ["--all-gather-wire", "int8", "--reduce-scatter-wire", "bf16"],
     "ag-bf16+rs-bf16": ["--all-gather-wire", "bf16", "--reduce-scatter-wire", "bf16"],
     "ag-int8+rs-int8": ["--all-gather-wire", "int8", "--reduce-scatter-wire", "int8"],
+    # Not a wire format: fsdp-train over c10d's ProcessGroupGloo, the transport FSDP2 uses, so that a row
+    # and its +gloo twin tell the engine's share from the transport's (docs/benchmarks.md).
+    "gloo": ["--backend", "gloo"],
 }
 # name: (nodes, processes per node, sharding, precision, Mbit/s). A name may go on with
 # "+hpz" (both sides; full sharding over nodes of several processes), then "+<wire>" (a key
@@ -78,7 +83,8 @@ BASE_ROWS = {
     "1x2-full-fp32": (1, 2, "full", "fp32", None),
 }
 DEFAULT_ROWS = [n for n in BASE_ROWS if not n.startswith("1x")] + ["2x1-full-fp32-150+ag-int8+rs-bf16", "4x1-full-fp32-150+ag-int8+rs-bf16",
-                                  "2x1-full-fp32-150+ag-bf16+rs-bf16", "2x1-full-fp32-1000+ag-int8+rs-bf16"]
+                                  "2x1-full-fp32-150+ag-bf16+rs-bf16", "2x1-full-fp32-1000+ag-int8+rs-bf16",
+                                  "2x1-full-fp32-150+gloo", "4x1-full-fp32-150+gloo"]
 
 
 def split_row(name):
@@ -218,6 +224,17 @@ class Busy:
             p.wait()
 
 
+def processor():
+    """The processor's model name (lscpu's "Model name"), for the record."""
+    try:
+        for line in open("/proc/cpuinfo"):
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown processor"
+
+
 def fmt_row(r):
     return (f"| {r['row']} | {r['busy']} | {r['link']} | {r['tps_ours']:,.0f} | {r['tps_theirs']:,.0f} | "
             f"**{r['ratio']:.2f}** | {r['step_ours']:.3f} s | {r['step_theirs']:.3f} s | {r['exposed_ours']:.3f} s | "
@@ -294,11 +311,11 @@ def main():
     print(f"{took:.0f} s; load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     if a.json_out:
         Path(a.json_out).write_text(json.dumps(out, indent=1))
-    bad = [r for r in out if r["loss0_rel"] > 1e-3 and not r["wire"]]
+    bad = [r for r in out if r["loss0_rel"] > 1e-3 and r["wire"] in ("", "gloo")]
     if a.record:
         results.append("Head-to-head on the emulated cluster: fsdp-train vs FSDP2 (gloo)", (
             f"Command: `{a.command or 'bench/cluster/run_headtohead.sh'}` ({took / 60:.0f} min)\n"
-            f"Machine: {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the run\n\n"
+            f"Machine: {processor()}, {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the run\n\n"
             f"{Path(a.model).name}, seq {a.seq_len} x batch {a.batch_size} per rank, {a.warmup} warm-up + {a.steps} "
             f"measured steps (median step_time_s), AdamW, {a.threads} thread(s) per process, nodes = network namespaces on a "
             f"bridge, links shaped with tc tbf; exposed comm = step - compute-only step (the median step of world-size "

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Collective bandwidth of the CPU process group (bench_comm) through shared memory between
-# the ranks (the default on one host), through loopback TCP (FSDP_SHM=0), and of PyTorch's
-# own gloo backend (torch_gloo.py in the project's Python environment), same sizes, same
-# timing rule, same run, on 127.0.0.1. The three alternate for --rounds rounds (a shared
+# the ranks (the default on one host), through loopback TCP (FSDP_SHM=0), of c10d's
+# ProcessGroupGloo under our ProcessGroup in the same binary (bench_comm's RESULT-GLOO lines:
+# rank-order sums; RESULT-GLOO-NATIVE: Gloo's own), and of PyTorch's gloo backend from Python
+# (torch_gloo.py in the project's Python environment), same sizes, same timing rule, same run,
+# on 127.0.0.1. The three alternate for --rounds rounds (a shared
 # machine's load drifts) and each keeps its best round. Prints GB/s of each and the ratios,
 # and appends the table to bench/RESULTS.md with the command, the date and the machine
 # (--no-record: print only).
@@ -48,27 +50,39 @@ done
 table=$("$python" - "$out" "$nproc" "$iters" "$rounds" <<'EOF'
 import glob, sys
 out, nproc, iters, rounds = sys.argv[1], sys.argv[2], sys.argv[3], sys.argv[4]
-def best(pattern):
+def best(pattern, label="RESULT"):
     r = {}
     for f in glob.glob(f"{out}/{pattern}.*"):
         for line in open(f):
-            if line.startswith("RESULT "):
+            if line.startswith(label + " "):
                 _, op, mib, _, gbs = line.split()
                 key = (op, int(mib))
                 r[key] = max(r.get(key, 0.0), float(gbs))
     return r
 shm, ours, theirs = best("shm"), best("ours"), best("theirs")
+# c10d's ProcessGroupGloo ran inside both bench_comm runs: the best of them.
+def best_of(patterns, label):
+    r = {}
+    for p in patterns:
+        for k, v in best(p, label).items():
+            r[k] = max(r.get(k, 0.0), v)
+    return r
+gloo, native = best_of(["shm", "ours"], "RESULT-GLOO"), best_of(["shm", "ours"], "RESULT-GLOO-NATIVE")
 print(f"{nproc} processes on 127.0.0.1, fp32, {iters} calls per size, best of {rounds} alternating rounds; "
-      "GB/s of the full buffer (higher is better)")
+      "GB/s of the full buffer (higher is better). c10d gloo: c10d's ProcessGroupGloo under our ProcessGroup "
+      "in bench_comm's processes (rank-order sums; native: Gloo's own reduce_scatter and allreduce); "
+      "torch gloo: PyTorch's from Python")
 print()
-print("| op             |   MiB |   shm GB/s |   tcp GB/s | torch gloo GB/s | shm / tcp | shm / gloo |")
-print("|----------------|-------|------------|------------|-----------------|-----------|------------|")
+print("| op             |   MiB |   shm GB/s |   tcp GB/s | c10d gloo GB/s | gloo native GB/s | torch gloo GB/s "
+      "| shm / tcp | shm / c10d gloo | shm / gloo native | shm / torch gloo |")
+print("|----------------|-------|------------|------------|----------------|------------------|-----------------"
+      "|-----------|-----------------|-------------------|------------------|")
 def ratio(a, b):
     return f"{a / b:.2f}" if a and b else "-"
 for key in sorted(ours, key=lambda k: (k[1], ["all_gather", "reduce_scatter", "all_reduce"].index(k[0]))):
-    s, a, b = shm.get(key), ours[key], theirs.get(key)
-    print(f"| {key[0]:<14} | {key[1]:>5} | {(s or 0):>10.2f} | {a:>10.2f} | {(b or 0):>15.2f} | "
-          f"{ratio(s, a):>9} | {ratio(s, b):>10} |")
+    s, a, g, n, b = shm.get(key), ours[key], gloo.get(key), native.get(key), theirs.get(key)
+    print(f"| {key[0]:<14} | {key[1]:>5} | {(s or 0):>10.2f} | {a:>10.2f} | {(g or 0):>14.2f} | {(n or 0):>16.2f} | "
+          f"{(b or 0):>15.2f} | {ratio(s, a):>9} | {ratio(s, g):>15} | {ratio(s, n):>17} | {ratio(s, b):>16} |")
 EOF
 )
 echo
@@ -76,10 +90,10 @@ echo "$table"
 if [[ $record == 1 ]]; then
   {
     echo
-    echo "## Collectives: shared memory and TCP vs PyTorch gloo — $(date -u '+%Y-%m-%d %H:%M UTC')"
+    echo "## Collectives: shared memory and TCP vs c10d Gloo (same binary) and PyTorch gloo — $(date -u '+%Y-%m-%d %H:%M UTC')"
     echo
     echo "Command: \`bench/comm/run.sh ${args[*]}\` ($bin; bench/comm/torch_gloo.py, torch $("$python" -c 'import torch; print(torch.__version__)'))"
-    echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -m), load average $load_before before the run"
+    echo "Machine: $(lscpu | sed -n 's/^Model name: *//p'), $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -m), load average $load_before before the run"
     echo
     echo "$table"
   } >> bench/RESULTS.md

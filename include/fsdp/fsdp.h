@@ -646,7 +646,8 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
 // Shards `root` over `world` (every rank calls it with the same model and
 // options). HYBRID_SHARD builds shard and replicate subgroups of `world`.
 // The returned object is the engine's only owner: it must outlive the
-// backward of every forward it ran (see "The contract" above).
+// backward of every forward it ran (see "The contract" above). A program
+// holding a c10d backend passes it instead of `world`: fsdp/c10d.h.
 std::shared_ptr<ShardedModel> fully_shard(const std::shared_ptr<nn::UnitBase>& root,
                                           const comm::ProcessGroupPtr& world, const FsdpOptions& options);
 

@@ -778,8 +778,8 @@ Job start_job(const std::string& program, int argc, char** argv, int nproc_per_n
   if (device == "cuda") {
     job.device = worker_device("cuda", world.local_rank);
     set_current_device(job.device);  // before NCCL or any CUDA work
-    init.backend = "nccl";
   }
+  init.backend = choose_backend(init.backend, device == "cuda", "backend");
   job.runtime = init_process_group(world, init);
   return job;
 }

@@ -570,12 +570,23 @@ std::string join_job(c10d::Store& store, const WorldInfo& w, const InitOptions& 
 
 }  // namespace
 
+std::string choose_backend(const std::string& name, bool cuda, const std::string& flag) {
+  const char* device = cuda ? "cuda" : "cpu";
+  if (name == "auto") return cuda ? "nccl" : "tcp";
+  const bool cpu_group = name == "tcp" || name == "gloo";
+  const bool cuda_group = name == "nccl" || name == "c10d-nccl";
+  FSDP_CHECK(cpu_group || cuda_group, "unknown ", flag, " '", name,
+             "' — use tcp or gloo (CPU), nccl or c10d-nccl (CUDA), or auto (tcp on the CPU, nccl on CUDA)");
+  FSDP_CHECK(cpu_group != cuda, flag, " ", name, " runs on ", cpu_group ? "the CPU" : "CUDA", " but the job's device is ",
+             device, " — use ", cuda ? "nccl or c10d-nccl" : "tcp or gloo", ", or auto");
+  return name;
+}
+
 Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
   set_rank_tag(world.rank, world.world_size);
-  // "gloo" is what PyTorch users type for the CPU backend: it names our TCP group.
-  const bool cpu = options.backend == "tcp" || options.backend == "gloo";
-  FSDP_CHECK(cpu || options.backend == "nccl", "unknown backend '", options.backend,
-             "' — use tcp (CPU; \"gloo\" is accepted as an alias) or nccl (CUDA)");
+  const std::string backend = options.backend == "auto" ? "tcp" : options.backend;
+  const bool cuda = backend == "nccl" || backend == "c10d-nccl";
+  choose_backend(backend, cuda, "backend");  // the name's check
   Runtime rt;
   rt.world = world;
   if (world.world_size == 1 && world.master_addr.empty()) {
@@ -643,11 +654,16 @@ Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
   t.socket_ifname = world.socket_ifname;
   t.single_node = world.local_world_size == world.world_size;
   t.shared_memory = world.shared_memory;
-  if (cpu) {
+  if (backend == "tcp") {
     rt.world_group = make_tcp_group(pg_store, world.rank, world.world_size, "world", options.timeout, t);
+  } else if (backend == "gloo") {
+    rt.world_group = make_gloo_group(pg_store, world.rank, world.world_size, "world", options.timeout, t,
+                                     options.reductions.value_or(C10dReductions::kRankOrder));
   } else {
-    rt.world_group = make_nccl_group(pg_store, world.rank, world.world_size, "world",
-                                     options.timeout, world.local_rank);
+    rt.world_group = backend == "nccl" ? make_nccl_group(pg_store, world.rank, world.world_size, "world",
+                                                         options.timeout, world.local_rank)
+                                       : make_torch_nccl_group(pg_store, world.rank, world.world_size, "world",
+                                                               options.timeout, world.local_rank);
     auto cpu_store = c10::make_intrusive<c10d::PrefixStore>("fsdp/pg/cpu", rt.store);
     rt.cpu_group = make_tcp_group(cpu_store, world.rank, world.world_size, "cpu", options.timeout, t);
   }

@@ -1,5 +1,7 @@
 #include "comm/tcp_group.h"
 
+#include "comm/rank_order.h"
+
 #include "fsdp/common/error.h"
 #include "fsdp/common/trace.h"
 
@@ -42,15 +44,6 @@ namespace fsdp::comm {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// A view of `t`'s bytes with no autograd metadata and its own version counter:
-// the lanes write through it so the caller's tensors keep their version (a
-// collective refilling an FSDP flat buffer must not invalidate saved tensors).
-at::Tensor raw(const at::Tensor& t) {
-  return at::from_blob(t.data_ptr(), {t.numel()}, at::TensorOptions().dtype(t.scalar_type()));
-}
-
-bool is_half(at::ScalarType t) { return t == at::kBFloat16 || t == at::kHalf; }
 
 size_t nbytes(const at::Tensor& t) { return static_cast<size_t>(t.numel()) * t.element_size(); }
 
@@ -237,30 +230,6 @@ std::unique_ptr<TcpLane> connect_lane(const c10::intrusive_ptr<c10d::Store>& sto
 // in cache when it is summed, large enough to amortise the per-segment waits.
 constexpr size_t kSegmentBytes = size_t{1} << 20;
 
-// out (n elements) = op over parts[0..w) (each n elements, rank order).
-// `acc_scratch` is fp32 of >= n elements, used for bf16/fp16 sums.
-// See Note [Reduce-scatter by alltoall].
-void reduce_parts(const std::vector<at::Tensor>& parts, at::Tensor out, ReduceOp op,
-                  const at::Tensor& acc_scratch) {
-  const size_t w = parts.size();
-  if (op == ReduceOp::kMax) {  // exact in any precision
-    at::maximum_out(out, parts[0], parts[1]);
-    for (size_t i = 2; i < w; ++i) at::maximum_out(out, out, parts[i]);
-    return;
-  }
-  if (!is_half(out.scalar_type())) {
-    at::add_out(out, parts[0], parts[1]);  // == copy of parts[0], then += parts[1]
-    for (size_t i = 2; i < w; ++i) out.add_(parts[i]);
-    if (op == ReduceOp::kAvg) out.div_(static_cast<int64_t>(w));
-    return;
-  }
-  at::Tensor acc = acc_scratch.narrow(0, 0, out.numel());
-  acc.copy_(parts[0]);
-  for (size_t i = 1; i < w; ++i) acc.add_(parts[i]);  // fp32 += half: computed in fp32
-  if (op == ReduceOp::kAvg) acc.div_(static_cast<int64_t>(w));
-  out.copy_(acc);  // the one rounding
-}
-
 // Chunk j of `send` (w chunks of n = out.numel()) goes to rank j; `out` = op
 // over the chunks every rank sent us, in rank order; our own contribution is
 // read in place from `send`. The peers' chunks land in the lane's scratch.
@@ -326,10 +295,10 @@ void alltoall_reduce(TcpLane& lane, const at::Tensor& send, const at::Tensor& ou
                                               : recv.narrow(0, q * n + off, len);
     }
     if (!gather) {
-      reduce_parts(parts, out_raw.narrow(0, off, len), op, acc);
+      reduce_in_rank_order(parts, out_raw.narrow(0, off, len), op, acc);
       continue;
     }
-    reduce_parts(parts, seg_out.narrow(0, 0, len), op, acc);
+    reduce_in_rank_order(parts, seg_out.narrow(0, 0, len), op, acc);
     out_raw.narrow(0, off, len).copy_(seg_out.narrow(0, 0, len));
     for (int i = 1; i < w; ++i) {
       mesh.post_send(peer_to(i), out_ptr + off * elem, len * elem);

@@ -6,7 +6,8 @@ joined by a bridge, tc tbf for a slow link).
 
 CHECK is one of:
 
-  parity    Every multi-node launch trains bit-identically to the same ranks on
+  parity    Every multi-node launch (also over c10d's ProcessGroupGloo, --backend gloo)
+            trains bit-identically to the same ranks on
             one host: fsdp-train's own launcher (--nnodes 2 --node-rank i
             --master-addr), torchrun --nnodes 2 --node-rank i with the c10d
             rendezvous, and torchrun with the etcd rendezvous (etcd in node 0),
@@ -206,6 +207,15 @@ def check_parity(a, tmp):
             "--nnodes", "2", "--node-rank", str(i), "--master-addr", master, "--master-port", "29500"])
             for i in range(2)])
         same_training(tmp, "ref2", "own2x1")
+
+        print("c10d's ProcessGroupGloo across the nodes (--backend gloo): the TCP group's bits", flush=True)
+        run_nodes(c, tmp, "gloo2x1", [train_args(a, tmp, "gloo2x1", steps, [
+            "--backend", "gloo", "--nnodes", "2", "--node-rank", str(i), "--master-addr", master,
+            "--master-port", "29500"]) for i in range(2)])
+        same_training(tmp, "ref2", "gloo2x1")
+        text = (tmp / "gloo2x1.node0.log").read_text(errors="replace")
+        expect(f"process group: c10d ProcessGroupGloo (LibTorch " in text and f"address {master} " in text,
+               f"--backend gloo across nodes: rank 0's log does not name c10d's ProcessGroupGloo on {master}")
 
         print("torchrun --nnodes 2 --node-rank i, c10d rendezvous", flush=True)
         run_nodes(c, tmp, "c10d2x1", [torchrun_argv(2, i, 1, "c10d", f"{master}:29400", "c10d-parity", c.addr(i),

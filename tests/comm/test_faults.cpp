@@ -25,9 +25,10 @@ const std::string kTrain = kTrainBin + " --model tiny --data " + kCorpus + " --s
 // waits for its first logged step, suspends rank 1 (SIGSTOP), runs `then`
 // ($L is the launcher's pid, $D the directory), waits for the launcher and
 // prints "exit=<code>". stdout goes to $D/out, stderr to $D/err.
-std::string suspend_rank1(const std::string& dir, const std::string& then) {
+std::string suspend_rank1(const std::string& dir, const std::string& then, const std::string& flags = "") {
   return "bash -c '"
-         "D=" + dir + "; " + kTrain + " --max-steps 1000000 --log-every 1 --nproc-per-node 2 --timeout 3 "
+         "D=" + dir + "; " + kTrain + " --max-steps 1000000 --log-every 1 --nproc-per-node 2 --timeout 3 " + flags +
+         " "
          ">$D/out 2>$D/err & L=$!; "
          "for i in $(seq 600); do grep -q Loss $D/out && break; sleep 0.2; done; "
          "W=; for p in $(pgrep -P $L); do tr \"\\0\" \"\\n\" </proc/$p/environ | grep -qx RANK=1 && W=$p; done; "
@@ -36,6 +37,21 @@ std::string suspend_rank1(const std::string& dir, const std::string& then) {
 }
 
 std::string first_line(const std::string& s) { return s.substr(0, s.find('\n')); }
+
+// A bash script: starts a 2-process run with `flags`, waits for its first
+// logged step, runs `before` ($P: the launcher's and workers' pids), kills
+// rank 1 with SIGKILL, waits for the launcher, prints "exit=<code>." and runs
+// `after`. stdout goes to $D/out, stderr to $D/err.
+std::string kill_rank1(const std::string& dir, const std::string& flags, const std::string& before = "",
+                       const std::string& after = "") {
+  return "bash -c '"
+         "D=" + dir + "; " + kTrain + " --max-steps 1000000 --log-every 1 --nproc-per-node 2 " + flags +
+         " >$D/out 2>$D/err & L=$!; "
+         "for i in $(seq 600); do grep -q Loss $D/out && break; sleep 0.2; done; "
+         "W=; P=$L; for p in $(pgrep -P $L); do P=\"$P $p\"; tr \"\\0\" \"\\n\" </proc/$p/environ | grep -qx RANK=1 && "
+         "W=$p; done; [ -n \"$W\" ] || { echo no-rank-1; kill -9 $L; exit 1; }; " + before +
+         " kill -9 $W; wait $L; echo exit=$?.; " + after + " true'";
+}
 
 // Issue 16, finding 2: a suspended rank was found only by the 600 s collective
 // timeout, and the launcher blamed the healthy rank. Now, within --timeout,
@@ -52,6 +68,25 @@ TEST(Faults, SuspendedWorkerIsNamedByTheSurvivorAndBlamedByTheLauncher) {
       << err;
   EXPECT_HAS(err, "[rank 0/2] rank 1 did not reach ");
   EXPECT_HAS(err, "within 3000 ms: stopped, hung or dead");
+  EXPECT_EQ(err.find("frame #"), std::string::npos) << err;
+}
+
+// The same over c10d's ProcessGroupGloo (--backend gloo): the survivor's
+// collective fails at --timeout with Gloo's cause, named as ours are (group,
+// collective, rank), and the launcher blames the suspended rank 1.
+TEST(Faults, SuspendedWorkerOverGlooFailsWithinTheTimeoutAndIsBlamed) {
+  const std::string dir = temp_dir("run");
+  const Command c = run_command(suspend_rank1(dir, "", "--backend gloo"), 150);
+  const std::string out = read_file(dir + "/out"), err = read_file(dir + "/err");
+  EXPECT_HAS(c.output, "exit=1");
+  EXPECT_HAS(out + err, "process group: c10d ProcessGroupGloo (LibTorch ");
+  EXPECT_EQ(first_line(err),
+            "fsdp-train: rank 1 was suspended (process state T, e.g. SIGSTOP): the others waited for it (rank 0 "
+            "exited with code 1)")
+      << err;
+  EXPECT_HAS(err, "on group 'world' (rank 0 of 2, c10d-gloo) failed: ");
+  EXPECT_HAS(err, "Timed out waiting 3000ms");  // Gloo's own timeout is --timeout
+  EXPECT_HAS(err, "--timeout (FSDP_TIMEOUT) sets how long a collective waits");
   EXPECT_EQ(err.find("frame #"), std::string::npos) << err;
 }
 
@@ -106,22 +141,33 @@ TEST(Faults, SigtermWhileJoiningEndsTheProcess) {
 TEST(Faults, KilledWorkerOverSharedMemoryIsNamedAndLeavesNoSegment) {
   const std::string dir = temp_dir("run");
   const Command c = run_command(
-      "bash -c '"
-      "D=" + dir + "; " + kTrain + " --max-steps 1000000 --log-every 1 --nproc-per-node 2 --timeout 20 "
-      ">$D/out 2>$D/err & L=$!; "
-      "for i in $(seq 600); do grep -q Loss $D/out && break; sleep 0.2; done; "
-      "W=; P=$L; for p in $(pgrep -P $L); do P=\"$P $p\"; tr \"\\0\" \"\\n\" </proc/$p/environ | grep -qx RANK=1 && "
-      "W=$p; done; [ -n \"$W\" ] || { echo no-rank-1; kill -9 $L; exit 1; }; "
-      "for p in $P; do ls /dev/shm | grep \"^fsdp-cpp\\.$p\\.\" >>$D/during; done; "
-      "kill -9 $W; wait $L; echo exit=$?; "
-      "for p in $P; do ls /dev/shm | grep \"^fsdp-cpp\\.$p\\.\" >>$D/after; done; true'",
+      kill_rank1(dir, "--timeout 20", "for p in $P; do ls /dev/shm | grep \"^fsdp-cpp\\.$p\\.\" >>$D/during; done;",
+                 "for p in $P; do ls /dev/shm | grep \"^fsdp-cpp\\.$p\\.\" >>$D/after; done;"),
       150);
   const std::string out = read_file(dir + "/out"), err = read_file(dir + "/err");
-  EXPECT_HAS(c.output, "exit=1");
+  EXPECT_HAS(c.output, "exit=137.");  // the launcher's code: the blamed rank's, 128 + SIGKILL
   EXPECT_HAS(out + err, "process group: tcp, shared memory with 1 of 1 peers");
   EXPECT_HAS(err, "rank 1");
   EXPECT_EQ(read_file(dir + "/during"), "") << "segments in /dev/shm while the job ran";
   EXPECT_EQ(read_file(dir + "/after"), "") << "segments in /dev/shm after the crash";
+  EXPECT_EQ(err.find("frame #"), std::string::npos) << err;
+}
+
+// A rank killed with SIGKILL in the middle of training over c10d's
+// ProcessGroupGloo: the survivor's collective fails at once (Gloo sees the
+// closed connection), well within --timeout, naming the group and the
+// collective; the launcher names rank 1 and how it died.
+TEST(Faults, KilledWorkerOverGlooIsNamedWithinTheTimeout) {
+  const std::string dir = temp_dir("run");
+  const Command c = run_command(kill_rank1(dir, "--timeout 60 --backend gloo"), 150);
+  const std::string out = read_file(dir + "/out"), err = read_file(dir + "/err");
+  EXPECT_HAS(c.output, "exit=137.");  // the launcher's code: the blamed rank's, 128 + SIGKILL
+  EXPECT_HAS(out + err, "process group: c10d ProcessGroupGloo (LibTorch ");
+  EXPECT_HAS(err, "fsdp-train: rank 1 was killed by signal 9 (Killed)");
+  EXPECT_HAS(err, "on group 'world' (rank 0 of 2, c10d-gloo) failed: ");
+  // From the closed connection (Gloo: "Connection reset by peer" or "... closed by peer"), not a timeout.
+  EXPECT_HAS(err, " by peer");
+  EXPECT_EQ(err.find("Timed out"), std::string::npos) << err;
   EXPECT_EQ(err.find("frame #"), std::string::npos) << err;
 }
 

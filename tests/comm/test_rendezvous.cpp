@@ -273,10 +273,43 @@ TEST(Rendezvous, SingleProcessInitNeedsNoNetwork) {
   InitOptions bad;
   bad.backend = "mpi";
   EXPECT_THROW(init_process_group(detect({}), bad), UsageError);
-  // "gloo", what PyTorch users type, is an alias of the CPU backend.
+  // "gloo" is PyTorch's ProcessGroupGloo (no alias of ours any more), named in the log's transport.
   InitOptions gloo;
   gloo.backend = "gloo";
-  EXPECT_EQ(init_process_group(detect({}), gloo).world_group->backend(), "tcp");
+  const Runtime g = init_process_group(detect({}), gloo);
+  EXPECT_EQ(g.world_group->backend(), "c10d-gloo");
+  EXPECT_HAS(g.world_group->transport(), "c10d ProcessGroupGloo (LibTorch ");
+  EXPECT_EQ(g.cpu_group, nullptr);
+  InitOptions c10d_nccl;
+  c10d_nccl.backend = "c10d-nccl";
+  if (!torch_nccl_available()) {
+    try {
+      init_process_group(detect({}), c10d_nccl);
+      ADD_FAILURE() << "c10d-nccl without a CUDA build";
+    } catch (const UsageError& e) {
+      EXPECT_HAS(e.what(), "-DFSDP_WITH_CUDA=ON -DFSDP_WITH_NCCL=ON");
+    }
+  }
+}
+
+// --backend by name: each device's default, and a backend of the other device refused with the fix.
+TEST(Rendezvous, ChooseBackend) {
+  EXPECT_EQ(choose_backend("auto", false), "tcp");
+  EXPECT_EQ(choose_backend("auto", true), "nccl");
+  for (const char* b : {"tcp", "gloo"}) EXPECT_EQ(choose_backend(b, false), b);
+  for (const char* b : {"nccl", "c10d-nccl"}) EXPECT_EQ(choose_backend(b, true), b);
+  try {
+    choose_backend("gloo", true);
+    ADD_FAILURE() << "gloo on cuda";
+  } catch (const UsageError& e) {
+    EXPECT_HAS(e.what(), "--backend gloo runs on the CPU but the job's device is cuda — use nccl or c10d-nccl");
+  }
+  try {
+    choose_backend("mpi", false);
+    ADD_FAILURE() << "mpi";
+  } catch (const UsageError& e) {
+    EXPECT_HAS(e.what(), "unknown --backend 'mpi' — use tcp or gloo (CPU), nccl or c10d-nccl (CUDA)");
+  }
 }
 
 // Kubeflow style: rank 0 hosts the TCPStore server, rank 1 connects. Two

@@ -11,7 +11,7 @@ One CTest fixture chain (tests/examples/CMakeLists.txt), each STEP one test:
             a LibTorch of another version, and no LibTorch at all (the one it was built against gone,
             no python3 with torch on PATH) are refused with one clear error.
   doc       docs/library.md's program runs and trains; README.md's C++ lines are lines of it.
-  vit, t5, custom_loop
+  vit, t5, custom_loop, c10d_backend
             the example at 1 process, and at 2 processes started by torchrun --no-python and by the
             library's own launcher (--nproc-per-node): the losses of every step equal within 1e-5
             (relative). vit also: activation checkpointing (equal) and bf16 mixed precision (close,
@@ -19,6 +19,8 @@ One CTest fixture chain (tests/examples/CMakeLists.txt), each STEP one test:
             (1e-3 of each tensor's largest value: AdamW magnifies summation-order differences); a run
             stopped after 3 steps at 2 processes and resumed at 1 process matches steps 4..6 within
             1e-5, and resumed at 2 processes exports exactly the uninterrupted 2-process run's weights.
+            c10d_backend also: the program's own ProcessGroupGloo carries the engine (named in its log), with
+            HYBRID_SHARD's sub-groups and with a second backend for the reduce lane, losses equal within 1e-5.
 Every step prints how long it took. Exit 0 pass, 1 fail.
 """
 
@@ -380,6 +382,21 @@ def step_custom_loop(a):
     compare_states("export resumed at 2 processes vs uninterrupted at 2", two, read_safetensors(runs / "resumed2.safetensors"), 0.0)
 
 
+def step_c10d_backend(a):
+    p = exe(a, "c10d_backend")
+    args = ["--steps", "6"]
+    ref = steps_of(launch(a, "single", p, args))
+    out = launch(a, "torchrun", p, args)
+    if "process group: c10d-gloo (c10d gloo; one backend for both lanes" not in out:
+        raise Failed(f"the program's ProcessGroupGloo is not named as the engine's group:\n{out[-2000:]}")
+    compare("2 processes (torchrun), the program's ProcessGroupGloo", ref, steps_of(out))
+    out = launch(a, "torchrun", p, [*args, "--hybrid", "--lanes", "2"])
+    if "a backend per lane" not in out or "hybrid" not in out.lower():
+        raise Failed(f"--hybrid --lanes 2 not reported:\n{out[-2000:]}")
+    compare("2 processes (torchrun), HYBRID over sub-groups, a backend per lane", ref, steps_of(out))
+    learned(steps_of(launch(a, "single", p, ["--steps", "40"])), 0.6)
+
+
 def step_doc(a):
     readme = (a.source / "README.md").read_text()
     program = extract_doc_program(a.source)
@@ -419,12 +436,12 @@ def main():
     ap.add_argument("--build", type=Path, required=True)
     ap.add_argument("--cmake", required=True)
     ap.add_argument("--python", default=os.environ.get("FSDP_PYTHON", sys.executable))
-    ap.add_argument("step", choices=["install", "build", "package", "doc", "vit", "t5", "custom_loop"])
+    ap.add_argument("step", choices=["install", "build", "package", "doc", "vit", "t5", "custom_loop", "c10d_backend"])
     a = ap.parse_args()
     a.work = a.work.resolve()
     a.work.mkdir(parents=True, exist_ok=True)
     steps = {"install": step_install, "build": step_build, "package": step_package, "doc": step_doc,
-             "vit": step_vit, "t5": step_t5, "custom_loop": step_custom_loop}
+             "vit": step_vit, "t5": step_t5, "custom_loop": step_custom_loop, "c10d_backend": step_c10d_backend}
     t = time.monotonic()
     try:
         steps[a.step](a)

@@ -1,4 +1,4 @@
-// Multi-process test harness: run a test body as the ranks of a real (TCP) world group.
+// Multi-process test harness: run a test body as the ranks of a real world group (TCP unless asked).
 //
 //   TEST(Collectives, AllGather) {
 //     for (int w : {1, 2, 3, 4}) {
@@ -19,7 +19,10 @@
 // Worker environment: FSDP_TEST_WORKER=1, FSDP_TEST_CALL=<call index>,
 // FSDP_TEST_TEMP_ROOT, plus `env` (LOCAL_WORLD_SIZE=k simulates nodes of k
 // ranks: LOCAL_RANK and GROUP_RANK follow). A worker's collective timeout is
-// FSDP_TEST_COLLECTIVE_TIMEOUT_MS (default 60000) so a bug fails fast.
+// FSDP_TEST_COLLECTIVE_TIMEOUT_MS (default 60000) so a bug fails fast. The
+// world group's backend is FSDP_TEST_BACKEND of `env`: tcp (the default), gloo
+// (c10d's ProcessGroupGloo, rank-order reductions) or gloo-native (its own
+// reductions).
 // FSDP_TEST_VERBOSE=1 in the parent prints rank 0's output of successful runs.
 #pragma once
 

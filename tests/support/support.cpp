@@ -172,6 +172,9 @@ void run_worker(int world_size, const std::function<void(comm::ProcessGroup&)>& 
   options.timeout = std::chrono::milliseconds(
       std::atoi(env_or(kCollectiveTimeoutVar, std::to_string(kDefaultCollectiveTimeoutMs)).c_str()));
   options.store_timeout = std::chrono::milliseconds(kDefaultCollectiveTimeoutMs);
+  const std::string backend = env_or("FSDP_TEST_BACKEND", "tcp");  // see multiproc.h
+  options.backend = backend == "gloo-native" ? "gloo" : backend;
+  if (backend == "gloo-native") options.reductions = comm::C10dReductions::kBackend;
   try {
     comm::Runtime rt = comm::init_process_group(world, options);
     body(*rt.world_group);

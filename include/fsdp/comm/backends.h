@@ -3,6 +3,7 @@
 // it uses, exposed for tools and tests that bring their own store.
 #pragma once
 
+#include "fsdp/comm/c10d.h"
 #include "fsdp/comm/process_group.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -71,5 +72,28 @@ bool nccl_available();
 ProcessGroupPtr make_nccl_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
                                 const std::string& name, std::chrono::milliseconds timeout,
                                 int device_index);
+
+// PyTorch's Gloo (c10d::ProcessGroupGloo) as our ProcessGroup (c10d.h):
+// backend() "c10d-gloo", the CPU. Its device binds the address `transport`
+// chooses (the TCP group's rules); its keys live under `store` (private to
+// the group, as for make_tcp_group), and its sub-groups are ProcessGroupGloo
+// too. Blocks until every rank connected or `timeout` passed (fsdp::Failure
+// naming the group). Reductions: C10dReductions (c10d.h); kRankOrder gives
+// the TCP group's bits.
+ProcessGroupPtr make_gloo_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                const std::string& name, std::chrono::milliseconds timeout,
+                                const TcpTransportOptions& transport,
+                                C10dReductions reductions = C10dReductions::kRankOrder);
+
+// True when this build has PyTorch's ProcessGroupNCCL (cmake -DFSDP_WITH_CUDA=ON -DFSDP_WITH_NCCL=ON).
+bool torch_nccl_available();
+
+// PyTorch's NCCL (c10d::ProcessGroupNCCL) as our ProcessGroup on cuda:device_index
+// (which must be the current device): backend() "c10d-nccl", the backend's
+// own reductions (NCCL's order). Throws fsdp::UsageError when
+// torch_nccl_available() is false.
+ProcessGroupPtr make_torch_nccl_group(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+                                      const std::string& name, std::chrono::milliseconds timeout,
+                                      int device_index);
 
 }  // namespace fsdp::comm

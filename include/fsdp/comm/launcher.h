@@ -173,9 +173,10 @@ int launch_self(const std::string& program, int argc, char** argv, LaunchOptions
 //   ... train with job.runtime on job.device ...
 // Not started by a launcher (detect_world().launcher == "single") and nproc_per_node > 1: runs
 // launch_self with options.nproc = nproc_per_node and returns its exit code in `launched`.
-// Otherwise this process is a worker (or the only one): `device` "cpu" joins with init's backend;
-// "cuda" takes cuda:<local rank> (worker_device: UsageError without a CUDA build or device), makes
-// it current before any CUDA work, and joins with the "nccl" backend; anything else is a UsageError.
+// Otherwise this process is a worker (or the only one): `device` "cpu" or "cuda" (anything else is a
+// UsageError); "cuda" takes cuda:<local rank> (worker_device: UsageError without a CUDA build or device)
+// and makes it current before any CUDA work. It joins with init.backend as choose_backend resolves it
+// for the device ("auto": tcp on the CPU, nccl on CUDA; a backend of the other device is a UsageError).
 // Then init_process_group(detect_world(), init). nproc_per_node is ignored under a launcher.
 struct Job {
   std::optional<int> launched;  // set in the launcher process: the workers' exit code

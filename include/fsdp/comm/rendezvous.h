@@ -30,6 +30,7 @@
 // their values and the fix.
 #pragma once
 
+#include "fsdp/comm/c10d.h"
 #include "fsdp/comm/process_group.h"
 
 #include <torch/csrc/distributed/c10d/Store.hpp>
@@ -95,10 +96,23 @@ constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
 // rounds up to whole milliseconds.
 std::chrono::milliseconds parse_timeout(const std::string& text, const std::string& source);
 
+// The process groups by name (fsdp-train's --backend; docs/training.md):
+//   "tcp"        our CPU group (backends.h: make_tcp_group), the CPU's default
+//   "gloo"       PyTorch's c10d::ProcessGroupGloo (backends.h: make_gloo_group), CPU
+//   "nccl"       our NCCL group (make_nccl_group), CUDA's default
+//   "c10d-nccl"  PyTorch's c10d::ProcessGroupNCCL (make_torch_nccl_group), CUDA
+//   "auto"       tcp on the CPU, nccl on CUDA
+// Returns the backend a job on CUDA (`cuda`) or the CPU runs: `name`, or the
+// device's default for "auto". Throws fsdp::UsageError naming `flag` for an
+// unknown name, or one whose group takes tensors of the other device.
+std::string choose_backend(const std::string& name, bool cuda, const std::string& flag = "--backend");
+
 struct InitOptions {
-  // "tcp": the CPU process group (backends.h: make_tcp_group); "gloo" is
-  // accepted as its alias, the name PyTorch users know. "nccl": CUDA.
-  std::string backend = "tcp";
+  // A name of choose_backend's ("auto": tcp; a CUDA job chooses with cuda = true).
+  std::string backend = "auto";
+  // The c10d backends' reductions (c10d.h); nullopt: the device's default
+  // (rank order on the CPU, like the tcp group's). Ignored by tcp and nccl.
+  std::optional<C10dReductions> reductions;
   // Default timeout of every collective on the world group and its sub-groups.
   std::chrono::milliseconds timeout{std::chrono::minutes(10)};
   // Resolving MASTER_ADDR, connecting to the store and waiting for every rank
@@ -120,16 +134,16 @@ struct Runtime {
   ProcessGroupPtr world_group;  // name "world"
   // A TCP group over the same ranks (name "cpu") for host-side agreement —
   // loss and stop flags, checkpoint coordination — when world_group runs on
-  // NCCL and takes CUDA tensors only. Null with the tcp backend: world_group
-  // (or a new_group of it) already takes CPU tensors.
+  // NCCL (ours or c10d's) and takes CUDA tensors only. Null with tcp and
+  // gloo: world_group (or a new_group of it) already takes CPU tensors.
   ProcessGroupPtr cpu_group;
 };
 
 // Connects (or, on rank 0 without an agent store, hosts) the TCPStore at
 // master_addr:master_port, builds the world group and calls
 // fsdp::set_rank_tag(rank, world_size). A world of size 1 without a master
-// address uses no network. NCCL uses cuda:<local_rank> and also builds
-// cpu_group (TCP).
+// address uses no network. nccl and c10d-nccl use cuda:<local_rank> and also
+// build cpu_group (TCP).
 //
 // Joining, in this order, all of it bounded by one deadline: options.store_timeout
 // from the call, or world.join_deadline_ms when that comes first:
