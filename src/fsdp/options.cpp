@@ -150,8 +150,8 @@ void check_options(const FsdpOptions& o, int world_size) {
   // every rank at its first reduction (issue 50). At one rank nothing is reduced.
   FSDP_CHECK(c.reduce_scatter == WireFormat::kNative || mp.reduce_dtype != at::kHalf || world_size == 1,
              "FsdpOptions::compression.reduce_scatter ", to_string(c.reduce_scatter),
-             " computes the mean itself and cannot reduce in float16 (FsdpOptions::mixed_precision.reduce_dtype), "
-             "which divides before and after the sum; reduce in float32 or bfloat16, or keep the native "
+             " computes the mean itself and cannot take an fp16 reduce dtype (FsdpOptions::mixed_precision."
+             "reduce_dtype), which divides before and after the sum; reduce in fp32 or bf16, or keep the native "
              "reduce-scatter");
   if (o.strategy == ShardingStrategy::kHybridShard) {
     const int s = o.hybrid_shard_size;
