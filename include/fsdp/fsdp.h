@@ -108,6 +108,7 @@
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/nn/init.h"
+#include "fsdp/nn/recompute.h"
 #include "fsdp/nn/unit.h"
 
 namespace fsdp {
@@ -293,6 +294,11 @@ struct FsdpOptions {
   // forward in backward. Only units without nested units can be checkpointed.
   std::vector<std::type_index> checkpoint_types;
   bool checkpoint_all_units = false;  // checkpoint every non-root unit (whatever checkpoint_types says)
+  // What a checkpointed unit's backward recomputes (nn/recompute.h): kTail
+  // (the default) re-runs its forward up to the products the model marks as
+  // its tail, whose backward then runs without them — the gradients of kFull,
+  // bit for bit, with fewer products; kFull re-runs everything.
+  nn::RecomputePolicy checkpoint_policy = nn::RecomputePolicy::kTail;
   // Keep the checkpointed units' saved inputs in host memory (GPU runs).
   bool offload_checkpoint_inputs = false;
   // Parameters on the meta device are materialized shard by shard with this

@@ -72,6 +72,8 @@ struct ForwardHolder : torch::CustomClassHolder {
   bool offload = false;
   std::vector<at::Tensor> host_inputs;
   std::vector<at::Device> input_devices;
+  // What the recompute skips (Note [Recompute policy] in src/nn/recompute.cpp).
+  nn::RecomputePolicy policy = nn::RecomputePolicy::kFull;
 };
 
 // Note [Checkpoint recompute]
@@ -82,6 +84,9 @@ struct ForwardHolder : torch::CustomClassHolder {
 // reach gets an undefined gradient; its AccumulateGrad still runs and our
 // post-hook still counts it). Inputs and parameters arrive as at::TensorList:
 // a plain std::vector<Tensor> argument would silently get no autograd edges.
+// Both runs of fn happen inside an nn::RecomputeScope of the unit's policy:
+// under kTail the recompute skips the products the model marks as its tail
+// (Note [Recompute policy] in src/nn/recompute.cpp).
 struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
   static variable_list forward(AutogradContext* ctx, at::TensorList inputs, at::TensorList params,
                                c10::intrusive_ptr<ForwardHolder> holder) {
@@ -96,6 +101,7 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
     }
     ctx->saved_data["holder"] = c10::IValue::make_capsule(holder);
     (void)params;  // edges only; the holder keeps the tensors
+    nn::RecomputeScope scope(holder->policy, nn::RecomputeScope::Phase::kForward);
     return holder->fn(inputs.vec());
   }
 
@@ -124,6 +130,7 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
     {
       trace::Span span("recompute", "compute");
       torch::AutoGradMode enable(true);
+      nn::RecomputeScope scope(holder->policy, nn::RecomputeScope::Phase::kRecompute);
       outputs = holder->fn(inputs);
     }
     // Targets: the inputs that need a gradient, then the unit's parameters.
@@ -196,9 +203,10 @@ std::vector<at::Tensor> attach_post_backward(ShardedUnit& unit, const std::vecto
 }
 
 std::vector<at::Tensor> checkpointed_call(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs,
-                                          const std::vector<at::Tensor>& params, bool offload_inputs,
-                                          std::function<void()> on_recompute) {
+                                          const std::vector<at::Tensor>& params, nn::RecomputePolicy policy,
+                                          bool offload_inputs, std::function<void()> on_recompute) {
   auto holder = c10::make_intrusive<ForwardHolder>();
+  holder->policy = policy;
   holder->on_recompute = std::move(on_recompute);
   holder->fn = fn;
   holder->params = params;

@@ -23,6 +23,15 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
   return y + lora_B_->forward(lora_down(x)) * lora_scaling_;
 }
 
+at::Tensor LinearImpl::forward_marked(const at::Tensor& x, nn::ProductRole role) {
+  // The adapter adds to the product: a tail stays a tail (the adapter's own
+  // products are recomputed).
+  at::Tensor y = nn::linear(x, weight_, bias_, role);
+  if (!lora_A_) return y;
+  // peft's LoraLayer.forward, in its order: result + lora_B(lora_A(dropout(x))) * scaling.
+  return y + lora_B_->forward(lora_down(x)) * lora_scaling_;
+}
+
 at::Tensor LinearImpl::lora_down(const at::Tensor& x) {
   FSDP_ASSERT(lora_A_, "lora_down of a Linear without an adapter");
   at::Tensor h = x;

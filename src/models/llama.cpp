@@ -221,6 +221,10 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& cfg, const at::TensorOptions& opti
 
 at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) { return down_proj_(at::silu(gate_proj_(x)) * up_proj_(x)); }
 
+at::Tensor LlamaMLPImpl::forward_marked(const at::Tensor& x, nn::ProductRole down) {
+  return down_proj_->forward_marked(at::silu(gate_proj_(x)) * up_proj_(x), down);
+}
+
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& cfg, const at::TensorOptions& options,
                                              int64_t layer) {
   // Registration order = HF's named_parameters order.
@@ -239,7 +243,8 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor&
                                           const AttentionMasks& masks) {
   if (moe()) return forward(x, cos, sin, masks, WithRouterLogits{}).at(0);
   const at::Tensor h = x + self_attn_->forward(input_layernorm_(x), cos, sin, masks);
-  return h + mlp_(post_attention_layernorm_(h));
+  // down_proj's output reaches the layer's output only through this sum.
+  return h + mlp_->forward_marked(post_attention_layernorm_(h), nn::ProductRole::kTail);
 }
 
 std::vector<at::Tensor> LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,

@@ -20,6 +20,8 @@
 #include <memory>
 #include <optional>
 
+#include "fsdp/nn/recompute.h"
+
 namespace fsdp::models {
 
 // y = x W^T (+ b), as torch.nn.Linear; optionally with a LoRA adapter
@@ -33,6 +35,9 @@ class LinearImpl : public torch::nn::Module {
   //   y = x W^T (+ b) + ((dropout(x) A^T) B^T) * (alpha / r)
   // Without one, exactly the plain linear: no extra operation.
   at::Tensor forward(const at::Tensor& x);
+  // The same, with the product x W^T (+ b) marked `role` for activation
+  // checkpointing (nn::linear: outside a checkpointed unit, the same call).
+  at::Tensor forward_marked(const at::Tensor& x, nn::ProductRole role);
 
   // Registers the adapter's submodules "lora_A" (weight (r, in)) and "lora_B"
   // (weight (out, r)), so their parameters are `<this>.lora_A.weight` and

@@ -150,6 +150,10 @@ class LlamaMLPImpl : public torch::nn::Module {
 
   // x (B, T, D) -> (B, T, D)
   at::Tensor forward(const at::Tensor& x);
+  // The same, with down_proj's product marked `down` (nn::ProductRole): the
+  // decoder layer adds the result to its residual, which makes it the layer's
+  // tail (Note [Recompute policy] in src/nn/recompute.cpp).
+  at::Tensor forward_marked(const at::Tensor& x, nn::ProductRole down);
 
  private:
   Linear gate_proj_{nullptr};  // weight (F, D)
@@ -380,6 +384,7 @@ nn::InitRuleFn llama_init_rule(const LlamaConfig& cfg);
 // typeid(LlamaDecoderLayerImpl): the transformer block type for wrap policies,
 // compared with nn::UnitBase::inner_type().
 std::type_index llama_block_type();
+
 // The block, the embedding and the head: fsdp-train's --wrap block, which
 // shards the embedding and the head as units of their own.
 std::vector<std::type_index> llama_unit_types();
