@@ -299,7 +299,8 @@ std::vector<at::Tensor> ShardedUnit::run(const nn::TensorFn& fn, const std::vect
             fn, ins, flat_->params(), o.checkpoint_policy, o.offload_checkpoint_inputs,
             [self] {
               if (auto u = self.lock()) u->root().note(EventKind::kRecompute, *u);
-            });
+            },
+            root_->kept_bytes());
       } else {
         outs = fn(ins);
       }

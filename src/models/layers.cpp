@@ -24,8 +24,8 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
 }
 
 at::Tensor LinearImpl::forward_marked(const at::Tensor& x, nn::ProductRole role) {
-  // The adapter adds to the product: a tail stays a tail (the adapter's own
-  // products are recomputed).
+  // The adapter adds to the product: a tail stays a tail, a kept product is
+  // kept without it (the adapter's own products are recomputed).
   at::Tensor y = nn::linear(x, weight_, bias_, role);
   if (!lora_A_) return y;
   // peft's LoraLayer.forward, in its order: result + lora_B(lora_A(dropout(x))) * scaling.

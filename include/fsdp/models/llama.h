@@ -122,6 +122,8 @@ class LlamaAttentionImpl : public torch::nn::Module {
 
   // x (B, T, D); cos, sin (T, Dh) in x's dtype -> (B, T, D).
   // Requires: masks.sliding defined and (T, T) when window() <= T.
+  // Activation checkpointing's marks (nn/recompute.h): the q, k, v and o
+  // products are kKept, and so is the SDPA kernel's output unless masked.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMasks& masks);
 
   void set_kernel(AttentionKernel kernel);
@@ -385,6 +387,17 @@ nn::InitRuleFn llama_init_rule(const LlamaConfig& cfg);
 // compared with nn::UnitBase::inner_type().
 std::type_index llama_block_type();
 
+// Bytes a checkpointed decoder layer `layer` keeps from forward for its
+// recompute, per token, beyond its input, under `policy` (nn/recompute.h):
+// kSelective keeps the q, k, v and o products (H*Dh + 2*Hkv*Dh + D values of
+// `dtype`) and, where the attention kernel's own backward can be rebuilt (the
+// CPU's flash kernel: `device` the CPU, the SDPA kernel, the layer unmasked at
+// `seq_len`), its output (H*Dh values) and log-sum-exp (H fp32 values);
+// kFull and kTail keep nothing. Exact: ShardedModel::checkpoint_kept_bytes is
+// tokens x this, summed over the layers.
+int64_t llama_kept_bytes_per_token(const LlamaConfig& cfg, int64_t layer, nn::RecomputePolicy policy,
+                                   at::ScalarType dtype, at::DeviceType device, int64_t seq_len,
+                                   AttentionKernel kernel = AttentionKernel::kSdpa);
 // The block, the embedding and the head: fsdp-train's --wrap block, which
 // shards the embedding and the head as units of their own.
 std::vector<std::type_index> llama_unit_types();
