@@ -206,6 +206,12 @@ std::vector<OptionRow> memory_rows() {
       {"--activation-checkpointing", g,
        "Keep only each decoder layer's input in forward and recompute the layer in backward",
        BIND(o.sharding.activation_checkpointing), {}, 0, kUses},
+      {"--ac-policy", g,
+       "With --activation-checkpointing, what backward recomputes: tail (the layer up to its last product, "
+       "whose gradients are then computed from what is at hand: full's gradients bit for bit, one product "
+       "fewer) | full (the whole layer) | selective (keeps attention's products and output, recomputes the "
+       "norms and the MLP) — docs/training.md",
+       BIND(flags.ac_policy), {"tail", "full", "selective"}, kD},
       {"--offload-activations", g, "With --activation-checkpointing: keep those saved inputs in host memory (GPU runs)",
        BIND(o.sharding.offload_activations)},
       {"--cpu-offload", g,

@@ -160,6 +160,7 @@ FsdpOptions engine_options(const TrainOptions& o, const ModelConfig* cfg, int wo
   if (s.activation_checkpointing) {
     fo.checkpoint_types = {cfg != nullptr ? cfg->block_type() : std::type_index(typeid(void))};
   }
+  fo.checkpoint_policy = s.ac_policy;
   fo.offload_checkpoint_inputs = s.offload_activations;
   fo.cpu_offload = s.cpu_offload;
   fo.backward_prefetch = s.backward_prefetch;

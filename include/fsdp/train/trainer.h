@@ -136,6 +136,7 @@ struct ShardingOptions {
   MixedPrecision mixed_precision;        // fp32 everywhere
   CommCompression compression;           // what the collectives send (FsdpOptions::compression)
   bool activation_checkpointing = false; // every decoder layer
+  nn::RecomputePolicy ac_policy = nn::RecomputePolicy::kTail;  // what it recomputes (FsdpOptions::checkpoint_policy)
   bool offload_activations = false;      // checkpointed layers' saved inputs in host memory
   bool cpu_offload = false;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
