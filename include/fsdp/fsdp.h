@@ -302,7 +302,7 @@ struct FsdpOptions {
   // (ShardedModel::checkpoint_kept_bytes) and recomputes the rest.
   nn::RecomputePolicy checkpoint_policy = nn::RecomputePolicy::kTail;
   // Keep the checkpointed units' saved inputs (and what kSelective keeps) in
-  // host memory (GPU runs).
+  // host memory (GPU runs): blocking copies, a host wait per unit each way.
   bool offload_checkpoint_inputs = false;
   // Parameters on the meta device are materialized shard by shard with this
   // rule (fsdp::nn::init_slice); required when the model was built on meta.
