@@ -35,6 +35,7 @@ struct TrainFlags {
   std::string reduce_scatter_wire = "native";  // --reduce-scatter-wire
   std::string backward_prefetch = "pre";     // --backward-prefetch
   std::string ac_policy = "tail";            // --ac-policy
+  std::string kernels = "reference";         // --kernels
   std::string loss_scaling = "auto";         // --loss-scaling
   std::string export_dtype = "float32";      // --export-dtype
   std::string export_shard_size = "5GB";     // --export-shard-size

@@ -72,6 +72,10 @@ std::vector<OptionRow> data_rows() {
        "Tokens per chunk of the output projection and loss, which never hold the whole B x T x vocab "
        "logits (0: chosen from the vocabulary, 64 MiB of fp32 logits per chunk)",
        BIND(o.step.loss_chunk_rows), {}, kD},
+      {"--kernels", "",
+       "reference (Hugging Face's operations one by one) | fused (LibTorch's fused kernels where it has one: "
+       "RMSNorm, rounded once in bf16 where the reference rounds twice) — docs/training.md",
+       BIND(flags.kernels), {"reference", "fused"}, kD},
       {"--lr", "", "Peak learning rate", BIND(o.schedule.lr), {}, kD},
       {"--warmup-steps", "", "Linear warmup steps", BIND(o.schedule.warmup_steps), {}, kD},
       {"--min-lr", "", "Learning rate at the end of the cosine decay", BIND(o.schedule.min_lr), {}, kD},

@@ -2,7 +2,8 @@
 # Head-to-head on one GPU: fsdp-train (a) against PyTorch FSDP (b) and FSDP2
 # (c), each training the Hugging Face-shaped Llama 3.2 1B on the same random
 # tokens at world size 1, bf16, seq 2048, activation checkpointing off and on
-# (on: fsdp-train's default --ac-policy tail, then full and selective);
+# (on: fsdp-train's default --ac-policy tail, then full and selective; off:
+# also --kernels fused);
 # then the FSDP tutorial MLP (8 x Linear 20480) with and without CPU offload.
 # Prints tokens/s, MFU (against the bf16 matmul rate measured in the same
 # call) and peak device memory (each side's peak after its setup), with the
@@ -237,6 +238,8 @@ done
 for policy in full selective; do
   wants a && ours "(a) fsdp-train --ac-policy $policy" 1 "$ckpt_batch" --ac-policy "$policy"
 done
+# LibTorch's fused layer kernels (fsdp-train --kernels fused: RMSNorm), without checkpointing.
+wants a && ours "(a) fsdp-train --kernels fused" 0 "$batch" --kernels fused
 # Where fsdp-train fits a larger batch than the peers were given.
 [[ $long -eq 1 ]] && wants a && ours "(a) fsdp-train, 2x batch" 1 $((2 * ckpt_batch))
 

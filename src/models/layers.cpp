@@ -93,12 +93,37 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps, const at::TensorOptions& optio
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  if (kernels_ == LayerKernels::kFused) {
+    return std::get<0>(at::_fused_rms_norm(x, {weight_.size(0)}, weight_, eps_));
+  }
   // As HF's LlamaRMSNorm: statistics in fp32, normalized values cast back to
   // the input dtype before the (possibly bf16) weight multiplies them.
   const at::Tensor x32 = x.to(at::kFloat);
   const at::Tensor var = x32.pow(2).mean(-1, /*keepdim=*/true);
   const at::Tensor normed = (x32 * at::rsqrt(var + eps_)).to(x.scalar_type());
   return weight_ * normed;
+}
+
+const char* to_string(LayerKernels kernels) {
+  return kernels == LayerKernels::kFused ? "fused" : "reference";
+}
+
+std::optional<LayerKernels> parse_layer_kernels(const std::string& name) {
+  for (LayerKernels k : {LayerKernels::kReference, LayerKernels::kFused}) {
+    if (name == to_string(k)) return k;
+  }
+  return std::nullopt;
+}
+
+int64_t set_layer_kernels(torch::nn::Module& model, LayerKernels kernels) {
+  int64_t n = 0;
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    if (auto* norm = dynamic_cast<RMSNormImpl*>(m.get())) {
+      norm->set_kernels(kernels);
+      ++n;
+    }
+  }
+  return n;
 }
 
 }  // namespace fsdp::models

@@ -41,6 +41,7 @@ TEST(TrainFlags, DefaultsAreTheTrainOptionsDefaults) {
   EXPECT_TRUE(same(parsed.sharding.mixed_precision, defaults.sharding.mixed_precision));
   EXPECT_EQ(parsed.sharding.backward_prefetch, defaults.sharding.backward_prefetch);
   EXPECT_EQ(parsed.sharding.ac_policy, defaults.sharding.ac_policy);
+  EXPECT_EQ(parsed.step.kernels, defaults.step.kernels);
   EXPECT_EQ(parsed.sharding.loss_scaling, defaults.sharding.loss_scaling);
   EXPECT_EQ(parsed.hf.export_dtype, defaults.hf.export_dtype);
   EXPECT_EQ(parsed.hf.export_shard_bytes, defaults.hf.export_shard_bytes);
@@ -181,6 +182,16 @@ TEST(TrainFlags, AcPolicyChoosesWhatCheckpointingRecomputes) {
   o.sharding.activation_checkpointing = false;
   EXPECT_EQ(usage_error_of([&] { apply_train_flags(flags, o); }),
             "--ac-policy selective chooses what activation checkpointing recomputes: add --activation-checkpointing");
+}
+
+TEST(TrainFlags, KernelsChooseTheLayersImplementation) {
+  TrainFlags flags;
+  flags.kernels = "fused";
+  EXPECT_EQ(options_of(flags).step.kernels, models::LayerKernels::kFused);
+  flags.kernels = "reference";
+  EXPECT_EQ(options_of(flags).step.kernels, models::LayerKernels::kReference);
+  flags.kernels = "fast";
+  EXPECT_EQ(usage_error_of([&] { options_of(flags); }), "--kernels 'fast' is not one of: reference, fused");
 }
 
 // As before the words moved here: a bad --export-shard-size is refused only
