@@ -118,8 +118,8 @@ std::optional<LayerKernels> parse_layer_kernels(const std::string& name) {
 int64_t set_layer_kernels(torch::nn::Module& model, LayerKernels kernels) {
   int64_t n = 0;
   for (const auto& m : model.modules(/*include_self=*/true)) {
-    if (auto* norm = dynamic_cast<RMSNormImpl*>(m.get())) {
-      norm->set_kernels(kernels);
+    if (auto* layer = dynamic_cast<HasLayerKernels*>(m.get())) {
+      layer->set_kernels(kernels);
       ++n;
     }
   }

@@ -5,6 +5,7 @@
 
 #include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
+#include "fsdp/models/kernels.h"
 
 namespace fsdp::models {
 namespace {
@@ -220,10 +221,15 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& cfg, const at::TensorOptions& opti
   down_proj_ = register_module("down_proj", Linear(F, D, /*bias=*/false, options));
 }
 
-at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) { return down_proj_(at::silu(gate_proj_(x)) * up_proj_(x)); }
+at::Tensor LlamaMLPImpl::swiglu(const at::Tensor& x) {
+  if (kernels_ == LayerKernels::kFused) return fused_swiglu(gate_proj_(x), up_proj_(x));
+  return at::silu(gate_proj_(x)) * up_proj_(x);
+}
+
+at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) { return down_proj_(swiglu(x)); }
 
 at::Tensor LlamaMLPImpl::forward_marked(const at::Tensor& x, nn::ProductRole down) {
-  return down_proj_->forward_marked(at::silu(gate_proj_(x)) * up_proj_(x), down);
+  return down_proj_->forward_marked(swiglu(x), down);
 }
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& cfg, const at::TensorOptions& options,

@@ -119,7 +119,14 @@ const char* to_string(LayerKernels kernels);  // "reference" | "fused"
 // nullopt for any other name.
 std::optional<LayerKernels> parse_layer_kernels(const std::string& name);
 
-class RMSNormImpl : public torch::nn::Module {
+// A layer with a fused form; set_layer_kernels sets every one of a model.
+class HasLayerKernels {
+ public:
+  virtual ~HasLayerKernels() = default;
+  virtual void set_kernels(LayerKernels kernels) = 0;
+};
+
+class RMSNormImpl : public torch::nn::Module, public HasLayerKernels {
  public:
   RMSNormImpl(int64_t dim, double eps, const at::TensorOptions& options);
 
@@ -131,7 +138,7 @@ class RMSNormImpl : public torch::nn::Module {
   // fp32: the same values; bf16: within one rounding of the reference.
   at::Tensor forward(const at::Tensor& x);
 
-  void set_kernels(LayerKernels kernels) { kernels_ = kernels; }
+  void set_kernels(LayerKernels kernels) override { kernels_ = kernels; }
   LayerKernels kernels() const { return kernels_; }
   double eps() const { return eps_; }
   const at::Tensor& weight() const { return weight_; }
@@ -143,8 +150,8 @@ class RMSNormImpl : public torch::nn::Module {
 };
 TORCH_MODULE(RMSNorm);
 
-// Sets `kernels` on every layer of `model` that has a fused form (its RMSNorms);
-// returns how many it set.
+// Sets `kernels` on every layer of `model` that has a fused form
+// (HasLayerKernels: its RMSNorms, Llama's MLPs); returns how many it set.
 int64_t set_layer_kernels(torch::nn::Module& model, LayerKernels kernels);
 
 }  // namespace fsdp::models

@@ -145,10 +145,13 @@ class LlamaAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaAttention);
 
-// SwiGLU: down(silu(gate(x)) * up(x)).
-class LlamaMLPImpl : public torch::nn::Module {
+// SwiGLU: down(silu(gate(x)) * up(x)). LayerKernels::kFused: silu(gate) * up
+// is one elementwise kernel (models::fused_swiglu), rounded once.
+class LlamaMLPImpl : public torch::nn::Module, public HasLayerKernels {
  public:
   LlamaMLPImpl(const LlamaConfig& cfg, const at::TensorOptions& options);
+
+  void set_kernels(LayerKernels kernels) override { kernels_ = kernels; }
 
   // x (B, T, D) -> (B, T, D)
   at::Tensor forward(const at::Tensor& x);
@@ -161,6 +164,8 @@ class LlamaMLPImpl : public torch::nn::Module {
   Linear gate_proj_{nullptr};  // weight (F, D)
   Linear up_proj_{nullptr};    // weight (F, D)
   Linear down_proj_{nullptr};  // weight (D, F)
+  LayerKernels kernels_ = LayerKernels::kReference;
+  at::Tensor swiglu(const at::Tensor& x);  // (B, T, D) -> (B, T, F): silu(gate(x)) * up(x)
 };
 TORCH_MODULE(LlamaMLP);
 
