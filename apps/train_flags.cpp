@@ -96,6 +96,14 @@ void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o) {
   o.sharding.compression.all_gather = parse_wire_format(flags.all_gather_wire, "--all-gather-wire");
   o.sharding.compression.reduce_scatter = parse_wire_format(flags.reduce_scatter_wire, "--reduce-scatter-wire");
   o.sharding.backward_prefetch = parse_backward_prefetch(flags.backward_prefetch);
+  const std::optional<nn::RecomputePolicy> ac_policy = nn::parse_recompute_policy(flags.ac_policy);
+  FSDP_CHECK(ac_policy.has_value(), "--ac-policy '", flags.ac_policy, "' is not one of: full, tail, selective");
+  FSDP_CHECK(o.sharding.activation_checkpointing || *ac_policy == nn::RecomputePolicy::kTail, "--ac-policy ",
+             flags.ac_policy, " chooses what activation checkpointing recomputes: add --activation-checkpointing");
+  o.sharding.ac_policy = *ac_policy;
+  const std::optional<models::LayerKernels> kernels = models::parse_layer_kernels(flags.kernels);
+  FSDP_CHECK(kernels.has_value(), "--kernels '", flags.kernels, "' is not one of: reference, fused");
+  o.step.kernels = *kernels;
   o.sharding.loss_scaling = parse_loss_scaling(flags.loss_scaling);
   o.hf.export_dtype = parse_export_dtype(flags.export_dtype);
   if (!o.hf.export_dir.empty()) o.hf.export_shard_bytes = parse_export_shard_size(flags.export_shard_size);

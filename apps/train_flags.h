@@ -34,6 +34,8 @@ struct TrainFlags {
   std::string all_gather_wire = "native";    // --all-gather-wire
   std::string reduce_scatter_wire = "native";  // --reduce-scatter-wire
   std::string backward_prefetch = "pre";     // --backward-prefetch
+  std::string ac_policy = "tail";            // --ac-policy
+  std::string kernels = "reference";         // --kernels
   std::string loss_scaling = "auto";         // --loss-scaling
   std::string export_dtype = "float32";      // --export-dtype
   std::string export_shard_size = "5GB";     // --export-shard-size

@@ -72,6 +72,10 @@ std::vector<OptionRow> data_rows() {
        "Tokens per chunk of the output projection and loss, which never hold the whole B x T x vocab "
        "logits (0: chosen from the vocabulary, 64 MiB of fp32 logits per chunk)",
        BIND(o.step.loss_chunk_rows), {}, kD},
+      {"--kernels", "",
+       "reference (Hugging Face's operations one by one) | fused (LibTorch's fused kernels where it has one: "
+       "RMSNorm, rounded once in bf16 where the reference rounds twice) — docs/training.md",
+       BIND(flags.kernels), {"reference", "fused"}, kD},
       {"--lr", "", "Peak learning rate", BIND(o.schedule.lr), {}, kD},
       {"--warmup-steps", "", "Linear warmup steps", BIND(o.schedule.warmup_steps), {}, kD},
       {"--min-lr", "", "Learning rate at the end of the cosine decay", BIND(o.schedule.min_lr), {}, kD},
@@ -210,6 +214,12 @@ std::vector<OptionRow> memory_rows() {
       {"--activation-checkpointing", g,
        "Keep only each decoder layer's input in forward and recompute the layer in backward",
        BIND(o.sharding.activation_checkpointing), {}, 0, kUses},
+      {"--ac-policy", g,
+       "With --activation-checkpointing, what backward recomputes: tail (the layer up to its last product, "
+       "whose gradients are then computed from what is at hand: full's gradients bit for bit, one product "
+       "fewer) | full (the whole layer) | selective (keeps attention's products and output, recomputes the "
+       "norms and the MLP) — docs/training.md",
+       BIND(flags.ac_policy), {"tail", "full", "selective"}, kD},
       {"--offload-activations", g, "With --activation-checkpointing: keep those saved inputs in host memory (GPU runs)",
        BIND(o.sharding.offload_activations)},
       {"--cpu-offload", g,

@@ -31,6 +31,7 @@ import os
 import platform
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -63,6 +64,12 @@ def parse_args():
     p.add_argument("--warmup", type=int, default=3, help="steps before the measured ones")
     p.add_argument("--threads", type=int, default=0, help="threads per process (0: cores / processes)")
     p.add_argument("--timeout-s", type=float, default=1800, help="limit for each run")
+    p.add_argument("--ac", default="off", help="comma-separated activation checkpointing rows: off (neither side), "
+                                              "full, tail, selective (fsdp-train --activation-checkpointing "
+                                              "--ac-policy P against FSDP2 with every decoder layer checkpointed, "
+                                              "non-reentrant)")
+    p.add_argument("--rounds", type=int, default=1, help="run every row this many times, in turn; the table gives "
+                                                          "medians, each ratio against FSDP2's run of its round")
     p.add_argument("--profile", action="store_true", help="also profile both sides (rank 0) at each process count")
     p.add_argument("--profile-steps", type=int, default=3)
     p.add_argument("--table-out", default="", help="also write the Markdown table here")
@@ -132,38 +139,45 @@ def common_flags(steps):
                 clip_grad=1.0)
 
 
-def side_argv(a, side, hf_dir, tokens, batches, metrics, steps, nproc, threads):
+def side_argv(a, side, hf_dir, tokens, batches, metrics, steps, nproc, threads, ac="off"):
     h = common_flags(steps)
     if side == "ours":
+        checkpointing = [] if ac == "off" else ["--activation-checkpointing", "--ac-policy", ac]
         return [os.path.join(a.build, "apps", "fsdp-train"), "--init-from", hf_dir, "--data", tokens,
                 "--data-format", "bin", "--token-dtype", a.token_dtype, "--seq-len", str(a.seq_len),
                 "--batch-size", str(a.batch_size), "--max-steps", str(steps), "--sharding", "full", "--wrap", "block",
                 "--lr", str(h["lr"]), "--min-lr", str(h["min_lr"]), "--warmup-steps", str(h["warmup_steps"]),
                 "--weight-decay", str(h["weight_decay"]), "--weight-decay-all",  # the peer: one parameter group
                 "--beta1", str(h["beta1"]), "--beta2", str(h["beta2"]),
-                "--clip-grad", str(h["clip_grad"]), "--seed", "1337", "--log-every", "1", "--metrics-file", metrics]
+                "--clip-grad", str(h["clip_grad"]), "--seed", "1337", "--log-every", "1", "--metrics-file",
+                metrics] + checkpointing
     argv = [peerlib.venv_python(), PEER, "--hf-dir", hf_dir, "--batches", batches, "--sharding", "full",
             "--batch-size", str(a.batch_size), "--steps", str(steps), "--lr", str(h["lr"]), "--min-lr", str(h["min_lr"]),
             "--warmup-steps", str(h["warmup_steps"]), "--max-steps", str(h["max_steps"]),
             "--weight-decay", str(h["weight_decay"]), "--beta1", str(h["beta1"]), "--beta2", str(h["beta2"]),
             "--clip-grad", str(h["clip_grad"]), "--threads", str(threads), "--metrics-file", metrics,
             "--timeout-s", "600"]
+    if ac != "off":
+        argv.append("--activation-checkpointing")
     return argv
 
 
-def run_side(a, side, tag, hf_dir, tokens, batches, nproc, threads, work):
-    """Runs one side with nproc ranks; returns (tokens/s, [peak RSS KiB per rank], rank 0's metrics)."""
+def run_side(a, side, tag, hf_dir, tokens, batches, nproc, threads, work, ac="off"):
+    """Runs one side with nproc ranks; returns (tokens/s, tokens/s from its step times, [peak RSS KiB per
+    rank], rank 0's metrics, rank 0's tokens per CPU-second)."""
     steps = a.warmup + a.steps
     metrics = os.path.join(work, f"{tag}.{side}.jsonl")
     if os.path.exists(metrics):
         os.remove(metrics)
-    argv = side_argv(a, side, hf_dir, tokens, batches, metrics, steps, nproc, threads)
+    argv = side_argv(a, side, hf_dir, tokens, batches, metrics, steps, nproc, threads, ac)
     port = peerlib.free_port()
     seen = StepClock(metrics)
     with peerlib.ProcessSet() as ps:
         for r in range(nproc):
-            ps.start(f"{side} rank {r}", argv, ranks_env(nproc, threads, r, port),
-                     os.path.join(work, f"{tag}.{side}.rank{r}.log"))
+            proc = ps.start(f"{side} rank {r}", argv, ranks_env(nproc, threads, r, port),
+                            os.path.join(work, f"{tag}.{side}.rank{r}.log"))
+            if r == 0:
+                seen.pid = proc.pid
         done = ps.wait(a.timeout_s, poll_s=0.01, on_poll=seen.poll)
     rss = [done[f"{side} rank {r}"][1].ru_maxrss for r in range(nproc)]
     rows = peerlib.read_metrics(metrics)
@@ -174,16 +188,30 @@ def run_side(a, side, tag, hf_dir, tokens, batches, nproc, threads, work):
     tokens = a.steps * a.batch_size * nproc * a.seq_len
     wall = seen.at[steps - 1] - seen.at[a.warmup - 1]
     inside = sum(r["step_time_s"] for r in measured)
-    return tokens / wall, tokens / inside, rss, rows
+    cpu = seen.cpu[steps - 1] - seen.cpu[a.warmup - 1]
+    return tokens / wall, tokens / inside, rss, rows, (tokens / nproc) / cpu if cpu > 0 else float("nan")
 
 
 class StepClock:
     """When each step's line appears in rank 0's metrics file, seen from this process (polled
     every 10 ms): the wall time between the last warm-up step's line and the last measured
-    step's line covers exactly the measured steps, everything between them included."""
+    step's line covers exactly the measured steps, everything between them included. Also rank
+    0's CPU time (user + system of all its threads, /proc/PID/stat) at the same moments: on a
+    machine shared with other work, the CPU seconds a side spends on its steps move far less than
+    its wall time, which counts the time the scheduler gave to others."""
+
+    TICK = os.sysconf("SC_CLK_TCK")
 
     def __init__(self, path):
-        self.path, self.at, self.size = path, [], -1
+        self.path, self.at, self.cpu, self.size, self.pid = path, [], [], -1, None
+
+    def cpu_seconds(self):
+        try:
+            with open(f"/proc/{self.pid}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / self.TICK  # utime, stime (fields 14, 15)
+        except (OSError, IndexError, ValueError, TypeError):
+            return float("nan")
 
     def poll(self):
         try:
@@ -196,6 +224,8 @@ class StepClock:
         self.size = size
         with open(self.path) as f:
             n = sum(1 for line in f if line.endswith("\n") and '"loss"' in line)
+        cpu = self.cpu_seconds()
+        self.cpu.extend([cpu] * (n - len(self.cpu)))
         self.at.extend([now] * (n - len(self.at)))
 
 
@@ -295,6 +325,14 @@ def main():
             print(f"headtohead.py: error: unknown model '{m}'; choose from {', '.join(MODELS)}", file=sys.stderr)
             return 2
     nprocs = [int(x) for x in a.nproc.split(",") if x.strip()]
+    acs = [x.strip() for x in a.ac.split(",") if x.strip()]
+    for ac in acs:
+        if ac not in ("off", "full", "tail", "selective"):
+            print(f"headtohead.py: error: --ac '{ac}' is not one of: off, full, tail, selective", file=sys.stderr)
+            return 2
+    if a.rounds < 1:
+        print(f"headtohead.py: error: --rounds {a.rounds} must be >= 1", file=sys.stderr)
+        return 2
     if a.warmup < 1 or a.steps < 1:
         print(f"headtohead.py: error: --warmup {a.warmup} and --steps {a.steps} must be >= 1 (the clock starts at the "
               "last warm-up step's log line)", file=sys.stderr)
@@ -325,20 +363,48 @@ def main():
                 tag = f"{m}.w{nproc}"
                 batches = os.path.join(work, f"{tag}.batches")
                 write_batches(a, tokens, nproc, steps, batches)
-                result = {}
-                for side in ("ours", "theirs"):
-                    t0 = time.monotonic()
-                    result[side] = run_side(a, side, tag, hf_dir, tokens, batches, nproc, threads, work)
-                    print(f"  {m} x{nproc} {'fsdp-train' if side == 'ours' else 'FSDP2'}: "
-                          f"{result[side][0]:,.0f} tokens/s (from its step times: {result[side][1]:,.0f}), "
-                          f"peak RSS/rank {max(result[side][2]) / 1024:.0f} MiB ({time.monotonic() - t0:.0f} s)",
-                          file=sys.stderr, flush=True)
-                (t_ours, _, rss_ours, m_ours), (t_theirs, _, rss_theirs, m_theirs) = result["ours"], result["theirs"]
-                l0, l1 = m_ours[0]["loss"], m_theirs[0]["loss"]
-                rows.append(dict(model=m, params=n_params, nproc=nproc, threads=threads, seq=a.seq_len, tps_ours=t_ours,
-                                 tps_theirs=t_theirs, rss_ours=max(rss_ours), rss_theirs=max(rss_theirs),
-                                 loss0_rel=abs(l0 - l1) / abs(l1), losses_ours=[r["loss"] for r in m_ours],
-                                 losses_theirs=[r["loss"] for r in m_theirs]))
+                # Each round runs every row once, FSDP2 (checkpointed or not) once for all of ours; a row's
+                # ratio is taken against the FSDP2 run of its own round, and the rounds' medians are kept.
+                runs = {ac: [] for ac in acs}
+                for rnd in range(a.rounds):
+                    theirs = {}
+                    for ac in acs:
+                        result = {}
+                        for side in ("ours", "theirs"):
+                            key = ac != "off"
+                            if side == "theirs" and key in theirs:
+                                result[side] = theirs[key]
+                                continue
+                            t0 = time.monotonic()
+                            result[side] = run_side(a, side, f"{tag}.ac-{ac}.r{rnd}", hf_dir, tokens, batches, nproc,
+                                                    threads, work, ac)
+                            if side == "theirs":
+                                theirs[key] = result[side]
+                            print(f"  {m} x{nproc} round {rnd + 1}/{a.rounds} checkpointing {ac} "
+                                  f"{'fsdp-train' if side == 'ours' else 'FSDP2'}: {result[side][0]:,.0f} tokens/s "
+                                  f"(from its step times: {result[side][1]:,.0f}; rank 0 "
+                                  f"{result[side][4]:,.0f} tokens per CPU-second), peak RSS/rank "
+                                  f"{max(result[side][2]) / 1024:.0f} MiB ({time.monotonic() - t0:.0f} s)",
+                                  file=sys.stderr, flush=True)
+                        runs[ac].append((result["ours"], result["theirs"]))
+                for ac in acs:
+                    pairs = runs[ac]
+                    (_, _, rss_ours, m_ours, _), (_, _, rss_theirs, m_theirs, _) = pairs[0]
+                    l0, l1 = m_ours[0]["loss"], m_theirs[0]["loss"]
+                    rows.append(dict(model=m, params=n_params, nproc=nproc, threads=threads, seq=a.seq_len, ac=ac,
+                                     tps_ours=statistics.median(o[0] for o, _ in pairs),
+                                     tps_theirs=statistics.median(t[0] for _, t in pairs),
+                                     ratio=statistics.median(o[0] / t[0] for o, t in pairs),
+                                     ratios=[o[0] / t[0] for o, t in pairs],
+                                     cpu_ours=statistics.median(o[4] for o, _ in pairs),
+                                     cpu_theirs=statistics.median(t[4] for _, t in pairs),
+                                     cpu_ratio=statistics.median(o[4] / t[4] for o, t in pairs),
+                                     rss_ours=max(max(o[2]) for o, _ in pairs),
+                                     rss_theirs=max(max(t[2]) for _, t in pairs),
+                                     loss0_rel=max(abs(o[3][0]["loss"] - t[3][0]["loss"]) / abs(t[3][0]["loss"])
+                                                   for o, t in pairs),
+                                     losses_ours=[r["loss"] for r in m_ours],
+                                     losses_theirs=[r["loss"] for r in m_theirs]))
             if a.profile:
                 for nproc in nprocs:
                     threads = a.threads or max(1, cores // nproc)
@@ -360,18 +426,25 @@ def main():
     seqs = ", ".join(f"{m} {MODEL_SEQ_LEN.get(m, base_seq)}" for m in models)
     lines = [f"fsdp-train (ours; --wrap block: decoder layers, embedding and head) vs PyTorch FSDP2 eager (theirs: one "
              f"unit per decoder layer + root), FULL_SHARD, "
-             f"fp32, seq ({seqs}) x batch {a.batch_size} per rank, {a.warmup} warm-up + {a.steps} measured steps, "
+             f"fp32, seq ({seqs}) x batch {a.batch_size} per rank, {a.warmup} warm-up + {a.steps} measured steps"
+             f"{f', {a.rounds} rounds (medians)' if a.rounds > 1 else ''}, "
              f"AdamW lr 3e-4 wd 0.01, clip 1.0; PyTorch {torch_version()}, {cores} cores",
              "",
-             "| model | params | seq | procs x threads | tokens/s ours | tokens/s FSDP2 | x | peak RSS/rank ours | "
-             "peak RSS/rank FSDP2 | x | step-0 loss rel. diff |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| model | params | seq | procs x threads | checkpointing | tokens/s ours | tokens/s FSDP2 | x | "
+             "tokens/CPU-s ours | tokens/CPU-s FSDP2 | x | peak RSS/rank ours | peak RSS/rank FSDP2 | x | "
+             "step-0 loss rel. diff |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['seq']} | {r['nproc']} x {r['threads']} | "
-                     f"{r['tps_ours']:,.0f} | {r['tps_theirs']:,.0f} | {r['tps_ours'] / r['tps_theirs']:.2f} | "
+        ckpt = "off" if r["ac"] == "off" else f"ours {r['ac']}, FSDP2 non-reentrant"
+        lines.append(f"| {r['model']} | {r['params'] / 1e6:.1f}M | {r['seq']} | {r['nproc']} x {r['threads']} | {ckpt} | "
+                     f"{r['tps_ours']:,.0f} | {r['tps_theirs']:,.0f} | {ratio_text(r)} | "
+                     f"{r['cpu_ours']:,.0f} | {r['cpu_theirs']:,.0f} | {r['cpu_ratio']:.2f} | "
                      f"{mib(r['rss_ours'])} | {mib(r['rss_theirs'])} | {r['rss_ours'] / r['rss_theirs']:.2f} | "
                      f"{r['loss0_rel']:.1e} |")
-    lines += ["", "x = ours / FSDP2 (tokens/s: higher is faster; RSS: lower is smaller). Peak RSS is the largest "
+    lines += ["", "x = ours / FSDP2 (tokens/s: higher is faster; RSS: lower is smaller; with rounds, the median of each "
+              "round's ratio, every round's in brackets). tokens/CPU-s: rank 0's tokens of the measured steps over the CPU "
+              "time (user + system, every thread) rank 0 spent on them, the measure that a machine shared with other "
+              "work moves least. Peak RSS is the largest "
               "rank's ru_maxrss (wait4). tokens/s: global tokens of the measured steps over the wall time between rank "
               "0's log lines of the last warm-up step and the last step (seen appearing in its metrics file). "
               f"Start-up floor (peak RSS of a process that only loads the libraries): ours {mib(floor['ours'])} "
@@ -385,11 +458,16 @@ def main():
             f.write(table)
     bad = [r for r in rows if r["loss0_rel"] > 1e-4]
     if bad:
-        which = ", ".join(f"{r['model']} x{r['nproc']}" for r in bad)
+        which = ", ".join(f"{r['model']} x{r['nproc']} checkpointing {r['ac']}" for r in bad)
         print(f"headtohead.py: FAIL: the first step's loss differs by more than 1e-4 relative between the sides for "
               f"{which}: they are not training the same thing", file=sys.stderr)
         return 1
     return 0
+
+
+def ratio_text(r):
+    text = f"{r['ratio']:.2f}"
+    return text if len(r["ratios"]) == 1 else f"{text} ({', '.join(f'{x:.2f}' for x in r['ratios'])})"
 
 
 def torch_version():

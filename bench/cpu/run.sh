@@ -9,9 +9,14 @@
 # and the machine. How both sides are run and measured: bench/cpu/headtohead.py.
 #
 #   bench/cpu/run.sh [--models small,100m] [--nproc 1,2] [--seq-len 256] [--batch-size 4]
-#                    [--steps 10] [--warmup 3] [--threads N] [--profile] [--no-record]
+#                    [--steps 10] [--warmup 3] [--threads N] [--ac off,tail] [--rounds 1] [--profile]
+#                    [--no-record]
 #   bench/cpu/run.sh --short     # 1 warm-up + 3 measured steps: checks the harness end to end
 #
+# --ac: activation checkpointing rows, comma-separated: off, or an --ac-policy of ours (full, tail,
+# selective) against FSDP2 with every decoder layer checkpointed (non-reentrant torch.utils.checkpoint).
+# --rounds N: every row N times in turn, each ratio against FSDP2's run of the same round; the table gives
+# the medians (a loaded machine's speed drifts between runs far more than the sides differ).
 # --profile: also runs each side once at 1 process under `perf record` (and torch.profiler on
 # the FSDP2 side) and prints where the CPU time goes; the profile is not recorded.
 # Timings need a quiet machine: the script prints the load average it started with.
@@ -30,7 +35,7 @@ while [[ $# -gt 0 ]]; do
     --no-record) record=0; shift ;;
     --short) short=1; pass+=(--steps 3 --warmup 1); shift ;;
     --profile) pass+=("$1"); shift ;;
-    --models|--nproc|--seq-len|--batch-size|--steps|--warmup|--threads|--profile-steps)
+    --models|--nproc|--seq-len|--batch-size|--steps|--warmup|--threads|--profile-steps|--ac|--rounds)
       [[ $# -ge 2 ]] || { echo "bench/cpu/run.sh: $1 needs a value" >&2; exit 2; }
       pass+=("$1" "$2"); shift 2 ;;
     *) echo "bench/cpu/run.sh: unknown argument '$1' (see the header of bench/cpu/run.sh)" >&2; exit 2 ;;
@@ -58,6 +63,7 @@ if [[ $record -eq 1 && -s $table ]]; then
     echo "Command: \`bench/cpu/run.sh ${args[*]}\`"
     echo "Machine: $(nproc) cores, $(awk '/MemTotal/ {printf "%.0f GiB", $2/1048576}' /proc/meminfo), $(uname -m)," \
          "load average $load_before before the run"
+    echo "Processor: $(lscpu | sed -n 's/^Model name: *//p' | head -1)"
     [[ $short -eq 0 ]] || echo "Short mode (1 warm-up + 3 measured steps): a check of the harness, not a measurement."
     echo
     cat "$table"

@@ -116,6 +116,7 @@ def table(a):
     for ckpt in (False, True):
         group = [r for r in rows if r.get("kind") == "llama" and r["ckpt"] == ckpt]
         ours = next((r for r in group if r["row"].startswith("(a)") and "tokens_per_s" in r), None)
+        fsdp2 = next((r for r in group if r["row"].startswith("(c)") and "tokens_per_s" in r), None)
         for r in group:
             if "error" in r:
                 missing += 1
@@ -127,8 +128,14 @@ def table(a):
                 rel_t = f"{ours['tokens_per_s'] / tps:.2f}x"
                 rel_f = rel_t if rate else "-"  # the same flops per token on both sides
                 rel_m = f"{ours['peak_mem_bytes'] / r['peak_mem_bytes']:.2f}x"
+            note = r.get("note", "")
+            if r["row"].startswith("(a)") and r is not ours and fsdp2 is not None:
+                # Each further row of ours (another --ac-policy) against FSDP2 in the same group.
+                note = (note + "; " if note else "") + (
+                    f"x (c): {tps / fsdp2['tokens_per_s']:.2f} tokens/s, "
+                    f"{r['peak_mem_bytes'] / fsdp2['peak_mem_bytes']:.2f} memory")
             print(f"| {r['row']} | {'on' if ckpt else 'off'} | {r['batch_size']} | {tps:,.0f} | {pct(mfu(tps))} | "
-                  f"{gib(r['peak_mem_bytes'])} | {rel_t} | {rel_f} | {rel_m} | {r.get('note', '')} |")
+                  f"{gib(r['peak_mem_bytes'])} | {rel_t} | {rel_f} | {rel_m} | {note} |")
     mlp = [r for r in rows if r.get("kind") == "mlp"]
     if mlp:
         print()

@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Head-to-head on one GPU: fsdp-train (a) against PyTorch FSDP (b) and FSDP2
 # (c), each training the Hugging Face-shaped Llama 3.2 1B on the same random
-# tokens at world size 1, bf16, seq 2048, activation checkpointing off and on;
+# tokens at world size 1, bf16, seq 2048, activation checkpointing off and on
+# (on: fsdp-train's default --ac-policy tail, then full and selective; off:
+# also --kernels fused);
 # then the FSDP tutorial MLP (8 x Linear 20480) with and without CPU offload.
 # Prints tokens/s, MFU (against the bf16 matmul rate measured in the same
 # call) and peak device memory (each side's peak after its setup), with the
@@ -197,15 +199,16 @@ if sys.byteorder != "little":
 open(path, "wb").write(a.tobytes())
 PY
 
-ours() {  # row ckpt batch
+ours() {  # row ckpt batch [fsdp-train flag...]
   local row=$1 ckpt=$2 b=$3
+  local extra=("${@:4}")
   rm -f "$work/metrics.jsonl"
   # Sequential windows (no shuffle effect on speed); bf16 params and bf16
   # reduction, as the peers' MixedPrecision.
   if run_logged "$row" "$train" --model "$model" --data "$work/tokens.bin" --token-dtype u32 --seq-len "$seq" \
       --batch-size "$b" --max-steps $((warmup + steps)) --log-every 1 --metrics-file "$work/metrics.jsonl" \
       --mixed-precision bf16 --reduce-dtype bf16 --lr 1e-4 --warmup-steps 1 --clip-grad "$clip" --device "$device" \
-      $([[ $ckpt -eq 1 ]] && echo --activation-checkpointing); then
+      $([[ $ckpt -eq 1 ]] && echo --activation-checkpointing) "${extra[@]}"; then
     "$PYTHON" "$here/report.py" train-row --metrics "$work/metrics.jsonl" --row "$row" \
       $([[ $ckpt -eq 1 ]] && echo --ckpt) --batch-size "$b" --seq-len "$seq" --warmup "$warmup" >> "$results"
   else
@@ -230,6 +233,13 @@ for ckpt in 0 1; do
     write_table || true
   done
 done
+# What checkpointing recomputes (fsdp-train --ac-policy; the row above is the
+# default, tail): the whole layer as before, and selective.
+for policy in full selective; do
+  wants a && ours "(a) fsdp-train --ac-policy $policy" 1 "$ckpt_batch" --ac-policy "$policy"
+done
+# LibTorch's fused layer kernels (fsdp-train --kernels fused: RMSNorm), without checkpointing.
+wants a && ours "(a) fsdp-train --kernels fused" 0 "$batch" --kernels fused
 # Where fsdp-train fits a larger batch than the peers were given.
 [[ $long -eq 1 ]] && wants a && ours "(a) fsdp-train, 2x batch" 1 $((2 * ckpt_batch))
 

@@ -108,6 +108,7 @@
 
 #include "fsdp/comm/process_group.h"
 #include "fsdp/nn/init.h"
+#include "fsdp/nn/recompute.h"
 #include "fsdp/nn/unit.h"
 
 namespace fsdp {
@@ -293,7 +294,15 @@ struct FsdpOptions {
   // forward in backward. Only units without nested units can be checkpointed.
   std::vector<std::type_index> checkpoint_types;
   bool checkpoint_all_units = false;  // checkpoint every non-root unit (whatever checkpoint_types says)
-  // Keep the checkpointed units' saved inputs in host memory (GPU runs).
+  // What a checkpointed unit's backward recomputes (nn/recompute.h): kTail
+  // (the default) re-runs its forward up to the products the model marks as
+  // its tail, whose backward then runs without them — the gradients of kFull,
+  // bit for bit, with fewer products; kFull re-runs everything; kSelective
+  // also keeps the products and attention outputs the model marks
+  // (ShardedModel::checkpoint_kept_bytes) and recomputes the rest.
+  nn::RecomputePolicy checkpoint_policy = nn::RecomputePolicy::kTail;
+  // Keep the checkpointed units' saved inputs (and what kSelective keeps) in
+  // host memory (GPU runs): blocking copies, a host wait per unit each way.
   bool offload_checkpoint_inputs = false;
   // Parameters on the meta device are materialized shard by shard with this
   // rule (fsdp::nn::init_slice); required when the model was built on meta.
@@ -577,6 +586,10 @@ class ShardedModel {
   // start of a new peak. ShardingPlan::step_unsharded_bytes bounds `peak`.
   UnshardedMemory unsharded_memory() const;
   void reset_unsharded_peak();  // unsharded_memory().peak starts again from what is held now
+  // Bytes activation checkpointing holds now beyond the units' inputs: what
+  // FsdpOptions::checkpoint_policy kSelective keeps from forward until the
+  // unit's recompute (0 under kFull and kTail).
+  int64_t checkpoint_kept_bytes() const;
 
   // Full (unpadded) flat parameter of entry `u` of units(), gathered to every rank of the
   // shard group, in the master dtype (fp32; bf16 for pure-bf16 training).

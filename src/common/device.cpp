@@ -2,6 +2,8 @@
 // CUDA builds; the one place besides the NCCL group where CPU and CUDA builds differ.
 #include "fsdp/common/device.h"
 
+#include <ATen/ATen.h>
+
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
 
@@ -96,6 +98,10 @@ int64_t current_cuda_bytes(const c10::Device& d, Counted what) {
 int64_t allocated_memory_bytes(const c10::Device& d) { return current_cuda_bytes(d, Counted::kAllocated); }
 
 int64_t requested_memory_bytes(const c10::Device& d) { return current_cuda_bytes(d, Counted::kRequested); }
+
+at::Tensor to_device_without_waiting(const at::Tensor& t, const c10::Device& d) {
+  return d.is_cuda() ? t.pin_memory().to(d, /*non_blocking=*/true) : t.to(d);
+}
 
 ForbidHostSync::ForbidHostSync(const c10::Device& d) {
 #if defined(FSDP_WITH_CUDA)

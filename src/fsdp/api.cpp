@@ -347,6 +347,7 @@ std::vector<MemoryPlacement> ShardedModel::memory_placement() const { return imp
 StepCounters ShardedModel::take_step_counters() { return impl_->take_step_counters(); }
 UnshardedMemory ShardedModel::unsharded_memory() const { return impl_->unsharded_memory(); }
 void ShardedModel::reset_unsharded_peak() { impl_->reset_unsharded_peak(); }
+int64_t ShardedModel::checkpoint_kept_bytes() const { return impl_->kept_bytes()->load(); }
 at::Tensor ShardedModel::gather_unit(size_t u) { return impl_->gather_unit(u); }
 void ShardedModel::load_unit(size_t u, const at::Tensor& full) { impl_->load_unit(u, full); }
 const comm::ProcessGroupPtr& ShardedModel::shard_group() const { return impl_->shard_group(); }

@@ -72,7 +72,39 @@ struct ForwardHolder : torch::CustomClassHolder {
   bool offload = false;
   std::vector<at::Tensor> host_inputs;
   std::vector<at::Device> input_devices;
+  // What the recompute skips or keeps (Note [Recompute policy] in
+  // src/nn/recompute.cpp), and what forward kept for it (host copies when
+  // offloaded), counted in kept_bytes while held.
+  nn::RecomputePolicy policy = nn::RecomputePolicy::kFull;
+  nn::KeptActivations kept;
+  std::vector<at::Device> kept_devices;
+  std::shared_ptr<std::atomic<int64_t>> kept_bytes;
+  int64_t counted = 0;
+
+  void release_kept() {
+    kept.tensors.clear();
+    kept_devices.clear();
+    if (kept_bytes) kept_bytes->fetch_sub(counted);
+    counted = 0;
+  }
+  ~ForwardHolder() override { release_kept(); }
 };
+
+// Host copies of `xs` (undefined ones stay undefined); their devices in `devices`.
+std::vector<at::Tensor> to_host(const std::vector<at::Tensor>& xs, std::vector<at::Device>& devices) {
+  std::vector<at::Tensor> out;
+  for (const auto& x : xs) {
+    devices.push_back(x.defined() ? x.device() : at::Device(at::kCPU));
+    out.push_back(x.defined() ? x.detach().to(at::kCPU) : at::Tensor());
+  }
+  return out;
+}
+
+std::vector<at::Tensor> to_devices(const std::vector<at::Tensor>& xs, const std::vector<at::Device>& devices) {
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < xs.size(); ++i) out.push_back(xs[i].defined() ? xs[i].to(devices[i]) : at::Tensor());
+  return out;
+}
 
 // Note [Checkpoint recompute]
 // Forward runs fn with grad mode off (custom Function forward), saving only
@@ -82,32 +114,38 @@ struct ForwardHolder : torch::CustomClassHolder {
 // reach gets an undefined gradient; its AccumulateGrad still runs and our
 // post-hook still counts it). Inputs and parameters arrive as at::TensorList:
 // a plain std::vector<Tensor> argument would silently get no autograd edges.
+// Both runs of fn happen inside an nn::RecomputeScope of the unit's policy:
+// under kTail and kSelective the recompute skips the products the model marks
+// and takes what forward kept (Note [Recompute policy] in src/nn/recompute.cpp).
 struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
   static variable_list forward(AutogradContext* ctx, at::TensorList inputs, at::TensorList params,
                                c10::intrusive_ptr<ForwardHolder> holder) {
     if (holder->offload) {
       // Keep only host copies; device copies are freed with the caller's refs.
-      for (const auto& x : inputs) {
-        holder->input_devices.push_back(x.defined() ? x.device() : at::Device(at::kCPU));
-        holder->host_inputs.push_back(x.defined() ? x.detach().to(at::kCPU) : at::Tensor());
-      }
+      holder->host_inputs = to_host(inputs.vec(), holder->input_devices);
     } else {
       ctx->save_for_backward(inputs.vec());
     }
     ctx->saved_data["holder"] = c10::IValue::make_capsule(holder);
     (void)params;  // edges only; the holder keeps the tensors
-    return holder->fn(inputs.vec());
+    variable_list outputs;
+    {
+      nn::RecomputeScope scope(holder->policy, nn::RecomputeScope::Phase::kForward, &holder->kept);
+      outputs = holder->fn(inputs.vec());
+    }
+    if (holder->offload) holder->kept.tensors = to_host(holder->kept.tensors, holder->kept_devices);
+    holder->counted = holder->kept.bytes();
+    if (holder->kept_bytes) holder->kept_bytes->fetch_add(holder->counted);
+    return outputs;
   }
 
   static variable_list backward(AutogradContext* ctx, variable_list grad_outputs) {
     auto holder = c10::static_intrusive_pointer_cast<ForwardHolder>(ctx->saved_data["holder"].toCapsule());
     variable_list saved;
     if (holder->offload) {
-      for (size_t i = 0; i < holder->host_inputs.size(); ++i) {
-        const at::Tensor& h = holder->host_inputs[i];
-        saved.push_back(h.defined() ? h.to(holder->input_devices[i]) : at::Tensor());
-      }
+      saved = to_devices(holder->host_inputs, holder->input_devices);
       holder->host_inputs.clear();
+      holder->kept.tensors = to_devices(holder->kept.tensors, holder->kept_devices);
     } else {
       saved = ctx->get_saved_variables();
     }
@@ -124,8 +162,12 @@ struct CheckpointFn : torch::autograd::Function<CheckpointFn> {
     {
       trace::Span span("recompute", "compute");
       torch::AutoGradMode enable(true);
+      nn::RecomputeScope scope(holder->policy, nn::RecomputeScope::Phase::kRecompute, &holder->kept);
       outputs = holder->fn(inputs);
+      scope.check_all_replayed();
     }
+    // The graph's nodes hold what they need of the kept tensors now.
+    holder->release_kept();
     // Targets: the inputs that need a gradient, then the unit's parameters.
     std::vector<at::Tensor> targets;
     std::vector<int64_t> input_slot;
@@ -196,9 +238,12 @@ std::vector<at::Tensor> attach_post_backward(ShardedUnit& unit, const std::vecto
 }
 
 std::vector<at::Tensor> checkpointed_call(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs,
-                                          const std::vector<at::Tensor>& params, bool offload_inputs,
-                                          std::function<void()> on_recompute) {
+                                          const std::vector<at::Tensor>& params, nn::RecomputePolicy policy,
+                                          bool offload_inputs, std::function<void()> on_recompute,
+                                          std::shared_ptr<std::atomic<int64_t>> kept_bytes) {
   auto holder = c10::make_intrusive<ForwardHolder>();
+  holder->policy = policy;
+  holder->kept_bytes = std::move(kept_bytes);
   holder->on_recompute = std::move(on_recompute);
   holder->fn = fn;
   holder->params = params;

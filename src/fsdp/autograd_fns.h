@@ -3,9 +3,12 @@
 
 #include <ATen/ATen.h>
 
+#include <atomic>
 #include <functional>
+#include <memory>
 #include <vector>
 
+#include "fsdp/nn/recompute.h"
 #include "fsdp/nn/unit.h"
 
 namespace fsdp::detail {
@@ -33,8 +36,12 @@ std::vector<at::Tensor> attach_post_backward(ShardedUnit& unit, const std::vecto
 // gradients flow to their AccumulateGrad nodes. `offload_inputs`: keep the
 // saved inputs in host memory until the recompute (a no-op for CPU tensors).
 // `on_recompute` runs just before each recomputation (the schedule's trace).
+// `policy`: what the recompute skips or keeps from forward (nn/recompute.h);
+// the kept tensors are offloaded with the inputs. `kept_bytes` (may be null)
+// counts the bytes kept from forward (kSelective) while they are held.
 std::vector<at::Tensor> checkpointed_call(const nn::TensorFn& fn, const std::vector<at::Tensor>& inputs,
-                                          const std::vector<at::Tensor>& params, bool offload_inputs,
-                                          std::function<void()> on_recompute);
+                                          const std::vector<at::Tensor>& params, nn::RecomputePolicy policy,
+                                          bool offload_inputs, std::function<void()> on_recompute,
+                                          std::shared_ptr<std::atomic<int64_t>> kept_bytes);
 
 }  // namespace fsdp::detail

@@ -30,6 +30,7 @@
 // through several nodes). The others assert the state they require.
 #pragma once
 
+#include <atomic>
 #include <deque>
 #include <functional>
 #include <map>
@@ -391,6 +392,9 @@ class ShardedModelImpl {
   StepCounters take_step_counters();
   UnshardedMemory unsharded_memory() const;
   void reset_unsharded_peak();
+  // What checkpointed units keep from forward (ShardedModel::checkpoint_kept_bytes):
+  // each checkpointed call adds its kept bytes and takes them off when released.
+  const std::shared_ptr<std::atomic<int64_t>>& kept_bytes() const { return kept_bytes_; }
   at::Tensor gather_unit(size_t u);
   void load_unit(size_t u, const at::Tensor& full);
   std::string describe() const;
@@ -447,6 +451,7 @@ class ShardedModelImpl {
   size_t executing_pos_ = 0;
   std::shared_ptr<internals::HostBufferPool> host_pool_;  // CPU: unsharded buffers
   std::shared_ptr<UnshardedPool> pool_;                   // CUDA (or FsdpOptions::unsharded_pool): unsharded buffers
+  std::shared_ptr<std::atomic<int64_t>> kept_bytes_ = std::make_shared<std::atomic<int64_t>>(0);
   std::shared_ptr<MemoryLedger> ledger_ = std::make_shared<MemoryLedger>();
   TrainingState state_ = TrainingState::kIdle;
   int64_t iteration_ = 0;                         // training forwards started

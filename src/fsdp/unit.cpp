@@ -294,9 +294,13 @@ std::vector<at::Tensor> ShardedUnit::run(const nn::TensorFn& fn, const std::vect
       trace::Span span("forward", "compute", -1, name_);
       if (checkpoint_) {
         std::weak_ptr<ShardedUnit> self = weak_from_this();
-        outs = checkpointed_call(fn, ins, flat_->params(), root_->options().offload_checkpoint_inputs, [self] {
-          if (auto u = self.lock()) u->root().note(EventKind::kRecompute, *u);
-        });
+        const FsdpOptions& o = root_->options();
+        outs = checkpointed_call(
+            fn, ins, flat_->params(), o.checkpoint_policy, o.offload_checkpoint_inputs,
+            [self] {
+              if (auto u = self.lock()) u->root().note(EventKind::kRecompute, *u);
+            },
+            root_->kept_bytes());
       } else {
         outs = fn(ins);
       }

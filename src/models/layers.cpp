@@ -23,6 +23,15 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
   return y + lora_B_->forward(lora_down(x)) * lora_scaling_;
 }
 
+at::Tensor LinearImpl::forward_marked(const at::Tensor& x, nn::ProductRole role) {
+  // The adapter adds to the product: a tail stays a tail, a kept product is
+  // kept without it (the adapter's own products are recomputed).
+  at::Tensor y = nn::linear(x, weight_, bias_, role);
+  if (!lora_A_) return y;
+  // peft's LoraLayer.forward, in its order: result + lora_B(lora_A(dropout(x))) * scaling.
+  return y + lora_B_->forward(lora_down(x)) * lora_scaling_;
+}
+
 at::Tensor LinearImpl::lora_down(const at::Tensor& x) {
   FSDP_ASSERT(lora_A_, "lora_down of a Linear without an adapter");
   at::Tensor h = x;
@@ -84,12 +93,37 @@ RMSNormImpl::RMSNormImpl(int64_t dim, double eps, const at::TensorOptions& optio
 }
 
 at::Tensor RMSNormImpl::forward(const at::Tensor& x) {
+  if (kernels_ == LayerKernels::kFused) {
+    return std::get<0>(at::_fused_rms_norm(x, {weight_.size(0)}, weight_, eps_));
+  }
   // As HF's LlamaRMSNorm: statistics in fp32, normalized values cast back to
   // the input dtype before the (possibly bf16) weight multiplies them.
   const at::Tensor x32 = x.to(at::kFloat);
   const at::Tensor var = x32.pow(2).mean(-1, /*keepdim=*/true);
   const at::Tensor normed = (x32 * at::rsqrt(var + eps_)).to(x.scalar_type());
   return weight_ * normed;
+}
+
+const char* to_string(LayerKernels kernels) {
+  return kernels == LayerKernels::kFused ? "fused" : "reference";
+}
+
+std::optional<LayerKernels> parse_layer_kernels(const std::string& name) {
+  for (LayerKernels k : {LayerKernels::kReference, LayerKernels::kFused}) {
+    if (name == to_string(k)) return k;
+  }
+  return std::nullopt;
+}
+
+int64_t set_layer_kernels(torch::nn::Module& model, LayerKernels kernels) {
+  int64_t n = 0;
+  for (const auto& m : model.modules(/*include_self=*/true)) {
+    if (auto* layer = dynamic_cast<HasLayerKernels*>(m.get())) {
+      layer->set_kernels(kernels);
+      ++n;
+    }
+  }
+  return n;
 }
 
 }  // namespace fsdp::models

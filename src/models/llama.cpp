@@ -5,6 +5,7 @@
 
 #include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
+#include "fsdp/models/kernels.h"
 
 namespace fsdp::models {
 namespace {
@@ -167,15 +168,16 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
                                        const AttentionMasks& masks) {
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t H = n_heads_, Hkv = n_kv_heads_, Dh = head_dim_;
-  at::Tensor q = q_proj_(x).view({B, T, H, Dh});    // (B, T, H, Dh)
-  at::Tensor k = k_proj_(x).view({B, T, Hkv, Dh});  // (B, T, Hkv, Dh)
+  constexpr nn::ProductRole kKept = nn::ProductRole::kKept;
+  at::Tensor q = q_proj_->forward_marked(x, kKept).view({B, T, H, Dh});    // (B, T, H, Dh)
+  at::Tensor k = k_proj_->forward_marked(x, kKept).view({B, T, Hkv, Dh});  // (B, T, Hkv, Dh)
   if (q_norm_) {  // qwen3: RMSNorm over Dh of every head, before RoPE
     q = q_norm_(q);
     k = k_norm_(k);
   }
   q = q.transpose(1, 2);                                            // (B, H, T, Dh)
   k = k.transpose(1, 2);                                            // (B, Hkv, T, Dh)
-  at::Tensor v = v_proj_(x).view({B, T, Hkv, Dh}).transpose(1, 2);  // (B, Hkv, T, Dh)
+  at::Tensor v = v_proj_->forward_marked(x, kKept).view({B, T, Hkv, Dh}).transpose(1, 2);  // (B, Hkv, T, Dh)
   q = apply_rotary(q, cos, sin);
   k = apply_rotary(k, cos, sin);
 
@@ -189,9 +191,9 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   at::Tensor out;  // (B, H, T, Dh)
   if (kernel_ == AttentionKernel::kSdpa && !banded) {
     // Query head h reads kv head h / (H / Hkv) inside the kernel (enable_gqa):
-    // no repeated copy of k and v. Default scale 1/sqrt(Dh).
-    out = at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,
-                                           /*scale=*/std::nullopt, /*enable_gqa=*/Hkv != H);
+    // no repeated copy of k and v. Default scale 1/sqrt(Dh). Exactly
+    // at::scaled_dot_product_attention, marked for selective checkpointing.
+    out = nn::causal_attention(q, k, v, /*enable_gqa=*/Hkv != H);
   } else if (kernel_ == AttentionKernel::kSdpa) {
     // With a mask: repeated k and v, as transformers (Note [Sliding-window mask]).
     out = at::scaled_dot_product_attention(q, repeat_kv(k, H / Hkv), repeat_kv(v, H / Hkv), masks.sliding,
@@ -209,7 +211,7 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
     const at::Tensor probs = at::softmax(scores, -1, at::kFloat).to(q.scalar_type());
     out = at::matmul(probs, v);
   }
-  return o_proj_(out.transpose(1, 2).reshape({B, T, H * Dh}));
+  return o_proj_->forward_marked(out.transpose(1, 2).reshape({B, T, H * Dh}), kKept);
 }
 
 LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& cfg, const at::TensorOptions& options) {
@@ -219,7 +221,16 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& cfg, const at::TensorOptions& opti
   down_proj_ = register_module("down_proj", Linear(F, D, /*bias=*/false, options));
 }
 
-at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) { return down_proj_(at::silu(gate_proj_(x)) * up_proj_(x)); }
+at::Tensor LlamaMLPImpl::swiglu(const at::Tensor& x) {
+  if (kernels_ == LayerKernels::kFused) return fused_swiglu(gate_proj_(x), up_proj_(x));
+  return at::silu(gate_proj_(x)) * up_proj_(x);
+}
+
+at::Tensor LlamaMLPImpl::forward(const at::Tensor& x) { return down_proj_(swiglu(x)); }
+
+at::Tensor LlamaMLPImpl::forward_marked(const at::Tensor& x, nn::ProductRole down) {
+  return down_proj_->forward_marked(swiglu(x), down);
+}
 
 LlamaDecoderLayerImpl::LlamaDecoderLayerImpl(const LlamaConfig& cfg, const at::TensorOptions& options,
                                              int64_t layer) {
@@ -239,7 +250,8 @@ at::Tensor LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor&
                                           const AttentionMasks& masks) {
   if (moe()) return forward(x, cos, sin, masks, WithRouterLogits{}).at(0);
   const at::Tensor h = x + self_attn_->forward(input_layernorm_(x), cos, sin, masks);
-  return h + mlp_(post_attention_layernorm_(h));
+  // down_proj's output reaches the layer's output only through this sum.
+  return h + mlp_->forward_marked(post_attention_layernorm_(h), nn::ProductRole::kTail);
 }
 
 std::vector<at::Tensor> LlamaDecoderLayerImpl::forward(const at::Tensor& x, const at::Tensor& cos,
@@ -460,6 +472,22 @@ nn::InitRuleFn llama_init_rule(const LlamaConfig& cfg) {
     FSDP_ASSERT(false, "llama_init_rule: no rule for parameter '", name, "'");
     return nn::InitRule::zeros();
   };
+}
+
+int64_t llama_kept_bytes_per_token(const LlamaConfig& cfg, int64_t layer, nn::RecomputePolicy policy,
+                                   at::ScalarType dtype, at::DeviceType device, int64_t seq_len,
+                                   AttentionKernel kernel) {
+  if (policy != nn::RecomputePolicy::kSelective) return 0;
+  const int64_t H = cfg.num_attention_heads, Hkv = cfg.num_key_value_heads, Dh = cfg.dh(), D = cfg.hidden_size;
+  const int64_t elem = static_cast<int64_t>(c10::elementSize(dtype));
+  // Products with a bias are recomputed (nn::linear); o's bias comes with cfg.o_bias().
+  int64_t products = 0;
+  if (!cfg.qkv_bias()) products += (H + 2 * Hkv) * Dh;
+  if (!cfg.o_bias()) products += D;
+  const std::optional<int64_t> window = cfg.layer_window(layer);
+  const bool banded = window.has_value() && seq_len >= *window;
+  const bool attention = device == at::kCPU && kernel == AttentionKernel::kSdpa && !banded;
+  return products * elem + (attention ? H * Dh * elem + H * static_cast<int64_t>(sizeof(float)) : 0);
 }
 
 std::type_index llama_block_type() { return std::type_index(typeid(LlamaDecoderLayerImpl)); }

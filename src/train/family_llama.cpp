@@ -40,6 +40,14 @@ class LlamaModelConfig final : public ModelConfig {
            : checkpointing ? cfg_.num_hidden_layers * cfg_.hidden_size + per_layer
                            : cfg_.num_hidden_layers * per_layer;
   }
+  int64_t checkpoint_kept_bytes_per_token(nn::RecomputePolicy policy, at::ScalarType dtype, at::DeviceType device,
+                                          int64_t seq_len) const override {
+    int64_t n = 0;
+    for (int64_t layer = 0; layer < cfg_.num_hidden_layers; ++layer) {
+      n += models::llama_kept_bytes_per_token(cfg_, layer, policy, dtype, device, seq_len);
+    }
+    return n;
+  }
   DataKind data_kind() const override { return DataKind::kTokenStream; }
   std::optional<int64_t> bos_token_id() const override { return cfg_.bos_token_id; }
   std::vector<int64_t> eos_token_id() const override { return cfg_.eos_token_id; }

@@ -65,7 +65,15 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
                kHuge);
   // Activations kept for backward, a lower bound per token (the family's count).
   const int64_t per_token = cfg.activation_elements_per_token(o.sharding.activation_checkpointing, eval_only);
-  const int64_t activation_bytes = bytes_per_micro_batch(per_token);
+  // What the checkpoint policy keeps beyond the layers' inputs (--ac-policy selective), in bytes per token.
+  const int64_t kept_per_token = o.sharding.activation_checkpointing && !eval_only
+                                     ? cfg.checkpoint_kept_bytes_per_token(o.sharding.ac_policy,
+                                                                           fo.mixed_precision.param_dtype, o.device,
+                                                                           o.data.seq_len)
+                                     : 0;
+  const std::optional<int64_t> kept = checked_product({o.step.batch_size, o.data.seq_len, kept_per_token});
+  const int64_t activation_bytes = std::min(bytes_per_micro_batch(per_token) + std::min(kept.value_or(kHuge), kHuge),
+                                            kHuge);
   const int64_t shards = plan.param_shard_bytes + (eval_only ? 0 : plan.grad_shard_bytes + plan.optimizer_bytes);
   const int64_t unsharded = plan.unsharded_bound(o.step.grad_accum);
   const int64_t step = unsharded + logit_bytes + activation_bytes;

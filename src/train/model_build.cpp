@@ -129,6 +129,7 @@ BuiltModel build_model(const TrainOptions& o, const ModelConfigPtr& cfg, const B
   m.model = cfg->make(at::TensorOptions().device(b.device), b.seed);
   m.init_rule = cfg->init_rule();
   cfg->set_loss_chunk_rows(*m.model, o.step.loss_chunk_rows);
+  models::set_layer_kernels(*m.model, o.step.kernels);
   if (o.lora.enabled()) {
     // UsageError for values and targets the model lacks.
     models::apply_lora(*m.model, lora_config(o), b.seed);
@@ -160,6 +161,7 @@ FsdpOptions engine_options(const TrainOptions& o, const ModelConfig* cfg, int wo
   if (s.activation_checkpointing) {
     fo.checkpoint_types = {cfg != nullptr ? cfg->block_type() : std::type_index(typeid(void))};
   }
+  fo.checkpoint_policy = s.ac_policy;
   fo.offload_checkpoint_inputs = s.offload_activations;
   fo.cpu_offload = s.cpu_offload;
   fo.backward_prefetch = s.backward_prefetch;

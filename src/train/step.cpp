@@ -126,11 +126,7 @@ at::Tensor Trainer::Impl::forward_backward() {
       const auto micro = static_cast<uint64_t>((step_ * o_.step.grad_accum + a) * W_ + rank_);
       models::set_lora_dropout_key(*model_.model, splitmix64(o_.step.seed ^ splitmix64(micro)));
     }
-    // To a CUDA device through page-locked memory, without waiting: a copy
-    // from pageable memory would wait for the device.
-    const auto to_device = [&](const at::Tensor& t) {
-      return device_.is_cuda() ? t.pin_memory().to(device_, /*non_blocking=*/true) : t.to(device_);
-    };
+    const auto to_device = [&](const at::Tensor& t) { return to_device_without_waiting(t, device_); };
     at::Tensor loss =
         uniform ? model_.loss(to_device(batch.inputs), to_device(batch.targets), models::LossReduction::kMean) /
                       static_cast<double>(o_.step.grad_accum)

@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <regex>
 #include <string>
 #include <vector>
 
@@ -100,6 +101,23 @@ TEST(InputCli, MemoryRefusalNamesNeedAndAvailable) {
   EXPECT_NE(c.output.find("x 2 processes on this machine = "), std::string::npos) << c.output;
   EXPECT_NE(c.output.find("logits of one micro-batch"), std::string::npos) << c.output;
   EXPECT_NE(c.output.find("available — reduce --batch-size"), std::string::npos) << c.output;
+}
+
+// --ac-policy selective keeps more between forward and backward than tail
+// (models::llama_kept_bytes_per_token): the memory check counts it.
+TEST(InputCli, MemoryCheckCountsWhatSelectiveCheckpointingKeeps) {
+  const auto activations = [](const std::string& policy) {
+    const Command c = run_command(kTrainBin + " --model tiny --data " + kCorpus +
+                                      " --seq-len 32 --max-steps 1 --batch-size 100000000 "
+                                      "--activation-checkpointing --ac-policy " + policy, 60);
+    EXPECT_EQ(c.exit_code, 2) << c.output;
+    std::smatch m;
+    EXPECT_TRUE(std::regex_search(c.output, m, std::regex("activations ([0-9.]+) TiB"))) << c.output;
+    return m.empty() ? 0.0 : std::stod(m[1].str());
+  };
+  const double tail = activations("tail"), selective = activations("selective");
+  EXPECT_GT(tail, 0);
+  EXPECT_GT(selective, tail * 1.2);
 }
 
 // /dev/zero used to grow the process to gigabytes, a FIFO blocked in open().

@@ -9,6 +9,7 @@
 
 #include "support/errors.h"
 #include "option_names.h"
+#include "train/model_build.h"
 #include "train_flags.h"
 
 namespace fsdp::cli {
@@ -39,6 +40,8 @@ TEST(TrainFlags, DefaultsAreTheTrainOptionsDefaults) {
   EXPECT_EQ(parsed.sharding.wrap.kind, defaults.sharding.wrap.kind);
   EXPECT_TRUE(same(parsed.sharding.mixed_precision, defaults.sharding.mixed_precision));
   EXPECT_EQ(parsed.sharding.backward_prefetch, defaults.sharding.backward_prefetch);
+  EXPECT_EQ(parsed.sharding.ac_policy, defaults.sharding.ac_policy);
+  EXPECT_EQ(parsed.step.kernels, defaults.step.kernels);
   EXPECT_EQ(parsed.sharding.loss_scaling, defaults.sharding.loss_scaling);
   EXPECT_EQ(parsed.hf.export_dtype, defaults.hf.export_dtype);
   EXPECT_EQ(parsed.hf.export_shard_bytes, defaults.hf.export_shard_bytes);
@@ -154,6 +157,41 @@ TEST(TrainFlags, BadWordsKeepTheirMessages) {
   EXPECT_EQ(usage_error_of([] { parse_export_shard_size("5XB"); }),
             "--export-shard-size '5XB': unknown unit 'XB'; use B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, "
             "TiB (powers of 1024)");
+}
+
+// --ac-policy: its three words, a bad one, and a policy without the checkpointing it chooses for.
+TEST(TrainFlags, AcPolicyChoosesWhatCheckpointingRecomputes) {
+  for (const auto& [word, policy] : {std::pair{"full", nn::RecomputePolicy::kFull},
+                                     {"tail", nn::RecomputePolicy::kTail},
+                                     {"selective", nn::RecomputePolicy::kSelective}}) {
+    TrainFlags flags;
+    flags.ac_policy = word;
+    train::TrainOptions o;
+    o.sharding.activation_checkpointing = true;
+    apply_train_flags(flags, o);
+    EXPECT_EQ(o.sharding.ac_policy, policy) << word;
+    EXPECT_EQ(train::engine_options(o, nullptr, 1).checkpoint_policy, policy) << word;
+  }
+  TrainFlags flags;
+  flags.ac_policy = "some";
+  train::TrainOptions o;
+  o.sharding.activation_checkpointing = true;
+  EXPECT_EQ(usage_error_of([&] { apply_train_flags(flags, o); }),
+            "--ac-policy 'some' is not one of: full, tail, selective");
+  flags.ac_policy = "selective";
+  o.sharding.activation_checkpointing = false;
+  EXPECT_EQ(usage_error_of([&] { apply_train_flags(flags, o); }),
+            "--ac-policy selective chooses what activation checkpointing recomputes: add --activation-checkpointing");
+}
+
+TEST(TrainFlags, KernelsChooseTheLayersImplementation) {
+  TrainFlags flags;
+  flags.kernels = "fused";
+  EXPECT_EQ(options_of(flags).step.kernels, models::LayerKernels::kFused);
+  flags.kernels = "reference";
+  EXPECT_EQ(options_of(flags).step.kernels, models::LayerKernels::kReference);
+  flags.kernels = "fast";
+  EXPECT_EQ(usage_error_of([&] { options_of(flags); }), "--kernels 'fast' is not one of: reference, fused");
 }
 
 // As before the words moved here: a bad --export-shard-size is refused only

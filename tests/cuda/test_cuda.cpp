@@ -4,9 +4,12 @@
 //  - every NCCL collective on CUDA tensors of uneven sizes and several dtypes;
 //  - parity with an unsharded reference on the same device: FULL_SHARD bf16
 //    (collectives run at world size 1), the fp32 single-copy path,
-//    activation checkpointing, CPU offload with pinned shards;
+//    activation checkpointing — bit for bit — and CPU offload with pinned
+//    shards (within a few ulps: AdamW steps on the host);
 //  - no host synchronization inside a step (LibTorch's sync debug mode turns
-//    one into an error), attention on the flash / cuDNN kernels only;
+//    one into an error), attention on the flash / cuDNN kernels only, without
+//    checkpointing and under each recompute policy, with the loss in three
+//    chunks and the batch copied in as the trainer copies it;
 //  - the memory contract: the preallocated pool of unsharded buffers, as the
 //    caching allocator measures it, within 5% of plan_sharding's bound, and
 //    nothing unsharded taken from outside it;
@@ -185,12 +188,14 @@ TEST_F(Cuda, TrainsLikeTheUnshardedReference) {
     c.fsdp.mixed_precision = MixedPrecision::preset(k.precision);
     c.fsdp.checkpoint_all_units = k.checkpointing;
     c.fsdp.cpu_offload = k.offload;
-    // The reference runs on the same device (run_parity), but unsharded: its
-    // products may pick other kernels: fp32 within 1e-4, bf16 within a few
-    // bf16 ulps of the values (|w| ~ 0.4: ulp 2e-3).
+    // The reference runs on the same device (run_parity), unsharded, with the
+    // same kernels on the same shapes: docs/gpu.md reports every case but
+    // offload bit for bit on the H200, so that is what is asserted. Offload
+    // steps AdamW on the host, whose vectorized arithmetic rounds otherwise:
+    // fp32 within 1e-4, bf16 within a few bf16 ulps (|w| ~ 0.4: ulp 2e-3).
     const bool fp32 = std::string(k.precision) == "fp32";
-    c.loss_rtol = fp32 ? 1e-4 : 2e-2;
-    c.param_atol = fp32 ? 1e-4 : 3e-2;
+    c.loss_rtol = k.offload ? (fp32 ? 1e-4 : 2e-2) : 0.0;
+    c.param_atol = k.offload ? (fp32 ? 1e-4 : 3e-2) : 0.0;
     const testing::ParityReport rep = testing::run_parity(pg, model, c);
     testing::expect_learned(model, c, rep);
   }
@@ -217,8 +222,9 @@ struct Llama {
   std::unique_ptr<optim::AdamW> opt;
 };
 
+// `policy`: every decoder layer checkpointed under it; nullopt: none.
 Llama sharded_llama(const comm::ProcessGroupPtr& pg, const at::Device& d, const std::string& precision,
-                    bool offload = false) {
+                    bool offload = false, std::optional<nn::RecomputePolicy> policy = std::nullopt) {
   const models::LlamaConfig cfg = tiny_llama();
   auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 5);
   Llama m;
@@ -231,6 +237,10 @@ Llama sharded_llama(const comm::ProcessGroupPtr& pg, const at::Device& d, const 
   fo.device = d;
   fo.unsharded_pool = true;
   fo.cpu_offload = offload;
+  if (policy) {
+    fo.checkpoint_types = {models::llama_block_type()};
+    fo.checkpoint_policy = *policy;
+  }
   m.sharded = fully_shard(m.root, pg, fo);
   optim::AdamWOptions ao;
   ao.lr = 1e-3;
@@ -239,25 +249,38 @@ Llama sharded_llama(const comm::ProcessGroupPtr& pg, const at::Device& d, const 
   return m;
 }
 
-at::Tensor tokens(int64_t b, int64_t t, int64_t vocab, uint64_t seed, const at::Device& d) {
+// (b, t + 1) random token ids in host memory.
+at::Tensor host_tokens(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
   at::Generator gen = at::detail::createCPUGenerator(seed);
-  return at::randint(vocab, {b, t + 1}, gen, at::TensorOptions().dtype(at::kLong)).to(d);
+  return at::randint(vocab, {b, t + 1}, gen, at::TensorOptions().dtype(at::kLong));
 }
 
-// One training step, returning the loss without reading it.
-at::Tensor step(Llama& m, const at::Tensor& batch) {
+at::Tensor tokens(int64_t b, int64_t t, int64_t vocab, uint64_t seed, const at::Device& d) {
+  return host_tokens(b, t, vocab, seed).to(d);
+}
+
+// One training step, returning the loss without reading it. `batch` on the
+// host is copied in as the trainer copies its batches (to_device_without_waiting).
+at::Tensor step(Llama& m, const at::Tensor& batch, const at::Device& d = at::kCPU) {
   m.sharded->zero_grad();
   const int64_t T = batch.size(1) - 1;
-  at::Tensor loss = m.root->forward(batch.narrow(1, 0, T), batch.narrow(1, 1, T));
+  at::Tensor inputs = batch.narrow(1, 0, T).contiguous(), targets = batch.narrow(1, 1, T).contiguous();
+  if (batch.is_cpu() && !d.is_cpu()) {
+    inputs = to_device_without_waiting(inputs, d);
+    targets = to_device_without_waiting(targets, d);
+  }
+  at::Tensor loss = m.root->forward(inputs, targets);
   loss.backward();
   m.sharded->clip_grad_norm_tensor(1.0);
   m.opt->step();
   return loss.detach();
 }
 
+// Without checkpointing and under each recompute policy; the loss in three
+// chunks of rows (2 x 128 rows: 86, 86, 84); each batch made in host memory
+// and copied in as the trainer's are (pinned, non-blocking), inside the step.
 TEST_F(Cuda, AStepNeverWaitsForTheDeviceAndAttentionRunsOnFlashOrCudnn) {
   auto pg = one_rank_group(device_, "nosync");
-  Llama m = sharded_llama(pg, device_, "bf16");
   // Only the fused attention kernels: the model's SDPA call (causal, no mask,
   // grouped-query heads) must be one they take, or it fails here.
   at::Context& ctx = at::globalContext();
@@ -266,22 +289,31 @@ TEST_F(Cuda, AStepNeverWaitsForTheDeviceAndAttentionRunsOnFlashOrCudnn) {
     ctx.setSDPUseMath(false);
     ctx.setSDPUseMemEfficient(false);
   }
-  std::vector<at::Tensor> losses;
-  try {
-    for (int s = 0; s < 4; ++s) {
-      const at::Tensor batch = tokens(2, 128, tiny_llama().vocab_size, 40 + s, device_);
-      ForbidHostSync no_sync(device_);  // from here to the end of the step
-      losses.push_back(step(m, batch));
+  const std::optional<nn::RecomputePolicy> policies[] = {
+      std::nullopt, nn::RecomputePolicy::kFull, nn::RecomputePolicy::kTail, nn::RecomputePolicy::kSelective};
+  for (const auto& policy : policies) {
+    const std::string name = policy ? std::string("checkpointing, ") + nn::to_string(*policy) : "no checkpointing";
+    SCOPED_TRACE(name);
+    Llama m = sharded_llama(pg, device_, "bf16", /*offload=*/false, policy);
+    m.root->impl().set_loss_chunk_rows(86);
+    std::vector<at::Tensor> losses;
+    try {
+      for (int s = 0; s < 4; ++s) {
+        const at::Tensor batch = host_tokens(2, 128, tiny_llama().vocab_size, 40 + s);
+        ForbidHostSync no_sync(device_);  // from here to the end of the step
+        losses.push_back(step(m, batch, device_));
+      }
+    } catch (const std::exception& e) {
+      ADD_FAILURE() << "a step synchronized with the host, or attention had no flash/cuDNN kernel: " << e.what();
     }
-  } catch (const std::exception& e) {
-    ADD_FAILURE() << "a step synchronized with the host, or attention had no flash/cuDNN kernel: " << e.what();
+    EXPECT_EQ(losses.size(), 4u);
+    if (losses.size() != 4u) continue;  // (no ASSERT: the attention settings are restored below)
+    const double first = losses.front().item<double>(), last = losses.back().item<double>();
+    std::cout << "[nosync] " << name << ": loss " << first << " -> " << last << "\n";
+    EXPECT_TRUE(std::isfinite(first) && std::isfinite(last));
   }
   ctx.setSDPUseMath(math);
   ctx.setSDPUseMemEfficient(efficient);
-  ASSERT_EQ(losses.size(), 4u);
-  const double first = losses.front().item<double>(), last = losses.back().item<double>();
-  std::cout << "[nosync] loss " << first << " -> " << last << "\n";
-  EXPECT_TRUE(std::isfinite(first) && std::isfinite(last));
 }
 
 // ---- the memory contract --------------------------------------------------------

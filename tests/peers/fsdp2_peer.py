@@ -16,6 +16,8 @@ What matches fsdp-train (and where it is in our code):
   (replicate, shard) with shard groups of --hybrid-shard-size consecutive ranks.
   --reshard-after-forward N (> 1): the decoder layers' reshard_after_forward=N (FSDP2's int,
   ZeRO++'s hpZ), as fsdp-train --reshard-after-forward N; the root keeps FSDP2's own rule.
+- Activation checkpointing: --activation-checkpointing checkpoints every decoder layer with
+  torch.utils.checkpoint, non-reentrant (fsdp-train --activation-checkpointing).
 - Mixed precision: --mixed-precision bf16 = MixedPrecisionPolicy(param_dtype=bf16,
   reduce_dtype=fp32): bf16 compute, fp32 gradient reduction and fp32 sharded parameters.
 - Batches: --batches PREFIX, peer_batches' files; rank r's micro-step a is the global batch's
@@ -66,6 +68,8 @@ def parse_args(argv=None):
     p.add_argument("--reshard-after-forward", type=int, default=0,
                    help="N > 1: the layers' reshard_after_forward=N (hpZ); 0: the strategy's bool")
     p.add_argument("--mixed-precision", choices=["fp32", "bf16"], default="fp32")
+    p.add_argument("--activation-checkpointing", action="store_true",
+                   help="checkpoint every decoder layer (non-reentrant torch.utils.checkpoint, early stop)")
     p.add_argument("--batch-size", type=int, required=True, help="B, per rank and micro-step")
     p.add_argument("--grad-accum", type=int, default=1)
     p.add_argument("--steps", type=int, required=True)
@@ -258,6 +262,11 @@ def main(argv=None):
     config._attn_implementation = "sdpa"
     with torch.device("meta"):
         model = LlamaForCausalLM(config)
+    if a.activation_checkpointing:
+        # transformers' own: each decoder layer's call through torch.utils.checkpoint
+        # (use_reentrant=False, whose early stop ends the recompute once everything forward
+        # saved is saved again). Names stay the model's, unlike checkpoint_wrapper's.
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=layer_reshard, mp_policy=mp)
     fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)

@@ -4,6 +4,7 @@
 // request throws fsdp::UsageError saying how to get a CUDA build.
 #pragma once
 
+#include <ATen/core/Tensor.h>
 #include <c10/core/Device.h>
 #include <c10/core/ScalarType.h>
 
@@ -29,6 +30,13 @@ void set_current_device(const c10::Device& d);
 // Blocks the host until every kernel queued on `d` has finished, so host
 // timers measure the device's work. CPU: nothing (work is already done).
 void synchronize(const c10::Device& d);
+
+// `t` (in host memory) on `d` without the host waiting for the device: on
+// CUDA through page-locked memory and a non-blocking copy (a copy from
+// pageable memory waits for the device); elsewhere t.to(d). The trainer's
+// batches take this path; `t` may be reused once the copy's stream has passed
+// it (the page-locked copy is the one read).
+at::Tensor to_device_without_waiting(const at::Tensor& t, const c10::Device& d);
 
 // Peak bytes held since start or the last reset_peak_memory: on CUDA the
 // caching allocator's peak of allocated bytes on `d` (what the model, its

@@ -19,6 +19,9 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
+
+#include "fsdp/nn/recompute.h"
 
 namespace fsdp::models {
 
@@ -33,6 +36,9 @@ class LinearImpl : public torch::nn::Module {
   //   y = x W^T (+ b) + ((dropout(x) A^T) B^T) * (alpha / r)
   // Without one, exactly the plain linear: no extra operation.
   at::Tensor forward(const at::Tensor& x);
+  // The same, with the product x W^T (+ b) marked `role` for activation
+  // checkpointing (nn::linear: outside a checkpointed unit, the same call).
+  at::Tensor forward_marked(const at::Tensor& x, nn::ProductRole role);
 
   // Registers the adapter's submodules "lora_A" (weight (r, in)) and "lora_B"
   // (weight (out, r)), so their parameters are `<this>.lora_A.weight` and
@@ -104,20 +110,48 @@ TORCH_MODULE(Embedding);
 // Root-mean-square norm, as HF's LlamaRMSNorm: the input is upcast to fp32,
 // x * rsqrt(mean(x^2) + eps) is cast back to the input dtype, then multiplied by
 // weight (result in the promoted dtype of weight and input).
-class RMSNormImpl : public torch::nn::Module {
+// The implementation of the layers' elementwise work (fsdp-train --kernels).
+enum class LayerKernels {
+  kReference,  // Hugging Face's operations one by one: the reference
+  kFused,      // LibTorch's fused kernels where it has one (RMSNorm: at::_fused_rms_norm)
+};
+const char* to_string(LayerKernels kernels);  // "reference" | "fused"
+// nullopt for any other name.
+std::optional<LayerKernels> parse_layer_kernels(const std::string& name);
+
+// A layer with a fused form; set_layer_kernels sets every one of a model.
+class HasLayerKernels {
+ public:
+  virtual ~HasLayerKernels() = default;
+  virtual void set_kernels(LayerKernels kernels) = 0;
+};
+
+class RMSNormImpl : public torch::nn::Module, public HasLayerKernels {
  public:
   RMSNormImpl(int64_t dim, double eps, const at::TensorOptions& options);
 
-  // x (..., D) -> (..., D)
+  // x (..., D) -> (..., D). kReference: HF's LlamaRMSNorm — statistics in
+  // fp32, the normalized values rounded to x's dtype, then times the weight
+  // (a second rounding in bf16). kFused: at::_fused_rms_norm (its own CUDA
+  // kernel and backward; on the CPU LibTorch's composite of the same
+  // arithmetic): x * rsqrt(mean(x^2) + eps) * weight in fp32, rounded once.
+  // fp32: the same values; bf16: within one rounding of the reference.
   at::Tensor forward(const at::Tensor& x);
 
+  void set_kernels(LayerKernels kernels) override { kernels_ = kernels; }
+  LayerKernels kernels() const { return kernels_; }
   double eps() const { return eps_; }
   const at::Tensor& weight() const { return weight_; }
 
  private:
   double eps_;
+  LayerKernels kernels_ = LayerKernels::kReference;
   at::Tensor weight_;  // (D)
 };
 TORCH_MODULE(RMSNorm);
+
+// Sets `kernels` on every layer of `model` that has a fused form
+// (HasLayerKernels: its RMSNorms, Llama's MLPs); returns how many it set.
+int64_t set_layer_kernels(torch::nn::Module& model, LayerKernels kernels);
 
 }  // namespace fsdp::models

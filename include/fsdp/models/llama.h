@@ -122,6 +122,8 @@ class LlamaAttentionImpl : public torch::nn::Module {
 
   // x (B, T, D); cos, sin (T, Dh) in x's dtype -> (B, T, D).
   // Requires: masks.sliding defined and (T, T) when window() <= T.
+  // Activation checkpointing's marks (nn/recompute.h): the q, k, v and o
+  // products are kKept, and so is the SDPA kernel's output unless masked.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMasks& masks);
 
   void set_kernel(AttentionKernel kernel);
@@ -143,18 +145,27 @@ class LlamaAttentionImpl : public torch::nn::Module {
 };
 TORCH_MODULE(LlamaAttention);
 
-// SwiGLU: down(silu(gate(x)) * up(x)).
-class LlamaMLPImpl : public torch::nn::Module {
+// SwiGLU: down(silu(gate(x)) * up(x)). LayerKernels::kFused: silu(gate) * up
+// is one elementwise kernel (models::fused_swiglu), rounded once.
+class LlamaMLPImpl : public torch::nn::Module, public HasLayerKernels {
  public:
   LlamaMLPImpl(const LlamaConfig& cfg, const at::TensorOptions& options);
 
+  void set_kernels(LayerKernels kernels) override { kernels_ = kernels; }
+
   // x (B, T, D) -> (B, T, D)
   at::Tensor forward(const at::Tensor& x);
+  // The same, with down_proj's product marked `down` (nn::ProductRole): the
+  // decoder layer adds the result to its residual, which makes it the layer's
+  // tail (Note [Recompute policy] in src/nn/recompute.cpp).
+  at::Tensor forward_marked(const at::Tensor& x, nn::ProductRole down);
 
  private:
   Linear gate_proj_{nullptr};  // weight (F, D)
   Linear up_proj_{nullptr};    // weight (F, D)
   Linear down_proj_{nullptr};  // weight (D, F)
+  LayerKernels kernels_ = LayerKernels::kReference;
+  at::Tensor swiglu(const at::Tensor& x);  // (B, T, D) -> (B, T, F): silu(gate(x)) * up(x)
 };
 TORCH_MODULE(LlamaMLP);
 
@@ -380,6 +391,18 @@ nn::InitRuleFn llama_init_rule(const LlamaConfig& cfg);
 // typeid(LlamaDecoderLayerImpl): the transformer block type for wrap policies,
 // compared with nn::UnitBase::inner_type().
 std::type_index llama_block_type();
+
+// Bytes a checkpointed decoder layer `layer` keeps from forward for its
+// recompute, per token, beyond its input, under `policy` (nn/recompute.h):
+// kSelective keeps the q, k, v and o products (H*Dh + 2*Hkv*Dh + D values of
+// `dtype`) and, where the attention kernel's own backward can be rebuilt (the
+// CPU's flash kernel: `device` the CPU, the SDPA kernel, the layer unmasked at
+// `seq_len`), its output (H*Dh values) and log-sum-exp (H fp32 values);
+// kFull and kTail keep nothing. Exact: ShardedModel::checkpoint_kept_bytes is
+// tokens x this, summed over the layers.
+int64_t llama_kept_bytes_per_token(const LlamaConfig& cfg, int64_t layer, nn::RecomputePolicy policy,
+                                   at::ScalarType dtype, at::DeviceType device, int64_t seq_len,
+                                   AttentionKernel kernel = AttentionKernel::kSdpa);
 // The block, the embedding and the head: fsdp-train's --wrap block, which
 // shards the embedding and the head as units of their own.
 std::vector<std::type_index> llama_unit_types();

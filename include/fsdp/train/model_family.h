@@ -24,6 +24,7 @@
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/models/chunked_loss.h"
 #include "fsdp/nn/init.h"
+#include "fsdp/nn/recompute.h"
 #include "fsdp/nn/unit.h"
 
 namespace fsdp::train {
@@ -67,6 +68,15 @@ class ModelConfig {
   // Activation elements kept for backward per token of a micro-batch, a lower
   // bound (the memory check's, Note [Memory check]).
   virtual int64_t activation_elements_per_token(bool checkpointing, bool eval_only) const = 0;
+  // Bytes activation checkpointing keeps from forward per token beyond the
+  // layers' inputs, under `policy` (nn/recompute.h; ShardedModel::checkpoint_kept_bytes):
+  // activations of `dtype` on `device` at sequence length `seq_len`. 0 for a
+  // family whose layers mark nothing to keep.
+  virtual int64_t checkpoint_kept_bytes_per_token(nn::RecomputePolicy policy, at::ScalarType dtype,
+                                                  at::DeviceType device, int64_t seq_len) const {
+    (void)policy, (void)dtype, (void)device, (void)seq_len;
+    return 0;
+  }
   virtual DataKind data_kind() const = 0;
   // Special token ids config.json gives (kept for exports and compared with
   // the tokenizer's); nullopt / empty: unknown.

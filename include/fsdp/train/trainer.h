@@ -31,6 +31,7 @@
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/data/dataset.h"
 #include "fsdp/fsdp.h"
+#include "fsdp/models/layers.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/lr_schedule.h"
 
@@ -63,6 +64,9 @@ struct StepOptions {
   // Rows (of B x T) per chunk of the loss's logits; 0: chosen from the
   // vocabulary (models::default_loss_chunk_rows).
   int64_t loss_chunk_rows = 0;
+  // The layers' elementwise work: Hugging Face's operations, or LibTorch's
+  // fused kernels where it has them (models::set_layer_kernels).
+  models::LayerKernels kernels = models::LayerKernels::kReference;
   int64_t max_steps = 500;  // >= 1 when training
   double clip_grad = 1.0;  // 0: no clipping
   uint64_t seed = 1337;
@@ -136,6 +140,7 @@ struct ShardingOptions {
   MixedPrecision mixed_precision;        // fp32 everywhere
   CommCompression compression;           // what the collectives send (FsdpOptions::compression)
   bool activation_checkpointing = false; // every decoder layer
+  nn::RecomputePolicy ac_policy = nn::RecomputePolicy::kTail;  // what it recomputes (FsdpOptions::checkpoint_policy)
   bool offload_activations = false;      // checkpointed layers' saved inputs in host memory
   bool cpu_offload = false;
   BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;

@@ -1,0 +1,144 @@
+#include "fsdp/models/kernels.h"
+
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/csrc/autograd/custom_function.h>
+
+#include <array>
+#include <cmath>
+#include <utility>
+
+#if defined(FSDP_WITH_CUDA)
+#include <ATen/cuda/jiterator.h>
+#endif
+
+#include "fsdp/common/error.h"
+
+namespace fsdp::models {
+
+// Note [Kernels and their CPU twins]
+// Each fused kernel's arithmetic is written once, as a functor template
+// `T name(T...)` that computes in fp32 and rounds once to T. FSDP_TWIN both
+// compiles it here (the CPU twin: instantiated for float over the inputs
+// widened to fp32, the result rounded to the dtype once, as the kernel's
+// static_cast<T> does) and keeps its text, which on CUDA the jiterator compiles
+// with NVRTC at run time (at::cuda::CompileAndLaunchKernel: LibTorch's
+// TensorIterator launch, so broadcasting, strides and dtypes are handled as
+// for its own kernels). No nvcc and no .cu files: the CPU build runs the very
+// arithmetic the GPU runs (to the last bit of fp32's exp, which the devices'
+// libraries round differently), and CI compiles every text for sm_90 with the
+// wheel's NVRTC (tests/models/test_kernels_nvrtc.cpp), so a kernel that does
+// not compile fails CI, not the GPU call.
+#define FSDP_TWIN(NAME, ...) \
+  __VA_ARGS__                \
+  constexpr const char* NAME##_code = #__VA_ARGS__;
+
+namespace twin {
+
+// silu(g) * u = g * sigmoid(g) * u.
+FSDP_TWIN(swiglu_forward, template <typename T> T swiglu_forward(T g, T u) {
+  const float x = static_cast<float>(g);
+  return static_cast<T>(x / (1.0f + expf(-x)) * static_cast<float>(u));
+})
+
+// d/dg: dout * u * s * (1 + g * (1 - s)), s = sigmoid(g).
+FSDP_TWIN(swiglu_backward_gate, template <typename T> T swiglu_backward_gate(T dout, T g, T u) {
+  const float x = static_cast<float>(g);
+  const float s = 1.0f / (1.0f + expf(-x));
+  return static_cast<T>(static_cast<float>(dout) * static_cast<float>(u) * s * (1.0f + x * (1.0f - s)));
+})
+
+// d/du: dout * silu(g).
+FSDP_TWIN(swiglu_backward_up, template <typename T> T swiglu_backward_up(T dout, T g) {
+  const float x = static_cast<float>(g);
+  return static_cast<T>(static_cast<float>(dout) * x / (1.0f + expf(-x)));
+})
+
+}  // namespace twin
+
+#undef FSDP_TWIN
+
+const std::vector<KernelSource>& kernel_sources() {
+  static const std::vector<KernelSource> sources = {
+      {"swiglu_forward", twin::swiglu_forward_code, 2},
+      {"swiglu_backward_gate", twin::swiglu_backward_gate_code, 3},
+      {"swiglu_backward_up", twin::swiglu_backward_up_code, 2},
+  };
+  return sources;
+}
+
+namespace {
+
+// The CPU twin: f<float> over the inputs in fp32, rounded once to the dtype.
+template <size_t N, class F, size_t... I>
+at::Tensor host_map(F f, const std::array<at::Tensor, N>& ins, std::index_sequence<I...>) {
+  std::array<at::Tensor, N> wide;
+  std::array<const float*, N> p{};
+  for (size_t k = 0; k < N; ++k) {
+    wide[k] = ins[k].to(at::kFloat).contiguous();
+    p[k] = wide[k].template data_ptr<float>();
+  }
+  at::Tensor out = at::empty(ins[0].sizes(), ins[0].options().dtype(at::kFloat));
+  float* o = out.data_ptr<float>();
+  at::parallel_for(0, out.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
+    for (int64_t i = begin; i < end; ++i) o[i] = f(p[I][i]...);
+  });
+  return out.to(ins[0].scalar_type());
+}
+
+// `source` on the inputs' device: the jiterator on CUDA, the CPU twin `f` elsewhere.
+template <size_t N, class F>
+at::Tensor run(const KernelSource& source, F f, const std::array<at::Tensor, N>& ins) {
+  for (const auto& t : ins) {
+    FSDP_ASSERT(t.sizes() == ins[0].sizes() && t.scalar_type() == ins[0].scalar_type() &&
+                    t.device() == ins[0].device(),
+                "kernel ", source.name, ": inputs of one shape, dtype and device, got ", t.sizes(), " ",
+                t.scalar_type(), " on ", t.device(), " beside ", ins[0].sizes(), " ", ins[0].scalar_type(), " on ",
+                ins[0].device());
+  }
+  if (ins[0].is_cuda()) {
+#if defined(FSDP_WITH_CUDA)
+    const c10::SmallVector<at::Tensor> tensors(ins.begin(), ins.end());
+    return at::cuda::CompileAndLaunchKernel(source.code, source.name, /*num_outputs=*/1, tensors, {},
+                                            /*return_by_ref=*/false)[0];
+#else
+    FSDP_CHECK(false, "kernel ", source.name, " on ", ins[0].device(),
+               ": this build has no CUDA (configure with -DFSDP_WITH_CUDA=ON)");
+#endif
+  }
+  return host_map<N>(f, ins, std::make_index_sequence<N>{});
+}
+
+const KernelSource& source(const char* name) {
+  for (const auto& s : kernel_sources()) {
+    if (std::string(s.name) == name) return s;
+  }
+  FSDP_ASSERT(false, "no kernel source named ", name);
+  return kernel_sources().front();
+}
+
+using torch::autograd::AutogradContext;
+using torch::autograd::variable_list;
+
+struct SwigluFn : torch::autograd::Function<SwigluFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& gate, const at::Tensor& up) {
+    ctx->save_for_backward({gate, up});
+    return run<2>(source("swiglu_forward"), twin::swiglu_forward<float>, {gate, up});
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor dout = grads[0].contiguous(), gate = saved[0], up = saved[1];
+    at::Tensor dgate, dup;
+    if (ctx->needs_input_grad(0)) {
+      dgate = run<3>(source("swiglu_backward_gate"), twin::swiglu_backward_gate<float>, {dout, gate, up});
+    }
+    if (ctx->needs_input_grad(1)) dup = run<2>(source("swiglu_backward_up"), twin::swiglu_backward_up<float>, {dout, gate});
+    return {dgate, dup};
+  }
+};
+
+}  // namespace
+
+at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluFn::apply(gate, up); }
+
+}  // namespace fsdp::models
