@@ -31,6 +31,7 @@
 #include "config_file.h"
 #include "option_names.h"
 #include "estimate_cli.h"
+#include "train_flags.h"
 #include "train_options_table.h"
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
@@ -224,6 +225,8 @@ struct Planned {
   fsdp::FsdpOptions o;
   fsdp::ShardingPlan plan;
   int64_t lora_params = 0;
+  // Where the run computes: a cluster that runs on devices (a GPU preset) is CUDA's, else --device.
+  at::DeviceType device = at::kCPU;
 };
 
 fsdp::FsdpOptions plan_options(const Args& a, const fsdp::train::ModelConfig& cfg, bool estimating,
@@ -280,6 +283,8 @@ Planned plan_model(const CLI::App& app, Args& a, bool estimating, const fsdp::Cl
   if (!a.t.o.freeze.empty()) fsdp::nn::freeze_matching(*p.impl, a.t.o.freeze);  // after LoRA, as fsdp-train
   p.root = p.cfg->root(p.impl);
   p.o = plan_options(a, *p.cfg, estimating, cluster);
+  p.device = estimating && cluster.execution == fsdp::Execution::kDevice ? at::kCUDA
+                                                                         : fsdp::cli::parse_device(a.t.flags.device);
   fsdp::check_options(p.o, a.world_size);
   const bool pure = a.t.flags.mixed_precision == "bf16-pure";
   p.plan = fsdp::plan_sharding(p.root.root, a.world_size, a.rank, p.o, pure ? at::kBFloat16 : at::kFloat);
@@ -318,11 +323,12 @@ void print_plan(std::ostream& out, const Args& a, const Planned& p, bool estimat
                      a.t.o.sharding.cpu_offload ? " in host memory" : "",
                      fsdp::format_bytes(plan.step_unsharded_bytes));
   // The loss never holds a micro-batch's whole logits (models/chunked_loss.h):
-  // what it takes does not grow with the batch beyond one chunk.
-  const int64_t loss_rows = fsdp::models::default_loss_chunk_rows(cfg.vocab_size());
-  out << fmt::format("  loss: {} tokens per chunk of logits: at most {} during a step (one chunk's logits "
+  // what it takes does not grow with the batch beyond one chunk, the run's chunk on the run's device.
+  const int64_t loss_rows = fsdp::models::loss_chunk_rows(a.t.o.step.loss_chunk_rows, cfg.vocab_size(), p.device);
+  out << fmt::format("  loss: {} tokens per chunk of logits{}: at most {} during a step (one chunk's logits "
                      "and their gradient, the output head's gradient)\n",
-                     loss_rows,
+                     loss_rows, a.t.o.step.loss_chunk_rows > 0 ? " (--loss-chunk-rows)"
+                                : p.device == at::kCUDA ? " (CUDA's chunk)" : "",
                      fsdp::format_bytes(fsdp::models::chunked_loss_bytes(loss_rows, cfg.vocab_size(),
                                                                          cfg.hidden_size(),
                                                                          o.mixed_precision.param_dtype)));

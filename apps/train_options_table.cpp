@@ -71,7 +71,7 @@ std::vector<OptionRow> data_rows() {
       {"--loss-chunk-rows", "",
        "Tokens per chunk of the output projection and loss, which never hold the whole B x T x vocab "
        "logits (0: chosen from the vocabulary, 64 MiB of fp32 logits per chunk)",
-       BIND(o.step.loss_chunk_rows), {}, kD},
+       BIND(o.step.loss_chunk_rows), {}, kD, kUses},
       {"--kernels", "",
        "reference (Hugging Face's operations one by one) | fused (LibTorch's fused kernels where it has one: "
        "RMSNorm, rounded once in bf16 where the reference rounds twice) — docs/training.md",
@@ -168,7 +168,7 @@ std::vector<OptionRow> run_rows() {
        "Process group: tcp (ours, the CPU's default) | gloo (PyTorch's ProcessGroupGloo) | nccl (ours, CUDA's "
        "default) | c10d-nccl (PyTorch's ProcessGroupNCCL) | auto",
        BIND(run.backend), {"auto", "tcp", "gloo", "nccl", "c10d-nccl"}, kD},
-      {"--device", "", "cpu | cuda", BIND(flags.device), {"cpu", "cuda"}, kD},
+      {"--device", "", "cpu | cuda", BIND(flags.device), {"cpu", "cuda"}, kD, kUses},
       {"--sharding", "",
        "full (FULL_SHARD) | grad-op (SHARD_GRAD_OP) | none (NO_SHARD, DDP) | hybrid (HYBRID_SHARD)",
        BIND(flags.sharding), {}, kD, kUses},

@@ -22,6 +22,10 @@ int64_t default_loss_chunk_rows(int64_t vocab_size, at::DeviceType device) {
   return rows;
 }
 
+int64_t loss_chunk_rows(int64_t asked, int64_t vocab_size, at::DeviceType device) {
+  return asked > 0 ? asked : default_loss_chunk_rows(vocab_size, device);
+}
+
 int64_t chunked_loss_bytes(int64_t rows, int64_t vocab_size, int64_t hidden_size, at::ScalarType dtype) {
   const auto elem = static_cast<double>(c10::elementSize(dtype));
   const bool reduced = dtype != at::kFloat && dtype != at::kDouble;  // the weight's gradient summed in fp32

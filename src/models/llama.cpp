@@ -372,7 +372,7 @@ void LlamaForCausalLMImpl::set_loss_chunk_rows(int64_t rows) {
 }
 
 int64_t LlamaForCausalLMImpl::loss_chunk_rows(at::DeviceType device) const {
-  return loss_chunk_rows_ > 0 ? loss_chunk_rows_ : default_loss_chunk_rows(cfg_.vocab_size, device);
+  return models::loss_chunk_rows(loss_chunk_rows_, cfg_.vocab_size, device);
 }
 
 at::Tensor LlamaForCausalLMImpl::head_loss(const at::Tensor& hidden, const at::Tensor& targets,

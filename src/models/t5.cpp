@@ -257,7 +257,7 @@ at::Tensor T5ForConditionalGenerationImpl::logits(const at::Tensor& inputs, cons
 at::Tensor T5ForConditionalGenerationImpl::loss(const at::Tensor& inputs, const at::Tensor& targets,
                                                 LossReduction reduction) {
   const at::Tensor g = decode(inputs, targets);
-  const int64_t rows = loss_chunk_rows_ > 0 ? loss_chunk_rows_ : default_loss_chunk_rows(cfg_.vocab_size);
+  const int64_t rows = models::loss_chunk_rows(loss_chunk_rows_, cfg_.vocab_size, g.device().type());
   return chunked_cross_entropy(g.reshape({-1, cfg_.d_model}), head_weight(), targets.reshape({-1}), reduction, rows);
 }
 

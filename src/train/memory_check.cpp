@@ -56,8 +56,7 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
     return std::min(b.value_or(kHuge), kHuge);
   };
   // The loss holds one chunk of logits at a time (models/chunked_loss.h).
-  const int64_t loss_rows = o.step.loss_chunk_rows > 0 ? o.step.loss_chunk_rows
-                                                       : models::default_loss_chunk_rows(cfg.vocab_size(), o.device);
+  const int64_t loss_rows = models::loss_chunk_rows(o.step.loss_chunk_rows, cfg.vocab_size(), o.device);
   const std::optional<int64_t> tokens = checked_product({o.step.batch_size, width});
   const int64_t logit_bytes =
       std::min(models::chunked_loss_bytes(std::min(tokens.value_or(kHuge), loss_rows), cfg.vocab_size(),

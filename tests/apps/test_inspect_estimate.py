@@ -64,6 +64,20 @@ if r.returncode == 0:
     check(curve and curve[0]["scaling_efficiency"] == 1 and curve[-1]["tokens_per_s"] == e16["tokens_per_s"],
           "the curve starts at efficiency 1 and ends with the estimate itself")
 
+# The plan's loss chunk is the run's: CUDA's (2048 rows at V = 128,256) on a GPU cluster, the CPU's (128)
+# without one, --loss-chunk-rows where given (issue 48: the estimate planned the CPU's chunk for an H200).
+one_b = ["--model", "llama3.2-1b", "--seq-len", "2048", "--batch-size", "4", "--mixed-precision", "bf16"]
+for args, rows, why in (
+        (["--estimate", "--cluster", "h200", "--nproc-per-node", "1"], "2048", " (CUDA's chunk)"),
+        ([], "128", ""),
+        (["--device", "cuda"], "2048", " (CUDA's chunk)"),
+        (["--estimate", "--cluster", "h200", "--nproc-per-node", "1", "--loss-chunk-rows", "512"], "512",
+         " (--loss-chunk-rows)")):
+    r = run(*one_b, *args)
+    line = next((l.strip() for l in r.stdout.splitlines() if l.strip().startswith("loss:")), r.stderr.strip()[-200:])
+    check(r.returncode == 0 and line.startswith(f"loss: {rows} tokens per chunk of logits{why}:"),
+          f"{' '.join(args) or 'no cluster'}: the plan's loss chunk is {rows} rows: {line}")
+
 cal = WORK / "tiny.cluster.json"
 tiny = ["--model", "tiny", "--seq-len", "64", "--batch-size", "2"]
 r = run(*tiny, "--calibrate", str(cal), "--calibrate-steps", "1")

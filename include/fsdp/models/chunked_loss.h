@@ -46,6 +46,12 @@ enum class LossReduction { kMean, kSum };
 inline constexpr int64_t kCudaLossChunkBytes = int64_t{4} << 30;
 int64_t default_loss_chunk_rows(int64_t vocab_size, at::DeviceType device = at::kCPU);
 
+// The rows per chunk a run uses: `asked` where > 0 (--loss-chunk-rows), else
+// default_loss_chunk_rows(vocab_size, device). The models, fsdp-train's memory
+// check and fsdp-inspect's plan all take it from here, so that the plan counts
+// the chunk the run will hold (a CUDA run's, not the CPU's, for a GPU cluster).
+int64_t loss_chunk_rows(int64_t asked, int64_t vocab_size, at::DeviceType device);
+
 // The most the loss holds at once beyond its inputs, for `rows` rows per chunk
 // (min(B x T, chunk rows)): in forward, a chunk's logits in `dtype` and their
 // gradient in `dtype`, three fp32 buffers of the chunk (the logits, their

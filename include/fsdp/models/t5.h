@@ -177,7 +177,7 @@ class T5ForConditionalGenerationImpl : public torch::nn::Module, public nn::Call
   // The root's own parameters (the shared embedding) first, then every
   // encoder block, then every decoder block (nn::CallOrder).
   std::vector<std::string> unit_call_order() const override;
-  // Rows per chunk of the loss's logits; 0: default_loss_chunk_rows(V).
+  // Rows per chunk of the loss's logits; 0: default_loss_chunk_rows(V, the decoder states' device type).
   void set_loss_chunk_rows(int64_t rows);
   const T5Config& config() const { return cfg_; }
 
