@@ -4,7 +4,11 @@ MFU and peak memory of fsdp-train (a) against PyTorch FSDP (b) and FSDP2 (c)
 per activation-checkpointing setting, and the tutorial MLP with and without
 CPU offload.
 
-MFU = tokens/s x flops per token / the matmul rate measured in the same run.
+MFU is given twice, the data sheet's first: tokens/s x flops per token over
+the card's data-sheet peak for the compute dtype (the convention published
+numbers and fsdp-train's own log use; the peak is fsdp-train's, read back from
+the MFU its metrics record, so there is one table of cards), and over the
+matmul rate measured in the same run.
 Flops per token = 6 N + 12 L H Q T (PaLM, appendix B): N counts the weights of
 every matrix product a token goes through — attention and MLP projections of
 each layer and the output head (counted even when it shares the embedding's
@@ -73,10 +77,15 @@ def train_row(a):
         raise SystemExit(f"report.py: {a.metrics} has no step at or after the warm-up ({a.warmup} steps)")
     seconds = sum(r["step_time_s"] for r in measured)
     tokens = len(measured) * a.batch_size * a.seq_len * measured[0]["world_size"]
-    print(json.dumps({"row": a.row, "kind": "llama", "ckpt": a.ckpt, "batch_size": a.batch_size,
-                      "tokens_per_s": tokens / seconds, "step_time_s": seconds / len(measured),
-                      "peak_mem_bytes": max(r["peak_mem_bytes"] for r in steps),
-                      "losses": [r["loss"] for r in steps]}))
+    row = {"row": a.row, "kind": "llama", "ckpt": a.ckpt, "batch_size": a.batch_size,
+           "tokens_per_s": tokens / seconds, "step_time_s": seconds / len(measured),
+           "peak_mem_bytes": max(r["peak_mem_bytes"] for r in steps), "losses": [r["loss"] for r in steps]}
+    # fsdp-train's MFU is its tokens/s over what the ranks' data-sheet peak would give: that
+    # rate is the same at every step (the record's tokens/s and MFU are of one interval).
+    spec = [r["tokens_per_s"] / r["mfu"] for r in measured if r.get("mfu") and r.get("tokens_per_s")]
+    if spec:
+        row["spec_tokens_per_s"] = sorted(spec)[len(spec) // 2]
+    print(json.dumps(row))
     return 0
 
 
@@ -107,11 +116,23 @@ def table(a):
     def mfu(tps):
         return tps * fpt / rate if rate else None
 
+    # The data sheet's rate, as tokens/s at 100% (fsdp-train's; every row runs on the same card and world).
+    spec_tps = next((r["spec_tokens_per_s"] for r in rows if "spec_tokens_per_s" in r), None)
+    if spec_tps:
+        print(f"data-sheet peak: {spec_tps * fpt / 1e12:.4g} TFLOP/s for the run's ranks together "
+              f"(fsdp-train's, for the card and the compute dtype)")
+    else:
+        print("data-sheet peak: not known for this device (fsdp-train recorded no MFU), so no MFU against it")
+
+    def mfu_spec(tps):
+        return tps / spec_tps if spec_tps else None
+
     def pct(x):
         return "-" if x is None else f"{100 * x:.1f}%"
     print()
-    print("| run | act. ckpt | batch | tokens/s | MFU | peak memory | (a) / this: tokens/s | MFU | memory | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| run | act. ckpt | batch | tokens/s | MFU (data sheet) | MFU (matmul) | peak memory "
+          "| (a) / this: tokens/s | MFU | memory | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     missing = 0
     for ckpt in (False, True):
         group = [r for r in rows if r.get("kind") == "llama" and r["ckpt"] == ckpt]
@@ -120,13 +141,13 @@ def table(a):
         for r in group:
             if "error" in r:
                 missing += 1
-                print(f"| {r['row']} | {'on' if ckpt else 'off'} | - | not run: {r['error']} | | | | | | |")
+                print(f"| {r['row']} | {'on' if ckpt else 'off'} | - | not run: {r['error']} | | | | | | | |")
                 continue
             tps = r["tokens_per_s"]
             rel_t = rel_f = rel_m = "-"
             if ours is not None and not r["row"].startswith("(a)"):
                 rel_t = f"{ours['tokens_per_s'] / tps:.2f}x"
-                rel_f = rel_t if rate else "-"  # the same flops per token on both sides
+                rel_f = rel_t if rate or spec_tps else "-"  # the same flops per token on both sides
                 rel_m = f"{ours['peak_mem_bytes'] / r['peak_mem_bytes']:.2f}x"
             note = r.get("note", "")
             if r["row"].startswith("(a)") and r is not ours and fsdp2 is not None:
@@ -134,7 +155,7 @@ def table(a):
                 note = (note + "; " if note else "") + (
                     f"x (c): {tps / fsdp2['tokens_per_s']:.2f} tokens/s, "
                     f"{r['peak_mem_bytes'] / fsdp2['peak_mem_bytes']:.2f} memory")
-            print(f"| {r['row']} | {'on' if ckpt else 'off'} | {r['batch_size']} | {tps:,.0f} | {pct(mfu(tps))} | "
+            print(f"| {r['row']} | {'on' if ckpt else 'off'} | {r['batch_size']} | {tps:,.0f} | {pct(mfu_spec(tps))} | {pct(mfu(tps))} | "
                   f"{gib(r['peak_mem_bytes'])} | {rel_t} | {rel_f} | {rel_m} | {note} |")
     mlp = [r for r in rows if r.get("kind") == "mlp"]
     if mlp:
