@@ -8,6 +8,7 @@
 #include <dlfcn.h>
 #include <gtest/gtest.h>
 
+#include <filesystem>
 #include <string>
 
 #include "fsdp/models/kernels.h"
@@ -23,6 +24,7 @@ struct Nvrtc {
   using Log = int (*)(void*, char*);
   using Destroy = int (*)(void**);
   void* handle = nullptr;
+  void* builtins = nullptr;  // libnvrtc-builtins beside it
   Create create = nullptr;
   Compile compile = nullptr;
   Size log_size = nullptr;
@@ -31,6 +33,15 @@ struct Nvrtc {
   Destroy destroy = nullptr;
 
   explicit Nvrtc(const std::string& path) {
+    // NVRTC opens its builtins library by name at the first compile; the wheel
+    // keeps it beside libnvrtc, which no search path of a fresh machine names
+    // (a CUDA toolkit's ldconfig entry hid that). Loaded first by its path, it
+    // is the library that name finds.
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path(), ec)) {
+      const std::string name = e.path().filename().string();
+      if (name.rfind("libnvrtc-builtins.so.", 0) == 0) builtins = dlopen(e.path().c_str(), RTLD_NOW | RTLD_GLOBAL);
+    }
     handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
     if (handle == nullptr) return;
     create = reinterpret_cast<Create>(dlsym(handle, "nvrtcCreateProgram"));
