@@ -14,7 +14,6 @@ import argparse
 import datetime
 import json
 import os
-import platform
 import subprocess
 import sys
 import tempfile
@@ -23,19 +22,11 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 sys.path.insert(0, os.path.join(ROOT, "tests", "checkpoint"))
+sys.path.insert(0, os.path.join(ROOT, "tests", "peers"))
 import large_dcp_metadata as large  # noqa: E402
+import peerlib  # noqa: E402
 
 from torch.distributed.checkpoint import FileSystemReader  # noqa: E402
-
-
-def cpu_name() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def main() -> int:
@@ -81,7 +72,7 @@ def main() -> int:
         with open(os.path.join(ROOT, "bench", "RESULTS.md"), "a") as f:
             f.write(f"\n## A large run's DCP .metadata read: fsdp-cpp vs PyTorch — {stamp}\n\n"
                     f"Command: `{cmd}`\n"
-                    f"Machine: {os.cpu_count()} cores, {cpu_name()}, load average "
+                    f"Machine: {os.cpu_count()} cores, {peerlib.processor()}, load average "
                     f"{' '.join(f'{x:.2f}' for x in load_before)} before the run\n\n{what}\n\n{table}\n")
     return 0
 

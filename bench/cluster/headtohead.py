@@ -224,17 +224,6 @@ class Busy:
             p.wait()
 
 
-def processor():
-    """The processor's model name (lscpu's "Model name"), for the record."""
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown processor"
-
-
 def fmt_row(r):
     return (f"| {r['row']} | {r['busy']} | {r['link']} | {r['tps_ours']:,.0f} | {r['tps_theirs']:,.0f} | "
             f"**{r['ratio']:.2f}** | {r['step_ours']:.3f} s | {r['step_theirs']:.3f} s | {r['exposed_ours']:.3f} s | "
@@ -315,7 +304,7 @@ def main():
     if a.record:
         results.append("Head-to-head on the emulated cluster: fsdp-train vs FSDP2 (gloo)", (
             f"Command: `{a.command or 'bench/cluster/run_headtohead.sh'}` ({took / 60:.0f} min)\n"
-            f"Machine: {processor()}, {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the run\n\n"
+            f"Machine: {peerlib.processor()}, {os.cpu_count()} cores, load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f} before the run\n\n"
             f"{Path(a.model).name}, seq {a.seq_len} x batch {a.batch_size} per rank, {a.warmup} warm-up + {a.steps} "
             f"measured steps (median step_time_s), AdamW, {a.threads} thread(s) per process, nodes = network namespaces on a "
             f"bridge, links shaped with tc tbf; exposed comm = step - compute-only step (the median step of world-size "

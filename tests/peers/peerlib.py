@@ -1,7 +1,8 @@
 """Shared by the PyTorch FSDP2 peer (fsdp2_peer.py), its parity test (fsdp2_parity.py)
 and the CPU head-to-head (bench/cpu/headtohead.py): the tiny Hugging Face model, the token
-file, fsdp-train's learning-rate schedule, the split of a global batch among ranks, and
-processes that are bounded in time and always cleaned up.
+file, fsdp-train's learning-rate schedule, the split of a global batch among ranks,
+processes that are bounded in time and always cleaned up, and the processor's name
+for the benchmarks' records.
 
 Imports only the standard library and numpy at module level: the drivers stay light,
 the ranks import torch themselves.
@@ -9,6 +10,7 @@ the ranks import torch themselves.
 import json
 import math
 import os
+import platform
 import signal
 import socket
 import subprocess
@@ -241,6 +243,18 @@ def read_metrics(path):
                 if "loss" in j and "step" in j:
                     rows[j["step"]] = j
     return [rows[k] for k in sorted(rows)]
+
+
+def processor():
+    """The processor's model name (lscpu's "Model name"), for a benchmark's record."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown processor"
 
 
 def venv_python():
