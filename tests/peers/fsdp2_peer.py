@@ -12,10 +12,14 @@ What matches fsdp-train (and where it is in our code):
   sharded, then each rank copies only its shards' rows from the safetensors file (one
   tensor at a time), as fsdp-train --init-from does; RoPE's inv_freq buffer is recomputed.
 - Units: fully_shard on each decoder layer, then on the root (--wrap block).
-  --sharding full: reshard_after_forward=True; grad-op: False; hybrid: a 2-D DeviceMesh
-  (replicate, shard) with shard groups of --hybrid-shard-size consecutive ranks.
+  --sharding full: the layers' reshard_after_forward=True; grad-op: False; hybrid: a 2-D
+  DeviceMesh (replicate, shard) with shard groups of --hybrid-shard-size consecutive ranks.
   --reshard-after-forward N (> 1): the decoder layers' reshard_after_forward=N (FSDP2's int,
-  ZeRO++'s hpZ), as fsdp-train --reshard-after-forward N; the root keeps FSDP2's own rule.
+  ZeRO++'s hpZ), as fsdp-train --reshard-after-forward N. The root's call leaves
+  reshard_after_forward out, as users write it: FSDP2's default (None) keeps the root's
+  parameters after forward, since backward needs them first. Passing True there would
+  gather the root (embedding and head, most of a small model) once more in every backward,
+  which no user of the default pays.
 - Activation checkpointing: --activation-checkpointing checkpoints every decoder layer with
   torch.utils.checkpoint, non-reentrant (fsdp-train --activation-checkpointing).
 - Mixed precision: --mixed-precision bf16 = MixedPrecisionPolicy(param_dtype=bf16,
@@ -269,7 +273,7 @@ def main(argv=None):
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     for layer in model.model.layers:
         fully_shard(layer, mesh=mesh, reshard_after_forward=layer_reshard, mp_policy=mp)
-    fully_shard(model, mesh=mesh, reshard_after_forward=reshard, mp_policy=mp)
+    fully_shard(model, mesh=mesh, mp_policy=mp)  # FSDP2's default for the root (docstring)
     model.to_empty(device="cpu")
     model.model.rotary_emb = LlamaRotaryEmbedding(config=config)  # its buffers were meta
     load_sharded_weights(model, a.hf_dir, torch, distribute_tensor)
