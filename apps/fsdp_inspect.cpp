@@ -253,6 +253,7 @@ fsdp::FsdpOptions plan_options(const Args& a, const fsdp::train::ModelConfig& cf
   o.limit_all_gathers = a.t.o.sharding.limit_all_gathers;
   o.cpu_offload = a.t.o.sharding.cpu_offload;
   if (a.t.o.sharding.activation_checkpointing) o.checkpoint_types = {cfg.block_type()};
+  o.unit_overrides = fsdp::train::last_units_kept(cfg, o);
   return o;
 }
 

@@ -180,7 +180,9 @@ std::vector<OptionRow> run_rows() {
        BIND(o.sharding.hybrid_shard_size), {}, kD, kUses},
       {"--reshard-after-forward", "",
        "After each unit's forward, the root's aside (FSDP2's reshard_after_forward): default (the strategy's: true "
-       "for full and hybrid, false for grad-op) | true (free the gathered parameters) | false (keep them "
+       "for full and hybrid, false for grad-op; with every layer a unit, the output head and the last layer, "
+       "whose backward comes first, keep theirs, as torchtitan's default) | true (free the gathered parameters, "
+       "every unit) | false (keep them "
        "to backward) | N (keep a shard over groups of N ranks, so backward gathers inside the group: "
        "ZeRO++'s hpZ, e.g. the processes of one node) — docs/compression.md",
        BIND(flags.reshard_after_forward), {}, kD, kUses},

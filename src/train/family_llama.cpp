@@ -76,6 +76,14 @@ class LlamaModelConfig final : public ModelConfig {
   }
   std::type_index block_type() const override { return models::llama_block_type(); }
   std::vector<std::type_index> unit_types() const override { return models::llama_unit_types(); }
+  // The head, then the last decoder layer (tied embeddings: the head is the
+  // embedding's unit, which also runs first; only the layer is named).
+  std::vector<std::string> last_forward_units() const override {
+    std::vector<std::string> names;
+    if (!cfg_.tie_word_embeddings) names.push_back("lm_head");
+    if (cfg_.num_hidden_layers > 0) names.push_back("model.layers." + std::to_string(cfg_.num_hidden_layers - 1));
+    return names;
+  }
   void set_loss_chunk_rows(torch::nn::Module& model, int64_t rows) const override {
     auto* impl = dynamic_cast<models::LlamaForCausalLMImpl*>(&model);
     FSDP_ASSERT(impl != nullptr, "the llama family's loss needs a LlamaForCausalLMImpl, got ", model.name());

@@ -155,6 +155,7 @@ FsdpOptions engine_options(const TrainOptions& o, const ModelConfig* cfg, int wo
   fo.wrap = wrap_policy(s.wrap, cfg != nullptr ? cfg->unit_types() : std::vector<std::type_index>{});
   fo.hybrid_shard_size = s.hybrid_shard_size;
   fo.reshard_after_forward = s.reshard_after_forward;
+  if (cfg != nullptr) fo.unit_overrides = last_units_kept(*cfg, fo);
   fo.sync_module_states = s.sync_module_states;
   fo.mixed_precision = s.mixed_precision;
   fo.compression = s.compression;

@@ -22,6 +22,7 @@
 
 #include "fsdp/checkpoint/dcp.h"
 #include "fsdp/checkpoint/hf.h"
+#include "fsdp/fsdp.h"
 #include "fsdp/models/chunked_loss.h"
 #include "fsdp/nn/init.h"
 #include "fsdp/nn/recompute.h"
@@ -96,6 +97,10 @@ class ModelConfig {
   virtual RootedModel root(const std::shared_ptr<torch::nn::Module>& model) const = 0;
   virtual std::type_index block_type() const = 0;                // activation checkpointing's unit
   virtual std::vector<std::type_index> unit_types() const = 0;   // --wrap block's units
+  // The units, by name, whose forward runs last when every layer is a unit
+  // (--wrap block or all): backward needs their parameters first (Note [Last
+  // units kept]). Empty: none named.
+  virtual std::vector<std::string> last_forward_units() const { return {}; }
   virtual void set_loss_chunk_rows(torch::nn::Module& model, int64_t rows) const = 0;
   virtual nn::InitRuleFn init_rule() const = 0;
 
@@ -155,5 +160,12 @@ std::string saved_model_mismatch(const nlohmann::json& saved, const ModelConfig&
 checkpoint::HfModelInfo hf_model_info(const ModelConfig& cfg);
 // "" when `a` and `b` describe the same model; the families first.
 std::string model_mismatch(const ModelConfig& a, const ModelConfig& b);
+
+// The override fsdp-train adds to engine options `o` (strategy, wrap and
+// reshard_after_forward already set): cfg.last_forward_units() keep their
+// parameters after forward under FULL and HYBRID sharding with every layer a
+// unit, when reshard_after_forward is left at the strategy's default. Empty
+// otherwise. fsdp-train and fsdp-inspect both call it (Note [Last units kept]).
+std::vector<UnitOverride> last_units_kept(const ModelConfig& cfg, const FsdpOptions& o);
 
 }  // namespace fsdp::train
