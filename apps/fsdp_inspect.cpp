@@ -28,7 +28,7 @@
 #include <fmt/format.h>
 
 #include "cli_numbers.h"
-#include "config_file.h"
+#include "config_flags.h"
 #include "option_names.h"
 #include "estimate_cli.h"
 #include "train_flags.h"

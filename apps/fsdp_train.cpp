@@ -51,7 +51,7 @@
 
 #include "cli_numbers.h"
 #include "option_names.h"
-#include "config_file.h"
+#include "config_flags.h"
 #include "train_flags.h"
 #include "train_options_table.h"
 #include "fsdp/comm/launcher.h"

@@ -7,6 +7,7 @@
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/checkpoint/peft.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/memory.h"
 #include "fsdp/models/lora.h"
 #include "option_names.h"
 
@@ -67,7 +68,7 @@ train::LossScaling parse_loss_scaling(const std::string& s) {
 at::ScalarType parse_export_dtype(const std::string& s) { return checkpoint::parse_export_dtype(s); }
 
 int64_t parse_export_shard_size(const std::string& s) {
-  return checkpoint::parse_byte_size(s, "--export-shard-size", "one file");
+  return parse_byte_size(s, "--export-shard-size", "one file");
 }
 
 std::pair<std::string, double> parse_lr_scale(const std::string& s) {
@@ -108,10 +109,8 @@ void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o) {
   o.hf.export_dtype = parse_export_dtype(flags.export_dtype);
   if (!o.hf.export_dir.empty()) o.hf.export_shard_bytes = parse_export_shard_size(flags.export_shard_size);
   if (o.checkpoint.async) {
-    o.checkpoint.staging_limit = checkpoint::parse_byte_size(flags.checkpoint_staging_limit,
-                                                             "--checkpoint-staging-limit",
-                                                             "stage nothing: every save is written before training "
-                                                             "goes on");
+    o.checkpoint.staging_limit = parse_byte_size(flags.checkpoint_staging_limit, "--checkpoint-staging-limit",
+                                                 "stage nothing: every save is written before training goes on");
   }
   o.lora.targets = models::parse_lora_targets(flags.lora_targets);
   o.param_groups.lr_scales.clear();

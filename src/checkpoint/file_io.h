@@ -74,7 +74,8 @@ void rename_path(const std::string& from, const std::string& to);
 // previous contents are deleted afterwards. An existing .old-<name> is
 // removed first only if it carries our marker (UsageError otherwise; see
 // Note [Ownership of what we delete] in fsdp/checkpoint/ownership.h).
-// Note [Marked until in place]: `tmp` carries the ownership marker from its
+//
+// Note [Marked until in place]. `tmp` carries the ownership marker from its
 // creation, and the previous `final` is marked before it moves, so a kill at
 // any instant leaves only marked temporaries (or an empty one) behind, which
 // the next run removes. With keep_marker false the marker is removed from

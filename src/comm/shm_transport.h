@@ -64,7 +64,6 @@ class HostSegment {
   bool shares(int peer) const { return index_[static_cast<size_t>(peer)] >= 0 && mapped_[static_cast<size_t>(peer)]; }
   Ring send_ring(int peer) const;
   Ring recv_ring(int peer) const;
-  size_t ring_bytes() const { return ring_bytes_; }
 
   // This rank's doorbell, to read before looking for work.
   uint32_t bell() const;

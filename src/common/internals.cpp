@@ -58,8 +58,6 @@ struct HostBufferPool::State final : c10::Allocator {
       p = mmap(nullptr, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
       if (p == MAP_FAILED) throw c10::OutOfMemoryError({__func__, __FILE__, static_cast<uint32_t>(__LINE__)},
                                                        "mmap of " + std::to_string(n) + " bytes failed (out of memory)");
-      std::lock_guard<std::mutex> lock(mu);
-      ++mapped;
     }
     return c10::DataPtr(p, new Block{p, n, self.lock()}, &State::release, c10::Device(c10::kCPU));
   }
@@ -72,7 +70,6 @@ struct HostBufferPool::State final : c10::Allocator {
   mutable std::mutex mu;
   std::map<size_t, std::vector<void*>> free;  // bytes -> released blocks of that size
   size_t cached = 0;
-  int64_t mapped = 0;
 };
 
 HostBufferPool::HostBufferPool(size_t max_cached_bytes) : state_(std::make_shared<State>(max_cached_bytes)) {
@@ -85,16 +82,6 @@ at::Tensor HostBufferPool::empty(int64_t numel, at::ScalarType dtype) {
   const size_t bytes = static_cast<size_t>(numel) * c10::elementSize(dtype);
   c10::Storage storage(c10::Storage::use_byte_size_t(), bytes, state_.get(), /*resizable=*/false);
   return at::empty({0}, at::TensorOptions().dtype(dtype)).set_(storage, 0, {numel}, {1});
-}
-
-size_t HostBufferPool::cached_bytes() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  return state_->cached;
-}
-
-int64_t HostBufferPool::blocks_mapped() const {
-  std::lock_guard<std::mutex> lock(state_->mu);
-  return state_->mapped;
 }
 
 void free_storage(const at::Tensor& t) {

@@ -2,14 +2,18 @@
 
 #include <sys/resource.h>
 
+#include "fsdp/common/error.h"
 #include "fsdp/common/files.h"
 
 #include <algorithm>
+#include <cctype>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <exception>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <sstream>
 #include <string>
 
@@ -187,6 +191,53 @@ std::string format_bytes(int64_t bytes) {
                   kUnits[u]);
   }
   return buf;
+}
+
+int64_t parse_byte_size(const std::string& text, const std::string& flag, const std::string& zero_means) {
+  // \s* digits [. digits] \s* letters \s*, read by hand: the text is the user's (no std::regex).
+  const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };
+  const auto digit = [](char c) { return c >= '0' && c <= '9'; };
+  const auto letter = [](char c) { return std::isalpha(static_cast<unsigned char>(c)) != 0; };
+  size_t i = 0;
+  const auto skip = [&](const auto& pred) {
+    const size_t from = i;
+    while (i < text.size() && pred(text[i])) ++i;
+    return i - from;
+  };
+  skip(space);
+  const size_t number_at = i;
+  bool ok = skip(digit) > 0;
+  if (ok && i < text.size() && text[i] == '.') {
+    ++i;
+    ok = skip(digit) > 0;
+  }
+  const std::string number = text.substr(number_at, i - number_at);
+  skip(space);
+  const size_t unit_at = i;
+  skip(letter);
+  std::string unit = text.substr(unit_at, i - unit_at);
+  const std::string given_unit = unit;
+  skip(space);
+  const std::string zero = zero_means.empty() ? std::string() : " (0: " + zero_means + ")";
+  FSDP_CHECK(ok && i == text.size(), flag, " '", text, "' is not a size; write e.g. 5GB, 500MB, 2GiB or a number of "
+             "bytes", zero);
+  std::transform(unit.begin(), unit.end(), unit.begin(), [](unsigned char c) { return std::tolower(c); });
+  static const std::map<std::string, long double> kUnits = {
+      {"", 1},        {"b", 1},          {"kb", 1e3L},          {"mb", 1e6L},         {"gb", 1e9L},
+      {"tb", 1e12L},  {"kib", 1024.0L},  {"mib", 1048576.0L},   {"gib", 1073741824.0L}, {"tib", 1099511627776.0L},
+      {"k", 1e3L},    {"m", 1e6L},       {"g", 1e9L}};
+  auto it = kUnits.find(unit);
+  FSDP_CHECK(it != kUnits.end(), flag, " '", text, "': unknown unit '", given_unit,
+             "'; use B, kB, MB, GB, TB (powers of 1000) or KiB, MiB, GiB, TiB (powers of 1024)");
+  // Digits only (no sign, no exponent): strtold cannot fail; hundreds of
+  // digits read as a huge value, refused below rather than thrown as "stod".
+  const long double bytes = std::strtold(number.c_str(), nullptr) * it->second;
+  constexpr long double kMax = 9223372036854775807.0L;  // 2^63 - 1, what a file size can be
+  FSDP_CHECK(bytes <= kMax, flag, " '", text, "' is more than the largest size, 2^63 - 1 bytes (8 EiB); give a "
+             "size this machine can have, e.g. 5GB", zero);
+  const int64_t n = static_cast<int64_t>(std::llroundl(bytes));
+  FSDP_CHECK(n > 0 || bytes == 0, flag, " '", text, "' is less than one byte; give at least 1 byte", zero);
+  return n;
 }
 
 }  // namespace fsdp

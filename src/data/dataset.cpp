@@ -191,7 +191,7 @@ class MappedDataset final : public TokenDataset {
                 ") of ", size(), " tokens");
     const int64_t lost = guarded_copy(begin, count, out);
     if (lost < 0) return;
-    // Note [Shrinking token files]
+    // See Note [Shrinking token files].
     const MappedFile& file = *files_[static_cast<size_t>(lost)];
     struct stat st {};
     const std::string now = ::stat(file.path().c_str(), &st) == 0 ? detail::cat(st.st_size, " bytes")

@@ -206,7 +206,7 @@ void FlatParam::free_full() {
   if (storage_ == StorageState::kFreed) return;
   internals::free_storage(full_);
   options_.ledger->release(BufferKind::kParams, full_bytes());
-  // Note [Refusing storage]: the module's parameters point at a storage that
+  // Note [Refusing storage]. The module's parameters point at a storage that
   // refuses every read with the parameter's name, instead of at full_'s
   // freed bytes, which kernels would read through a null pointer. full_ and
   // the tensors autograd saved keep the real storage, refilled by alloc_full.

@@ -133,7 +133,6 @@ class FlatParam {
   at::ScalarType param_dtype() const { return options_.param_dtype; }
   const FlatParamOptions& options() const { return options_; }
 
-  StorageState storage_state() const { return storage_; }
   void alloc_full();
   // alloc_full with the bytes of `buffer` (a custom all-gather's allocate):
   // Np contiguous elements of the param dtype on the device.

@@ -237,7 +237,6 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
 
   ShardState state() const { return state_; }
   GradState grad_state() const { return grad_state_; }
-  GradHold grad_hold() const { return grad_hold_; }
   bool ran_forward() const { return ran_forward_; }
   bool is_root() const { return is_root_; }
   bool replicated() const { return replicated_; }
@@ -260,7 +259,6 @@ class ShardedUnit : public nn::UnitHooks, public std::enable_shared_from_this<Sh
     kGradsAndInputs,  // that, and the gradients of its inputs were computed
     kEndOfBackward,   // only at the end of backward (frozen parameters in a unit with nested units)
   };
-  BackwardEnd backward_end() const { return backward_end_; }
   ShardedModelImpl& root() const { return *root_; }
 
   // Gradients held unsharded across micro-batches (no_sync).
@@ -348,7 +346,6 @@ class ShardedModelImpl {
   int64_t iteration() const { return iteration_; }
   void on_graph_node_created(int64_t iteration);
   void on_graph_node_destroyed(int64_t iteration);
-  TrainingState training_state() const { return state_; }
   // UsageError unless a backward may run through the graph of `iteration`
   // now: the latest forward's, once, without create_graph.
   void check_backward(int64_t iteration) const;

@@ -285,7 +285,7 @@ std::vector<at::Tensor> ShardedUnit::run(const nn::TensorFn& fn, const std::vect
     ran_forward_ = true;
     std::vector<at::Tensor> ins = cast_inputs(inputs);
     if (backward_end_ == BackwardEnd::kGradsAndInputs) {
-      // Note [Frozen parameters]
+      // See Note [Frozen parameters].
       ins = attach_post_backward(*this, ins);
       for (const auto& x : inputs) inputs_hooked_ = inputs_hooked_ || (x.defined() && x.requires_grad());
     }

@@ -257,7 +257,7 @@ class Network {
     return true;
   }
 
-  // Note [Replay tolerance]: times are doubles; far into a long step (past
+  // Note [Replay tolerance]. Times are doubles; far into a long step (past
   // ~8000 s of simulated time) an absolute 1e-12 s is below a double's
   // resolution, the next event rounds to `now` and the loop never ended
   // (issue 39). Comparisons use a tolerance relative to the clock instead:

@@ -104,10 +104,10 @@ int64_t resume_from(const DataOptions& data, const StepOptions& step, const chec
 // checkpoint). Their records are dropped from --metrics-file before the
 // resumed run appends, so each step is in the file once, with the values of
 // the run that continues. So is the evaluation at step S (of the checkpoint's
-// own weights), as TensorBoard drops it (train/tensorboard.h): both show the
-// same points. Lines that are not JSON objects with a "step" (an
-// --eval-only record, a user's note) are kept as they are. The file is
-// rewritten atomically.
+// own weights), as TensorBoard drops it (Note [TensorBoard after a resume] in
+// train/tensorboard.h): both show the same points. Lines that are not JSON
+// objects with a "step" (an --eval-only record, a user's note) are kept as
+// they are. The file is rewritten atomically.
 int64_t drop_metrics_from(const std::string& path, int64_t first_step) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return 0;

@@ -89,7 +89,8 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t resumed_at)
   const double now = wall_seconds();
   // Readers take a directory's files in name order, and a resume's START must
   // come after the files it supersedes: the seconds field is past theirs even
-  // when a resume starts within the same second.
+  // when a resume starts within the same second (Note [TensorBoard after a
+  // resume]).
   int64_t seconds = static_cast<int64_t>(now);
   const std::string prefix = "events.out.tfevents.";
   for (const auto& entry : std::filesystem::directory_iterator(dir, ec)) {

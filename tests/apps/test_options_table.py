@@ -67,7 +67,7 @@ check(listed == table | own, f"fsdp-train --help lists the table's flags + {sort
       f"(only in --help: {sorted(listed - table - own)}; only in the table: {sorted(table - listed)})")
 
 # --print-config: a key per configurable row, given or commented. A default is printed where there is one
-# to print: a switch's false, a default value, or text's "" (apps/config_file.cpp); none for a number
+# to print: a switch's false, a default value, or text's "" (apps/config_flags.cpp); none for a number
 # without a default (--metrics-port, --lora-alpha), a checked word without one, or a repeatable option.
 r = run(TRAIN, "--print-config", "--seq-len", "64", "--lr-scale", "a=2")
 keys = set(re.findall(r"^(?:# )?([a-z0-9-]+) = ", r.stdout, re.M))

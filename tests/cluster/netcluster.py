@@ -5,7 +5,7 @@
         p = c.popen(0, ["fsdp-train", ...], env=..., log=path)
         c.link(1, up=False)          # pull node 1's cable (ip link set eth0 down)
 
-Layout (Note [Emulated cluster]):
+Note [Emulated cluster]. The layout:
 
     namespace <run>-sw:  bridge br0, ports p0..pN-1 (one veth end each)
     namespace <run>-n<i>: lo, and eth0 (the other veth end) with 10.29.0.<i+1>/24

@@ -6,6 +6,14 @@
         and an anchor names a heading of the linked page (GitHub's heading ids). Every file a code
         comment cites by path (src/fsdp/plan.cpp, docs/design.md, checkpoint/ownership.h, ...),
         and every Markdown file it names (DESIGN.md), exists in the repository.
+    check_docs.py notes SOURCE_DIR
+        Every design note cited anywhere in the repository (source, test, script or Markdown file)
+        has exactly one definition, and no note is defined twice. A definition is a comment
+        paragraph that opens with the note's header: the first line of a comment block, or the
+        line after an empty comment line, whose text starts with `Note [` Name `]` followed by
+        nothing, by '.', or by '(issue N)'. Every other mention is a citation: `See Note [...]`,
+        `Note [...] in file.cpp`, or `Note [...]: a summary` opening a comment. A name may run
+        over lines; its spaces count as one.
     check_docs.py doxygen DOXYGEN DOXYFILE OUTPUT_DIR [HEADER...]
         Doxygen generates the API reference from the public headers with no warning; and every
         declaration of each HEADER (the core API, paths under include/) is documented: a second
@@ -188,6 +196,102 @@ def links(root):
     return 1 if problems else 0
 
 
+# ------------------------------------------------------------------------ design notes
+
+# A name starts with a letter or digit, so a placeholder (`Note [...]`) is no citation; it may run over
+# lines (comment markers and spaces between its words count as one space).
+NOTE = re.compile(r"\bNote\s+\[([A-Za-z0-9][^\]\[]{0,100})\]")
+NOTE_HEADER = re.compile(r"^Note \[([A-Za-z0-9][^\]\[]*)\](?:$|\.|\s+\(issue \d+\))")
+LEADING_MARKER = re.compile(r"^[ \t]*(?://+|/\*+|\*+/?|#+)?[ \t]?", re.M)
+
+
+def note_name(raw):
+    return " ".join(raw.split())
+
+
+def comment_lines(path, lines):
+    """(line number, text) of each line: the text of a line that holds only a comment (in Python, also
+    a line of a string that opens a statement: a docstring), ' ' for an empty one, '' for a line of code."""
+    state, out = {}, []
+    cpp = path.suffix in {".h", ".cpp", ".cc", ".inc"}
+    in_string = docstring = False  # Python's triple-quoted strings
+    for no, line in enumerate(lines, 1):
+        code = line.strip()
+        if path.suffix == ".py" and (in_string or '"""' in code):
+            parts = code.split('"""')
+            if not in_string:
+                docstring = re.match(r'^[rRbBuU]?"""', code) is not None
+            text = parts[0] if in_string else parts[1]
+            if len(parts) % 2 == 0:  # an odd number of quotes opens or closes a string
+                in_string = not in_string
+            out.append((no, (text.strip() or " ") if docstring else ""))
+            continue
+        in_block = state.get("block", False)
+        text = comment_text(path, line, state)
+        only = (in_block or code.startswith("//") or code.startswith("/*")) if cpp else \
+            (code.startswith("#") and not code.startswith("#!"))
+        if not only:
+            out.append((no, ""))
+            continue
+        text = re.sub(r"^[*/\s]+|\*/\s*$", "", text.strip()) if cpp else text.lstrip("#").strip()
+        out.append((no, text or " "))
+    return out
+
+
+def note_definitions(path, lines):
+    """(name, line number) of each note that `path` defines: a header opening a comment paragraph."""
+    found, previous = [], ""
+    for no, text in comment_lines(path, lines):
+        if text and (not previous or previous == " "):
+            m = NOTE_HEADER.match(text)
+            if m:
+                found.append((note_name(m.group(1)), no))
+        previous = text
+    return found
+
+
+def note_citations(text):
+    """(name, line number) of every mention of a note in `text`, comment markers between lines dropped."""
+    joined = LEADING_MARKER.sub("", text)
+    return [(note_name(m.group(1)), joined.count("\n", 0, m.start()) + 1) for m in NOTE.finditer(joined)]
+
+
+def notes(root):
+    root = root.resolve()
+    this = Path(__file__).resolve()
+    files = [f for f in repository_files(root) if f.resolve() != this and
+             (f.suffix == ".md" or f.suffix in SOURCE_SUFFIXES or f.name in SOURCE_NAMES)]
+    definitions, citations = {}, {}
+    for f in files:
+        try:
+            text = f.read_text(encoding="utf-8")
+        except UnicodeDecodeError:
+            continue
+        where = f.relative_to(root)
+        if f.suffix != ".md":
+            for name, no in note_definitions(f, text.splitlines()):
+                definitions.setdefault(name, []).append(f"{where}:{no}")
+        for name, no in note_citations(text):
+            citations.setdefault(name, []).append(f"{where}:{no}")
+    problems = []
+    for name, places in sorted(definitions.items()):
+        places.sort()
+        if len(places) > 1:
+            problems.append(f"Note [{name}] is defined {len(places)} times: {', '.join(places)} — keep one "
+                            f"definition and cite it elsewhere (`See Note [{name}]`)")
+    for name, places in sorted(citations.items()):
+        places.sort()
+        if name not in definitions:
+            problems.append(f"Note [{name}] is cited at {', '.join(places)} but defined nowhere — write it as a "
+                            f"comment paragraph opening with `Note [{name}]` where the behaviour lives")
+    for p in problems:
+        print(p)
+    cited = sum(len(v) for v in citations.values())
+    print(f"{len(files)} files: {len(definitions)} notes defined, {cited} mentions of {len(citations)} notes; "
+          f"{len(problems)} problem(s)")
+    return 1 if problems else 0
+
+
 def run_doxygen(exe, config, log):
     """Runs doxygen on `config` (text); returns (exit code or None when it cannot start, output, warnings)."""
     try:
@@ -242,6 +346,8 @@ WARN_LOGFILE = {strict_log}
 def main():
     if len(sys.argv) == 3 and sys.argv[1] == "links":
         return links(Path(sys.argv[2]))
+    if len(sys.argv) == 3 and sys.argv[1] == "notes":
+        return notes(Path(sys.argv[2]))
     if len(sys.argv) >= 5 and sys.argv[1] == "doxygen":
         return doxygen(sys.argv[2], sys.argv[3], sys.argv[4], sys.argv[5:])
     print(__doc__, file=sys.stderr)

@@ -17,22 +17,11 @@ their own. Checks (each prints one summary line; the test fails if any fails):
   tensorboard  --tensorboard: the event files read back by TensorBoard's own
                EventAccumulator; every tag, train/* at steps 0..8 once, each value
                the metrics file's within float32 rounding, the crashed run's
-               step-7 point gone (see Note [TensorBoard after a resume]
-A resumed run opens a new event file whose first event after the file version
-is a SessionLog START at the resumed step S (Event field 7; field 6 is the
-deprecated log_message, which nothing reads). TensorBoard's Python loader
-(EventAccumulator with purge_orphaned_data=True, its default; `tensorboard
---load_fast=false`) then drops every point of every tag at step >= S read
-before it: the crashed run's steps S.. and also an evaluation logged at step S
-by the run that saved the checkpoint (the metrics file drops that record too).
-TensorBoard's Rust data server (what --load_fast=auto picks where the
-tensorboard-data-server package is installed, as in our environment) ignores
-SessionLog and instead drops, per tag, the points at steps >= a new point's
-step: the same train/* curves, and the evaluation at S kept. Both read a run's
-files in the order of their names, events.out.tfevents.<unix seconds>.<host>.<pid>:
-a resumed run started within the same second as the run before it may sort
-first (pids compare as text) and then purges nothing, so this test starts the
-resume in a later second.
+               step-7 point gone (Note [TensorBoard after a resume] in
+               src/train/tensorboard.h: a resumed run's file starts with a
+               SessionLog START at the resumed step, and the file sorts after
+               the earlier ones; this test also starts the resume in a later
+               second, wait_for_a_later_second)
 """
 
 import argparse

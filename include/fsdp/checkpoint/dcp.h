@@ -17,7 +17,7 @@
 // optimizer.state.<name>.<kind>), its offsets in the header's "DCP_SHARDING_INFO";
 // no .metadata.
 //
-// Keys (Note [DCP keys]). A state dict saved by dcp.save is flattened: nested
+// Note [DCP keys]. A state dict saved by dcp.save is flattened: nested
 // dicts join with ".", list indices are numbers. The layouts understood:
 //   torch       what FSDP2 with torch.distributed.checkpoint.state_dict's
 //               get_state_dict gives for {"model": ..., "optimizer": ...}:
@@ -39,7 +39,7 @@
 // The owners' metadata travel as one non-tensor item, "fsdp_cpp.state" (a
 // JSON string), which PyTorch's dcp.load ignores unless asked for.
 //
-// Resharding (Note [DCP resharding]): each rank needs, of each parameter, the
+// Note [DCP resharding]. Each rank needs, of each parameter, the
 // contiguous element range its flat shard covers; that range is a few n-D
 // boxes, each intersected with the saved chunks; each intersection is read
 // line by line (runs along the last dimension, merged where contiguous in

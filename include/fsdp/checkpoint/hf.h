@@ -44,13 +44,6 @@ class Module;
 
 namespace fsdp::checkpoint {
 
-// "5GB" (10^9), "500MB", "100kB", "2GiB" (2^30), "1MiB", "1234" (bytes), "0".
-// UsageError naming `flag` for anything else: no number, an unknown unit, more
-// than 2^63 - 1 bytes, or a size that is not 0 yet less than one byte. The
-// messages say what 0 means to the caller, `zero_means` ("no limit"; "" says
-// nothing).
-int64_t parse_byte_size(const std::string& text, const std::string& flag, const std::string& zero_means = "");
-
 // "float32" | "fp32" -> kFloat, "bfloat16" | "bf16" -> kBFloat16, "float16" | "fp16" -> kHalf.
 at::ScalarType parse_export_dtype(const std::string& s);
 // Hugging Face's dtype name (config.json "dtype"): "float32", "bfloat16", "float16".

@@ -65,10 +65,6 @@ class HostBufferPool {
   // An empty 1-D tensor of `numel` elements on this pool's memory; its storage
   // allocates from the pool again after free_storage / alloc_storage.
   at::Tensor empty(int64_t numel, at::ScalarType dtype);
-  // Bytes held in the cache now (released, not in use).
-  size_t cached_bytes() const;
-  // Blocks obtained from the system so far (a measure of page faults avoided).
-  int64_t blocks_mapped() const;
 
  private:
   struct State;

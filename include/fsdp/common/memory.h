@@ -1,4 +1,5 @@
-// Process memory statistics (Linux /proc), for logs, metrics and tests.
+// Process memory statistics (Linux /proc), for logs, metrics and tests; byte
+// sizes in words, written (format_bytes) and read from a user (parse_byte_size).
 #pragma once
 
 #include <cstdint>
@@ -60,5 +61,11 @@ std::optional<int64_t> checked_product(std::initializer_list<int64_t> factors);
 
 // "512 B", "3.2 KiB", "4.11 GiB": three significant digits, binary units.
 std::string format_bytes(int64_t bytes);
+// A size a user gives: "5GB" (10^9), "500MB", "100kB", "2GiB" (2^30), "1MiB",
+// "1234" (bytes), "0". UsageError naming `flag` for anything else: no number,
+// an unknown unit, more than 2^63 - 1 bytes, or a size that is not 0 yet less
+// than one byte. The messages say what 0 means to the caller, `zero_means`
+// ("no limit"; "" says nothing).
+int64_t parse_byte_size(const std::string& text, const std::string& flag, const std::string& zero_means = "");
 
 }  // namespace fsdp

@@ -1,7 +1,9 @@
-// fsdp-train's --config FILE and --print-config on CLI11 (Note [Config files]
-// in fsdp/common/config_file.h): the file is read by a TOML parser, each key
-// checked against the options of the command line it configures, and the
-// effective configuration written back as TOML that reads back unchanged.
+// A --config file's keys as the command line's flags: fsdp-train's --config
+// FILE and --print-config on CLI11. The file is read by the library's TOML
+// reader (fsdp/common/config_file.h, Note [Config files]); here each key is
+// checked against the options of the CLI11 command line it configures and
+// applied as its flag, and the effective configuration is written back as
+// TOML that reads back unchanged.
 #pragma once
 
 #include <CLI/CLI.hpp>

@@ -1,4 +1,4 @@
-#include "config_file.h"
+#include "config_flags.h"
 
 #include <algorithm>
 #include <cstdlib>
