@@ -47,6 +47,7 @@ PREFIX = "fsdpc-"
 SUBNET = "10.29.0"
 GSO_MAX = 16384  # bytes: the largest segment a link carries (see _build)
 LINK_BUCKET = 256 * 1024  # bytes: the token bucket of a shaped link (see shape)
+STRICT_BUCKET = GSO_MAX + 4096  # bytes: one segment and a bit, the smallest bucket tbf takes
 
 
 def _run(argv, check=True):
@@ -188,8 +189,8 @@ class Cluster:
             _run(["ip", "-n", self.switch, "link", "set", f"p{i}", "master", "br0"])
             _run(["ip", "-n", self.switch, "link", "set", f"p{i}", "up"])
             # Segments of at most 16 KiB (a veth's default is 64 KiB): tbf drops a
-            # packet larger than its bucket, and a small bucket keeps short transfers
-            # from passing faster than the rate.
+            # packet larger than its bucket, and STRICT_BUCKET, which keeps short
+            # transfers from passing faster than the rate, must hold one.
             for where, dev in ((ns, "eth0"), (self.switch, f"p{i}")):
                 _run(["ip", "-n", where, "link", "set", "dev", dev, "gso_max_size", str(GSO_MAX)])
             _run(["ip", "-n", ns, "addr", "add", f"{self.addr(i)}/24", "dev", "eth0"])
@@ -199,15 +200,17 @@ class Cluster:
     def addr(self, i):
         return f"{SUBNET}.{i + 1}"
 
-    def shape(self, rate_mbit):
-        """tbf at rate_mbit on both directions of every node's link (None: unshaped)."""
+    def shape(self, rate_mbit, bucket=None):
+        """tbf at rate_mbit on both directions of every node's link (None: unshaped).
+        bucket: the token bucket in bytes (default below); STRICT_BUCKET lets no
+        transfer pass faster than the rate, for a check that needs that floor."""
         self.rate_mbit = rate_mbit
         # Bucket 256 KiB (2 ms at the rate where that is more), queue limit 50 ms: the
         # settings a user shapes a link with, under which a bulk TCP stream each way gets
         # 93-96% of the rate (140-144 Mbit/s of 150). The earlier 2 ms bucket (37.5 KB at
         # 150 Mbit/s) with a 200 ms queue gave 100-120 Mbit/s: a "150 Mbit/s" row ran on a
         # slower link than it said. Measured in docs/benchmarks.md.
-        burst = max(LINK_BUCKET, int(rate_mbit * 1e6 / 8 * 0.002)) if rate_mbit else 0
+        burst = bucket or (max(LINK_BUCKET, int(rate_mbit * 1e6 / 8 * 0.002)) if rate_mbit else 0)
         for i, ns in enumerate(self.names):
             for where, dev in ((ns, "eth0"), (self.switch, f"p{i}")):
                 if rate_mbit is None:
