@@ -412,6 +412,49 @@ TEST(TrainCli, MemoryAndPrecisionFlagsOnTwoProcesses) {
   EXPECT_EQ(bytes(dir + "/bf16.jsonl", "reduce_scatter_bytes"), bytes(dir + "/fp32.jsonl", "reduce_scatter_bytes"));
 }
 
+// Note [Last units kept]: by default the output head and the last decoder layer
+// keep their parameters after forward, so a step all-gathers every unit's
+// buffer once less for those two than with --reshard-after-forward true (every
+// unit reshards); the losses stay the same to the digit.
+TEST(TrainCli, TheHeadAndTheLastLayerKeepTheirParametersAfterForward) {
+  const std::string dir = testing::temp_dir("train-kept");
+  auto first_step = [&](const std::string& name) {
+    std::ifstream in(dir + "/" + name + ".jsonl");
+    std::string line;
+    std::getline(in, line);
+    return nlohmann::json::parse(line);
+  };
+  std::string log;
+  for (const auto& [name, flags] : std::vector<std::pair<std::string, std::string>>{
+           {"default", ""}, {"every", " --reshard-after-forward true"}}) {
+    const std::string cmd =
+        kTrainBin + tiny_flags() + " --nproc-per-node 2 --metrics-file " + dir + "/" + name + ".jsonl" + flags;
+    Command c = run_command(cmd);
+    ASSERT_EQ(c.exit_code, 0) << cmd << "\n" << c.output;
+    if (name == "default") log = c.output;
+  }
+  // The two units' gathered buffers, from the plan the log prints ("unit 'NAME' TYPE: P params, E elements,
+  // padded N, shard S"): the head and the highest-numbered layer.
+  auto padded = [&](const std::string& unit) -> int64_t {
+    const size_t at = log.find("unit '" + unit + "'");
+    if (at == std::string::npos) return -1;
+    const size_t p = log.find("padded ", at);
+    return std::stoll(log.substr(p + 7));
+  };
+  int last = -1;
+  while (log.find("unit 'model.layers." + std::to_string(last + 1) + "'") != std::string::npos) ++last;
+  ASSERT_GE(last, 1) << log;
+  const int64_t head = padded("lm_head"), layer = padded("model.layers." + std::to_string(last));
+  ASSERT_GT(head, 0) << log;
+  ASSERT_GT(layer, 0) << log;
+  const nlohmann::json kept = first_step("default"), every = first_step("every");
+  EXPECT_EQ(every["allgather_bytes"].get<int64_t>() - kept["allgather_bytes"].get<int64_t>(),
+            (head + layer) * static_cast<int64_t>(sizeof(float)))
+      << "default " << kept.dump() << "\nevery unit resharded " << every.dump();
+  EXPECT_EQ(kept["reduce_scatter_bytes"], every["reduce_scatter_bytes"]);
+  EXPECT_EQ(kept["loss"], every["loss"]);
+}
+
 // A worker that dies makes the launcher stop the others and report which rank
 // failed and how. Rank 1 is killed with SIGKILL once training has started.
 TEST(TrainCli, LauncherReportsAKilledRank) {
