@@ -389,10 +389,7 @@ TEST(TrainCli, EveryStrategyOnTwoAndFourProcesses) {
 TEST(TrainCli, MemoryAndPrecisionFlagsOnTwoProcesses) {
   const std::string dir = testing::temp_dir("train-mem");
   auto bytes = [&](const std::string& metrics, const char* key) {
-    std::ifstream in(metrics);
-    std::string line;
-    std::getline(in, line);
-    return nlohmann::json::parse(line)[key].get<int64_t>();
+    return testing::read_metrics(metrics).at(0)[key].get<int64_t>();
   };
   const std::vector<std::pair<std::string, std::string>> runs = {
       {"fp32", ""},
@@ -418,12 +415,7 @@ TEST(TrainCli, MemoryAndPrecisionFlagsOnTwoProcesses) {
 // unit reshards); the losses stay the same to the digit.
 TEST(TrainCli, TheHeadAndTheLastLayerKeepTheirParametersAfterForward) {
   const std::string dir = testing::temp_dir("train-kept");
-  auto first_step = [&](const std::string& name) {
-    std::ifstream in(dir + "/" + name + ".jsonl");
-    std::string line;
-    std::getline(in, line);
-    return nlohmann::json::parse(line);
-  };
+  auto first_step = [&](const std::string& name) { return testing::read_metrics(dir + "/" + name + ".jsonl").at(0); };
   std::string log;
   for (const auto& [name, flags] : std::vector<std::pair<std::string, std::string>>{
            {"default", ""}, {"every", " --reshard-after-forward true"}}) {

@@ -22,18 +22,11 @@ using testing::kCorpus;
 using testing::kTrainBin;
 using testing::kValCorpus;
 using testing::read_file;
+using testing::read_metrics;
 using testing::run_command;
 
 // fsdp-train for `max_steps` steps on the tiny model, logging every step.
 std::string flags(int max_steps) { return testing::tiny_train_command(max_steps, " --lr 1e-3 --log-every 1"); }
-
-std::vector<nlohmann::json> read_metrics(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  std::string line;
-  while (std::getline(in, line)) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
 
 // Shell snippet: the pid of the worker with RANK=<rank> among processes whose
 // command line matches <pattern> (the launcher and torchrun have no RANK).
