@@ -390,7 +390,7 @@ void estimate_step(const Args& a, Planned& p, const fsdp::ClusterSpec& cluster, 
   fsdp::StepWorkload w;
   w.batch_size = a.t.o.step.batch_size;
   w.seq_len = a.t.o.data.seq_len;
-  w.grad_accum = a.t.o.step.grad_accum;
+  w.grad_accum = fsdp::train::at_world_size(a.t.o, a.world_size).step.grad_accum;  // --global-batch-size
   w.model_flops_per_token = p.cfg->training_flops_per_token(a.t.o.data.seq_len);
   fsdp::FsdpOptions& o = p.o;
   o.hybrid_shard_size = a.t.o.sharding.hybrid_shard_size;  // 0: one node, as fsdp-train

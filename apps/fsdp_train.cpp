@@ -265,7 +265,8 @@ int launch_workers(int argc, char** argv, const fsdp::cli::TrainTargets& t, cons
     }
   }
   // Every local worker's memory at once, before any of them allocates.
-  fsdp::train::check_memory(o, r.nproc * r.nnodes, r.nproc, std::nullopt);
+  fsdp::train::check_memory(fsdp::train::at_world_size(o, r.nproc * r.nnodes), r.nproc * r.nnodes, r.nproc,
+                            std::nullopt);
   fsdp::comm::LaunchOptions lo;
   lo.nproc = r.nproc;
   lo.nnodes = r.nnodes;

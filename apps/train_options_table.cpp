@@ -68,6 +68,11 @@ std::vector<OptionRow> data_rows() {
       {"--batch-size", "", "Samples per rank per micro-batch (B)", BIND(o.step.batch_size), {}, kD, kUses},
       {"--grad-accum", "", "Micro-batches per optimizer step; gradients are synchronized on the last one only",
        BIND(o.step.grad_accum), {}, kD, kUses},
+      {"--global-batch-size", "",
+       "Rows per optimizer step at any world size (0: --batch-size x --grad-accum x ranks): --grad-accum "
+       "becomes this / (--batch-size x ranks), so a job resumed with fewer or more nodes reads the same "
+       "data per step",
+       BIND(o.step.global_batch_size), {}, kD, kUses},
       {"--loss-chunk-rows", "",
        "Tokens per chunk of the output projection and loss, which never hold the whole B x T x vocab "
        "logits (0: chosen from the vocabulary, 64 MiB of fp32 logits per chunk)",
@@ -99,6 +104,10 @@ std::vector<OptionRow> data_rows() {
        "Optimizer steps; the cosine decay ends here. (0 with --resume: deprecated spelling of "
        "'fsdp-train convert')",
        BIND(o.step.max_steps), {}, kD},
+      {"--stop-at-step", "",
+       "Stop once N steps are done, save a checkpoint and exit 0 without exporting; the schedule still "
+       "ends at --max-steps, so --resume continues the same run (0: train to --max-steps)",
+       BIND(o.step.stop_at_step), {}, kD},
       {"--seed", "", "Seed for initialization and data order", BIND(o.step.seed), {}, kD, kUses},
       {"!--no-shuffle", "", "Read windows in order instead of a seeded shuffle per epoch", BIND(o.data.shuffle)},
   };

@@ -35,7 +35,7 @@ TrainOptions not_a_conversion(TrainOptions o) {
 }  // namespace
 
 Trainer::Impl::Impl(TrainOptions options, comm::Runtime runtime)
-    : o_(not_a_conversion(std::move(options))),
+    : o_(at_world_size(not_a_conversion(std::move(options)), runtime.world_group->size())),
       rt_(std::move(runtime)),
       world_(rt_.world_group),
       rank_(world_->rank()),
@@ -288,12 +288,15 @@ TrainSummary Trainer::Impl::run() {
     transition_to(phase_, TrainerPhase::kFinished, "run");
     return summary_;
   }
-  if (step_ >= o_.step.max_steps) {
-    say_(fmt::format("the checkpoint is at step {}, --max-steps is {}: nothing to train", step_, o_.step.max_steps));
+  const bool pauses = o_.step.stop_at_step > 0 && o_.step.stop_at_step < o_.step.max_steps;
+  const int64_t end = pauses ? o_.step.stop_at_step : o_.step.max_steps;
+  if (step_ >= end) {
+    say_(fmt::format("the checkpoint is at step {}, {} is {}: nothing to train", step_,
+                     pauses ? "--stop-at-step" : "--max-steps", end));
   }
   begin_training();
   const auto run_start = Clock::now();
-  while (step_ < o_.step.max_steps && run_step()) {
+  while (step_ < end && run_step()) {
   }
   checkpointer_->finish(save_target());  // the end of training and SIGTERM wait for the save in flight
   data_->stop();
@@ -303,6 +306,11 @@ TrainSummary Trainer::Impl::run() {
                          ? "no --checkpoint-dir, so the training state was NOT saved"
                          : fmt::format("checkpoint {} saved; continue with --resume --checkpoint-dir {}",
                                        checkpoint::checkpoint_name(summary_.end_step), o_.checkpoint.dir)));
+  } else if (pauses && step_ < o_.step.max_steps) {
+    if (checkpointer_->saved_at() != step_) save();  // --stop-at-step: saved, not exported
+    say_(fmt::format("stopped after step {} (--stop-at-step {}, --max-steps {}): checkpoint {} saved; continue with "
+                     "--resume --checkpoint-dir {}", step_, o_.step.stop_at_step, o_.step.max_steps,
+                     checkpoint::checkpoint_name(step_), o_.checkpoint.dir));
   } else {
     if (checkpointer_->enabled() && checkpointer_->saved_at() != summary_.end_step) save();  // resumed at the end
     if (!o_.hf.export_dir.empty()) export_hf();

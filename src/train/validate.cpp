@@ -141,10 +141,47 @@ ModelConfigPtr validate_conversion(const TrainOptions& o, int world_size, const 
   return cfg;
 }
 
+// Note [Global batch across world sizes]
+// The sampler gives step s the global samples [s*G, (s+1)*G) (Note [Global
+// batch rule]), so a run that keeps G when its world size changes (an elastic
+// restart with fewer or more nodes, a resume elsewhere) reads the same rows at
+// every step as a run that never changed: only how they are split over ranks
+// and micro-steps differs. By default G = B x A x W, and a changed W changes G
+// (and the data order from the resumed step on; the resume warns). With
+// --global-batch-size G the per-rank micro-batch B stays and the accumulation
+// A = G / (B x W) takes up the change, as torchtitan's global_batch_size does;
+// the memory per rank stays what it was and a step's arithmetic is the same
+// mean over G rows. G must be a multiple of B x W for every world size the job
+// may run at (the least common multiple of them, times B).
+int64_t grad_accum_at(const StepOptions& st, int world_size) {
+  if (st.global_batch_size == 0) return st.grad_accum;
+  FSDP_CHECK(st.global_batch_size >= 1, "--global-batch-size must be >= 1 (0: --batch-size x --grad-accum x ranks), "
+             "got ", st.global_batch_size);
+  FSDP_CHECK(st.batch_size >= 1, "--batch-size must be >= 1, got ", st.batch_size);
+  const int64_t procs = std::max(world_size, 1);
+  const std::optional<int64_t> per_micro_step = checked_product({st.batch_size, procs});
+  FSDP_CHECK(per_micro_step && st.global_batch_size % *per_micro_step == 0, "--global-batch-size ",
+             st.global_batch_size, " is not a multiple of --batch-size ", st.batch_size, " x ", procs, " rank",
+             procs == 1 ? "" : "s", " (the rows of one micro-step): give a global batch that --batch-size times every "
+             "world size the job may run at divides, or another --batch-size");
+  const int64_t accum = st.global_batch_size / *per_micro_step;
+  FSDP_CHECK(st.grad_accum == 1 || st.grad_accum == accum, "--grad-accum ", st.grad_accum,
+             " and --global-batch-size ", st.global_batch_size, " disagree: at ", procs, " rank",
+             procs == 1 ? "" : "s", " x --batch-size ", st.batch_size, " the global batch takes ", accum,
+             " micro-steps; give one or the other");
+  return accum;
+}
+
 // The step numbers and their products.
-void validate_steps(const TrainOptions& o, int world_size) {
+void validate_steps(const TrainOptions& options, int world_size) {
+  const TrainOptions o = at_world_size(options, world_size);
   FSDP_CHECK(o.step.batch_size >= 1, "--batch-size must be >= 1, got ", o.step.batch_size);
   FSDP_CHECK(o.step.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.step.grad_accum);
+  FSDP_CHECK(o.step.stop_at_step >= 0 && o.step.stop_at_step <= o.step.max_steps, "--stop-at-step must be in [0, "
+             "--max-steps ", o.step.max_steps, "] (0: train to --max-steps), got ", o.step.stop_at_step);
+  FSDP_CHECK(o.step.stop_at_step == 0 || !o.checkpoint.dir.empty(), "--stop-at-step ", o.step.stop_at_step,
+             " stops the run to continue it later, which needs its state: give --checkpoint-dir DIR (and --resume "
+             "to continue)");
   FSDP_CHECK(o.step.loss_chunk_rows >= 0, "--loss-chunk-rows must be >= 0 (0: chosen from the vocabulary), got ",
              o.step.loss_chunk_rows);
   FSDP_CHECK(o.step.max_steps >= 1, "--max-steps must be >= 1, got ", o.step.max_steps,
@@ -290,6 +327,11 @@ void check_output_file(const std::string& path, const char* flag) {
 }
 
 void validate_options(const TrainOptions& o, int world_size) { (void)validate_options(o, world_size, nullptr); }
+
+TrainOptions at_world_size(TrainOptions options, int world_size) {
+  options.step.grad_accum = grad_accum_at(options.step, world_size);
+  return options;
+}
 
 // The configuration is resolved where the checks come to it (when the caller
 // has not resolved it), so that a bad flag is named before the model files

@@ -5,7 +5,10 @@
 #include <filesystem>
 #include <cmath>
 #include <fstream>
+#include <functional>
 #include <iomanip>
+
+#include <nlohmann/json.hpp>
 
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/data/dataset.h"
@@ -66,6 +69,38 @@ std::map<int64_t, double> read_losses(const std::string& path) {
   double loss;
   while (in >> step >> loss) m[step] = loss;
   return m;
+}
+
+// Resumes dir/ckpt (saved at step `from` of a 4-rank run whose losses are in
+// dir/straight) at 2 and at 1 rank, with options_at(world) running to `total`:
+// each resumed step's loss follows the straight run's, to summation order.
+// Each world size resumes from its own copy (dir/ckpt2, dir/ckpt1).
+void resume_at_two_and_one(const std::string& dir, const std::function<train::TrainOptions(int)>& options_at,
+                           int64_t from, int64_t total) {
+  if (!testing::is_worker()) {
+    for (const char* to : {"/ckpt2", "/ckpt1"}) fs::copy(dir + "/ckpt", dir + to, fs::copy_options::recursive);
+  }
+  for (int w : {2, 1}) {
+    testing::run_distributed(w, [&](comm::ProcessGroup& pg) {
+      auto o = options_at(w);
+      o.checkpoint.dir = dir + "/ckpt" + std::to_string(w);
+      o.checkpoint.resume = true;
+      auto s = train::train(o, runtime_of(pg));
+      EXPECT_EQ(s.start_step, from);
+      EXPECT_EQ(s.steps.size(), static_cast<size_t>(total - from));
+      if (pg.rank() == 0) write_losses(dir + "/resumed" + std::to_string(w), s);
+    });
+  }
+  if (testing::is_worker()) return;
+  const auto straight = read_losses(dir + "/straight");
+  ASSERT_EQ(straight.size(), static_cast<size_t>(total));
+  for (int w : {2, 1}) {
+    const auto resumed = read_losses(dir + "/resumed" + std::to_string(w));
+    ASSERT_EQ(resumed.size(), static_cast<size_t>(total - from)) << w;
+    for (const auto& [step, loss] : resumed) {
+      EXPECT_NEAR(loss, straight.at(step), 1e-5 * std::abs(straight.at(step))) << "world " << w << " step " << step;
+    }
+  }
 }
 
 }  // namespace
@@ -201,30 +236,83 @@ TEST(Resume, AtOtherWorldSizes) {
     auto first = train::train(o, runtime_of(pg));
     EXPECT_EQ(first.end_step, 10);
   });
-  if (!testing::is_worker()) {
-    for (const char* to : {"/ckpt2", "/ckpt1"}) fs::copy(dir + "/ckpt", dir + to, fs::copy_options::recursive);
-  }
-  for (int w : {2, 1}) {
-    testing::run_distributed(w, [&](comm::ProcessGroup& pg) {
-      auto o = options(w, 15);
-      o.checkpoint.dir = dir + "/ckpt" + std::to_string(w);
-      o.checkpoint.resume = true;
-      auto s = train::train(o, runtime_of(pg));
-      EXPECT_EQ(s.start_step, 10);
-      EXPECT_EQ(s.steps.size(), 5u);
-      if (pg.rank() == 0) write_losses(dir + "/resumed" + std::to_string(w), s);
-    });
-  }
-  if (testing::is_worker()) return;
-  const auto straight = read_losses(dir + "/straight");
-  ASSERT_EQ(straight.size(), 15u);
-  for (int w : {2, 1}) {
-    const auto resumed = read_losses(dir + "/resumed" + std::to_string(w));
-    ASSERT_EQ(resumed.size(), 5u) << w;
-    for (const auto& [step, loss] : resumed) {
-      EXPECT_NEAR(loss, straight.at(step), 1e-5 * std::abs(straight.at(step))) << "world " << w << " step " << step;
+  resume_at_two_and_one(dir, [](int w) { return options(w, 15); }, 10, 15);
+}
+
+// --stop-at-step: a run that stops at step 5 (a checkpoint, no export) and is
+// resumed trains steps 5..11 as a straight 12-step run does, bit for bit: the
+// schedule still ends at --max-steps.
+TEST(Resume, StopAtStepThenResumeIsBitExact) {
+  const std::string dir = testing::temp_dir("resume-stop-at");
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    auto straight = train::train(options(2, 12), runtime_of(pg));
+    auto o = options(2, 12);
+    o.checkpoint.dir = dir + "/ckpt";
+    o.checkpoint.resume = true;
+    o.hf.export_dir = dir + "/hf";
+    o.step.stop_at_step = 5;
+    auto first = train::train(o, runtime_of(pg));
+    EXPECT_EQ(first.end_step, 5);
+    EXPECT_EQ(first.stop_reason, 0);
+    EXPECT_EQ(first.last_checkpoint, dir + "/ckpt/step_00000005");
+    EXPECT_FALSE(fs::exists(dir + "/hf")) << "a stopped run exports nothing";
+    auto again = train::train(o, runtime_of(pg));  // resumed at the stop: nothing to train
+    EXPECT_EQ(again.start_step, 5);
+    EXPECT_TRUE(again.steps.empty());
+    o.step.stop_at_step = 0;
+    auto second = train::train(o, runtime_of(pg));
+    EXPECT_EQ(second.start_step, 5);
+    ASSERT_EQ(second.steps.size(), 7u);
+    for (size_t i = 0; i < 7; ++i) {
+      EXPECT_EQ(second.steps[i].loss, straight.steps[5 + i].loss) << "step " << 5 + i;
+      EXPECT_EQ(second.steps[i].lr, straight.steps[5 + i].lr) << "step " << 5 + i;
     }
+    EXPECT_TRUE(fs::exists(dir + "/hf/model.safetensors"));
+  });
+}
+
+// --global-batch-size (Note [Global batch across world sizes]): 4 ranks x 1
+// row, stopped at step 6, resumed at 2 ranks (2 micro-steps of 1 row) and at
+// 1 rank (4 micro-steps): the same rows per step, so the losses follow the
+// straight 4-rank run's to summation order. The checkpoint's trainer state
+// records the accumulation each world size used.
+TEST(Resume, AGlobalBatchKeptAcrossWorldSizes) {
+  const std::string dir = testing::temp_dir("resume-global-batch");
+  auto global = [](int world, int64_t steps) {
+    auto o = options(world, steps);
+    o.step.batch_size = 1;
+    o.step.global_batch_size = 4;
+    return o;
+  };
+  testing::run_distributed(4, [&](comm::ProcessGroup& pg) {
+    auto straight = train::train(global(4, 10), runtime_of(pg));
+    if (pg.rank() == 0) write_losses(dir + "/straight", straight);
+    auto o = global(4, 10);
+    o.checkpoint.dir = dir + "/ckpt";
+    o.step.stop_at_step = 6;
+    EXPECT_EQ(train::train(o, runtime_of(pg)).end_step, 6);
+  });
+  resume_at_two_and_one(dir, [&](int w) { return global(w, 10); }, 6, 10);
+  if (testing::is_worker()) return;
+  for (int w : {2, 1}) {
+    const auto manifest = nlohmann::json::parse(
+        testing::file_bytes(dir + "/ckpt" + std::to_string(w) + "/step_00000010/manifest.json"));
+    EXPECT_EQ(manifest.at("state").at("trainer").at("grad_accum"), 4 / w) << manifest.at("state").dump();
   }
+  // A global batch that a world size does not divide, and a --grad-accum that disagrees: named, with values.
+  auto bad = global(4, 10);
+  bad.step.global_batch_size = 6;
+  try {
+    (void)train::at_world_size(bad, 4);
+    ADD_FAILURE() << "--global-batch-size 6 at 4 ranks x 1 row was accepted";
+  } catch (const UsageError& e) {
+    EXPECT_NE(std::string(e.what()).find("--global-batch-size 6 is not a multiple of --batch-size 1 x 4 ranks"),
+              std::string::npos) << e.what();
+  }
+  bad = global(4, 10);
+  bad.step.grad_accum = 3;
+  EXPECT_THROW((void)train::at_world_size(bad, 2), UsageError);
+  EXPECT_EQ(train::at_world_size(global(1, 10), 1).step.grad_accum, 4);
 }
 
 // The summed loss the evaluation uses: mean x number of targets; 0 when every

@@ -61,6 +61,12 @@ struct DataOptions {
 struct StepOptions {
   int64_t batch_size = 8;  // B, per rank and micro-step
   int64_t grad_accum = 1;
+  // 0: the global batch is batch_size x grad_accum x world size, so a run
+  // resumed at another world size keeps the per-rank batch and changes the
+  // global one. > 0: the rows of every optimizer step at any world size;
+  // grad_accum becomes global_batch_size / (batch_size x world size), which
+  // must divide (Note [Global batch across world sizes], at_world_size).
+  int64_t global_batch_size = 0;
   // Rows (of B x T) per chunk of the loss's logits; 0: chosen from the
   // vocabulary (models::default_loss_chunk_rows).
   int64_t loss_chunk_rows = 0;
@@ -68,6 +74,11 @@ struct StepOptions {
   // fused kernels where it has them (models::set_layer_kernels).
   models::LayerKernels kernels = models::LayerKernels::kReference;
   int64_t max_steps = 500;  // >= 1 when training
+  // 0: train to max_steps. Else run() stops once this many steps are done,
+  // saves a checkpoint (checkpoint.dir is required) and exports nothing; the
+  // schedule still ends at max_steps, so a later resume continues the same
+  // run (an allocation shorter than the run, a world-size change on purpose).
+  int64_t stop_at_step = 0;
   double clip_grad = 1.0;  // 0: no clipping
   uint64_t seed = 1337;
 };
@@ -318,6 +329,12 @@ struct TrainSummary {
 // world_size: the number of processes when known before they start (the
 // local launcher), else 0.
 void validate_options(const TrainOptions& options, int world_size = 0);
+
+// The options as a run at `world_size` ranks uses them: step.grad_accum from
+// step.global_batch_size when that is set (UsageError when the batch does not
+// divide, or when an explicit grad_accum disagrees). The Trainer applies it to
+// the options it is given; validate_options and check_memory check through it.
+TrainOptions at_world_size(TrainOptions options, int world_size);
 
 // Memory a run needs, checked before anything is allocated (Note [Memory
 // check] in src/train/memory_check.cpp): per rank, the sharding plan's bytes (parameter,
