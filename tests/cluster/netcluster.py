@@ -82,18 +82,28 @@ def _owner(ns):
     return int(parts[0]), parts[1]
 
 
-def _kill_namespace(ns):
-    """SIGKILL every process in `ns`, then delete it (its interfaces go with it)."""
-    for _ in range(20):
-        pids = [int(p) for p in _run(["ip", "netns", "pids", ns], check=False).stdout.split() if p.isdigit()]
+def _pids(ns):
+    return [int(p) for p in _run(["ip", "netns", "pids", ns], check=False).stdout.split() if p.isdigit()]
+
+
+def _kill_processes(ns, rounds=20):
+    """SIGKILL every process in `ns` until none is left (or `rounds` tries); returns those left."""
+    for _ in range(rounds):
+        pids = _pids(ns)
         if not pids:
-            break
+            return []
         for p in pids:
             try:
                 os.kill(p, signal.SIGKILL)
             except ProcessLookupError:
                 pass
         time.sleep(0.05)
+    return _pids(ns)
+
+
+def _kill_namespace(ns):
+    """SIGKILL every process in `ns`, then delete it (its interfaces go with it)."""
+    _kill_processes(ns)
     _run(["ip", "netns", "delete", ns], check=False)
 
 
@@ -223,6 +233,14 @@ class Cluster:
         """Node i's link up or down (ip link set eth0 down inside the node: its cable pulled)."""
         _run(["ip", "-n", self.names[i], "link", "set", "eth0", "up" if up else "down"])
 
+    def power_off(self, i):
+        """Node i gone as a machine goes: its link down and every process in it SIGKILLed
+        (the namespace stays, so the node can come back: link(i, up=True), new processes)."""
+        self.link(i, up=False)
+        left = _kill_processes(self.names[i], rounds=40)
+        if left:
+            raise RuntimeError(f"node {i}: processes {left} survived SIGKILL")
+
     def argv(self, i, argv):
         """`argv` run inside node i's namespace."""
         return ["ip", "netns", "exec", self.names[i], *argv]
@@ -238,8 +256,7 @@ class Cluster:
         return p
 
     def pids(self, i):
-        r = _run(["ip", "netns", "pids", self.names[i]], check=False)
-        return [int(p) for p in r.stdout.split() if p.isdigit()]
+        return _pids(self.names[i])
 
     def close(self):
         if self._closed:

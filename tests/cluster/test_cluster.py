@@ -80,8 +80,10 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import netcluster  # noqa: E402
 
-BUDGET_S = 170  # every check ends (and cleans up) well inside CTest's TIMEOUT
-DEADLINE = time.time() + BUDGET_S
+RESUMED_LINE = re.compile(r"Resumed from .*?\(step (\d+)\)")
+# Every check ends (and cleans up) well inside CTest's TIMEOUT (tests/cluster/CMakeLists.txt).
+BUDGET_S = {"lose-c10d": 250, "lose-etcd": 250}
+DEADLINE = time.time() + 170
 failures = []
 
 
@@ -161,10 +163,11 @@ def same_training(tmp, ref, other):
     return ok
 
 
-def torchrun_argv(nnodes, node, nproc, rdzv, endpoint, run_id, addr, extra=(), max_restarts=0):
+def torchrun_argv(nnodes, node, nproc, rdzv, endpoint, run_id, addr, extra=(), max_restarts=0, rdzv_conf=()):
     # c10d: node 0's agent hosts the rendezvous store. torchrun decides that by matching the
     # endpoint with the host name, which in a namespace is the host's; so it is said (is_host).
-    conf = [f"--rdzv-conf=is_host={1 if node == 0 else 0}"] if rdzv == "c10d" else []
+    keys = ([f"is_host={1 if node == 0 else 0}"] if rdzv == "c10d" else []) + list(rdzv_conf)
+    conf = [f"--rdzv-conf={','.join(keys)}"] if keys else []
     return ["torchrun", f"--nnodes={nnodes}", f"--node-rank={node}", f"--nproc-per-node={nproc}",
             f"--rdzv-backend={rdzv}", f"--rdzv-endpoint={endpoint}", f"--rdzv-id={run_id}", f"--local-addr={addr}",
             *conf, f"--max-restarts={max_restarts}", "--monitor-interval=0.5", "--redirects=1", "--tee=1",
@@ -335,6 +338,119 @@ def check_elastic(a, tmp):
         ok = same_training_weights(tmp, "ref", "ela") and ok
         if not ok:
             show_logs(logs, 5000)
+
+
+# torchrun's elastic settings for the lost node (docs/clusters.md, "Losing a node for good"): how soon a
+# silent node is dropped (c10d: keep_alive_interval x keep_alive_max_attempt; etcd: its fixed 10 s
+# keep-alive TTL) and how long a rendezvous that has its minimum waits for more (last_call_timeout).
+LOSE_CONF = {"c10d": ["last_call_timeout=2", "keep_alive_interval=1", "keep_alive_max_attempt=3"],
+             "etcd": ["last_call_timeout=2"]}
+LOSE_RATE_MBIT = 100  # a floor under each step's time (~1 s for the tiny model), so the run outlasts the loss and the return
+BATCH_LINE = re.compile(r"Batch (\d+) Loss")
+
+
+def world_segments(recs):
+    """[(world size, first step, last step)] of a metrics file's step records, in step order."""
+    segs = []
+    for r in sorted(recs, key=lambda r: r["step"]):
+        if "loss" not in r:
+            continue
+        if segs and segs[-1][0] == r["world_size"] and segs[-1][2] == r["step"] - 1:
+            segs[-1][2] = r["step"]
+        else:
+            segs.append([r["world_size"], r["step"], r["step"]])
+    return [tuple(s) for s in segs]
+
+
+def check_lose(a, tmp, rdzv):
+    """3 nodes under torchrun --nnodes 2:3; node 2 gone for good mid-run, later back."""
+    steps = 40
+    name = f"lose-{rdzv}"
+    # c10d: a save every step and --global-batch-size (the same rows per step at 3 and 2 nodes);
+    # etcd: background saves every 3 steps and the default batch rule (per-rank batch kept).
+    if rdzv == "c10d":
+        policy = ["--checkpoint-every", "1", "--global-batch-size", "12"]
+    else:
+        policy = ["--checkpoint-every", "3", "--async-checkpoint"]
+    common = [*policy, "--checkpoint-dir", str(tmp / f"{name}.ckpt"), "--keep-last", "2", "--resume",
+              "--timeout", "4"]
+    with netcluster.Cluster(3, rate_mbit=LOSE_RATE_MBIT, tag="los") as c:
+        endpoint = f"{c.addr(0)}:29400" if rdzv == "c10d" else start_etcd(c, tmp)
+        if endpoint is None:
+            return
+        logs = [tmp / f"{name}.node{i}.log" for i in range(3)] + [tmp / f"{name}.node2-back.log"]
+
+        def agent(i, log):
+            argv = torchrun_argv("2:3", i, 1, rdzv, endpoint, f"{name}-{os.getpid()}", c.addr(i),
+                                 train_args(a, tmp, name, steps, common), max_restarts=3,
+                                 rdzv_conf=LOSE_CONF[rdzv])
+            # torch 2.11's c10d rendezvous caches the first round's master address in every agent
+            # that hosted or joined it (TCPStore sharing), so a node joining a later round waits for
+            # keys nobody writes; without the sharing each round publishes them (docs/clusters.md).
+            extra_env = {"TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"} if rdzv == "c10d" else None
+            return c.popen(i, argv, env=env_for(extra_env), log=log)
+
+        def text():
+            return "".join(l.read_text(errors="replace") for l in logs if l.exists())
+
+        def wait_for(pred, what, seconds):
+            end = min(time.time() + seconds, DEADLINE - 20)
+            while time.time() < end and procs[0].poll() is None:
+                if pred():
+                    return True
+                time.sleep(0.1)
+            expect(False, f"{name}: {what} (waited up to {seconds} s)")
+            show_logs(logs, 4000)
+            return False
+
+        print(f"torchrun --nnodes 2:3 ({rdzv} rendezvous) on 3 nodes, {' '.join(policy)}", flush=True)
+        procs = [agent(i, logs[i]) for i in range(3)]
+        if not wait_for(lambda: len(BATCH_LINE.findall(text())) >= 4, "the 3-node job did not train", 90):
+            return
+        before = max(int(n) for n in BATCH_LINE.findall(text()))
+        t_lost = time.time()
+        c.power_off(2)
+        print(f"  node 2 powered off after step {before}", flush=True)
+        if not wait_for(lambda: re.search(r"\b2 ranks\b", text()) and
+                        len(RESUMED_LINE.findall(text())) >= 1, "the job did not re-form at 2 nodes", 90):
+            return
+        resumed = int(RESUMED_LINE.findall(text())[0])
+        t_shrunk = time.time() - t_lost
+        print(f"  re-formed at 2 nodes {t_shrunk:.1f} s later, resumed from step {resumed} "
+              f"({before + 1 - resumed} step(s) trained again)", flush=True)
+        c.link(2, up=True)
+        t_back = time.time()
+        procs.append(agent(2, logs[3]))
+        if not wait_for(lambda: len(RESUMED_LINE.findall(text())) >= 2, "the job did not grow back to 3 nodes", 90):
+            return
+        print(f"  node 2 back: grown to 3 nodes {time.time() - t_back:.1f} s after its agent started", flush=True)
+        codes = wait_all([procs[0], procs[1], procs[3]], 120)
+        ok = expect(codes == [0, 0, 0], f"{name}: the agents of nodes 0, 1 and the returned 2 must finish: exit "
+                                        f"codes {codes}")
+        segs = world_segments(records(tmp, name))
+        print(f"  world size by steps (the metrics file): {segs}", flush=True)
+        ok = expect([w for w, _, _ in segs] == [3, 2, 3] and segs[0][1] == 0 and segs[-1][2] == steps - 1,
+                    f"{name}: steps 0..{steps - 1} must run at 3, then 2, then 3 ranks; got {segs}") and ok
+        if not ok:
+            show_logs(logs, 4000)
+            return
+        # The reference changes world size at the same steps on purpose: --stop-at-step, then --resume.
+        ref = f"{name}-ref"
+        for w, first, last in segs:
+            stop = [] if last == steps - 1 else ["--stop-at-step", str(last + 1)]
+            if not run_nodes(c, tmp, f"{ref}-{first}", [train_args(a, tmp, ref, steps, [
+                    "--nproc-per-node", str(w), *policy, "--checkpoint-dir", str(tmp / f"{ref}.ckpt"), "--resume",
+                    *stop])]):
+                return
+        same_training(tmp, ref, name)
+
+
+def check_lose_c10d(a, tmp):
+    check_lose(a, tmp, "c10d")
+
+
+def check_lose_etcd(a, tmp):
+    check_lose(a, tmp, "etcd")
 
 
 def same_training_weights(tmp, ref, other):
@@ -553,7 +669,7 @@ def check_cleanup(a, tmp):
     print(f"  SIGKILLed test: its 4 namespaces and 1 process gone; a dead run's namespace reaped", flush=True)
 
 
-CHECKS = {"hpz": check_hpz, "headtohead": check_headtohead, "discovery": check_discovery, "cleanup": check_cleanup, "parity": check_parity, "linkcut": check_linkcut, "elastic": check_elastic, "slowlink": check_slowlink}
+CHECKS = {"lose-c10d": check_lose_c10d, "lose-etcd": check_lose_etcd, "hpz": check_hpz, "headtohead": check_headtohead, "discovery": check_discovery, "cleanup": check_cleanup, "parity": check_parity, "linkcut": check_linkcut, "elastic": check_elastic, "slowlink": check_slowlink}
 
 
 def main():
@@ -564,11 +680,13 @@ def main():
     a = ap.parse_args()
     a.train = str(Path(a.train).resolve())
     t0 = time.time()
+    global DEADLINE
+    DEADLINE = t0 + BUDGET_S.get(a.check, 170)
     missing = netcluster.check_capabilities()
     if missing:
         print(f"FAIL: this host cannot build the emulated cluster: {missing}")
         return 1
-    if shutil.which("torchrun") is None and a.check in ("parity", "elastic"):
+    if shutil.which("torchrun") is None and a.check in ("parity", "elastic", "lose-c10d", "lose-etcd"):
         print("FAIL: torchrun not found on PATH (the project's Python environment: scripts/venv.sh)")
         return 1
     tmp = Path(tempfile.mkdtemp(prefix=f"fsdp-cluster-{a.check}."))
