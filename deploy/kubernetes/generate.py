@@ -135,6 +135,10 @@ def parse_args(argv):
                        help="preset (" + ", ".join(MODEL_PRESETS) + ") or a path in the image/volume to a HF config.json or its directory")
     train.add_argument("--device", choices=("cuda", "cpu"), help="default: cuda with GPUs, else cpu")
     train.add_argument("--data", help="training data path (default: MOUNT_PATH/data/corpus.jsonl)")
+    train.add_argument("--global-batch-size", type=integer("global-batch-size", 0), default=0,
+                       help="rows per optimizer step at every pod count of the elastic range (fsdp-train "
+                            "--global-batch-size; a multiple of the ranks at each count); 0: --batch-size x "
+                            "--grad-accum x ranks, which changes with the pod count")
     train.add_argument("--train-args", default="",
                        help="more fsdp-train flags, shell-quoted, appended last (they override), e.g. \"--max-steps 2000 --lr 1e-4\"")
     train.add_argument("--metrics-port", type=integer("metrics-port", 0, 65535), default=9400,
@@ -291,6 +295,18 @@ def resolve(a):
         env.append({"name": name, "value": value})
 
     train_args = ["--model", a.model, "--data", a.data, "--device", a.device]
+    if a.global_batch_size:
+        # Every world size the elastic range allows must split the batch into whole micro-steps.
+        for n in range(a.min_nodes, a.max_nodes + 1):
+            ranks = n * a.procs_per_node
+            check(a.global_batch_size % ranks == 0,
+                  f"--global-batch-size {a.global_batch_size} is not a multiple of the {ranks} ranks of {n} pods "
+                  f"x {a.procs_per_node} processes (--min-nodes {a.min_nodes} .. --max-nodes {a.max_nodes}): "
+                  f"choose a multiple of every rank count in the range")
+        check(not any(arg.startswith("--global-batch-size") or arg.startswith("--grad-accum") for arg in extra),
+              "--train-args sets --global-batch-size or --grad-accum: with the generator's --global-batch-size, "
+              "fsdp-train derives --grad-accum at each pod count; give one or the other")
+        train_args += ["--global-batch-size", str(a.global_batch_size)]
     if not a.no_checkpoint:
         train_args += ["--checkpoint-dir", a.checkpoint_dir, "--checkpoint-every", str(a.checkpoint_every),
                        "--keep-last", str(a.keep_last), "--resume"]

@@ -162,6 +162,8 @@ def check_job_set(name, args, p):
     expect(binary == p.get("binary", "fsdp-train"), f"{name}: runs {binary}")
     expect(not any(a.startswith("--nproc-per-node") for a in train), f"{name}: fsdp-train got --nproc-per-node (torchrun's job)")
     expected_train = ["--model", p["model"], "--data", p["data"], "--device", p["device"]]
+    if p.get("global_batch"):
+        expected_train += ["--global-batch-size", str(p["global_batch"])]
     ckpt = p.get("checkpoint_dir")
     if ckpt:
         expected_train += ["--checkpoint-dir", ckpt, "--checkpoint-every", str(p.get("every", 100)),
@@ -262,6 +264,12 @@ CASES = [
           rdzv_id="cpu-smoke-1",
           extra=["--max-steps", "10", "--text-field", "on", "--seed", "0x10", "--lr", "1e-3", "--tokenizer",
                  "a # b", "--log-every", "1"])),
+    ("elastic 2..3 nodes keeping a global batch of 96 rows (16 or 24 ranks)",
+     ["--image", IMAGE, "--job-name", "keep-batch", "--nodes", "3", "--min-nodes", "2", "--max-nodes", "3",
+      "--global-batch-size", "96", "--rdzv-id", "keep-batch-1"],
+     dict(job="keep-batch", image=IMAGE, nodes=3, min=2, max=3, procs=8, gpus=8, efa=32,
+          instance_type="p5.48xlarge", model="llama3.1-8b", data="/fsx/data/corpus.jsonl", device="cuda",
+          checkpoint_dir="/fsx/checkpoints/keep-batch", rdzv_id="keep-batch-1", global_batch=96)),
     ("HF config path, 1 GPU node with 8 EFA, no node selector",
      ["--image", IMAGE, "--job-name", "m7", "--nodes", "1", "--gpus-per-node", "1", "--efa-per-node", "8",
       "--instance-type", "", "--model", "/fsx/models/mistral-7b/config.json", "--rdzv-id", "m7"],
@@ -283,6 +291,10 @@ BAD = [
     ("job name too long for worker names", ["--job-name", "a" * 55, "--nodes", "100"], "63"),
     ("bad namespace", ["--namespace", "ML_team"], "--namespace"),
     ("min above nodes", ["--nodes", "2", "--min-nodes", "3"], "--min-nodes"),
+    ("a global batch that one pod count of the range does not split",
+     ["--nodes", "3", "--min-nodes", "2", "--max-nodes", "3", "--global-batch-size", "32"], "the 24 ranks of 3 pods"),
+    ("a global batch and --grad-accum both", ["--global-batch-size", "64", "--train-args", "--grad-accum 2"],
+     "give one or the other"),
     ("max below nodes", ["--nodes", "4", "--max-nodes", "2"], "--max-nodes"),
     ("procs != GPUs", ["--gpus-per-node", "8", "--procs-per-node", "4"], "--procs-per-node"),
     ("cuda without GPUs", ["--gpus-per-node", "0", "--device", "cuda"], "--device"),
