@@ -1,5 +1,5 @@
 // The checks before a run, with the model configuration resolved once by the
-// caller (train/model_build.h resolve_model_config); trainer.h's
+// caller (train/model_build.h resolve_model_config); options.h's
 // validate_options and check_memory resolve it themselves and call these.
 #pragma once
 
@@ -7,12 +7,12 @@
 #include <optional>
 #include <string>
 
-#include "fsdp/train/trainer.h"
+#include "fsdp/train/options.h"
 #include "fsdp/train/model_family.h"
 
 namespace fsdp::train {
 
-// trainer.h's validate_options. `resolved`: the configuration, or null to
+// options.h's validate_options. `resolved`: the configuration, or null to
 // resolve it here (where the checks come to it, after the flags that need no
 // files). Returns the configuration.
 ModelConfigPtr validate_options(const TrainOptions& options, int world_size, const ModelConfigPtr* resolved);

@@ -5,7 +5,8 @@
 #include <functional>
 #include <string>
 
-#include "fsdp/train/trainer.h"
+#include "fsdp/train/options.h"
+#include "fsdp/train/records.h"
 
 namespace fsdp::train {
 

@@ -14,6 +14,7 @@
 #include "fsdp/optim/adamw.h"
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/device.h"
+#include "fsdp/train/trainer.h"  // convert_checkpoint, defined here
 #include "fsdp/common/error.h"
 #include "fsdp/models/registry.h"
 #include "train/checks.h"

@@ -7,7 +7,7 @@
 #include <memory>
 
 #include "fsdp/data/loader.h"
-#include "fsdp/train/trainer.h"
+#include "fsdp/train/options.h"
 #include "train/run_data.h"
 
 namespace fsdp::train {

@@ -12,7 +12,7 @@
 #include "fsdp/comm/process_group.h"
 #include "fsdp/data/tokenizer.h"
 #include "fsdp/fsdp.h"
-#include "fsdp/train/trainer.h"
+#include "fsdp/train/options.h"
 #include "train/console.h"
 #include "fsdp/train/model_family.h"
 

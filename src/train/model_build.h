@@ -16,7 +16,7 @@
 
 #include "fsdp/fsdp.h"
 #include "fsdp/models/lora.h"
-#include "fsdp/train/trainer.h"
+#include "fsdp/train/options.h"
 #include "fsdp/train/model_family.h"
 
 namespace fsdp::train {
@@ -51,12 +51,6 @@ struct BuiltModel {
 // parameters (options.freeze), in its root unit. UsageError for LoRA targets
 // the model lacks and a --freeze pattern that freezes nothing or everything.
 BuiltModel build_model(const TrainOptions& options, const ModelConfigPtr& cfg, const BuildOptions& build);
-
-// The engine's options for a model of `cfg` (its units and block; null: the
-// checks alone, which do not depend on them): the trainer's sharding choices
-// (hybrid size 0 is left for the caller to fill in with LOCAL_WORLD_SIZE),
-// checked against `world_size` (0: unknown).
-FsdpOptions engine_options(const TrainOptions& options, const ModelConfig* cfg, int world_size);
 
 // UsageError unless the trainer's sharding choices fit the engine (any model
 // family: the checks do not depend on its block type).

@@ -5,7 +5,7 @@
 #include <string>
 
 #include "fsdp/comm/process_group.h"
-#include "fsdp/train/trainer.h"
+#include "fsdp/train/options.h"
 #include "train/console.h"
 
 namespace fsdp::train {

@@ -11,7 +11,8 @@
 
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/train/metrics.h"
-#include "fsdp/train/trainer.h"
+#include "fsdp/train/options.h"
+#include "fsdp/train/records.h"
 #include "train/console.h"
 #include "train/profiling.h"
 

@@ -12,7 +12,7 @@
 #include "fsdp/data/pairs.h"
 #include "fsdp/data/sampler.h"
 #include "fsdp/data/tokenizer.h"
-#include "fsdp/train/trainer.h"
+#include "fsdp/train/options.h"
 #include "train/console.h"
 #include "fsdp/train/model_family.h"
 

@@ -11,7 +11,7 @@
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/optim/grad_scaler.h"
 #include "fsdp/optim/lr_schedule.h"
-#include "fsdp/train/trainer.h"
+#include "fsdp/train/options.h"
 #include "train/console.h"
 #include "fsdp/train/model_family.h"
 

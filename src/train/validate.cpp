@@ -1,5 +1,5 @@
 // validate_options: the checks that need no process group, so that bad input
-// fails once, fast, with exit code 2 (trainer.h).
+// fails once, fast, with exit code 2 (fsdp/train/options.h).
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 

@@ -18,7 +18,7 @@
 #include <string_view>
 #include <vector>
 
-#include "fsdp/train/trainer.h"
+#include "fsdp/train/records.h"
 
 namespace fsdp::train {
 
