@@ -229,32 +229,17 @@ struct Planned {
   at::DeviceType device = at::kCPU;
 };
 
+// The engine's options of the run: fsdp-train's own, through the one function
+// that turns the trainer's options into the engine's (train::engine_options:
+// the units kept after forward, activation checkpointing and its policy, the
+// offloads), with the shard group an estimate's cluster implies.
 fsdp::FsdpOptions plan_options(const Args& a, const fsdp::train::ModelConfig& cfg, bool estimating,
                                const fsdp::ClusterSpec& cluster) {
-  fsdp::FsdpOptions o;
-  o.strategy = fsdp::parse_sharding_strategy(a.t.flags.sharding);
-  o.reshard_after_forward = fsdp::parse_reshard_after_forward(a.t.flags.reshard_after_forward, "--reshard-after-forward");
-  o.wrap = fsdp::parse_wrap_policy(a.t.flags.wrap, cfg.block_type());
-  // As fsdp-train: "block" is the family's units (Llama: also the embedding and the head).
-  if (o.wrap.kind == fsdp::WrapPolicy::Kind::kByType) o.wrap.types = cfg.unit_types();
-  const int hybrid = a.t.o.sharding.hybrid_shard_size;
-  o.hybrid_shard_size = hybrid > 0 ? hybrid : estimating ? cluster.procs_per_node : a.world_size;
-  o.mixed_precision = fsdp::MixedPrecision::preset(a.t.flags.mixed_precision);
-  if (!a.t.flags.reduce_dtype.empty()) {
-    const std::string& r = a.t.flags.reduce_dtype;
-    FSDP_CHECK(r == "fp32" || r == "bf16" || r == "fp16", "--reduce-dtype '", r, "' is not one of: fp32, bf16, fp16");
-    o.mixed_precision.reduce_dtype = r == "fp32" ? at::kFloat : r == "bf16" ? at::kBFloat16 : at::kHalf;
-  }
-  o.compression.all_gather = fsdp::parse_wire_format(a.t.flags.all_gather_wire, "--all-gather-wire");
-  o.compression.reduce_scatter = fsdp::parse_wire_format(a.t.flags.reduce_scatter_wire, "--reduce-scatter-wire");
-  o.compression.block_size = a.t.o.sharding.compression.block_size;
-  o.backward_prefetch = fsdp::parse_backward_prefetch(a.t.flags.backward_prefetch);
-  o.forward_prefetch = a.t.o.sharding.forward_prefetch;
-  o.limit_all_gathers = a.t.o.sharding.limit_all_gathers;
-  o.cpu_offload = a.t.o.sharding.cpu_offload;
-  if (a.t.o.sharding.activation_checkpointing) o.checkpoint_types = {cfg.block_type()};
-  o.unit_overrides = fsdp::train::last_units_kept(cfg, o);
-  return o;
+  fsdp::train::TrainOptions run = a.t.o;
+  fsdp::cli::apply_sharding_flags(a.t.flags, run);
+  const int hybrid = run.sharding.hybrid_shard_size;
+  run.sharding.hybrid_shard_size = hybrid > 0 ? hybrid : estimating ? cluster.procs_per_node : a.world_size;
+  return fsdp::train::engine_options(run, &cfg, a.world_size);
 }
 
 Planned plan_model(const CLI::App& app, Args& a, bool estimating, const fsdp::ClusterSpec& cluster) {

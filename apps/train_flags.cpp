@@ -88,7 +88,7 @@ std::pair<std::string, double> parse_lr_scale(const std::string& s) {
   return {s.substr(0, eq), f};
 }
 
-void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o) {
+void apply_sharding_flags(const TrainFlags& flags, train::TrainOptions& o) {
   o.device = parse_device(flags.device);
   o.sharding.strategy = parse_sharding(flags.sharding);
   o.sharding.reshard_after_forward = parse_reshard_after_forward(flags.reshard_after_forward, "--reshard-after-forward");
@@ -102,6 +102,10 @@ void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o) {
   FSDP_CHECK(o.sharding.activation_checkpointing || *ac_policy == nn::RecomputePolicy::kTail, "--ac-policy ",
              flags.ac_policy, " chooses what activation checkpointing recomputes: add --activation-checkpointing");
   o.sharding.ac_policy = *ac_policy;
+}
+
+void apply_train_flags(const TrainFlags& flags, train::TrainOptions& o) {
+  apply_sharding_flags(flags, o);
   const std::optional<models::LayerKernels> kernels = models::parse_layer_kernels(flags.kernels);
   FSDP_CHECK(kernels.has_value(), "--kernels '", flags.kernels, "' is not one of: reference, fused");
   o.step.kernels = *kernels;

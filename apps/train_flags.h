@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "fsdp/fsdp.h"
-#include "fsdp/train/trainer.h"
+#include "fsdp/train/options.h"
 
 namespace fsdp::cli {
 
@@ -66,6 +66,10 @@ int64_t parse_export_shard_size(const std::string& s);
 // "REGEX=FACTOR" -> {REGEX, FACTOR} (the last '=' splits). UsageError when
 // there is no '=', an empty pattern, or a factor that is not a number > 0.
 std::pair<std::string, double> parse_lr_scale(const std::string& s);
+
+// Sets o.device and o.sharding's typed fields from `flags`: what a plan of the
+// run needs (fsdp-inspect), a part of apply_train_flags.
+void apply_sharding_flags(const TrainFlags& flags, train::TrainOptions& o);
 
 // Sets the typed fields of `o` from `flags`. --export-shard-size is read only
 // with --export-hf (o.hf.export_dir set), the only runs that use it;

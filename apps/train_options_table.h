@@ -19,7 +19,7 @@
 #include <variant>
 #include <vector>
 
-#include "fsdp/train/trainer.h"
+#include "fsdp/train/options.h"
 #include "train_flags.h"
 
 namespace fsdp::cli {
