@@ -13,7 +13,7 @@
 
 #include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
-#include "fsdp/state.h"
+#include "fsdp/plan.h"
 
 namespace fsdp {
 
