@@ -342,7 +342,22 @@ class ShardedModelImpl {
   const std::vector<std::string>& unit_names() const { return unit_names_; }
 
  private:
+  // Construction in steps (Note [Engine construction] in model.cpp).
   void build_units();
+  // Which units keep a single resident copy; sets replicated_.
+  std::vector<bool> plan_replicated_units(const std::vector<PlannedUnit>& plan, int shard_size);
+  // The unsharded buffers' pool (CUDA, or FsdpOptions::unsharded_pool) or the
+  // host buffer cache (CPU), named in `fpo`.
+  void make_buffer_pool(const std::vector<PlannedUnit>& plan, int shard_size, FlatParamOptions& fpo);
+  // The pool's reclaim: finishes the oldest reduction issued; false if none.
+  bool reclaim_oldest_reduction();
+  std::unique_ptr<FlatParam> make_flat(const FlatParamOptions& fpo, const PlannedUnit& pu, bool replicated,
+                                       std::vector<FlatParam::Source> sources, bool trainable);
+  // Unit `k` of the plan (its sources are moved out): flat parameters, hooks,
+  // its entries in infos_/entries_, its hpZ group's slot.
+  void make_unit(std::vector<PlannedUnit>& plan, size_t k, bool replicated, const FlatParamOptions& fpo,
+                 int post_forward_group);
+  void place_buffers();
   void assert_idle(const char* what) const;
   // Executes the schedule's events in order, then clears them.
   void execute(std::vector<Event>& events);
