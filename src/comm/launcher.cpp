@@ -485,9 +485,9 @@ std::vector<std::string> worker_env(const LaunchOptions& o, int rank, int lws, c
   return out;
 }
 
-}  // namespace
-
-LaunchResult launch_local(const LaunchOptions& o) {
+// launch_local's checks of its options; returns the local world size
+// (LOCAL_WORLD_SIZE: the ranks per simulated or real node).
+int checked_local_world_size(const LaunchOptions& o) {
   FSDP_CHECK(!o.argv.empty(), "launch_local: argv is empty — pass the program and its arguments");
   FSDP_CHECK(o.nproc >= 1, "launch_local: nproc=", o.nproc, " must be at least 1");
   FSDP_CHECK(o.nnodes >= 1 && o.node_rank >= 0 && o.node_rank < o.nnodes, "launch_local: node_rank=", o.node_rank,
@@ -510,6 +510,285 @@ LaunchResult launch_local(const LaunchOptions& o) {
   FSDP_CHECK(o.kill_grace.count() >= 0, "launch_local: kill_grace must not be negative");
   FSDP_CHECK(o.signal_timeout.count() > 0, "launch_local: signal_timeout must be positive");
   FSDP_CHECK(o.join_timeout.count() >= 0, "launch_local: join_timeout must not be negative");
+  return lws;
+}
+
+// The agent store: workers connect to it as clients (TORCHELASTIC_USE_AGENT_STORE).
+// Several nodes: node 0 hosts it on the agreed port, the others none (and
+// wait for node 0's until the join's deadline).
+struct AgentStore {
+  std::unique_ptr<c10d::TCPStore> store;  // null on a node other than 0
+  std::string host;                       // where the workers reach it
+  int port = 0;
+};
+
+AgentStore host_agent_store(const LaunchOptions& o, int64_t join_deadline_ms) {
+  const bool multi_node = o.nnodes > 1;
+  AgentStore out;
+  c10d::TCPStoreOptions store_opts;
+  store_opts.port = multi_node ? static_cast<uint16_t>(o.master_port) : 0;
+  store_opts.isServer = true;
+  store_opts.waitWorkers = false;
+  out.host = multi_node ? o.master_addr : "127.0.0.1";
+  std::unique_ptr<c10d::TCPStore>& store = out.store;
+  if (multi_node && o.node_rank == 0) check_master_addr_is_here(o.master_addr);
+  if (!multi_node || o.node_rank == 0) {
+    try {
+      store = std::make_unique<c10d::TCPStore>(out.host, store_opts);
+      if (!multi_node && store->getPort() == 0) {  // a LibTorch that does not report the bound port
+        store.reset();
+        store_opts.port = static_cast<uint16_t>(probe_free_port());
+        store = std::make_unique<c10d::TCPStore>(out.host, store_opts);
+      }
+    } catch (const std::exception& e) {
+      FSDP_FAIL("launch_local: cannot host the rendezvous store on ", out.host, ":", store_opts.port, ": ",
+                e.what(), multi_node ? " — is the port in use? choose another --master-port" : "");
+    }
+  }
+  if (multi_node && o.node_rank != 0 && join_deadline_ms > 0) {
+    wait_for_store(o, Clock::time_point(std::chrono::milliseconds(join_deadline_ms)));
+  }
+  out.port = store ? static_cast<int>(store->getPort()) : o.master_port;
+  return out;
+}
+
+// One node's workers for launch_local's steps: started, supervised until
+// every one has exited (reaped, failures blamed, signals forwarded, the
+// timeout and the kill grace kept), then summed up in a LaunchResult.
+class LocalJob {
+ public:
+  LocalJob(const LaunchOptions& o, int first)
+      : o_(o), first_(first), forwarding_(o.forward_signals), workers_(o.nproc),
+        relay_stderr_(o.on_failure && o.log_dir.empty()), relay_(o.nproc) {
+    result_.ranks.resize(static_cast<size_t>(o.nproc));
+  }
+
+  void start(const std::string& program, int lws, const AgentStore& store, const std::string& run_id,
+             int64_t join_deadline_ms) {
+    const int max_fd = static_cast<int>(std::min<long>(sysconf(_SC_OPEN_MAX), 65536));
+    for (int r = 0; r < o_.nproc; ++r) {
+      ChildSpec spec;
+      spec.program = program;
+      spec.argv = o_.argv;
+      spec.env = worker_env(o_, first_ + r, lws, store.host, store.port, run_id, join_deadline_ms);
+      auto& out = result_.ranks[static_cast<size_t>(r)];
+      out.rank = first_ + r;
+      if (!o_.log_dir.empty()) {
+        out.log_file = detail::cat(o_.log_dir, "/rank", first_ + r, ".log");
+        // Note [Output targets]: a log restarted; never through a dangling link, a directory or a socket.
+        spec.log_fd = open_output_fd(out.log_file, "launch_local: log file", StreamMode::kTruncate);
+      }
+      if (relay_stderr_) spec.err_fd = relay_.open_pipe(r);
+      pid_t pid = -1;
+      try {
+        pid = spawn(spec, max_fd);
+      } catch (...) {
+        if (spec.log_fd >= 0) close(spec.log_fd);
+        if (spec.err_fd >= 0) close(spec.err_fd);
+        throw;
+      }
+      if (spec.log_fd >= 0) close(spec.log_fd);
+      if (spec.err_fd >= 0) close(spec.err_fd);
+      workers_.started(r, pid);
+      out.pid = pid;
+    }
+  }
+
+  // Until every worker has exited.
+  void supervise() {
+    start_ = Clock::now();
+    while (workers_.count_running() > 0) {
+      reap();
+      if (workers_.count_running() == 0) break;
+      keep_deadlines();
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    if (relay_stderr_) {
+      for (int r = 0; r < o_.nproc; ++r) relay_.release(r);
+    }
+  }
+
+  LaunchResult summarize() {
+    LaunchResult& result = result_;
+    result.ok = true;
+    std::vector<int> stopped;
+    for (const auto& out : result.ranks) {
+      result.ok = result.ok && !out.signaled && out.code == 0;
+      if (out.stopped) stopped.push_back(out.rank);
+    }
+    result.ok = result.ok && !result.timed_out;
+    std::ostringstream msg;
+    if (result.timed_out) {
+      msg << "timed out after " << o_.timeout.count() << " ms; "
+          << (still_running_at_timeout_.size() == 1 ? "rank " : "ranks ")
+          << join_ranks(global(still_running_at_timeout_))
+          << (still_running_at_timeout_.size() == 1 ? " was" : " were") << " still running (stopped)";
+    } else if (result.failed_rank >= 0) {
+      msg << blame_;
+      if (!stopped.empty()) msg << "; stopped " << (stopped.size() == 1 ? "rank " : "ranks ") << join_ranks(stopped);
+    } else if (result.signal_received != 0) {
+      const char* name = strsignal(result.signal_received);
+      msg << "received signal " << result.signal_received << " (" << (name ? name : "?")
+          << ") and forwarded it to the workers";
+      if (signal_timed_out_) {
+        msg << "; they did not all exit within " << o_.signal_timeout.count() << " ms, so the launcher stopped "
+            << (stopped.size() == 1 ? "rank " : "ranks ") << join_ranks(stopped);
+      }
+      for (const auto& out : result.ranks) msg << "; rank " << out.rank << " " << out.describe();
+    } else if (result.ok) {
+      msg << "all " << o_.nproc << (o_.nproc == 1 ? " rank" : " ranks") << " exited with code 0";
+    } else {
+      for (const auto& out : result.ranks) {
+        if (out.signaled || out.code != 0) msg << "rank " << out.rank << " " << out.describe() << "; ";
+      }
+    }
+    result.message = msg.str();
+    result.exit_code = launch_exit_code(result);
+    return std::move(result_);
+  }
+
+ private:
+  // Global ranks of local workers.
+  std::vector<int> global(std::vector<int> local) const {
+    for (int& r : local) r += first_;
+    return local;
+  }
+
+  void stop_all(int sig) {
+    for (int r = 0; r < o_.nproc; ++r) {
+      if (workers_.running(r)) result_.ranks[static_cast<size_t>(r)].stopped = true;
+    }
+    workers_.signal_all(sig);
+    if (!stopping_) {
+      stopping_ = true;
+      kill_at_ = Clock::now() + o_.kill_grace;
+    }
+  }
+
+  // The first failure: blame a suspended rank (the others time out waiting
+  // for it), else one that died from a signal, else the first reaped.
+  void blame_failure(const std::vector<int>& failed_now) {
+    std::vector<int> suspended;
+    for (int r = 0; r < o_.nproc; ++r) {
+      if (!workers_.running(r)) continue;
+      const char st = workers_.state(r);
+      if (st == 'T' || st == 't') {
+        suspended.push_back(r);
+        result_.ranks[static_cast<size_t>(r)].suspended = true;
+      }
+    }
+    int noticed = failed_now.front();
+    for (int r : failed_now) {
+      if (result_.ranks[static_cast<size_t>(r)].signaled) {
+        noticed = r;
+        break;
+      }
+    }
+    const RankOutcome& n = result_.ranks[static_cast<size_t>(noticed)];
+    if (suspended.empty()) {
+      result_.failed_rank = noticed;
+      blame_ = detail::cat("rank ", n.rank, " ", n.describe());
+    } else {
+      result_.failed_rank = suspended.front();
+      blame_ = detail::cat(suspended.size() == 1 ? "rank " : "ranks ", join_ranks(global(suspended)),
+                           suspended.size() == 1 ? " was" : " were",
+                           " suspended (process state T, e.g. SIGSTOP): the others waited for ",
+                           suspended.size() == 1 ? "it" : "them", " (rank ", n.rank, " ", n.describe(), ")");
+    }
+  }
+
+  // Relays stderr, reaps the workers that exited, and on the first failure
+  // blames it and stops the others.
+  void reap() {
+    if (relay_stderr_) {
+      for (int r = 0; r < o_.nproc; ++r) relay_.pump(r);
+    }
+    std::vector<int> failed_now;
+    for (int r = 0; r < o_.nproc; ++r) {
+      int status = 0;
+      if (!workers_.try_reap(r, &status)) continue;
+      auto& out = result_.ranks[static_cast<size_t>(r)];
+      out.signaled = WIFSIGNALED(status);
+      out.signal = out.signaled ? WTERMSIG(status) : 0;
+      out.code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
+      if (relay_stderr_) relay_.drain(r);
+      if (out.signaled || out.code != 0) {
+        failed_now.push_back(r);
+      } else if (relay_stderr_) {
+        relay_.release(r);
+      }
+    }
+    if (!failed_now.empty()) {
+      if (!stopping_ && result_.signal_received == 0 && result_.failed_rank < 0) {
+        blame_failure(failed_now);
+        if (o_.on_failure) o_.on_failure(blame_);  // before the workers' own messages
+        stop_all(SIGTERM);
+      }
+      if (relay_stderr_) {
+        for (int r : failed_now) relay_.release(r);
+      }
+    }
+  }
+
+  // Forwards signals (a second one kills), and keeps the signal's deadline,
+  // the run's timeout and the kill grace.
+  void keep_deadlines() {
+    const auto now = Clock::now();
+    const int n_signals = g_signal_count.load();
+    if (o_.forward_signals && n_signals > handled_signals_) {
+      if (handled_signals_ == 0) {
+        result_.signal_received = g_last_signal.load();
+        workers_.signal_all(result_.signal_received);  // workers decide; keep waiting for them
+        signal_deadline_ = now + o_.signal_timeout;
+      } else {
+        for (int r = 0; r < o_.nproc; ++r) {
+          if (workers_.running(r)) result_.ranks[static_cast<size_t>(r)].stopped = true;
+        }
+        workers_.signal_all(SIGKILL);
+        killed_ = true;
+      }
+      handled_signals_ = n_signals;
+    }
+    if (result_.signal_received != 0 && !stopping_ && now >= signal_deadline_) {
+      signal_timed_out_ = true;  // a worker ignores the signal, is suspended, or hangs
+      stop_all(SIGTERM);
+    }
+    if (o_.timeout.count() > 0 && !result_.timed_out && now - start_ >= o_.timeout) {
+      result_.timed_out = true;
+      for (int r = 0; r < o_.nproc; ++r) {
+        if (workers_.running(r)) still_running_at_timeout_.push_back(r);
+      }
+      stop_all(SIGTERM);
+    }
+    if (stopping_ && !killed_ && now >= kill_at_) {
+      workers_.signal_all(SIGKILL);
+      killed_ = true;
+    }
+  }
+
+  const LaunchOptions& o_;
+  const int first_;  // global rank of local worker 0
+  LaunchResult result_;
+  SignalForwarding forwarding_;
+  Workers workers_;
+  const bool relay_stderr_;
+  StderrRelay relay_;
+  Clock::time_point start_{};
+  bool stopping_ = false;
+  Clock::time_point kill_at_{};
+  bool killed_ = false;
+  int handled_signals_ = 0;
+  Clock::time_point signal_deadline_{};
+  bool signal_timed_out_ = false;
+  std::vector<int> still_running_at_timeout_;
+  std::string blame_;  // the failure summary, once a rank failed
+};
+
+}  // namespace
+
+LaunchResult launch_local(const LaunchOptions& o) {
+  const int lws = checked_local_world_size(o);
+  const bool multi_node = o.nnodes > 1;
   // One deadline for the join, from now: the workers' rendezvous gets what is left of it.
   const int64_t join_deadline_ms =
       o.join_timeout.count() > 0
@@ -527,227 +806,11 @@ LaunchResult launch_local(const LaunchOptions& o) {
     run_id = multi_node ? detail::cat("fsdp-", o.master_addr, "-", o.master_port)  // the same on every node
                         : detail::cat("fsdp-", getpid(), "-", Clock::now().time_since_epoch().count());
   }
-
-  // The agent store: workers connect to it as clients (TORCHELASTIC_USE_AGENT_STORE).
-  // Several nodes: node 0 hosts it on the agreed port, the others none.
-  c10d::TCPStoreOptions store_opts;
-  store_opts.port = multi_node ? static_cast<uint16_t>(o.master_port) : 0;
-  store_opts.isServer = true;
-  store_opts.waitWorkers = false;
-  const std::string store_host = multi_node ? o.master_addr : "127.0.0.1";
-  std::unique_ptr<c10d::TCPStore> store;
-  if (multi_node && o.node_rank == 0) check_master_addr_is_here(o.master_addr);
-  if (!multi_node || o.node_rank == 0) {
-    try {
-      store = std::make_unique<c10d::TCPStore>(store_host, store_opts);
-      if (!multi_node && store->getPort() == 0) {  // a LibTorch that does not report the bound port
-        store.reset();
-        store_opts.port = static_cast<uint16_t>(probe_free_port());
-        store = std::make_unique<c10d::TCPStore>(store_host, store_opts);
-      }
-    } catch (const std::exception& e) {
-      FSDP_FAIL("launch_local: cannot host the rendezvous store on ", store_host, ":", store_opts.port, ": ",
-                e.what(), multi_node ? " — is the port in use? choose another --master-port" : "");
-    }
-  }
-  if (multi_node && o.node_rank != 0 && join_deadline_ms > 0) {
-    wait_for_store(o, Clock::time_point(std::chrono::milliseconds(join_deadline_ms)));
-  }
-  const int port = store ? static_cast<int>(store->getPort()) : o.master_port;
-  const int first = o.node_rank * o.nproc;  // global rank of local worker 0
-  const auto global = [first](std::vector<int> local) {
-    for (int& r : local) r += first;
-    return local;
-  };
-
-  LaunchResult result;
-  result.ranks.resize(static_cast<size_t>(o.nproc));
-  const int max_fd = static_cast<int>(std::min<long>(sysconf(_SC_OPEN_MAX), 65536));
-  SignalForwarding forwarding(o.forward_signals);
-  Workers workers(o.nproc);
-  const bool relay_stderr = o.on_failure && o.log_dir.empty();
-  StderrRelay relay(o.nproc);
-  for (int r = 0; r < o.nproc; ++r) {
-    ChildSpec spec;
-    spec.program = program;
-    spec.argv = o.argv;
-    spec.env = worker_env(o, first + r, lws, store_host, port, run_id, join_deadline_ms);
-    auto& out = result.ranks[static_cast<size_t>(r)];
-    out.rank = first + r;
-    if (!o.log_dir.empty()) {
-      out.log_file = detail::cat(o.log_dir, "/rank", first + r, ".log");
-      // Note [Output targets]: a log restarted; never through a dangling link, a directory or a socket.
-      spec.log_fd = open_output_fd(out.log_file, "launch_local: log file", StreamMode::kTruncate);
-    }
-    if (relay_stderr) spec.err_fd = relay.open_pipe(r);
-    pid_t pid = -1;
-    try {
-      pid = spawn(spec, max_fd);
-    } catch (...) {
-      if (spec.log_fd >= 0) close(spec.log_fd);
-      if (spec.err_fd >= 0) close(spec.err_fd);
-      throw;
-    }
-    if (spec.log_fd >= 0) close(spec.log_fd);
-    if (spec.err_fd >= 0) close(spec.err_fd);
-    workers.started(r, pid);
-    out.pid = pid;
-  }
-
-  const auto start = Clock::now();
-  bool stopping = false;
-  Clock::time_point kill_at{};
-  bool killed = false;
-  int handled_signals = 0;
-  Clock::time_point signal_deadline{};
-  bool signal_timed_out = false;
-  std::vector<int> still_running_at_timeout;
-  std::string blame;  // the failure summary, once a rank failed
-  auto stop_all = [&](int sig) {
-    for (int r = 0; r < o.nproc; ++r) {
-      if (workers.running(r)) result.ranks[static_cast<size_t>(r)].stopped = true;
-    }
-    workers.signal_all(sig);
-    if (!stopping) {
-      stopping = true;
-      kill_at = Clock::now() + o.kill_grace;
-    }
-  };
-  // The first failure: blame a suspended rank (the others time out waiting
-  // for it), else one that died from a signal, else the first reaped.
-  auto blame_failure = [&](const std::vector<int>& failed_now) {
-    std::vector<int> suspended;
-    for (int r = 0; r < o.nproc; ++r) {
-      if (!workers.running(r)) continue;
-      const char st = workers.state(r);
-      if (st == 'T' || st == 't') {
-        suspended.push_back(r);
-        result.ranks[static_cast<size_t>(r)].suspended = true;
-      }
-    }
-    int noticed = failed_now.front();
-    for (int r : failed_now) {
-      if (result.ranks[static_cast<size_t>(r)].signaled) {
-        noticed = r;
-        break;
-      }
-    }
-    const RankOutcome& n = result.ranks[static_cast<size_t>(noticed)];
-    if (suspended.empty()) {
-      result.failed_rank = noticed;
-      blame = detail::cat("rank ", n.rank, " ", n.describe());
-    } else {
-      result.failed_rank = suspended.front();
-      blame = detail::cat(suspended.size() == 1 ? "rank " : "ranks ", join_ranks(global(suspended)),
-                          suspended.size() == 1 ? " was" : " were",
-                          " suspended (process state T, e.g. SIGSTOP): the others waited for ",
-                          suspended.size() == 1 ? "it" : "them", " (rank ", n.rank, " ", n.describe(), ")");
-    }
-  };
-
-  while (workers.count_running() > 0) {
-    if (relay_stderr) {
-      for (int r = 0; r < o.nproc; ++r) relay.pump(r);
-    }
-    std::vector<int> failed_now;
-    for (int r = 0; r < o.nproc; ++r) {
-      int status = 0;
-      if (!workers.try_reap(r, &status)) continue;
-      auto& out = result.ranks[static_cast<size_t>(r)];
-      out.signaled = WIFSIGNALED(status);
-      out.signal = out.signaled ? WTERMSIG(status) : 0;
-      out.code = WIFEXITED(status) ? WEXITSTATUS(status) : 0;
-      if (relay_stderr) relay.drain(r);
-      if (out.signaled || out.code != 0) {
-        failed_now.push_back(r);
-      } else if (relay_stderr) {
-        relay.release(r);
-      }
-    }
-    if (!failed_now.empty()) {
-      if (!stopping && result.signal_received == 0 && result.failed_rank < 0) {
-        blame_failure(failed_now);
-        if (o.on_failure) o.on_failure(blame);  // before the workers' own messages
-        stop_all(SIGTERM);
-      }
-      if (relay_stderr) {
-        for (int r : failed_now) relay.release(r);
-      }
-    }
-    if (workers.count_running() == 0) break;
-
-    const auto now = Clock::now();
-    const int n_signals = g_signal_count.load();
-    if (o.forward_signals && n_signals > handled_signals) {
-      if (handled_signals == 0) {
-        result.signal_received = g_last_signal.load();
-        workers.signal_all(result.signal_received);  // workers decide; keep waiting for them
-        signal_deadline = now + o.signal_timeout;
-      } else {
-        for (int r = 0; r < o.nproc; ++r) {
-          if (workers.running(r)) result.ranks[static_cast<size_t>(r)].stopped = true;
-        }
-        workers.signal_all(SIGKILL);
-        killed = true;
-      }
-      handled_signals = n_signals;
-    }
-    if (result.signal_received != 0 && !stopping && now >= signal_deadline) {
-      signal_timed_out = true;  // a worker ignores the signal, is suspended, or hangs
-      stop_all(SIGTERM);
-    }
-    if (o.timeout.count() > 0 && !result.timed_out && now - start >= o.timeout) {
-      result.timed_out = true;
-      for (int r = 0; r < o.nproc; ++r) {
-        if (workers.running(r)) still_running_at_timeout.push_back(r);
-      }
-      stop_all(SIGTERM);
-    }
-    if (stopping && !killed && now >= kill_at) {
-      workers.signal_all(SIGKILL);
-      killed = true;
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(5));
-  }
-  if (relay_stderr) {
-    for (int r = 0; r < o.nproc; ++r) relay.release(r);
-  }
-
-  result.ok = true;
-  std::vector<int> stopped;
-  for (const auto& out : result.ranks) {
-    result.ok = result.ok && !out.signaled && out.code == 0;
-    if (out.stopped) stopped.push_back(out.rank);
-  }
-  result.ok = result.ok && !result.timed_out;
-  std::ostringstream msg;
-  if (result.timed_out) {
-    msg << "timed out after " << o.timeout.count() << " ms; "
-        << (still_running_at_timeout.size() == 1 ? "rank " : "ranks ")
-        << join_ranks(global(still_running_at_timeout))
-        << (still_running_at_timeout.size() == 1 ? " was" : " were") << " still running (stopped)";
-  } else if (result.failed_rank >= 0) {
-    msg << blame;
-    if (!stopped.empty()) msg << "; stopped " << (stopped.size() == 1 ? "rank " : "ranks ") << join_ranks(stopped);
-  } else if (result.signal_received != 0) {
-    const char* name = strsignal(result.signal_received);
-    msg << "received signal " << result.signal_received << " (" << (name ? name : "?")
-        << ") and forwarded it to the workers";
-    if (signal_timed_out) {
-      msg << "; they did not all exit within " << o.signal_timeout.count() << " ms, so the launcher stopped "
-          << (stopped.size() == 1 ? "rank " : "ranks ") << join_ranks(stopped);
-    }
-    for (const auto& out : result.ranks) msg << "; rank " << out.rank << " " << out.describe();
-  } else if (result.ok) {
-    msg << "all " << o.nproc << (o.nproc == 1 ? " rank" : " ranks") << " exited with code 0";
-  } else {
-    for (const auto& out : result.ranks) {
-      if (out.signaled || out.code != 0) msg << "rank " << out.rank << " " << out.describe() << "; ";
-    }
-  }
-  result.message = msg.str();
-  result.exit_code = launch_exit_code(result);
-  return result;
+  const AgentStore store = host_agent_store(o, join_deadline_ms);
+  LocalJob job(o, /*first=*/o.node_rank * o.nproc);
+  job.start(program, lws, store, run_id, join_deadline_ms);
+  job.supervise();
+  return job.summarize();
 }
 
 int launch_self(const std::string& program, int argc, char** argv, LaunchOptions options) {

@@ -984,6 +984,11 @@ struct HfTokenizer::Impl {
     if (const auto it = added_ids.find(std::string(token)); it != added_ids.end()) return it->second;
     return model->id_of(token);
   }
+
+  // HfTokenizer::load's steps, after the model and the components.
+  void read_added_tokens(const json& j, const Where& root);
+  void read_template(const json& j, const Where& root);
+  void read_config(const std::string& path);
 };
 
 HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
@@ -996,10 +1001,10 @@ HfTokenizer::HfTokenizer(const std::string& path) : path_(path) {
   }
 }
 
-void HfTokenizer::load() {
-  const std::string& path = path_;
-  const json j = read_json(path, "tokenizer.json");
-  const Where root{&path_, ""};
+namespace {
+
+// tokenizer.json's top level: what the file is, and settings fsdp-train does not follow.
+void check_top_level(const json& j, const Where& root, const std::string& path) {
   FSDP_CHECK(j.is_object() && j.contains("model"), "tokenizer.json '", path, "' has no \"model\" — is it a ",
              "Hugging Face tokenizer.json (saved by the tokenizers library)?");
   if (const auto it = j.find("version"); it != j.end() && !(it->is_string() && it->get<std::string>() == "1.0"))
@@ -1010,18 +1015,69 @@ void HfTokenizer::load() {
       refuse(root.at(key), "is set (" + it->dump().substr(0, 120) + "), which would cut or pad every encoding",
              "set it to null: fsdp-train cuts the token stream into windows itself");
   }
+}
+
+// The post-processor's single template: the ids before $A (`prefix`) and after it (`suffix`).
+void read_processor(const json& p, const Where& w, std::vector<int32_t>& prefix, std::vector<int32_t>& suffix) {
+  if (p.is_null()) return;
+  const std::string type = type_of(p, w);
+  if (type == "ByteLevel") return;  // offsets only
+  if (type == "Sequence") {
+    const json& list = field(p, "processors", w);
+    if (!list.is_array()) refuse(w.at("processors"), "is not a list", "check the file");
+    for (size_t i = 0; i < list.size(); ++i) read_processor(list[i], w.at("processors").item(i), prefix, suffix);
+    return;
+  }
+  if (type != "TemplateProcessing") unsupported(w, "the post-processor \"" + type + "\"");
+  const json& single = field(p, "single", w);
+  const json& specials = field(p, "special_tokens", w);
+  if (!single.is_array()) refuse(w.at("single"), "is not a list", "check the file");
+  bool seen_a = false;
+  for (size_t i = 0; i < single.size(); ++i) {
+    const json& piece = single[i];
+    const Where wi = w.at("single").item(i);
+    if (piece.contains("Sequence")) {
+      if (piece["Sequence"].value("id", "") != "A" || seen_a)
+        refuse(wi, "a single template must hold $A once: " + piece.dump(), "check the file");
+      seen_a = true;
+    } else if (piece.contains("SpecialToken")) {
+      const std::string name = piece["SpecialToken"].value("id", "");
+      const auto st = specials.find(name);
+      if (st == specials.end() || !st->contains("ids") || !(*st)["ids"].is_array())
+        refuse(wi, "special token \"" + name + "\" is not in special_tokens", "check the file");
+      for (const json& id : (*st)["ids"]) (seen_a ? suffix : prefix).push_back(id.get<int32_t>());
+    } else {
+      refuse(wi, "is neither Sequence nor SpecialToken: " + piece.dump(), "check the file");
+    }
+  }
+  if (!seen_a) refuse(w.at("single"), "has no $A", "check the file");
+}
+
+}  // namespace
+
+void HfTokenizer::load() {
+  const std::string& path = path_;
+  const json j = read_json(path, "tokenizer.json");
+  const Where root{&path_, ""};
+  check_top_level(j, root, path);
 
   auto impl = std::make_unique<Impl>();
   impl->model = std::make_unique<Bpe>(j["model"], root.at("model"));
   impl->normalizer = make_normalizer(j.value("normalizer", json()), root.at("normalizer"));
   impl->pre_tokenizer = make_pre_tokenizer(j.value("pre_tokenizer", json()), root.at("pre_tokenizer"));
   impl->decoder = make_decoder(j.value("decoder", json()), root.at("decoder"));
+  impl->read_added_tokens(j, root);
+  impl->read_template(j, root);
+  impl->read_config(path);
+  impl_ = std::move(impl);
+}
 
-  // Added tokens, with ids as AddedVocabulary::add_tokens assigns them: the id of the
-  // same text in the vocabulary (or an earlier added token), else the next free id
-  // from the model's vocabulary size on.
-  int32_t next_id = impl->model->size();
-  int32_t id_bound = impl->model->id_bound();
+// Added tokens, with ids as AddedVocabulary::add_tokens assigns them: the id of the
+// same text in the vocabulary (or an earlier added token), else the next free id
+// from the model's vocabulary size on.
+void HfTokenizer::Impl::read_added_tokens(const json& j, const Where& root) {
+  int32_t next_id = model->size();
+  int32_t id_bound = model->id_bound();
   if (const auto it = j.find("added_tokens"); it != j.end() && !it->is_null()) {
     const Where w = root.at("added_tokens");
     if (!it->is_array()) refuse(w, "is not a list", "check the file");
@@ -1036,7 +1092,7 @@ void HfTokenizer::load() {
       a.rstrip = bool_field(t, "rstrip", false, wi);
       a.special = bool_field(t, "special", false, wi);
       a.normalized = bool_field(t, "normalized", !a.special, wi);
-      if (const int32_t known = impl->token_to_id(a.content); known >= 0) {
+      if (const int32_t known = token_to_id(a.content); known >= 0) {
         a.id = known;
       } else {
         a.id = next_id++;
@@ -1047,71 +1103,44 @@ void HfTokenizer::load() {
                "the file's ids do not follow the library's rule (the vocabulary's id, else the next id after the "
                "vocabulary); fix the file");
       a.pattern = a.content;
-      if (a.normalized && impl->normalizer) impl->normalizer->normalize(a.pattern);
-      if (const auto dup = impl->added_by_id.find(a.id); dup != impl->added_by_id.end()) {
-        impl->added[dup->second] = a;  // the library keeps the last properties of an id
+      if (a.normalized && normalizer) normalizer->normalize(a.pattern);
+      if (const auto dup = added_by_id.find(a.id); dup != added_by_id.end()) {
+        added[dup->second] = a;  // the library keeps the last properties of an id
       } else {
-        impl->added_by_id.emplace(a.id, impl->added.size());
-        impl->added.push_back(a);
+        added_by_id.emplace(a.id, added.size());
+        added.push_back(a);
       }
-      impl->added_ids[a.content] = a.id;
+      added_ids[a.content] = a.id;
       id_bound = std::max(id_bound, a.id + 1);
     }
   }
-  for (size_t k = 0; k < impl->added.size(); ++k) {
-    const AddedToken& a = impl->added[k];
+  for (size_t k = 0; k < added.size(); ++k) {
+    const AddedToken& a = added[k];
     if (a.normalized) {
-      if (!a.pattern.empty()) impl->normalized_matcher.add(a.pattern, k);
+      if (!a.pattern.empty()) normalized_matcher.add(a.pattern, k);
     } else {
-      impl->raw_matcher.add(a.pattern, k);
+      raw_matcher.add(a.pattern, k);
     }
   }
-  impl->vocab_size = id_bound;
+  vocab_size = id_bound;
+}
 
-  // BOS / EOS: the post-processor's single template, and tokenizer_config.json.
+// BOS / EOS: the post-processor's single template (tokenizer_config.json may
+// restate them: read_config).
+void HfTokenizer::Impl::read_template(const json& j, const Where& root) {
   std::vector<int32_t> prefix, suffix;
-  std::function<void(const json&, const Where&)> read_processor = [&](const json& p, const Where& w) {
-    if (p.is_null()) return;
-    const std::string type = type_of(p, w);
-    if (type == "ByteLevel") return;  // offsets only
-    if (type == "Sequence") {
-      const json& list = field(p, "processors", w);
-      if (!list.is_array()) refuse(w.at("processors"), "is not a list", "check the file");
-      for (size_t i = 0; i < list.size(); ++i) read_processor(list[i], w.at("processors").item(i));
-      return;
-    }
-    if (type != "TemplateProcessing") unsupported(w, "the post-processor \"" + type + "\"");
-    const json& single = field(p, "single", w);
-    const json& specials = field(p, "special_tokens", w);
-    if (!single.is_array()) refuse(w.at("single"), "is not a list", "check the file");
-    bool seen_a = false;
-    for (size_t i = 0; i < single.size(); ++i) {
-      const json& piece = single[i];
-      const Where wi = w.at("single").item(i);
-      if (piece.contains("Sequence")) {
-        if (piece["Sequence"].value("id", "") != "A" || seen_a)
-          refuse(wi, "a single template must hold $A once: " + piece.dump(), "check the file");
-        seen_a = true;
-      } else if (piece.contains("SpecialToken")) {
-        const std::string name = piece["SpecialToken"].value("id", "");
-        const auto st = specials.find(name);
-        if (st == specials.end() || !st->contains("ids") || !(*st)["ids"].is_array())
-          refuse(wi, "special token \"" + name + "\" is not in special_tokens", "check the file");
-        for (const json& id : (*st)["ids"]) (seen_a ? suffix : prefix).push_back(id.get<int32_t>());
-      } else {
-        refuse(wi, "is neither Sequence nor SpecialToken: " + piece.dump(), "check the file");
-      }
-    }
-    if (!seen_a) refuse(w.at("single"), "has no $A", "check the file");
-  };
-  read_processor(j.value("post_processor", json()), root.at("post_processor"));
+  read_processor(j.value("post_processor", json()), root.at("post_processor"), prefix, suffix);
   if (prefix.size() > 1 || suffix.size() > 1)
     unsupported(root.at("post_processor"), detail::cat("a template adding ", prefix.size(), " tokens before and ",
                                                        suffix.size(), " after the text (at most one BOS and one EOS)"));
-  for (const int32_t id : prefix) impl->bos = id;
-  for (const int32_t id : suffix) impl->eos = id;
-  impl->adds_bos = !prefix.empty();
+  for (const int32_t id : prefix) bos = id;
+  for (const int32_t id : suffix) eos = id;
+  adds_bos = !prefix.empty();
+}
 
+// tokenizer_config.json beside `path`, when there is one: its BOS and EOS
+// must agree with the template's.
+void HfTokenizer::Impl::read_config(const std::string& path) {
   const std::string config_path = (std::filesystem::path(path).parent_path() / "tokenizer_config.json").string();
   if (std::filesystem::exists(config_path)) {
     const json config = read_json(config_path, "tokenizer_config.json");
@@ -1119,30 +1148,29 @@ void HfTokenizer::load() {
     auto resolve = [&](const char* key) {
       const std::optional<std::string> tok = config_token(config, key, cw);
       if (!tok) return -1;
-      const int32_t id = impl->token_to_id(*tok);
+      const int32_t id = token_to_id(*tok);
       if (id < 0) refuse(cw.at(key), "\"" + *tok + "\" is not a token of " + path, "check the two files belong together");
       return id;
     };
-    const int32_t bos = resolve("bos_token"), eos = resolve("eos_token");
-    if (bos >= 0 && impl->bos >= 0 && bos != impl->bos)
-      refuse(cw.at("bos_token"), detail::cat("is id ", bos, " but tokenizer.json's template puts id ", impl->bos,
+    const int32_t config_bos = resolve("bos_token"), config_eos = resolve("eos_token");
+    if (config_bos >= 0 && bos >= 0 && config_bos != bos)
+      refuse(cw.at("bos_token"), detail::cat("is id ", config_bos, " but tokenizer.json's template puts id ", bos,
                                              " before the text"),
              "make the two files agree");
-    if (eos >= 0 && impl->eos >= 0 && eos != impl->eos)
-      refuse(cw.at("eos_token"), detail::cat("is id ", eos, " but tokenizer.json's template puts id ", impl->eos,
+    if (config_eos >= 0 && eos >= 0 && config_eos != eos)
+      refuse(cw.at("eos_token"), detail::cat("is id ", config_eos, " but tokenizer.json's template puts id ", eos,
                                              " after the text"),
              "make the two files agree");
-    if (bos >= 0) impl->bos = bos;
-    if (eos >= 0) impl->eos = eos;
+    if (config_bos >= 0) bos = config_bos;
+    if (config_eos >= 0) eos = config_eos;
     if (const auto it = config.find("add_bos_token"); it != config.end() && it->is_boolean() &&
-                                                      it->get<bool>() != impl->adds_bos)
+                                                      it->get<bool>() != adds_bos)
       refuse(cw.at("add_bos_token"), detail::cat("is ", it->dump(), " but tokenizer.json's post-processor ",
-                                                 impl->adds_bos ? "adds" : "does not add", " a BOS token"),
+                                                 adds_bos ? "adds" : "does not add", " a BOS token"),
              "the tokenizers library follows tokenizer.json: make the two files agree");
     if (const auto it = config.find("split_special_tokens"); it != config.end() && it->is_boolean() && it->get<bool>())
       unsupported(cw.at("split_special_tokens"), "split_special_tokens = true (special-token text encoded as text)");
   }
-  impl_ = std::move(impl);
 }
 
 HfTokenizer::~HfTokenizer() = default;

@@ -42,6 +42,13 @@ ShardedModelImpl::~ShardedModelImpl() {
   for (auto& m : unit_modules_) m->set_hooks(nullptr);
 }
 
+// Note [Engine construction]
+// build_units makes the engine from the plan in named steps, in this order on
+// every rank (several steps are collective): the plan and its one-rank
+// groups, the buffer pool the flat parameters draw from, the flat parameters
+// with their units and hooks (a broadcast each with sync_module_states), the
+// hpZ groups (collective), the scheduler, and the model's buffers (a
+// broadcast each with sync_module_states).
 void ShardedModelImpl::build_units() {
   const int shard_size = shard_group_->size();
   std::vector<PlannedUnit> plan = plan_units(root_module_, options_, shard_size);
@@ -49,27 +56,84 @@ void ShardedModelImpl::build_units() {
     FSDP_CHECK(!t.is_meta(), "an ignored parameter (FsdpOptions::ignored_params, ", t.sizes(), ") is on the meta "
                "device: FSDP leaves ignored parameters to the caller, so materialize them before fully_shard");
   }
-
-  // --- flat parameters, shards, hooks
+  const std::vector<bool> replicated = plan_replicated_units(plan, shard_size);
   FlatParamOptions fpo;
   fpo.device = options_.device;
-  // Note [One-rank shard groups]
-  // A shard group of one rank holds every parameter in its shard. When that
-  // shard can be the parameters themselves (same dtype, same device), sharding
-  // would only copy it into a buffer and free the buffer again, twice a step:
-  // the unit is laid out as NO_SHARD's single copy instead — nothing gathered,
-  // freed or copied, no extra memory — as PyTorch FSDP does at world size 1.
-  // Gradients are still averaged over the replicas (HYBRID). With a bf16 compute
-  // copy or CPU offload the strategy stands: keeping the compute copy resident
-  // would cost memory the user asked not to spend. Decided per unit (its own
-  // precision and offload may differ).
+  fpo.ledger = ledger_;
+  make_buffer_pool(plan, shard_size, fpo);
+  for (auto& u : nn::find_units(root_module_)) u.second->set_hooks(nullptr);  // folded units: plain call
+  std::vector<ScheduleUnit> sched_units = schedule_units(plan, options_, shard_size,
+                                                         replicate_group_ ? replicate_group_->size() : 1);
+  std::vector<UnitPolicy> policies = schedule_policies(plan);
+  for (size_t k = 0; k < plan.size(); ++k) make_unit(plan, k, replicated[k], fpo, policies[k].post_forward_group);
+  // Groups of reshard_after_forward = int (hpZ): consecutive ranks of the
+  // shard group, as FSDP2 views its mesh (-1, g). Collective: every rank
+  // plans the same sizes.
+  for (auto& [g, group] : post_forward_groups_) group = comm::make_hybrid_groups(*shard_group_, g).shard;
+  sched_ = std::make_unique<StepScheduler>(std::move(sched_units), std::move(policies), schedule_options(options_));
+  place_buffers();
+}
+
+// Note [One-rank shard groups]
+// A shard group of one rank holds every parameter in its shard. When that
+// shard can be the parameters themselves (same dtype, same device), sharding
+// would only copy it into a buffer and free the buffer again, twice a step:
+// the unit is laid out as NO_SHARD's single copy instead — nothing gathered,
+// freed or copied, no extra memory — as PyTorch FSDP does at world size 1.
+// Gradients are still averaged over the replicas (HYBRID). With a bf16 compute
+// copy or CPU offload the strategy stands: keeping the compute copy resident
+// would cost memory the user asked not to spend. Decided per unit (its own
+// precision and offload may differ).
+std::vector<bool> ShardedModelImpl::plan_replicated_units(const std::vector<PlannedUnit>& plan, int shard_size) {
   std::vector<bool> unit_replicated_flags;
   replicated_ = true;
   for (const PlannedUnit& pu : plan) {
     unit_replicated_flags.push_back(unit_replicated(pu, options_, shard_size));
     replicated_ = replicated_ && unit_replicated_flags.back();
   }
-  fpo.ledger = ledger_;
+  return unit_replicated_flags;
+}
+
+namespace {
+
+// Cache up to two blocks of the largest repeated unit: what the next unit
+// takes while the previous one is being released (Note [Host buffers from
+// mmap]). Repeated: a size several units share (the decoder layers); a
+// language model's embedding and head, gathered twice a step each, are
+// larger and are not kept between uses (they would stay resident). With no
+// repeated size, the largest non-root unit.
+int64_t largest_repeated_unit_bytes(const std::vector<PlannedUnit>& plan, int shard_size) {
+  const auto padded_bytes = [&](const PlannedUnit& pu, const std::vector<FlatParam::Source>& sources) {
+    int64_t numel = 0;
+    for (const auto& s : sources) numel += s.param.numel();
+    return (numel + shard_size - 1) / shard_size * shard_size *
+           static_cast<int64_t>(c10::elementSize(pu.mixed_precision.param_dtype));
+  };
+  std::map<int64_t, int> sizes;  // padded bytes of a non-root unit -> how many units have it
+  for (size_t k = 1; k < plan.size(); ++k) ++sizes[padded_bytes(plan[k], plan[k].sources) + padded_bytes(plan[k], plan[k].frozen)];
+  int64_t largest = sizes.empty() ? 0 : sizes.rbegin()->first;
+  for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
+    if (it->second >= 2) {
+      largest = it->first;
+      break;
+    }
+  }
+  return largest;
+}
+
+// Whether unit `k`'s subtree holds other units of the plan.
+bool contains_other_units(const std::vector<PlannedUnit>& plan, size_t k) {
+  const PlannedUnit& pu = plan[k];
+  bool contains_units = false;
+  for (size_t j = 0; j < plan.size(); ++j) {
+    contains_units = contains_units || (j != k && (pu.name.empty() || plan[j].name.rfind(pu.name + ".", 0) == 0));
+  }
+  return contains_units;
+}
+
+}  // namespace
+
+void ShardedModelImpl::make_buffer_pool(const std::vector<PlannedUnit>& plan, int shard_size, FlatParamOptions& fpo) {
   if (options_.device.is_cuda() || options_.unsharded_pool) {
     // Note [Preallocated pool]: the plan's bound for one step, plus the
     // alignment of the blocks live at once (a few dozen at most).
@@ -78,137 +142,113 @@ void ShardedModelImpl::build_units() {
       pool_ = std::make_shared<UnshardedPool>(options_.device,
                                               sp.step_unsharded_bytes + kPoolAlignmentBlocks * UnshardedPool::kAlignment);
       // A fragmented pool first gets back the oldest reduction's buffers.
-      pool_->set_reclaim([this] {
-        // The oldest reduction actually issued: one whose finish the events
-        // being executed hold further on (it is then skipped there), else the
-        // schedule's oldest in flight that the engine has issued.
-        std::vector<Event> events;
-        if (executing_ != nullptr) {
-          for (size_t i = executing_pos_ + 1; i < executing_->size(); ++i) {
-            const Event& e = (*executing_)[i];
-            if (e.kind != EventKind::kFinishReduce ||
-                units_[size_t(e.unit)]->grad_state() != GradState::kReduceIssued) {
-              continue;
-            }
-            events.push_back(e);
-            run_events(events);
-            reclaimed_.push_back(e.unit);  // skipped when the events reach it
-            return true;
-          }
-        }
-        for (int u : sched_->in_flight()) {
-          if (units_[size_t(u)]->grad_state() != GradState::kReduceIssued) continue;
-          sched_->finish_now(u, events);
-          run_events(events);
-          return true;
-        }
-        return false;
-      });
+      pool_->set_reclaim([this] { return reclaim_oldest_reduction(); });
       fpo.pool = pool_;
     }
   } else if (options_.device.is_cpu()) {
-    // Cache up to two blocks of the largest repeated unit: what the next unit
-    // takes while the previous one is being released (Note [Host buffers from
-    // mmap]). Repeated: a size several units share (the decoder layers); a
-    // language model's embedding and head, gathered twice a step each, are
-    // larger and are not kept between uses (they would stay resident). With no
-    // repeated size, the largest non-root unit.
-    const auto padded_bytes = [&](const PlannedUnit& pu, const std::vector<FlatParam::Source>& sources) {
-      int64_t numel = 0;
-      for (const auto& s : sources) numel += s.param.numel();
-      return (numel + shard_size - 1) / shard_size * shard_size *
-             static_cast<int64_t>(c10::elementSize(pu.mixed_precision.param_dtype));
-    };
-    std::map<int64_t, int> sizes;  // padded bytes of a non-root unit -> how many units have it
-    for (size_t k = 1; k < plan.size(); ++k) ++sizes[padded_bytes(plan[k], plan[k].sources) + padded_bytes(plan[k], plan[k].frozen)];
-    int64_t largest = sizes.empty() ? 0 : sizes.rbegin()->first;
-    for (auto it = sizes.rbegin(); it != sizes.rend(); ++it) {
-      if (it->second >= 2) {
-        largest = it->first;
-        break;
-      }
-    }
-    host_pool_ = std::make_shared<internals::HostBufferPool>(static_cast<size_t>(2 * largest));
+    host_pool_ = std::make_shared<internals::HostBufferPool>(
+        static_cast<size_t>(2 * largest_repeated_unit_bytes(plan, shard_size)));
     fpo.host_pool = host_pool_;
   }
-  // Note [Frozen shards in the param dtype]
-  // A master copy exists for the optimizer to update. Frozen parameters are
-  // never updated, so under a mixed-precision policy their shard holds the
-  // param dtype: every gather would round the master to it anyway, so compute
-  // sees the same values to the bit, and the shard takes half the bytes with
-  // bf16 (what LoRA keeps most of: the frozen base). No cast at each gather
-  // either; under NO_SHARD the shard is the compute copy itself (single copy,
-  // FlatParam), so frozen parameters take no unsharded memory there. What
-  // changes: a checkpoint or export of frozen weights holds the rounded values
-  // the run computed with (plan_sharding counts the bytes alike).
-  const auto make_flat = [&](const PlannedUnit& pu, bool replicated, std::vector<FlatParam::Source> sources,
-                             bool trainable) {
-    FlatParamOptions o = fpo;
-    o.param_dtype = pu.mixed_precision.param_dtype;
-    o.shard_dtype = o.master_dtype = pu.mixed_precision.master_dtype;
-    o.shard_device = pu.cpu_offload ? at::Device(at::kCPU) : options_.device;
-    o.pin_shards = pu.cpu_offload && options_.device.is_cuda() && options_.pin_memory;
-    o.shard_rank = replicated ? 0 : shard_group_->rank();
-    o.shard_size = replicated ? 1 : shard_size;
-    o.replicated = replicated;
-    o.trainable = trainable;
-    if (!trainable) o.shard_dtype = o.param_dtype;
-    auto flat = std::make_unique<FlatParam>(std::move(sources), o);
-    at::Tensor source;
-    if (options_.sync_module_states && world_->size() > 1) {
-      // Rank 0's values, one flat parameter at a time (on the group's device:
-      // NCCL broadcasts device memory). Other ranks may hold meta parameters.
-      source = world_->rank() == 0
-                   ? flat->gather_source_values().to(options_.device)
-                   : at::empty({flat->layout().numel}, at::TensorOptions().dtype(at::kFloat).device(options_.device));
-      world_->broadcast(source, 0)->wait();
+}
+
+bool ShardedModelImpl::reclaim_oldest_reduction() {
+  // The oldest reduction actually issued: one whose finish the events
+  // being executed hold further on (it is then skipped there), else the
+  // schedule's oldest in flight that the engine has issued.
+  std::vector<Event> events;
+  if (executing_ != nullptr) {
+    for (size_t i = executing_pos_ + 1; i < executing_->size(); ++i) {
+      const Event& e = (*executing_)[i];
+      if (e.kind != EventKind::kFinishReduce ||
+          units_[size_t(e.unit)]->grad_state() != GradState::kReduceIssued) {
+        continue;
+      }
+      events.push_back(e);
+      run_events(events);
+      reclaimed_.push_back(e.unit);  // skipped when the events reach it
+      return true;
     }
-    flat->init_shard(source, options_.init_rule, options_.seed);
-    flat->bind(/*keep_allocated=*/replicated);
-    return flat;
-  };
-  for (auto& u : nn::find_units(root_module_)) u.second->set_hooks(nullptr);  // folded units: plain call
-  std::vector<ScheduleUnit> sched_units = schedule_units(plan, options_, shard_size,
-                                                         replicate_group_ ? replicate_group_->size() : 1);
-  std::vector<UnitPolicy> policies = schedule_policies(plan);
-  for (size_t k = 0; k < plan.size(); ++k) {
-    PlannedUnit& pu = plan[k];
-    const bool lists_trainable = pu.lists_trainable(), lists_frozen = pu.lists_frozen();
-    const bool replicated = unit_replicated_flags[k];
-    std::unique_ptr<FlatParam> flat = make_flat(pu, replicated, std::move(pu.sources), /*trainable=*/true);
-    std::unique_ptr<FlatParam> frozen =
-        lists_frozen ? make_flat(pu, replicated, std::move(pu.frozen), /*trainable=*/false) : nullptr;
-    const std::string type_name = pu.module->inner_type_name();
-    bool contains_units = false;
-    for (size_t j = 0; j < plan.size(); ++j) {
-      contains_units = contains_units || (j != k && (pu.name.empty() || plan[j].name.rfind(pu.name + ".", 0) == 0));
-    }
-    auto unit = std::make_shared<ShardedUnit>(this, k, pu.name, type_name, k == 0, pu.checkpoint, std::move(flat),
-                                              std::move(frozen), contains_units, replicated, pu.mixed_precision);
-    if (lists_trainable) {
-      infos_.push_back(unit_info(pu, unit->flat().layout(), unit->flat().shard_offset(), /*trainable=*/true));
-      entries_.push_back({unit.get(), &unit->flat()});
-    }
-    if (lists_frozen) {
-      infos_.push_back(unit_info(pu, unit->frozen()->layout(), unit->frozen()->shard_offset(), /*trainable=*/false));
-      entries_.push_back({unit.get(), unit->frozen()});
-    }
-    unit->register_grad_hooks();
-    unit->begin_iteration();
-    pu.module->set_hooks(unit);
-    unit_modules_.push_back(pu.module);
-    unit_names_.push_back(pu.name);
-    units_.push_back(std::move(unit));
-    const int g = policies[k].post_forward_group;
-    if (g > 1 && !replicated && post_forward_groups_.count(g) == 0) post_forward_groups_[g] = nullptr;
   }
-  // Groups of reshard_after_forward = int (hpZ): consecutive ranks of the
-  // shard group, as FSDP2 views its mesh (-1, g). Collective: every rank
-  // plans the same sizes.
-  for (auto& [g, group] : post_forward_groups_) group = comm::make_hybrid_groups(*shard_group_, g).shard;
-  sched_ = std::make_unique<StepScheduler>(std::move(sched_units), std::move(policies), schedule_options(options_));
-  // Buffers are replicated, not sharded: cast (and with sync_module_states,
-  // broadcast) them in place.
+  for (int u : sched_->in_flight()) {
+    if (units_[size_t(u)]->grad_state() != GradState::kReduceIssued) continue;
+    sched_->finish_now(u, events);
+    run_events(events);
+    return true;
+  }
+  return false;
+}
+
+// Note [Frozen shards in the param dtype]
+// A master copy exists for the optimizer to update. Frozen parameters are
+// never updated, so under a mixed-precision policy their shard holds the
+// param dtype: every gather would round the master to it anyway, so compute
+// sees the same values to the bit, and the shard takes half the bytes with
+// bf16 (what LoRA keeps most of: the frozen base). No cast at each gather
+// either; under NO_SHARD the shard is the compute copy itself (single copy,
+// FlatParam), so frozen parameters take no unsharded memory there. What
+// changes: a checkpoint or export of frozen weights holds the rounded values
+// the run computed with (plan_sharding counts the bytes alike).
+std::unique_ptr<FlatParam> ShardedModelImpl::make_flat(const FlatParamOptions& fpo, const PlannedUnit& pu,
+                                                       bool replicated, std::vector<FlatParam::Source> sources,
+                                                       bool trainable) {
+  FlatParamOptions o = fpo;
+  o.param_dtype = pu.mixed_precision.param_dtype;
+  o.shard_dtype = o.master_dtype = pu.mixed_precision.master_dtype;
+  o.shard_device = pu.cpu_offload ? at::Device(at::kCPU) : options_.device;
+  o.pin_shards = pu.cpu_offload && options_.device.is_cuda() && options_.pin_memory;
+  o.shard_rank = replicated ? 0 : shard_group_->rank();
+  o.shard_size = replicated ? 1 : shard_group_->size();
+  o.replicated = replicated;
+  o.trainable = trainable;
+  if (!trainable) o.shard_dtype = o.param_dtype;
+  auto flat = std::make_unique<FlatParam>(std::move(sources), o);
+  at::Tensor source;
+  if (options_.sync_module_states && world_->size() > 1) {
+    // Rank 0's values, one flat parameter at a time (on the group's device:
+    // NCCL broadcasts device memory). Other ranks may hold meta parameters.
+    source = world_->rank() == 0
+                 ? flat->gather_source_values().to(options_.device)
+                 : at::empty({flat->layout().numel}, at::TensorOptions().dtype(at::kFloat).device(options_.device));
+    world_->broadcast(source, 0)->wait();
+  }
+  flat->init_shard(source, options_.init_rule, options_.seed);
+  flat->bind(/*keep_allocated=*/replicated);
+  return flat;
+}
+
+void ShardedModelImpl::make_unit(std::vector<PlannedUnit>& plan, size_t k, bool replicated,
+                                 const FlatParamOptions& fpo, int post_forward_group) {
+  PlannedUnit& pu = plan[k];
+  const bool lists_trainable = pu.lists_trainable(), lists_frozen = pu.lists_frozen();
+  std::unique_ptr<FlatParam> flat = make_flat(fpo, pu, replicated, std::move(pu.sources), /*trainable=*/true);
+  std::unique_ptr<FlatParam> frozen =
+      lists_frozen ? make_flat(fpo, pu, replicated, std::move(pu.frozen), /*trainable=*/false) : nullptr;
+  const std::string type_name = pu.module->inner_type_name();
+  const bool contains_units = contains_other_units(plan, k);
+  auto unit = std::make_shared<ShardedUnit>(this, k, pu.name, type_name, k == 0, pu.checkpoint, std::move(flat),
+                                            std::move(frozen), contains_units, replicated, pu.mixed_precision);
+  if (lists_trainable) {
+    infos_.push_back(unit_info(pu, unit->flat().layout(), unit->flat().shard_offset(), /*trainable=*/true));
+    entries_.push_back({unit.get(), &unit->flat()});
+  }
+  if (lists_frozen) {
+    infos_.push_back(unit_info(pu, unit->frozen()->layout(), unit->frozen()->shard_offset(), /*trainable=*/false));
+    entries_.push_back({unit.get(), unit->frozen()});
+  }
+  unit->register_grad_hooks();
+  unit->begin_iteration();
+  pu.module->set_hooks(unit);
+  unit_modules_.push_back(pu.module);
+  unit_names_.push_back(pu.name);
+  units_.push_back(std::move(unit));
+  const int g = post_forward_group;
+  if (g > 1 && !replicated && post_forward_groups_.count(g) == 0) post_forward_groups_[g] = nullptr;
+}
+
+// Buffers are replicated, not sharded: cast (and with sync_module_states,
+// broadcast) them in place.
+void ShardedModelImpl::place_buffers() {
   for (auto& b : root_module_->named_buffers(/*recurse=*/true)) {
     at::Tensor t = b.value();
     FSDP_CHECK(!t.is_meta(), "buffer '", b.key(), "' is on the meta device; buffers are not sharded, so the model "

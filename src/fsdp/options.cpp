@@ -3,7 +3,7 @@
 // ...); a program maps them to its own flags (fsdp-train: apps/option_names.h).
 #include "fsdp/common/error.h"
 #include "fsdp/fsdp.h"
-#include "fsdp/state.h"
+#include "fsdp/plan.h"
 
 namespace fsdp {
 

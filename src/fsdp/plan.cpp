@@ -9,7 +9,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
-#include "fsdp/state.h"
+#include "fsdp/plan.h"
 
 namespace fsdp {
 namespace detail {

@@ -116,70 +116,75 @@ StateDict get_model_state_dict(ShardedModel& model, const StateDictOptions& opti
   return out;
 }
 
-IncompatibleKeys set_model_state_dict(ShardedModel& model, const StateDict& state, const StateDictOptions& options) {
-  detail::ShardedModelImpl& impl = detail::impl_of(model);
-  impl.between_steps("set_model_state_dict");
-  const comm::ProcessGroupPtr& world = impl.world();
-  const bool from_rank0 = options.broadcast_from_rank0 && world->size() > 1;
-  FSDP_CHECK(!options.broadcast_from_rank0 || options.full_state_dict, "set_model_state_dict: broadcast_from_rank0 "
-             "needs full_state_dict (rank 0's full tensors are broadcast)");
-  const bool reads = !from_rank0 || world->rank() == 0;  // this rank's dict is read
+namespace {
+
+// set_model_state_dict's steps, with what they share: which dict this rank
+// reads (rank 0's alone when broadcasting) and how the ranks agree.
+struct DictLoad {
+  ShardedModel& model;
+  const comm::ProcessGroupPtr& world;
+  const StateDictOptions& options;
+  bool from_rank0 = false;
+  bool reads = false;  // this rank's dict is read
   std::unordered_map<std::string, const StateDictTensor*> given;
-  for (const auto& [name, t] : state) given[name] = &t;
-  const auto& units = model.units();
-  const Places where = places(model);
-  std::unordered_set<std::string> known;
-  IncompatibleKeys keys;
-  for (auto& p : impl.root_module()->named_parameters(true)) {
-    known.insert(p.key());
-    if (reads && given.count(p.key()) == 0) keys.missing.push_back(p.key());
-  }
-  for (auto& b : impl.root_module()->named_buffers(true)) {
-    known.insert(b.key());
-    if (reads && given.count(b.key()) == 0) keys.missing.push_back(b.key());
-  }
-  if (reads) {
-    for (const auto& [name, t] : state) {
-      if (known.count(name) == 0) keys.unexpected.push_back(name);
-      FSDP_CHECK(known.count(name) == 0 || t.full == options.full_state_dict, "set_model_state_dict: '", name,
-                 "' is ", t.full ? "a full tensor" : "a part", " but full_state_dict is ",
-                 options.full_state_dict ? "true" : "false", "; load the dict with the options it was made with");
+
+  // Missing and unexpected names; a strict load refuses them on every rank.
+  IncompatibleKeys check_keys(detail::ShardedModelImpl& impl, const StateDict& state) const {
+    std::unordered_set<std::string> known;
+    IncompatibleKeys keys;
+    for (auto& p : impl.root_module()->named_parameters(true)) {
+      known.insert(p.key());
+      if (reads && given.count(p.key()) == 0) keys.missing.push_back(p.key());
     }
-  }
-  // Strictness is decided where the dict is read and agreed on by every rank.
-  int64_t refused = options.strict && (!keys.missing.empty() || !keys.unexpected.empty()) ? 1 : 0;
-  if (from_rank0) {
-    at::Tensor flag = at::tensor({refused}, at::kLong).to(world->device());
-    world->broadcast(flag, 0)->wait();
-    refused = flag.item<int64_t>();
-  }
-  if (refused != 0) {
-    std::string missing, unexpected;
-    for (const auto& n : keys.missing) missing += (missing.empty() ? "" : ", ") + n;
-    for (const auto& n : keys.unexpected) unexpected += (unexpected.empty() ? "" : ", ") + n;
-    FSDP_CHECK(false, "set_model_state_dict (strict): missing [", missing, "], unexpected [", unexpected,
-               "]", reads ? "" : " (on rank 0)", "; give every parameter and buffer, or set strict false");
-  }
-  const std::vector<ShardRef> shards = model.shards();
-  for (size_t e = 0; e < units.size(); ++e) {
-    const UnitInfo& u = units[e];
-    if (!options.full_state_dict && !replicated(u)) {
-      // Parts: each rank writes its own elements.
-      at::NoGradGuard no_grad;
-      for (const ParamPlacement& pl : u.params) {
-        const auto it = given.find(pl.name);
-        if (it == given.end()) continue;
-        const Part part = part_of(u, pl);
-        const at::Tensor& v = it->second->value;
-        FSDP_CHECK(it->second->offset == part.first && v.numel() == part.count, "set_model_state_dict: '", pl.name,
-                   "' holds elements [", it->second->offset, ", ", it->second->offset + v.numel(),
-                   ") of it, this rank's shard has [", part.first, ", ", part.first + part.count,
-                   "): a sharded state dict loads only into the layout it came from; use full_state_dict");
-        shards[e].param.narrow(0, part.at, part.count).copy_(v.reshape({-1}));
+    for (auto& b : impl.root_module()->named_buffers(true)) {
+      known.insert(b.key());
+      if (reads && given.count(b.key()) == 0) keys.missing.push_back(b.key());
+    }
+    if (reads) {
+      for (const auto& [name, t] : state) {
+        if (known.count(name) == 0) keys.unexpected.push_back(name);
+        FSDP_CHECK(known.count(name) == 0 || t.full == options.full_state_dict, "set_model_state_dict: '", name,
+                   "' is ", t.full ? "a full tensor" : "a part", " but full_state_dict is ",
+                   options.full_state_dict ? "true" : "false", "; load the dict with the options it was made with");
       }
-      model.reshard(u.name);  // an unsharded copy kept by a policy is stale now
-      continue;
     }
+    // Strictness is decided where the dict is read and agreed on by every rank.
+    int64_t refused = options.strict && (!keys.missing.empty() || !keys.unexpected.empty()) ? 1 : 0;
+    if (from_rank0) {
+      at::Tensor flag = at::tensor({refused}, at::kLong).to(world->device());
+      world->broadcast(flag, 0)->wait();
+      refused = flag.item<int64_t>();
+    }
+    if (refused != 0) {
+      std::string missing, unexpected;
+      for (const auto& n : keys.missing) missing += (missing.empty() ? "" : ", ") + n;
+      for (const auto& n : keys.unexpected) unexpected += (unexpected.empty() ? "" : ", ") + n;
+      FSDP_CHECK(false, "set_model_state_dict (strict): missing [", missing, "], unexpected [", unexpected,
+                 "]", reads ? "" : " (on rank 0)", "; give every parameter and buffer, or set strict false");
+    }
+    return keys;
+  }
+
+  // A sharded entry: parts, each rank writes its own elements.
+  void load_parts(size_t e, const UnitInfo& u, const std::vector<ShardRef>& shards) const {
+    at::NoGradGuard no_grad;
+    for (const ParamPlacement& pl : u.params) {
+      const auto it = given.find(pl.name);
+      if (it == given.end()) continue;
+      const Part part = part_of(u, pl);
+      const at::Tensor& v = it->second->value;
+      FSDP_CHECK(it->second->offset == part.first && v.numel() == part.count, "set_model_state_dict: '", pl.name,
+                 "' holds elements [", it->second->offset, ", ", it->second->offset + v.numel(),
+                 ") of it, this rank's shard has [", part.first, ", ", part.first + part.count,
+                 "): a sharded state dict loads only into the layout it came from; use full_state_dict");
+      shards[e].param.narrow(0, part.at, part.count).copy_(v.reshape({-1}));
+    }
+    model.reshard(u.name);  // an unsharded copy kept by a policy is stale now
+  }
+
+  // A replicated entry or a full dict: the whole flat values, gathered where
+  // the dict gives none.
+  void load_full(size_t e, const UnitInfo& u, const std::vector<ShardRef>& shards) const {
     bool complete = true;
     for (const ParamPlacement& pl : u.params) complete = complete && given.count(pl.name) > 0;
     // Ranks agree on whether the current values are needed (a collective):
@@ -215,8 +220,9 @@ IncompatibleKeys set_model_state_dict(ShardedModel& model, const StateDict& stat
     }
     model.load_unit(e, flat);
   }
+
   // Ignored parameters and buffers: the module's own tensors (from rank 0 when broadcasting).
-  const auto write = [&](const std::string& name, at::Tensor target) {
+  void write(const std::string& name, at::Tensor target) const {
     at::Tensor v = target.detach().clone();
     const auto it = given.find(name);
     if (reads && it != given.end()) v.copy_(it->second->value.reshape(target.sizes()));
@@ -234,11 +240,36 @@ IncompatibleKeys set_model_state_dict(ShardedModel& model, const StateDict& stat
     if (have == 0) return;
     at::NoGradGuard no_grad;
     target.copy_(v);
-  };
-  for (auto& p : impl.root_module()->named_parameters(true)) {
-    if (where.by_name.count(p.key()) == 0) write(p.key(), p.value());
   }
-  for (auto& b : impl.root_module()->named_buffers(true)) write(b.key(), b.value());
+};
+
+}  // namespace
+
+IncompatibleKeys set_model_state_dict(ShardedModel& model, const StateDict& state, const StateDictOptions& options) {
+  detail::ShardedModelImpl& impl = detail::impl_of(model);
+  impl.between_steps("set_model_state_dict");
+  const comm::ProcessGroupPtr& world = impl.world();
+  DictLoad load{model, world, options};
+  load.from_rank0 = options.broadcast_from_rank0 && world->size() > 1;
+  FSDP_CHECK(!options.broadcast_from_rank0 || options.full_state_dict, "set_model_state_dict: broadcast_from_rank0 "
+             "needs full_state_dict (rank 0's full tensors are broadcast)");
+  load.reads = !load.from_rank0 || world->rank() == 0;
+  for (const auto& [name, t] : state) load.given[name] = &t;
+  const auto& units = model.units();
+  const Places where = places(model);
+  const IncompatibleKeys keys = load.check_keys(impl, state);
+  const std::vector<ShardRef> shards = model.shards();
+  for (size_t e = 0; e < units.size(); ++e) {
+    if (!options.full_state_dict && !replicated(units[e])) {
+      load.load_parts(e, units[e], shards);
+    } else {
+      load.load_full(e, units[e], shards);
+    }
+  }
+  for (auto& p : impl.root_module()->named_parameters(true)) {
+    if (where.by_name.count(p.key()) == 0) load.write(p.key(), p.value());
+  }
+  for (auto& b : impl.root_module()->named_buffers(true)) load.write(b.key(), b.value());
   return keys;
 }
 

@@ -13,7 +13,7 @@
 
 #include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
-#include "fsdp/state.h"
+#include "fsdp/plan.h"
 
 namespace fsdp {
 
@@ -540,37 +540,40 @@ void check_cluster(const ClusterSpec& c) {
              "efficiency in [0, 1]");
 }
 
-}  // namespace
+// The engine's own view of the units: each one's options and the schedule.
+struct EngineView {
+  std::vector<detail::PlannedUnit> planned;
+  std::vector<detail::ScheduleUnit> sched_units;
+  std::vector<detail::UnitPolicy> policies;
+  std::vector<detail::Event> sync_events;   // a micro-batch that reduces (the last)
+  std::vector<detail::Event> accum_events;  // one that accumulates (the others; none without grad_accum > 1)
+};
 
-StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const FsdpOptions& options,
-                           const ClusterSpec& cluster, const StepWorkload& workload, const UnitCostFn& cost) {
-  check_cluster(cluster);
-  FSDP_CHECK(workload.batch_size >= 1 && workload.seq_len >= 1 && workload.grad_accum >= 1,
-             "the estimate needs --batch-size, --seq-len and --grad-accum >= 1, got ", workload.batch_size, ", ",
-             workload.seq_len, ", ", workload.grad_accum);
-  const int world = cluster.nodes * cluster.procs_per_node;
-  FsdpOptions o = options;
-  if (o.hybrid_shard_size == 0) o.hybrid_shard_size = cluster.procs_per_node;  // one node, as fsdp-train
-  check_options(o, world);
-  const ShardingPlan plan = plan_sharding(root, world, 0, o);
-  std::vector<PlannedCost> units = merge_units(plan);
-  FSDP_ASSERT(!units.empty() && units[0].info.name.empty(), "the plan's first unit must be the root");
-
-  // The engine's own view of the units: each one's options and the schedule.
-  const std::vector<detail::PlannedUnit> planned = detail::plan_units(root, o, plan.shard_size);
-  FSDP_ASSERT(planned.size() == units.size(), "the plan's units and the schedule's differ");
-  const std::vector<int> calls = detail::call_sequence(root, planned);
-  const std::vector<detail::ScheduleUnit> sched_units =
-      detail::schedule_units(planned, o, plan.shard_size, plan.replicas);
-  const std::vector<detail::UnitPolicy> policies = detail::schedule_policies(planned);
+EngineView engine_view(const std::shared_ptr<nn::UnitBase>& root, const FsdpOptions& o, const ShardingPlan& plan,
+                       size_t plan_units, int64_t grad_accum) {
+  EngineView v;
+  v.planned = detail::plan_units(root, o, plan.shard_size);
+  FSDP_ASSERT(v.planned.size() == plan_units, "the plan's units and the schedule's differ");
+  const std::vector<int> calls = detail::call_sequence(root, v.planned);
+  v.sched_units = detail::schedule_units(v.planned, o, plan.shard_size, plan.replicas);
+  v.policies = detail::schedule_policies(v.planned);
   const detail::ScheduleOptions sched_options = detail::schedule_options(o);
-  const std::vector<detail::Event> sync_events =
-      detail::step_events(sched_units, policies, calls, sched_options, detail::StepPhase::kSynchronized);
-  const std::vector<detail::Event> accum_events =
-      workload.grad_accum > 1
-          ? detail::step_events(sched_units, policies, calls, sched_options, detail::StepPhase::kAccumulating)
-          : std::vector<detail::Event>{};
+  v.sync_events =
+      detail::step_events(v.sched_units, v.policies, calls, sched_options, detail::StepPhase::kSynchronized);
+  if (grad_accum > 1) {
+    v.accum_events =
+        detail::step_events(v.sched_units, v.policies, calls, sched_options, detail::StepPhase::kAccumulating);
+  }
+  return v;
+}
 
+// Each unit's compute and collectives as the schedule reads them
+// (Schedule::PerUnit: their times alone, and the host's CPU time under
+// Execution::kHost) and its UnitEstimate in `est`; returns the shard elements
+// the optimizer steps.
+int64_t cost_units(std::vector<PlannedCost>& units, const EngineView& view, const ShardingPlan& plan,
+                   const FsdpOptions& o, const ClusterSpec& cluster, const StepWorkload& workload,
+                   const UnitCostFn& cost, Schedule::PerUnit& per, StepEstimate& est) {
   // Bytes per element on the wire: the compressed formats' (docs/compression.md) where the
   // shard group's collectives use them, the dtypes' elsewhere (NO_SHARD, HYBRID's replicas).
   const auto wire = [&](WireFormat f, at::ScalarType native) {
@@ -578,17 +581,16 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
            : f == WireFormat::kInt8 ? 1.0 + 4.0 / static_cast<double>(o.compression.block_size)
                                     : static_cast<double>(c10::elementSize(native));
   };
+  const int world = cluster.nodes * cluster.procs_per_node;
   const bool no_shard = o.strategy == ShardingStrategy::kNoShard;
   const GroupShape shard = group_shape(plan.shard_size, 1, cluster.procs_per_node);
   const GroupShape replicas = group_shape(plan.replicas, plan.shard_size, cluster.procs_per_node);
   const GroupShape everyone = group_shape(world, 1, cluster.procs_per_node);
+  const std::vector<detail::PlannedUnit>& planned = view.planned;
+  const std::vector<detail::ScheduleUnit>& sched_units = view.sched_units;
+  const std::vector<detail::UnitPolicy>& policies = view.policies;
 
-  StepEstimate est;
-  est.world_size = world;
-  est.shard_size = plan.shard_size;
-  est.replicas = plan.replicas;
   const size_t n = units.size();
-  Schedule::PerUnit per;
   for (auto* v : {&per.gather_s, &per.reduce_s, &per.replica_s, &per.latency_s, &per.gather_cpu_s, &per.reduce_cpu_s,
                   &per.replica_cpu_s}) {
     v->assign(n, 0.0);
@@ -596,7 +598,7 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
   per.group_gather_s.assign(n, {});
   per.group_gather_cpu_s.assign(n, {});
   per.calls.assign(n, 0);
-  for (const detail::Event& e : sync_events) {
+  for (const detail::Event& e : view.sync_events) {
     if (e.kind == detail::EventKind::kForward) ++per.calls[size_t(e.unit)];
   }
   std::vector<double>& gather_s = per.gather_s;
@@ -660,25 +662,31 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
     ue.reduce_s = reduce_s[k];
     ue.replica_all_reduce_s = replica_s[k];
   }
-  // All-gathers per step: what the schedules issue.
-  const auto count_gathers = [&](const std::vector<detail::Event>& events, int64_t times) {
-    for (const detail::Event& e : events) {
-      const size_t k = size_t(e.unit);
-      if ((e.kind == detail::EventKind::kUnshard || e.kind == detail::EventKind::kPrefetch) &&
-          (e.group > 0 ? per.group_gather_s[k].count(e.group) > 0 : gather_s[k] > 0)) {
-        est.units[k].gathers += static_cast<int>(times);
-      }
-    }
-  };
-  count_gathers(sync_events, 1);
-  count_gathers(accum_events, workload.grad_accum - 1);
-  if (world == 1) std::fill(latency_s.begin(), latency_s.end(), 0.0);
+  return shard_elems;
+}
 
+// All-gathers per step: what the schedules issue, `times` times.
+void count_gathers(const std::vector<detail::Event>& events, int64_t times, const Schedule::PerUnit& per,
+                   StepEstimate& est) {
+  for (const detail::Event& e : events) {
+    const size_t k = size_t(e.unit);
+    if ((e.kind == detail::EventKind::kUnshard || e.kind == detail::EventKind::kPrefetch) &&
+        (e.group > 0 ? per.group_gather_s[k].count(e.group) > 0 : per.gather_s[k] > 0)) {
+      est.units[k].gathers += static_cast<int>(times);
+    }
+  }
+}
+
+// Replays the step's micro-batches and the optimizer on the time model, and
+// fills `est`'s times and throughput.
+void run_schedule(const std::vector<PlannedCost>& units, const EngineView& view, const FsdpOptions& o,
+                  const ClusterSpec& cluster, const StepWorkload& workload, const Schedule::PerUnit& per,
+                  int64_t shard_elems, StepEstimate& est) {
   Schedule s(units, o, cluster, per);
   for (int64_t m = 0; m < workload.grad_accum; ++m) {
     const bool last = m + 1 == workload.grad_accum;
     if (last) s.start_timeline();
-    s.micro_batch(last ? sync_events : accum_events, last);
+    s.micro_batch(last ? view.sync_events : view.accum_events, last);
   }
   s.optimizer(shard_elems);
   est.compute_s = s.compute_s();
@@ -690,10 +698,39 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
   est.timeline = s.timeline();
   const double tokens = static_cast<double>(workload.batch_size * workload.seq_len * workload.grad_accum);
   est.tokens_per_s_per_process = est.step_time_s > 0 ? tokens / est.step_time_s : 0;
-  est.tokens_per_s = est.tokens_per_s_per_process * world;
+  est.tokens_per_s = est.tokens_per_s_per_process * est.world_size;
   if (cluster.peak_flops > 0 && workload.model_flops_per_token > 0) {
     est.mfu = est.tokens_per_s_per_process * workload.model_flops_per_token / cluster.peak_flops;
   }
+}
+
+}  // namespace
+
+StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const FsdpOptions& options,
+                           const ClusterSpec& cluster, const StepWorkload& workload, const UnitCostFn& cost) {
+  check_cluster(cluster);
+  FSDP_CHECK(workload.batch_size >= 1 && workload.seq_len >= 1 && workload.grad_accum >= 1,
+             "the estimate needs --batch-size, --seq-len and --grad-accum >= 1, got ", workload.batch_size, ", ",
+             workload.seq_len, ", ", workload.grad_accum);
+  const int world = cluster.nodes * cluster.procs_per_node;
+  FsdpOptions o = options;
+  if (o.hybrid_shard_size == 0) o.hybrid_shard_size = cluster.procs_per_node;  // one node, as fsdp-train
+  check_options(o, world);
+  const ShardingPlan plan = plan_sharding(root, world, 0, o);
+  std::vector<PlannedCost> units = merge_units(plan);
+  FSDP_ASSERT(!units.empty() && units[0].info.name.empty(), "the plan's first unit must be the root");
+  const EngineView view = engine_view(root, o, plan, units.size(), workload.grad_accum);
+
+  StepEstimate est;
+  est.world_size = world;
+  est.shard_size = plan.shard_size;
+  est.replicas = plan.replicas;
+  Schedule::PerUnit per;
+  const int64_t shard_elems = cost_units(units, view, plan, o, cluster, workload, cost, per, est);
+  count_gathers(view.sync_events, 1, per, est);
+  count_gathers(view.accum_events, workload.grad_accum - 1, per, est);
+  if (world == 1) std::fill(per.latency_s.begin(), per.latency_s.end(), 0.0);
+  run_schedule(units, view, o, cluster, workload, per, shard_elems, est);
   return est;
 }
 
