@@ -1,6 +1,10 @@
 // Sharded checkpoints: every rank writes its own shards, in parallel, into one
 // directory per checkpoint; loading re-cuts the shards for any world size,
 // sharding strategy or wrap policy.
+// Inside (Note [Checkpoint payloads], src/checkpoint/payload.h): the step_N
+// directory protocol below is src/checkpoint/step_dir.cpp; what a step_N holds
+// is a payload behind one seam, our shard files (the format below,
+// src/checkpoint/shard_files.cpp) or a DCP directory (SaveOptions::dcp, dcp.h).
 //
 // Layout of --checkpoint-dir:
 //   step_00000100/                      a complete checkpoint: the state after 100 optimizer steps
