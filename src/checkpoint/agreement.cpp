@@ -5,7 +5,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "fsdp/checkpoint/sharded.h"
+#include "fsdp/checkpoint/types.h"
 #include "fsdp/common/error.h"
 
 namespace fsdp::checkpoint {

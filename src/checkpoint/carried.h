@@ -1,6 +1,6 @@
 // Note [Carried files] (issue 50): the small files a checkpoint takes along,
 // read and written (internal to the checkpoint layer; CarriedFile in
-// fsdp/checkpoint/sharded.h is the public side).
+// fsdp/checkpoint/types.h is the public side).
 //
 // A run's --export-hf copies its tokenizer and generation files into the
 // export; a conversion of one of its checkpoints, long after the run, must
@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/checkpoint/sharded.h"
+#include "fsdp/checkpoint/types.h"
 
 namespace fsdp::checkpoint {
 

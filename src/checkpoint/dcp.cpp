@@ -19,7 +19,7 @@
 #include "fsdp/checkpoint/safetensors.h"
 #include "fsdp/common/json_input.h"
 #include "manifest.h"
-#include "save_job.h"
+#include "payload.h"
 #include "shard_position.h"
 
 namespace fsdp::checkpoint {

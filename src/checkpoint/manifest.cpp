@@ -8,7 +8,7 @@
 
 #include "file_io.h"
 #include "fsdp/checkpoint/crc32c.h"
-#include "fsdp/checkpoint/sharded.h"
+#include "fsdp/checkpoint/types.h"
 #include "fsdp/common/encoding.h"
 #include "fsdp/common/json_input.h"
 

@@ -1,6 +1,6 @@
 // A sharded checkpoint's manifest.json and manifest.crc32c, read and checked
 // (internal to the checkpoint layer; sharded.h describes the format). Apart
-// from sharded.cpp so that the reader links without the engine: the fuzz
+// from the shard-file payload so that the reader links without the engine: the fuzz
 // target tests/fuzz/fuzz_checkpoint_manifest.cpp drives parse_manifest.
 #pragma once
 

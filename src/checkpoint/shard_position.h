@@ -1,5 +1,5 @@
 // Which shard of the padded flat index space a rank holds, and whether it
-// writes it (internal to the checkpoint layer: sharded.cpp and dcp.cpp).
+// writes it (internal to the checkpoint layer: shard_files.cpp and dcp.cpp).
 #pragma once
 
 #include <cstdint>

@@ -59,8 +59,11 @@
 #include <string>
 #include <vector>
 
-#include "fsdp/checkpoint/sharded.h"
+#include "fsdp/checkpoint/types.h"
+#include "fsdp/comm/process_group.h"
+#include "fsdp/common/json_value.h"
 #include "fsdp/common/state.h"
+#include "fsdp/fsdp.h"
 
 namespace fsdp::checkpoint {
 

@@ -1,6 +1,10 @@
 // Sharded checkpoints: every rank writes its own shards, in parallel, into one
 // directory per checkpoint; loading re-cuts the shards for any world size,
 // sharding strategy or wrap policy.
+// Inside (Note [Checkpoint payloads], src/checkpoint/payload.h): the step_N
+// directory protocol below is src/checkpoint/step_dir.cpp; what a step_N holds
+// is a payload behind one seam, our shard files (the format below,
+// src/checkpoint/shard_files.cpp) or a DCP directory (SaveOptions::dcp, dcp.h).
 //
 // Layout of --checkpoint-dir:
 //   step_00000100/                      a complete checkpoint: the state after 100 optimizer steps
@@ -105,6 +109,7 @@
 
 #include "fsdp/checkpoint/agreement.h"
 #include "fsdp/checkpoint/ownership.h"
+#include "fsdp/checkpoint/types.h"
 #include "fsdp/comm/process_group.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/json_value.h"
@@ -112,19 +117,6 @@
 #include "fsdp/fsdp.h"
 
 namespace fsdp::checkpoint {
-
-// A checkpoint that cannot be used: names the checkpoint and the file.
-class DamagedCheckpoint : public Failure {
- public:
-  // The message names `checkpoint`, `file` and says `why`.
-  DamagedCheckpoint(const std::string& checkpoint, const std::string& file, const std::string& why);
-  const std::string& checkpoint() const { return checkpoint_; }  // the checkpoint directory
-  const std::string& file() const { return file_; }              // the damaged file in it
-
- private:
-  std::string checkpoint_;
-  std::string file_;
-};
 
 // "step_00000100"
 std::string checkpoint_name(int64_t step);
@@ -164,27 +156,8 @@ struct CheckpointDirHold {
 // UsageError on every rank.
 CheckpointDirHold open_checkpoint_dir(const std::string& dir, comm::ProcessGroup& group);
 
-// The size and duration of a collective save or load.
-struct IoStats {
-  int64_t bytes = 0;     // read or written, summed over all ranks
-  double seconds = 0;    // wall time of the whole collective operation
-  // bytes / seconds, in GB/s (0 when no time passed).
-  double gb_per_s() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0.0; }
-};
-
-// A small file a checkpoint takes along (Note [Carried files] in
-// src/checkpoint/carried.h): the run's tokenizer and generation files, so that
-// a conversion of the checkpoint exports what the run's own --export-hf would
-// have. Saved into the checkpoint's carried/ directory; a loaded checkpoint
-// names only its own copies (regular files inside it, checksummed).
-struct CarriedFile {
-  std::string path;  // saving: the file to copy; loaded: its copy inside the checkpoint
-  std::string name;  // its name in carried/: one path component
-  // Saving: the bytes to write instead of reading `path` at each save (a
-  // snapshot taken once, so a save never depends on the file still being there).
-  std::shared_ptr<const std::string> content;
-};
-
+// Declared, not included: dcp.h is a payload below this protocol and includes
+// only types.h, so no checkpoint header includes its way back here.
 struct DcpSaveOptions;  // how a DCP directory is written (checkpoint/dcp.h)
 struct DcpNames;        // another program's parameter names (checkpoint/dcp.h)
 
