@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
 #include <iostream>
 #include <limits>
 
@@ -271,12 +272,16 @@ bool Trainer::Impl::run_step() {
   }
   interval_start_ += Clock::now() - extra_start;
   StepTracer& tracer = reporter_.tracer();
-  if (tracer.tracing() && (tracer.due_to_finish(completed) || last || stop)) finish_trace();
+  if (tracer.tracing() && (tracer.due_to_finish(completed) || completed == run_end() || stop)) finish_trace();
   const double eta = seconds_per_step_ > 0 ? seconds_per_step_ * static_cast<double>(o_.step.max_steps - completed)
                                            : std::numeric_limits<double>::quiet_NaN();
   reporter_.console().progress(completed, o_.step.max_steps, eta);
   if (stop) summary_.stop_reason = agree_stop_reason();
   return !stop;
+}
+
+int64_t Trainer::Impl::run_end() const {
+  return o_.step.stop_at_step > 0 ? std::min(o_.step.stop_at_step, o_.step.max_steps) : o_.step.max_steps;
 }
 
 TrainSummary Trainer::Impl::run() {
@@ -288,8 +293,8 @@ TrainSummary Trainer::Impl::run() {
     transition_to(phase_, TrainerPhase::kFinished, "run");
     return summary_;
   }
-  const bool pauses = o_.step.stop_at_step > 0 && o_.step.stop_at_step < o_.step.max_steps;
-  const int64_t end = pauses ? o_.step.stop_at_step : o_.step.max_steps;
+  const int64_t end = run_end();
+  const bool pauses = end < o_.step.max_steps;  // --stop-at-step before the schedule's end
   if (step_ >= end) {
     say_(fmt::format("the checkpoint is at step {}, {} is {}: nothing to train", step_,
                      pauses ? "--stop-at-step" : "--max-steps", end));

@@ -60,6 +60,7 @@ class Trainer::Impl {
   SaveTarget save_target();
   std::string start_save();  // run()'s save: with checkpoint.async it returns once staged
   bool run_step();           // one step of run() and what follows it; false: stop
+  int64_t run_end() const;   // the step count run() stops at: step.stop_at_step, else step.max_steps
   void begin_training();
   at::Tensor forward_backward();
   void log_step(StepRecord& rec);

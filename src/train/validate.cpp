@@ -173,8 +173,7 @@ int64_t grad_accum_at(const StepOptions& st, int world_size) {
 }
 
 // The step numbers and their products.
-void validate_steps(const TrainOptions& options, int world_size) {
-  const TrainOptions o = at_world_size(options, world_size);
+void validate_steps(const TrainOptions& o, int world_size) {
   FSDP_CHECK(o.step.batch_size >= 1, "--batch-size must be >= 1, got ", o.step.batch_size);
   FSDP_CHECK(o.step.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.step.grad_accum);
   FSDP_CHECK(o.step.stop_at_step >= 0 && o.step.stop_at_step <= o.step.max_steps, "--stop-at-step must be in [0, "
@@ -194,7 +193,8 @@ void validate_steps(const TrainOptions& options, int world_size) {
   // (the global batch, the sample index of the last step, a micro-batch's tokens).
   const int64_t procs = std::max(world_size, 1);
   auto fits = [](std::initializer_list<int64_t> factors) { return checked_product(factors).has_value(); };
-  const auto& st = o.step;
+  StepOptions st = o.step;  // as a run at world_size takes it (--global-batch-size)
+  st.grad_accum = grad_accum_at(o.step, world_size);
   FSDP_CHECK(fits({st.batch_size, st.grad_accum, procs}), "the global batch, --batch-size ", st.batch_size,
              " x --grad-accum ", st.grad_accum, " x ", procs, " process", procs == 1 ? "" : "es",
              ", is beyond 64-bit integers — use values whose product is a batch this machine can hold");

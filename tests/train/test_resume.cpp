@@ -239,7 +239,8 @@ TEST(Resume, AtOtherWorldSizes) {
   resume_at_two_and_one(dir, [](int w) { return options(w, 15); }, 10, 15);
 }
 
-// --stop-at-step: a run that stops at step 5 (a checkpoint, no export) and is
+// --stop-at-step: a run that stops at step 5 (a checkpoint, no export, the
+// trace of the steps it ran written) and is
 // resumed trains steps 5..11 as a straight 12-step run does, bit for bit: the
 // schedule still ends at --max-steps.
 TEST(Resume, StopAtStepThenResumeIsBitExact) {
@@ -251,11 +252,16 @@ TEST(Resume, StopAtStepThenResumeIsBitExact) {
     o.checkpoint.resume = true;
     o.hf.export_dir = dir + "/hf";
     o.step.stop_at_step = 5;
+    o.log.profile_begin = 3;  // traced steps 3..7: the stop ends the trace at step 5
+    o.log.profile_end = 8;
+    o.log.profile_file = dir + "/trace.json";
     auto first = train::train(o, runtime_of(pg));
     EXPECT_EQ(first.end_step, 5);
     EXPECT_EQ(first.stop_reason, 0);
     EXPECT_EQ(first.last_checkpoint, dir + "/ckpt/step_00000005");
     EXPECT_FALSE(fs::exists(dir + "/hf")) << "a stopped run exports nothing";
+    if (pg.rank() == 0) EXPECT_EQ(first.trace_file, dir + "/trace.json");
+    o.log.profile_end = 0;
     auto again = train::train(o, runtime_of(pg));  // resumed at the stop: nothing to train
     EXPECT_EQ(again.start_step, 5);
     EXPECT_TRUE(again.steps.empty());
