@@ -26,12 +26,12 @@
 #include <sstream>
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include "cli_numbers.h"
 #include "config_flags.h"
 #include "option_names.h"
 #include "estimate_cli.h"
-#include "train_flags.h"
 #include "train_options_table.h"
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
@@ -199,7 +199,6 @@ void check_run_shape(const Args& a) {
   FSDP_CHECK(o.step.batch_size >= 1, "--batch-size must be >= 1, got ", o.step.batch_size);
   FSDP_CHECK(o.step.grad_accum >= 1, "--grad-accum must be >= 1, got ", o.step.grad_accum);
   FSDP_CHECK(o.data.seq_len >= 1, "--seq-len must be >= 1, got ", o.data.seq_len);
-  (void)fsdp::models::parse_lora_targets(a.t.flags.lora_targets);  // UsageError: an empty or unknown list
   // A plan needs a model's config, not its weights (plan before downloading them): the directory must exist.
   std::error_code ec;
   FSDP_CHECK(o.hf.init_from.empty() || std::filesystem::is_directory(o.hf.init_from, ec), "--init-from ",
@@ -236,9 +235,8 @@ struct Planned {
 fsdp::FsdpOptions plan_options(const Args& a, const fsdp::train::ModelConfig& cfg, bool estimating,
                                const fsdp::ClusterSpec& cluster) {
   fsdp::train::TrainOptions run = a.t.o;
-  fsdp::cli::apply_sharding_flags(a.t.flags, run);
-  const int hybrid = run.sharding.hybrid_shard_size;
-  run.sharding.hybrid_shard_size = hybrid > 0 ? hybrid : estimating ? cluster.procs_per_node : a.world_size;
+  const int hybrid = run.fsdp.hybrid_shard_size;
+  run.fsdp.hybrid_shard_size = hybrid > 0 ? hybrid : estimating ? cluster.procs_per_node : a.world_size;
   return fsdp::train::engine_options(run, &cfg, a.world_size);
 }
 
@@ -260,7 +258,7 @@ Planned plan_model(const CLI::App& app, Args& a, bool estimating, const fsdp::Cl
     fsdp::models::LoraConfig lc;
     lc.rank = a.t.o.lora.rank;
     lc.alpha = 2.0 * static_cast<double>(a.t.o.lora.rank);
-    lc.targets = fsdp::models::parse_lora_targets(a.t.flags.lora_targets);
+    lc.targets = a.t.o.lora.targets;
     fsdp::models::apply_lora(*p.impl, lc, 0);
     for (const auto& param : p.impl->named_parameters(true)) {
       if (fsdp::models::is_lora_parameter(param.key())) p.lora_params += param.value().numel();
@@ -270,9 +268,9 @@ Planned plan_model(const CLI::App& app, Args& a, bool estimating, const fsdp::Cl
   p.root = p.cfg->root(p.impl);
   p.o = plan_options(a, *p.cfg, estimating, cluster);
   p.device = estimating && cluster.execution == fsdp::Execution::kDevice ? at::kCUDA
-                                                                         : fsdp::cli::parse_device(a.t.flags.device);
+                                                                         : a.t.o.device;
   fsdp::check_options(p.o, a.world_size);
-  const bool pure = a.t.flags.mixed_precision == "bf16-pure";
+  const bool pure = a.t.o.fsdp.mixed_precision.master_dtype == at::kBFloat16;
   p.plan = fsdp::plan_sharding(p.root.root, a.world_size, a.rank, p.o, pure ? at::kBFloat16 : at::kFloat);
   return p;
 }
@@ -283,13 +281,13 @@ void print_plan(std::ostream& out, const Args& a, const Planned& p, bool estimat
   const fsdp::ShardingPlan& plan = p.plan;
   out << cfg.summary() << "\n"
       << fmt::format("{} over {} ranks, wrap {}, {} (param {}, reduce {}, master {}){}\n", fsdp::to_string(o.strategy),
-                     a.world_size, a.t.flags.wrap, a.t.flags.mixed_precision,
+                     a.world_size, fsdp::to_string(a.t.o.fsdp.wrap), o.mixed_precision.preset_name(),
                      c10::toString(o.mixed_precision.param_dtype), c10::toString(o.mixed_precision.reduce_dtype),
-                     c10::toString(o.mixed_precision.master_dtype), a.t.o.sharding.cpu_offload ? ", CPU offload" : "")
+                     c10::toString(o.mixed_precision.master_dtype), a.t.o.fsdp.cpu_offload ? ", CPU offload" : "")
       << plan.describe();
   if (a.t.o.lora.rank != 0) {
     out << fmt::format("  LoRA rank {} on {}: {} adapter parameters ({:.3f}% of the model's {})\n", a.t.o.lora.rank,
-                       a.t.flags.lora_targets, p.lora_params, 100.0 * static_cast<double>(p.lora_params) /
+                       fmt::join(a.t.o.lora.targets, ","), p.lora_params, 100.0 * static_cast<double>(p.lora_params) /
                            static_cast<double>(cfg.num_parameters()), cfg.num_parameters());
   }
   const fsdp::models::LlamaConfig* llama = fsdp::train::as_llama(cfg);  // its Llama-only notes
@@ -306,7 +304,7 @@ void print_plan(std::ostream& out, const Args& a, const Planned& p, bool estimat
   const int64_t resident = plan.param_shard_bytes + plan.grad_shard_bytes + plan.optimizer_bytes;
   out << fmt::format("  total per rank without activations: {} ({} resident{} + {} during a step)\n",
                      fsdp::format_bytes(resident + plan.step_unsharded_bytes), fsdp::format_bytes(resident),
-                     a.t.o.sharding.cpu_offload ? " in host memory" : "",
+                     a.t.o.fsdp.cpu_offload ? " in host memory" : "",
                      fsdp::format_bytes(plan.step_unsharded_bytes));
   // The loss never holds a micro-batch's whole logits (models/chunked_loss.h):
   // what it takes does not grow with the batch beyond one chunk, the run's chunk on the run's device.
@@ -321,7 +319,7 @@ void print_plan(std::ostream& out, const Args& a, const Planned& p, bool estimat
   // fsdp-inspect plans for any machine (a 70B model over 64 GPUs elsewhere), so a
   // plan beyond this machine is no error; fsdp-train refuses such a run.
   const int64_t here = fsdp::available_host_memory_bytes();
-  if (!a.t.o.sharding.cpu_offload && !estimating && here >= 0 && resident + plan.step_unsharded_bytes > here) {
+  if (!a.t.o.fsdp.cpu_offload && !estimating && here >= 0 && resident + plan.step_unsharded_bytes > here) {
     std::cerr << fmt::format("fsdp-inspect: note: one rank needs {} without activations, more than the {} of host "
                              "memory available here (fine when planning for GPUs or other machines; fsdp-train "
                              "--device cpu refuses such a run on this machine)\n",
@@ -360,8 +358,8 @@ bool calibrate_compute(const Args& a, const Planned& p, fsdp::ClusterSpec& clust
                              local.link.latency_s * 1e6, local.host_cpu_s_per_byte * 1e9);
   }
   cal.model = a.t.o.model;
-  cal.mixed_precision = a.t.flags.mixed_precision;
-  cal.activation_checkpointing = a.t.o.sharding.activation_checkpointing;
+  cal.mixed_precision = a.t.o.fsdp.mixed_precision.preset_name();
+  cal.activation_checkpointing = a.t.o.activation_checkpointing;
   cluster.optimizer_s_per_element = cal.optimizer_s_per_element;
   calibration = cal;
   fsdp::write_output_file(a.calibrate_file, fsdp::cli::calibration_file_json(cluster, calibration) + "\n",
@@ -378,7 +376,7 @@ void estimate_step(const Args& a, Planned& p, const fsdp::ClusterSpec& cluster, 
   w.grad_accum = fsdp::train::at_world_size(a.t.o, a.world_size).step.grad_accum;  // --global-batch-size
   w.model_flops_per_token = p.cfg->training_flops_per_token(a.t.o.data.seq_len);
   fsdp::FsdpOptions& o = p.o;
-  o.hybrid_shard_size = a.t.o.sharding.hybrid_shard_size;  // 0: one node, as fsdp-train
+  o.hybrid_shard_size = a.t.o.fsdp.hybrid_shard_size;  // 0: one node, as fsdp-train
   const fsdp::StepEstimate e = fsdp::estimate_scaling(p.root.root, o, cluster, w, cost);
   // The same run from one node up: 1, 2, 4, ... and the cluster's own count.
   std::vector<std::pair<int, fsdp::StepEstimate>> curve;
@@ -393,8 +391,8 @@ void estimate_step(const Args& a, Planned& p, const fsdp::ClusterSpec& cluster, 
   }
   if (cluster.nodes > 1) curve.emplace_back(cluster.nodes, e);
   const std::string run = fmt::format(
-      "{} {} {}{} batch {} x seq {}{} on {} x {}", a.t.o.model, a.t.flags.sharding, a.t.flags.mixed_precision,
-      a.t.o.sharding.activation_checkpointing ? " activation-checkpointing" : "", a.t.o.step.batch_size,
+      "{} {} {}{} batch {} x seq {}{} on {} x {}", a.t.o.model, fsdp::to_string(a.t.o.fsdp.strategy), a.t.o.fsdp.mixed_precision.preset_name(),
+      a.t.o.activation_checkpointing ? " activation-checkpointing" : "", a.t.o.step.batch_size,
       a.t.o.data.seq_len, a.t.o.step.grad_accum > 1 ? fmt::format(" x accum {}", a.t.o.step.grad_accum) : std::string(),
       cluster.nodes, cluster.procs_per_node);
   if (a.json) {
@@ -419,7 +417,7 @@ int estimate(const Args& a, Planned& p, fsdp::ClusterSpec& cluster,
     cluster.optimizer_s_per_element = calibration->optimizer_s_per_element > 0 ? calibration->optimizer_s_per_element
                                                                                : cluster.optimizer_s_per_element;
     cost = fsdp::cli::calibrated_cost(*calibration, a.t.o.model, a.t.o.step.batch_size, a.t.o.data.seq_len,
-                                      a.t.flags.mixed_precision, a.t.o.sharding.activation_checkpointing);
+                                      a.t.o.fsdp.mixed_precision.preset_name(), a.t.o.activation_checkpointing);
   } else {
     cost = fsdp::cli::flops_cost(p.cfg, cluster, a.t.o.step.batch_size * a.t.o.data.seq_len, a.t.o.data.seq_len);
   }
@@ -484,7 +482,7 @@ int run(int argc, char** argv) {
   check_calibratable(app, a);
   std::optional<fsdp::cli::Calibration> calibration;
   fsdp::ClusterSpec cluster;
-  const at::ScalarType compute_dtype = fsdp::MixedPrecision::preset(a.t.flags.mixed_precision).param_dtype;
+  const at::ScalarType compute_dtype = a.t.o.fsdp.mixed_precision.param_dtype;
   FSDP_CHECK(a.calibrate_steps >= 1 && a.calibrate_steps <= 1000, "--calibrate-steps must be in [1, 1000], got ",
              a.calibrate_steps);
   FSDP_CHECK(std::isfinite(a.calibrate_link_seconds) && a.calibrate_link_seconds > 0 && a.calibrate_link_seconds <= 600,
@@ -511,8 +509,8 @@ int run(int argc, char** argv) {
   FSDP_CHECK(a.world_size >= 1, "--world-size must be >= 1 (the number of processes), got ", a.world_size);
   FSDP_CHECK(a.rank >= 0 && a.rank < a.world_size, "--rank ", a.rank, " is outside [0, --world-size ", a.world_size,
              ") — give a rank below the world size");
-  FSDP_CHECK(a.t.o.sharding.hybrid_shard_size >= 0, "--hybrid-shard-size must be >= 1 (or 0: the world size), got ",
-             a.t.o.sharding.hybrid_shard_size);
+  FSDP_CHECK(a.t.o.fsdp.hybrid_shard_size >= 0, "--hybrid-shard-size must be >= 1 (or 0: the world size), got ",
+             a.t.o.fsdp.hybrid_shard_size);
   Planned p = plan_model(app, a, estimating, cluster);
   std::ostringstream discarded;  // --estimate --json prints the JSON alone
   print_plan(estimating && a.json ? static_cast<std::ostream&>(discarded) : std::cout, a, p, estimating);

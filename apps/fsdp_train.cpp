@@ -52,8 +52,8 @@
 #include "cli_numbers.h"
 #include "option_names.h"
 #include "config_flags.h"
-#include "train_flags.h"
 #include "train_options_table.h"
+#include "fsdp/checkpoint/peft.h"
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
 #include "fsdp/common/internals.h"
@@ -223,10 +223,12 @@ void apply_parsed(const CLI::App& app, const std::string& mode, fsdp::cli::Train
   // The effective configuration: printed on request (once valid), recorded by every run beside its metrics.
   o.log.config_text = fsdp::cli::effective_config(app, mode);
   if (app.count("--config") > 0) o.log.config_file = t.run.config_file;
-  fsdp::cli::apply_train_flags(t.flags, o);
   if (!t.run.profile_steps.empty()) parse_profile_steps(t.run.profile_steps, o.log);
-  o.data.token_dtype = fsdp::data::parse_token_dtype(t.run.token_dtype);
-  o.data.format = fsdp::data::parse_data_format(t.run.data_format);
+  // --init-adapter without --lora-alpha trains at the adapter's own alpha (the
+  // trainer logs it); a different --lora-alpha is refused (models::check_adapter_alpha).
+  if (o.lora.enabled() && !o.lora.init_adapter.empty() && o.lora.alpha == 0) {
+    o.lora.alpha = fsdp::checkpoint::read_peft_adapter_config(o.lora.init_adapter).alpha;
+  }
   if (o.data.path == "embedded") o.data.path = embedded_corpus();
   if (o.eval.val_data == "embedded") o.eval.val_data = validation_split(o.data.path);
   // --init-from DIR without --model: the model is DIR's config.json.

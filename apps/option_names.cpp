@@ -1,38 +1,51 @@
 #include "option_names.h"
 
+#include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "fsdp/common/error.h"
+#include "train_options_table.h"
 
 namespace fsdp::cli {
 namespace {
 
-// Library option -> flag, longest names first where one is a prefix of another.
-const std::pair<const char*, const char*> kFlagNames[] = {
-    {"FsdpOptions::offload_checkpoint_inputs", "--offload-activations"},
-    {"FsdpOptions::compression.block_size", "--quant-block"},
-    {"FsdpOptions::compression.reduce_scatter", "--reduce-scatter-wire"},
-    {"FsdpOptions::compression.all_gather", "--all-gather-wire"},
-    {"FsdpOptions::mixed_precision.reduce_dtype", "--reduce-dtype"},
+// Names the library uses in its messages that no row binds, each with why.
+const std::pair<const char*, const char*> kOtherNames[] = {
+    // One engine field that two rows set between them.
     {"FsdpOptions::compression", "--all-gather-wire / --reduce-scatter-wire"},
+    // The engine's list of checkpointed types, which the trainer fills from the switch.
     {"FsdpOptions::checkpoint_types", "--activation-checkpointing"},
-    {"FsdpOptions::hybrid_shard_size", "--hybrid-shard-size"},
-    {"FsdpOptions::reshard_after_forward", "--reshard-after-forward"},
-    {"FsdpOptions::limit_all_gathers", "--limit-all-gathers"},
-    {"FsdpOptions::wrap", "--wrap"},
+    // fsdp-inspect's own flags, which the plan's function names by its parameters.
     {"plan_sharding: world_size", "--world-size"},
     {"plan_sharding: rank", "--rank"},
 };
 
+// Library name -> flag: each row's field and other names (OptionRow::also),
+// and the names above, longest first, so that a name that is a prefix of
+// another (FsdpOptions::mixed_precision, FsdpOptions::mixed_precision.reduce_dtype)
+// never takes the longer one's place.
+std::vector<std::pair<std::string, std::string>> flag_names() {
+  std::vector<std::pair<std::string, std::string>> names;
+  for (const OptionRow& row : train_option_table()) {
+    if (!row.field.empty()) names.emplace_back(row.field, row.name());
+    for (const std::string& name : row.also) names.emplace_back(name, row.name());
+  }
+  for (const auto& [name, flag] : kOtherNames) names.emplace_back(name, flag);
+  std::stable_sort(names.begin(), names.end(),
+                   [](const auto& a, const auto& b) { return a.first.size() > b.first.size(); });
+  return names;
+}
+
 }  // namespace
 
 std::string in_flag_terms(const std::string& message) {
+  static const std::vector<std::pair<std::string, std::string>> kNames = flag_names();
   std::string out = message;
-  for (const auto& [name, flag] : kFlagNames) {
-    const std::string n = name;
-    for (size_t at = out.find(n); at != std::string::npos; at = out.find(n, at)) {
-      out.replace(at, n.size(), flag);
-      at += std::string(flag).size();
+  for (const auto& [name, flag] : kNames) {
+    for (size_t at = out.find(name); at != std::string::npos; at = out.find(name, at)) {
+      out.replace(at, name.size(), flag);
+      at += flag.size();
     }
   }
   return out;

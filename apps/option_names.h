@@ -3,8 +3,9 @@
 // The engine and the library name their own options in errors
 // ("FsdpOptions::hybrid_shard_size 3 must divide the world size 4"); a user of
 // fsdp-train or fsdp-inspect gave flags, so the programs say the flag instead
-// ("--hybrid-shard-size 3 must divide ..."). The table lives here, beside the
-// flags, so that the library never needs to know them.
+// ("--hybrid-shard-size 3 must divide ..."). The names come from the option
+// table, whose rows say which field each binds (OptionRow::field), so that
+// the library never needs to know the flags.
 #pragma once
 
 #include <functional>
@@ -13,6 +14,8 @@
 namespace fsdp::cli {
 
 // `message` with every library option name of the table replaced by its flag.
+// A name is replaced wherever it appears, so a field must not be a prefix of a
+// longer name the table does not hold.
 std::string in_flag_terms(const std::string& message);
 
 // Runs `body`; a UsageError it throws is thrown again in flag terms.

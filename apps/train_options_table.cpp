@@ -5,7 +5,11 @@
 #include <map>
 #include <type_traits>
 
+#include "fsdp/checkpoint/hf.h"
 #include "fsdp/common/error.h"
+#include "fsdp/common/memory.h"
+#include "fsdp/models/lora.h"
+#include "fsdp/nn/recompute.h"
 #include "fsdp/train/metrics.h"
 #include "fsdp/train/model_family.h"
 
@@ -27,8 +31,94 @@ std::string join(const std::vector<std::string>& v) {
   return s;
 }
 
-// The row's bound value: `BIND(o.data.seq_len)`.
-#define BIND(member) [](TrainTargets& t) -> OptionTarget { return &t.member; }
+// The library's name of a member path of TrainTargets ("o.data.seq_len" ->
+// "DataOptions::seq_len"); "" for the run's own flags (run.*).
+std::string field_name(const std::string& path) {
+  static const std::pair<const char*, const char*> kStructs[] = {
+      {"o.data.", "DataOptions::"},       {"o.step.", "StepOptions::"},
+      {"o.log.", "LogOptions::"},         {"o.fsdp.", "FsdpOptions::"},
+      {"o.checkpoint.", "CheckpointOptions::"}, {"o.hf.", "HfOptions::"},
+      {"o.lora.", "LoraOptions::"},       {"o.eval.", "EvalOptions::"},
+      {"o.adamw.", "AdamWOptions::"},     {"o.schedule.", "LrSchedule::"},
+      {"o.param_groups.", "ParamGroupOptions::"}, {"o.", "TrainOptions::"}};
+  for (const auto& [prefix, name] : kStructs) {
+    if (path.rfind(prefix, 0) == 0) return name + path.substr(std::string(prefix).size());
+  }
+  return "";
+}
+
+// The row's bound member and its field name: `BIND(o.data.seq_len)`.
+#define BIND(member) [](TrainTargets& t) -> OptionTarget { return &t.member; }, field_name(#member)
+
+// A member given in words, with the library's parse and to_string:
+// `WORDS(o.fsdp.strategy, parse_sharding_strategy, to_string)`.
+#define WORDS(member, parse, print)                                                                   \
+  [](TrainTargets& t) -> OptionTarget {                                                               \
+    auto* m = &t.member;                                                                              \
+    return WordsTarget{[m](const std::string& w, bool) { *m = parse(w); }, [m] { return std::string(print(*m)); }}; \
+  }, field_name(#member)
+
+// A repeatable row whose every word adds one element: `REPEATED(o.param_groups.lr_scales, ...)`.
+#define REPEATED(member, parse, print)                                                       \
+  [](TrainTargets& t) -> OptionTarget {                                                      \
+    auto* m = &t.member;                                                                     \
+    return WordsTarget{[m](const std::string& w, bool first) {                              \
+                         if (first) m->clear();                                              \
+                         m->push_back(parse(w));                                             \
+                       },                                                                    \
+                       [m] { return print(*m); }, true};                                     \
+  }, field_name(#member)
+
+// The words of the types the library names by a function taking more than the
+// word (what to name in its error) or returning an optional.
+at::DeviceType parse_device(const std::string& s) {
+  FSDP_CHECK(s == "cpu" || s == "cuda", "TrainOptions::device '", s, "' is not one of: cpu, cuda");
+  return s == "cuda" ? at::kCUDA : at::kCPU;
+}
+std::string device_word(at::DeviceType d) { return c10::DeviceTypeName(d, /*lower_case=*/true); }
+WrapPolicy parse_wrap(const std::string& s) {
+  WrapPolicy p = parse_wrap_policy(s, std::type_index(typeid(void)));
+  p.types.clear();  // by_type with no types: the model's blocks (TrainOptions::fsdp)
+  return p;
+}
+std::optional<ReshardAfterForward> parse_reshard(const std::string& s) {
+  return parse_reshard_after_forward(s, "FsdpOptions::reshard_after_forward");
+}
+std::string preset_name(const MixedPrecision& mp) { return mp.preset_name(); }
+at::ScalarType parse_reduce_dtype(const std::string& s) {
+  return parse_dtype_word(s, "FsdpOptions::mixed_precision.reduce_dtype");
+}
+WireFormat parse_all_gather_wire(const std::string& s) {
+  return parse_wire_format(s, "FsdpOptions::compression.all_gather");
+}
+WireFormat parse_reduce_scatter_wire(const std::string& s) {
+  return parse_wire_format(s, "FsdpOptions::compression.reduce_scatter");
+}
+nn::RecomputePolicy parse_ac_policy(const std::string& s) {
+  const std::optional<nn::RecomputePolicy> p = nn::parse_recompute_policy(s);
+  FSDP_CHECK(p.has_value(), "FsdpOptions::checkpoint_policy '", s, "' is not one of: full, tail, selective");
+  return *p;
+}
+models::LayerKernels parse_kernels(const std::string& s) {
+  const std::optional<models::LayerKernels> k = models::parse_layer_kernels(s);
+  FSDP_CHECK(k.has_value(), "StepOptions::kernels '", s, "' is not one of: reference, fused");
+  return *k;
+}
+int64_t parse_staging_limit(const std::string& s) {
+  return parse_byte_size(s, "CheckpointOptions::staging_limit",
+                         "stage nothing: every save is written before training goes on");
+}
+int64_t parse_shard_bytes(const std::string& s) { return parse_byte_size(s, "HfOptions::export_shard_bytes", "one file"); }
+std::string comma_words(const std::vector<std::string>& v) {
+  std::string s;
+  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
+  return s;
+}
+std::string lr_scale_words(const std::vector<std::pair<std::string, double>>& v) {
+  std::string s;
+  for (const auto& [pattern, factor] : v) s += (s.empty() ? "" : " ") + pattern + "=" + std::to_string(factor);
+  return s;
+}
 
 constexpr unsigned kD = kShowDefault;
 constexpr Inspect kUses = Inspect::kUses;
@@ -46,7 +136,7 @@ std::vector<OptionRow> data_rows() {
        "scripts/prepare_data.sh builds from "
        "Debian's fortunes package (build/data/corpus.jsonl), else the repository's small fallback data/fallback_corpus.jsonl",
        BIND(o.data.path), {}, kD},
-      {"--data-format", "", "auto | text | jsonl | bin (auto: by extension and content)", BIND(run.data_format),
+      {"--data-format", "", "auto | text | jsonl | bin (auto: by extension and content)", WORDS(o.data.format, data::parse_data_format, data::to_string),
        {"auto", "text", "jsonl", "bin"}, kD},
       {"--text-field", "", "JSON-lines field holding each document", BIND(o.data.text_field), {}, kD},
       {"--input-field", "", "Encoder-decoder models (t5): the JSON-lines field holding each example's input",
@@ -57,7 +147,7 @@ std::vector<OptionRow> data_rows() {
        "Encoder-decoder models (t5): target tokens per example, the decoder's width (0: --seq-len, "
        "which is then the encoder's)",
        BIND(o.data.target_len), {}, kD},
-      {"--token-dtype", "", "Width of token ids in binary data: u16 | u32", BIND(run.token_dtype),
+      {"--token-dtype", "", "Width of token ids in binary data: u16 | u32", WORDS(o.data.token_dtype, data::parse_token_dtype, data::to_string),
        {"u16", "u32", "uint16", "uint32"}, kD},
       {"--tokenizer", "",
        "Tokenizer for text data: byte, a Hugging Face tokenizer.json (Llama 3, Qwen2/2.5/3, SmolLM2, "
@@ -80,7 +170,7 @@ std::vector<OptionRow> data_rows() {
       {"--kernels", "",
        "reference (Hugging Face's operations one by one) | fused (LibTorch's fused kernels where it has one: "
        "RMSNorm, rounded once in bf16 where the reference rounds twice) — docs/training.md",
-       BIND(flags.kernels), {"reference", "fused"}, kD},
+       WORDS(o.step.kernels, parse_kernels, models::to_string), {"reference", "fused"}, kD},
       {"--lr", "", "Peak learning rate", BIND(o.schedule.lr), {}, kD},
       {"--warmup-steps", "", "Linear warmup steps", BIND(o.schedule.warmup_steps), {}, kD},
       {"--min-lr", "", "Learning rate at the end of the cosine decay", BIND(o.schedule.min_lr), {}, kD},
@@ -92,7 +182,7 @@ std::vector<OptionRow> data_rows() {
       {"--lr-scale", "",
        "REGEX=FACTOR: parameters whose name the regex finds train at FACTOR x the learning rate "
        "(repeatable; the first match wins), e.g. --lr-scale lora_B=4",
-       BIND(flags.lr_scales)},
+       REPEATED(o.param_groups.lr_scales, optim::parse_lr_scale, lr_scale_words)},
       {"--freeze", "",
        "Freeze the parameters whose name this regex finds (e.g. 'embed_tokens|layers\\.[0-3]\\.'): "
        "no gradients, no reductions, no optimizer state",
@@ -177,16 +267,16 @@ std::vector<OptionRow> run_rows() {
        "Process group: tcp (ours, the CPU's default) | gloo (PyTorch's ProcessGroupGloo) | nccl (ours, CUDA's "
        "default) | c10d-nccl (PyTorch's ProcessGroupNCCL) | auto",
        BIND(run.backend), {"auto", "tcp", "gloo", "nccl", "c10d-nccl"}, kD},
-      {"--device", "", "cpu | cuda", BIND(flags.device), {"cpu", "cuda"}, kD, kUses},
+      {"--device", "", "cpu | cuda", WORDS(o.device, parse_device, device_word), {"cpu", "cuda"}, kD, kUses},
       {"--sharding", "",
        "full (FULL_SHARD) | grad-op (SHARD_GRAD_OP) | none (NO_SHARD, DDP) | hybrid (HYBRID_SHARD)",
-       BIND(flags.sharding), {}, kD, kUses},
+       WORDS(o.fsdp.strategy, parse_sharding_strategy, to_string), {}, kD, kUses},
       {"--wrap", "",
        "Units: block (one per decoder layer) | size:N (a block becomes a unit once it holds N parameters "
        "not yet wrapped) | root (the whole model as one unit) | all (every marked boundary)",
-       BIND(flags.wrap), {}, kD, kUses},
+       WORDS(o.fsdp.wrap, parse_wrap, to_string), {}, kD, kUses},
       {"--hybrid-shard-size", "", "HYBRID: ranks per shard group (default: LOCAL_WORLD_SIZE, i.e. one node)",
-       BIND(o.sharding.hybrid_shard_size), {}, kD, kUses},
+       BIND(o.fsdp.hybrid_shard_size), {}, kD, kUses},
       {"--reshard-after-forward", "",
        "After each unit's forward, the root's aside (FSDP2's reshard_after_forward): default (the strategy's: true "
        "for full and hybrid, false for grad-op; with every layer a unit, the output head and the last layer, "
@@ -194,11 +284,11 @@ std::vector<OptionRow> run_rows() {
        "every unit) | false (keep them "
        "to backward) | N (keep a shard over groups of N ranks, so backward gathers inside the group: "
        "ZeRO++'s hpZ, e.g. the processes of one node) — docs/compression.md",
-       BIND(flags.reshard_after_forward), {}, kD, kUses},
+       WORDS(o.fsdp.reshard_after_forward, parse_reshard, to_string), {}, kD, kUses},
       {"--sync-module-states", "",
        "Rank 0 alone builds the whole model (initialized, or read from --init-from) in host memory and "
        "broadcasts it to every rank's shards before training; the other ranks read no weights",
-       BIND(o.sharding.sync_module_states)},
+       BIND(o.fsdp.sync_module_states)},
   };
 }
 
@@ -209,45 +299,45 @@ std::vector<OptionRow> memory_rows() {
        "fp32 | bf16 (bf16 parameters and compute, fp32 reduction and master weights) | fp16 (fp16 "
        "parameters with dynamic loss scaling; GPU only with this LibTorch) | bf16-pure (bf16 everywhere, "
        "Kahan-compensated AdamW with bf16 moments)",
-       BIND(flags.mixed_precision), {"fp32", "bf16", "fp16", "bf16-pure"}, kD, kUses},
+       WORDS(o.fsdp.mixed_precision, MixedPrecision::preset, preset_name), {"fp32", "bf16", "fp16", "bf16-pure"}, kD, kUses},
       {"--reduce-dtype", g, "Gradient communication dtype: fp32 | bf16 | fp16 (default: the --mixed-precision preset's)",
-       BIND(flags.reduce_dtype), {"fp32", "bf16", "fp16"}, 0, kUses},
+       WORDS(o.fsdp.mixed_precision.reduce_dtype, parse_reduce_dtype, dtype_word), {"fp32", "bf16", "fp16"}, 0, kUses},
       {"--all-gather-wire", g,
        "Parameter all-gathers on the wire: native (the param dtype) | bf16 (widened on arrival; compute "
        "stays in the param dtype) | int8 (per-block scales, dequantized on arrival) — docs/compression.md",
-       BIND(flags.all_gather_wire), {"native", "bf16", "int8"}, kD, kUses},
+       WORDS(o.fsdp.compression.all_gather, parse_all_gather_wire, to_string), {"native", "bf16", "int8"}, kD, kUses},
       {"--reduce-scatter-wire", g,
        "Gradient reduce-scatters on the wire: native (the reduce dtype) | bf16 | int8 (per-block scales, "
        "stochastic rounding); summed in fp32 by the owner — docs/compression.md",
-       BIND(flags.reduce_scatter_wire), {"native", "bf16", "int8"}, kD, kUses},
-      {"--quant-block", g, "int8 wire: elements per fp32 scale", BIND(o.sharding.compression.block_size), {}, kD,
+       WORDS(o.fsdp.compression.reduce_scatter, parse_reduce_scatter_wire, to_string), {"native", "bf16", "int8"}, kD, kUses},
+      {"--quant-block", g, "int8 wire: elements per fp32 scale", BIND(o.fsdp.compression.block_size), {}, kD,
        kUses},
       {"--activation-checkpointing", g,
        "Keep only each decoder layer's input in forward and recompute the layer in backward",
-       BIND(o.sharding.activation_checkpointing), {}, 0, kUses},
+       BIND(o.activation_checkpointing), {}, 0, kUses},
       {"--ac-policy", g,
        "With --activation-checkpointing, what backward recomputes: tail (the layer up to its last product, "
        "whose gradients are then computed from what is at hand: full's gradients bit for bit, one product "
        "fewer) | full (the whole layer) | selective (keeps attention's products and output, recomputes the "
        "norms and the MLP) — docs/training.md",
-       BIND(flags.ac_policy), {"tail", "full", "selective"}, kD},
+       WORDS(o.fsdp.checkpoint_policy, parse_ac_policy, nn::to_string), {"tail", "full", "selective"}, kD},
       {"--offload-activations", g, "With --activation-checkpointing: keep those saved inputs in host memory (GPU runs)",
-       BIND(o.sharding.offload_activations)},
+       BIND(o.fsdp.offload_checkpoint_inputs)},
       {"--cpu-offload", g,
        "Parameter and gradient shards and optimizer state in host memory; the optimizer steps there",
-       BIND(o.sharding.cpu_offload), {}, 0, kUses},
+       BIND(o.fsdp.cpu_offload), {}, 0, kUses},
       {"--backward-prefetch", g,
        "pre (gather the next unit before computing this one's gradients) | post (after) | none",
-       BIND(flags.backward_prefetch), {"pre", "post", "none"}, kD, kUses},
+       WORDS(o.fsdp.backward_prefetch, parse_backward_prefetch, to_string), {"pre", "post", "none"}, kD, kUses},
       {"--forward-prefetch", g, "Gather the next unit's parameters while the current one computes forward",
-       BIND(o.sharding.forward_prefetch), {}, 0, kUses},
+       BIND(o.fsdp.forward_prefetch), {}, 0, kUses},
       {"--limit-all-gathers", g, "At most N all-gathers issued ahead of use (rate limiter)",
-       BIND(o.sharding.limit_all_gathers), {}, kD, kUses},
+       BIND(o.fsdp.limit_all_gathers), {}, kD, kUses},
       {"--loss-scaling", g,
        "Dynamic loss scaling: auto (on for fp16) | on | off. Steps with inf/nan gradients are skipped on "
        "every rank and the scale halves; it doubles after 2000 clean steps; saved in checkpoints",
-       BIND(flags.loss_scaling), {"auto", "on", "off"}, kD},
-      {"--initial-loss-scale", g, "Starting loss scale", BIND(o.sharding.initial_loss_scale), {}, kD},
+       WORDS(o.step.loss_scaling, train::parse_loss_scaling, train::to_string), {"auto", "on", "off"}, kD},
+      {"--initial-loss-scale", g, "Starting loss scale", BIND(o.step.initial_loss_scale), {}, kD},
   };
 }
 
@@ -278,7 +368,7 @@ std::vector<OptionRow> checkpoint_rows() {
       {"--checkpoint-staging-limit", g,
        "With --async-checkpoint: the most host memory one rank stages for a save (16GiB, 500MB, "
        "bytes); a larger state is saved synchronously, as the log says",
-       BIND(flags.checkpoint_staging_limit), {}, kD},
+       WORDS(o.checkpoint.staging_limit, parse_staging_limit, format_byte_size), {}, kD},
       {"--checkpoint-format", g,
        "sharded (ours: one file per shard) | dcp (each step_N a PyTorch distributed checkpoint that "
        "torch.distributed.checkpoint.load reads; docs/checkpoints.md)",
@@ -316,12 +406,12 @@ std::vector<OptionRow> hf_lora_eval_rows() {
        "atomically; it must be new, empty or a previous export), with --init-from's tokenizer and "
        "generation_config.json files copied as they are",
        BIND(o.hf.export_dir)},
-      {"--export-dtype", hf, "Exported weight dtype: float32 (exact) | bfloat16 | float16", BIND(flags.export_dtype),
+      {"--export-dtype", hf, "Exported weight dtype: float32 (exact) | bfloat16 | float16", WORDS(o.hf.export_dtype, checkpoint::parse_export_dtype, checkpoint::hf_dtype_name),
        {"float32", "bfloat16", "float16", "fp32", "bf16", "fp16"}, kD},
       {"--export-shard-size", hf,
        "Split exported weights into files of at most this size, with model.safetensors.index.json "
        "(5GB, 500MB, 2GiB, bytes; 0: one file)",
-       BIND(flags.export_shard_size), {}, kD},
+       WORDS(o.hf.export_shard_bytes, parse_shard_bytes, format_byte_size), {}, kD},
       {"--lora-rank", lora, "Train LoRA adapters of this rank on --lora-targets, every other parameter frozen (0: off)",
        BIND(o.lora.rank), {}, kD, kUses},
       {"--lora-alpha", lora,
@@ -332,7 +422,7 @@ std::vector<OptionRow> hf_lora_eval_rows() {
       {"--lora-targets", lora,
        "Comma-separated names of the Linear layers that get adapters (q_proj, k_proj, v_proj, o_proj, "
        "gate_proj, up_proj, down_proj; Mixtral experts w1, w2, w3)",
-       BIND(flags.lora_targets), {}, kD, kUses},
+       WORDS(o.lora.targets, models::parse_lora_targets, comma_words), {}, kD, kUses},
       {"--merge-lora", lora,
        "--export-hf writes the merged model (W + B A alpha / rank), a plain Hugging Face model, instead "
        "of the PEFT adapter directory (adapter_config.json + adapter_model.safetensors, for "
@@ -369,6 +459,8 @@ std::vector<OptionRow> hf_lora_eval_rows() {
 }
 
 #undef BIND
+#undef WORDS
+#undef REPEATED
 
 std::vector<OptionRow> make_table() {
   std::vector<OptionRow> rows = data_rows();
@@ -387,22 +479,48 @@ std::string group_description(const std::string& title) {
 }
 
 bool is_switch(const OptionTarget& t) { return std::holds_alternative<bool*>(t); }
-bool is_repeatable(const OptionTarget& t) { return std::holds_alternative<std::vector<std::string>*>(t); }
+bool is_repeatable(const OptionTarget& t) {
+  const WordsTarget* w = std::get_if<WordsTarget>(&t);
+  return std::holds_alternative<std::vector<std::string>*>(t) || (w != nullptr && w->repeat);
+}
+
+// A row in words: CLI11 checks the choices and keeps the words given (which
+// --print-config shows); the callback, run once the parse is complete, types
+// them with the library's parse.
+CLI::Option* add_words(CLI::App& where, const OptionRow& row, const WordsTarget& w) {
+  CLI::Option* opt = nullptr;
+  if (w.repeat) {
+    opt = where.add_option_function<std::vector<std::string>>(
+        row.flag,
+        [set = w.set](const std::vector<std::string>& words) {
+          for (size_t i = 0; i < words.size(); ++i) set(words[i], i == 0);
+        },
+        row.help);
+  } else {
+    opt = where.add_option_function<std::string>(
+        row.flag, [set = w.set](const std::string& word) { set(word, true); }, row.help);
+  }
+  if ((row.traits & kShowDefault) != 0) opt->default_str(w.get());
+  return opt;
+}
 
 // Adds `row` bound to its target in `t`, into `where` (the app or its group).
 CLI::Option* add_row(CLI::App& where, const OptionRow& row, TrainTargets& t) {
+  OptionTarget target = row.target(t);
   CLI::Option* opt = std::visit(
-      [&](auto* value) -> CLI::Option* {
-        using V = std::remove_pointer_t<decltype(value)>;
-        if constexpr (std::is_same_v<V, bool>) {
+      [&](auto& value) -> CLI::Option* {
+        using V = std::decay_t<decltype(value)>;
+        if constexpr (std::is_same_v<V, WordsTarget>) {
+          return add_words(where, row, value);
+        } else if constexpr (std::is_same_v<V, bool*>) {
           return where.add_flag(row.flag, *value, row.help);
         } else {
           return where.add_option(row.flag, *value, row.help);
         }
       },
-      row.target(t));
+      target);
   if (!row.choices.empty()) opt->check(CLI::IsMember(row.choices));
-  if ((row.traits & kShowDefault) != 0) opt->capture_default_str();
+  if ((row.traits & kShowDefault) != 0 && !std::holds_alternative<WordsTarget>(target)) opt->capture_default_str();
   if ((row.traits & kNotInConfig) != 0) opt->configurable(false);
   return opt;
 }

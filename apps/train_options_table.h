@@ -20,7 +20,6 @@
 #include <vector>
 
 #include "fsdp/train/options.h"
-#include "train_flags.h"
 
 namespace fsdp::cli {
 
@@ -32,8 +31,6 @@ struct RunFlags {
   int node_rank = 0;                  // --node-rank
   std::string master_addr;            // --master-addr
   int master_port = 29500;            // --master-port (torchrun's default)
-  std::string token_dtype = "u16";    // --token-dtype
-  std::string data_format = "auto";   // --data-format
   std::string timeout;                // --timeout; "": not given
   std::string backend = "auto";       // --backend (comm::choose_backend)
   std::string profile_steps;          // --profile-steps A:B
@@ -44,18 +41,28 @@ struct RunFlags {
   bool eval_only = false;             // --eval-only
 };
 
-// Everything a row may bind: the trainer's typed options, the choices in words
-// (apply_train_flags types them), the run's own flags.
+// Everything a row may bind: the trainer's typed options and the run's own flags.
 struct TrainTargets {
   TrainTargets() { o.data.path = "embedded"; }  // the default --help shows; run() resolves it
   train::TrainOptions o;
-  TrainFlags flags;
   RunFlags run;
 };
 
+// A member given in words: the library's parse (a word into the member;
+// UsageError for another) and its to_string (the member's word: the default
+// --help and --list-options show). `repeat`: the row is repeatable and each
+// word adds to the member (set(word, first) with first true for the first
+// given, which clears what was there).
+struct WordsTarget {
+  std::function<void(const std::string& word, bool first)> set;
+  std::function<std::string()> get;
+  bool repeat = false;
+};
+
 // The value a row binds; its C++ type decides the CLI11 option (bool: a switch;
-// a vector: repeatable) and so its --config TOML type.
-using OptionTarget = std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*>;
+// a vector or a repeated WordsTarget: repeatable) and so its --config TOML type.
+using OptionTarget =
+    std::variant<int*, int64_t*, uint64_t*, double*, bool*, std::string*, std::vector<std::string>*, WordsTarget>;
 
 // Whether fsdp-inspect reads the flag: kUses for what changes a plan or an
 // estimate (model, sharding, precision, batch, cluster shape, ...); kIgnores:
@@ -73,9 +80,17 @@ struct OptionRow {
   std::string group;  // "": the main list; else the title of its option group (kOptionGroups)
   std::string help;
   std::function<OptionTarget(TrainTargets&)> target;
+  // The member it binds, as the library names it in its messages
+  // ("DataOptions::seq_len", "FsdpOptions::mixed_precision.reduce_dtype"); ""
+  // for the run's own flags (RunFlags). in_flag_terms maps these to the flag.
+  std::string field;
   std::vector<std::string> choices;  // the accepted words (checked by CLI11); empty: any value
   unsigned traits = 0;
   Inspect inspect = Inspect::kIgnores;
+  // Other names the library gives this option where a function takes it
+  // outside TrainOptions ("LoraConfig::rank" for --lora-rank; a launcher's
+  // field for a RunFlags row): in_flag_terms maps them to the flag too.
+  std::vector<std::string> also;
 
   std::string name() const { return flag[0] == '!' ? flag.substr(1) : flag; }  // "--no-shuffle"
   // The --config key ("seq-len"), "" for a command-line-only option.

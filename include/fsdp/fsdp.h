@@ -157,6 +157,8 @@ struct WrapPolicy {
 // is `block_type`), "size:N" (size-based, N parameters), "root" (one unit),
 // "all" (every boundary). UsageError naming --wrap for anything else.
 WrapPolicy parse_wrap_policy(const std::string& spec, std::type_index block_type);
+// Its words back: "block" (any kByType), "size:N", "root", "all".
+std::string to_string(const WrapPolicy& p);
 
 // Dtypes of the copies FSDP keeps. The sharded master copy is what the
 // optimizer updates: float32 normally; bfloat16 for pure-bf16 training (with
@@ -177,7 +179,16 @@ struct MixedPrecision {
   // "fp16" (fp16 params, fp32 reduce; use a gradient scaler), "bf16-pure"
   // (bf16 everywhere, bf16 master shards). UsageError for other names.
   static MixedPrecision preset(const std::string& name);
+  // The preset these dtypes are ("fp32", ...), its reduce dtype aside (set on
+  // its own); "" when they are no preset's.
+  std::string preset_name() const;
 };
+
+// The dtype words of the presets: "fp32" | "bf16" | "fp16"; UsageError naming
+// `what` for another.
+at::ScalarType parse_dtype_word(const std::string& s, const char* what);
+// parse_dtype_word's word for `t`; "?" for a dtype that has none.
+const char* dtype_word(at::ScalarType t);
 
 // What a shard group's collectives put on the wire (docs/compression.md
 // states each format's numerical contract). kNative: the tensors' own dtype
@@ -233,6 +244,8 @@ struct ReshardAfterForward {
 // "default" (nullopt: the strategy's) | "true" | "false" | N >= 1 (to_group(N));
 // `what` names the option in the error.
 std::optional<ReshardAfterForward> parse_reshard_after_forward(const std::string& s, const char* what);
+// Its words back: "default", "true", "false" or N.
+std::string to_string(const std::optional<ReshardAfterForward>& r);
 
 // The options of one fully_shard call of FSDP2, for the units an override
 // selects (FsdpOptions::unit_overrides). Unset fields keep the model's.

@@ -193,6 +193,16 @@ std::string format_bytes(int64_t bytes) {
   return buf;
 }
 
+std::string format_byte_size(int64_t bytes) {
+  static const std::pair<int64_t, const char*> kUnits[] = {
+      {int64_t{1} << 40, "TiB"}, {1'000'000'000'000, "TB"}, {int64_t{1} << 30, "GiB"}, {1'000'000'000, "GB"},
+      {int64_t{1} << 20, "MiB"}, {1'000'000, "MB"},         {int64_t{1} << 10, "KiB"}, {1'000, "kB"}};
+  for (const auto& [unit, name] : kUnits) {
+    if (bytes != 0 && bytes % unit == 0) return std::to_string(bytes / unit) + name;
+  }
+  return std::to_string(bytes);
+}
+
 int64_t parse_byte_size(const std::string& text, const std::string& flag, const std::string& zero_means) {
   // \s* digits [. digits] \s* letters \s*, read by hand: the text is the user's (no std::regex).
   const auto space = [](char c) { return std::isspace(static_cast<unsigned char>(c)) != 0; };

@@ -64,6 +64,51 @@ WrapPolicy parse_wrap_policy(const std::string& spec, std::type_index block_type
   return {};
 }
 
+std::string to_string(const WrapPolicy& p) {
+  switch (p.kind) {
+    case WrapPolicy::Kind::kByType: return "block";
+    case WrapPolicy::Kind::kSize: return "size:" + std::to_string(p.min_num_params);
+    case WrapPolicy::Kind::kRootOnly: return "root";
+    case WrapPolicy::Kind::kEveryUnit: return "all";
+  }
+  return "?";
+}
+
+std::string to_string(const std::optional<ReshardAfterForward>& r) {
+  if (!r.has_value()) return "default";
+  if (r->reshard && r->group != 0) return std::to_string(r->group);
+  return r->reshard ? "true" : "false";
+}
+
+at::ScalarType parse_dtype_word(const std::string& s, const char* what) {
+  for (at::ScalarType t : {at::kFloat, at::kBFloat16, at::kHalf}) {
+    if (s == dtype_word(t)) return t;
+  }
+  FSDP_CHECK(false, what, " '", s, "' is not one of: fp32, bf16, fp16");
+  return at::kFloat;
+}
+
+const char* dtype_word(at::ScalarType t) {
+  switch (t) {
+    case at::kFloat: return "fp32";
+    case at::kBFloat16: return "bf16";
+    case at::kHalf: return "fp16";
+    default: return "?";
+  }
+}
+
+std::string MixedPrecision::preset_name() const {
+  for (const char* name : {"fp32", "bf16", "fp16", "bf16-pure"}) {
+    MixedPrecision p = preset(name);
+    p.reduce_dtype = reduce_dtype;
+    if (p.param_dtype == param_dtype && p.buffer_dtype == buffer_dtype && p.master_dtype == master_dtype &&
+        p.output_dtype == output_dtype && p.cast_forward_inputs == cast_forward_inputs) {
+      return name;
+    }
+  }
+  return "";
+}
+
 MixedPrecision MixedPrecision::preset(const std::string& name) {
   MixedPrecision m;
   if (name == "fp32") return m;
@@ -125,6 +170,9 @@ void check_post_forward_group(int group, int shard_size, std::string_view who) {
 }  // namespace detail
 
 void check_options(const FsdpOptions& o, int world_size) {
+  FSDP_CHECK(o.wrap.kind != WrapPolicy::Kind::kSize || o.wrap.min_num_params >= 1,
+             "FsdpOptions::wrap: a size-based policy needs min_num_params >= 1 (e.g. size:1000000), got ",
+             o.wrap.min_num_params);
   FSDP_CHECK(o.limit_all_gathers >= 1, "FsdpOptions::limit_all_gathers must be >= 1 (all-gathers issued ahead of use), got ",
              o.limit_all_gathers);
   const MixedPrecision& mp = o.mixed_precision;

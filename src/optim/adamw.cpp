@@ -50,6 +50,24 @@ std::vector<std::pair<NamePattern, double>> compile_lr_scales(const ParamGroupOp
 
 }  // namespace
 
+std::pair<std::string, double> parse_lr_scale(const std::string& s) {
+  const size_t eq = s.rfind('=');
+  FSDP_CHECK(eq != std::string::npos && eq > 0, "ParamGroupOptions::lr_scales '", s, "' must be REGEX=FACTOR, e.g. "
+             "'lora_B=4' or 'embed_tokens=0.1' (parameters whose name the regex finds train at FACTOR x the learning "
+             "rate)");
+  const std::string factor = s.substr(eq + 1);
+  size_t used = 0;
+  double f = 0;
+  try {
+    f = std::stod(factor, &used);
+  } catch (const std::exception&) {
+    used = 0;
+  }
+  FSDP_CHECK(used == factor.size() && !factor.empty() && f > 0 && std::isfinite(f), "ParamGroupOptions::lr_scales '",
+             s, "': the factor '", factor, "' must be a number > 0, e.g. 0.1 or 4");
+  return {s.substr(0, eq), f};
+}
+
 void check_lr_range(double peak_lr, double min_lr, const AdamWOptions& adamw, const ParamGroupOptions& groups) {
   constexpr double kFloatMax = std::numeric_limits<float>::max();
   std::vector<std::pair<std::string, double>> scales = {{"", 1.0}};

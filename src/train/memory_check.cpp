@@ -63,10 +63,10 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
                                           cfg.hidden_size(), fo.mixed_precision.param_dtype),
                kHuge);
   // Activations kept for backward, a lower bound per token (the family's count).
-  const int64_t per_token = cfg.activation_elements_per_token(o.sharding.activation_checkpointing, eval_only);
+  const int64_t per_token = cfg.activation_elements_per_token(o.activation_checkpointing, eval_only);
   // What the checkpoint policy keeps beyond the layers' inputs (--ac-policy selective), in bytes per token.
-  const int64_t kept_per_token = o.sharding.activation_checkpointing && !eval_only
-                                     ? cfg.checkpoint_kept_bytes_per_token(o.sharding.ac_policy,
+  const int64_t kept_per_token = o.activation_checkpointing && !eval_only
+                                     ? cfg.checkpoint_kept_bytes_per_token(o.fsdp.checkpoint_policy,
                                                                            fo.mixed_precision.param_dtype, o.device,
                                                                            o.data.seq_len)
                                      : 0;
@@ -79,7 +79,7 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   const bool on_device = this_rank && this_rank->is_cuda();
   const bool cuda_run = o.device == at::kCUDA;
   // Host: everything on CPU runs; the offloaded shards with --cpu-offload on CUDA.
-  const int64_t host = cuda_run ? (o.sharding.cpu_offload ? shards : 0) : shards + step;
+  const int64_t host = cuda_run ? (o.fsdp.cpu_offload ? shards : 0) : shards + step;
   const std::string parts = fmt::format(
       "parameter and gradient shards {}, optimizer state {}, unsharded units during a step {}, the loss's logits "
       "of one micro-batch {} (chunks of {} of its --batch-size {} x {} {} tokens x vocab_size {}), "
@@ -102,7 +102,7 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
                ", but this process has ", available_host_memory_text(), " — ", fix);
   }
   if (on_device) {
-    const int64_t device_need = (o.sharding.cpu_offload ? 0 : shards) + step;
+    const int64_t device_need = (o.fsdp.cpu_offload ? 0 : shards) + step;
     const int64_t free = free_memory_bytes(*this_rank);
     FSDP_CHECK(free < 0 || device_need <= free, "model '", cfg.name(), "' needs at least ", format_bytes(device_need),
                " on ", this_rank->str(), " (", parts, "), but it has ", format_bytes(free), " free — ", fix);

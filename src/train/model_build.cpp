@@ -97,17 +97,6 @@ ModelConfigPtr conversion_config(const TrainOptions& o) {
   return cfg;
 }
 
-WrapPolicy wrap_policy(const WrapChoice& w, const std::vector<std::type_index>& unit_types) {
-  switch (w.kind) {
-    case WrapChoice::Kind::kBlock: return WrapPolicy::by_type(unit_types);
-    case WrapChoice::Kind::kSize: return WrapPolicy::size_based(w.min_num_params);
-    case WrapChoice::Kind::kRoot: return WrapPolicy::root_only();
-    case WrapChoice::Kind::kAll: return WrapPolicy::every_unit();
-  }
-  FSDP_ASSERT(false, "unknown WrapChoice::Kind ", static_cast<int>(w.kind));
-  return {};
-}
-
 }  // namespace
 
 ModelConfigPtr resolve_model_config(const TrainOptions& o) {
@@ -146,28 +135,22 @@ BuiltModel build_model(const TrainOptions& o, const ModelConfigPtr& cfg, const B
 }
 
 FsdpOptions engine_options(const TrainOptions& o, const ModelConfig* cfg, int world_size) {
-  const ShardingOptions& s = o.sharding;
-  FSDP_CHECK(s.wrap.kind != WrapChoice::Kind::kSize || s.wrap.min_num_params >= 1, "--wrap size:",
-             s.wrap.min_num_params, ": the minimum parameter count after 'size:' must be a positive integer, e.g. "
-             "size:1000000");
-  FsdpOptions fo;
-  fo.strategy = s.strategy;
-  fo.wrap = wrap_policy(s.wrap, cfg != nullptr ? cfg->unit_types() : std::vector<std::type_index>{});
-  fo.hybrid_shard_size = s.hybrid_shard_size;
-  fo.reshard_after_forward = s.reshard_after_forward;
-  if (cfg != nullptr) fo.unit_overrides = last_units_kept(*cfg, fo);
-  fo.sync_module_states = s.sync_module_states;
-  fo.mixed_precision = s.mixed_precision;
-  fo.compression = s.compression;
-  if (s.activation_checkpointing) {
+  FSDP_CHECK(o.activation_checkpointing || o.fsdp.checkpoint_policy == nn::RecomputePolicy::kTail,
+             "FsdpOptions::checkpoint_policy ", nn::to_string(o.fsdp.checkpoint_policy),
+             " chooses what activation checkpointing recomputes: turn on TrainOptions::activation_checkpointing");
+  FsdpOptions fo = o.fsdp;
+  if (fo.wrap.kind == WrapPolicy::Kind::kByType && fo.wrap.types.empty() && cfg != nullptr) {
+    fo.wrap.types = cfg->unit_types();  // the model's blocks: the trainer's default
+  }
+  if (cfg != nullptr) {
+    // The head and the last layer first: the caller's overrides come after, so theirs win.
+    std::vector<UnitOverride> overrides = last_units_kept(*cfg, fo);
+    overrides.insert(overrides.end(), o.fsdp.unit_overrides.begin(), o.fsdp.unit_overrides.end());
+    fo.unit_overrides = std::move(overrides);
+  }
+  if (o.activation_checkpointing) {
     fo.checkpoint_types = {cfg != nullptr ? cfg->block_type() : std::type_index(typeid(void))};
   }
-  fo.checkpoint_policy = s.ac_policy;
-  fo.offload_checkpoint_inputs = s.offload_activations;
-  fo.cpu_offload = s.cpu_offload;
-  fo.backward_prefetch = s.backward_prefetch;
-  fo.forward_prefetch = s.forward_prefetch;
-  fo.limit_all_gathers = s.limit_all_gathers;
   fo.device = at::Device(o.device);
   // 0 (LOCAL_WORLD_SIZE) is resolved where the node's size is known (worker_engine_options,
   // check_memory); the other checks hold for any shard-group size.

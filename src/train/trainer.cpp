@@ -71,7 +71,7 @@ void Trainer::Impl::build() {
   // --sync-module-states: rank 0 alone builds the whole model on the CPU
   // (initialized, or loaded from --init-from) and fully_shard broadcasts its
   // values, unit by unit, to every rank's shards.
-  const bool rank0_materializes = o_.sharding.sync_module_states && rank_ == 0;
+  const bool rank0_materializes = o_.fsdp.sync_module_states && rank_ == 0;
   BuildOptions b;
   b.device = rank0_materializes ? at::kCPU : at::kMeta;
   b.seed = o_.step.seed;
@@ -95,7 +95,7 @@ void Trainer::Impl::build() {
   // peak for the compute dtype; left out where the peak is not known (the CPU).
   device_peak_flops_ = peak_flops(device_model(device_), engine_.mixed_precision.param_dtype);
   flops_per_token_ = cfg_->training_flops_per_token(o_.data.seq_len);
-  if (o_.sharding.sync_module_states) {
+  if (o_.fsdp.sync_module_states) {
     say_(fmt::format("--sync-module-states: rank 0's {} broadcast to {} rank{} before sharding",
                      o_.hf.init_from.empty() ? "initial parameters" : "weights from " + o_.hf.init_from, W_,
                      W_ == 1 ? "" : "s"));
@@ -130,10 +130,10 @@ void Trainer::Impl::build_optimizer() {
 
   // fp16: dynamic loss scaling over the sharded gradients; every rank skips
   // the same steps (grad_scaler.h).
-  const LossScaling ls = o_.sharding.loss_scaling;
+  const LossScaling ls = o_.step.loss_scaling;
   if (ls == LossScaling::kOn || (ls == LossScaling::kAuto && engine_.mixed_precision.param_dtype == at::kHalf)) {
     optim::GradScalerOptions gso;
-    gso.init_scale = o_.sharding.initial_loss_scale;
+    gso.init_scale = o_.step.initial_loss_scale;
     scaler_ = std::make_unique<optim::ShardedGradScaler>(gso, scalars_);
   }
 }
@@ -209,7 +209,7 @@ void Trainer::Impl::restore_weights(bool resumed) {
   } else if (!o_.hf.init_from.empty()) {
     // With --sync-module-states rank 0 read the files before sharding.
     const checkpoint::HfImportResult r =
-        o_.sharding.sync_module_states
+        o_.fsdp.sync_module_states
             ? rank0_import_.value_or(checkpoint::HfImportResult{})
             : checkpoint::import_hf(o_.hf.init_from, *sharded_, hf_model_info(*cfg_), *scalars_,
                                     reporter_.progress_bars());
@@ -220,7 +220,7 @@ void Trainer::Impl::restore_weights(bool resumed) {
   }
   if (!o_.lora.init_adapter.empty()) {
     // With --sync-module-states rank 0 read it before sharding.
-    if (!o_.sharding.sync_module_states) checkpoint::import_peft_adapter(o_.lora.init_adapter, *sharded_);
+    if (!o_.fsdp.sync_module_states) checkpoint::import_peft_adapter(o_.lora.init_adapter, *sharded_);
     say_(fmt::format("LoRA adapters from {} (lora_alpha {}: scale alpha / r = {})", o_.lora.init_adapter,
                      o_.lora.effective_alpha(), o_.lora.effective_alpha() / static_cast<double>(o_.lora.rank)));
   }

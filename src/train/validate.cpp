@@ -218,6 +218,7 @@ void validate_optimizer(const TrainOptions& o) {
                " is outside the range of a 32-bit float (|x| <= 3.4e38), which the optimizer computes in");
   }
   optim::check_lr_range(o.schedule.lr, o.schedule.min_lr, o.adamw, o.param_groups);  // x --lr-scale, / (1 - beta1)
+  (void)optim::param_rule(o.param_groups);  // each lr_scales pattern compiles
   sched.validate();
   FSDP_CHECK(o.adamw.weight_decay >= 0, "--weight-decay must be >= 0, got ", o.adamw.weight_decay);
   FSDP_CHECK(o.adamw.beta1 >= 0 && o.adamw.beta1 < 1, "--beta1 must be in [0, 1), got ", o.adamw.beta1,
@@ -349,10 +350,10 @@ ModelConfigPtr validate_options(const TrainOptions& o, int world_size, const Mod
   data::tokenizer_file(o.data.tokenizer);  // exists, a regular file (not /dev/zero or a FIFO), not empty
   validate_optimizer(o);
   check_engine_options(o, world_size);
-  FSDP_CHECK(std::isfinite(o.sharding.initial_loss_scale) && o.sharding.initial_loss_scale > 0,
-             "--initial-loss-scale must be a finite number > 0 (e.g. 65536), got ", o.sharding.initial_loss_scale);
-  FSDP_CHECK(o.sharding.hybrid_shard_size >= 0, "--hybrid-shard-size must be >= 1 (or 0 for LOCAL_WORLD_SIZE), got ",
-             o.sharding.hybrid_shard_size);
+  FSDP_CHECK(std::isfinite(o.step.initial_loss_scale) && o.step.initial_loss_scale > 0,
+             "--initial-loss-scale must be a finite number > 0 (e.g. 65536), got ", o.step.initial_loss_scale);
+  FSDP_CHECK(o.fsdp.hybrid_shard_size >= 0, "--hybrid-shard-size must be >= 1 (or 0 for LOCAL_WORLD_SIZE), got ",
+             o.fsdp.hybrid_shard_size);
   validate_checkpoints(o);
   if (!o.hf.init_from.empty() && checkpoint::is_dcp_dir(o.hf.init_from)) {
     // A PyTorch distributed checkpoint: its weights; the model is --model (or a config.json beside them).

@@ -132,7 +132,7 @@ namespace fsdp {
 
 // Refusals name the engine's own options and arguments (FsdpOptions::..., plan_sharding's
 // world_size and rank), never a program's flags: fsdp-train and fsdp-inspect map these names to
-// their flags (apps/option_names.h; tests/apps/test_train_flags.cpp, test_input_cli.cpp).
+// their flags (apps/option_names.h; tests/apps/test_option_table.cpp, test_input_cli.cpp).
 TEST(Plan, RefusalsNameTheEngineOptions) {
   auto root = testing::make_toy(testing::ToyConfig{}, true, 1);
   FsdpOptions o;

@@ -194,10 +194,10 @@ TEST(Resume, RestoresTheLossScale) {
   testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
     auto scaled = [](int64_t steps) {
       auto o = options(2, steps);
-      o.sharding.mixed_precision.param_dtype = at::kBFloat16;  // --mixed-precision bf16
-      o.sharding.mixed_precision.buffer_dtype = at::kBFloat16;
-      o.sharding.loss_scaling = train::LossScaling::kOn;
-      o.sharding.initial_loss_scale = std::ldexp(1.0, 131);  // beyond fp32: the first ~9 steps overflow
+      o.fsdp.mixed_precision.param_dtype = at::kBFloat16;  // --mixed-precision bf16
+      o.fsdp.mixed_precision.buffer_dtype = at::kBFloat16;
+      o.step.loss_scaling = train::LossScaling::kOn;
+      o.step.initial_loss_scale = std::ldexp(1.0, 131);  // beyond fp32: the first ~9 steps overflow
       return o;
     };
     auto straight = train::train(scaled(16), runtime_of(pg));

@@ -195,7 +195,7 @@ TEST(Train, SyncModuleStatesTakesRankZerosWeights) {
       train::TrainOptions o = tiny_options();
       o.step.batch_size = 2;
       o.hf.init_from = pg.rank() == 0 ? a : rank1_from;
-      o.sharding.sync_module_states = sync;
+      o.fsdp.sync_module_states = sync;
       auto s = train::train(o, runtime_of(pg, pg.size()));
       if (pg.rank() == 0) {
         std::ofstream out(dir + "/" + tag);

@@ -67,5 +67,8 @@ std::string format_bytes(int64_t bytes);
 // than one byte. The messages say what 0 means to the caller, `zero_means`
 // ("no limit"; "" says nothing).
 int64_t parse_byte_size(const std::string& text, const std::string& flag, const std::string& zero_means = "");
+// parse_byte_size's words back, exactly: the largest unit that divides
+// (5000000000 -> "5GB", 17179869184 -> "16GiB", 1234 -> "1234").
+std::string format_byte_size(int64_t bytes);
 
 }  // namespace fsdp

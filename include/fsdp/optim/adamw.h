@@ -84,6 +84,10 @@ struct ParamGroupOptions {
   // parameter's name) that matches sets lr_scale; none: 1.
   std::vector<std::pair<std::string, double>> lr_scales;
 };
+// One lr_scales entry in words, "REGEX=FACTOR" (the last '=' splits, so a
+// pattern may hold one): UsageError naming ParamGroupOptions::lr_scales when
+// there is no '=', an empty pattern, or a factor that is not a number > 0.
+std::pair<std::string, double> parse_lr_scale(const std::string& s);
 // The largest --lr-scale factor: a factor must itself be a 32-bit float
 // (the optimizer computes in float32; 1e39 is not one).
 inline constexpr double kMaxLrScale = 3.4028234663852886e38;  // FLT_MAX

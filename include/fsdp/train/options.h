@@ -40,6 +40,16 @@ struct DataOptions {
   int64_t prefetch = 2;            // batches the background loader prepares ahead
 };
 
+// Dynamic loss scaling (optim/grad_scaler.h).
+enum class LossScaling {
+  kAuto,  // on exactly when the parameters are fp16 (FsdpOptions::mixed_precision.param_dtype == kHalf)
+  kOn,
+  kOff,
+};
+const char* to_string(LossScaling s);  // "auto" | "on" | "off"
+// "auto" | "on" | "off"; UsageError naming StepOptions::loss_scaling otherwise.
+LossScaling parse_loss_scaling(const std::string& s);
+
 struct StepOptions {
   int64_t batch_size = 8;  // B, per rank and micro-step
   int64_t grad_accum = 1;
@@ -63,6 +73,8 @@ struct StepOptions {
   int64_t stop_at_step = 0;
   double clip_grad = 1.0;  // 0: no clipping
   uint64_t seed = 1337;
+  LossScaling loss_scaling = LossScaling::kAuto;
+  double initial_loss_scale = 65536.0;  // > 0
 };
 
 struct LogOptions {
@@ -97,50 +109,6 @@ struct LogOptions {
   int metrics_port = -1;
   std::string metrics_host = "0.0.0.0";
   bool metrics_every_rank = false;
-};
-
-// Which modules of the Llama model become FSDP units: the engine's
-// WrapPolicy with the decoder layer as the block.
-struct WrapChoice {
-  enum class Kind {
-    kBlock,  // one unit per decoder layer, the embedding and the head (by_type of models::llama_unit_types())
-    kSize,   // a block becomes a unit once it holds min_num_params parameters not yet wrapped
-    kRoot,   // the whole model as one unit
-    kAll,    // every marked boundary
-  };
-  Kind kind = Kind::kBlock;
-  int64_t min_num_params = 0;  // kSize only: >= 1
-};
-
-// Dynamic loss scaling (optim/grad_scaler.h).
-enum class LossScaling {
-  kAuto,  // on exactly when the parameters are fp16 (mixed_precision.param_dtype == kHalf)
-  kOn,
-  kOff,
-};
-
-// FSDP choices: the engine's FsdpOptions for this model and runtime.
-struct ShardingOptions {
-  ShardingStrategy strategy = ShardingStrategy::kFullShard;
-  WrapChoice wrap;
-  int hybrid_shard_size = 0;      // 0: LOCAL_WORLD_SIZE
-  // After each unit's forward, the root's aside (FsdpOptions::reshard_after_forward):
-  // unset follows the strategy; to_group(N) keeps a shard over N ranks (hpZ).
-  std::optional<ReshardAfterForward> reshard_after_forward;
-  bool sync_module_states = false;
-  // Memory and precision (FsdpOptions). Pure bf16 (master_dtype kBFloat16)
-  // also switches AdamW to bf16 moments with Kahan-compensated updates.
-  MixedPrecision mixed_precision;        // fp32 everywhere
-  CommCompression compression;           // what the collectives send (FsdpOptions::compression)
-  bool activation_checkpointing = false; // every decoder layer
-  nn::RecomputePolicy ac_policy = nn::RecomputePolicy::kTail;  // what it recomputes (FsdpOptions::checkpoint_policy)
-  bool offload_activations = false;      // checkpointed layers' saved inputs in host memory
-  bool cpu_offload = false;
-  BackwardPrefetch backward_prefetch = BackwardPrefetch::kPre;
-  bool forward_prefetch = false;
-  int limit_all_gathers = 2;
-  LossScaling loss_scaling = LossScaling::kAuto;
-  double initial_loss_scale = 65536.0;
 };
 
 // Sharded checkpoints (checkpoint/sharded.h) in one directory that serves for
@@ -211,6 +179,10 @@ enum class Mode {
   kConvert,   // checkpoint.dir's newest checkpoint to hf.export_dir (convert_checkpoint): no data, no training
 };
 
+// FsdpOptions as the trainer starts them: every field the engine's default
+// but the wrap, which is the model's blocks (WrapPolicy::by_type with no types).
+FsdpOptions trainer_fsdp_defaults();
+
 struct TrainOptions {
   Mode mode = Mode::kTrain;
   // Preset name, HF config.json, or a directory holding one. Converting a
@@ -223,7 +195,20 @@ struct TrainOptions {
   optim::AdamWOptions adamw;
   optim::LrSchedule schedule;  // max_steps is taken from step.max_steps
   LogOptions log;
-  ShardingOptions sharding;
+  // The engine's options, in its own (FSDP2's) words. The trainer fills in
+  // what depends on its model and process (engine_options): a by_type wrap
+  // with no types means the model's blocks (one unit per decoder layer, the
+  // embedding and the head: the default); checkpoint_types comes from
+  // activation_checkpointing; unit_overrides start with the head and the last
+  // layer kept after forward (last_units_kept), then these; device is
+  // `device`; init_rule and seed are the model's. hybrid_shard_size 0 is
+  // LOCAL_WORLD_SIZE. Pure bf16 (mixed_precision.master_dtype kBFloat16) also
+  // switches AdamW to bf16 moments with Kahan-compensated updates.
+  FsdpOptions fsdp = trainer_fsdp_defaults();
+  // Every decoder layer keeps only its input in forward and is recomputed in
+  // backward (what it recomputes: fsdp.checkpoint_policy; its saved inputs in
+  // host memory: fsdp.offload_checkpoint_inputs).
+  bool activation_checkpointing = false;
   CheckpointOptions checkpoint;
   HfOptions hf;
   LoraOptions lora;

@@ -67,7 +67,7 @@ class Trainer {
   // rank's memory (check_memory), opens checkpoint.dir (rank 0 locks it until
   // the Trainer is destroyed), loads the tokenizer and the data, builds the
   // model sharded over the world group with the seeded initialization (with
-  // sharding.sync_module_states: rank 0's parameters, read from hf.init_from
+  // fsdp.sync_module_states: rank 0's parameters, read from hf.init_from
   // when given) and the optimizer, and logs the model, data, plan and memory
   // lines. The world group's device must be `options.device`'s.
   Trainer(TrainOptions options, comm::Runtime runtime);
