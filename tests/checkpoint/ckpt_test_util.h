@@ -13,23 +13,17 @@
 #include "fsdp/models/llama.h"
 #include "fsdp/nn/freeze.h"
 #include "fsdp/optim/adamw.h"
+#include "support/tiny_llama.h"
 
 namespace fsdp::testing {
 
-// Two layers, D=32, GQA, V=96: parameter counts that do not divide by 3 or 4,
-// so shards have padding at every world size the tests use.
+// The tests' tiny Llama (two layers, D=32, GQA) with F=72 and V=97: parameter
+// counts that do not divide by 3 or 4, so shards have padding at every world
+// size the tests use.
 inline models::LlamaConfig small_config(bool tied = false) {
-  models::LlamaConfig c;
-  c.name = "ckpt-test";
-  c.hidden_size = 32;
+  models::LlamaConfig c = tiny_llama("ckpt-test");
   c.intermediate_size = 72;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.num_hidden_layers = 2;
   c.vocab_size = 97;
-  c.max_position_embeddings = 64;
-  c.rms_norm_eps = 1e-5;
-  c.rope_theta = 10000.0;
   c.tie_word_embeddings = tied;
   return c;
 }

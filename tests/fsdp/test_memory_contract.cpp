@@ -29,6 +29,7 @@
 
 #include "fsdp/common/internals.h"
 #include "fsdp/fsdp.h"
+#include "option_matrix.h"
 #include "parity.h"
 #include "support/multiproc.h"
 #include "toy_models.h"
@@ -55,41 +56,12 @@ std::vector<Shape> shapes() {
   return {{"small root", small_root}, {"large root", large_root}};
 }
 
-struct Prefetch {
-  const char* name;
-  BackwardPrefetch backward;
-  bool forward;
-};
-
-const Prefetch kPrefetches[] = {{"none", BackwardPrefetch::kNone, false},
-                                {"pre", BackwardPrefetch::kPre, false},
-                                {"post", BackwardPrefetch::kPost, false},
-                                {"pre+forward", BackwardPrefetch::kPre, true}};
-
 // Every strategy x {fp32, bf16, bf16-pure} x prefetch x checkpointing
 // {off, on}, HYBRID as 2 x 2, with a name for messages.
-std::vector<std::pair<std::string, FsdpOptions>> combinations() {
-  std::vector<std::pair<std::string, FsdpOptions>> out;
-  for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard,
-                             ShardingStrategy::kHybridShard}) {
-    for (const char* precision : {"fp32", "bf16", "bf16-pure"}) {
-      for (const Prefetch& pf : kPrefetches) {
-        for (bool ckpt : {false, true}) {
-          FsdpOptions o;
-          o.strategy = s;
-          o.hybrid_shard_size = 2;
-          o.mixed_precision = MixedPrecision::preset(precision);
-          o.backward_prefetch = pf.backward;
-          o.forward_prefetch = pf.forward;
-          o.checkpoint_all_units = ckpt;
-          out.emplace_back(std::string(to_string(s)) + ", " + precision + ", prefetch " + pf.name +
-                               (ckpt ? ", checkpointing" : ""),
-                           o);
-        }
-      }
-    }
-  }
-  return out;
+std::vector<testing::NamedOptions> combinations() {
+  testing::OptionAxes axes;
+  axes.precisions = {"fp32", "bf16", "bf16-pure"};
+  return testing::option_matrix(axes);
 }
 
 struct Outcome {
@@ -217,54 +189,42 @@ TEST(MemoryContract, FrozenParametersPeakWithinTheBoundAndAtLeastNinetyPercentOf
   const std::string freeze = "w_in|w1";
   testing::run_distributed(4, [&](comm::ProcessGroup& pg) {
     int checked = 0;
+    testing::OptionAxes axes;  // every strategy, fp32 and bf16
+    axes.checkpointing = {false};
     for (const Shape& shape : shapes()) {
-      for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
-                                 ShardingStrategy::kNoShard, ShardingStrategy::kHybridShard}) {
-        for (const char* precision : {"fp32", "bf16"}) {
-          for (const Prefetch& pf : kPrefetches) {
-            FsdpOptions o;
-            o.strategy = s;
-            o.hybrid_shard_size = 2;
-            o.mixed_precision = MixedPrecision::preset(precision);
-            o.backward_prefetch = pf.backward;
-            o.forward_prefetch = pf.forward;
-            const ShardingPlan plan =
-                plan_sharding(make_model(shape.config, true, freeze).ptr(), pg.size(), pg.rank(), o);
-            const ShardingPlan unfrozen =
-                plan_sharding(make_model(shape.config, true, "").ptr(), pg.size(), pg.rank(), o);
-            const Outcome got = run_steps(pg, shape.config, o, /*steps=*/3, /*micro_batches=*/1, freeze);
-            const int64_t bound = plan.unsharded_bound(1);
-            const std::string what = std::string(shape.name) + ", " + to_string(s) + ", " + precision +
-                                     ", prefetch " + pf.name + ", frozen";
-            EXPECT_LE(got.peak, bound) << what << ": " << bytes_text(got.at_peak);
-            EXPECT_GE(static_cast<double>(got.peak), 0.9 * static_cast<double>(bound))
-                << what << ": " << bytes_text(got.at_peak);
-            // Freezing saves gradient and optimizer memory, and parameter memory
-            // only through the shards' dtype.
-            // A block with every parameter frozen, between trainable ones: its
-            // backward runs (its input needs a gradient), and it is resharded
-            // when that backward ends, not at the end of the whole backward.
-            const Outcome whole = run_steps(pg, shape.config, o, /*steps=*/2, /*micro_batches=*/1, "blocks\\.1\\.");
-            EXPECT_LE(whole.peak,
-                      plan_sharding(make_model(shape.config, true, "blocks\\.1\\.").ptr(), pg.size(), pg.rank(), o)
-                          .unsharded_bound(1))
-                << what << ", block 1 frozen: " << bytes_text(whole.at_peak);
-            EXPECT_LT(plan.grad_shard_bytes, unfrozen.grad_shard_bytes) << what;
-            EXPECT_LT(plan.optimizer_bytes, unfrozen.optimizer_bytes) << what;
-            EXPECT_EQ(plan.parameters, unfrozen.parameters) << what;
-            EXPECT_LT(plan.trainable_parameters, plan.parameters) << what;
-            // Frozen shards hold the param dtype (Note [Frozen shards in the
-            // param dtype]): smaller under bf16, and the plan counts what is allocated.
-            EXPECT_EQ(got.shard_bytes, plan.param_shard_bytes) << what;
-            if (std::string(precision) == "bf16") {
-              EXPECT_LT(plan.param_shard_bytes, unfrozen.param_shard_bytes) << what;
-            } else {
-              EXPECT_EQ(plan.param_shard_bytes, unfrozen.param_shard_bytes) << what;
-            }
-            if (bound > 0) EXPECT_LT(bound, unfrozen.unsharded_bound(1)) << what;
-            ++checked;
-          }
+      for (const auto& [combination, o] : testing::option_matrix(axes)) {
+        const ShardingPlan plan = plan_sharding(make_model(shape.config, true, freeze).ptr(), pg.size(), pg.rank(), o);
+        const ShardingPlan unfrozen = plan_sharding(make_model(shape.config, true, "").ptr(), pg.size(), pg.rank(), o);
+        const Outcome got = run_steps(pg, shape.config, o, /*steps=*/3, /*micro_batches=*/1, freeze);
+        const int64_t bound = plan.unsharded_bound(1);
+        const std::string what = std::string(shape.name) + ", " + combination + ", frozen";
+        EXPECT_LE(got.peak, bound) << what << ": " << bytes_text(got.at_peak);
+        EXPECT_GE(static_cast<double>(got.peak), 0.9 * static_cast<double>(bound))
+            << what << ": " << bytes_text(got.at_peak);
+        // Freezing saves gradient and optimizer memory, and parameter memory
+        // only through the shards' dtype.
+        // A block with every parameter frozen, between trainable ones: its
+        // backward runs (its input needs a gradient), and it is resharded
+        // when that backward ends, not at the end of the whole backward.
+        const Outcome whole = run_steps(pg, shape.config, o, /*steps=*/2, /*micro_batches=*/1, "blocks\\.1\\.");
+        EXPECT_LE(whole.peak,
+                  plan_sharding(make_model(shape.config, true, "blocks\\.1\\.").ptr(), pg.size(), pg.rank(), o)
+                      .unsharded_bound(1))
+            << what << ", block 1 frozen: " << bytes_text(whole.at_peak);
+        EXPECT_LT(plan.grad_shard_bytes, unfrozen.grad_shard_bytes) << what;
+        EXPECT_LT(plan.optimizer_bytes, unfrozen.optimizer_bytes) << what;
+        EXPECT_EQ(plan.parameters, unfrozen.parameters) << what;
+        EXPECT_LT(plan.trainable_parameters, plan.parameters) << what;
+        // Frozen shards hold the param dtype (Note [Frozen shards in the
+        // param dtype]): smaller under bf16, and the plan counts what is allocated.
+        EXPECT_EQ(got.shard_bytes, plan.param_shard_bytes) << what;
+        if (o.mixed_precision.param_dtype == at::kBFloat16) {
+          EXPECT_LT(plan.param_shard_bytes, unfrozen.param_shard_bytes) << what;
+        } else {
+          EXPECT_EQ(plan.param_shard_bytes, unfrozen.param_shard_bytes) << what;
         }
+        if (bound > 0) EXPECT_LT(bound, unfrozen.unsharded_bound(1)) << what;
+        ++checked;
       }
     }
     EXPECT_EQ(checked, 2 * 4 * 2 * 4);
@@ -320,64 +280,56 @@ TEST(MemoryContract, InputAndOutputUnitsPeakExactlyAtTheBound) {
 TEST(MemoryContract, PerUnitOptionsAndIgnoredParametersPeakExactlyAtTheBound) {
   testing::run_distributed(4, [&](comm::ProcessGroup& pg) {
     int checked = 0;
+    testing::OptionAxes full_shard;  // fp32 and bf16, checkpointing off and on
+    full_shard.strategies = {ShardingStrategy::kFullShard};
     for (const Shape& shape : shapes()) {
       for (const char* variant : {"reshard_after_forward 2", "per-unit", "HYBRID ZeRO-2", "ignored parameters"}) {
-        for (const char* precision : {"fp32", "bf16"}) {
-          for (const Prefetch& pf : kPrefetches) {
-            for (bool ckpt : {false, true}) {
-              FsdpOptions o;
-              o.strategy = ShardingStrategy::kFullShard;
-              o.mixed_precision = MixedPrecision::preset(precision);
-              o.backward_prefetch = pf.backward;
-              o.forward_prefetch = pf.forward;
-              o.checkpoint_all_units = ckpt;
-              auto model = make_model(shape.config, /*meta=*/true, "");
-              const std::string v = variant;
-              if (v == "reshard_after_forward 2") {
-                o.reshard_after_forward = ReshardAfterForward::to_group(2);
-              } else if (v == "per-unit") {
-                UnitOverride keep{{"blocks.0"}, {}, {}};
-                keep.options.reshard_after_forward = ReshardAfterForward(false);
-                UnitOverride pairs{{"blocks.1"}, {}, {}};
-                pairs.options.reshard_after_forward = ReshardAfterForward::to_group(2);
-                MixedPrecision bf16 = MixedPrecision::preset("bf16");
-                bf16.master_dtype = o.mixed_precision.master_dtype;
-                bf16.buffer_dtype = o.mixed_precision.buffer_dtype;
-                pairs.options.mixed_precision = bf16;
-                UnitOverride offload{{"blocks.2"}, {}, {}};
-                offload.options.cpu_offload = true;
-                UnitOverride root{{""}, {}, {}};
-                root.options.reshard_after_forward = ReshardAfterForward(true);
-                o.unit_overrides = {keep, pairs, offload, root};
-              } else if (v == "HYBRID ZeRO-2") {
-                o.strategy = ShardingStrategy::kHybridShard;
-                o.hybrid_shard_size = 2;
-                o.reshard_after_forward = ReshardAfterForward(false);
-              } else {
-                // Left to the caller: materialized (FSDP never initializes them),
-                // in the compute dtype (FSDP neither casts them).
-                for (auto& p : model->named_parameters(true)) {
-                  // Not w_in: the root's remaining parameters must still be used
-                  // first, as the plan assumes of a model without nn::CallOrder.
-                  if (p.key() != "w_out" && p.key() != "blocks.1.w1") continue;
-                  internals::rebind_data(p.value(), (at::randn(p.value().sizes()) * 0.1).to(o.mixed_precision.param_dtype));
-                  o.ignored_params.push_back(p.value());
-                }
-              }
-              const ShardingPlan plan = plan_sharding(model.ptr(), pg.size(), pg.rank(), o);
-              const Outcome got = run_model(pg, model, shape.config, o, /*steps=*/3, /*micro_batches=*/1);
-              const std::string what = std::string(shape.name) + ", " + variant + ", " + precision + ", prefetch " +
-                                       pf.name + (ckpt ? ", checkpointing" : "");
-              EXPECT_EQ(got.peak, plan.unsharded_bound(1)) << what << ": " << bytes_text(got.at_peak);
-              EXPECT_EQ(got.left_over, 0) << what;
-              if (v == "ignored parameters") {
-                EXPECT_LT(plan.parameters, plan_sharding(make_model(shape.config, true, "").ptr(), pg.size(),
-                                                         pg.rank(), FsdpOptions{}).parameters)
-                    << what;
-              }
-              ++checked;
+        for (const auto& [combination, options] : testing::option_matrix(full_shard)) {
+          FsdpOptions o = options;
+          auto model = make_model(shape.config, /*meta=*/true, "");
+          const std::string v = variant;
+          if (v == "reshard_after_forward 2") {
+            o.reshard_after_forward = ReshardAfterForward::to_group(2);
+          } else if (v == "per-unit") {
+            UnitOverride keep{{"blocks.0"}, {}, {}};
+            keep.options.reshard_after_forward = ReshardAfterForward(false);
+            UnitOverride pairs{{"blocks.1"}, {}, {}};
+            pairs.options.reshard_after_forward = ReshardAfterForward::to_group(2);
+            MixedPrecision bf16 = MixedPrecision::preset("bf16");
+            bf16.master_dtype = o.mixed_precision.master_dtype;
+            bf16.buffer_dtype = o.mixed_precision.buffer_dtype;
+            pairs.options.mixed_precision = bf16;
+            UnitOverride offload{{"blocks.2"}, {}, {}};
+            offload.options.cpu_offload = true;
+            UnitOverride root{{""}, {}, {}};
+            root.options.reshard_after_forward = ReshardAfterForward(true);
+            o.unit_overrides = {keep, pairs, offload, root};
+          } else if (v == "HYBRID ZeRO-2") {
+            o.strategy = ShardingStrategy::kHybridShard;
+            o.hybrid_shard_size = 2;
+            o.reshard_after_forward = ReshardAfterForward(false);
+          } else {
+            // Left to the caller: materialized (FSDP never initializes them),
+            // in the compute dtype (FSDP neither casts them).
+            for (auto& p : model->named_parameters(true)) {
+              // Not w_in: the root's remaining parameters must still be used
+              // first, as the plan assumes of a model without nn::CallOrder.
+              if (p.key() != "w_out" && p.key() != "blocks.1.w1") continue;
+              internals::rebind_data(p.value(), (at::randn(p.value().sizes()) * 0.1).to(o.mixed_precision.param_dtype));
+              o.ignored_params.push_back(p.value());
             }
           }
+          const ShardingPlan plan = plan_sharding(model.ptr(), pg.size(), pg.rank(), o);
+          const Outcome got = run_model(pg, model, shape.config, o, /*steps=*/3, /*micro_batches=*/1);
+          const std::string what = std::string(shape.name) + ", " + variant + ", " + combination;
+          EXPECT_EQ(got.peak, plan.unsharded_bound(1)) << what << ": " << bytes_text(got.at_peak);
+          EXPECT_EQ(got.left_over, 0) << what;
+          if (v == "ignored parameters") {
+            EXPECT_LT(plan.parameters, plan_sharding(make_model(shape.config, true, "").ptr(), pg.size(),
+                                                     pg.rank(), FsdpOptions{}).parameters)
+                << what;
+          }
+          ++checked;
         }
       }
     }

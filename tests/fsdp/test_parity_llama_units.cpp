@@ -14,6 +14,7 @@
 #include "fsdp/models/lora.h"
 #include "llama_parity.h"
 #include "support/multiproc.h"
+#include "support/tiny_llama.h"
 
 namespace fsdp {
 using testing::borrow;
@@ -25,15 +26,8 @@ namespace {
 constexpr int64_t kSeqLen = 8;
 
 models::LlamaConfig config(bool tied) {
-  models::LlamaConfig c;
-  c.name = tied ? "parity-llama-tied" : "parity-llama";
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.num_hidden_layers = 2;
+  models::LlamaConfig c = testing::tiny_llama(tied ? "parity-llama-tied" : "parity-llama");
   c.vocab_size = 96;
-  c.max_position_embeddings = 64;
   c.tie_word_embeddings = tied;
   c.validate();
   return c;

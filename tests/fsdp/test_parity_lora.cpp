@@ -23,6 +23,7 @@
 #include "fsdp/models/lora.h"
 #include "llama_parity.h"
 #include "support/multiproc.h"
+#include "support/tiny_llama.h"
 
 namespace fsdp {
 using testing::borrow;
@@ -40,16 +41,7 @@ constexpr const char* kLoraB = ".lora_B.weight";
 constexpr double kLoraBStd = 0.02;
 
 models::LlamaConfig lora_base_config() {
-  models::LlamaConfig c;
-  c.name = "parity-llama-lora";
-  c.model_type = "llama";
-  c.hidden_size = 32;        // D
-  c.intermediate_size = 48;  // F
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.num_hidden_layers = 2;
-  c.vocab_size = 64;
-  c.max_position_embeddings = 64;
+  models::LlamaConfig c = testing::tiny_llama("parity-llama-lora");  // D=32, F=48, V=64
   c.validate();
   return c;
 }

@@ -15,6 +15,7 @@
 #include "fsdp/models/llama.h"
 #include "llama_parity.h"
 #include "support/multiproc.h"
+#include "support/tiny_llama.h"
 
 namespace fsdp {
 using testing::borrow;
@@ -26,22 +27,9 @@ namespace {
 constexpr int64_t kSeqLen = 8;
 
 // Smaller than the tiny-mixtral preset so that eight multi-process runs stay
-// within seconds on two cores; E=4, K=2 as there.
+// within seconds on two cores; E=4, K=2 as there (D=32, F=48 of each expert).
 models::LlamaConfig moe_config() {
-  models::LlamaConfig c;
-  c.name = "parity-mixtral";
-  c.model_type = "mixtral";
-  c.hidden_size = 32;        // D
-  c.intermediate_size = 48;  // F of each expert
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.num_hidden_layers = 2;
-  c.vocab_size = 64;
-  c.max_position_embeddings = 64;
-  c.num_local_experts = 4;    // E
-  c.num_experts_per_tok = 2;  // K
-  c.router_aux_loss_coef = 0.1;  // well above Mixtral's 0.02: the aux term's gradients matter here
-  c.initializer_range = 0.2;     // routing far from uniform (0.02 gives nearly equal router logits)
+  models::LlamaConfig c = testing::tiny_mixtral("parity-mixtral");
   c.validate();
   return c;
 }

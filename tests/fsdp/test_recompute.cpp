@@ -24,6 +24,7 @@
 #include "fsdp/models/lora.h"
 #include "llama_parity.h"
 #include "support/multiproc.h"
+#include "support/tiny_llama.h"
 
 namespace fsdp {
 using testing::borrow;
@@ -32,16 +33,11 @@ namespace {
 constexpr int64_t kBatch = 2, kSeq = 12;
 
 models::LlamaConfig config(const std::string& model_type = "llama") {
-  models::LlamaConfig c;
-  c.name = "recompute-" + model_type;
+  // The tiny Llama's F=48 != H*Dh: the products are told apart by nothing but their count.
+  models::LlamaConfig c = testing::tiny_llama("recompute-" + model_type);
   c.model_type = model_type;
-  c.hidden_size = 32;
-  c.intermediate_size = 48;  // F != H*Dh: the products are told apart by nothing but their count
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
   c.num_hidden_layers = 3;
   c.vocab_size = 96;
-  c.max_position_embeddings = 64;
   if (model_type == "mistral") c.sliding_window = 8;  // < kSeq: every layer's attention is masked
   if (c.per_layer_attention()) c.layer_types.assign(c.num_hidden_layers, "full_attention");
   c.validate();

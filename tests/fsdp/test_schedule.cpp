@@ -17,6 +17,7 @@
 #include "fsdp/common/trace.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/state.h"
+#include "option_matrix.h"
 #include "parity.h"
 #include "support/multiproc.h"
 #include "toy_models.h"
@@ -24,18 +25,6 @@
 namespace fsdp {
 using testing::borrow;
 namespace {
-
-struct Prefetch {
-  const char* name;
-  BackwardPrefetch backward;
-  bool forward;
-  int limit;
-};
-
-const Prefetch kPrefetches[] = {{"none", BackwardPrefetch::kNone, false, 2},
-                                {"pre", BackwardPrefetch::kPre, false, 2},
-                                {"post", BackwardPrefetch::kPost, false, 2},
-                                {"pre+forward, limit 1", BackwardPrefetch::kPre, true, 1}};
 
 // A named configuration: options, the model's shape, and setters applied
 // after sharding (FSDP2's runtime settings).
@@ -59,33 +48,19 @@ std::vector<Case> cases() {
   tied.io_units = true;
   tied.tied = true;
   const std::pair<const char*, testing::ToyConfig> shapes[] = {{"plain", plain}, {"tied io", tied}};
+  testing::OptionAxes axes;  // fp32 and bf16, every strategy, checkpointing off and on
+  axes.forward_prefetch_limit = 1;  // forward prefetch waits for the previous gather
   std::vector<Case> out;
   for (const auto& [shape_name, shape] : shapes) {
-    for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp, ShardingStrategy::kNoShard,
-                               ShardingStrategy::kHybridShard}) {
-      for (const char* precision : {"fp32", "bf16"}) {
-        for (const Prefetch& pf : kPrefetches) {
-          for (bool ckpt : {false, true}) {
-            FsdpOptions o;
-            o.strategy = s;
-            o.hybrid_shard_size = 2;
-            o.mixed_precision = MixedPrecision::preset(precision);
-            o.backward_prefetch = pf.backward;
-            o.forward_prefetch = pf.forward;
-            o.limit_all_gathers = pf.limit;
-            o.checkpoint_all_units = ckpt;
-            o.init_rule = testing::toy_init_rule;
-            o.seed = 5;
-            const testing::ToyConfig c = shape;
-            std::function<std::shared_ptr<nn::UnitBase>()> make =
-                c.io_units ? std::function<std::shared_ptr<nn::UnitBase>()>([c] { return testing::make_toy_io(c, true, 5).ptr(); })
-                           : [c] { return testing::make_toy(c, true, 5).ptr(); };
-            out.push_back({std::string(shape_name) + ", " + to_string(s) + ", " + precision + ", prefetch " + pf.name +
-                               (ckpt ? ", checkpointing" : ""),
-                           o, make, c, nullptr});
-          }
-        }
-      }
+    for (const auto& [combination, options] : testing::option_matrix(axes)) {
+      FsdpOptions o = options;
+      o.init_rule = testing::toy_init_rule;
+      o.seed = 5;
+      const testing::ToyConfig c = shape;
+      std::function<std::shared_ptr<nn::UnitBase>()> make =
+          c.io_units ? std::function<std::shared_ptr<nn::UnitBase>()>([c] { return testing::make_toy_io(c, true, 5).ptr(); })
+                     : [c] { return testing::make_toy(c, true, 5).ptr(); };
+      out.push_back({std::string(shape_name) + ", " + combination, o, make, c, nullptr});
     }
   }
   return out;

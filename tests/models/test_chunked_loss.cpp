@@ -18,26 +18,14 @@
 #include "fsdp/models/llama.h"
 #include "fsdp/models/lora.h"
 #include "support/counting_allocator.h"
+#include "support/tiny_llama.h"
 
 namespace fsdp::models {
 namespace {
 
 LlamaConfig config(int64_t vocab, bool tied, bool moe = false) {
-  LlamaConfig c;
-  c.name = "chunked-loss";
-  if (moe) {
-    c.model_type = "mixtral";
-    c.num_local_experts = 4;
-    c.num_experts_per_tok = 2;
-    c.router_aux_loss_coef = 0.1;
-  }
-  c.hidden_size = 32;
-  c.intermediate_size = 48;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.num_hidden_layers = 2;
+  LlamaConfig c = moe ? fsdp::testing::tiny_mixtral("chunked-loss") : fsdp::testing::tiny_llama("chunked-loss");
   c.vocab_size = vocab;
-  c.max_position_embeddings = 64;
   c.tie_word_embeddings = tied;
   c.initializer_range = 0.2;  // logits far from uniform: the softmax's gradient matters
   c.validate();

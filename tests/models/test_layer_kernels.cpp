@@ -22,6 +22,7 @@
 #include "fsdp/models/layers.h"
 #include "fsdp/models/llama.h"
 #include "models_test_util.h"
+#include "support/tiny_llama.h"
 
 namespace fsdp::models {
 namespace {
@@ -82,16 +83,12 @@ TEST(LayerKernels, FusedSwigluAndItsGradientsAreTheReferencesToRounding) {
   }
 }
 
+// The tests' tiny Llama twice as wide (Dh=16), V=128.
 LlamaConfig tiny() {
-  LlamaConfig c;
-  c.name = "kernels-llama";
+  LlamaConfig c = fsdp::testing::tiny_llama("kernels-llama");
   c.hidden_size = 64;
   c.intermediate_size = 96;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.num_hidden_layers = 2;
   c.vocab_size = 128;
-  c.max_position_embeddings = 64;
   c.validate();
   return c;
 }

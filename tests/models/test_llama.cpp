@@ -11,6 +11,7 @@
 #include "fsdp/models/llama.h"
 #include "fsdp/models/registry.h"
 #include "models_test_util.h"
+#include "support/tiny_llama.h"
 
 namespace {
 
@@ -20,18 +21,11 @@ using fsdp::models::LlamaConfig;
 using fsdp::models::LlamaForCausalLM;
 using fsdp::models::testing::usage_error_of;
 
-// A small GQA shape: D=32, L=2, H=4, Hkv=2, Dh=8, F=64, V=64.
+// The tests' tiny GQA shape (D=32, L=2, H=4, Hkv=2, Dh=8, V=64) with F=64 and T<=32.
 LlamaConfig small_cfg(bool tied = false) {
-  LlamaConfig c;
-  c.name = "test-small";
-  c.hidden_size = 32;
+  LlamaConfig c = fsdp::testing::tiny_llama("test-small");
   c.intermediate_size = 64;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.num_hidden_layers = 2;
-  c.vocab_size = 64;
   c.max_position_embeddings = 32;
-  c.rope_theta = 10000.0;
   c.tie_word_embeddings = tied;
   return c;
 }

@@ -13,6 +13,7 @@
 #include "fsdp/models/lora.h"
 #include "fsdp/nn/freeze.h"
 #include "models_test_util.h"
+#include "support/tiny_llama.h"
 
 namespace {
 
@@ -27,16 +28,10 @@ using fsdp::models::testing::usage_error_of;
 const at::TensorOptions kCpu = at::TensorOptions().dtype(at::kFloat);
 const at::TensorOptions kMeta = at::TensorOptions().device(at::kMeta);
 
-// D=32, L=2, H=4, Hkv=2, Dh=8, F=64, V=64.
+// The tests' tiny shape (D=32, L=2, H=4, Hkv=2, Dh=8, V=64) with F=64 and T<=32.
 LlamaConfig small_cfg() {
-  LlamaConfig c;
-  c.name = "test-lora";
-  c.hidden_size = 32;
+  LlamaConfig c = fsdp::testing::tiny_llama("test-lora");
   c.intermediate_size = 64;
-  c.num_attention_heads = 4;
-  c.num_key_value_heads = 2;
-  c.num_hidden_layers = 2;
-  c.vocab_size = 64;
   c.max_position_embeddings = 32;
   return c;
 }
