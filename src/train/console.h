@@ -27,7 +27,6 @@ std::string signal_name(int code);
 class Console {
  public:
   Console(const LogOptions& log, bool lead);
-  Console(const TrainOptions& o, bool lead) : Console(o.log, lead) {}
   ~Console();
   Console(const Console&) = delete;
   Console& operator=(const Console&) = delete;

@@ -54,7 +54,7 @@ Converting shard_for_conversion(const TrainOptions& o, const comm::Runtime& rt, 
   BuildOptions b;
   b.seed = o.step.seed;
   b.freeze = false;
-  c.model = build_model(o, c.cfg, b);
+  c.model = build_model(o.step, o.lora, o.freeze, o.param_groups, c.cfg, b);
   FsdpOptions fo = engine_options(o, c.cfg.get(), world->size());
   fo.device = device;
   if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = rt.world.local_world_size;
@@ -65,51 +65,50 @@ Converting shard_for_conversion(const TrainOptions& o, const comm::Runtime& rt, 
   return c;
 }
 
-// A PyTorch distributed checkpoint at the top of --checkpoint-dir (Note [DCP keys]).
-Source load_dcp_source(const TrainOptions& o, Converting& c, const std::vector<StateOwner*>& owners,
+// A PyTorch distributed checkpoint at the top of --checkpoint-dir `dir` (Note [DCP keys]).
+Source load_dcp_source(const std::string& dir, Converting& c, const std::vector<StateOwner*>& owners,
                        MetadataState& trainer, optim::AdamW& opt, const LogLine& say, const LogLine& warn) {
   checkpoint::DcpLoadOptions dl;
-  if (checkpoint::detect_dcp_layout(o.checkpoint.dir) == checkpoint::DcpLayout::kTorchtitan) {
+  if (checkpoint::detect_dcp_layout(dir) == checkpoint::DcpLayout::kTorchtitan) {
     const std::optional<checkpoint::DcpNames> titan = c.cfg->torchtitan_names();
-    FSDP_CHECK(titan.has_value(), o.checkpoint.dir, " is in torchtitan's layout, which model '", c.cfg->name(),
+    FSDP_CHECK(titan.has_value(), dir, " is in torchtitan's layout, which model '", c.cfg->name(),
                "' does not have");
     dl.names = *titan;
   }
   dl.optimizer_if_present = true;
-  const checkpoint::DcpLoadResult r = checkpoint::load_dcp(o.checkpoint.dir, *c.sharded, owners, *c.group, dl);
+  const checkpoint::DcpLoadResult r = checkpoint::load_dcp(dir, *c.sharded, owners, *c.group, dl);
   Source s;
   s.with_optimizer = r.optimizer_loaded;
   s.step = std::max<int64_t>(0, r.optimizer_step);
   if (trainer.loaded().is_object()) {  // checked on load (check_trainer_state)
     s.step = trainer.loaded().value("step", s.step);
-    s.extras = saved_export_extras(trainer.loaded().value("hf_export", nlohmann::json()), r.carried,
-                                   o.checkpoint.dir, warn);
+    s.extras = saved_export_extras(trainer.loaded().value("hf_export", nlohmann::json()), r.carried, dir, warn);
   }
   if (s.with_optimizer && r.state->is_null()) opt.set_step_count(s.step);
-  s.path = o.checkpoint.dir;
+  s.path = dir;
   say(fmt::format("Loaded the distributed checkpoint {} (step {}, {}{}): {} in {:.2f} s, {:.2f} GB/s", s.path, s.step,
                   c.cfg->summary(), s.with_optimizer ? ", with optimizer state" : ", weights only",
                   megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
   return s;
 }
 
-// The newest valid checkpoint of ours in --checkpoint-dir, with its optimizer state when it has one.
-Source load_our_checkpoint(const TrainOptions& o, Converting& c, std::vector<StateOwner*> owners, optim::AdamW& opt,
+// The newest valid checkpoint of ours in --checkpoint-dir `dir`, with its optimizer state when it has one.
+Source load_our_checkpoint(const std::string& dir, Converting& c, std::vector<StateOwner*> owners, optim::AdamW& opt,
                            bool progress, const LogLine& say, const LogLine& warn) {
   checkpoint::LoadOptions lo;
   lo.progress = progress;
   const std::optional<checkpoint::DcpNames> titan = c.cfg->torchtitan_names();
   lo.dcp_names = titan ? &*titan : nullptr;
-  const auto ours = checkpoint::list_checkpoints(o.checkpoint.dir);
+  const auto ours = checkpoint::list_checkpoints(dir);
   Source s;
   s.with_optimizer = !ours.empty() && checkpoint::read_checkpoint_state(ours.front().path)->contains("optimizer");
   if (s.with_optimizer) owners.push_back(&opt);
-  const checkpoint::LoadResult r = checkpoint::load_latest_checkpoint(o.checkpoint.dir, *c.sharded, owners, *c.group, lo);
+  const checkpoint::LoadResult r = checkpoint::load_latest_checkpoint(dir, *c.sharded, owners, *c.group, lo);
   for (const auto& why : r.rejected) warn(why + "; trying the previous checkpoint");
   std::vector<std::string> ignored;
-  checkpoint::list_checkpoints(o.checkpoint.dir, &ignored);
-  for (const auto& i : ignored) warn(fmt::format("{}/{} is not a checkpoint: ignored", o.checkpoint.dir, i));
-  FSDP_CHECK(r.loaded, "--checkpoint-dir ", o.checkpoint.dir, " holds no checkpoint to convert");
+  checkpoint::list_checkpoints(dir, &ignored);
+  for (const auto& i : ignored) warn(fmt::format("{}/{} is not a checkpoint: ignored", dir, i));
+  FSDP_CHECK(r.loaded, "--checkpoint-dir ", dir, " holds no checkpoint to convert");
   const std::string diff = saved_model_mismatch(r.saved(checkpoint::kModelKey), *c.cfg, r.path);
   FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " holds another model than the newest checkpoint's (", diff,
              "); convert it from a directory of its own");
@@ -121,23 +120,25 @@ Source load_our_checkpoint(const TrainOptions& o, Converting& c, std::vector<Sta
   return s;
 }
 
-// A Hugging Face directory (convert --init-from): its weights; its tokenizer
-// and generation files travel to an export as a run's would.
-Source load_hf_source(const TrainOptions& o, Converting& c, bool progress, const LogLine& say) {
+// A Hugging Face directory `dir` (convert --init-from): its weights; its
+// tokenizer and generation files travel to an export as a run's would.
+Source load_hf_source(const std::string& dir, Converting& c, bool progress, const LogLine& say) {
   const checkpoint::HfImportResult r =
-      checkpoint::import_hf(o.hf.init_from, *c.sharded, hf_model_info(*c.cfg), *c.group, progress);
-  say(fmt::format("Loaded {} ({}): {} in {:.2f} s, {:.2f} GB/s", o.hf.init_from, c.cfg->summary(),
-                  megabytes(r.io.bytes), r.io.seconds, r.io.gb_per_s()));
+      checkpoint::import_hf(dir, *c.sharded, hf_model_info(*c.cfg), *c.group, progress);
+  say(fmt::format("Loaded {} ({}): {} in {:.2f} s, {:.2f} GB/s", dir, c.cfg->summary(), megabytes(r.io.bytes),
+                  r.io.seconds, r.io.gb_per_s()));
   Source s;
-  s.path = o.hf.init_from;
-  for (const auto& [path, name] : checkpoint::find_hf_side_files(o.hf.init_from)) s.extras.files.push_back({path, name});
+  s.path = dir;
+  for (const auto& [path, name] : checkpoint::find_hf_side_files(dir)) s.extras.files.push_back({path, name});
   return s;
 }
 
 // The targets: --export-hf, --export-dcp, --export-checkpoint.
 void write_targets(const TrainOptions& o, Converting& c, const Source& s, std::vector<StateOwner*> owners,
                    bool progress, const LogLine& say, const LogLine& warn) {
-  if (!o.hf.export_dir.empty()) export_and_report(o, *c.sharded, *c.cfg, *c.group, s.extras, progress, say, warn);
+  if (!o.hf.export_dir.empty()) {
+    export_and_report(o.hf, o.lora, o.model, *c.sharded, *c.cfg, *c.group, s.extras, progress, say, warn);
+  }
   if (!o.checkpoint.export_dcp.empty()) {
     checkpoint::DcpSaveOptions so;
     so.layout = checkpoint::parse_dcp_layout(o.checkpoint.dcp_layout, "--dcp-layout");
@@ -178,7 +179,7 @@ TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) 
   const bool lead = world->rank() == 0;
   const at::Device device = worker_device(device_name(o.device), rt.world.local_rank);
   set_current_device(device);
-  Console console(o, lead);
+  Console console(o.log, lead);
   const LogLine say = console.level('I');
   const LogLine warn = console.level('W');
   const bool progress = lead && !o.log.quiet && isatty(STDERR_FILENO) == 1;
@@ -191,11 +192,11 @@ TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) 
   MetadataState trainer(checkpoint::kTrainerKey, nullptr, check_trainer_state);
   Source s;
   if (!o.hf.init_from.empty()) {
-    s = load_hf_source(o, c, progress, say);
+    s = load_hf_source(o.hf.init_from, c, progress, say);
   } else if (checkpoint::list_checkpoints(o.checkpoint.dir).empty() && checkpoint::is_dcp_dir(o.checkpoint.dir)) {
-    s = load_dcp_source(o, c, {&model, &trainer, &opt}, trainer, opt, say, warn);
+    s = load_dcp_source(o.checkpoint.dir, c, {&model, &trainer, &opt}, trainer, opt, say, warn);
   } else {
-    s = load_our_checkpoint(o, c, {&model, &trainer}, opt, progress, say, warn);
+    s = load_our_checkpoint(o.checkpoint.dir, c, {&model, &trainer}, opt, progress, say, warn);
   }
   // The trainer's state travels into a checkpoint target, its export record
   // rewritten to name what is carried now.

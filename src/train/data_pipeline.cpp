@@ -5,9 +5,13 @@
 
 namespace fsdp::train {
 
-DataPipeline::DataPipeline(const TrainOptions& run, const ModelConfig& cfg, int world_size, int rank,
-                           const LogLine& warn)
-    : o_(run.data), world_size_(world_size), rank_(rank), data_(load_run_data(run, cfg, world_size, rank, warn)) {}
+DataPipeline::DataPipeline(const DataOptions& data, const StepOptions& step, const EvalOptions& eval,
+                           const std::string& init_from, bool eval_only, const ModelConfig& cfg, int world_size,
+                           int rank, const LogLine& warn)
+    : o_(data),
+      world_size_(world_size),
+      rank_(rank),
+      data_(load_run_data(data, step, eval, init_from, eval_only, cfg, world_size, rank, warn)) {}
 
 void DataPipeline::start(int64_t step) {
   FSDP_ASSERT(loader_ == nullptr, "the data loader started twice");

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "fsdp/data/loader.h"
 #include "fsdp/train/options.h"
@@ -14,9 +15,11 @@ namespace fsdp::train {
 
 class DataPipeline {
  public:
-  // Loads the data (load_run_data: `run`'s data, eval and batch options) for
-  // a model of `cfg` trained by `world_size` ranks, this one `rank`.
-  DataPipeline(const TrainOptions& run, const ModelConfig& cfg, int world_size, int rank, const LogLine& warn);
+  // Loads the data (load_run_data, which says what each argument is for)
+  // for a model of `cfg` trained by `world_size` ranks, this one `rank`.
+  DataPipeline(const DataOptions& data, const StepOptions& step, const EvalOptions& eval,
+               const std::string& init_from, bool eval_only, const ModelConfig& cfg, int world_size, int rank,
+               const LogLine& warn);
   DataPipeline(const DataPipeline&) = delete;
   DataPipeline& operator=(const DataPipeline&) = delete;
 

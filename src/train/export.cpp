@@ -35,17 +35,18 @@ namespace fsdp::train {
 // src/checkpoint/carried.h), so that a conversion of it (Note [Checkpoint
 // conversion]) writes what the run's own --export-hf would have written —
 // from the copies inside the checkpoint, never from a path it names.
-ExportExtras export_extras(const TrainOptions& o, const ModelConfig& cfg, const data::Tokenizer& tokenizer,
-                           const std::optional<int64_t>& bos, const std::vector<int64_t>& eos) {
+ExportExtras export_extras(const HfOptions& hf, const DataOptions& data, const ModelConfig& cfg,
+                           const data::Tokenizer& tokenizer, const std::optional<int64_t>& bos,
+                           const std::vector<int64_t>& eos) {
   namespace fs = std::filesystem;
   ExportExtras x;
-  if (o.hf.init_from.empty()) {
+  if (hf.init_from.empty()) {
     x.config["bos_token_id"] = bos ? nlohmann::json(*bos) : nlohmann::json(nullptr);
     x.config["eos_token_id"] = eos.empty() ? nlohmann::json(nullptr) : nlohmann::json(eos[0]);
   }
   std::vector<checkpoint::CarriedFile>& files = x.files;
-  if (!o.hf.init_from.empty()) {
-    for (const auto& [path, name] : checkpoint::find_hf_side_files(o.hf.init_from)) files.push_back({path, name});
+  if (!hf.init_from.empty()) {
+    for (const auto& [path, name] : checkpoint::find_hf_side_files(hf.init_from)) files.push_back({path, name});
   }
   auto own = [&](const std::string& path, const std::string& name) {
     files.erase(std::remove_if(files.begin(), files.end(), [&](const auto& f) { return f.name == name; }),
@@ -59,7 +60,7 @@ ExportExtras export_extras(const TrainOptions& o, const ModelConfig& cfg, const 
     }
   };
   std::error_code ec;
-  const fs::path spec = o.data.tokenizer;
+  const fs::path spec = data.tokenizer;
   const std::string kind = tokenizer.name().substr(0, tokenizer.name().find(':'));
   if (spec != "byte" && fs::is_directory(spec, ec)) {
     own_directory(spec);
@@ -153,11 +154,11 @@ namespace {
 // The export options of --export-hf with the extras above. Carried files that
 // no longer exist (the run's own, removed meanwhile) are left out, each named
 // through `warn`.
-checkpoint::HfExportOptions export_options(const TrainOptions& o, const ExportExtras& extras, bool progress,
+checkpoint::HfExportOptions export_options(const HfOptions& hf, const ExportExtras& extras, bool progress,
                                            const LogLine& warn) {
   checkpoint::HfExportOptions eo;
-  eo.dtype = o.hf.export_dtype;
-  eo.max_shard_bytes = o.hf.export_shard_bytes;
+  eo.dtype = hf.export_dtype;
+  eo.max_shard_bytes = hf.export_shard_bytes;
   eo.progress = progress;
   eo.extra_config = extras.config;
   for (const auto& f : extras.files) {
@@ -173,34 +174,34 @@ checkpoint::HfExportOptions export_options(const TrainOptions& o, const ExportEx
 
 }  // namespace
 
-void export_and_report(const TrainOptions& o, ShardedModel& sharded, const ModelConfig& cfg,
-                       comm::ProcessGroup& group, const ExportExtras& extras, bool progress, const LogLine& say,
-                       const LogLine& warn) {
-  checkpoint::HfExportOptions eo = export_options(o, extras, progress, warn);
+void export_and_report(const HfOptions& hf, const LoraOptions& lora, const std::string& model, ShardedModel& sharded,
+                       const ModelConfig& cfg, comm::ProcessGroup& group, const ExportExtras& extras, bool progress,
+                       const LogLine& say, const LogLine& warn) {
+  checkpoint::HfExportOptions eo = export_options(hf, extras, progress, warn);
   checkpoint::HfExportResult e;
-  if (o.lora.enabled() && !o.lora.merge) {
+  if (lora.enabled() && !lora.merge) {
     // A PEFT user's export: the adapter directory, with the tokenizer files (PeftModel.save_pretrained).
     checkpoint::PeftExportOptions po;
     po.dtype = eo.dtype;
-    po.base_model = o.hf.init_from.empty() ? o.model : o.hf.init_from;
+    po.base_model = hf.init_from.empty() ? model : hf.init_from;
     po.extra_files = eo.extra_files;
     po.progress = eo.progress;
-    e = checkpoint::export_peft_adapter(o.hf.export_dir, sharded, lora_config(o), group, po);
+    e = checkpoint::export_peft_adapter(hf.export_dir, sharded, lora_config(lora), group, po);
   } else {
-    if (o.lora.enabled()) eo.lora_scaling = o.lora.effective_alpha() / static_cast<double>(o.lora.rank);
-    e = checkpoint::export_hf(o.hf.export_dir, sharded, hf_model_info(cfg), group, eo);
+    if (lora.enabled()) eo.lora_scaling = lora.effective_alpha() / static_cast<double>(lora.rank);
+    e = checkpoint::export_hf(hf.export_dir, sharded, hf_model_info(cfg), group, eo);
   }
   say(fmt::format("Exported {} ({}) to {} in {:.2f} s: {}, {:.2f} GB/s ({})",
-                  !o.lora.enabled() ? "Hugging Face weights" : o.lora.merge ? "merged LoRA weights" : "the LoRA adapter",
-                  checkpoint::hf_dtype_name(o.hf.export_dtype), e.dir, e.io.seconds, megabytes(e.io.bytes),
+                  !lora.enabled() ? "Hugging Face weights" : lora.merge ? "merged LoRA weights" : "the LoRA adapter",
+                  checkpoint::hf_dtype_name(hf.export_dtype), e.dir, e.io.seconds, megabytes(e.io.bytes),
                   e.io.gb_per_s(), fmt::join(e.files, ", ")));
 }
 
-void check_export_target(const TrainOptions& o) {
-  if (o.lora.enabled() && !o.lora.merge) {
-    checkpoint::check_peft_export_dir(o.hf.export_dir);
+void check_export_target(const HfOptions& hf, const LoraOptions& lora) {
+  if (lora.enabled() && !lora.merge) {
+    checkpoint::check_peft_export_dir(hf.export_dir);
   } else {
-    checkpoint::check_export_dir(o.hf.export_dir);
+    checkpoint::check_export_dir(hf.export_dir);
   }
 }
 

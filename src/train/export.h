@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include <nlohmann/json.hpp>
@@ -24,10 +25,12 @@ struct ExportExtras {
   std::vector<checkpoint::CarriedFile> files;         // copied into the export: (source path, file name)
 };
 
-// The extras of Note [Export extras] for a run of `o` with `tokenizer`
-// (whose special token ids are `bos` and `eos`).
-ExportExtras export_extras(const TrainOptions& o, const ModelConfig& cfg, const data::Tokenizer& tokenizer,
-                           const std::optional<int64_t>& bos, const std::vector<int64_t>& eos);
+// The extras of Note [Export extras] for a run from hf.init_from (when
+// given) with data.tokenizer, loaded as `tokenizer` (whose special token ids
+// are `bos` and `eos`).
+ExportExtras export_extras(const HfOptions& hf, const DataOptions& data, const ModelConfig& cfg,
+                           const data::Tokenizer& tokenizer, const std::optional<int64_t>& bos,
+                           const std::vector<int64_t>& eos);
 
 // What every checkpoint records of `extras` ("hf_export" in the trainer's
 // state): the config keys and the files' names, never their paths (the
@@ -43,16 +46,17 @@ ExportExtras saved_export_extras(const nlohmann::json& record, const std::vector
                                  const std::string& checkpoint, const LogLine& warn);
 
 // Collective over `group`: writes hf.export_dir (the weights of `sharded` as
-// Hugging Face safetensors and config.json of `cfg`, or with LoRA the PEFT
+// Hugging Face safetensors and config.json of `cfg`, or with `lora` the PEFT
 // adapter directory or the merged model, with the `extras`), and logs what
 // it wrote through `say`; carried files that no longer exist are named
-// through `warn`.
-void export_and_report(const TrainOptions& o, ShardedModel& sharded, const ModelConfig& cfg,
-                       comm::ProcessGroup& group, const ExportExtras& extras, bool progress, const LogLine& say,
-                       const LogLine& warn);
+// through `warn`. A PEFT adapter names hf.init_from as its base model, else
+// `model` (the run's --model).
+void export_and_report(const HfOptions& hf, const LoraOptions& lora, const std::string& model, ShardedModel& sharded,
+                       const ModelConfig& cfg, comm::ProcessGroup& group, const ExportExtras& extras, bool progress,
+                       const LogLine& say, const LogLine& warn);
 
 // UsageError unless hf.export_dir may receive this run's export (a LoRA run
 // without lora.merge writes a PEFT adapter directory there).
-void check_export_target(const TrainOptions& o);
+void check_export_target(const HfOptions& hf, const LoraOptions& lora);
 
 }  // namespace fsdp::train

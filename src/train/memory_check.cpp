@@ -38,7 +38,7 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   if (o.mode == Mode::kConvert) return 0;
   const bool eval_only = o.mode == Mode::kEvaluate;
   // A frozen base (LoRA, --freeze) has no gradient or optimizer state.
-  const BuiltModel m = build_model(o, config, BuildOptions{});
+  const BuiltModel m = build_model(o.step, o.lora, o.freeze, o.param_groups, config, BuildOptions{});
   FsdpOptions fo = engine_options(o, &cfg, world_size);
   if (fo.hybrid_shard_size == 0) fo.hybrid_shard_size = local_world_size;
   const bool pure = fo.mixed_precision.master_dtype == at::kBFloat16;

@@ -31,19 +31,20 @@ namespace fsdp::train {
 
 namespace {
 
-// The model config an --init-from run uses: --model when it names the same
-// directory (or was not given: the CLI then sets it to the directory).
-ModelConfigPtr init_config(const TrainOptions& o) {
-  ModelConfigPtr cfg = resolve_model(o.model);
-  if (o.hf.init_from.empty()) return cfg;
+// The model config of --model `model` for a run from --init-from `init_from`
+// ("": none), which must agree when it names another directory (when
+// --model was not given the CLI sets it to the directory).
+ModelConfigPtr init_config(const std::string& model, const std::string& init_from) {
+  ModelConfigPtr cfg = resolve_model(model);
+  if (init_from.empty()) return cfg;
   // A PyTorch distributed checkpoint holds weights only: the model is --model's.
-  if (checkpoint::is_dcp_dir(o.hf.init_from) && !std::filesystem::exists(std::filesystem::path(o.hf.init_from) / "config.json")) {
+  if (checkpoint::is_dcp_dir(init_from) && !std::filesystem::exists(std::filesystem::path(init_from) / "config.json")) {
     return cfg;
   }
-  const ModelConfigPtr from = resolve_model(o.hf.init_from);
+  const ModelConfigPtr from = resolve_model(init_from);
   const std::string diff = model_mismatch(*cfg, *from);
-  FSDP_CHECK(diff.empty(), "--model ", o.model, " and --init-from ", o.hf.init_from, "/config.json describe different "
-             "models (", diff, "); leave out --model to take the config from ", o.hf.init_from);
+  FSDP_CHECK(diff.empty(), "--model ", model, " and --init-from ", init_from, "/config.json describe different "
+             "models (", diff, "); leave out --model to take the config from ", init_from);
   // The special token ids name tokens of the vocabulary the weights were
   // trained with, whatever --model says; --export-hf writes them back.
   return cfg->with_token_ids_of(*from);
@@ -73,11 +74,7 @@ ModelConfigPtr checkpoint_model_config(const std::string& dir) {
 // given: non-empty) must agree with.
 ModelConfigPtr conversion_config(const TrainOptions& o) {
   // A Hugging Face directory (convert --init-from): its config.json, which --model (when given) must agree with.
-  if (!o.hf.init_from.empty()) {
-    TrainOptions named = o;
-    if (named.model.empty()) named.model = o.hf.init_from;
-    return init_config(named);
-  }
+  if (!o.hf.init_from.empty()) return init_config(o.model.empty() ? o.hf.init_from : o.model, o.hf.init_from);
   // A PyTorch distributed checkpoint at the top of the directory (no checkpoint of ours in it):
   // its config.json when it has one (fsdp-train convert --export-dcp writes it), else --model.
   const std::filesystem::path dir(o.checkpoint.dir);
@@ -100,33 +97,35 @@ ModelConfigPtr conversion_config(const TrainOptions& o) {
 }  // namespace
 
 ModelConfigPtr resolve_model_config(const TrainOptions& o) {
-  return o.mode == Mode::kConvert ? conversion_config(o) : init_config(o);
+  return o.mode == Mode::kConvert ? conversion_config(o) : init_config(o.model, o.hf.init_from);
 }
 
-models::LoraConfig lora_config(const TrainOptions& o) {
+models::LoraConfig lora_config(const LoraOptions& lora) {
   models::LoraConfig c;
-  c.rank = o.lora.rank;
-  c.alpha = o.lora.effective_alpha();
-  c.dropout = o.lora.dropout;
-  c.targets = o.lora.targets;
+  c.rank = lora.rank;
+  c.alpha = lora.effective_alpha();
+  c.dropout = lora.dropout;
+  c.targets = lora.targets;
   return c;
 }
 
-BuiltModel build_model(const TrainOptions& o, const ModelConfigPtr& cfg, const BuildOptions& b) {
+BuiltModel build_model(const StepOptions& step, const LoraOptions& lora, const std::string& freeze,
+                       const optim::ParamGroupOptions& param_groups, const ModelConfigPtr& cfg,
+                       const BuildOptions& b) {
   BuiltModel m;
   m.config = cfg;
   m.model = cfg->make(at::TensorOptions().device(b.device), b.seed);
   m.init_rule = cfg->init_rule();
-  cfg->set_loss_chunk_rows(*m.model, o.step.loss_chunk_rows);
-  models::set_layer_kernels(*m.model, o.step.kernels);
-  if (o.lora.enabled()) {
+  cfg->set_loss_chunk_rows(*m.model, step.loss_chunk_rows);
+  models::set_layer_kernels(*m.model, step.kernels);
+  if (lora.enabled()) {
     // UsageError for values and targets the model lacks.
-    models::apply_lora(*m.model, lora_config(o), b.seed);
+    models::apply_lora(*m.model, lora_config(lora), b.seed);
     m.init_rule = models::lora_init_rule(*m.model, m.init_rule);
   }
   // Before fully_shard lays the units out (Note [Frozen parameters] in the engine).
-  if (b.freeze && !o.freeze.empty()) nn::freeze_matching(*m.model, o.freeze);
-  if (b.freeze) optim::check_lr_scales_match(o.param_groups, *m.model);  // as --freeze: a pattern must select something
+  if (b.freeze && !freeze.empty()) nn::freeze_matching(*m.model, freeze);
+  if (b.freeze) optim::check_lr_scales_match(param_groups, *m.model);  // as --freeze: a pattern must select something
   if (b.before_root) b.before_root(*m.model);
   RootedModel r = cfg->root(m.model);
   m.root = std::move(r.root);

@@ -33,7 +33,7 @@ ModelConfigPtr resolve_model_config(const TrainOptions& options);
 struct BuildOptions {
   at::Device device = at::kMeta;  // kMeta: shapes only (plans, checks, sharded builds); kCPU: values
   uint64_t seed = 0;               // initialization and LoRA's A matrices
-  bool freeze = true;              // apply options.freeze (a conversion loads every parameter as saved)
+  bool freeze = true;              // apply `freeze` (a conversion loads every parameter as saved)
   // Runs on the model after LoRA and freezing, before the root unit: rank 0
   // reading weights under --sync-module-states.
   std::function<void(torch::nn::Module& model)> before_root;
@@ -41,23 +41,27 @@ struct BuildOptions {
 
 struct BuiltModel {
   ModelConfigPtr config;
-  std::shared_ptr<torch::nn::Module> model;  // LoRA adapters added, options.freeze applied
+  std::shared_ptr<torch::nn::Module> model;  // LoRA adapters added, `freeze` applied
   std::shared_ptr<nn::UnitBase> root;        // fully_shard's argument
   LossFn loss;
   nn::InitRuleFn init_rule;  // the family's, and LoRA's for the adapters
 };
 
-// The model of `cfg` with the run's LoRA adapters (options.lora) and frozen
-// parameters (options.freeze), in its root unit. UsageError for LoRA targets
+// The model of `cfg` with the run's LoRA adapters (`lora`) and, with
+// BuildOptions::freeze, its frozen parameters (TrainOptions::freeze) and
+// `param_groups`' --lr-scale patterns checked against it, in its root unit;
+// its loss chunk and layer kernels are `step`'s. UsageError for LoRA targets
 // the model lacks and a --freeze pattern that freezes nothing or everything.
-BuiltModel build_model(const TrainOptions& options, const ModelConfigPtr& cfg, const BuildOptions& build);
+BuiltModel build_model(const StepOptions& step, const LoraOptions& lora, const std::string& freeze,
+                       const optim::ParamGroupOptions& param_groups, const ModelConfigPtr& cfg,
+                       const BuildOptions& build);
 
 // UsageError unless the trainer's sharding choices fit the engine (any model
 // family: the checks do not depend on its block type).
 void check_engine_options(const TrainOptions& options, int world_size);
 
-// options.lora as the models layer takes it.
-models::LoraConfig lora_config(const TrainOptions& options);
+// The run's LoRA options as the models layer takes them.
+models::LoraConfig lora_config(const LoraOptions& lora);
 
 // --device's spelling of a device type ("cpu", "cuda"), as worker_device takes it.
 std::string device_name(at::DeviceType type);

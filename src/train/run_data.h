@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <memory>
 #include <optional>
+#include <string>
 #include <vector>
 
 #include "fsdp/data/dataset.h"
@@ -34,12 +35,15 @@ struct RunData {
   std::unique_ptr<data::EvalBatches> eval_batches(int64_t seq_len, int world_size, int rank, int64_t max_rows) const;
 };
 
-// Loads options.data.tokenizer, the data and eval.val_data for a model of
-// `cfg` trained by `world_size` ranks (this one `rank`), warning through
-// `warn` when --init-from's special token ids differ from the tokenizer's.
-// UsageError: a tokenizer larger than the vocabulary, token ids outside it, a
-// global batch larger than an epoch of the data (training).
-RunData load_run_data(const TrainOptions& options, const ModelConfig& cfg, int world_size, int rank,
+// Loads data.tokenizer, the data and eval.val_data for a model of `cfg`
+// trained by `world_size` ranks (this one `rank`), its sampler ordering the
+// rows in batches of `step` (batch_size, grad_accum, seed), warning through
+// `warn` when the special token ids of `init_from` (hf.init_from; "": none)
+// differ from the tokenizer's. `eval_only` (Mode::kEvaluate): no training
+// batch is read. UsageError: a tokenizer larger than the vocabulary, token
+// ids outside it, a global batch larger than an epoch of the data (training).
+RunData load_run_data(const DataOptions& data, const StepOptions& step, const EvalOptions& eval,
+                      const std::string& init_from, bool eval_only, const ModelConfig& cfg, int world_size, int rank,
                       const LogLine& warn);
 
 }  // namespace fsdp::train

@@ -65,7 +65,7 @@ void Trainer::Impl::build() {
   // what we delete]): rank 0 locks it and removes what interrupted saves left.
   checkpointer_.emplace(o_.checkpoint, o_.data, o_.step, o_.hf.init_from, cfg_,
                         rt_.cpu_group ? *rt_.cpu_group : *world_, reporter_);
-  data_.emplace(o_, *cfg_, W_, rank_, warn_);
+  data_.emplace(o_.data, o_.step, o_.eval, o_.hf.init_from, eval_only_, *cfg_, W_, rank_, warn_);
 
   // The model, built on the meta device; each rank materializes its shards.
   // --sync-module-states: rank 0 alone builds the whole model on the CPU
@@ -84,7 +84,7 @@ void Trainer::Impl::build() {
       if (!o_.lora.init_adapter.empty()) checkpoint::import_peft_adapter_module(o_.lora.init_adapter, model);
     };
   }
-  model_ = build_model(o_, cfg_, b);
+  model_ = build_model(o_.step, o_.lora, o_.freeze, o_.param_groups, cfg_, b);
   engine_ = engine_options(o_, cfg_.get(), W_);
   engine_.device = device_;
   if (engine_.hybrid_shard_size == 0) engine_.hybrid_shard_size = rt_.world.local_world_size;
@@ -105,7 +105,7 @@ void Trainer::Impl::build() {
   summary_.plan = sharded_->describe();
   log_plan_and_memory();
   const RunData& d = data_->data();
-  checkpointer_->set_export_extras(export_extras(o_, *cfg_, *d.tokenizer, d.bos, d.eos));
+  checkpointer_->set_export_extras(export_extras(o_.hf, o_.data, *cfg_, *d.tokenizer, d.bos, d.eos));
 }
 
 // AdamW over the shards, the schedule, the scalars' group and the loss scaler.
@@ -248,8 +248,8 @@ void Trainer::Impl::export_hf() {
   // Special token ids (Hugging Face): with --init-from, its config.json's
   // (cfg_ carries them, see resolve_model_config); otherwise the tokenizer the
   // model was trained with, null where it has none. Files: Note [Export extras].
-  export_and_report(o_, *sharded_, *cfg_, *scalars_, checkpointer_->export_extras(), reporter_.progress_bars(), say_,
-                    warn_);
+  export_and_report(o_.hf, o_.lora, o_.model, *sharded_, *cfg_, *scalars_, checkpointer_->export_extras(),
+                    reporter_.progress_bars(), say_, warn_);
 }
 
 // One step of run() and what follows it: evaluation, a checkpoint, the end

@@ -45,7 +45,7 @@ void validate_lora(const TrainOptions& o, const ModelConfigPtr& cfg) {
              "files; give --export-hf DIR (or leave out --merge-lora)");
   BuildOptions meta;
   meta.freeze = false;  // --freeze is checked with the whole build (validate_options)
-  build_model(o, cfg, meta);  // UsageError: LoRA values, targets the model lacks
+  build_model(o.step, o.lora, o.freeze, o.param_groups, cfg, meta);  // UsageError: LoRA values, targets the model lacks
   if (!o.lora.init_adapter.empty()) {
     const models::LoraConfig a = checkpoint::read_peft_adapter_config(o.lora.init_adapter);
     std::vector<std::string> ours = o.lora.targets;
@@ -58,8 +58,8 @@ void validate_lora(const TrainOptions& o, const ModelConfigPtr& cfg) {
 }
 
 // --dcp-layout torchtitan needs the model family's torchtitan names (a T5 has none).
-void check_dcp_names(const TrainOptions& o, const ModelConfig& cfg) {
-  FSDP_CHECK(o.checkpoint.dcp_layout != "torchtitan" || cfg.torchtitan_names().has_value(), "--dcp-layout torchtitan: "
+void check_dcp_names(const CheckpointOptions& ck, const ModelConfig& cfg) {
+  FSDP_CHECK(ck.dcp_layout != "torchtitan" || cfg.torchtitan_names().has_value(), "--dcp-layout torchtitan: "
              "model '", cfg.name(), "' (", cfg.family().name(), ") has no torchtitan layout; use --dcp-layout torch");
 }
 
@@ -124,7 +124,7 @@ ModelConfigPtr validate_conversion(const TrainOptions& o, int world_size, const 
                " is not a directory holding checkpoints");
   }
   if (!o.hf.export_dir.empty()) {
-    check_export_target(o);
+    check_export_target(o.hf, o.lora);
     checkpoint::hf_dtype_name(o.hf.export_dtype);  // float32, bfloat16 or float16, else UsageError
   }
   checkpoint::parse_dcp_layout(o.checkpoint.dcp_layout, "--dcp-layout");
@@ -137,7 +137,7 @@ ModelConfigPtr validate_conversion(const TrainOptions& o, int world_size, const 
   check_engine_options(o, world_size);
   ModelConfigPtr cfg = resolved != nullptr ? *resolved : resolve_model_config(o);
   validate_lora(o, cfg);
-  if (!o.checkpoint.export_dcp.empty()) check_dcp_names(o, *cfg);
+  if (!o.checkpoint.export_dcp.empty()) check_dcp_names(o.checkpoint, *cfg);
   return cfg;
 }
 
@@ -228,43 +228,43 @@ void validate_optimizer(const TrainOptions& o) {
 }
 
 // --checkpoint-dir, --checkpoint-every, --keep-last, --resume.
-void validate_checkpoints(const TrainOptions& o) {
-  FSDP_CHECK(o.checkpoint.format == "sharded" || o.checkpoint.format == "dcp", "--checkpoint-format '",
-             o.checkpoint.format, "': expected sharded or dcp");
-  checkpoint::parse_dcp_layout(o.checkpoint.dcp_layout, "--dcp-layout");
-  checkpoint::parse_dcp_format(o.checkpoint.dcp_format, "--dcp-format");
-  FSDP_CHECK(o.checkpoint.every >= 0, "--checkpoint-every must be >= 0 (0: only at the end), got ", o.checkpoint.every);
-  FSDP_CHECK(o.checkpoint.keep_last >= 0, "--keep-last must be >= 0 (0: keep all), got ", o.checkpoint.keep_last);
+void validate_checkpoints(const CheckpointOptions& ck) {
+  FSDP_CHECK(ck.format == "sharded" || ck.format == "dcp", "--checkpoint-format '", ck.format,
+             "': expected sharded or dcp");
+  checkpoint::parse_dcp_layout(ck.dcp_layout, "--dcp-layout");
+  checkpoint::parse_dcp_format(ck.dcp_format, "--dcp-format");
+  FSDP_CHECK(ck.every >= 0, "--checkpoint-every must be >= 0 (0: only at the end), got ", ck.every);
+  FSDP_CHECK(ck.keep_last >= 0, "--keep-last must be >= 0 (0: keep all), got ", ck.keep_last);
   // A flag that would do nothing is refused, never ignored in silence (issue 50).
-  for (const auto& [given, flag] : {std::pair<bool, const char*>{!o.checkpoint.export_dcp.empty(), "--export-dcp"},
-                                    {!o.checkpoint.export_checkpoint.empty(), "--export-checkpoint"}}) {
+  for (const auto& [given, flag] : {std::pair<bool, const char*>{!ck.export_dcp.empty(), "--export-dcp"},
+                                    {!ck.export_checkpoint.empty(), "--export-checkpoint"}}) {
     FSDP_CHECK(!given, flag, " is the target of a conversion: use it with 'fsdp-train convert --checkpoint-dir DIR' "
                "(a training run saves into --checkpoint-dir, and --export-hf exports at its end)");
   }
-  const bool dcp_out = o.checkpoint.format == "dcp";
-  FSDP_CHECK(dcp_out || (o.checkpoint.dcp_layout == "torch" && o.checkpoint.dcp_format == "torch_save"),
-             "--dcp-layout ", o.checkpoint.dcp_layout, " / --dcp-format ", o.checkpoint.dcp_format,
+  const bool dcp_out = ck.format == "dcp";
+  FSDP_CHECK(dcp_out || (ck.dcp_layout == "torch" && ck.dcp_format == "torch_save"),
+             "--dcp-layout ", ck.dcp_layout, " / --dcp-format ", ck.dcp_format,
              " shape a distributed checkpoint, and this run writes none: add --checkpoint-format dcp (with "
              "--checkpoint-dir DIR), or leave them out");
-  if (o.checkpoint.dir.empty()) {
-    FSDP_CHECK(!o.checkpoint.resume, "--resume needs --checkpoint-dir DIR (the directory checkpoints are saved to "
+  if (ck.dir.empty()) {
+    FSDP_CHECK(!ck.resume, "--resume needs --checkpoint-dir DIR (the directory checkpoints are saved to "
                "and resumed from)");
-    FSDP_CHECK(o.checkpoint.every == 0, "--checkpoint-every needs --checkpoint-dir DIR");
-    FSDP_CHECK(o.checkpoint.keep_last == 0, "--keep-last needs --checkpoint-dir DIR");
-    FSDP_CHECK(!o.checkpoint.async, "--async-checkpoint needs --checkpoint-dir DIR (it saves checkpoints there in "
+    FSDP_CHECK(ck.every == 0, "--checkpoint-every needs --checkpoint-dir DIR");
+    FSDP_CHECK(ck.keep_last == 0, "--keep-last needs --checkpoint-dir DIR");
+    FSDP_CHECK(!ck.async, "--async-checkpoint needs --checkpoint-dir DIR (it saves checkpoints there in "
                "the background)");
     FSDP_CHECK(!dcp_out, "--checkpoint-format dcp needs --checkpoint-dir DIR (the format of the checkpoints saved "
                "there)");
     return;
   }
   std::error_code ec;
-  FSDP_CHECK(!std::filesystem::exists(o.checkpoint.dir, ec) || std::filesystem::is_directory(o.checkpoint.dir, ec),
-             "--checkpoint-dir ", o.checkpoint.dir, " exists and is not a directory");
-  checkpoint::check_writable(o.checkpoint.dir, "--checkpoint-dir", /*directory=*/true);
-  checkpoint::check_checkpoint_dir(o.checkpoint.dir);  // Note [Ownership of what we delete]
+  FSDP_CHECK(!std::filesystem::exists(ck.dir, ec) || std::filesystem::is_directory(ck.dir, ec),
+             "--checkpoint-dir ", ck.dir, " exists and is not a directory");
+  checkpoint::check_writable(ck.dir, "--checkpoint-dir", /*directory=*/true);
+  checkpoint::check_checkpoint_dir(ck.dir);  // Note [Ownership of what we delete]
   // A new run would overwrite (and --keep-last delete) another run's checkpoints.
-  const auto existing = checkpoint::list_checkpoints(o.checkpoint.dir);
-  FSDP_CHECK(o.checkpoint.resume || existing.empty(), "--checkpoint-dir ", o.checkpoint.dir, " already holds ",
+  const auto existing = checkpoint::list_checkpoints(ck.dir);
+  FSDP_CHECK(ck.resume || existing.empty(), "--checkpoint-dir ", ck.dir, " already holds ",
              existing.size(), " checkpoint", existing.size() == 1 ? "" : "s", " (newest ",
              existing.empty() ? "" : std::filesystem::path(existing.front().path).filename().string(),
              "); add --resume to continue from it, or choose another directory");
@@ -354,7 +354,7 @@ ModelConfigPtr validate_options(const TrainOptions& o, int world_size, const Mod
              "--initial-loss-scale must be a finite number > 0 (e.g. 65536), got ", o.step.initial_loss_scale);
   FSDP_CHECK(o.fsdp.hybrid_shard_size >= 0, "--hybrid-shard-size must be >= 1 (or 0 for LOCAL_WORLD_SIZE), got ",
              o.fsdp.hybrid_shard_size);
-  validate_checkpoints(o);
+  validate_checkpoints(o.checkpoint);
   if (!o.hf.init_from.empty() && checkpoint::is_dcp_dir(o.hf.init_from)) {
     // A PyTorch distributed checkpoint: its weights; the model is --model (or a config.json beside them).
     FSDP_CHECK(o.model != o.hf.init_from || std::filesystem::exists(std::filesystem::path(o.hf.init_from) / "config.json"),
@@ -367,7 +367,7 @@ ModelConfigPtr validate_options(const TrainOptions& o, int world_size, const Mod
                "*.safetensors)");
   }
   if (!o.hf.export_dir.empty()) {
-    check_export_target(o);
+    check_export_target(o.hf, o.lora);
     checkpoint::hf_dtype_name(o.hf.export_dtype);  // float32, bfloat16 or float16, else UsageError
   }
   check_targets_apart(o);
@@ -385,7 +385,9 @@ ModelConfigPtr validate_options(const TrainOptions& o, int world_size, const Mod
              "--eval-only evaluates existing weights: give --init-from DIR or --resume with --checkpoint-dir DIR");
   ModelConfigPtr cfg = resolved != nullptr ? *resolved : resolve_model_config(o);
   validate_lora(o, cfg);
-  if (!o.freeze.empty()) build_model(o, cfg, BuildOptions{});  // UsageError: a --freeze that freezes nothing or all
+  if (!o.freeze.empty()) {  // UsageError: a --freeze that freezes nothing or all
+    build_model(o.step, o.lora, o.freeze, o.param_groups, cfg, BuildOptions{});
+  }
   const std::optional<int64_t> longest = cfg->max_seq_len();
   FSDP_CHECK(!longest || o.data.seq_len <= *longest, "--seq-len ", o.data.seq_len, " is longer than model '",
              cfg->name(), "' supports (max_position_embeddings = ", longest.value_or(0), "); use --seq-len <= ",
@@ -405,7 +407,7 @@ ModelConfigPtr validate_options(const TrainOptions& o, int world_size, const Mod
     FSDP_CHECK(o.data.target_len == 0, "--target-len is the decoder's width of an encoder-decoder model (t5); model '",
                cfg->name(), "' reads windows of --seq-len tokens");
   }
-  check_dcp_names(o, *cfg);
+  check_dcp_names(o.checkpoint, *cfg);
   validate_records(o);
   return cfg;
 }
