@@ -224,6 +224,7 @@ void apply_parsed(const CLI::App& app, const std::string& mode, fsdp::cli::Train
   o.log.config_text = fsdp::cli::effective_config(app, mode);
   if (app.count("--config") > 0) o.log.config_file = t.run.config_file;
   if (!t.run.profile_steps.empty()) parse_profile_steps(t.run.profile_steps, o.log);
+  o.log.user_terms = fsdp::cli::in_flag_terms;  // the log says flags where the library names fields
   // --init-adapter without --lora-alpha trains at the adapter's own alpha (the
   // trainer logs it); a different --lora-alpha is refused (models::check_adapter_alpha).
   if (o.lora.enabled() && !o.lora.init_adapter.empty() && o.lora.alpha == 0) {

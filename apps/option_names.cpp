@@ -16,6 +16,8 @@ const std::pair<const char*, const char*> kOtherNames[] = {
     {"FsdpOptions::compression", "--all-gather-wire / --reduce-scatter-wire"},
     // The engine's list of checkpointed types, which the trainer fills from the switch.
     {"FsdpOptions::checkpoint_types", "--activation-checkpointing"},
+    // The conversion mode is fsdp-train's subcommand, not a row.
+    {"Mode::kConvert", "fsdp-train convert"},
     // fsdp-inspect's own flags, which the plan's function names by its parameters.
     {"plan_sharding: world_size", "--world-size"},
     {"plan_sharding: rank", "--rank"},
@@ -56,6 +58,8 @@ int with_flag_names(const std::function<int()>& body) {
     return body();
   } catch (const UsageError& e) {
     throw UsageError(in_flag_terms(e.what()));
+  } catch (const Failure& e) {  // a run's failure names its options too (LogOptions::metrics_file ...)
+    throw Failure(in_flag_terms(e.what()));
   }
 }
 

@@ -108,7 +108,9 @@ int64_t parse_staging_limit(const std::string& s) {
   return parse_byte_size(s, "CheckpointOptions::staging_limit",
                          "stage nothing: every save is written before training goes on");
 }
-int64_t parse_shard_bytes(const std::string& s) { return parse_byte_size(s, "HfOptions::export_shard_bytes", "one file"); }
+int64_t parse_shard_bytes(const std::string& s) {
+  return parse_byte_size(s, "HfOptions::export_shard_bytes", "one file");
+}
 std::string comma_words(const std::vector<std::string>& v) {
   std::string s;
   for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
@@ -136,7 +138,8 @@ std::vector<OptionRow> data_rows() {
        "scripts/prepare_data.sh builds from "
        "Debian's fortunes package (build/data/corpus.jsonl), else the repository's small fallback data/fallback_corpus.jsonl",
        BIND(o.data.path), {}, kD},
-      {"--data-format", "", "auto | text | jsonl | bin (auto: by extension and content)", WORDS(o.data.format, data::parse_data_format, data::to_string),
+      {"--data-format", "", "auto | text | jsonl | bin (auto: by extension and content)",
+       WORDS(o.data.format, data::parse_data_format, data::to_string),
        {"auto", "text", "jsonl", "bin"}, kD},
       {"--text-field", "", "JSON-lines field holding each document", BIND(o.data.text_field), {}, kD},
       {"--input-field", "", "Encoder-decoder models (t5): the JSON-lines field holding each example's input",
@@ -147,7 +150,8 @@ std::vector<OptionRow> data_rows() {
        "Encoder-decoder models (t5): target tokens per example, the decoder's width (0: --seq-len, "
        "which is then the encoder's)",
        BIND(o.data.target_len), {}, kD},
-      {"--token-dtype", "", "Width of token ids in binary data: u16 | u32", WORDS(o.data.token_dtype, data::parse_token_dtype, data::to_string),
+      {"--token-dtype", "", "Width of token ids in binary data: u16 | u32",
+       WORDS(o.data.token_dtype, data::parse_token_dtype, data::to_string),
        {"u16", "u32", "uint16", "uint32"}, kD},
       {"--tokenizer", "",
        "Tokenizer for text data: byte, a Hugging Face tokenizer.json (Llama 3, Qwen2/2.5/3, SmolLM2, "
@@ -246,7 +250,7 @@ std::vector<OptionRow> run_rows() {
        "reduce-scatters (issue, wait, the collective itself, bytes), forward, backward, optimizer, data "
        "wait, evaluation and checkpoint saves, merged into one Chrome/Perfetto trace (--profile-file), and "
        "one line per traced step with its exposed communication time",
-       BIND(run.profile_steps)},
+       BIND(run.profile_steps), {}, 0, Inspect::kIgnores, {"LogOptions::profile_begin:profile_end"}},
       {"--profile-file", "", "Where --profile-steps writes its trace (JSON)", BIND(o.log.profile_file), {}, kD},
       {"--nproc-per-node", "",
        "Start N local worker processes and supervise them (ignored under torchrun/srun/PyTorchJob)",
@@ -299,7 +303,8 @@ std::vector<OptionRow> memory_rows() {
        "fp32 | bf16 (bf16 parameters and compute, fp32 reduction and master weights) | fp16 (fp16 "
        "parameters with dynamic loss scaling; GPU only with this LibTorch) | bf16-pure (bf16 everywhere, "
        "Kahan-compensated AdamW with bf16 moments)",
-       WORDS(o.fsdp.mixed_precision, MixedPrecision::preset, preset_name), {"fp32", "bf16", "fp16", "bf16-pure"}, kD, kUses},
+       WORDS(o.fsdp.mixed_precision, MixedPrecision::preset, preset_name), {"fp32", "bf16", "fp16", "bf16-pure"}, kD,
+       kUses},
       {"--reduce-dtype", g, "Gradient communication dtype: fp32 | bf16 | fp16 (default: the --mixed-precision preset's)",
        WORDS(o.fsdp.mixed_precision.reduce_dtype, parse_reduce_dtype, dtype_word), {"fp32", "bf16", "fp16"}, 0, kUses},
       {"--all-gather-wire", g,
@@ -309,7 +314,8 @@ std::vector<OptionRow> memory_rows() {
       {"--reduce-scatter-wire", g,
        "Gradient reduce-scatters on the wire: native (the reduce dtype) | bf16 | int8 (per-block scales, "
        "stochastic rounding); summed in fp32 by the owner — docs/compression.md",
-       WORDS(o.fsdp.compression.reduce_scatter, parse_reduce_scatter_wire, to_string), {"native", "bf16", "int8"}, kD, kUses},
+       WORDS(o.fsdp.compression.reduce_scatter, parse_reduce_scatter_wire, to_string), {"native", "bf16", "int8"}, kD,
+       kUses},
       {"--quant-block", g, "int8 wire: elements per fp32 scale", BIND(o.fsdp.compression.block_size), {}, kD,
        kUses},
       {"--activation-checkpointing", g,
@@ -406,7 +412,8 @@ std::vector<OptionRow> hf_lora_eval_rows() {
        "atomically; it must be new, empty or a previous export), with --init-from's tokenizer and "
        "generation_config.json files copied as they are",
        BIND(o.hf.export_dir)},
-      {"--export-dtype", hf, "Exported weight dtype: float32 (exact) | bfloat16 | float16", WORDS(o.hf.export_dtype, checkpoint::parse_export_dtype, checkpoint::hf_dtype_name),
+      {"--export-dtype", hf, "Exported weight dtype: float32 (exact) | bfloat16 | float16",
+       WORDS(o.hf.export_dtype, checkpoint::parse_export_dtype, checkpoint::hf_dtype_name),
        {"float32", "bfloat16", "float16", "fp32", "bf16", "fp16"}, kD},
       {"--export-shard-size", hf,
        "Split exported weights into files of at most this size, with model.safetensors.index.json "
@@ -443,18 +450,18 @@ std::vector<OptionRow> hf_lora_eval_rows() {
       {"--eval-only", ev,
        "Evaluate the weights from --init-from or --resume on all of --val-data (exact mean loss over every "
        "target token), print 'Eval Loss: X', and exit (the same as 'fsdp-train eval')",
-       BIND(run.eval_only)},
+       BIND(run.eval_only), {}, 0, Inspect::kIgnores, {"Mode::kEvaluate"}},
       // --config FILE: TOML with the long flag names as keys, e.g.
       //   model = "llama3.2-1b"   seq-len = 2048   mixed-precision = "bf16"
       // Flags on the command line override the file (Note [Config files]).
       {"--config", "",
        "Read options from this TOML file (keys: the long flag names without "
        "'--'); command-line flags override it",
-       BIND(run.config_file), {}, kNotInConfig, kUses},
+       BIND(run.config_file), {}, kNotInConfig, kUses, {"LogOptions::config_file"}},
       {"--print-config", "",
        "Print the effective configuration (the --config file with command-line overrides and defaults "
        "applied) as TOML, and exit",
-       BIND(run.print_config), {}, kNotInConfig},
+       BIND(run.print_config), {}, kNotInConfig, Inspect::kIgnores, {"LogOptions::config_text"}},
   };
 }
 

@@ -77,7 +77,7 @@ checkpoint::DcpNames Checkpointer::dcp_names(checkpoint::DcpLayout layout) const
   if (layout == checkpoint::DcpLayout::kTorch) return {};
   const std::optional<checkpoint::DcpNames> titan = cfg_->torchtitan_names();
   FSDP_CHECK(titan.has_value(), "model '", cfg_->name(), "' (", cfg_->family().name(), ") has no torchtitan layout; "
-             "use --dcp-layout torch");
+             "use CheckpointOptions::dcp_layout torch");
   return *titan;
 }
 
@@ -99,7 +99,8 @@ void Checkpointer::resume_from_dcp(const SaveTarget& t, int64_t& step) {
   step = r.optimizer_step;
   if (trainer.loaded().is_object()) step = trainer.loaded().value("step", step);  // checked on load: a count
   FSDP_CHECK(step >= 0, "the distributed checkpoint ", o_.dir, " holds no step count (no optimizer.state."
-             "<name>.step, no train_state.step); it cannot resume training: start from its weights with --init-from");
+             "<name>.step, no train_state.step); it cannot resume training: start from its weights with "
+             "HfOptions::init_from");
   t.optimizer.set_step_count(step);
   t.summary.resumed_from = o_.dir;
   say_(fmt::format("Resumed from the distributed checkpoint {} (step {}, {} layout): {} in {:.2f} s, {:.2f} GB/s",
@@ -128,8 +129,8 @@ std::string Checkpointer::start_save(const SaveTarget& t, int64_t completed, int
   MetadataState trainer(checkpoint::kTrainerKey, trainer_state(data_, step_, state));
   checkpoint::DcpSaveOptions dcp;  // --checkpoint-format dcp: step_N is a PyTorch distributed checkpoint
   if (o_.format == "dcp") {
-    dcp.layout = checkpoint::parse_dcp_layout(o_.dcp_layout, "--dcp-layout");
-    dcp.format = checkpoint::parse_dcp_format(o_.dcp_format, "--dcp-format");
+    dcp.layout = checkpoint::parse_dcp_layout(o_.dcp_layout, "CheckpointOptions::dcp_layout");
+    dcp.format = checkpoint::parse_dcp_format(o_.dcp_format, "CheckpointOptions::dcp_format");
     dcp.names = dcp_names(dcp.layout);
     so.dcp = &dcp;
   }
@@ -207,7 +208,9 @@ void Checkpointer::report_saved(TrainSummary& summary, int64_t step, const check
                                 format_bytes(async_ ? async_->staging_bytes() : 0));
   say_(fmt::format("Saved checkpoint {} in {:.2f} s: {}, {:.2f} GB/s ({}){}", checkpoint::checkpoint_name(step),
                    r.io.seconds, megabytes(r.io.bytes), r.io.gb_per_s(), o_.dir, extra));
-  for (const auto& p : r.pruned) say_(fmt::format("removed old checkpoint {} (--keep-last {})", p, o_.keep_last));
+  for (const auto& p : r.pruned) {
+    say_(fmt::format("removed old checkpoint {} (CheckpointOptions::keep_last {})", p, o_.keep_last));
+  }
   summary.last_checkpoint = r.path;
   for (auto& c : summary.checkpoints) {
     if (c.step == step && !c.committed) {

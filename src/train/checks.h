@@ -20,6 +20,11 @@ ModelConfigPtr validate_options(const TrainOptions& options, int world_size, con
 int64_t check_memory(const TrainOptions& options, int world_size, int local_world_size,
                      std::optional<c10::Device> this_rank, const ModelConfigPtr& cfg);
 
+// StepOptions::grad_accum as a run at `world_size` takes it (at_world_size):
+// from global_batch_size when that is set; UsageError when it does not divide
+// or an explicit grad_accum disagrees (Note [Global batch across world sizes]).
+int64_t grad_accum_at(const StepOptions& step, int world_size);
+
 // A file rank 0 writes (--metrics-file, --profile-file): its directory exists,
 // it is no directory itself, and this process may write it. `flag` names it.
 void check_output_file(const std::string& path, const char* flag);

@@ -44,14 +44,16 @@ std::string duration_text(double seconds) {
   return fmt::format("{}d{:02}h", s / 86400, (s % 86400) / 3600);
 }
 
-Console::Console(const LogOptions& log, bool lead) : on_(lead && !log.quiet), bar_(on_ && isatty(STDOUT_FILENO) == 1) {}
+Console::Console(const LogOptions& log, bool lead)
+    : on_(lead && !log.quiet), bar_(on_ && isatty(STDOUT_FILENO) == 1), user_terms_(log.user_terms) {}
 
 Console::~Console() { erase_bar(); }
 
 void Console::line(char level, const std::string& text) {
   if (!on_) return;
   erase_bar();
-  (level == 'W' ? std::cerr : std::cout) << timestamp() << " " << level << " [fsdp-train] " << text << std::endl;
+  (level == 'W' ? std::cerr : std::cout) << timestamp() << " " << level << " [fsdp-train] "
+                                          << (user_terms_ ? user_terms_(text) : text) << std::endl;
 }
 
 LogLine Console::level(char lv) {

@@ -42,6 +42,7 @@ class Console {
   void erase_bar();
   const bool on_;
   const bool bar_;
+  const std::function<std::string(const std::string&)> user_terms_;
   bool bar_shown_ = false;
 };
 

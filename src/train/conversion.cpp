@@ -108,7 +108,7 @@ Source load_our_checkpoint(const std::string& dir, Converting& c, std::vector<St
   std::vector<std::string> ignored;
   checkpoint::list_checkpoints(dir, &ignored);
   for (const auto& i : ignored) warn(fmt::format("{}/{} is not a checkpoint: ignored", dir, i));
-  FSDP_CHECK(r.loaded, "--checkpoint-dir ", dir, " holds no checkpoint to convert");
+  FSDP_CHECK(r.loaded, "CheckpointOptions::dir ", dir, " holds no checkpoint to convert");
   const std::string diff = saved_model_mismatch(r.saved(checkpoint::kModelKey), *c.cfg, r.path);
   FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " holds another model than the newest checkpoint's (", diff,
              "); convert it from a directory of its own");
@@ -141,18 +141,19 @@ void write_targets(const TrainOptions& o, Converting& c, const Source& s, std::v
   }
   if (!o.checkpoint.export_dcp.empty()) {
     checkpoint::DcpSaveOptions so;
-    so.layout = checkpoint::parse_dcp_layout(o.checkpoint.dcp_layout, "--dcp-layout");
-    so.format = checkpoint::parse_dcp_format(o.checkpoint.dcp_format, "--dcp-format");
+    so.layout = checkpoint::parse_dcp_layout(o.checkpoint.dcp_layout, "CheckpointOptions::dcp_layout");
+    so.format = checkpoint::parse_dcp_format(o.checkpoint.dcp_format, "CheckpointOptions::dcp_format");
     if (so.layout == checkpoint::DcpLayout::kTorchtitan) {
       const std::optional<checkpoint::DcpNames> titan = c.cfg->torchtitan_names();
-      FSDP_CHECK(titan.has_value(), "--dcp-layout torchtitan: model '", c.cfg->name(), "' has no torchtitan layout");
+      FSDP_CHECK(titan.has_value(), "CheckpointOptions::dcp_layout torchtitan: model '", c.cfg->name(),
+                 "' has no torchtitan layout");
       so.names = *titan;
     }
     so.carried = s.extras.files;  // Note [Carried files]: the export of this DCP writes them too
     const checkpoint::IoStats io = checkpoint::save_dcp(o.checkpoint.export_dcp, *c.sharded, owners, *c.group, so);
     if (c.group->rank() == 0) {  // the model beside the weights: --init-from and convert read it
       write_output_file((std::filesystem::path(o.checkpoint.export_dcp) / "config.json").string(),
-                        c.cfg->hf_config_json(), "--export-dcp");
+                        c.cfg->hf_config_json(), "CheckpointOptions::export_dcp");
     }
     say(fmt::format("Wrote the distributed checkpoint {} ({} layout, {}{}): {} in {:.2f} s",
                     o.checkpoint.export_dcp, o.checkpoint.dcp_layout, o.checkpoint.dcp_format,
@@ -165,7 +166,8 @@ void write_targets(const TrainOptions& o, Converting& c, const Source& s, std::v
     const checkpoint::SaveResult r = checkpoint::save_checkpoint(o.checkpoint.export_checkpoint, s.step, *c.sharded,
                                                                  owners, *c.group, so);
     say(fmt::format("Wrote checkpoint {}{}: {} in {:.2f} s", r.path,
-                    s.with_optimizer ? " (with optimizer state: --resume continues it)" : " (weights only)",
+                    s.with_optimizer ? " (with optimizer state: CheckpointOptions::resume continues it)"
+                                      : " (weights only)",
                     megabytes(r.io.bytes), r.io.seconds));
   }
 }

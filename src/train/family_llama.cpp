@@ -175,7 +175,7 @@ checkpoint::DcpNames torchtitan_llama_names(int64_t heads, int64_t kv_heads) {
       }
     }
     FSDP_CHECK(false, "parameter '", ours, "' has no name in torchtitan's Llama (it has no biases, q/k norms or "
-               "adapters); save with --dcp-layout torch");
+               "adapters); save with CheckpointOptions::dcp_layout torch");
     return "";
   };
   n.row = [heads, kv_heads](const std::string& ours, int64_t row, int64_t rows) -> int64_t {

@@ -50,7 +50,7 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   // A row's tokens: --seq-len, or an encoder-decoder's wider --target-len (the decoder's width).
   const bool wider_target = cfg.data_kind() == DataKind::kPairs && o.data.target_len > o.data.seq_len;
   const int64_t width = wider_target ? o.data.target_len : o.data.seq_len;
-  const char* width_flag = wider_target ? "--target-len" : "--seq-len";
+  const char* width_flag = wider_target ? "DataOptions::target_len" : "DataOptions::seq_len";
   const auto bytes_per_micro_batch = [&](int64_t elements_per_token) {
     const std::optional<int64_t> b = checked_product({o.step.batch_size, width, elements_per_token, elem});
     return std::min(b.value_or(kHuge), kHuge);
@@ -82,13 +82,14 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   const int64_t host = cuda_run ? (o.fsdp.cpu_offload ? shards : 0) : shards + step;
   const std::string parts = fmt::format(
       "parameter and gradient shards {}, optimizer state {}, unsharded units during a step {}, the loss's logits "
-      "of one micro-batch {} (chunks of {} of its --batch-size {} x {} {} tokens x vocab_size {}), "
+      "of one micro-batch {} (chunks of {} of its StepOptions::batch_size {} x {} {} tokens x vocab_size {}), "
       "activations {}",
       format_bytes(plan.param_shard_bytes + (eval_only ? 0 : plan.grad_shard_bytes)),
       format_bytes(eval_only ? 0 : plan.optimizer_bytes), format_bytes(unsharded), format_bytes(logit_bytes),
       loss_rows, o.step.batch_size, width_flag, width, cfg.vocab_size(), format_bytes(activation_bytes));
-  const std::string fix = fmt::format("reduce --batch-size or {}, add --activation-checkpointing, shard over more "
-                                      "processes or machines, use --cpu-offload, bf16 (--mixed-precision) or a "
+  const std::string fix = fmt::format("reduce StepOptions::batch_size or {}, add "
+                                      "TrainOptions::activation_checkpointing, shard over more processes or "
+                                      "machines, use FsdpOptions::cpu_offload, bf16 (FsdpOptions::mixed_precision) or a "
                                       "smaller model", width_flag);
   const int ranks = this_rank ? 1 : std::max(local_world_size, 1);
   if (host > 0) {

@@ -43,8 +43,9 @@ ModelConfigPtr init_config(const std::string& model, const std::string& init_fro
   }
   const ModelConfigPtr from = resolve_model(init_from);
   const std::string diff = model_mismatch(*cfg, *from);
-  FSDP_CHECK(diff.empty(), "--model ", model, " and --init-from ", init_from, "/config.json describe different "
-             "models (", diff, "); leave out --model to take the config from ", init_from);
+  FSDP_CHECK(diff.empty(), "TrainOptions::model ", model, " and HfOptions::init_from ", init_from,
+             "/config.json describe different models (", diff, "); leave out TrainOptions::model to take the config "
+             "from ", init_from);
   // The special token ids name tokens of the vocabulary the weights were
   // trained with, whatever --model says; --export-hf writes them back.
   return cfg->with_token_ids_of(*from);
@@ -54,8 +55,9 @@ ModelConfigPtr init_config(const std::string& model, const std::string& init_fro
 // (checkpoints of one directory hold one model: resume refuses another).
 ModelConfigPtr checkpoint_model_config(const std::string& dir) {
   const auto list = checkpoint::list_checkpoints(dir);
-  FSDP_CHECK(!list.empty(), "--checkpoint-dir ", dir, " holds no checkpoint (step_NNNNNNNN/ with manifest.json) to "
-             "convert; converting needs an existing checkpoint — point --checkpoint-dir at the run's directory");
+  FSDP_CHECK(!list.empty(), "CheckpointOptions::dir ", dir, " holds no checkpoint (step_NNNNNNNN/ with manifest.json) "
+             "to convert; converting needs an existing checkpoint — point CheckpointOptions::dir at the run's "
+             "directory");
   std::string why;
   for (const auto& c : list) {
     nlohmann::json saved;
@@ -80,16 +82,18 @@ ModelConfigPtr conversion_config(const TrainOptions& o) {
   const std::filesystem::path dir(o.checkpoint.dir);
   if (checkpoint::list_checkpoints(o.checkpoint.dir).empty() && checkpoint::is_dcp_dir(o.checkpoint.dir)) {
     if (std::filesystem::exists(dir / "config.json")) return resolve_model(o.checkpoint.dir);
-    FSDP_CHECK(!o.model.empty(), "--checkpoint-dir ", o.checkpoint.dir, " is a PyTorch distributed checkpoint without "
-               "config.json: name its model with --model (a preset, a config.json or a Hugging Face directory)");
+    FSDP_CHECK(!o.model.empty(), "CheckpointOptions::dir ", o.checkpoint.dir, " is a PyTorch distributed checkpoint "
+               "without config.json: name its model with TrainOptions::model (a preset, a config.json or a Hugging "
+               "Face directory)");
     return resolve_model(o.model);
   }
   ModelConfigPtr cfg = checkpoint_model_config(o.checkpoint.dir);
   if (!o.model.empty()) {
     const ModelConfigPtr named = resolve_model(o.model);
     const std::string diff = model_mismatch(*named, *cfg);
-    FSDP_CHECK(diff.empty(), "--model ", o.model, " and the checkpoints in ", o.checkpoint.dir,
-               " describe different models (", diff, "); leave out --model to convert the checkpoint's model");
+    FSDP_CHECK(diff.empty(), "TrainOptions::model ", o.model, " and the checkpoints in ", o.checkpoint.dir,
+               " describe different models (", diff, "); leave out TrainOptions::model to convert the checkpoint's "
+               "model");
   }
   return cfg;
 }
@@ -137,6 +141,8 @@ FsdpOptions engine_options(const TrainOptions& o, const ModelConfig* cfg, int wo
   FSDP_CHECK(o.activation_checkpointing || o.fsdp.checkpoint_policy == nn::RecomputePolicy::kTail,
              "FsdpOptions::checkpoint_policy ", nn::to_string(o.fsdp.checkpoint_policy),
              " chooses what activation checkpointing recomputes: turn on TrainOptions::activation_checkpointing");
+  FSDP_CHECK(o.fsdp.hybrid_shard_size >= 0, "FsdpOptions::hybrid_shard_size must be >= 1 (or 0 for "
+             "LOCAL_WORLD_SIZE), got ", o.fsdp.hybrid_shard_size);
   FsdpOptions fo = o.fsdp;
   if (fo.wrap.kind == WrapPolicy::Kind::kByType && fo.wrap.types.empty() && cfg != nullptr) {
     fo.wrap.types = cfg->unit_types();  // the model's blocks: the trainer's default

@@ -115,7 +115,7 @@ std::string StepTracer::finish(comm::ProcessGroup& group, const std::string& mod
       {"otherData", {{"producer", "fsdp-train"}, {"steps", fmt::format("{}:{}", log_.profile_begin,
                                                                         log_.profile_end)},
                      {"world_size", W}, {"model", model_name}}}};
-  write_output_file(log_.profile_file, file.dump(), "--profile-file");
+  write_output_file(log_.profile_file, file.dump(), "LogOptions::profile_file");
   say(fmt::format("Wrote trace of steps {}..{} ({} spans, {} rank{}) to {}: open it in ui.perfetto.dev or "
                   "chrome://tracing", first, last, spans, W, W == 1 ? "" : "s", log_.profile_file));
   return log_.profile_file;

@@ -56,7 +56,7 @@ std::string Reporter::start_endpoint(const comm::Runtime& rt) {
     say_(fmt::format("Prometheus metrics on {} (every rank, any free port: {})", exporter->url(), ports));
   } else {
     say_(fmt::format("Prometheus metrics on {}{}", exporter->url(),
-                     log_.metrics_every_rank ? " (every rank: --metrics-port + its local rank)" : ""));
+                     log_.metrics_every_rank ? " (every rank: LogOptions::metrics_port + its local rank)" : ""));
   }
   sinks_.push_back(std::move(exporter));
   return url;
@@ -73,13 +73,14 @@ void Reporter::open_records(int64_t start_step, bool resume) {
     }
     sinks_.push_back(make_json_lines_sink(log_.metrics_file));
     if (!log_.config_text.empty() && may_write_beside(log_.metrics_file)) {  // never /dev/null.config.toml
-      write_config_copy(config_path_beside(log_.metrics_file), "--metrics-file");
+      write_config_copy(config_path_beside(log_.metrics_file), "LogOptions::metrics_file");
     }
   }
   if (!log_.tensorboard_dir.empty()) {
     sinks_.push_back(make_tensorboard_sink(log_.tensorboard_dir, resume ? start_step : -1));
     if (!log_.config_text.empty()) {
-      write_config_copy((std::filesystem::path(log_.tensorboard_dir) / "config.toml").string(), "--tensorboard");
+      write_config_copy((std::filesystem::path(log_.tensorboard_dir) / "config.toml").string(),
+                        "LogOptions::tensorboard_dir");
     }
   }
 }

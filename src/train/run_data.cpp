@@ -44,8 +44,8 @@ void warn_about_token_ids(const std::string& tokenizer, const std::string& init_
   const bool bos_differs = bos && d.bos && *bos != *d.bos;
   const bool eos_differs = !eos.empty() && !d.eos.empty() && std::find(eos.begin(), eos.end(), d.eos[0]) == eos.end();
   if (bos_differs || eos_differs) {
-    warn(fmt::format("--tokenizer {} uses {} but {}/config.json says {}; training uses the tokenizer's ids, "
-                     "--export-hf keeps the config's (they belong to the weights' vocabulary)",
+    warn(fmt::format("DataOptions::tokenizer {} uses {} but {}/config.json says {}; training uses the tokenizer's ids, "
+                     "HfOptions::export_dir keeps the config's (they belong to the weights' vocabulary)",
                      tokenizer, token_ids_text(d.bos, d.eos), init_from,
                      token_ids_text(bos, eos)));
   }
@@ -72,7 +72,7 @@ std::unique_ptr<data::EvalBatches> RunData::eval_batches(int64_t seq_len, int wo
   if (validation_pairs) {
     return std::make_unique<data::EvalRows>(validation_pairs, world_size, rank, max_rows, pad_id);
   }
-  FSDP_CHECK(validation != nullptr, "Trainer::evaluate needs eval.val_data (--val-data PATH)");
+  FSDP_CHECK(validation != nullptr, "Trainer::evaluate needs eval.val_data (EvalOptions::val_data PATH)");
   return std::make_unique<data::EvalWindows>(validation, seq_len, world_size, rank, max_rows);
 }
 
@@ -121,10 +121,11 @@ RunData load_run_data(const DataOptions& data, const StepOptions& step, const Ev
   // epoch (a slip of --grad-accum) would repeat the data inside every step and
   // could run for years.
   FSDP_CHECK(eval_only || d.global_batch <= d.sampler->samples_per_epoch(),
-             "one optimizer step reads --batch-size ", step.batch_size, " x --grad-accum ", step.grad_accum,
-             " x ", world_size, " ranks = ", d.global_batch, " windows, but --data ", data.path, " holds only ",
-             d.sampler->samples_per_epoch(), " windows of --seq-len ", data.seq_len,
-             " per epoch — lower --grad-accum or --batch-size (or --seq-len), or give more data");
+             "one optimizer step reads StepOptions::batch_size ", step.batch_size, " x StepOptions::grad_accum ",
+             step.grad_accum, " x ", world_size, " ranks = ", d.global_batch, " windows, but DataOptions::path ",
+             data.path, " holds only ", d.sampler->samples_per_epoch(), " windows of DataOptions::seq_len ",
+             data.seq_len, " per epoch — lower StepOptions::grad_accum or StepOptions::batch_size (or "
+             "DataOptions::seq_len), or give more data");
   return d;
 }
 

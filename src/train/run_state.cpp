@@ -75,7 +75,7 @@ int64_t resume_from(const DataOptions& data, const StepOptions& step, const chec
                     const LogLine& say, const LogLine& warn) {
   const std::string diff = saved_model_mismatch(r.saved(checkpoint::kModelKey), cfg, r.path);
   FSDP_CHECK(diff.empty(), "checkpoint ", r.path, " was saved from another model (", diff,
-             "); resume with the model it was saved with or use another --checkpoint-dir");
+             "); resume with the model it was saved with or use another CheckpointOptions::dir");
   const nlohmann::json& ts = *r.trainer_state;
   const int64_t start = ts.contains("step") ? ts["step"].get<int64_t>() : r.step;  // checked on load
   if (scaler != nullptr && ts.contains("grad_scaler")) {
@@ -91,10 +91,10 @@ int64_t resume_from(const DataOptions& data, const StepOptions& step, const chec
     }
   };
   differs("global_batch_size", global_batch, "a global batch of");
-  differs("seq_len", data.seq_len, "--seq-len");
-  differs("seed", step.seed, "--seed");
+  differs("seq_len", data.seq_len, "DataOptions::seq_len");
+  differs("seed", step.seed, "StepOptions::seed");
   differs("shuffle", data.shuffle, "shuffle =");
-  differs("data", data.path, "--data");
+  differs("data", data.path, "DataOptions::path");
   return start;
 }
 
@@ -111,8 +111,8 @@ int64_t resume_from(const DataOptions& data, const StepOptions& step, const chec
 int64_t drop_metrics_from(const std::string& path, int64_t first_step) {
   std::error_code ec;
   if (!std::filesystem::is_regular_file(path, ec)) return 0;
-  std::istringstream in(read_input_file(path, "--metrics-file", kMaxMetricsFileBytes,
-                                       "give --metrics-file a JSON-lines file of the run's records"));
+  std::istringstream in(read_input_file(path, "LogOptions::metrics_file", kMaxMetricsFileBytes,
+                                       "give LogOptions::metrics_file a JSON-lines file of the run's records"));
   std::string line, kept;
   int64_t dropped = 0;
   while (std::getline(in, line)) {
@@ -125,7 +125,7 @@ int64_t drop_metrics_from(const std::string& path, int64_t first_step) {
     }
     kept += line + "\n";
   }
-  if (dropped > 0) write_output_file(path, kept, "--metrics-file");
+  if (dropped > 0) write_output_file(path, kept, "LogOptions::metrics_file");
   return dropped;
 }
 

@@ -34,7 +34,7 @@ class EvalMode {
 // --- evaluation: exact mean over every target of the windows (sampler.h, EvalWindows)
 EvalRecord Trainer::Impl::evaluate(int64_t max_windows) {
   require_legal(phase_, TrainerPhase::kEvaluating, "evaluate");
-  FSDP_CHECK(data_->has_validation(), "Trainer::evaluate needs eval.val_data (--val-data PATH)");
+  FSDP_CHECK(data_->has_validation(), "Trainer::evaluate needs eval.val_data (EvalOptions::val_data PATH)");
   PhaseScope scope(phase_, TrainerPhase::kEvaluating, "evaluate");
   const int64_t completed = step_;
   trace::Span span("eval", "eval", -1, {}, completed);
@@ -58,9 +58,10 @@ EvalRecord Trainer::Impl::evaluate(int64_t max_windows) {
   if (!std::isfinite(rec.loss)) {  // the same value on every rank: all fail together
     const char* value = std::isnan(rec.loss) ? "NaN" : rec.loss > 0 ? "inf" : "-inf";
     FSDP_FAIL("the evaluation loss is ", value, " at step ", completed,
-              ": the weights or the --val-data produce NaN/inf",
+              ": the weights or the EvalOptions::val_data produce NaN/inf",
               eval_only_ ? "; check the weights being evaluated"
-                         : "; lower --lr or raise --warmup-steps, or clip harder with --clip-grad");
+                         : "; lower LrSchedule::lr or raise LrSchedule::warmup_steps, or clip harder with "
+                           "StepOptions::clip_grad");
   }
   rec.seconds = seconds_since(t0);
   say_(fmt::format("Eval Loss: {:.5f} (step {}, {} tokens, {:.2f} s)", rec.loss, completed, rec.targets,
@@ -220,7 +221,8 @@ void Trainer::Impl::check_unsharded_contract(int64_t step, const UnshardedMemory
   contract_broken_ = true;
   warn_(fmt::format("step {}: the engine held {} of unsharded buffers at once ({} parameters, {} gradients, {} in "
                     "reductions, {} accumulated), more than the plan's bound {}; the run goes on, but memory "
-                    "planning is wrong for this configuration — please report it with --print-config's output",
+                    "planning is wrong for this configuration — please report it with the run's effective "
+                    "configuration (LogOptions::config_text)",
                     step, format_bytes(unsharded.peak), format_bytes(unsharded.at_peak.params),
                     format_bytes(unsharded.at_peak.grads), format_bytes(unsharded.at_peak.reductions),
                     format_bytes(unsharded.at_peak.accumulated), format_bytes(unsharded_bound_)));

@@ -82,7 +82,7 @@ std::string tensorboard_scalar_event(double wall_time, int64_t step,
 TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t resumed_at) : dir_(dir) {
   std::error_code ec;
   std::filesystem::create_directories(dir, ec);
-  FSDP_CHECK(!ec && std::filesystem::is_directory(dir), "--tensorboard ", dir,
+  FSDP_CHECK(!ec && std::filesystem::is_directory(dir), "LogOptions::tensorboard_dir ", dir,
              ": cannot create the directory (", ec ? ec.message() : "not a directory", "); choose another");
   char host[256] = "localhost";
   gethostname(host, sizeof(host) - 1);
@@ -105,12 +105,12 @@ TensorBoardWriter::TensorBoardWriter(const std::string& dir, int64_t resumed_at)
   path_ = (std::filesystem::path(dir) / (prefix + std::to_string(seconds) + "." + host + "." + std::to_string(getpid())))
               .string();
   // A new file (O_EXCL): never over something already there (Note [Output targets]).
-  const int fd = open_output_fd(path_, "--tensorboard", StreamMode::kCreateNew);
+  const int fd = open_output_fd(path_, "LogOptions::tensorboard_dir", StreamMode::kCreateNew);
   file_ = ::fdopen(fd, "wb");
   if (file_ == nullptr) {
     const int e = errno;
     ::close(fd);
-    FSDP_FAIL("--tensorboard ", dir, ": cannot write ", path_, " (", std::strerror(e), ")");
+    FSDP_FAIL("LogOptions::tensorboard_dir ", dir, ": cannot write ", path_, " (", std::strerror(e), ")");
   }
   std::string version = event_header(now, 0);
   put_bytes(version, 3, "brain.Event:2");
@@ -142,7 +142,7 @@ void TensorBoardWriter::write_record(const std::string& event) {
   put_fixed(rec, masked_crc(event.data(), event.size()));
   errno = 0;
   if (std::fwrite(rec.data(), 1, rec.size(), file_) != rec.size() || std::fflush(file_) != 0) {
-    FSDP_FAIL("--tensorboard ", dir_, ": writing ", path_, " failed (",
+    FSDP_FAIL("LogOptions::tensorboard_dir ", dir_, ": writing ", path_, " failed (",
               errno != 0 ? std::strerror(errno) : "stream error", "); free space on its disk or choose another");
   }
 }

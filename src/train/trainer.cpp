@@ -55,7 +55,7 @@ Trainer::Impl::Impl(TrainOptions options, comm::Runtime runtime)
 
 void Trainer::Impl::build() {
   device_ = worker_device(device_name(o_.device), rt_.world.local_rank);
-  FSDP_CHECK(world_->device().type() == device_.type(), "--device ", device_name(o_.device),
+  FSDP_CHECK(world_->device().type() == device_.type(), "TrainOptions::device ", device_name(o_.device),
              " but the world process group (", world_->backend(), ") runs on ", world_->device().str(),
              "; start the workers with the backend for ", device_name(o_.device), " (tcp for cpu, nccl for cuda)");
   set_current_device(device_);
@@ -96,7 +96,7 @@ void Trainer::Impl::build() {
   device_peak_flops_ = peak_flops(device_model(device_), engine_.mixed_precision.param_dtype);
   flops_per_token_ = cfg_->training_flops_per_token(o_.data.seq_len);
   if (o_.fsdp.sync_module_states) {
-    say_(fmt::format("--sync-module-states: rank 0's {} broadcast to {} rank{} before sharding",
+    say_(fmt::format("FsdpOptions::sync_module_states: rank 0's {} broadcast to {} rank{} before sharding",
                      o_.hf.init_from.empty() ? "initial parameters" : "weights from " + o_.hf.init_from, W_,
                      W_ == 1 ? "" : "s"));
   }
@@ -184,8 +184,9 @@ void Trainer::Impl::restore(const char* method) {
   const std::optional<int64_t> resumed = checkpointer_->resume(save_target(), data_->global_batch());
   start_step_ = resumed.value_or(0);
   restore_weights(resumed.has_value());
-  FSDP_CHECK(!eval_only_ || resumed || !o_.hf.init_from.empty(), "--eval-only --resume: there is no checkpoint "
-             "in ", o_.checkpoint.dir, " to evaluate; give --init-from DIR or a --checkpoint-dir that holds one");
+  FSDP_CHECK(!eval_only_ || resumed || !o_.hf.init_from.empty(), "Mode::kEvaluate CheckpointOptions::resume: there "
+             "is no checkpoint in ", o_.checkpoint.dir, " to evaluate; give HfOptions::init_from DIR or a "
+             "CheckpointOptions::dir that holds one");
   reporter_.open_records(start_step_, o_.checkpoint.resume);
   step_ = start_step_;
   checkpointer_->set_saved_at(resumed ? start_step_ : -1);
@@ -234,7 +235,7 @@ std::string Trainer::Impl::start_save() {
 
 std::string Trainer::Impl::save() {
   require_legal(phase_, TrainerPhase::kSaving, "save");
-  FSDP_CHECK(checkpointer_->enabled(), "Trainer::save needs checkpoint.dir (--checkpoint-dir DIR)");
+  FSDP_CHECK(checkpointer_->enabled(), "Trainer::save needs checkpoint.dir (CheckpointOptions::dir DIR)");
   const std::string path = start_save();
   FailsTrainer fails(phase_);
   checkpointer_->finish(save_target());
@@ -243,7 +244,7 @@ std::string Trainer::Impl::save() {
 
 void Trainer::Impl::export_hf() {
   require_legal(phase_, TrainerPhase::kExporting, "export_hf");
-  FSDP_CHECK(!o_.hf.export_dir.empty(), "Trainer::export_hf needs hf.export_dir (--export-hf DIR)");
+  FSDP_CHECK(!o_.hf.export_dir.empty(), "Trainer::export_hf needs hf.export_dir (HfOptions::export_dir DIR)");
   PhaseScope scope(phase_, TrainerPhase::kExporting, "export_hf");
   // Special token ids (Hugging Face): with --init-from, its config.json's
   // (cfg_ carries them, see resolve_model_config); otherwise the tokenizer the
@@ -297,7 +298,7 @@ TrainSummary Trainer::Impl::run() {
   const bool pauses = end < o_.step.max_steps;  // --stop-at-step before the schedule's end
   if (step_ >= end) {
     say_(fmt::format("the checkpoint is at step {}, {} is {}: nothing to train", step_,
-                     pauses ? "--stop-at-step" : "--max-steps", end));
+                     pauses ? "StepOptions::stop_at_step" : "StepOptions::max_steps", end));
   }
   begin_training();
   const auto run_start = Clock::now();
@@ -308,14 +309,15 @@ TrainSummary Trainer::Impl::run() {
   if (summary_.stop_reason != 0) {
     say_(fmt::format("stopped by {} after {} steps: {}", signal_name(summary_.stop_reason), summary_.end_step,
                      o_.checkpoint.dir.empty()
-                         ? "no --checkpoint-dir, so the training state was NOT saved"
-                         : fmt::format("checkpoint {} saved; continue with --resume --checkpoint-dir {}",
+                         ? "no CheckpointOptions::dir, so the training state was NOT saved"
+                         : fmt::format("checkpoint {} saved; continue with CheckpointOptions::resume "
+                                       "CheckpointOptions::dir {}",
                                        checkpoint::checkpoint_name(summary_.end_step), o_.checkpoint.dir)));
   } else if (pauses && step_ < o_.step.max_steps) {
     if (checkpointer_->saved_at() != step_) save();  // --stop-at-step: saved, not exported
-    say_(fmt::format("stopped after step {} (--stop-at-step {}, --max-steps {}): checkpoint {} saved; continue with "
-                     "--resume --checkpoint-dir {}", step_, o_.step.stop_at_step, o_.step.max_steps,
-                     checkpoint::checkpoint_name(step_), o_.checkpoint.dir));
+    say_(fmt::format("stopped after step {} (StepOptions::stop_at_step {}, StepOptions::max_steps {}): checkpoint {} "
+                     "saved; continue with CheckpointOptions::resume CheckpointOptions::dir {}", step_,
+                     o_.step.stop_at_step, o_.step.max_steps, checkpoint::checkpoint_name(step_), o_.checkpoint.dir));
   } else {
     if (checkpointer_->enabled() && checkpointer_->saved_at() != summary_.end_step) save();  // resumed at the end
     if (!o_.hf.export_dir.empty()) export_hf();

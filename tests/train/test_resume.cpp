@@ -312,7 +312,9 @@ TEST(Resume, AGlobalBatchKeptAcrossWorldSizes) {
     (void)train::at_world_size(bad, 4);
     ADD_FAILURE() << "--global-batch-size 6 at 4 ranks x 1 row was accepted";
   } catch (const UsageError& e) {
-    EXPECT_NE(std::string(e.what()).find("--global-batch-size 6 is not a multiple of --batch-size 1 x 4 ranks"),
+    // The library names its fields (fsdp-train says --global-batch-size and --batch-size).
+    EXPECT_NE(std::string(e.what()).find("StepOptions::global_batch_size 6 is not a multiple of "
+                                         "StepOptions::batch_size 1 x 4 ranks"),
               std::string::npos) << e.what();
   }
   bad = global(4, 10);

@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -18,6 +19,24 @@
 #include "fsdp/optim/lr_schedule.h"
 
 namespace fsdp::train {
+
+struct TrainOptions;
+class ModelConfig;  // fsdp/train/model_family.h
+
+// Note [Checks beside their structs]
+// Each part of the options checks itself, declared beside its struct: against
+// a context holding the whole run (a part's check may read another part where
+// the two must agree), the world size and, once resolved, the model.
+// validate_options is the list of those calls, made twice: first without the
+// model (the values and the files they name, so that a bad value is named
+// before any model file is read), then with it (what depends on the model).
+// A failed check throws UsageError naming the field (CheckpointOptions::dir),
+// the value and the fix; fsdp-train's users see the flag instead.
+struct CheckContext {
+  const TrainOptions& run;
+  int world_size = 0;                          // 0: not known yet
+  std::shared_ptr<const ModelConfig> model;  // null: the first pass
+};
 
 struct DataOptions {
   // Required: text, JSON lines (either possibly gzip-compressed), binary tokens;
@@ -39,6 +58,7 @@ struct DataOptions {
   bool shuffle = true;
   int64_t prefetch = 2;            // batches the background loader prepares ahead
 };
+void check(const DataOptions& o, const CheckContext& c);
 
 // Dynamic loss scaling (optim/grad_scaler.h).
 enum class LossScaling {
@@ -76,6 +96,7 @@ struct StepOptions {
   LossScaling loss_scaling = LossScaling::kAuto;
   double initial_loss_scale = 65536.0;  // > 0
 };
+void check(const StepOptions& o, const CheckContext& c);
 
 struct LogOptions {
   int64_t log_every = 10;
@@ -109,7 +130,12 @@ struct LogOptions {
   int metrics_port = -1;
   std::string metrics_host = "0.0.0.0";
   bool metrics_every_rank = false;
+  // How the log names options: each log line's text goes through this before
+  // it is printed (fsdp-train: the fields the library names, such as
+  // CheckpointOptions::dir, become its flags). Null: as the library writes it.
+  std::function<std::string(const std::string&)> user_terms;
 };
+void check(const LogOptions& o, const CheckContext& c);
 
 // Sharded checkpoints (checkpoint/sharded.h) in one directory that serves for
 // saving and resuming.
@@ -135,6 +161,7 @@ struct CheckpointOptions {
   std::string export_dcp;
   std::string export_checkpoint;
 };
+void check(const CheckpointOptions& o, const CheckContext& c);
 
 // Hugging Face interchange (checkpoint/hf.h).
 struct HfOptions {
@@ -145,6 +172,7 @@ struct HfOptions {
   // default 5GB); <= 0: one file.
   int64_t export_shard_bytes = 5'000'000'000;
 };
+void check(const HfOptions& o, const CheckContext& c);
 
 // LoRA fine-tuning (models/lora.h): adapters on the chosen projections, the
 // rest of the model frozen (no gradients, no optimizer state).
@@ -163,6 +191,7 @@ struct LoraOptions {
   bool enabled() const { return rank != 0; }
   double effective_alpha() const { return alpha > 0 ? alpha : 2.0 * static_cast<double>(rank); }
 };
+void check(const LoraOptions& o, const CheckContext& c);
 
 // Evaluation on held-out data: consecutive windows from its start
 // (data::EvalWindows), the exact mean next-token loss over every target.
@@ -171,6 +200,7 @@ struct EvalOptions {
   int64_t every = 0;        // evaluate after every N completed steps (and after the last)
   int64_t max_windows = 0;  // periodic evaluation: only the first N windows (0: all)
 };
+void check(const EvalOptions& o, const CheckContext& c);
 
 // What a run does.
 enum class Mode {
@@ -226,6 +256,9 @@ struct TrainOptions {
   // checkpoint.dir is set. Null: never stop early.
   std::function<int()> stop_requested;
 };
+// The optimizer's parts of the run (adamw, schedule, param_groups), as the
+// trainer's AdamW and schedule take them.
+void check_optimizer(const CheckContext& c);
 
 // Cheap checks that need no process group (flags, files exist, the model
 // resolves, shapes fit): run before launching workers so bad input fails
@@ -241,8 +274,6 @@ void validate_options(const TrainOptions& options, int world_size = 0);
 // divide, or when an explicit grad_accum disagrees). The Trainer applies it to
 // the options it is given; validate_options and check_memory check through it.
 TrainOptions at_world_size(TrainOptions options, int world_size);
-
-class ModelConfig;  // fsdp/train/model_family.h
 
 // The engine's options for a model of `cfg` (its units and block; null: the
 // checks alone, which do not depend on them): the trainer's sharding choices
