@@ -332,6 +332,10 @@ std::vector<OptionRow> memory_rows() {
       {"--cpu-offload", g,
        "Parameter and gradient shards and optimizer state in host memory; the optimizer steps there",
        BIND(o.fsdp.cpu_offload), {}, 0, kUses},
+      {"!--no-pin-memory", g,
+       "With --cpu-offload on CUDA: keep the host shards in pageable memory instead of page-locked (FSDP2's "
+       "CPUOffloadPolicy(pin_memory=False)): no pinned memory held, but each copy to and from the device blocks",
+       BIND(o.fsdp.pin_memory)},
       {"--backward-prefetch", g,
        "pre (gather the next unit before computing this one's gradients) | post (after) | none",
        WORDS(o.fsdp.backward_prefetch, parse_backward_prefetch, to_string), {"pre", "post", "none"}, kD, kUses},

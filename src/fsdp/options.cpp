@@ -1,6 +1,8 @@
 // FsdpOptions: names of the choices and the checks fully_shard makes. The
 // messages name the options as this library spells them (FsdpOptions::wrap,
 // ...); a program maps them to its own flags (fsdp-train: apps/option_names.h).
+#include <algorithm>
+
 #include "fsdp/common/error.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/plan.h"
@@ -184,6 +186,10 @@ void check_options(const FsdpOptions& o, int world_size) {
              "the master (shard) dtype must be float32 or bfloat16 (pure bf16 training); got ", mp.master_dtype);
   FSDP_CHECK(!o.cpu_offload || o.device.is_cpu() || o.device.is_cuda(), "CPU offload needs a CPU or CUDA device, got ",
              o.device);
+  const bool offloads = o.cpu_offload || std::any_of(o.unit_overrides.begin(), o.unit_overrides.end(),
+                                                     [](const UnitOverride& u) { return u.options.cpu_offload == true; });
+  FSDP_CHECK(o.pin_memory || offloads, "FsdpOptions::pin_memory chooses the host memory of offloaded shards "
+             "(page-locked or not), and nothing is offloaded: set FsdpOptions::cpu_offload as well");
   FSDP_CHECK(!o.offload_checkpoint_inputs || o.checkpoint_all_units || !o.checkpoint_types.empty(),
              "FsdpOptions::offload_checkpoint_inputs needs activation checkpointing (FsdpOptions::checkpoint_types)");
   const CommCompression& c = o.compression;

@@ -240,6 +240,19 @@ TEST(OptionTable, AcPolicyChoosesWhatCheckpointingRecomputes) {
             "--activation-checkpointing");
 }
 
+// An option added as one row (docs/training.md, "Adding an option"): the
+// engine's own field, so its use is the engine's, and its check the engine's.
+TEST(OptionTable, NoPinMemoryIsFsdp2sCpuOffloadPolicyPinMemory) {
+  EXPECT_TRUE(parse({"--cpu-offload"}).o.fsdp.pin_memory);
+  const train::TrainOptions o = parse({"--cpu-offload", "--no-pin-memory"}).o;
+  EXPECT_FALSE(o.fsdp.pin_memory);
+  EXPECT_FALSE(train::engine_options(o, nullptr, 2).pin_memory);  // what fully_shard gets
+  const train::TrainOptions alone = parse({"--no-pin-memory"}).o;
+  EXPECT_EQ(usage_error_of([&] { with_flag_names([&] { return train::engine_options(alone, nullptr, 2), 0; }); }),
+            "--no-pin-memory chooses the host memory of offloaded shards (page-locked or not), and nothing is "
+            "offloaded: set --cpu-offload as well");
+}
+
 // --lr-scale REGEX=FACTOR (repeatable): the last '=' splits, so a pattern may hold one.
 TEST(OptionTable, LrScalesParseAndRefuseBadValues) {
   EXPECT_EQ(optim::parse_lr_scale("lora_B=4"), (std::pair<std::string, double>{"lora_B", 4.0}));
