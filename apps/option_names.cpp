@@ -19,6 +19,7 @@ const std::pair<const char*, const char*> kOtherNames[] = {
     // fsdp-inspect's own flags, which the plan's function names by its parameters.
     {"plan_sharding: world_size", "--world-size"},
     {"plan_sharding: rank", "--rank"},
+    {"cluster_preset: name", "--cluster"},
 };
 
 // Library name -> flag: each row's field and other names (OptionRow::also),
@@ -56,6 +57,8 @@ int with_flag_names(const std::function<int()>& body) {
     return body();
   } catch (const UsageError& e) {
     throw UsageError(in_flag_terms(e.what()));
+  } catch (const Failure& e) {  // a run's failure names options too (a timeout, the rendezvous)
+    throw Failure(in_flag_terms(e.what()));
   }
 }
 
