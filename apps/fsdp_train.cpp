@@ -243,6 +243,9 @@ void apply_parsed(const CLI::App& app, const std::string& mode, fsdp::cli::Train
   } else if (const char* env = std::getenv("FSDP_TIMEOUT"); env != nullptr && *env != '\0') {
     init.timeout = init.store_timeout = fsdp::comm::parse_timeout(env, "FSDP_TIMEOUT");
   }
+  // Named in the join's errors and in its note on stderr while it waits, which no
+  // in_flag_terms sees: the program's own words.
+  init.timeout_source = "--timeout or FSDP_TIMEOUT";
 }
 
 // The launcher's own flags, checked by the process the user started.

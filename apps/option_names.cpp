@@ -21,6 +21,7 @@ const std::pair<const char*, const char*> kOtherNames[] = {
     // fsdp-inspect's own flags, which the plan's function names by its parameters.
     {"plan_sharding: world_size", "--world-size"},
     {"plan_sharding: rank", "--rank"},
+    {"cluster_preset: name", "--cluster"},
 };
 
 // Library name -> flag: each row's field and other names (OptionRow::also),

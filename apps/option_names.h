@@ -18,8 +18,8 @@ namespace fsdp::cli {
 // longer name the table does not hold.
 std::string in_flag_terms(const std::string& message);
 
-// Runs `body`; a UsageError or Failure it throws is thrown again, of its type,
-// in flag terms.
+// Runs `body`; a UsageError or Failure it throws is thrown again in flag terms
+// (as the same of the two: the exit code follows it).
 int with_flag_names(const std::function<int()>& body);
 
 }  // namespace fsdp::cli

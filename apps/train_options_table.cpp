@@ -124,6 +124,7 @@ std::string lr_scale_words(const std::vector<std::pair<std::string, double>>& v)
 
 constexpr unsigned kD = kShowDefault;
 constexpr Inspect kUses = Inspect::kUses;
+constexpr Inspect kIgnores = Inspect::kIgnores;
 
 // The model, the data and the optimizer.
 std::vector<OptionRow> data_rows() {
@@ -140,28 +141,37 @@ std::vector<OptionRow> data_rows() {
        BIND(o.data.path), {}, kD},
       {"--data-format", "", "auto | text | jsonl | bin (auto: by extension and content)",
        WORDS(o.data.format, data::parse_data_format, data::to_string),
-       {"auto", "text", "jsonl", "bin"}, kD},
-      {"--text-field", "", "JSON-lines field holding each document", BIND(o.data.text_field), {}, kD},
+       {"auto", "text", "jsonl", "bin"}, kD, kIgnores, {"DatasetOptions::format"}},
+      {"--text-field", "", "JSON-lines field holding each document", BIND(o.data.text_field), {}, kD, kIgnores,
+       {"DatasetOptions::text_field"}},
       {"--input-field", "", "Encoder-decoder models (t5): the JSON-lines field holding each example's input",
-       BIND(o.data.input_field), {}, kD},
+       BIND(o.data.input_field), {}, kD, kIgnores,
+       {"PairOptions::input_field"}},
       {"--target-field", "", "Encoder-decoder models (t5): the JSON-lines field holding each example's target",
-       BIND(o.data.target_field), {}, kD},
+       BIND(o.data.target_field), {}, kD, kIgnores,
+       {"PairOptions::target_field"}},
       {"--target-len", "",
        "Encoder-decoder models (t5): target tokens per example, the decoder's width (0: --seq-len, "
        "which is then the encoder's)",
-       BIND(o.data.target_len), {}, kD},
+       BIND(o.data.target_len), {}, kD, kIgnores,
+       {"PairOptions::target_len"}},
       {"--token-dtype", "", "Width of token ids in binary data: u16 | u32",
        WORDS(o.data.token_dtype, data::parse_token_dtype, data::to_string),
-       {"u16", "u32", "uint16", "uint32"}, kD},
+       {"u16", "u32", "uint16", "uint32"}, kD, kIgnores,
+       {"DatasetOptions::token_dtype"}},
       {"--tokenizer", "",
        "Tokenizer for text data: byte, a Hugging Face tokenizer.json (Llama 3, Qwen2/2.5/3, SmolLM2, "
        "Llama 2, Mistral, TinyLlama), a SentencePiece .model, a tiktoken BPE file (Llama 3), or a model "
        "directory holding tokenizer.json or tokenizer.model",
-       BIND(o.data.tokenizer), {}, kD},
-      {"--seq-len", "", "Tokens per sample (T)", BIND(o.data.seq_len), {}, kD, kUses},
-      {"--batch-size", "", "Samples per rank per micro-batch (B)", BIND(o.step.batch_size), {}, kD, kUses},
+       BIND(o.data.tokenizer), {}, kD, kIgnores,
+       {"load_dataset: tokenizer"}},
+      {"--seq-len", "", "Tokens per sample (T)", BIND(o.data.seq_len), {}, kD, kUses,
+       {"SamplerOptions::seq_len", "PairOptions::input_len", "StepWorkload::seq_len"}},
+      {"--batch-size", "", "Samples per rank per micro-batch (B)", BIND(o.step.batch_size), {}, kD, kUses,
+       {"StepWorkload::batch_size"}},
       {"--grad-accum", "", "Micro-batches per optimizer step; gradients are synchronized on the last one only",
-       BIND(o.step.grad_accum), {}, kD, kUses},
+       BIND(o.step.grad_accum), {}, kD, kUses,
+       {"StepWorkload::grad_accum"}},
       {"--global-batch-size", "",
        "Rows per optimizer step at any world size (0: --batch-size x --grad-accum x ranks): --grad-accum "
        "becomes this / (--batch-size x ranks), so a job resumed with fewer or more nodes reads the same "
@@ -190,14 +200,17 @@ std::vector<OptionRow> data_rows() {
       {"--freeze", "",
        "Freeze the parameters whose name this regex finds (e.g. 'embed_tokens|layers\\.[0-3]\\.'): "
        "no gradients, no reductions, no optimizer state",
-       BIND(o.freeze), {}, 0, kUses},
+       BIND(o.freeze), {}, 0, kUses,
+       {"freeze_matching: pattern"}},
       {"--beta1", "", "AdamW beta1", BIND(o.adamw.beta1), {}, kD},
       {"--beta2", "", "AdamW beta2", BIND(o.adamw.beta2), {}, kD},
-      {"--clip-grad", "", "Clip the global gradient norm to this (0: off)", BIND(o.step.clip_grad), {}, kD},
+      {"--clip-grad", "", "Clip the global gradient norm to this (0: off)", BIND(o.step.clip_grad), {}, kD, kIgnores,
+       {"clip_grad_norm: max_norm"}},
       {"--max-steps", "",
        "Optimizer steps; the cosine decay ends here. (0 with --resume: deprecated spelling of "
        "'fsdp-train convert')",
-       BIND(o.step.max_steps), {}, kD},
+       BIND(o.step.max_steps), {}, kD, kIgnores,
+       {"LrSchedule::max_steps"}},
       {"--stop-at-step", "",
        "Stop once N steps are done, save a checkpoint and exit 0 without exporting; the schedule still "
        "ends at --max-steps, so --resume continues the same run (0: train to --max-steps)",
@@ -254,24 +267,33 @@ std::vector<OptionRow> run_rows() {
       {"--profile-file", "", "Where --profile-steps writes its trace (JSON)", BIND(o.log.profile_file), {}, kD},
       {"--nproc-per-node", "",
        "Start N local worker processes and supervise them (ignored under torchrun/srun/PyTorchJob)",
-       BIND(run.nproc), {}, kD, kUses},
+       BIND(run.nproc), {}, kD, kUses,
+       {"LaunchOptions::nproc", "start_job: nproc_per_node", "ClusterSpec::procs_per_node"}},
       {"--nnodes", "",
        "Nodes of the job when fsdp-train launches them itself: run it once per node with the same flags "
        "and --node-rank 0..N-1; node 0 hosts the store at --master-addr:--master-port",
-       BIND(run.nnodes), {}, kD, kUses},
-      {"--node-rank", "", "This node's rank in [0, --nnodes)", BIND(run.node_rank), {}, kD},
-      {"--master-addr", "", "Node 0's address as the other nodes reach it (--nnodes > 1)", BIND(run.master_addr)},
-      {"--master-port", "", "The store's port on node 0 (--nnodes > 1)", BIND(run.master_port), {}, kD},
+       BIND(run.nnodes), {}, kD, kUses,
+       {"LaunchOptions::nnodes"}},
+      {"--node-rank", "", "This node's rank in [0, --nnodes)", BIND(run.node_rank), {}, kD, kIgnores,
+       {"LaunchOptions::node_rank"}},
+      {"--master-addr", "", "Node 0's address as the other nodes reach it (--nnodes > 1)", BIND(run.master_addr),
+       {}, 0, kIgnores,
+       {"LaunchOptions::master_addr"}},
+      {"--master-port", "", "The store's port on node 0 (--nnodes > 1)", BIND(run.master_port), {}, kD, kIgnores,
+       {"LaunchOptions::master_port"}},
       {"--timeout", "",
        "Seconds to wait for other ranks: each collective, and joining the job (default: 600 for "
        "collectives, 300 for joining; env FSDP_TIMEOUT). A rank that does not arrive in time "
        "(suspended, hung, dead, never started) is named and the job fails",
-       BIND(run.timeout)},
+       BIND(run.timeout), {}, 0, kIgnores,
+       {"InitOptions::timeout", "InitOptions::store_timeout", "LaunchOptions::join_timeout"}},
       {"--backend", "",
        "Process group: tcp (ours, the CPU's default) | gloo (PyTorch's ProcessGroupGloo) | nccl (ours, CUDA's "
        "default) | c10d-nccl (PyTorch's ProcessGroupNCCL) | auto",
-       BIND(run.backend), {"auto", "tcp", "gloo", "nccl", "c10d-nccl"}, kD},
-      {"--device", "", "cpu | cuda", WORDS(o.device, parse_device, device_word), {"cpu", "cuda"}, kD, kUses},
+       BIND(run.backend), {"auto", "tcp", "gloo", "nccl", "c10d-nccl"}, kD, kIgnores,
+       {"InitOptions::backend"}},
+      {"--device", "", "cpu | cuda", WORDS(o.device, parse_device, device_word), {"cpu", "cuda"}, kD, kUses,
+       {"worker_device: kind", "start_job: device"}},
       {"--sharding", "",
        "full (FULL_SHARD) | grad-op (SHARD_GRAD_OP) | none (NO_SHARD, DDP) | hybrid (HYBRID_SHARD)",
        WORDS(o.fsdp.strategy, parse_sharding_strategy, to_string), {}, kD, kUses},
@@ -357,7 +379,9 @@ std::vector<OptionRow> checkpoint_rows() {
       {"--checkpoint-dir", g,
        "Directory for sharded checkpoints (step_NNNNNNNN/, one file per shard + manifest.json); saving "
        "and --resume use the same one. Every rank must see it (a shared file system on several nodes)",
-       BIND(o.checkpoint.dir)},
+       BIND(o.checkpoint.dir), {}, 0, kIgnores,
+       {"open_checkpoint_dir: dir", "check_checkpoint_dir: dir", "save_checkpoint: dir",
+        "load_latest_checkpoint: dir"}},
       {"--checkpoint-every", g,
        "Save a checkpoint every N steps (0: only at the end and when stopped by SIGTERM/SIGINT)",
        BIND(o.checkpoint.every), {}, kD},
@@ -378,7 +402,8 @@ std::vector<OptionRow> checkpoint_rows() {
       {"--checkpoint-staging-limit", g,
        "With --async-checkpoint: the most host memory one rank stages for a save (16GiB, 500MB, "
        "bytes); a larger state is saved synchronously, as the log says",
-       WORDS(o.checkpoint.staging_limit, parse_staging_limit, format_byte_size), {}, kD},
+       WORDS(o.checkpoint.staging_limit, parse_staging_limit, format_byte_size), {}, kD, kIgnores,
+       {"AsyncSaveOptions::staging_limit"}},
       {"--checkpoint-format", g,
        "sharded (ours: one file per shard) | dcp (each step_N a PyTorch distributed checkpoint that "
        "torch.distributed.checkpoint.load reads; docs/checkpoints.md)",
@@ -387,7 +412,8 @@ std::vector<OptionRow> checkpoint_rows() {
        "Keys of a DCP checkpoint written: torch (FSDP2 with get_state_dict: model.<HF name>, "
        "optimizer.state.<name>.exp_avg) | torchtitan (its Llama names and q/k row order); reading "
        "tells them apart by itself",
-       BIND(o.checkpoint.dcp_layout), {"torch", "torchtitan"}, kD},
+       BIND(o.checkpoint.dcp_layout), {"torch", "torchtitan"}, kD, kIgnores,
+       {"DcpLoadOptions::names"}},
       {"--export-dcp", g,
        "fsdp-train convert: write the checkpoint as a PyTorch distributed checkpoint into this new "
        "directory (--dcp-layout, --dcp-format; with its optimizer state when it has one)",
@@ -409,40 +435,49 @@ std::vector<OptionRow> hf_lora_eval_rows() {
        "Start from a Hugging Face Llama/Mistral/Qwen2/Qwen3 directory (config.json + model.safetensors or "
        "model.safetensors.index.json); its config.json is the model unless --model is given. Ignored "
        "when --resume finds a checkpoint",
-       BIND(o.hf.init_from), {}, 0, kUses},
+       BIND(o.hf.init_from), {}, 0, kUses,
+       {"find_hf_weights: dir", "import_hf: dir", "DcpLoadOptions::load_optimizer = false"}},
       {"--export-hf", hf,
        "At the end, write the weights as Hugging Face safetensors + config.json (transformers 5's form; "
        "bos/eos ids from --init-from's config, else from the tokenizer) into this directory (replaced "
        "atomically; it must be new, empty or a previous export), with --init-from's tokenizer and "
        "generation_config.json files copied as they are",
-       BIND(o.hf.export_dir)},
+       BIND(o.hf.export_dir), {}, 0, kIgnores,
+       {"export_hf: dir", "export_peft_adapter: dir"}},
       {"--export-dtype", hf, "Exported weight dtype: float32 (exact) | bfloat16 | float16",
        WORDS(o.hf.export_dtype, checkpoint::parse_export_dtype, checkpoint::hf_dtype_name),
-       {"float32", "bfloat16", "float16", "fp32", "bf16", "fp16"}, kD},
+       {"float32", "bfloat16", "float16", "fp32", "bf16", "fp16"}, kD, kIgnores,
+       {"HfExportOptions::dtype"}},
       {"--export-shard-size", hf,
        "Split exported weights into files of at most this size, with model.safetensors.index.json "
        "(5GB, 500MB, 2GiB, bytes; 0: one file)",
        WORDS(o.hf.export_shard_bytes, parse_shard_bytes, format_byte_size), {}, kD},
       {"--lora-rank", lora, "Train LoRA adapters of this rank on --lora-targets, every other parameter frozen (0: off)",
-       BIND(o.lora.rank), {}, kD, kUses},
+       BIND(o.lora.rank), {}, kD, kUses,
+       {"LoraConfig::rank"}},
       {"--lora-alpha", lora,
        "Adapter scale alpha: outputs are scaled by alpha / rank (default 2 x rank: a scale of 2)",
-       BIND(o.lora.alpha)},
-      {"--lora-dropout", lora, "Dropout on the adapters' input while training, in [0, 1)", BIND(o.lora.dropout), {},
-       kD},
+       BIND(o.lora.alpha), {}, 0, kIgnores,
+       {"LoraConfig::alpha"}},
+      {"--lora-dropout", lora, "Dropout on the adapters' input while training, in [0, 1)", BIND(o.lora.dropout),
+       {}, kD, kIgnores,
+       {"LoraConfig::dropout"}},
       {"--lora-targets", lora,
        "Comma-separated names of the Linear layers that get adapters (q_proj, k_proj, v_proj, o_proj, "
        "gate_proj, up_proj, down_proj; Mixtral experts w1, w2, w3)",
-       WORDS(o.lora.targets, models::parse_lora_targets, comma_words), {}, kD, kUses},
+       WORDS(o.lora.targets, models::parse_lora_targets, comma_words), {}, kD, kUses,
+       {"LoraConfig::targets"}},
       {"--merge-lora", lora,
        "--export-hf writes the merged model (W + B A alpha / rank), a plain Hugging Face model, instead "
        "of the PEFT adapter directory (adapter_config.json + adapter_model.safetensors, for "
        "PeftModel.from_pretrained)",
-       BIND(o.lora.merge)},
+       BIND(o.lora.merge), {}, 0, kIgnores,
+       {"HfExportOptions::lora_scaling"}},
       {"--init-adapter", lora,
        "Start the adapters from a PEFT adapter directory of the same rank and targets (ignored when "
        "--resume finds a checkpoint)",
-       BIND(o.lora.init_adapter)},
+       BIND(o.lora.init_adapter), {}, 0, kIgnores,
+       {"import_peft_adapter: dir", "read_peft_adapter_config: dir", "check_adapter_alpha: dir"}},
       {"--val-data", ev,
        "Validation data (same formats, --data-format, --text-field and --tokenizer as --data); "
        "'embedded': the validation split beside the embedded corpus",

@@ -88,8 +88,9 @@ struct OptionRow {
   unsigned traits = 0;
   Inspect inspect = Inspect::kIgnores;
   // Other names the library gives this option where a function takes it
-  // outside TrainOptions ("LoraConfig::rank" for --lora-rank; a launcher's
-  // field for a RunFlags row): in_flag_terms maps them to the flag too.
+  // outside TrainOptions: a struct's field ("LoraConfig::rank" for --lora-rank;
+  // a launcher's for a RunFlags row) or a function's parameter
+  // ("freeze_matching: pattern" for --freeze). in_flag_terms maps them to the flag too.
   std::vector<std::string> also;
 
   std::string name() const { return flag[0] == '!' ? flag.substr(1) : flag; }  // "--no-shuffle"

@@ -100,7 +100,7 @@ AsyncStart AsyncCheckpointer::start(const std::string& dir, int64_t step, Sharde
   const int64_t reusable = pool_->staging.bytes();
   const HostMemory host = host_memory();
   if (out.state_bytes > options_.staging_limit) {
-    out.not_staged = fmt::format("{} to save on this rank exceeds the staging limit {} (--checkpoint-staging-limit)",
+    out.not_staged = fmt::format("{} to save on this rank exceeds the staging limit {} (AsyncSaveOptions::staging_limit)",
                                  format_bytes(out.state_bytes), format_bytes(options_.staging_limit));
   } else if (host.available >= 0 && out.state_bytes - reusable > host.available / 2) {
     out.not_staged = fmt::format("staging {} more would take over half of the host memory available ({}, {})",

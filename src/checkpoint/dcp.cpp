@@ -1072,9 +1072,9 @@ DcpLoadResult load_dcp(const std::string& dir, ShardedModel& model, const std::v
       if (it == c.tensors.end()) {
         FSDP_CHECK(!p.is_param, "DCP checkpoint ", dir, " has no tensor '", p.key, "' for parameter '", p.ours,
                    "' (it holds ", c.tensors.size(), " tensors, e.g. '", example, "'): another model, or another "
-                   "layout (--dcp-layout torch or torchtitan)");
+                   "layout (DcpLoadOptions::names for torch's or torchtitan's keys)");
         FSDP_CHECK(!p.required, "DCP checkpoint ", dir, " holds no optimizer state '", p.key, "', so it cannot "
-                   "resume training; load its weights with --init-from instead");
+                   "resume training; load its weights with DcpLoadOptions::load_optimizer = false instead");
         continue;
       }
       const SavedTensor& t = it->second;

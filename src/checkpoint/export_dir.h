@@ -17,7 +17,7 @@
 namespace fsdp::checkpoint::detail {
 
 struct ExportSpec {
-  std::string flag;  // the option that names DIR, in messages ("--export-hf")
+  std::string flag;  // what names DIR in messages ("export_hf: dir")
   std::string what;  // what is exported, in the failure message ("Hugging Face weights")
   at::ScalarType dtype = at::kFloat;
   int64_t max_shard_bytes = 0;  // <= 0: one file, single_name

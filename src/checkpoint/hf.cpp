@@ -47,7 +47,7 @@ at::ScalarType parse_export_dtype(const std::string& s) {
   if (s == "float32" || s == "fp32" || s == "f32") return at::kFloat;
   if (s == "bfloat16" || s == "bf16") return at::kBFloat16;
   if (s == "float16" || s == "fp16" || s == "f16") return at::kHalf;
-  FSDP_CHECK(false, "--export-dtype '", s, "' is not one of: float32, bfloat16, float16");
+  FSDP_CHECK(false, "HfExportOptions::dtype '", s, "' is not one of: float32, bfloat16, float16");
   return at::kFloat;
 }
 
@@ -298,7 +298,7 @@ std::map<std::string, at::Tensor> gather_lora(ShardedModel& model) {
 HfExportResult export_hf(const std::string& dir, ShardedModel& model, const HfModelInfo& info,
                          comm::ProcessGroup& group, const HfExportOptions& options) {
   detail::ExportSpec spec;
-  spec.flag = "--export-hf";
+  spec.flag = "export_hf: dir";
   spec.what = "Hugging Face weights";
   spec.dtype = options.dtype;
   spec.max_shard_bytes = options.max_shard_bytes;
@@ -307,8 +307,8 @@ HfExportResult export_hf(const std::string& dir, ShardedModel& model, const HfMo
   spec.progress = options.progress;
   const std::map<std::string, at::Tensor> lora = gather_lora(model);
   FSDP_CHECK(lora.empty() || options.lora_scaling > 0, "the model has ", lora.size() / 2, " LoRA adapters (",
-             lora.begin()->first, ", ...): a Hugging Face model directory holds them merged (--merge-lora), or "
-             "export them as a PEFT adapter (checkpoint/peft.h)");
+             lora.begin()->first, ", ...): a Hugging Face model directory holds them merged "
+             "(HfExportOptions::lora_scaling: alpha / rank), or export them as a PEFT adapter (checkpoint/peft.h)");
   spec.tensor_name = [](const std::string& name) { return models::is_lora_parameter(name) ? std::string() : name; };
   if (!lora.empty()) {
     const double scaling = options.lora_scaling;
@@ -339,8 +339,8 @@ HfWeights find_hf_weights(const std::string& dir) {
   HfWeights w;
   const fs::path d(dir);
   std::error_code ec;
-  FSDP_CHECK(fs::is_directory(d, ec), "--init-from ", dir, " is not a directory; give a Hugging Face model directory "
-             "(config.json and *.safetensors)");
+  FSDP_CHECK(fs::is_directory(d, ec), "find_hf_weights: dir ", dir, " is not a directory; give a Hugging Face model "
+             "directory (config.json and *.safetensors)");
   if (fs::exists(d / kIndexName, ec)) {
     const std::string path = (d / kIndexName).string();
     std::string why;
@@ -372,7 +372,7 @@ HfWeights find_hf_weights(const std::string& dir) {
   for (const auto& e : fs::directory_iterator(d, ec)) {
     if (e.path().extension() == ".safetensors") found.push_back(e.path().string());
   }
-  FSDP_CHECK(found.size() == 1, "--init-from ", dir, ": found ", found.size(), " *.safetensors files and no ",
+  FSDP_CHECK(found.size() == 1, "find_hf_weights: dir ", dir, ": found ", found.size(), " *.safetensors files and no ",
              kIndexName, "; expected ", kSingleName, " or an index (a Hugging Face model directory; PyTorch .bin "
              "checkpoints are not supported — convert them with transformers' save_pretrained(safe_serialization=True))");
   w.files = found;
@@ -408,10 +408,10 @@ OpenedHfWeights open_hf_weights(const std::string& dir, const std::vector<std::p
   for (const auto& [name, shape] : wanted) {
     names.insert(name);
     auto it = w.where.find(name);
-    FSDP_CHECK(it != w.where.end(), "--init-from ", dir, ": tensor '", name, "' ", shape_str(shape),
+    FSDP_CHECK(it != w.where.end(), "import_hf: dir ", dir, ": tensor '", name, "' ", shape_str(shape),
                " is missing from the checkpoint", name == "lm_head.weight" ? " (the checkpoint's model may tie "
                "its embeddings: set tie_word_embeddings in config.json)" : "");
-    FSDP_CHECK(it->second.second->shape == shape, "--init-from ", dir, ": tensor '", name, "' has shape ",
+    FSDP_CHECK(it->second.second->shape == shape, "import_hf: dir ", dir, ": tensor '", name, "' has shape ",
                shape_str(it->second.second->shape), " in ", it->second.first->path(), " but ", shape_str(shape),
                " in the model; use the config.json that belongs to the weights");
   }
@@ -427,7 +427,8 @@ OpenedHfWeights open_hf_weights(const std::string& dir, const std::vector<std::p
   if (!unexpected.empty()) {
     std::string list;
     for (size_t i = 0; i < std::min<size_t>(unexpected.size(), 5); ++i) list += (i ? ", " : "") + unexpected[i];
-    FSDP_CHECK(false, "--init-from ", dir, ": ", unexpected.size(), " tensors are not parameters of a ", info.model_type,
+    FSDP_CHECK(false, "import_hf: dir ", dir, ": ", unexpected.size(), " tensors are not parameters of a ",
+               info.model_type,
                " model with this config (", list, unexpected.size() > 5 ? ", ..." : "",
                "); the checkpoint is of another architecture");
   }

@@ -24,17 +24,17 @@ void check_compatible(const Manifest& m, const std::vector<UnitInfo>& units, con
       auto it = m.params.find(p.name);
       FSDP_CHECK(it != m.params.end(), "checkpoint ", name, " holds a different model: it has no parameter '", p.name,
                  "' ", shape_str(p.shape), "; resume with the model it was saved with (its config is in ", name, "/",
-                 kManifest, ") or use another --checkpoint-dir");
+                 kManifest, ") or use another load_latest_checkpoint: dir");
       FSDP_CHECK(it->second.shape == p.shape, "checkpoint ", name, " holds a different model: parameter '", p.name,
                  "' has shape ", shape_str(it->second.shape), " there but ", shape_str(p.shape),
                  " in this model; resume with the model it was saved with (its config is in ", name, "/", kManifest,
-                 ") or use another --checkpoint-dir");
+                 ") or use another load_latest_checkpoint: dir");
     }
   }
   for (const auto& [pname, sp] : m.params) {
     FSDP_CHECK(seen.count(pname) == 1, "checkpoint ", name, " holds a different model: its parameter '", pname, "' ",
                shape_str(sp.shape), " is not in this model; resume with the model it was saved with or use another "
-               "--checkpoint-dir");
+               "load_latest_checkpoint: dir");
   }
 }
 

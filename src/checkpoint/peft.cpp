@@ -40,23 +40,23 @@ std::unique_ptr<SafetensorsFile> open_adapter(const std::string& dir,
                                               const std::map<std::string, std::vector<int64_t>>& wanted) {
   const fs::path path = fs::path(dir) / kWeightsName;
   std::error_code ec;
-  FSDP_CHECK(fs::is_regular_file(path, ec), "--init-adapter ", dir, " has no ", kWeightsName,
+  FSDP_CHECK(fs::is_regular_file(path, ec), "import_peft_adapter: dir ", dir, " has no ", kWeightsName,
              " (a PEFT adapter directory, as PeftModel.save_pretrained writes it)");
-  FSDP_CHECK(!wanted.empty(), "--init-adapter ", dir, ": the model has no LoRA adapters to load it into; give the "
-             "adapter's --lora-rank and --lora-targets");
+  FSDP_CHECK(!wanted.empty(), "import_peft_adapter: dir ", dir, ": the model has no LoRA adapters to load it into; "
+             "give the adapter's LoraConfig::rank and LoraConfig::targets");
   auto file = std::make_unique<SafetensorsFile>(path.string());
   for (const auto& [name, shape] : wanted) {
     const SafetensorsEntry* e = file->find(kPeftPrefix + name);
-    FSDP_CHECK(e != nullptr, "--init-adapter ", dir, ": ", kWeightsName, " has no '", kPeftPrefix, name,
-               "'; the adapter was trained with other --lora-targets (see its ", kConfigName, ")");
-    FSDP_CHECK(e->shape == shape, "--init-adapter ", dir, ": '", e->name, "' has shape ", shape_text(e->shape),
-               " but ", shape_text(shape), " in the model; give the adapter's --lora-rank (its ", kConfigName,
-               " 'r')");
+    FSDP_CHECK(e != nullptr, "import_peft_adapter: dir ", dir, ": ", kWeightsName, " has no '", kPeftPrefix, name,
+               "'; the adapter was trained with other LoraConfig::targets (see its ", kConfigName, ")");
+    FSDP_CHECK(e->shape == shape, "import_peft_adapter: dir ", dir, ": '", e->name, "' has shape ",
+               shape_text(e->shape), " but ", shape_text(shape), " in the model; give the adapter's "
+               "LoraConfig::rank (its ", kConfigName, " 'r')");
   }
   for (const auto& e : file->entries()) {
     const bool ours = e.name.rfind(kPeftPrefix, 0) == 0 && wanted.count(e.name.substr(std::string(kPeftPrefix).size()));
-    FSDP_CHECK(ours, "--init-adapter ", dir, ": ", kWeightsName, " holds '", e.name, "', which is not a LoRA "
-               "adapter of this model (modules_to_save, another model or other --lora-targets)");
+    FSDP_CHECK(ours, "import_peft_adapter: dir ", dir, ": ", kWeightsName, " holds '", e.name, "', which is not a LoRA "
+               "adapter of this model (modules_to_save, another model or other LoraConfig::targets)");
   }
   return file;
 }
@@ -106,9 +106,9 @@ HfExportResult export_peft_adapter(const std::string& dir, ShardedModel& model, 
   for (const auto& u : model.units()) {
     for (const auto& p : u.params) any = any || models::is_lora_parameter(p.name);
   }
-  FSDP_CHECK(any, "the model has no LoRA adapters to export as a PEFT adapter (give --lora-rank N)");
+  FSDP_CHECK(any, "the model has no LoRA adapters to export as a PEFT adapter (give LoraConfig::rank N)");
   detail::ExportSpec spec;
-  spec.flag = "--export-hf";
+  spec.flag = "export_peft_adapter: dir";
   spec.what = "the LoRA adapter";
   spec.dtype = options.dtype;
   spec.max_shard_bytes = 0;  // peft writes one file
@@ -126,7 +126,7 @@ HfExportResult export_peft_adapter(const std::string& dir, ShardedModel& model, 
 models::LoraConfig read_peft_adapter_config(const std::string& dir) {
   const std::string path = (fs::path(dir) / kConfigName).string();
   std::error_code ec;
-  FSDP_CHECK(fs::is_regular_file(path, ec), "--init-adapter ", dir, " has no ", kConfigName,
+  FSDP_CHECK(fs::is_regular_file(path, ec), "read_peft_adapter_config: dir ", dir, " has no ", kConfigName,
              " (a PEFT adapter directory, as PeftModel.save_pretrained writes it)");
   std::string why;
   std::optional<nlohmann::json> parsed = parse_json_input(io::read_text_file(path), why);

@@ -202,12 +202,12 @@ void check_required_kinds(const Manifest& m, const std::vector<UnitInfo>& units,
       if (kind == "param") continue;  // check_compatible
       FSDP_CHECK(m.kinds.count(kind) == 1, "checkpoint ", name, " holds no ", kind, " state; it cannot resume "
                  "training with this optimizer (resume with the one it was saved with, or start a new run from its "
-                 "weights: --export-hf, then --init-from)");
+                 "weights, export_hf: dir then import_hf: dir)");
       for (const auto& p : units[u].params) {
         FSDP_CHECK(saved.count({m.params.at(p.name).unit, kind}) == 1, "checkpoint ", name,
                    " was saved with parameter '", p.name, "' frozen, so it holds no optimizer state for it, but this "
-                   "run trains it; resume with the --freeze and --lora-* flags it was saved with, or start a new run "
-                   "from its weights (--export-hf, then --init-from)");
+                   "run trains it; resume with the freeze_matching: pattern and LoraConfig::targets it was saved "
+                   "with, or start a new run from its weights (export_hf: dir, then import_hf: dir)");
       }
     }
   }

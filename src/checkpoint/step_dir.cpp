@@ -62,7 +62,7 @@ void check_checkpoint_name_free(const fs::path& final) {
   // A checkpoint linked in from elsewhere counts as one: a save replaces the link, never what it names.
   FSDP_CHECK(fs::is_directory(final, ec) && fs::exists(final / kManifest, ec), "cannot save ",
              final.string(), ": it exists and is not a checkpoint (no ", kManifest, "), and this program never "
-             "overwrites what it did not write; move it out of --checkpoint-dir ", final.parent_path().string(),
+             "overwrites what it did not write; move it out of save_checkpoint: dir ", final.parent_path().string(),
              " and resume");
 }
 
@@ -177,9 +177,9 @@ void check_checkpoint_dir(const std::string& dir) {
   if (!foreign.empty()) {
     std::string names;
     for (const auto& f : foreign) names += (names.empty() ? "" : ", ") + f;
-    FSDP_CHECK(false, "--checkpoint-dir ", dir, " holds ", names, ": named like a checkpoint but not one (a partial "
-               "copy, a checkpoint whose ", kManifest, " was lost, or other files). A save could need that name, "
-               "and this program never overwrites or deletes what it did not write: move ",
+    FSDP_CHECK(false, "check_checkpoint_dir: dir ", dir, " holds ", names, ": named like a checkpoint but not one (a "
+               "partial copy, a checkpoint whose ", kManifest, " was lost, or other files). A save could need that "
+               "name, and this program never overwrites or deletes what it did not write: move ",
                foreign.size() == 1 ? "it" : "them", " out of ", dir, " (or restore the ", kManifest, ") and run again");
   }
   for (const auto& p : stale_temporaries(dir)) check_removable(p.string());
@@ -203,8 +203,9 @@ CheckpointDirHold open_checkpoint_dir(const std::string& dir, comm::ProcessGroup
     try {
       std::error_code ec;
       fs::create_directories(dir, ec);
-      if (ec) FSDP_FAIL("cannot create --checkpoint-dir ", dir, ": ", ec.message());
-      hold.lock = std::make_unique<DirectoryLock>((fs::path(dir) / kLockFile).string(), "--checkpoint-dir " + dir);
+      if (ec) FSDP_FAIL("cannot create open_checkpoint_dir: dir ", dir, ": ", ec.message());
+      hold.lock = std::make_unique<DirectoryLock>((fs::path(dir) / kLockFile).string(),
+                                                  "open_checkpoint_dir: dir " + dir);
       check_checkpoint_dir(dir);
       hold.removed = remove_stale_temporaries(dir);
     } catch (const std::exception& e) {
@@ -212,7 +213,7 @@ CheckpointDirHold open_checkpoint_dir(const std::string& dir, comm::ProcessGroup
       hold.lock.reset();
     }
   }
-  agree(group, refused).raise_if_failed("opening --checkpoint-dir " + dir + " failed");
+  agree(group, refused).raise_if_failed("opening open_checkpoint_dir: dir " + dir + " failed");
   return hold;
 }
 

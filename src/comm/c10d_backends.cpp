@@ -39,7 +39,8 @@ ProcessGroupPtr group_of(const char* what, const char* prefix, const MakeBackend
     } catch (const std::exception& e) {
       FSDP_FAIL("connecting ", what, " for group '", group, "' (rank ", r, " of ", n, ") failed within ", t.count(),
                 " ms: ", first_line_of(e),
-                " — check that every rank started and can reach the others; --timeout (FSDP_TIMEOUT) sets this limit");
+                " — check that every rank started and can reach the others; InitOptions::timeout (FSDP_TIMEOUT) sets "
+                "this limit");
     }
   };
   o.store = store;

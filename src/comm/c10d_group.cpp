@@ -170,7 +170,7 @@ class C10dWork final : public Work, public std::enable_shared_from_this<C10dWork
       lock.unlock();
       const std::string error = detail::cat(what_, " did not complete within ", 2 * timeout_.count(),
                                             " ms and the backend reported nothing — see the other ranks' logs; "
-                                            "--timeout (FSDP_TIMEOUT) sets this limit");
+                                            "InitOptions::timeout (FSDP_TIMEOUT) sets this limit");
       health_->set(error);
       detail::throw_failure(error);
     }
@@ -220,8 +220,8 @@ class C10dWork final : public Work, public std::enable_shared_from_this<C10dWork
     std::string error;
     if (!backend_error.empty()) {
       error = detail::cat(what_, " failed: ", backend_error,
-                          " — a peer died, stopped or gave up (see the other ranks' logs); --timeout "
-                          "(FSDP_TIMEOUT) sets how long a collective waits");
+                          " — a peer died, stopped or gave up (see the other ranks' logs); "
+                          "InitOptions::timeout (FSDP_TIMEOUT) sets how long a collective waits");
     } else if (finish_) {
       try {
         finish_();

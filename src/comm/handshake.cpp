@@ -122,7 +122,8 @@ void check_hello(const Hello& mine, const Hello& theirs, const std::string& wher
   FSDP_CHECK(theirs.size == mine.size, where, ": ", peer, " has a world size of ", theirs.size,
              " but this rank has ", mine.size,
              " — every rank must be started with the same WORLD_SIZE (", mine.size, " vs ",
-             theirs.size, "); check the launcher's --nproc / --nnodes and the job's environment");
+             theirs.size, "); check the launcher's LaunchOptions::nproc / LaunchOptions::nnodes and the job's "
+                          "environment");
   FSDP_CHECK(theirs.group == mine.group && theirs.lane == mine.lane, where, ": ", peer,
              " belongs to group '", theirs.group, "' (", theirs.lane, " lane), not to group '",
              mine.group, "' (", mine.lane,

@@ -376,9 +376,10 @@ void check_master_addr_is_here(const std::string& addr) {
   hints.ai_socktype = SOCK_STREAM;
   addrinfo* found = nullptr;
   const int rc = getaddrinfo(addr.c_str(), nullptr, &hints, &found);
-  FSDP_CHECK(rc == 0, "--master-addr ", addr, " does not resolve here on node 0 (",
+  FSDP_CHECK(rc == 0, "LaunchOptions::master_addr ", addr, " does not resolve here on node 0 (",
              rc == EAI_SYSTEM ? std::strerror(errno) : gai_strerror(rc),
-             "): node 0 hosts the rendezvous at --master-addr — give node 0's own address as the other nodes reach it");
+             "): node 0 hosts the rendezvous at LaunchOptions::master_addr — give node 0's own address as the other "
+             "nodes reach it");
   std::unique_ptr<addrinfo, decltype(&freeaddrinfo)> addresses(found, &freeaddrinfo);
   std::string listed;
   for (const addrinfo* a = found; a != nullptr; a = a->ai_next) {
@@ -389,8 +390,8 @@ void check_master_addr_is_here(const std::string& addr) {
     const bool wildcard = a->ai_family == AF_INET6
                               ? IN6_IS_ADDR_UNSPECIFIED(&reinterpret_cast<const sockaddr_in6*>(a->ai_addr)->sin6_addr)
                               : reinterpret_cast<const sockaddr_in*>(a->ai_addr)->sin_addr.s_addr == htonl(INADDR_ANY);
-    FSDP_CHECK(!wildcard, "--master-addr ", addr, " is the wildcard address ", text, ", which no other node can "
-               "reach; give node 0's own address");
+    FSDP_CHECK(!wildcard, "LaunchOptions::master_addr ", addr, " is the wildcard address ", text, ", which no other "
+               "node can reach; give node 0's own address");
     listed += (listed.empty() ? "" : ", ") + std::string(text);
     const int fd = socket(a->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) continue;
@@ -398,9 +399,9 @@ void check_master_addr_is_here(const std::string& addr) {
     close(fd);
     if (here) return;
   }
-  FSDP_CHECK(false, "--master-addr ", addr, " (", listed, ") is not an address of this host, but this is node 0 "
-             "(--node-rank 0), which hosts the rendezvous there — give node 0's own address as the other nodes "
-             "reach it (hostname -I lists them), or check --node-rank");
+  FSDP_CHECK(false, "LaunchOptions::master_addr ", addr, " (", listed, ") is not an address of this host, but this is "
+             "node 0 (LaunchOptions::node_rank 0), which hosts the rendezvous there — give node 0's own address as "
+             "the other nodes reach it (hostname -I lists them), or check LaunchOptions::node_rank");
 }
 
 // The launcher of a node other than 0 joins first: it waits, until the
@@ -436,9 +437,11 @@ void wait_for_store(const LaunchOptions& o, Clock::time_point deadline) {
   }
   std::ostringstream seconds;
   seconds << static_cast<double>(o.join_timeout.count()) / 1000 << " s";
-  FSDP_FAIL("node ", o.node_rank, ": the rendezvous at --master-addr ", o.master_addr, " --master-port ", o.master_port,
-            " did not answer within ", seconds.str(), " (--timeout; ", why, "): node 0 (--node-rank 0) has not "
-            "started, has failed, or listens elsewhere — start it with the same --master-addr and --master-port");
+  FSDP_FAIL("node ", o.node_rank, ": the rendezvous at LaunchOptions::master_addr ", o.master_addr,
+            " LaunchOptions::master_port ", o.master_port, " did not answer within ", seconds.str(),
+            " (LaunchOptions::join_timeout; ", why, "): node 0 (LaunchOptions::node_rank 0) has not started, has "
+            "failed, or listens elsewhere — start it with the same LaunchOptions::master_addr and "
+            "LaunchOptions::master_port");
 }
 
 std::vector<std::string> worker_env(const LaunchOptions& o, int rank, int lws, const std::string& master_addr,
@@ -542,7 +545,7 @@ AgentStore host_agent_store(const LaunchOptions& o, int64_t join_deadline_ms) {
       }
     } catch (const std::exception& e) {
       FSDP_FAIL("launch_local: cannot host the rendezvous store on ", out.host, ":", store_opts.port, ": ",
-                e.what(), multi_node ? " — is the port in use? choose another --master-port" : "");
+                e.what(), multi_node ? " — is the port in use? choose another LaunchOptions::master_port" : "");
     }
   }
   if (multi_node && o.node_rank != 0 && join_deadline_ms > 0) {
@@ -829,8 +832,8 @@ int launch_self(const std::string& program, int argc, char** argv, LaunchOptions
 
 Job start_job(const std::string& program, int argc, char** argv, int nproc_per_node, const std::string& device,
               InitOptions init, LaunchOptions options) {
-  FSDP_CHECK(nproc_per_node >= 1, "--nproc-per-node must be >= 1, got ", nproc_per_node);
-  FSDP_CHECK(device == "cpu" || device == "cuda", "--device must be cpu or cuda, got '", device, "'");
+  FSDP_CHECK(nproc_per_node >= 1, "start_job: nproc_per_node must be >= 1, got ", nproc_per_node);
+  FSDP_CHECK(device == "cpu" || device == "cuda", "start_job: device must be cpu or cuda, got '", device, "'");
   Job job;
   const WorldInfo world = detect_world();
   if (nproc_per_node > 1 && world.launcher == "single") {  // not started by a launcher: become one

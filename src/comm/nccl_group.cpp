@@ -233,7 +233,7 @@ NcclProcessGroup::NcclProcessGroup(c10::intrusive_ptr<c10d::Store> store, int ra
   FSDP_CHECK(device_index >= 0 && device_index < count, "NCCL group '", this->name(), "': device cuda:",
              device_index, " does not exist (", count,
              " visible) — one process per GPU: LOCAL_RANK must be below the number of GPUs "
-             "(check CUDA_VISIBLE_DEVICES and --nproc-per-node)");
+             "(check CUDA_VISIBLE_DEVICES and LaunchOptions::nproc)");
   gather_ = connect_lane(*store_, this->name(), "gather", rank, size, device_index);
   reduce_ = connect_lane(*store_, this->name(), "reduce", rank, size, device_index);
   watchdog_ = std::thread([this] { watchdog(); });

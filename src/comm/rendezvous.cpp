@@ -337,8 +337,10 @@ WorldInfo detect_world() {
 }
 
 std::chrono::milliseconds parse_timeout(const std::string& text, const std::string& source) {
+  // An environment variable is set as NAME=300; an option is given as NAME 300.
+  const bool is_variable = source.find_first_not_of("ABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_") == std::string::npos;
   const std::string fix = detail::cat(" — give ", source, " a number of seconds in (0, ", kMaxTimeoutSeconds,
-                                      "], e.g. ", source == "--timeout" ? "--timeout 300" : source + "=300");
+                                      "], e.g. ", source, is_variable ? "=300" : " 300");
   double seconds = 0;
   size_t used = 0;
   bool parsed = false;
@@ -493,9 +495,10 @@ std::string join_job(c10d::Store& store, const WorldInfo& w, const InitOptions& 
       }
       abort_join(store, abort_key,
                  w.launcher == "fsdp-train"
-                     ? detail::cat("world size mismatch: a node of ", where, " was started with --nnodes x "
-                                   "--nproc-per-node = ", mine, " processes (its rank ", w.rank, "), the job has ",
-                                   job, " — start every node with the same --nnodes and --nproc-per-node")
+                     ? detail::cat("world size mismatch: a node of ", where, " was started with "
+                                   "LaunchOptions::nnodes x LaunchOptions::nproc = ", mine, " processes (its rank ",
+                                   w.rank, "), the job has ", job, " — start every node with the same "
+                                   "LaunchOptions::nnodes and LaunchOptions::nproc")
                      : detail::cat("WORLD_SIZE mismatch: a process started as rank ", w.rank, " with WORLD_SIZE=",
                                    mine, " joined ", where, ", which has WORLD_SIZE=", job,
                                    " — start every process of a job with the same WORLD_SIZE"),

@@ -195,7 +195,7 @@ class TcpLane {
                          "dead, or it issued a different sequence of collectives (rank ", mesh_->rank(), " of ",
                          mesh_->size(), ", ", lane_, " lane: ", cause, ") — see ",
                          missing.size() == 1 ? detail::cat("rank ", missing[0], "'s log") : "the other ranks' logs",
-                         "; --timeout (FSDP_TIMEOUT) sets this limit");
+                         "; InitOptions::timeout (FSDP_TIMEOUT) sets this limit");
     }
     return detail::cat(head, "failed: ", cause);
   }

@@ -43,13 +43,13 @@ int cuda_device_count() {
 }
 
 c10::Device worker_device(const std::string& kind, int local_rank) {
-  FSDP_CHECK(kind == "cpu" || kind == "cuda", "--device '", kind, "' is not one of: cpu, cuda");
+  FSDP_CHECK(kind == "cpu" || kind == "cuda", "worker_device: kind '", kind, "' is not one of: cpu, cuda");
   if (kind == "cpu") return c10::Device(c10::kCPU);
-  FSDP_CHECK(cuda_built(), "--device cuda needs a CUDA build of fsdp-cpp (scripts/gpu.sh, or cmake "
+  FSDP_CHECK(cuda_built(), "worker_device: kind cuda needs a CUDA build of fsdp-cpp (scripts/gpu.sh, or cmake "
              "-DFSDP_WITH_CUDA=ON -DFSDP_WITH_NCCL=ON against a CUDA LibTorch); this build is CPU-only — "
-             "use --device cpu");
+             "use worker_device: kind cpu");
   const int n = cuda_device_count();
-  FSDP_CHECK(local_rank < n, "--device cuda: local rank ", local_rank, " needs CUDA device ", local_rank,
+  FSDP_CHECK(local_rank < n, "worker_device: kind cuda: local rank ", local_rank, " needs CUDA device ", local_rank,
              " but this process sees ", n, " device", n == 1 ? "" : "s",
              " (CUDA_VISIBLE_DEVICES?); start at most ", n, " processes per node");
   return c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(local_rank));

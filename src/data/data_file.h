@@ -22,7 +22,8 @@ namespace fsdp::data {
 
 // What to do with text data too large to tokenize into memory (the end of every such refusal).
 inline constexpr const char* kTooLargeForMemoryFix =
-    "split the data or pre-tokenize it into a binary token file (--data-format bin, read from disk as needed)";
+    "split the data or pre-tokenize it into a binary token file (DatasetOptions::format bin, read from disk as "
+    "needed)";
 
 class DataFileReader {
  public:

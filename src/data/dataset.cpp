@@ -175,8 +175,8 @@ class MappedDataset final : public TokenDataset {
     for (const auto& p : paths) {
       auto file = std::make_unique<MappedFile>(p);
       FSDP_CHECK(file->bytes() % width_ == 0, "token file '", p, "' has ", file->bytes(),
-                 " bytes, not a multiple of ", width_, " (--token-dtype ", to_string(dtype_),
-                 ") — is --token-dtype right? (u16 for vocabularies up to 65536, else u32)");
+                 " bytes, not a multiple of ", width_, " (DatasetOptions::token_dtype ", to_string(dtype_),
+                 ") — is DatasetOptions::token_dtype right? (u16 for vocabularies up to 65536, else u32)");
       starts_.push_back(total);
       total += static_cast<int64_t>(file->bytes() / width_);
       files_.push_back(std::move(file));
@@ -352,7 +352,7 @@ std::vector<DataFile> resolve_files(const DatasetOptions& o) {
     }
     FSDP_CHECK(!files.empty(), "data directory '", o.path, "' has no data files: no *.bin files and no ",
                "*.jsonl, *.json, *.ndjson or *.txt files (each optionally .gz) — give a directory of data files, or ",
-               "name the files with --data-format text or jsonl");
+               "name the files with DatasetOptions::format text or jsonl");
     return files;
   }
   if (fs::exists(o.path, ec)) {
@@ -454,7 +454,7 @@ int64_t load_jsonl_file(const DatasetOptions& o, int64_t budget, const std::stri
       FSDP_CHECK(false, "data file '", path, "' line ", line_no, ": ",
                  it == j.end() ? "no field \"" : "field \"", o.text_field,
                  it == j.end() ? "\"" : "\" is not a string", " (fields: ", keys.empty() ? "none" : keys,
-                 ") — set --text-field to the field holding the text");
+                 ") — set DatasetOptions::text_field to the field holding the text");
     }
     const auto& text = it->get_ref<const std::string&>();
     if (text.empty()) continue;
@@ -474,7 +474,7 @@ std::shared_ptr<const TokenDataset> load_text_sources(const DatasetOptions& o, c
   FSDP_CHECK(!o.add_bos || tok->bos_id() >= 0, "documents should start with BOS but tokenizer ", tok->name(),
              " has no BOS token");
   FSDP_CHECK(!any_jsonl || !o.text_field.empty(),
-             "--text-field is empty — name the JSON field holding each document (default \"text\")");
+             "DatasetOptions::text_field is empty — name the JSON field holding each document (default \"text\")");
   const int64_t budget = text_memory_budget(o);
   std::vector<int32_t> tokens;
   std::vector<std::pair<int64_t, std::string>> starts;
@@ -510,7 +510,7 @@ DataFormat parse_data_format(const std::string& s) {
 TokenDtype parse_token_dtype(const std::string& s) {
   if (s == "uint16" || s == "u16") return TokenDtype::kUint16;
   if (s == "uint32" || s == "u32") return TokenDtype::kUint32;
-  FSDP_CHECK(false, "unknown --token-dtype \"", s, "\" — choose u16 or u32");
+  FSDP_CHECK(false, "unknown DatasetOptions::token_dtype \"", s, "\" — choose u16 or u32");
   return TokenDtype::kUint16;
 }
 
@@ -547,7 +547,8 @@ void TokenDataset::validate(int64_t vocab_size) const {
       const int64_t shown = v < 0 ? v + (int64_t{1} << 32) : v;
       FSDP_CHECK(false, "token id ", shown, " at position ", begin + i, " (", locate(begin + i),
                  ") is outside the vocabulary [0, ", vocab_size, ") — the data was tokenized for a different ",
-                 "vocabulary (check --tokenizer and the model's vocab_size), or --token-dtype is wrong (u16 vs u32)");
+                 "vocabulary (check load_dataset: tokenizer and the model's vocab_size), or "
+                 "DatasetOptions::token_dtype is wrong (u16 vs u32)");
     }
   }
 }

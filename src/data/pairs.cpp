@@ -86,11 +86,11 @@ void PairDataset::validate(int64_t vocab_size) const {
 
 std::shared_ptr<const PairDataset> load_pairs(const PairOptions& o, const Tokenizer& tok) {
   FSDP_CHECK(o.input_len >= 2 && o.target_len >= 2, "pairs need at least 2 tokens of input and of target (a token "
-             "and EOS), got --seq-len ", o.input_len, " and --target-len ", o.target_len);
+             "and EOS), got PairOptions::input_len ", o.input_len, " and PairOptions::target_len ", o.target_len);
   FSDP_CHECK(tok.eos_id() >= 0, "tokenizer ", tok.name(), " has no EOS token, which ends every input and target "
              "of a pair — use the model's tokenizer (T5's spiece.model has </s>)");
   FSDP_CHECK(!o.input_field.empty() && !o.target_field.empty() && o.input_field != o.target_field,
-             "--input-field '", o.input_field, "' and --target-field '", o.target_field,
+             "PairOptions::input_field '", o.input_field, "' and PairOptions::target_field '", o.target_field,
              "' must name two different fields");
   std::shared_ptr<PairDataset> d(new PairDataset(o));
   DatasetOptions files;
@@ -109,8 +109,8 @@ std::shared_ptr<const PairDataset> load_pairs(const PairOptions& o, const Tokeni
       FSDP_CHECK(j.has_value() && j->is_object(), "data file '", path, "' line ", line_no, " is not a JSON object",
                  j ? std::string() : " (" + why + ")", " — each line must be one object such as {\"", o.input_field,
                  "\": \"...\", \"", o.target_field, "\": \"...\"}");
-      const std::string& input = text_field(*j, o.input_field, path, line_no, "--input-field");
-      const std::string& target = text_field(*j, o.target_field, path, line_no, "--target-field");
+      const std::string& input = text_field(*j, o.input_field, path, line_no, "PairOptions::input_field");
+      const std::string& target = text_field(*j, o.target_field, path, line_no, "PairOptions::target_field");
       FSDP_CHECK(!input.empty() && !target.empty(), "data file '", path, "' line ", line_no, ": the ",
                  input.empty() ? "input" : "target", " is empty — every pair needs both texts");
       d->truncated_inputs_ += append_truncated(tok, input, o.input_len, d->inputs_) ? 1 : 0;

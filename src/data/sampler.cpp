@@ -26,11 +26,11 @@ class TokenWindows final : public RowSource {
  public:
   TokenWindows(std::shared_ptr<const TokenDataset> data, int64_t seq_len) : data_(std::move(data)), t_(seq_len) {
     FSDP_CHECK(data_ != nullptr, "BatchSampler needs a dataset, got none");
-    FSDP_CHECK(t_ >= 1, "seq_len must be >= 1, got ", t_);
+    FSDP_CHECK(t_ >= 1, "SamplerOptions::seq_len must be >= 1, got ", t_);
     const int64_t n = data_->size();
     FSDP_CHECK(n >= t_ + 1, "dataset ", data_->describe(), " is shorter than one training window: ", n,
-               " tokens < --seq-len + 1 = ", t_ + 1, " (inputs t[i..i+T), targets t[i+1..i+T]) — use --seq-len <= ",
-               n - 1, " or more data");
+               " tokens < SamplerOptions::seq_len + 1 = ", t_ + 1, " (inputs t[i..i+T), targets t[i+1..i+T]) — use "
+               "SamplerOptions::seq_len <= ", n - 1, " or more data");
     k_ = (n - 1) / t_;
   }
   int64_t rows() const override { return k_; }

@@ -132,7 +132,8 @@ void issue_encoded_reduction(Reduction& r, const at::Tensor& input, comm::Proces
   const int64_t n = grad_shard.numel();
   FSDP_ASSERT(input.numel() == w * n, "issue_encoded_reduction: input ", input.numel(), " != ", w, " x ", n);
   FSDP_CHECK(input.device().is_cpu(), "the compressed reduce-scatter (FsdpOptions::compression) runs on the CPU "
-             "process group; gradients on ", input.device(), " — use --reduce-dtype bf16 there");
+             "process group; gradients on ", input.device(), " — use FsdpOptions::mixed_precision.reduce_dtype bf16 "
+             "there");
   r.input = input;
   r.into_grad_shard = false;
   r.issued = true;

@@ -61,7 +61,7 @@ std::vector<std::string> parse_lora_targets(const std::string& s) {
     std::string name = s.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
     name.erase(0, name.find_first_not_of(' '));
     name.erase(name.find_last_not_of(' ') + 1);
-    FSDP_CHECK(!name.empty(), "--lora-targets '", s, "' has an empty name; give comma-separated names of Linear "
+    FSDP_CHECK(!name.empty(), "LoraConfig::targets '", s, "' has an empty name; give comma-separated names of Linear "
                "layers, e.g. ", join(LoraConfig::default_lora_targets()));
     out.push_back(name);
     if (comma == std::string::npos) return out;
@@ -70,27 +70,28 @@ std::vector<std::string> parse_lora_targets(const std::string& s) {
 }
 
 void check_adapter_alpha(const std::string& dir, const LoraConfig& adapter, double run_alpha) {
-  FSDP_CHECK(adapter.alpha == run_alpha, "--init-adapter ", dir, " has lora_alpha ", adapter.alpha, " (scale alpha / r = ",
-             adapter.alpha / static_cast<double>(adapter.rank), ") but the run has --lora-alpha ", run_alpha,
-             " (scale ", run_alpha / static_cast<double>(adapter.rank), "); its outputs would change: give --lora-alpha ",
-             adapter.alpha, " or leave --lora-alpha out to train at the adapter's own alpha");
+  FSDP_CHECK(adapter.alpha == run_alpha, "check_adapter_alpha: dir ", dir, " has lora_alpha ", adapter.alpha,
+             " (scale alpha / r = ", adapter.alpha / static_cast<double>(adapter.rank),
+             ") but the run has LoraConfig::alpha ", run_alpha, " (scale ",
+             run_alpha / static_cast<double>(adapter.rank), "); its outputs would change: give LoraConfig::alpha ",
+             adapter.alpha, " or leave LoraConfig::alpha out to train at the adapter's own alpha");
 }
 
 void check_lora_config(const LoraConfig& cfg) {
-  FSDP_CHECK(cfg.rank >= 1, "--lora-rank ", cfg.rank, " must be >= 1 (e.g. 8 or 16; 0 turns LoRA off)");
+  FSDP_CHECK(cfg.rank >= 1, "LoraConfig::rank ", cfg.rank, " must be >= 1 (e.g. 8 or 16; 0 turns LoRA off)");
   FSDP_CHECK(std::isfinite(cfg.alpha) && cfg.alpha > 0 && cfg.alpha <= std::numeric_limits<float>::max(),
-             "--lora-alpha ", cfg.alpha, " must be a number > 0 within a 32-bit float (<= 3.4e38; the adapter is "
+             "LoraConfig::alpha ", cfg.alpha, " must be a number > 0 within a 32-bit float (<= 3.4e38; the adapter is "
              "scaled by alpha / rank; e.g. 2 x rank)");
-  FSDP_CHECK(cfg.dropout >= 0 && cfg.dropout < 1, "--lora-dropout ", cfg.dropout,
+  FSDP_CHECK(cfg.dropout >= 0 && cfg.dropout < 1, "LoraConfig::dropout ", cfg.dropout,
              " must lie in [0, 1) (e.g. 0.05; 0 for none)");
-  FSDP_CHECK(!cfg.targets.empty(), "--lora-targets is empty; name the projections to adapt, e.g. ",
+  FSDP_CHECK(!cfg.targets.empty(), "LoraConfig::targets is empty; name the projections to adapt, e.g. ",
              join(LoraConfig::default_lora_targets()));
   std::set<std::string> seen;
   for (const auto& t : cfg.targets) {
-    FSDP_CHECK(!t.empty() && t.find('.') == std::string::npos, "--lora-targets '", join(cfg.targets),
+    FSDP_CHECK(!t.empty() && t.find('.') == std::string::npos, "LoraConfig::targets '", join(cfg.targets),
                "': '", t, "' is not a module name; give the last components of Linear names, e.g. ",
                join(LoraConfig::default_lora_targets()));
-    FSDP_CHECK(seen.insert(t).second, "--lora-targets '", join(cfg.targets), "' names '", t, "' twice");
+    FSDP_CHECK(seen.insert(t).second, "LoraConfig::targets '", join(cfg.targets), "' names '", t, "' twice");
   }
 }
 
@@ -100,7 +101,7 @@ std::vector<std::string> apply_lora(torch::nn::Module& module, const LoraConfig&
   std::set<std::string> available;
   for (const auto& l : linears) available.insert(last_component(l.name));
   for (const auto& t : cfg.targets) {
-    FSDP_CHECK(available.count(t), "--lora-targets: '", t, "' matches no Linear layer of the model; its Linear "
+    FSDP_CHECK(available.count(t), "LoraConfig::targets: '", t, "' matches no Linear layer of the model; its Linear "
                "layers are named ", join(std::vector<std::string>(available.begin(), available.end())),
                " (give those names)");
   }

@@ -8,7 +8,8 @@
 namespace fsdp::nn {
 
 int64_t freeze_matching(torch::nn::Module& module, const std::string& pattern) {
-  const NamePattern re(pattern, "--freeze");  // Note [User patterns]: linear time, bounded compilation
+  // Note [User patterns]: linear time, bounded compilation.
+  const NamePattern re(pattern, "freeze_matching: pattern");
   int64_t frozen = 0, trainable = 0;
   std::string example;  // a decoder layer's parameter where there is one: names the user can pattern on
   for (auto& p : module.named_parameters(/*recurse=*/true)) {
@@ -20,9 +21,9 @@ int64_t freeze_matching(torch::nn::Module& module, const std::string& pattern) {
       ++trainable;
     }
   }
-  FSDP_CHECK(frozen > 0, "--freeze '", pattern, "' freezes no trainable parameter; parameter names look like '",
-             example, "'");
-  FSDP_CHECK(trainable > 0, "--freeze '", pattern,
+  FSDP_CHECK(frozen > 0, "freeze_matching: pattern '", pattern, "' freezes no trainable parameter; parameter names "
+             "look like '", example, "'");
+  FSDP_CHECK(trainable > 0, "freeze_matching: pattern '", pattern,
              "' freezes every trainable parameter: nothing is left to train; narrow the pattern");
   return frozen;
 }

@@ -29,7 +29,7 @@ ParamRule decay_everything() {
 
 namespace {
 
-// --lr-scale 'REGEX=FACTOR' as the user wrote it, for messages.
+// An lr_scales entry as REGEX=FACTOR, for messages.
 std::string lr_scale_text(const std::pair<std::string, double>& scale) {
   std::ostringstream os;
   os << scale.first << "=" << scale.second;
@@ -40,10 +40,10 @@ std::vector<std::pair<NamePattern, double>> compile_lr_scales(const ParamGroupOp
   std::vector<std::pair<NamePattern, double>> scales;
   for (const auto& scale : options.lr_scales) {
     const auto& [pattern, factor] = scale;
-    FSDP_CHECK(factor > 0 && factor <= kMaxLrScale, "--lr-scale '", lr_scale_text(scale), "': the factor ", factor,
-               " must be > 0 and at most ", kMaxLrScale, " (the learning rate times it must stay a finite 32-bit "
-               "float, which the optimizer computes in)");
-    scales.emplace_back(NamePattern(pattern, "--lr-scale"), factor);  // Note [User patterns]
+    FSDP_CHECK(factor > 0 && factor <= kMaxLrScale, "ParamGroupOptions::lr_scales '", lr_scale_text(scale),
+               "': the factor ", factor, " must be > 0 and at most ", kMaxLrScale,
+               " (the learning rate times it must stay a finite 32-bit float, which the optimizer computes in)");
+    scales.emplace_back(NamePattern(pattern, "ParamGroupOptions::lr_scales"), factor);  // Note [User patterns]
   }
   return scales;
 }
@@ -71,18 +71,22 @@ std::pair<std::string, double> parse_lr_scale(const std::string& s) {
 void check_lr_range(double peak_lr, double min_lr, const AdamWOptions& adamw, const ParamGroupOptions& groups) {
   constexpr double kFloatMax = std::numeric_limits<float>::max();
   std::vector<std::pair<std::string, double>> scales = {{"", 1.0}};
-  for (const auto& scale : groups.lr_scales) scales.emplace_back(" x --lr-scale '" + lr_scale_text(scale) + "'", scale.second);
+  for (const auto& scale : groups.lr_scales) {
+    scales.emplace_back(" x ParamGroupOptions::lr_scales '" + lr_scale_text(scale) + "'", scale.second);
+  }
   // The first step divides by 1 - beta1 (bias correction); later steps by more.
   const double first_step = adamw.beta1 >= 0 && adamw.beta1 < 1 ? 1.0 - adamw.beta1 : 1.0;
-  for (const auto& [flag, lr] : {std::pair<const char*, double>{"--lr", peak_lr}, {"--min-lr", min_lr}}) {
+  for (const auto& [flag, lr] :
+       {std::pair<const char*, double>{"LrSchedule::lr", peak_lr}, {"LrSchedule::min_lr", min_lr}}) {
     for (const auto& [scaled_by, factor] : scales) {
       const double step = lr * factor / first_step;
       FSDP_CHECK(std::isfinite(step) && step <= kFloatMax, flag, " ", lr, scaled_by, " gives a first AdamW step of ",
-                 lr * factor, " / (1 - --beta1 ", adamw.beta1, ") = ", step, ", beyond a 32-bit float (3.4e38), which "
-                 "the optimizer computes in; use a smaller ", flag, scaled_by.empty() ? "" : " or factor",
+                 lr * factor, " / (1 - AdamWOptions::beta1 ", adamw.beta1, ") = ", step,
+                 ", beyond a 32-bit float (3.4e38), which the optimizer computes in; use a smaller ", flag,
+                 scaled_by.empty() ? "" : " or factor",
                  " (learning rates are typically 1e-5 to 1e-2)");
       const double decay = lr * factor * adamw.weight_decay;
-      FSDP_CHECK(std::isfinite(decay) && decay <= kFloatMax, flag, " ", lr, scaled_by, " x --weight-decay ",
+      FSDP_CHECK(std::isfinite(decay) && decay <= kFloatMax, flag, " ", lr, scaled_by, " x AdamWOptions::weight_decay ",
                  adamw.weight_decay, " = ", decay, " is beyond a 32-bit float (3.4e38), which the optimizer "
                  "computes in; use smaller values");
     }
@@ -93,21 +97,23 @@ void check_finite_training(const char* what, double value, int64_t step, double 
   if (std::isfinite(value)) return;
   const char* shown = std::isnan(value) ? "NaN" : value > 0 ? "inf" : "-inf";
   if (step == 0) {
-    FSDP_FAIL("the ", what, " is ", shown, " at step 0, before any update: the initial weights (--init-from, "
-              "--init-adapter, --resume) or the data produce NaN/inf; check them (a model trained in float16 may "
-              "overflow: try --mixed-precision bf16 or fp32). The run stopped; nothing was saved or exported");
+    FSDP_FAIL("the ", what, " is ", shown, " at step 0, before any update: the initial weights (as imported or "
+              "resumed: import_hf: dir, import_peft_adapter: dir, load_latest_checkpoint: dir) or the data produce "
+              "NaN/inf; check them (a model trained in float16 may overflow: try FsdpOptions::mixed_precision bf16 "
+              "or fp32). The run stopped; nothing was saved or exported");
   }
   double largest = 1.0;
   std::string factors;
   for (const auto& scale : groups.lr_scales) {
     largest = std::max(largest, scale.second);
-    factors += (factors.empty() ? "; --lr-scale '" : "', '") + lr_scale_text(scale);
+    factors += (factors.empty() ? "; ParamGroupOptions::lr_scales '" : "', '") + lr_scale_text(scale);
   }
   if (!factors.empty()) factors += "'";
   FSDP_FAIL("the ", what, " became ", shown, " at step ", step, " (lr ", lr, factors, ", largest effective lr ",
             lr * largest, "): training diverged, most likely from a learning rate too large for this model; lower "
-            "--lr", factors.empty() ? "" : " or the --lr-scale factors", ", raise --warmup-steps or clip with "
-            "--clip-grad 1.0. The run stopped at this step; checkpoints saved before it are intact");
+            "LrSchedule::lr", factors.empty() ? "" : " or the ParamGroupOptions::lr_scales factors",
+            ", raise LrSchedule::warmup_steps or clip with clip_grad_norm: max_norm 1.0. The run stopped at this step; "
+            "checkpoints saved before it are intact");
 }
 
 ParamRule param_rule(const ParamGroupOptions& options) {
@@ -140,10 +146,12 @@ void check_lr_scales_match(const ParamGroupOptions& options, torch::nn::Module& 
     }
   }
   for (size_t i = 0; i < scales.size(); ++i) {
-    FSDP_CHECK(found[i], "--lr-scale '", lr_scale_text(options.lr_scales[i]), "' matches no trainable parameter",
+    FSDP_CHECK(found[i], "ParamGroupOptions::lr_scales '", lr_scale_text(options.lr_scales[i]),
+               "' matches no trainable parameter",
                found_frozen[i] ? " (only frozen ones, which do not train)"
-                               : i > 0 ? " (none, or only ones an earlier --lr-scale pattern already took)" : "",
-               "; parameter names look like '", example, "' — fix the pattern or leave the flag out");
+               : i > 0         ? " (none, or only ones an earlier ParamGroupOptions::lr_scales pattern already took)"
+                               : "",
+               "; parameter names look like '", example, "' — fix the pattern or leave it out");
   }
 }
 

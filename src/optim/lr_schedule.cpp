@@ -7,10 +7,10 @@
 namespace fsdp::optim {
 
 void LrSchedule::validate() const {
-  FSDP_CHECK(lr > 0, "--lr must be > 0, got ", lr);
-  FSDP_CHECK(min_lr >= 0 && min_lr <= lr, "--min-lr must be in [0, --lr=", lr, "], got ", min_lr);
-  FSDP_CHECK(warmup_steps >= 0, "--warmup-steps must be >= 0, got ", warmup_steps);
-  FSDP_CHECK(max_steps >= 1, "--max-steps must be >= 1, got ", max_steps);
+  FSDP_CHECK(lr > 0, "LrSchedule::lr must be > 0, got ", lr);
+  FSDP_CHECK(min_lr >= 0 && min_lr <= lr, "LrSchedule::min_lr must be in [0, LrSchedule::lr=", lr, "], got ", min_lr);
+  FSDP_CHECK(warmup_steps >= 0, "LrSchedule::warmup_steps must be >= 0, got ", warmup_steps);
+  FSDP_CHECK(max_steps >= 1, "LrSchedule::max_steps must be >= 1, got ", max_steps);
 }
 
 double LrSchedule::at(int64_t step) const {

@@ -75,7 +75,7 @@ ClusterSpec cluster_preset(const std::string& name, at::ScalarType compute_dtype
   }
   std::string names;
   for (const auto& s : cluster_preset_names()) names += (names.empty() ? "" : ", ") + s;
-  FSDP_CHECK(false, "--cluster '", name, "' is neither a preset (", names,
+  FSDP_CHECK(false, "cluster_preset: name '", name, "' is neither a preset (", names,
              ") nor a readable JSON file; give a preset or the file fsdp-inspect --calibrate wrote");
   return {};
 }

@@ -526,8 +526,8 @@ class Schedule {
 
 void check_cluster(const ClusterSpec& c) {
   FSDP_CHECK(c.nodes >= 1, "cluster '", c.name, "': nodes must be >= 1, got ", c.nodes);
-  FSDP_CHECK(c.procs_per_node >= 1, "cluster '", c.name, "': procs_per_node (--nproc-per-node) must be >= 1, got ",
-             c.procs_per_node);
+  FSDP_CHECK(c.procs_per_node >= 1, "cluster '", c.name, "': procs_per_node (ClusterSpec::procs_per_node) must be "
+             ">= 1, got ", c.procs_per_node);
   const int world = c.nodes * c.procs_per_node;
   FSDP_CHECK(world == 1 || c.procs_per_node == 1 || c.intra.bytes_per_s > 0, "cluster '", c.name,
              "': the intra-node rate must be > 0 (intra.gbit_per_s), got ", c.intra.bytes_per_s * 8 / 1e9, " Gbit/s");
@@ -710,8 +710,8 @@ StepEstimate estimate_step(const std::shared_ptr<nn::UnitBase>& root, const Fsdp
                            const ClusterSpec& cluster, const StepWorkload& workload, const UnitCostFn& cost) {
   check_cluster(cluster);
   FSDP_CHECK(workload.batch_size >= 1 && workload.seq_len >= 1 && workload.grad_accum >= 1,
-             "the estimate needs --batch-size, --seq-len and --grad-accum >= 1, got ", workload.batch_size, ", ",
-             workload.seq_len, ", ", workload.grad_accum);
+             "the estimate needs StepWorkload::batch_size, StepWorkload::seq_len and StepWorkload::grad_accum >= 1, "
+             "got ", workload.batch_size, ", ", workload.seq_len, ", ", workload.grad_accum);
   const int world = cluster.nodes * cluster.procs_per_node;
   FsdpOptions o = options;
   if (o.hybrid_shard_size == 0) o.hybrid_shard_size = cluster.procs_per_node;  // one node, as fsdp-train

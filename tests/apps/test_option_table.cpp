@@ -9,7 +9,12 @@
 #include <tuple>
 #include <vector>
 
+#include "fsdp/checkpoint/hf.h"
+#include "fsdp/comm/rendezvous.h"
+#include "fsdp/data/dataset.h"
+#include "fsdp/models/lora.h"
 #include "fsdp/optim/adamw.h"
+#include "fsdp/optim/lr_schedule.h"
 #include "option_names.h"
 #include "support/errors.h"
 #include "train/model_build.h"
@@ -293,6 +298,43 @@ TEST(OptionNames, EngineTermsBecomeFlags) {
               });
             }),
             "--limit-all-gathers must be >= 1 (all-gathers issued ahead of use), got 0");
+}
+
+// Outside TrainOptions the library names the struct fields and parameters its
+// functions take (LoraConfig::rank, LrSchedule::min_lr, "freeze_matching:
+// pattern"); each is a row's `also`, so the programs still say the flag.
+TEST(OptionNames, LibraryFieldsBecomeFlags) {
+  models::LoraConfig lora;
+  lora.rank = 0;
+  const std::string rank = usage_error_of([&] { models::check_lora_config(lora); });
+  EXPECT_CONTAINS(rank, "LoraConfig::rank 0 must be >= 1");
+  EXPECT_CONTAINS(in_flag_terms(rank), "--lora-rank 0 must be >= 1");
+  optim::LrSchedule schedule;
+  schedule.min_lr = 2 * schedule.lr;
+  EXPECT_CONTAINS(in_flag_terms(usage_error_of([&] { schedule.validate(); })), "--min-lr must be in [0, --lr=");
+  EXPECT_CONTAINS(in_flag_terms(usage_error_of([] { checkpoint::parse_export_dtype("int4"); })),
+                  "--export-dtype 'int4' is not one of");
+  EXPECT_CONTAINS(in_flag_terms(usage_error_of([] { data::parse_token_dtype("u8"); })), "unknown --token-dtype \"u8\"");
+  EXPECT_CONTAINS(in_flag_terms(usage_error_of([] { comm::choose_backend("mpi", false); })), "unknown --backend 'mpi'");
+  EXPECT_EQ(in_flag_terms("freeze_matching: pattern 'x'; check_checkpoint_dir: dir /c; LaunchOptions::nproc 2"),
+            "--freeze 'x'; --checkpoint-dir /c; --nproc-per-node 2");
+  // Every other name maps to its row's flag, as its field does.
+  for (const OptionRow& row : train_option_table()) {
+    for (const std::string& name : row.also) EXPECT_EQ(in_flag_terms(name + " is bad"), row.name() + " is bad") << name;
+  }
+}
+
+// A run's Failure (exit 1) through with_flag_names stays a Failure, in flag terms.
+TEST(OptionNames, FailuresBecomeFlagsToo) {
+  try {
+    with_flag_names([]() -> int { FSDP_FAIL("a collective timed out; InitOptions::timeout (FSDP_TIMEOUT) sets "
+                                            "this"); });
+    ADD_FAILURE() << "nothing thrown";
+  } catch (const UsageError& e) {
+    ADD_FAILURE() << "a Failure became a UsageError: " << e.what();
+  } catch (const Failure& e) {
+    EXPECT_EQ(std::string(e.what()), "a collective timed out; --timeout (FSDP_TIMEOUT) sets this");
+  }
 }
 
 }  // namespace

@@ -185,7 +185,7 @@ TEST(AsyncSave, OverTheStagingLimitSavesSynchronously) {
     AsyncCheckpointer saver(checkpoint::AsyncSaveOptions{64});
     const auto s = saver.start(dir, 0, *m.sharded, {&m.model, m.opt.get()}, pg, {});
     EXPECT_FALSE(s.staged);
-    EXPECT_CONTAINS(s.not_staged, "exceeds the staging limit 64 B (--checkpoint-staging-limit)");
+    EXPECT_CONTAINS(s.not_staged, "exceeds the staging limit 64 B (AsyncSaveOptions::staging_limit)");
     EXPECT_EQ(s.staging_bytes, 0);
     EXPECT_EQ(saver.state(), AsyncSaveState::kWriting);
     EXPECT_TRUE(saver.finish(pg).has_value());

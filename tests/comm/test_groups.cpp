@@ -142,7 +142,7 @@ TEST(Groups, CollectiveTimeoutIsAClearFailure) {
           } catch (const Failure& e) {
             EXPECT_HAS(e.what(), "[rank 0/2] rank 1 did not reach all_gather #0 (Float[4]) on group 'world' "
                                  "within 1500 ms: stopped, hung or dead");
-            EXPECT_HAS(e.what(), "--timeout (FSDP_TIMEOUT) sets this limit");
+            EXPECT_HAS(e.what(), "InitOptions::timeout (FSDP_TIMEOUT) sets this limit");
           }
           EXPECT_TRUE(work->completed());
           EXPECT_THROW(work->wait(), Failure);  // every wait() reports it

@@ -302,13 +302,13 @@ TEST(Rendezvous, ChooseBackend) {
     choose_backend("gloo", true);
     ADD_FAILURE() << "gloo on cuda";
   } catch (const UsageError& e) {
-    EXPECT_HAS(e.what(), "--backend gloo runs on the CPU but the job's device is cuda — use nccl or c10d-nccl");
+    EXPECT_HAS(e.what(), "InitOptions::backend gloo runs on the CPU but the job's device is cuda — use nccl or c10d-nccl");
   }
   try {
     choose_backend("mpi", false);
     ADD_FAILURE() << "mpi";
   } catch (const UsageError& e) {
-    EXPECT_HAS(e.what(), "unknown --backend 'mpi' — use tcp or gloo (CPU), nccl or c10d-nccl (CUDA)");
+    EXPECT_HAS(e.what(), "unknown InitOptions::backend 'mpi' — use tcp or gloo (CPU), nccl or c10d-nccl (CUDA)");
   }
 }
 
@@ -407,6 +407,12 @@ TEST(Rendezvous, ParseTimeout) {
       EXPECT_HAS(e.what(), "e.g. FSDP_TIMEOUT=300");
     }
   }
+  try {  // an option, not a variable: given as NAME 300
+    parse_timeout("abc", "InitOptions::timeout");
+    ADD_FAILURE() << "accepted 'abc'";
+  } catch (const UsageError& e) {
+    EXPECT_HAS(e.what(), "e.g. InitOptions::timeout 300");
+  }
 }
 
 // Issue 16: a rank that never starts. Rank 0 names it when the (user's)
@@ -423,7 +429,7 @@ TEST(Rendezvous, MissingRankIsNamedWhenTheTimeoutRunsOut) {
     ADD_FAILURE() << "not a usage error: " << e.what();
   } catch (const Failure& e) {
     EXPECT_HAS(e.what(), "[rank 0/3] ranks 1, 2 did not join the job at 127.0.0.1:");
-    EXPECT_HAS(e.what(), "within 1.5 s (--timeout or FSDP_TIMEOUT)");
+    EXPECT_HAS(e.what(), "within 1.5 s (InitOptions::store_timeout)");
   }
 }
 

@@ -17,7 +17,7 @@ TEST(Device, CpuWorkersTrainOnTheCpu) {
 
 TEST(Device, UnknownKindNamesTheChoices) {
   const std::string msg = usage_error_of([] { fsdp::worker_device("tpu", 0); });
-  EXPECT_NE(msg.find("--device 'tpu' is not one of: cpu, cuda"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("worker_device: kind 'tpu' is not one of: cpu, cuda"), std::string::npos) << msg;
 }
 
 TEST(Device, CudaNeedsACudaBuildAndADevicePerLocalRank) {

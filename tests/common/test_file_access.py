@@ -21,6 +21,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from scan_report import report, run
+
 # What opens a file or renames over one, by name (matched on code with comments and strings blanked).
 FORBIDDEN = {
     "ofstream": r"\bofstream\b",
@@ -163,11 +165,7 @@ PARSERS_ALLOWED = {
 }
 
 
-def main() -> int:
-    if len(sys.argv) != 2:
-        print(__doc__.split("\n\n")[1], file=sys.stderr)
-        return 2
-    root = Path(sys.argv[1]).resolve()
+def check(root: Path) -> int:
     problems = self_test()
     with tempfile.TemporaryDirectory() as d:  # the parser scan checks itself too
         (Path(d) / "src").mkdir()
@@ -180,16 +178,10 @@ def main() -> int:
              if not (root / f).is_file() or not re.search(FORBIDDEN[w], code_only((root / f).read_text()))]
     stale += [f"allow-list entry {f} {w!r} matches nothing: remove it" for (f, w) in PARSERS_ALLOWED
               if not (root / f).is_file() or not re.search(PARSERS[w], code_only((root / f).read_text()))]
-    for line in problems + found + stale:
-        print(line)
-    if problems or found or stale:
-        print(f"FAIL: {len(found)} place(s) outside the writer and the reader, {len(stale)} stale allow-list "
-              f"entr{'y' if len(stale) == 1 else 'ies'}, {len(problems)} self-test failure(s)")
-        return 1
-    print(f"ok: every file access in src/, apps/ and include/ goes through the writer, the reader, the remover "
-          f"and the bounded parsers ({len(ALLOWED) + len(PARSERS_ALLOWED)} allowed places)")
-    return 0
+    return report(problems, found, stale, "place(s) outside the writer and the reader",
+                  f"ok: every file access in src/, apps/ and include/ goes through the writer, the reader, the "
+                  f"remover and the bounded parsers ({len(ALLOWED) + len(PARSERS_ALLOWED)} allowed places)")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(__doc__.split("\n\n")[1], check))

@@ -26,6 +26,8 @@ from pathlib import Path
 from pygments.lexers import CppLexer
 from pygments.token import Comment, Keyword, Name, Operator, Punctuation, String, Text, Whitespace
 
+from scan_report import report, run
+
 LIMIT = 120
 
 # (file, function) -> why it may be longer. Short on purpose: a new entry is earned in review.
@@ -252,11 +254,7 @@ def self_test() -> list:
     return [] if got == want else [f"self-test: measured {got}, expected {want}"]
 
 
-def main() -> int:
-    if len(sys.argv) != 2:
-        print(__doc__.split("\n\n")[2], file=sys.stderr)
-        return 2
-    root = Path(sys.argv[1]).resolve()
+def check(root: Path) -> int:
     problems = self_test()
     long = scan(root)
     found = [f"{rel}:{first}: {name} is {n} lines (at most {LIMIT}): cut it into the steps it names"
@@ -264,15 +262,9 @@ def main() -> int:
     present = {(rel, name) for rel, name, _, _ in long}
     stale = [f"allow-list entry {rel} {name!r} is not a function over {LIMIT} lines: remove it"
              for rel, name in ALLOWED if (rel, name) not in present]
-    for line in problems + found + stale:
-        print(line)
-    if problems or found or stale:
-        print(f"FAIL: {len(found)} function(s) over {LIMIT} lines, {len(stale)} stale allow-list "
-              f"entr{'y' if len(stale) == 1 else 'ies'}, {len(problems)} self-test failure(s)")
-        return 1
-    print(f"ok: no function in src/ or apps/ over {LIMIT} lines ({len(ALLOWED)} allowed)")
-    return 0
+    return report(problems, found, stale, f"function(s) over {LIMIT} lines",
+                  f"ok: no function in src/ or apps/ over {LIMIT} lines ({len(ALLOWED)} allowed)")
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run(__doc__.split("\n\n")[2], check))

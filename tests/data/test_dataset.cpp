@@ -152,7 +152,7 @@ TEST(Dataset, ValidateReportsTheFirstOutOfVocabularyToken) {
   EXPECT_CONTAINS(msg, "token id 512 at position 5");
   EXPECT_CONTAINS(msg, "b.bin, token 2 of the file");
   EXPECT_CONTAINS(msg, "[0, 512)");
-  EXPECT_CONTAINS(msg, "--token-dtype");
+  EXPECT_CONTAINS(msg, "DatasetOptions::token_dtype");
   // Text data tokenized with a bigger vocabulary than the model's.
   ByteTokenizer tok;
   write_file(dir.file("t.txt"), "hello");
@@ -226,8 +226,8 @@ TEST(Dataset, TooShortForOneWindow) {
   const auto d = make_token_dataset(iota(10), "tiny");
   EXPECT_NO_THROW(BatchSampler(d, {9, 1}));
   const auto msg = error_of<fsdp::UsageError>([&] { BatchSampler(d, {10, 1}); });
-  EXPECT_CONTAINS(msg, "10 tokens < --seq-len + 1 = 11");
-  EXPECT_CONTAINS(msg, "use --seq-len <= 9");
+  EXPECT_CONTAINS(msg, "10 tokens < SamplerOptions::seq_len + 1 = 11");
+  EXPECT_CONTAINS(msg, "use SamplerOptions::seq_len <= 9");
 }
 
 TEST(Dataset, FallbackCorpusLoads) {

@@ -102,10 +102,10 @@ TEST(Pairs, ErrorsNameTheFileTheLineAndTheFix) {
   EXPECT_CONTAINS(msg, "bad.jsonl' line 2 is not a JSON object");
   msg = error_for("{\"input\": \"a\", \"text\": \"b\", \"id\": 3}\n");
   EXPECT_CONTAINS(msg, "bad.jsonl' line 1: no field \"target\" (fields: \"id\", \"input\", \"text\")");
-  EXPECT_CONTAINS(msg, "set --target-field");
+  EXPECT_CONTAINS(msg, "set PairOptions::target_field");
   msg = error_for("{\"input\": 5, \"target\": \"b\"}\n");
   EXPECT_CONTAINS(msg, "field \"input\" is not a string");
-  EXPECT_CONTAINS(msg, "set --input-field");
+  EXPECT_CONTAINS(msg, "set PairOptions::input_field");
   EXPECT_CONTAINS(error_for("{\"input\": \"a\", \"target\": \"\"}\n"), "line 1: the target is empty");
   EXPECT_CONTAINS(error_for("\n  \n"), "holds no pairs");
 

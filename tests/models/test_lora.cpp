@@ -94,10 +94,10 @@ TEST(Lora, RefusesUnknownTargetsAndBadValues) {
   const std::string e = usage_error_of([&] { apply_lora(*m, lora(4, {"q_proj", "qproj"}), 1); });
   EXPECT_CONTAINS(e, "'qproj' matches no Linear layer");
   EXPECT_CONTAINS(e, "down_proj,gate_proj,k_proj,lm_head,o_proj,q_proj,up_proj,v_proj");
-  EXPECT_CONTAINS(usage_error_of([&] { apply_lora(*m, lora(0), 1); }), "--lora-rank 0 must be >= 1");
-  EXPECT_CONTAINS(usage_error_of([&] { apply_lora(*m, lora(4, {"q_proj"}, -1), 1); }), "--lora-alpha -1");
-  EXPECT_CONTAINS(usage_error_of([&] { apply_lora(*m, lora(4, {"q_proj"}, 8, 1.0), 1); }), "--lora-dropout 1");
-  EXPECT_CONTAINS(usage_error_of([&] { apply_lora(*m, lora(4, {}), 1); }), "--lora-targets is empty");
+  EXPECT_CONTAINS(usage_error_of([&] { apply_lora(*m, lora(0), 1); }), "LoraConfig::rank 0 must be >= 1");
+  EXPECT_CONTAINS(usage_error_of([&] { apply_lora(*m, lora(4, {"q_proj"}, -1), 1); }), "LoraConfig::alpha -1");
+  EXPECT_CONTAINS(usage_error_of([&] { apply_lora(*m, lora(4, {"q_proj"}, 8, 1.0), 1); }), "LoraConfig::dropout 1");
+  EXPECT_CONTAINS(usage_error_of([&] { apply_lora(*m, lora(4, {}), 1); }), "LoraConfig::targets is empty");
   EXPECT_CONTAINS(usage_error_of([&] { apply_lora(*m, lora(4, {"q_proj", "q_proj"}), 1); }), "twice");
   // A refused call changed nothing; a second application is refused.
   EXPECT_EQ(m->named_parameters().size(), 2 + 2 * 9 + 1u);
@@ -112,7 +112,7 @@ TEST(Lora, TargetsParseAndRefuseEmptyNames) {
   EXPECT_EQ(parse_lora_targets(" q_proj , v_proj"), (std::vector<std::string>{"q_proj", "v_proj"}));
   for (const char* bad : {"", " ", "q_proj,", ",q_proj", "q_proj,,v_proj", "q_proj, ,v_proj"}) {
     EXPECT_EQ(usage_error_of([&] { parse_lora_targets(bad); }),
-              "--lora-targets '" + std::string(bad) + "' has an empty name; give comma-separated names of Linear "
+              "LoraConfig::targets '" + std::string(bad) + "' has an empty name; give comma-separated names of Linear "
               "layers, e.g. q_proj,k_proj,v_proj,o_proj") << bad;
   }
 }
@@ -129,18 +129,20 @@ TEST(Freeze, FreezesWhatThePatternFindsAndCountsIt) {
   // Frozen ones count no more; a pattern that finds only them freezes nothing.
   EXPECT_EQ(fsdp::nn::freeze_matching(*m, "layers\\.[01]\\.self_attn"), 4);
   EXPECT_CONTAINS(usage_error_of([&] { fsdp::nn::freeze_matching(*m, "embed_tokens"); }),
-                  "--freeze 'embed_tokens' freezes no trainable parameter; parameter names look like "
+                  "freeze_matching: pattern 'embed_tokens' freezes no trainable parameter; parameter names look like "
                   "'model.layers.0.");
 }
 
 TEST(Freeze, RefusesBadPatternsNothingAndEverything) {
   LlamaForCausalLM m = build_llama(small_cfg(), kMeta, 1);
   EXPECT_CONTAINS(usage_error_of([&] { fsdp::nn::freeze_matching(*m, "layers.("); }),
-                  "--freeze 'layers.(' is not a valid regular expression (");
+                  "freeze_matching: pattern 'layers.(' is not a valid regular expression (");
   EXPECT_CONTAINS(usage_error_of([&] { fsdp::nn::freeze_matching(*m, "experts"); }),
-                  "--freeze 'experts' freezes no trainable parameter; parameter names look like 'model.layers.0.");
+                  "freeze_matching: pattern 'experts' freezes no trainable parameter; parameter names look like "
+                  "'model.layers.0.");
   EXPECT_EQ(usage_error_of([&] { fsdp::nn::freeze_matching(*m, "weight"); }),
-            "--freeze 'weight' freezes every trainable parameter: nothing is left to train; narrow the pattern");
+            "freeze_matching: pattern 'weight' freezes every trainable parameter: nothing is left to train; narrow "
+            "the pattern");
   // After LoRA only the adapters train: freezing them all leaves nothing.
   LlamaForCausalLM l = build_llama(small_cfg(), kMeta, 1);
   apply_lora(*l, lora(4, {"q_proj"}), 1);

@@ -92,7 +92,7 @@ bool is_hf_export_file(const std::string& file_name);
 // writes; its directory can be written (or created); and .tmp-<name> and
 // .old-<name> beside it, which an export replaces, are absent or ours
 // (Note [Ownership of what we delete], checkpoint/ownership.h).
-void check_export_dir(const std::string& dir, const std::string& flag = "--export-hf");
+void check_export_dir(const std::string& dir, const std::string& flag = "export_hf: dir");
 
 // Whether import may skip a tensor of a directory that the model does not have.
 using HfIgnorable = std::function<bool(const std::string& tensor_name)>;

@@ -48,7 +48,7 @@ struct PeftExportOptions {
 // hf_side_file_names()); anything else in an existing DIR makes export refuse.
 bool is_peft_export_file(const std::string& file_name);
 // As check_export_dir, for an adapter export.
-void check_peft_export_dir(const std::string& dir, const std::string& flag = "--export-hf");
+void check_peft_export_dir(const std::string& dir, const std::string& flag = "export_peft_adapter: dir");
 
 // adapter_config.json's text for `cfg`.
 std::string peft_adapter_config_json(const models::LoraConfig& cfg, const std::string& base_model);

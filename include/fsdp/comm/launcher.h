@@ -85,7 +85,7 @@ struct LaunchOptions {
   // > 0: the whole join ends this long after launch_local starts (fsdp-train:
   // --timeout). With nnodes > 1 a launcher of node > 0 first waits, within
   // it, for node 0's store to accept connections (Failure naming
-  // --master-addr and --master-port at the deadline; no worker is started);
+  // master_addr and master_port at the deadline; no worker is started);
   // then its workers get the deadline as FSDP_JOIN_DEADLINE_MS (rendezvous.h)
   // and join in what is left of it (at least 2 s). 0: each worker's own
   // store_timeout.

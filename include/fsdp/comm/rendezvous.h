@@ -91,7 +91,7 @@ int slurm_default_port(int64_t job_id);
 constexpr double kMaxTimeoutSeconds = 7 * 24 * 3600;
 
 // Parses a timeout in seconds ("30", "2.5", "1e3") as given to --timeout or
-// FSDP_TIMEOUT; `source` names it in errors ("--timeout", "FSDP_TIMEOUT").
+// FSDP_TIMEOUT; `source` names it in errors ("InitOptions::timeout", "FSDP_TIMEOUT").
 // Throws fsdp::UsageError unless it is a finite number in (0, kMaxTimeoutSeconds];
 // rounds up to whole milliseconds.
 std::chrono::milliseconds parse_timeout(const std::string& text, const std::string& source);
@@ -105,7 +105,7 @@ std::chrono::milliseconds parse_timeout(const std::string& text, const std::stri
 // Returns the backend a job on CUDA (`cuda`) or the CPU runs: `name`, or the
 // device's default for "auto". Throws fsdp::UsageError naming `flag` for an
 // unknown name, or one whose group takes tensors of the other device.
-std::string choose_backend(const std::string& name, bool cuda, const std::string& flag = "--backend");
+std::string choose_backend(const std::string& name, bool cuda, const std::string& flag = "InitOptions::backend");
 
 struct InitOptions {
   // A name of choose_backend's ("auto": tcp; a CUDA job chooses with cuda = true).
@@ -119,7 +119,7 @@ struct InitOptions {
   // to join.
   std::chrono::milliseconds store_timeout{std::chrono::minutes(5)};
   // What the user sets these with, named in timeout errors.
-  std::string timeout_source = "--timeout or FSDP_TIMEOUT";
+  std::string timeout_source = "InitOptions::store_timeout";
   // Settings every process of the job must give alike, as (flag, value), e.g.
   // {"--max-steps", "500"}: checked at the join like WORLD_SIZE (step 2 below).
   std::vector<std::pair<std::string, std::string>> agreed;

@@ -52,7 +52,7 @@ std::vector<std::string> parse_lora_targets(const std::string& s);
 // or beyond a 32-bit float (alpha / rank scales float outputs), dropout outside [0, 1), no targets, an empty or repeated target.
 void check_lora_config(const LoraConfig& cfg);
 
-// UsageError naming --init-adapter `dir` and --lora-alpha when `adapter` (its
+// UsageError naming `dir` and LoraConfig::alpha when `adapter` (its
 // adapter_config.json) has another alpha than the run's `run_alpha`: loading
 // it would silently rescale its output from adapter.alpha / r to run_alpha / r.
 // fsdp-train takes the adapter's alpha when --lora-alpha is not given, so

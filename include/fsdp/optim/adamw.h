@@ -91,17 +91,18 @@ std::pair<std::string, double> parse_lr_scale(const std::string& s);
 // The largest --lr-scale factor: a factor must itself be a 32-bit float
 // (the optimizer computes in float32; 1e39 is not one).
 inline constexpr double kMaxLrScale = 3.4028234663852886e38;  // FLT_MAX
-// UsageError naming --lr-scale for a pattern that is not a valid pattern
+// UsageError naming ParamGroupOptions::lr_scales for a pattern that is not a valid pattern
 // (NamePattern: RE2 syntax, bounded) or a factor outside (0, kMaxLrScale].
 ParamRule param_rule(const ParamGroupOptions& options);
-// UsageError naming --lr-scale and the pattern when one matches no trainable
+// UsageError naming ParamGroupOptions::lr_scales and the pattern when one matches no trainable
 // parameter of `model` (none at all, only frozen ones, or only ones an earlier
-// pattern takes: the first match wins), as --freeze refuses a pattern that
+// pattern takes: the first match wins), as freeze_matching refuses a pattern that
 // freezes nothing. Call after freezing and adding adapters.
 void check_lr_scales_match(const ParamGroupOptions& options, torch::nn::Module& model);
-// UsageError naming the flags when the scalars of an AdamW step leave the
-// range of a 32-bit float, which the update computes in: for the peak and the
-// final learning rate, times each --lr-scale factor, the first step's size
+// UsageError naming the fields (LrSchedule::lr, AdamWOptions::beta1, ...) when
+// the scalars of an AdamW step leave the range of a 32-bit float, which the
+// update computes in: for the peak (LrSchedule::lr) and the final learning
+// rate (LrSchedule::min_lr), times each lr_scales factor, the first step's size
 // lr x scale / (1 - beta1) and its decay lr x scale x weight_decay must be
 // at most FLT_MAX. (A finite float that is still far too large trains to
 // inf or NaN; the trainer stops such a run at the first non-finite loss.)
@@ -110,7 +111,7 @@ void check_lr_range(double peak_lr, double min_lr, const AdamWOptions& adamw, co
 // training step `step` (0-based) at learning rate `lr`, is finite. A
 // non-finite value means the run diverged or its inputs hold NaN/inf: the
 // message says which is likely (at step 0, before any update: the weights or
-// the data; later: a learning rate too large, naming --lr and the --lr-scale
+// the data; later: a learning rate too large, naming LrSchedule::lr and the lr_scales
 // factors) and how to fix it. Call before the optimizer step, so that no
 // NaN reaches the parameters (nor a checkpoint or an export).
 void check_finite_training(const char* what, double value, int64_t step, double lr, const ParamGroupOptions& groups);

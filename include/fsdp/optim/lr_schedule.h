@@ -13,7 +13,7 @@ struct LrSchedule {
   int64_t warmup_steps = 0;
   int64_t max_steps = 1000;
 
-  // Throws UsageError naming the flag for impossible settings.
+  // Throws UsageError naming the field (LrSchedule::min_lr, ...) for impossible settings.
   void validate() const;
   double at(int64_t step) const;
 };
