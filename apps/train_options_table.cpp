@@ -25,9 +25,9 @@ const std::pair<const char*, const char*> kOptionGroups[] = {
     {"Evaluation", "Held-out loss"},
 };
 
-std::string join(const std::vector<std::string>& v) {
+std::string join(const std::vector<std::string>& v, const char* sep = ", ") {
   std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ", ") + x;
+  for (const auto& x : v) s += (s.empty() ? "" : sep) + x;
   return s;
 }
 
@@ -111,15 +111,11 @@ int64_t parse_staging_limit(const std::string& s) {
 int64_t parse_shard_bytes(const std::string& s) {
   return parse_byte_size(s, "HfOptions::export_shard_bytes", "one file");
 }
-std::string comma_words(const std::vector<std::string>& v) {
-  std::string s;
-  for (const auto& x : v) s += (s.empty() ? "" : ",") + x;
-  return s;
-}
+std::string comma_words(const std::vector<std::string>& v) { return join(v, ","); }
 std::string lr_scale_words(const std::vector<std::pair<std::string, double>>& v) {
-  std::string s;
-  for (const auto& [pattern, factor] : v) s += (s.empty() ? "" : " ") + pattern + "=" + std::to_string(factor);
-  return s;
+  std::vector<std::string> words;
+  for (const auto& scale : v) words.push_back(optim::lr_scale_text(scale));
+  return join(words, " ");
 }
 
 constexpr unsigned kD = kShowDefault;

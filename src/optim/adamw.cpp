@@ -30,11 +30,6 @@ ParamRule decay_everything() {
 namespace {
 
 // An lr_scales entry as REGEX=FACTOR, for messages.
-std::string lr_scale_text(const std::pair<std::string, double>& scale) {
-  std::ostringstream os;
-  os << scale.first << "=" << scale.second;
-  return os.str();
-}
 
 std::vector<std::pair<NamePattern, double>> compile_lr_scales(const ParamGroupOptions& options) {
   std::vector<std::pair<NamePattern, double>> scales;
@@ -49,6 +44,12 @@ std::vector<std::pair<NamePattern, double>> compile_lr_scales(const ParamGroupOp
 }
 
 }  // namespace
+
+std::string lr_scale_text(const std::pair<std::string, double>& scale) {
+  std::ostringstream os;
+  os << scale.first << "=" << scale.second;
+  return os.str();
+}
 
 std::pair<std::string, double> parse_lr_scale(const std::string& s) {
   const size_t eq = s.rfind('=');

@@ -1,26 +1,17 @@
 // validate_options: the checks that need no process group, so that bad input
-// fails once, fast, with exit code 2 (fsdp/train/options.h).
-#include <fmt/format.h>
-#include <fmt/ranges.h>
-
+// fails once, fast, with exit code 2 (fsdp/train/options.h): the list of each
+// part's check (option_checks.cpp), and the conversion's own.
 #include <algorithm>
-#include <cmath>
 #include <filesystem>
-#include <limits>
 
 #include "fsdp/checkpoint/dcp.h"
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/checkpoint/ownership.h"
-#include "fsdp/checkpoint/peft.h"
 #include "fsdp/checkpoint/sharded.h"
 #include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
 #include "fsdp/common/memory.h"
 #include "fsdp/common/output_file.h"
-#include "fsdp/data/dataset.h"
-#include "fsdp/data/tokenizer.h"
-#include "fsdp/models/lora.h"
-#include "fsdp/optim/adamw.h"
 #include "train/checks.h"
 #include "train/export.h"
 #include "train/model_build.h"

@@ -88,6 +88,8 @@ struct ParamGroupOptions {
 // pattern may hold one): UsageError naming ParamGroupOptions::lr_scales when
 // there is no '=', an empty pattern, or a factor that is not a number > 0.
 std::pair<std::string, double> parse_lr_scale(const std::string& s);
+// parse_lr_scale's words back: "REGEX=FACTOR", the factor as the stream writes it.
+std::string lr_scale_text(const std::pair<std::string, double>& scale);
 // The largest --lr-scale factor: a factor must itself be a 32-bit float
 // (the optimizer computes in float32; 1e39 is not one).
 inline constexpr double kMaxLrScale = 3.4028234663852886e38;  // FLT_MAX
