@@ -268,7 +268,7 @@ Planned plan_model(const CLI::App& app, Args& a, bool estimating, const fsdp::Cl
   p.root = p.cfg->root(p.impl);
   p.o = plan_options(a, *p.cfg, estimating, cluster);
   p.device = estimating && cluster.execution == fsdp::Execution::kDevice ? at::kCUDA
-                                                                         : a.t.o.device;
+                                                                         : a.t.o.device.type();
   fsdp::check_options(p.o, a.world_size);
   const bool pure = a.t.o.fsdp.mixed_precision.master_dtype == at::kBFloat16;
   p.plan = fsdp::plan_sharding(p.root.root, a.world_size, a.rank, p.o, pure ? at::kBFloat16 : at::kFloat);

@@ -132,25 +132,29 @@ int usable_cpus() {
 }
 
 // --nproc-per-node's upper bound: one process per GPU with --device cuda; on
-// the CPU 4 per core (each process holds LibTorch, its threads and its share
-// of the model: more only thrash the machine).
+// the CPU, and with --device cuda:N (every rank on GPU N), 4 per core (each
+// process holds LibTorch, its threads and its share of the model: more only
+// thrash the machine).
 constexpr int kProcessesPerCpu = 4;
 
-void check_nproc(int nproc, at::DeviceType device) {
+void check_nproc(int nproc, const at::Device& device) {
   FSDP_CHECK(nproc >= 1, "--nproc-per-node must be >= 1, got ", nproc);
   if (nproc == 1) return;
-  if (device == at::kCUDA) {
+  if (device.is_cuda() && device.has_index()) {
+    fsdp::worker_device(device, /*local_rank=*/0);  // GPU N exists
+  } else if (device.is_cuda()) {
     fsdp::worker_device("cuda", /*local_rank=*/0);  // a CUDA build with a GPU, else it says how to get one
     const int gpus = fsdp::cuda_device_count();
     FSDP_CHECK(nproc <= gpus, "--nproc-per-node ", nproc, " with --device cuda needs one GPU per process, but this "
-               "machine shows ", gpus, " (CUDA_VISIBLE_DEVICES?) — use --nproc-per-node <= ", gpus);
+               "machine shows ", gpus, " (CUDA_VISIBLE_DEVICES?) — use --nproc-per-node <= ", gpus,
+               ", or --device cuda:0 to run every rank on one GPU (for tests: slow, over NCCL's sockets)");
     return;
   }
   const int cpus = usable_cpus();
   const int64_t limit = int64_t{kProcessesPerCpu} * cpus;
   FSDP_CHECK(nproc <= limit, "--nproc-per-node ", nproc, " is more processes than this machine can run: at most ",
-             limit, " (", kProcessesPerCpu, " per CPU, ", cpus, " CPU", cpus == 1 ? "" : "s",
-             " usable) with --device cpu — use fewer processes, or several machines (torchrun, Slurm, Kubeflow)");
+             limit, " (", kProcessesPerCpu, " per CPU, ", cpus, " CPU", cpus == 1 ? "" : "s", " usable) with --device ",
+             device.str(), " — use fewer processes, or several machines (torchrun, Slurm, Kubeflow)");
 }
 
 // --profile-steps A:B -> [A, B).
@@ -237,7 +241,8 @@ void apply_parsed(const CLI::App& app, const std::string& mode, fsdp::cli::Train
   // Converting a checkpoint without --model: the checkpoint's model (an empty
   // model spec; train/trainer.h).
   if (o.mode == fsdp::train::Mode::kConvert && app.count("--model") == 0) o.model.clear();
-  init.backend = fsdp::comm::choose_backend(t.run.backend, o.device == at::kCUDA);
+  init.backend = fsdp::comm::choose_backend(t.run.backend, o.device.is_cuda());
+  if (o.device.has_index()) init.cuda_device = o.device.index();
   if (app.count("--timeout") > 0) {  // given: '' is refused too, not taken as "not given"
     init.timeout = init.store_timeout = fsdp::comm::parse_timeout(t.run.timeout, "--timeout");
   } else if (const char* env = std::getenv("FSDP_TIMEOUT"); env != nullptr && *env != '\0') {
@@ -281,14 +286,17 @@ int launch_workers(int argc, char** argv, const fsdp::cli::TrainTargets& t, cons
   lo.master_port = r.master_port;
   lo.signal_timeout = init.timeout;
   lo.join_timeout = init.store_timeout;  // one deadline: this launcher's start to its workers' join
+  // --device cuda:N: the local ranks share GPU N, which NCCL allows only to
+  // ranks of different NCCL_HOSTID (Note [Several ranks on one GPU]).
+  lo.nccl_host_per_rank = o.device.is_cuda() && o.device.has_index();
   return fsdp::comm::launch_self("fsdp-train", argc, argv, lo);
 }
 
 // This process is a worker: join the job and train (or evaluate, or convert).
 int run_worker(fsdp::train::TrainOptions& o, const fsdp::comm::WorldInfo& world, fsdp::comm::InitOptions init) {
-  if (o.device == at::kCUDA) {
-    // The NCCL groups on cuda:<local rank>, made current before any CUDA work.
-    fsdp::set_current_device(fsdp::worker_device("cuda", world.local_rank));
+  if (o.device.is_cuda()) {
+    // The NCCL groups on cuda:<local rank> (or --device cuda:N), made current before any CUDA work.
+    fsdp::set_current_device(fsdp::worker_device(o.device, world.local_rank));
   }
   // Nodes started with different --max-steps would part mid-run (one finishes,
   // the other waits in a collective): agreed at the join, both values named.

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <limits>
 #include <map>
 #include <type_traits>
 
@@ -71,11 +72,18 @@ std::string field_name(const std::string& path) {
 
 // The words of the types the library names by a function taking more than the
 // word (what to name in its error) or returning an optional.
-at::DeviceType parse_device(const std::string& s) {
-  FSDP_CHECK(s == "cpu" || s == "cuda", "TrainOptions::device '", s, "' is not one of: cpu, cuda");
-  return s == "cuda" ? at::kCUDA : at::kCPU;
+// cpu, cuda (each rank on cuda:<local rank>) or cuda:N (every rank on GPU N).
+at::Device parse_device(const std::string& s) {
+  if (s == "cpu" || s == "cuda") return s == "cuda" ? at::Device(at::kCUDA) : at::Device(at::kCPU);
+  const std::string digits = s.rfind("cuda:", 0) == 0 ? s.substr(5) : "";
+  constexpr int kMaxIndex = std::numeric_limits<c10::DeviceIndex>::max();
+  const bool number = !digits.empty() && digits.size() <= 3 && (digits[0] != '0' || digits.size() == 1) &&
+                      digits.find_first_not_of("0123456789") == std::string::npos && std::stoi(digits) <= kMaxIndex;
+  FSDP_CHECK(number, "TrainOptions::device '", s, "' is not one of: cpu, cuda, cuda:N (N in 0..", kMaxIndex,
+             ": every rank on GPU N)");
+  return at::Device(at::kCUDA, static_cast<c10::DeviceIndex>(std::stoi(digits)));
 }
-std::string device_word(at::DeviceType d) { return c10::DeviceTypeName(d, /*lower_case=*/true); }
+std::string device_word(const at::Device& d) { return d.str(); }
 WrapPolicy parse_wrap(const std::string& s) {
   WrapPolicy p = parse_wrap_policy(s, std::type_index(typeid(void)));
   p.types.clear();  // by_type with no types: the model's blocks (TrainOptions::fsdp)
@@ -288,7 +296,8 @@ std::vector<OptionRow> run_rows() {
        "default) | c10d-nccl (PyTorch's ProcessGroupNCCL) | auto",
        BIND(run.backend), {"auto", "tcp", "gloo", "nccl", "c10d-nccl"}, kD, kIgnores,
        {"InitOptions::backend"}},
-      {"--device", "", "cpu | cuda", WORDS(o.device, parse_device, device_word), {"cpu", "cuda"}, kD, kUses,
+      {"--device", "", "cpu | cuda (each rank on cuda:<its local rank>) | cuda:N (every rank on GPU N: tests)",
+       WORDS(o.device, parse_device, device_word), {}, kD, kUses,
        {"worker_device: kind", "start_job: device"}},
       {"--sharding", "",
        "full (FULL_SHARD) | grad-op (SHARD_GRAD_OP) | none (NO_SHARD, DDP) | hybrid (HYBRID_SHARD)",

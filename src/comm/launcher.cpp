@@ -444,6 +444,17 @@ void wait_for_store(const LaunchOptions& o, Clock::time_point deadline) {
             "LaunchOptions::master_port");
 }
 
+// Note [Several ranks on one GPU]
+// NCCL refuses a communicator in which two ranks hold the same GPU: it compares
+// each rank's host hash and the GPU's bus id ("Duplicate GPU detected"). The
+// host hash is read from NCCL_HOSTID when that is set (NCCL's own misc/utils),
+// so processes with different NCCL_HOSTID on one GPU look like ranks on
+// different hosts and form a real communicator over NCCL's network transport
+// (sockets here) instead of shared memory or NVLink. That is no way to train
+// fast, but it runs every collective, every sub-group and every failure path
+// of a multi-rank job on the one GPU a test machine has. fsdp-train does it for
+// --device cuda:N with more than one process (every rank on GPU N), the test
+// harness for its NCCL runs; without it NCCL's refusal stands, and is tested.
 std::vector<std::string> worker_env(const LaunchOptions& o, int rank, int lws, const std::string& master_addr,
                                     int port, const std::string& run_id, int64_t join_deadline_ms) {
   std::map<std::string, std::string> env;
@@ -481,6 +492,10 @@ std::vector<std::string> worker_env(const LaunchOptions& o, int rank, int lws, c
   if (!env.count("OMP_NUM_THREADS")) env["OMP_NUM_THREADS"] = per_worker;
   for (const auto& [k, v] : o.env) {
     if (k != "LOCAL_WORLD_SIZE") env[k] = v;  // honoured through `lws`, with LOCAL_RANK to match
+  }
+  if (o.nccl_host_per_rank) {
+    const auto given = env.find("NCCL_HOSTID");
+    env["NCCL_HOSTID"] = detail::cat(given != env.end() ? given->second : run_id, "-rank", rank);
   }
   std::vector<std::string> out;
   out.reserve(env.size());

@@ -663,10 +663,11 @@ Runtime init_process_group(const WorldInfo& world, const InitOptions& options) {
     rt.world_group = make_gloo_group(pg_store, world.rank, world.world_size, "world", options.timeout, t,
                                      options.reductions.value_or(C10dReductions::kRankOrder));
   } else {
+    const int gpu = options.cuda_device.value_or(world.local_rank);
     rt.world_group = backend == "nccl" ? make_nccl_group(pg_store, world.rank, world.world_size, "world",
-                                                         options.timeout, world.local_rank)
+                                                         options.timeout, gpu)
                                        : make_torch_nccl_group(pg_store, world.rank, world.world_size, "world",
-                                                               options.timeout, world.local_rank);
+                                                               options.timeout, gpu);
     auto cpu_store = c10::make_intrusive<c10d::PrefixStore>("fsdp/pg/cpu", rt.store);
     rt.cpu_group = make_tcp_group(cpu_store, world.rank, world.world_size, "cpu", options.timeout, t);
   }

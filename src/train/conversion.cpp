@@ -179,7 +179,7 @@ TrainSummary convert_checkpoint(const TrainOptions& o, const comm::Runtime& rt) 
   const comm::ProcessGroupPtr& world = rt.world_group;
   ModelConfigPtr cfg = validate_options(o, world->size(), nullptr);
   const bool lead = world->rank() == 0;
-  const at::Device device = worker_device(device_name(o.device), rt.world.local_rank);
+  const at::Device device = worker_device(o.device, rt.world.local_rank);
   set_current_device(device);
   Console console(o.log, lead);
   const LogLine say = console.level('I');

@@ -56,7 +56,7 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
     return std::min(b.value_or(kHuge), kHuge);
   };
   // The loss holds one chunk of logits at a time (models/chunked_loss.h).
-  const int64_t loss_rows = models::loss_chunk_rows(o.step.loss_chunk_rows, cfg.vocab_size(), o.device);
+  const int64_t loss_rows = models::loss_chunk_rows(o.step.loss_chunk_rows, cfg.vocab_size(), o.device.type());
   const std::optional<int64_t> tokens = checked_product({o.step.batch_size, width});
   const int64_t logit_bytes =
       std::min(models::chunked_loss_bytes(std::min(tokens.value_or(kHuge), loss_rows), cfg.vocab_size(),
@@ -65,11 +65,11 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   // Activations kept for backward, a lower bound per token (the family's count).
   const int64_t per_token = cfg.activation_elements_per_token(o.activation_checkpointing, eval_only);
   // What the checkpoint policy keeps beyond the layers' inputs (--ac-policy selective), in bytes per token.
-  const int64_t kept_per_token = o.activation_checkpointing && !eval_only
-                                     ? cfg.checkpoint_kept_bytes_per_token(o.fsdp.checkpoint_policy,
-                                                                           fo.mixed_precision.param_dtype, o.device,
-                                                                           o.data.seq_len)
-                                     : 0;
+  const int64_t kept_per_token =
+      o.activation_checkpointing && !eval_only
+          ? cfg.checkpoint_kept_bytes_per_token(o.fsdp.checkpoint_policy, fo.mixed_precision.param_dtype,
+                                                o.device.type(), o.data.seq_len)
+          : 0;
   const std::optional<int64_t> kept = checked_product({o.step.batch_size, o.data.seq_len, kept_per_token});
   const int64_t activation_bytes = std::min(bytes_per_micro_batch(per_token) + std::min(kept.value_or(kHuge), kHuge),
                                             kHuge);
@@ -77,7 +77,7 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   const int64_t unsharded = plan.unsharded_bound(o.step.grad_accum);
   const int64_t step = unsharded + logit_bytes + activation_bytes;
   const bool on_device = this_rank && this_rank->is_cuda();
-  const bool cuda_run = o.device == at::kCUDA;
+  const bool cuda_run = o.device.is_cuda();
   // Host: everything on CPU runs; the offloaded shards with --cpu-offload on CUDA.
   const int64_t host = cuda_run ? (o.fsdp.cpu_offload ? shards : 0) : shards + step;
   const std::string parts = fmt::format(

@@ -156,7 +156,7 @@ FsdpOptions engine_options(const TrainOptions& o, const ModelConfig* cfg, int wo
   if (o.activation_checkpointing) {
     fo.checkpoint_types = {cfg != nullptr ? cfg->block_type() : std::type_index(typeid(void))};
   }
-  fo.device = at::Device(o.device);
+  fo.device = o.device;
   // 0 (LOCAL_WORLD_SIZE) is resolved where the node's size is known (worker_engine_options,
   // check_memory); the other checks hold for any shard-group size.
   FsdpOptions checked = fo;
@@ -172,6 +172,5 @@ void check_engine_options(const TrainOptions& o, int world_size) {
   engine_options(o, nullptr, world_size);  // the units' types are not what the checks look at
 }
 
-std::string device_name(at::DeviceType type) { return c10::DeviceTypeName(type, /*lower_case=*/true); }
 
 }  // namespace fsdp::train

@@ -63,7 +63,4 @@ void check_engine_options(const TrainOptions& options, int world_size);
 // The run's LoRA options as the models layer takes them.
 models::LoraConfig lora_config(const LoraOptions& lora);
 
-// --device's spelling of a device type ("cpu", "cuda"), as worker_device takes it.
-std::string device_name(at::DeviceType type);
-
 }  // namespace fsdp::train

@@ -54,10 +54,10 @@ Trainer::Impl::Impl(TrainOptions options, comm::Runtime runtime)
 }
 
 void Trainer::Impl::build() {
-  device_ = worker_device(device_name(o_.device), rt_.world.local_rank);
-  FSDP_CHECK(world_->device().type() == device_.type(), "TrainOptions::device ", device_name(o_.device),
+  device_ = worker_device(o_.device, rt_.world.local_rank);
+  FSDP_CHECK(world_->device().type() == device_.type(), "TrainOptions::device ", o_.device.str(),
              " but the world process group (", world_->backend(), ") runs on ", world_->device().str(),
-             "; start the workers with the backend for ", device_name(o_.device), " (tcp for cpu, nccl for cuda)");
+             "; start the workers with the backend for ", o_.device.str(), " (tcp for cpu, nccl for cuda)");
   set_current_device(device_);
   // This rank's share, before anything is allocated.
   unsharded_bound_ = check_memory(o_, W_, rt_.world.local_world_size, device_, cfg_);

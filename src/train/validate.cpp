@@ -62,7 +62,7 @@ void check_targets_apart(const TrainOptions& o) {
 // model its config.json describes, written out as any target (an export that
 // reads back as the same model, its tokenizer and generation files carried).
 ModelConfigPtr validate_conversion(const TrainOptions& o, int world_size, const ModelConfigPtr* resolved) {
-  worker_device(device_name(o.device), /*local_rank=*/0);
+  worker_device(o.device, /*local_rank=*/0);
   const char* what = "converting a checkpoint (Mode::kConvert)";
   const bool any_target =
       !o.hf.export_dir.empty() || !o.checkpoint.export_dcp.empty() || !o.checkpoint.export_checkpoint.empty();
@@ -178,7 +178,7 @@ ModelConfigPtr validate_options(const TrainOptions& o, int world_size, const Mod
     check(o.lora, c);
     check(o.log, c);
   };
-  worker_device(device_name(o.device), /*local_rank=*/0);  // a known device, a build that has it, at least one device
+  worker_device(o.device, /*local_rank=*/0);  // a known device, a build that has it, at least one device
   check_engine_options(o, world_size);
   check_parts({o, world_size, nullptr});
   check_targets_apart(o);

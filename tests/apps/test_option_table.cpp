@@ -120,7 +120,10 @@ TEST(OptionTable, EveryTrainerRowNamesItsField) {
 }
 
 TEST(OptionTable, WordsGiveTheirValues) {
-  EXPECT_EQ(parse({"--device", "cuda"}).o.device, at::kCUDA);
+  EXPECT_EQ(parse({"--device", "cuda"}).o.device, at::Device(at::kCUDA));
+  EXPECT_FALSE(parse({"--device", "cuda"}).o.device.has_index());  // each rank on its local rank's GPU
+  EXPECT_EQ(parse({"--device", "cuda:3"}).o.device, at::Device(at::kCUDA, 3));
+  EXPECT_EQ(parse({"--device", "cuda:127"}).o.device, at::Device(at::kCUDA, 127));
   EXPECT_EQ(parse({"--sharding", "grad-op"}).o.fsdp.strategy, ShardingStrategy::kShardGradOp);
   EXPECT_EQ(parse({"--sharding", "none"}).o.fsdp.strategy, ShardingStrategy::kNoShard);
   EXPECT_EQ(parse({"--sharding", "HYBRID_SHARD"}).o.fsdp.strategy, ShardingStrategy::kHybridShard);
@@ -205,7 +208,10 @@ TEST(OptionTable, ReshardAfterForwardMustDivideTheShardGroup) {
 
 // The library's messages for bad words, in the flags' terms.
 TEST(OptionTable, BadWordsGetTheLibrarysMessageInFlagTerms) {
-  EXPECT_EQ(words_error("--device", "tpu"), "--device 'tpu' is not one of: cpu, cuda");
+  for (const char* bad : {"tpu", "cpu:0", "cuda:", "cuda:-1", "cuda:+1", "cuda:x", "cuda:128", "cuda:01", "CUDA"}) {
+    EXPECT_EQ(words_error("--device", bad),
+              std::string("--device '") + bad + "' is not one of: cpu, cuda, cuda:N (N in 0..127: every rank on GPU N)");
+  }
   EXPECT_EQ(words_error("--sharding", "half"), "unknown sharding strategy 'half'; accepted: full, grad-op, none, hybrid");
   EXPECT_EQ(words_error("--wrap", "leaves"), "--wrap 'leaves' is not one of: block, size:N, root, all");
   EXPECT_EQ(words_error("--wrap", ""), "--wrap '' is not one of: block, size:N, root, all");

@@ -15,7 +15,9 @@
 #include <chrono>
 #include <fstream>
 #include <iostream>
+#include <string>
 #include <thread>
+#include <vector>
 
 namespace fsdp::comm {
 namespace {
@@ -95,6 +97,33 @@ TEST(Launcher, SecondNodeStartsItsGlobalRanks) {
   EXPECT_EQ(r.exit_code, 4);
   EXPECT_EQ(r.ranks[static_cast<size_t>(r.failed_rank)].rank, 3);
   EXPECT_HAS(r.message, "rank 3 exited with code 4");
+}
+
+// Note [Several ranks on one GPU]: with nccl_host_per_rank each worker gets
+// its own NCCL_HOSTID (after the user's, when one is set); without it the
+// workers inherit the environment's, so NCCL's duplicate-GPU refusal stands.
+TEST(Launcher, EachRankGetsItsOwnNcclHostIdWhenRanksShareAGpu) {
+  auto host_ids = [](bool per_rank, const char* given) {
+    const std::string dir = testing::temp_dir("logs");
+    LaunchOptions o = sh("echo \"host=${NCCL_HOSTID:-unset}\"", 3, dir);
+    o.run_id = "run7";
+    o.nccl_host_per_rank = per_rank;
+    if (given != nullptr) o.env = {{"NCCL_HOSTID", given}};
+    const LaunchResult r = launch_local(o);
+    EXPECT_TRUE(r.ok) << r.message;
+    std::vector<std::string> ids;
+    for (const auto& rank : r.ranks) {
+      const std::string log = read_file(rank.log_file);
+      const size_t at = log.find("host=");
+      ids.push_back(at == std::string::npos ? "?" : log.substr(at + 5, log.find('\n', at) - at - 5));
+    }
+    return ids;
+  };
+  unsetenv("NCCL_HOSTID");  // only what the launcher gives
+  EXPECT_EQ(host_ids(true, nullptr), (std::vector<std::string>{"run7-rank0", "run7-rank1", "run7-rank2"}));
+  EXPECT_EQ(host_ids(true, "box"), (std::vector<std::string>{"box-rank0", "box-rank1", "box-rank2"}));
+  EXPECT_EQ(host_ids(false, nullptr), (std::vector<std::string>{"unset", "unset", "unset"}));
+  EXPECT_EQ(host_ids(false, "box"), (std::vector<std::string>{"box", "box", "box"}));
 }
 
 TEST(Launcher, FailingRankIsNamedAndOthersAreStopped) {

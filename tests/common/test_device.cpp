@@ -34,6 +34,31 @@ TEST(Device, CudaNeedsACudaBuildAndADevicePerLocalRank) {
   if (n > 0) EXPECT_EQ(fsdp::worker_device("cuda", 0), c10::Device(c10::kCUDA, 0));
 }
 
+// --device cuda:N: every local rank on GPU N (Note [Several ranks on one GPU]);
+// plain cuda and cpu as above.
+TEST(Device, ANamedGpuServesEveryLocalRank) {
+  EXPECT_EQ(fsdp::worker_device(c10::Device(c10::kCPU), 3), c10::Device(c10::kCPU));
+  if (!fsdp::cuda_built()) {
+    const std::string msg = usage_error_of([] { fsdp::worker_device(c10::Device(c10::kCUDA, 0), 2); });
+    EXPECT_NE(msg.find("CPU-only"), std::string::npos) << msg;
+    return;
+  }
+  const int n = fsdp::cuda_device_count();
+  if (n == 0) {  // a CUDA build without a GPU: the count is named either way
+    const std::string msg = usage_error_of([] { fsdp::worker_device(c10::Device(c10::kCUDA, 0), 2); });
+    EXPECT_NE(msg.find("sees 0 device"), std::string::npos) << msg;
+    return;
+  }
+  for (int local_rank : {0, 1, 5}) EXPECT_EQ(fsdp::worker_device(c10::Device(c10::kCUDA, 0), local_rank),
+                                             c10::Device(c10::kCUDA, 0));
+  EXPECT_EQ(fsdp::worker_device(c10::Device(c10::kCUDA), 0), c10::Device(c10::kCUDA, 0));
+  const std::string msg = usage_error_of([n] { fsdp::worker_device(c10::Device(c10::kCUDA, n), 0); });
+  EXPECT_NE(msg.find("worker_device: kind cuda:" + std::to_string(n) + " is not a device of this process: it sees " +
+                     std::to_string(n) + " CUDA device"),
+            std::string::npos)
+      << msg;
+}
+
 TEST(Device, CpuPeakMemorySeesAnAllocationAndResets) {
   const c10::Device cpu(c10::kCPU);
   fsdp::synchronize(cpu);  // nothing to wait for; must not throw

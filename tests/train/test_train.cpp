@@ -307,6 +307,9 @@ TEST(TrainCli, BadInputIsAOneLineUsageError) {
        "not a multiple of the hybrid shard size 3"},
       {"--model tiny --data " + kCorpus + " --token-dtype u8", "--token-dtype"},
       {"--model tiny --data " + kCorpus + " --device tpu", "--device"},
+      {"--model tiny --data " + kCorpus + " --device cuda:x", "cpu, cuda, cuda:N"},
+      // No GPU here: the CPU build names the build, the CUDA build the count it sees.
+      {"--model tiny --data " + kCorpus + " --device cuda:0 --nproc-per-node 2", "--device cuda"},
       {"--model tiny --data " + kCorpus + " --nproc-per-node 2 --batch-size 0", "--batch-size"},
       {"--model tiny --data " + kCorpus + " --no-such-flag", "--no-such-flag"},
       {"--model tiny --data " + kCorpus + " --resume", "--resume needs --checkpoint-dir"},

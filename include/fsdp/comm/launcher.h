@@ -109,6 +109,11 @@ struct LaunchOptions {
   std::string master_addr;
   int master_port = 0;
   bool forward_signals = true;
+  // Every worker gets its own NCCL_HOSTID (<run id>-rank<r>; after a user's
+  // NCCL_HOSTID, <theirs>-rank<r>), so that NCCL accepts several ranks on one
+  // GPU (Note [Several ranks on one GPU] in launcher.cpp). Off: the workers
+  // inherit the environment's, and NCCL refuses a second rank on a GPU.
+  bool nccl_host_per_rank = false;
 };
 
 struct RankOutcome {

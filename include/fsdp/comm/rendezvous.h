@@ -123,6 +123,10 @@ struct InitOptions {
   // Settings every process of the job must give alike, as (flag, value), e.g.
   // {"--max-steps", "500"}: checked at the join like WORLD_SIZE (step 2 below).
   std::vector<std::pair<std::string, std::string>> agreed;
+  // The CUDA device of nccl and c10d-nccl groups; nullopt: cuda:<local_rank>.
+  // Several ranks may name the same GPU (Note [Several ranks on one GPU] in
+  // src/comm/launcher.cpp).
+  std::optional<int> cuda_device;
 };
 
 struct Runtime {
@@ -142,8 +146,8 @@ struct Runtime {
 // Connects (or, on rank 0 without an agent store, hosts) the TCPStore at
 // master_addr:master_port, builds the world group and calls
 // fsdp::set_rank_tag(rank, world_size). A world of size 1 without a master
-// address uses no network. nccl and c10d-nccl use cuda:<local_rank> and also
-// build cpu_group (TCP).
+// address uses no network. nccl and c10d-nccl use cuda:<local_rank> (or
+// options.cuda_device) and also build cpu_group (TCP).
 //
 // Joining, in this order, all of it bounded by one deadline: options.store_timeout
 // from the call, or world.join_deadline_ms when that comes first:

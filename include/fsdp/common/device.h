@@ -22,6 +22,12 @@ int cuda_device_count();
 // fsdp::UsageError when `kind` is "cuda" and the build or the machine has no
 // CUDA device for that local rank (the message names the counts).
 c10::Device worker_device(const std::string& kind, int local_rank);
+// The device a worker trains on when the user named one: CPU; "cuda" without
+// an index is cuda:<local_rank> (one GPU per local rank, as above); cuda:N is
+// GPU N for every local rank — several ranks share it (Note [Several ranks on
+// one GPU] in src/comm/launcher.cpp). Throws fsdp::UsageError when the build
+// or the machine has no such device (the message names the counts).
+c10::Device worker_device(const c10::Device& asked, int local_rank);
 
 // Makes `d` the current CUDA device of this thread (kernels, the caching
 // allocator, NCCL communicators all follow it). CPU: nothing.

@@ -218,8 +218,9 @@ struct TrainOptions {
   // Preset name, HF config.json, or a directory holding one. Converting a
   // checkpoint (Mode::kConvert): "" takes the checkpoint's model.
   std::string model = "tiny";
-  // kCPU, or kCUDA: each worker trains on cuda:<its local rank>.
-  at::DeviceType device = at::kCPU;
+  // cpu; cuda: each worker trains on cuda:<its local rank>; cuda:N: every
+  // worker on GPU N, several ranks sharing it (worker_device).
+  at::Device device = at::kCPU;
   DataOptions data;
   StepOptions step;
   optim::AdamWOptions adamw;
