@@ -7,6 +7,11 @@
 #                        80 GB and the tutorial MLP with and without CPU offload:
 #                        under 9 minutes
 #   PACK/run.sh --long   the probe, then the full head-to-head (a second call)
+#   PACK/run.sh --ranks  the probe, then several ranks on the one GPU: NCCL at
+#                        world sizes 2 and 4 (the CudaRanks tests) and
+#                        fsdp-train --device cuda:0 at 2 ranks against 1 (a
+#                        short call; the default call ends with it when time
+#                        is left)
 #   PACK/run.sh --dry-run  the same phases on the CPU with tiny sizes, on any
 #                        machine (CI runs it on every run)
 #   PACK/run.sh --self-test  the probe, then a phase made to hang: it must be
@@ -17,9 +22,9 @@
 # row per phase the moment the phase ends (passed, FAILED, TIMED OUT; seconds;
 # what it found), then the head-to-head's table: a call cut short still leaves
 # the rows of the phases it finished. Each phase keeps its log: probe.log,
-# cuda-tests.log, agreement.log, and the head-to-head's bench.log (with
-# results.jsonl and OUT/table.md, both rewritten after every row). Seven files (at
-# most eight). Temporary files live in a folder under TMPDIR, removed at the end.
+# cuda-tests.log, agreement.log, ranks.log, and the head-to-head's bench.log
+# (with results.jsonl and OUT/table.md, both rewritten after every row). Eight
+# files at most. Temporary files live in a folder under TMPDIR, removed at the end.
 #
 # PYTHON (default python3) is the Python with PyTorch: the binaries use its
 # torch libraries (torch/lib and the nvidia-* packages beside it) and this
@@ -44,13 +49,14 @@ mode=quick
 case "${1:-}" in
   "") ;;
   --long) mode=long ;;
+  --ranks) mode=ranks ;;
   --dry-run) mode=dry ;;
   --self-test) mode=selftest ;;
   -h | --help) sed -n '2,40p' "$0"; exit 0 ;;
-  *) echo "run.sh: unknown argument '$1' (--long, --dry-run, --self-test, or nothing)" >&2; exit 2 ;;
+  *) echo "run.sh: unknown argument '$1' (--long, --ranks, --dry-run, --self-test, or nothing)" >&2; exit 2 ;;
 esac
 [[ $# -le 1 ]] || { echo "run.sh: one argument at most" >&2; exit 2; }
-OUT=${OUT:-$pack/results$([[ $mode == long ]] && echo -long)}
+OUT=${OUT:-$pack/results$([[ $mode == long || $mode == ranks ]] && echo "-$mode")}
 mkdir -p "$OUT" || exit 2
 [[ -z $(ls -A "$OUT") ]] || { echo "run.sh: OUT=$OUT is not empty; results are never overwritten: set OUT to a new folder" >&2; exit 2; }
 PYTHON=${PYTHON:-python3}
@@ -295,60 +301,136 @@ cuda_tests() {
   mkdir -p "$work/tests"
   local rc=0
   FSDP_TIMEOUT=$(collective_timeout "$PHASE_LIMIT") FSDP_TEST_TMPDIR=$work/tests FSDP_TEST_DEVICE=$device \
-    bounded "$PHASE_LIMIT" "$bin/test_cuda" || rc=$?
+    bounded "$PHASE_LIMIT" "$bin/test_cuda" --gtest_filter='Cuda.*' || rc=$?
   say "FSDP_TEST_DEVICE=$device: $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ test' "$OUT/cuda-tests.log" | tr '\n' ' ')"
   return $rc
 }
 
 # ---- fsdp-train on the device against the CPU ------------------------------------------
-agreement() {
+# The tiny model's token files, once: $work/tokens.bin, runs of counting
+# tokens from random starts, and $work/markov.bin, an order-2 Markov chain over
+# the vocabulary (each pair of tokens picks the next among 4 of its own with
+# probabilities 0.6, 0.25, 0.1, 0.05: 1.03 nats a token at best, where
+# random tokens leave the loss at ln V). Both learnable, both seeded.
+make_tokens() {
+  [[ -f $work/tokens.bin && -f $work/markov.bin ]] && return 0
   "$bin/fsdp-inspect" --model tiny --write-hf-config "$work/tiny.json" > /dev/null || return 1
-  "$PYTHON" - "$work/tiny.json" "$work/tokens.bin" <<'PY' || return 1
+  "$PYTHON" - "$work/tiny.json" "$work/tokens.bin" "$work/markov.bin" <<'PY'
 import array, json, random, sys
 vocab = json.load(open(sys.argv[1]))["vocab_size"]
+def write(path, ids):
+    a = array.array("I", ids)
+    if sys.byteorder != "little":
+        a.byteswap()
+    open(path, "wb").write(a.tobytes())
 rng = random.Random(7)
-# A learnable stream: runs of counting tokens from random starts.
 ids = []
 while len(ids) < 300_000:
     s = rng.randrange(vocab)
     ids.extend((s + k) % vocab for k in range(rng.randrange(8, 64)))
-a = array.array("I", ids)
-if sys.byteorder != "little":
-    a.byteswap()
-open(sys.argv[2], "wb").write(a.tobytes())
+write(sys.argv[2], ids)
+rng = random.Random(11)
+ids = [rng.randrange(vocab), rng.randrange(vocab)]
+weights = [0.6, 0.25, 0.1, 0.05]
+while len(ids) < 300_000:
+    a, b = ids[-2], ids[-1]
+    j = rng.choices(range(4), weights)[0]
+    ids.append((a * 1_000_003 + b * 7_919 + j * 104_729) % vocab)
+write(sys.argv[3], ids)
 PY
-  # A dry run compares the CPU with itself at a size the CPU runs in seconds.
-  local steps=30 batch=8 seq=64 rc=0 d run=0 each
-  [[ $mode == dry ]] && steps=8 batch=2 seq=32
-  each=$((PHASE_LIMIT / 2 - 5))
-  for d in "$device" cpu; do  # run 1: the device under test; run 2: the CPU
-    run=$((run + 1))
-    echo "--- run $run: fsdp-train --device $d"
-    FSDP_TIMEOUT=$(collective_timeout "$each") bounded "$each" "$bin/fsdp-train" --model tiny --data "$work/tokens.bin" \
-      --token-dtype u32 --seq-len "$seq" --batch-size "$batch" --max-steps "$steps" --log-every 1 --lr 3e-3 \
-      --warmup-steps 3 --mixed-precision bf16 --device "$d" --metrics-file "$work/metrics-$run.jsonl" ||
-      { rc=$?; say "--device $d exited $rc"; return $rc; }
-  done
-  local verdict
-  verdict=$("$PYTHON" - "$work/metrics-1.jsonl" "$work/metrics-2.jsonl" "$device" "$steps" <<'PY'
+}
+
+# fsdp-train on the tiny model: run NAME, then the flags that differ (after the
+# common ones); each run limited to `each` seconds; metrics in $work/NAME.jsonl.
+tiny_run() {  # name each steps seq tokens flags...
+  local name=$1 each=$2 steps=$3 seq=$4 tokens=$5 rc=0
+  shift 5
+  echo "--- $name: fsdp-train $*"
+  FSDP_TIMEOUT=$(collective_timeout "$each") bounded "$each" "$bin/fsdp-train" --model tiny --data "$work/$tokens.bin" \
+    --token-dtype u32 --seq-len "$seq" --max-steps "$steps" --log-every 1 --lr 3e-3 --warmup-steps 3 \
+    --metrics-file "$work/$name.jsonl" "$@" || { rc=$?; say "$name ($*) exited $rc"; }
+  return $rc
+}
+
+# Compares the per-step losses of runs A and B: the verdict on one line (the
+# phase's details), the table on stderr (its log).
+losses_agree() {  # A B steps tolerance
+  "$PYTHON" - "$work/$1.jsonl" "$work/$2.jsonl" "$1" "$2" "$3" "$4" <<'PY'
 import json, sys
 def losses(p):
     return [r["loss"] for r in map(json.loads, open(p)) if "loss" in r and "step" in r]
-a, b, dev, steps = losses(sys.argv[1]), losses(sys.argv[2]), sys.argv[3], int(sys.argv[4])
-tol = 0.02  # bf16 on both sides; another device's kernels round differently
-print(f"{'step':>4} {dev:>10} {'cpu':>10} {'rel diff':>9}", file=sys.stderr)
+a, b = losses(sys.argv[1]), losses(sys.argv[2])
+name_a, name_b, steps, tol = sys.argv[3], sys.argv[4], int(sys.argv[5]), float(sys.argv[6])
+print(f"{'step':>4} {name_a:>14} {name_b:>14} {'rel diff':>9}", file=sys.stderr)
 worst = 0.0
 for i, (x, y) in enumerate(zip(a, b)):
     d = abs(x - y) / abs(y)
     worst = max(worst, d)
-    print(f"{i:>4} {x:>10.5f} {y:>10.5f} {d:>9.2e}", file=sys.stderr)
+    print(f"{i:>4} {x:>14.6f} {y:>14.6f} {d:>9.2e}", file=sys.stderr)
 ok = len(a) == len(b) == steps and worst <= tol and a[-1] < a[0]
 print(f"{len(a)} and {len(b)} steps (of {steps}), worst relative difference {worst:.2e} (tolerance {tol}); loss {a[0]:.4f} -> {a[-1]:.4f}"
       + ("" if ok else " — DISAGREE or did not learn"))
 sys.exit(0 if ok else 1)
 PY
-) || rc=$?
+}
+
+agreement() {
+  make_tokens || return 1
+  # A dry run compares the CPU with itself at a size the CPU runs in seconds.
+  local steps=30 batch=8 seq=64 rc=0 d each verdict
+  [[ $mode == dry ]] && steps=8 batch=2 seq=32
+  each=$((PHASE_LIMIT / 2 - 5))
+  for d in "$device" cpu; do  # the device under test, then the CPU
+    tiny_run "on-$d" "$each" "$steps" "$seq" tokens --batch-size "$batch" --mixed-precision bf16 --device "$d" || return
+  done
+  # bf16 on both sides; another device's kernels round differently.
+  verdict=$(losses_agree "on-$device" on-cpu "$steps" 0.02) || rc=$?
   say "$verdict"
+  echo "$verdict"
+  return $rc
+}
+
+# ---- the fused kernels against the reference -------------------------------------------
+# --kernels fused against --kernels reference on the device, bf16, 40 steps of
+# the Markov chain (a stream the model learns, so the two runs' losses part if
+# a kernel is wrong): every step within 0.5%.
+kernels() {
+  make_tokens || return 1
+  local steps=40 batch=8 seq=64 rc=0 k each verdict
+  [[ $mode == dry ]] && steps=8 batch=2 seq=32
+  each=$((PHASE_LIMIT / 2 - 5))
+  for k in fused reference; do
+    tiny_run "kernels-$k" "$each" "$steps" "$seq" markov --batch-size "$batch" --mixed-precision bf16 \
+      --device "$device" --kernels "$k" || return
+  done
+  verdict=$(losses_agree kernels-fused kernels-reference "$steps" 0.005) || rc=$?
+  say "$verdict"
+  echo "$verdict"
+  return $rc
+}
+
+# ---- several ranks on the one GPU ----------------------------------------------------
+# Note [Several ranks on one GPU] (src/comm/launcher.cpp): the CudaRanks tests
+# (NCCL at world sizes 2 and 4 on GPU 0, each rank with its own NCCL_HOSTID:
+# collectives, the two lanes, HYBRID and hpZ sub-groups, the bf16 wire, a peer
+# that left, and NCCL's refusal without per-rank ids), then fsdp-train
+# --device cuda:0 at 2 ranks against 1 rank on the same global batch.
+ranks() {
+  mkdir -p "$work/ranks-tests"
+  local phase_start=$SECONDS rc=0 tests_limit=$((PHASE_LIMIT * 2 / 3)) gpu=cpu steps=12 seq=64 each tests verdict
+  [[ $device == cuda ]] && gpu=cuda:0
+  [[ $mode == dry ]] && steps=8 seq=32
+  FSDP_TIMEOUT=$(collective_timeout "$tests_limit") FSDP_TEST_TMPDIR=$work/ranks-tests FSDP_TEST_DEVICE=$device \
+    bounded "$tests_limit" "$bin/test_cuda" --gtest_filter='CudaRanks.*' || rc=$?
+  tests="CudaRanks on $device: $(grep -E '^\[  (PASSED|FAILED)  \] [0-9]+ test' "$OUT/ranks.log" | tr '\n' ' ')"
+  make_tokens || { say "$tests; no token file"; return 1; }
+  each=$(((PHASE_LIMIT - (SECONDS - phase_start)) / 2 - 5))
+  # fp32, so that only the order of the two ranks' sums differs from one rank's.
+  tiny_run one-rank "$each" "$steps" "$seq" tokens --device "$gpu" --batch-size 4 --global-batch-size 8 &&
+    tiny_run two-ranks "$each" "$steps" "$seq" tokens --device "$gpu" --nproc-per-node 2 --batch-size 4 \
+      --global-batch-size 8 || { say "$tests; $(< "$PHASE_DETAIL")"; return 1; }
+  verdict=$(losses_agree two-ranks one-rank "$steps" 1e-4) || rc=$?
+  say "$tests; fsdp-train --device $gpu at 2 ranks against 1: $verdict"
   echo "$verdict"
   return $rc
 }
@@ -390,13 +472,21 @@ case $mode in
       failed=1
     fi
     ;;
+  ranks)
+    phase "several ranks on the one GPU" ranks.log 300 ranks
+    ;;
   *)
     if [[ $mode != long ]]; then
       phase "CUDA tests" cuda-tests.log 150 cuda_tests
       phase "--device $device against --device cpu" agreement.log 90 agreement
+      phase "--kernels fused against reference" agreement.log 60 kernels
     fi
+    # The dry run has time for every phase; on the GPU the default call's
+    # head-to-head takes what is left, and --ranks is a call of its own.
+    [[ $mode == dry ]] && phase "several ranks on the one GPU" ranks.log 300 ranks
     # Whatever the earlier phases left of the budget, up to 8 minutes.
     phase "head-to-head and tutorial MLP" bench.log 480 head_to_head
+    [[ $mode == quick ]] && echo "| several ranks on the one GPU | not in this call | 0 | run.sh --ranks runs it |" >> "$summary"
     if [[ -f $OUT/table.md ]]; then
       { echo; cat "$OUT/table.md"; } >> "$summary"
     fi

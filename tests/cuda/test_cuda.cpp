@@ -1,6 +1,6 @@
 // The CUDA tests (ctest label `cuda`; the GPU pack's run.sh runs this
 // executable on the GPU machine). Each checks the engine on a CUDA device at
-// world size 1 (one GPU: the NCCL group of one rank):
+// world size 1 (one GPU: the NCCL group of one rank), but CudaRanks:
 //  - every NCCL collective on CUDA tensors of uneven sizes and several dtypes;
 //  - parity with an unsharded reference on the same device: FULL_SHARD bf16
 //    (collectives run at world size 1), the fp32 single-copy path,
@@ -13,7 +13,10 @@
 //  - the memory contract: the preallocated pool of unsharded buffers, as the
 //    caching allocator measures it, within 5% of plan_sharding's bound, and
 //    nothing unsharded taken from outside it;
-//  - a sharded checkpoint saved from CUDA loads on the CPU, bit for bit.
+//  - a sharded checkpoint saved from CUDA loads on the CPU, bit for bit;
+//  - CudaRanks: NCCL at world sizes 2 and 4 on the one GPU (collectives, the
+//    two lanes in opposite orders, sharded training against the reference,
+//    a peer that left, NCCL's refusal without per-rank NCCL_HOSTID).
 //
 // FSDP_TEST_DEVICE=cpu runs the same checks on the CPU (the TCP group of one
 // rank; the pool enabled by FsdpOptions::unsharded_pool): the CUDA build's CPU
@@ -25,6 +28,7 @@
 #include <c10/cuda/CUDACachingAllocator.h>
 #include <c10/cuda/CUDAStream.h>
 #include <torch/csrc/autograd/autograd.h>
+#include <torch/csrc/distributed/c10d/FileStore.hpp>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -35,11 +39,13 @@
 #include <chrono>
 #include <cstdlib>
 #include <iostream>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "fsdp/checkpoint/async_save.h"
 #include "fsdp/checkpoint/sharded.h"
@@ -575,6 +581,276 @@ TEST_F(Cuda, AnAsyncSaveFromTheDeviceHoldsTheStateOfItsStart) {
   auto cpu_pg = one_rank_group(at::kCPU, "async-load");
   Llama cpu = sharded_llama(cpu_pg, at::kCPU, "bf16");
   expect_loads_as_saved(dir, cpu, *cpu_pg, saved, saved_moments);
+}
+
+// ---- several ranks on the one GPU ----------------------------------------------
+//
+// run_distributed's workers, on CUDA every one of them on GPU 0 with its own
+// NCCL_HOSTID (Note [Several ranks on one GPU] in src/comm/launcher.cpp), so a
+// machine with one GPU runs NCCL at world sizes 2 and 4: its collectives, its
+// two lanes, sub-groups and a peer that is gone. On the CPU the same bodies run
+// over the TCP group. What one GPU cannot show is speed across GPUs.
+
+// Its own fixture, so that the GPU pack runs these in a phase of their own.
+class CudaRanks : public Cuda {};
+
+// The workers' environment: NCCL on the device's GPU, or the TCP group.
+std::map<std::string, std::string> ranks_env(const at::Device& d, std::map<std::string, std::string> env = {}) {
+  if (d.is_cuda()) {
+    env["FSDP_TEST_BACKEND"] = "nccl";
+    env["FSDP_TEST_CUDA_DEVICE"] = std::to_string(d.index());
+  }
+  return env;
+}
+
+// "" when `got` is `want` within `ulps` units in the last place of `dtype`
+// (relative to the largest |want|): the sums of several ranks round at each
+// addition on NCCL, in another order than a sum on the host.
+std::string near(const at::Tensor& got, const at::Tensor& want, at::ScalarType dtype, double ulps) {
+  if (!at::isFloatingType(dtype)) return mismatch(got, want);
+  const at::Tensor g = got.cpu().to(at::kDouble), w = want.cpu().to(at::kDouble);
+  const double eps = dtype == at::kBFloat16 ? 0x1p-8 : dtype == at::kHalf ? 0x1p-11 : 0x1p-24;
+  const double bound = ulps * eps * std::max(1.0, w.abs().max().item<double>());
+  const double worst = (g - w).abs().max().item<double>();
+  return worst <= bound ? "" : detail::cat("worst difference ", worst, " above ", bound);
+}
+
+TEST_F(CudaRanks, EveryCollectiveAtTwoAndFourRanksOnUnevenSizes) {
+  const int64_t big = device_.is_cuda() ? (int64_t{1} << 20) + 5 : 4099;
+  for (const int W : {2, 4}) {
+    testing::run_distributed(W, [&](comm::ProcessGroup& pg) {
+      EXPECT_EQ(pg.backend(), device_.is_cuda() ? "nccl" : "tcp");
+      EXPECT_EQ(pg.device(), device_);
+      const int r = pg.rank();
+      int checked = 0;
+      for (const int64_t n : {int64_t{1}, int64_t{7}, big}) {
+        for (const at::ScalarType dt : {at::kFloat, at::kBFloat16, at::kHalf, at::kLong}) {
+          const std::string what = detail::cat(c10::toString(dt), "[", n, "] at W=", W);
+          // Every rank's inputs, made alike on every rank from their seeds.
+          std::vector<at::Tensor> shard, full;
+          for (int q = 0; q < W; ++q) {
+            shard.push_back(random_of(dt, n, device_, 1000 * q + n));
+            full.push_back(random_of(dt, n * W, device_, 5000 * q + n));
+          }
+          at::Tensor gathered = at::full({n * W}, 3, shard[r].options());
+          pg.all_gather(gathered, shard[r])->wait();
+          EXPECT_EQ(mismatch(gathered, at::cat(shard)), "") << "all_gather " << what;
+          at::Tensor b = shard[r].clone();
+          pg.broadcast(b, W - 1)->wait();
+          EXPECT_EQ(mismatch(b, shard[W - 1]), "") << "broadcast from the last rank " << what;
+          for (const comm::ReduceOp op : {comm::ReduceOp::kSum, comm::ReduceOp::kAvg, comm::ReduceOp::kMax}) {
+            if (dt == at::kLong && op == comm::ReduceOp::kAvg) continue;
+            auto reduce = [&](const std::vector<at::Tensor>& xs) {
+              at::Tensor acc = xs[0].to(at::kDouble);
+              for (int q = 1; q < W; ++q) {
+                const at::Tensor x = xs[q].to(at::kDouble);
+                acc = op == comm::ReduceOp::kMax ? at::maximum(acc, x) : acc + x;
+              }
+              return (op == comm::ReduceOp::kAvg ? acc / W : acc).to(dt);
+            };
+            const double ulps = op == comm::ReduceOp::kMax ? 0 : 2 * W;
+            at::Tensor rs = at::full({n}, 3, shard[r].options());
+            pg.reduce_scatter(rs, full[r], op)->wait();
+            std::vector<at::Tensor> mine;
+            for (int q = 0; q < W; ++q) mine.push_back(full[q].narrow(0, r * n, n));
+            EXPECT_EQ(near(rs, reduce(mine), dt, ulps), "") << "reduce_scatter " << comm::to_string(op) << " " << what;
+            at::Tensor ar = shard[r].clone();
+            pg.all_reduce(ar, op)->wait();
+            EXPECT_EQ(near(ar, reduce(shard), dt, ulps), "") << "all_reduce " << comm::to_string(op) << " " << what;
+          }
+          ++checked;
+        }
+      }
+      EXPECT_EQ(checked, 12);
+    }, 180s, ranks_env(device_));
+  }
+}
+
+// The two lanes are two streams of work (process_group.h): ranks that issue a
+// gather and a reduction in opposite orders must both finish, as FSDP's
+// prefetch and its reductions do when ranks run ahead of each other. One
+// communicator for both would deadlock here.
+TEST_F(CudaRanks, TheTwoLanesFinishWhenRanksIssueThemInOppositeOrders) {
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    const int64_t n = 4099;
+    const at::Tensor mine = random_of(at::kFloat, n, device_, 11 + pg.rank());
+    const at::Tensor full = random_of(at::kFloat, 2 * n, device_, 21 + pg.rank());
+    at::Tensor gathered = at::empty({2 * n}, mine.options()), reduced = at::empty({n}, mine.options());
+    std::vector<comm::WorkPtr> work;
+    for (int i = 0; i < 2; ++i) {
+      const bool gather_first = pg.rank() == 0;
+      if ((i == 0) == gather_first) {
+        work.push_back(pg.all_gather(gathered, mine));
+      } else {
+        work.push_back(pg.reduce_scatter(reduced, full, comm::ReduceOp::kSum));
+      }
+    }
+    for (auto& w : work) w->wait();
+    const at::Tensor other = random_of(at::kFloat, n, device_, 11 + (1 - pg.rank()));
+    const at::Tensor other_full = random_of(at::kFloat, 2 * n, device_, 21 + (1 - pg.rank()));
+    const at::Tensor want_gathered = pg.rank() == 0 ? at::cat({mine, other}) : at::cat({other, mine});
+    EXPECT_EQ(mismatch(gathered, want_gathered), "");
+    const int64_t at = pg.rank() * n;
+    EXPECT_EQ(near(reduced, full.narrow(0, at, n).to(at::kDouble).add(other_full.narrow(0, at, n).to(at::kDouble))
+                                .to(at::kFloat), at::kFloat, 2), "");
+  }, 120s, ranks_env(device_));
+}
+
+// Sharded training at world sizes 2 and 4 against the unsharded reference on
+// the same device: FULL_SHARD, checkpointing, HYBRID_SHARD's two sub-groups
+// (nodes of two ranks) and hpZ's node-sized regather. The bf16 gather wire is
+// the next test.
+TEST_F(CudaRanks, ShardedTrainingAtTwoAndFourRanksMatchesTheReference) {
+  struct RanksCase {
+    const char* name;
+    int world;
+    const char* precision;
+    ShardingStrategy strategy;
+    bool hpz, checkpointing;
+  };
+  const RanksCase cases[] = {
+      {"FULL_SHARD fp32, 2 ranks", 2, "fp32", ShardingStrategy::kFullShard, false, false},
+      {"FULL_SHARD bf16 + checkpointing, 2 ranks", 2, "bf16", ShardingStrategy::kFullShard, false, true},
+      {"HYBRID_SHARD bf16, 4 ranks in nodes of 2", 4, "bf16", ShardingStrategy::kHybridShard, false, false},
+      {"FULL_SHARD bf16 + hpZ (regather within the node), 4 ranks", 4, "bf16", ShardingStrategy::kFullShard, true,
+       false},
+  };
+  const testing::ParityModel model = testing::toy_parity_model(/*with_unused=*/false, /*d=*/64, /*f=*/96);
+  for (const RanksCase& k : cases) {
+    SCOPED_TRACE(k.name);
+    testing::run_distributed(k.world, [&](comm::ProcessGroup& pg) {
+      testing::ParityConfig c;
+      c.steps = 8;
+      c.global_batch = 8;
+      c.fsdp.device = device_;
+      c.fsdp.unsharded_pool = true;
+      c.fsdp.strategy = k.strategy;
+      c.fsdp.hybrid_shard_size = 2;
+      if (k.hpz) c.fsdp.reshard_after_forward = ReshardAfterForward::to_group(2);
+      c.fsdp.mixed_precision = MixedPrecision::preset(k.precision);
+      c.fsdp.checkpoint_all_units = k.checkpointing;
+      // The ranks' gradients are summed in another order than the
+      // reference's one batch: fp32 within 1e-5, bf16 as the option
+      // matrix's runs (test_parity.cpp).
+      const bool fp32 = std::string(k.precision) == "fp32";
+      c.loss_rtol = fp32 ? 1e-5 : 2e-2;
+      c.param_atol = fp32 ? 1e-5 : 1e-2;
+      const testing::ParityReport rep = testing::run_parity(testing::borrow(pg), model, c);
+      testing::expect_learned(model, c, rep);
+    }, 180s, ranks_env(device_, {{"LOCAL_WORLD_SIZE", "2"}}));
+  }
+}
+
+// The bf16 gather wire (FsdpOptions::compression.all_gather, the compressed
+// format CUDA takes; int8 wires are the CPU's) at 2 ranks: after forward
+// under SHARD_GRAD_OP each parameter is its fp32 master rounded to bf16
+// (within half a unit in the 8th significant bit), not the master itself.
+// Training on such weights drifts from an fp32 reference without bound on a
+// toy model, so this checks what the wire delivers (as Compression.
+// GatheredParametersAreTheMastersWithinTheFormatsError does on the CPU).
+TEST_F(CudaRanks, TheBf16GatherWireDeliversTheMastersRoundedToBf16) {
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    testing::ToyConfig cfg;
+    cfg.d_in = 9;
+    cfg.d = 48;
+    cfg.f = 101;  // odd: padding at the end of the last shard
+    cfg.d_out = 5;
+    auto model = testing::make_toy(cfg, /*meta=*/true, 7);
+    FsdpOptions o;
+    o.device = device_;
+    o.unsharded_pool = true;
+    o.init_rule = testing::toy_init_rule;
+    o.seed = 7;
+    o.strategy = ShardingStrategy::kShardGradOp;
+    o.compression.all_gather = WireFormat::kBf16;
+    auto sharded = fully_shard(model.ptr(), testing::borrow(pg), o);
+    std::vector<at::Tensor> masters;
+    for (size_t u = 0; u < sharded->units().size(); ++u) masters.push_back(sharded->gather_unit(u).cpu());
+    at::Tensor loss = model->forward(at::randn({4, cfg.d_in}).to(device_), at::randn({4, cfg.d_out}).to(device_));
+    auto params = model->named_parameters(true);
+    double worst = 0;  // the largest error as a fraction of its bound
+    int64_t checked = 0;
+    for (size_t u = 0; u < sharded->units().size(); ++u) {
+      for (const ParamPlacement& p : sharded->units()[u].params) {
+        const at::Tensor got = params[p.name].detach().flatten().cpu().to(at::kDouble);
+        const at::Tensor want = masters[u].narrow(0, p.flat_offset, p.numel).to(at::kDouble);
+        const at::Tensor err = (got - want).abs(), bound = want.abs() * std::ldexp(1.0, -8) * (1 + 1e-6);
+        EXPECT_TRUE(err.le(bound + 1e-30).all().item<bool>()) << p.name << ": beyond bf16's rounding";
+        worst = std::max(worst, (err / bound.clamp_min(1e-30)).max().item<double>());
+        checked += p.numel;
+      }
+    }
+    EXPECT_GT(checked, 5000);
+    EXPECT_GT(worst, 0.2) << "the gathered parameters are suspiciously exact: no bf16 on the wire";
+    loss.backward();
+  }, 120s, ranks_env(device_));
+}
+
+// A rank that leaves mid-job: its peer's collective fails within the
+// collective timeout, naming the collective and the group, instead of
+// hanging (NCCL: the watchdog aborts the communicator).
+TEST_F(CudaRanks, APeerThatLeftIsNamedWithinTheCollectiveTimeout) {
+  testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+    at::Tensor t = random_of(at::kFloat, 4099, device_, 5);
+    pg.all_reduce(t, comm::ReduceOp::kSum)->wait();  // both are there
+    synchronize(device_);
+    if (pg.rank() == 1) {
+      std::cout.flush();
+      std::_Exit(0);  // gone without a word, as a killed process
+    }
+    std::string error;
+    try {
+      comm::WorkPtr w = pg.all_reduce(t, comm::ReduceOp::kSum);
+      // Ended by the watchdog (NCCL: wait() only orders the caller's stream
+      // after the collective) or by the TCP lane; the harness bounds a hang.
+      while (!w->completed()) std::this_thread::sleep_for(50ms);
+      w->wait();
+      synchronize(device_);
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    EXPECT_NE(error.find("all_reduce"), std::string::npos) << error;
+    EXPECT_NE(error.find("on group 'world'"), std::string::npos) << error;
+  }, 120s, ranks_env(device_, {{"FSDP_TEST_COLLECTIVE_TIMEOUT_MS", "5000"}}));
+}
+
+// Both sides of Note [Several ranks on one GPU]: the harness gives each rank
+// its own NCCL_HOSTID, or with FSDP_TEST_NCCL_HOSTID=shared the one of the
+// environment. On CUDA the shared one is refused by NCCL (both ranks on GPU 0),
+// the control that shows the per-rank ids are what makes the group.
+TEST_F(CudaRanks, RanksOnOneGpuNeedTheirOwnNcclHostId) {
+  auto host_of = [] {
+    const char* v = std::getenv("NCCL_HOSTID");
+    return std::string(v != nullptr ? v : "");
+  };
+  // The harness's world group is TCP here, so that the NCCL group the body
+  // makes is the only one that can be refused.
+  std::map<std::string, std::string> env = {{"FSDP_TEST_CUDA_DEVICE", "0"}, {"NCCL_HOSTID", "box"}};
+  for (const bool shared : {false, true}) {
+    if (shared) env["FSDP_TEST_NCCL_HOSTID"] = "shared";
+    testing::run_distributed(2, [&](comm::ProcessGroup& pg) {
+      const std::string mine = host_of();
+      EXPECT_EQ(mine, shared ? "box" : detail::cat("box-rank", pg.rank()));
+      if (!device_.is_cuda()) return;
+      const std::string dir = testing::temp_dir(shared ? "store-shared" : "store-own");
+      auto store = c10::make_intrusive<c10d::FileStore>(dir + "/store", pg.size());
+      std::string error;
+      try {
+        auto nccl = comm::make_nccl_group(store, pg.rank(), pg.size(), "one-gpu", 20s, device_.index());
+        at::Tensor t = at::ones({5}, at::TensorOptions().device(device_));
+        nccl->all_reduce(t, comm::ReduceOp::kSum)->wait();
+        synchronize(device_);
+        EXPECT_EQ(t.sum().item<double>(), 10.0);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      if (shared) {
+        EXPECT_FALSE(error.empty()) << "NCCL formed a group of two ranks on one GPU with one NCCL_HOSTID";
+      } else {
+        EXPECT_EQ(error, "");
+      }
+    }, 120s, env);
+  }
 }
 
 }  // namespace

@@ -21,8 +21,12 @@
 // ranks: LOCAL_RANK and GROUP_RANK follow). A worker's collective timeout is
 // FSDP_TEST_COLLECTIVE_TIMEOUT_MS (default 60000) so a bug fails fast. The
 // world group's backend is FSDP_TEST_BACKEND of `env`: tcp (the default), gloo
-// (c10d's ProcessGroupGloo, rank-order reductions) or gloo-native (its own
-// reductions).
+// (c10d's ProcessGroupGloo, rank-order reductions), gloo-native (its own
+// reductions), nccl or c10d-nccl (CUDA: each rank on cuda:<local rank>).
+// FSDP_TEST_CUDA_DEVICE=N in `env` puts every rank's NCCL groups on GPU N,
+// each rank with its own NCCL_HOSTID (Note [Several ranks on one GPU] in
+// src/comm/launcher.cpp); FSDP_TEST_NCCL_HOSTID=shared besides keeps the
+// environment's one NCCL_HOSTID for all ranks (NCCL then refuses the group).
 // FSDP_TEST_VERBOSE=1 in the parent prints rank 0's output of successful runs.
 #pragma once
 

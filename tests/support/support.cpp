@@ -3,6 +3,7 @@
 
 #include "fsdp/comm/launcher.h"
 #include "fsdp/comm/rendezvous.h"
+#include "fsdp/common/device.h"
 #include "fsdp/common/error.h"
 
 #include <execinfo.h>
@@ -175,7 +176,12 @@ void run_worker(int world_size, const std::function<void(comm::ProcessGroup&)>& 
   const std::string backend = env_or("FSDP_TEST_BACKEND", "tcp");  // see multiproc.h
   options.backend = backend == "gloo-native" ? "gloo" : backend;
   if (backend == "gloo-native") options.reductions = comm::C10dReductions::kBackend;
+  const std::string gpu = env_or("FSDP_TEST_CUDA_DEVICE", "");
   try {
+    if (!gpu.empty() && (backend == "nccl" || backend == "c10d-nccl")) {
+      options.cuda_device = std::stoi(gpu);
+      set_current_device(c10::Device(c10::kCUDA, static_cast<c10::DeviceIndex>(*options.cuda_device)));
+    }
     comm::Runtime rt = comm::init_process_group(world, options);
     body(*rt.world_group);
   } catch (const std::exception& e) {
@@ -238,6 +244,9 @@ void run_distributed(int world_size, const std::function<void(comm::ProcessGroup
   if (test.find("DISABLED_") != std::string::npos) o.argv.push_back("--gtest_also_run_disabled_tests");
   o.nproc = world_size;
   o.env = env;
+  const auto shared = env.find("FSDP_TEST_NCCL_HOSTID");
+  o.nccl_host_per_rank =
+      env.count("FSDP_TEST_CUDA_DEVICE") > 0 && (shared == env.end() || shared->second != "shared");
   o.env[kWorkerVar] = "1";
   o.env[kCallVar] = std::to_string(call);
   o.env[kTempRootVar] = root;
