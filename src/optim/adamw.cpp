@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <sstream>
 
 #include "fsdp/common/error.h"
@@ -307,7 +308,16 @@ struct FusedCall {
 };
 }  // namespace
 
-void AdamW::step_fused(const std::vector<Slot*>& slots) {
+// Note [Clipping inside the fused step]
+// Clipping by norm multiplies every gradient by min(1, max_norm / (norm +
+// 1e-6)) before the update: one more read and write of every gradient, which
+// on a GPU is bandwidth the step pays for nothing. at::_fused_adamw_ takes a
+// grad_scale that it divides each gradient by as it loads it (the kernel's
+// unscaling of AMP's loss scale), so step(grad_scale) passes
+// max(1, (norm + 1e-6) / max_norm) there and the pass disappears. x / s rounds
+// otherwise than x * (1 / s): within one ulp of each clipped gradient, and
+// exactly the same when nothing is clipped (s = 1).
+void AdamW::step_fused(const std::vector<Slot*>& slots, const at::Tensor& grad_scale) {
   at::NoGradGuard no_grad;
   std::vector<FusedCall> calls;
   const auto call_for = [&](double lr, double wd, const at::Tensor& p) -> FusedCall& {
@@ -376,11 +386,13 @@ void AdamW::step_fused(const std::vector<Slot*>& slots) {
     // The kernel reads the (already incremented) step count from a float tensor per parameter.
     const at::Tensor step = at::full({}, static_cast<double>(step_), at::TensorOptions().dtype(at::kFloat).device(c.device));
     const std::vector<at::Tensor> steps(c.params.size(), step);
+    const std::optional<at::Tensor> scale =
+        grad_scale.defined() ? std::optional<at::Tensor>(grad_scale.to(c.device, at::kFloat)) : std::nullopt;
     at::_fused_adamw_(c.params, c.grads, c.exp_avgs, c.exp_avg_sqs, /*max_exp_avg_sqs=*/{}, steps, c.lr,
                       options_.beta1, options_.beta2, c.weight_decay, options_.eps, /*amsgrad=*/false,
-                      /*maximize=*/false);
+                      /*maximize=*/false, scale);
     if (tails > 0) {
-      // Parameters and moments back from the scratch (the gradients were only read).
+      // Parameters and moments back from the scratch.
       const std::vector<at::Tensor>* to[3] = {&c.tail_params, &c.tail_exp_avgs, &c.tail_exp_avg_sqs};
       const int rows[3] = {0, 2, 3};
       for (int k = 0; k < 3; ++k) {
@@ -393,7 +405,16 @@ void AdamW::step_fused(const std::vector<Slot*>& slots) {
   }
 }
 
-void AdamW::step() {
+at::Tensor clip_grad_scale(const at::Tensor& norm, double max_norm) {
+  FSDP_CHECK(max_norm > 0, "clip_grad_scale: max_norm must be > 0, got ", max_norm);
+  return ((norm.to(at::kFloat) + 1e-6) / max_norm).clamp_min(1.0);
+}
+
+void AdamW::step() { step(at::Tensor()); }
+
+void AdamW::step(const at::Tensor& grad_scale) {
+  FSDP_CHECK(!grad_scale.defined() || grad_scale.numel() == 1, "AdamW::step: grad_scale must hold one value, got ",
+             grad_scale.numel());
   ++step_;
   std::vector<Slot*> fused;
   for (auto& s : slots_) {
@@ -405,6 +426,7 @@ void AdamW::step() {
     if (g.defined()) {
       FSDP_ASSERT(g.sizes() == s.param.sizes(), "gradient of '", s.name, "' has shape ", g.sizes(),
                   ", parameter ", s.param.sizes());
+      if (grad_scale.defined()) g.div_(grad_scale.to(g.device(), at::kFloat));
     }
     for (const Segment& seg : s.segments) {
       AdamWOptions o = options_;
@@ -423,7 +445,7 @@ void AdamW::step() {
       }
     }
   }
-  if (!fused.empty()) step_fused(fused);
+  if (!fused.empty()) step_fused(fused, grad_scale);
 }
 
 std::vector<StateSlot> AdamW::state_slots() {

@@ -160,7 +160,11 @@ StepRecord Trainer::Impl::train_step() {
   {
     trace::Span span("optimizer", "optim");
     skipped = scaler_ && scaler_->unscale(sharded_->shards());
-    if (!skipped) {
+    if (!skipped && o_.step.clip_grad > 0 && o_.step.kernels == models::LayerKernels::kFused) {
+      // Clipped inside the optimizer's kernel (Note [Clipping inside the fused step]).
+      norm_t = sharded_->grad_norm_tensor();
+      opt_->step(optim::clip_grad_scale(norm_t, o_.step.clip_grad));
+    } else if (!skipped) {
       norm_t = o_.step.clip_grad > 0 ? sharded_->clip_grad_norm_tensor(o_.step.clip_grad)
                                      : sharded_->grad_norm_tensor();
       opt_->step();

@@ -215,6 +215,56 @@ TEST(AdamW, FusedStepEqualsTheLoopToRounding) {
   }
 }
 
+// Note [Clipping inside the fused step]: step(grad_scale) against clipping by
+// multiplication then step(), fused and loop, with an odd length (a tail in
+// the fused scratch) and two settings. Nothing clipped (scale 1): the same
+// bits. Clipped: within an fp32 ulp of the largest weight (x / s against
+// x * (1 / s)) for the fused kernel; the loop divides first, then runs its own
+// update, so it equals dividing by hand bit for bit.
+TEST(AdamW, ClippingInsideTheStepMatchesClippingBeforeIt) {
+  const int64_t n = 4099;
+  torch::manual_seed(3);
+  const at::Tensor start = at::randn({n});
+  const std::vector<optim::AdamW::Segment> segments = {{0, 2001, {true, 1.0}}, {2001, n - 2001, {false, 1.0}}};
+  for (const bool fused : {true, false}) {
+    for (const double max_norm : {1e9, 5.0}) {  // never clipped; clipped every step (|g| ~ 64)
+      SCOPED_TRACE(::testing::Message() << (fused ? "fused" : "loop") << ", max_norm " << max_norm);
+      optim::AdamWOptions o;
+      o.lr = 1e-2;
+      o.weight_decay = 0.1;
+      o.fused = fused;
+      at::Tensor before = start.clone(), inside = start.clone(), g_before, g_inside;
+      optim::AdamW a(o), b(o);
+      a.add("p", before, [&] { return g_before; }, segments);
+      b.add("p", inside, [&] { return g_inside; }, segments);
+      ASSERT_EQ(a.fuses(a.slots()[0]), fused);
+      for (int step = 0; step < 10; ++step) {
+        const at::Tensor g = at::randn({n});
+        const at::Tensor norm = g.norm();
+        const at::Tensor scale = optim::clip_grad_scale(norm, max_norm);
+        EXPECT_EQ(scale.item<double>() > 1.0, max_norm < 1e9);
+        g_before = g.clone();
+        const double coef = max_norm / (norm.item<double>() + 1e-6);
+        if (coef < 1.0) g_before.mul_(coef);
+        g_before = fused ? g_before : g.clone().div_(scale);  // the loop divides: the same division by hand
+        g_inside = g.clone();
+        a.step();
+        b.step(scale);
+      }
+      const double worst = (before - inside).abs().max().item<double>();
+      if (max_norm >= 1e9 || !fused) {
+        EXPECT_EQ(worst, 0.0);
+      } else {
+        EXPECT_LE(worst, std::ldexp(1.0, std::ilogb(before.abs().max().item<double>()) - 23));
+        EXPECT_GT((before - start).abs().max().item<double>(), 1e-3) << "the weights did not move";
+      }
+    }
+  }
+  EXPECT_THROW(optim::clip_grad_scale(at::ones({}), 0.0), UsageError);
+  optim::AdamW a{optim::AdamWOptions{}};
+  EXPECT_THROW(a.step(at::ones({2})), UsageError);
+}
+
 // Every element gets the same bits wherever it lies in the tensors passed to
 // the kernel (Note [Fused AdamW tails]): a flat parameter cut into two shards
 // at an odd offset (two slots, one segment each: a setting shared by

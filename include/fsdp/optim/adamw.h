@@ -157,6 +157,12 @@ class AdamW : public StateOwner {
 
   // One update of every tensor with the current learning rate.
   void step();
+  // The same with every gradient divided by `grad_scale` (a one-element fp32
+  // tensor, on the slots' device or the host; undefined: 1) inside the update
+  // — gradient clipping without a pass of its own over the gradients (Note
+  // [Clipping inside the fused step] in adamw.cpp; clip_grad_scale below
+  // makes the scale). The gradients may be left divided.
+  void step(const at::Tensor& grad_scale);
   void set_lr(double lr) { options_.lr = lr; }   // the learning rate of the next steps
   double lr() const { return options_.lr; }       // the current learning rate
   int64_t step_count() const { return step_; }    // steps taken (restored by checkpoints)
@@ -188,12 +194,17 @@ class AdamW : public StateOwner {
   void load_state_metadata(const nlohmann::json& saved) override;
 
  private:
-  void step_fused(const std::vector<Slot*>& slots);
+  void step_fused(const std::vector<Slot*>& slots, const at::Tensor& grad_scale);
 
   AdamWOptions options_;
   std::vector<Slot> slots_;
   int64_t step_ = 0;
 };
+
+// What step(grad_scale) divides by to clip gradients of global norm `norm` to
+// `max_norm` (> 0): max(1, (norm + 1e-6) / max_norm) as fp32, on norm's
+// device — the inverse of clip_grad_norm's coefficient.
+at::Tensor clip_grad_scale(const at::Tensor& norm, double max_norm);
 
 // The single update both the sharded and the reference paths use, so they
 // agree bit for bit. `step` is the 1-based step count after increment.
