@@ -1,7 +1,8 @@
 #include "fsdp/models/kernels.h"
 
 #include <ATen/ATen.h>
-#include <ATen/Parallel.h>
+#include <ATen/Dispatch.h>
+#include <ATen/TensorIterator.h>
 #include <torch/csrc/autograd/custom_function.h>
 
 #include <array>
@@ -24,11 +25,13 @@ namespace fsdp::models {
 // static_cast<T> does) and keeps its text, which on CUDA the jiterator compiles
 // with NVRTC at run time (at::cuda::CompileAndLaunchKernel: LibTorch's
 // TensorIterator launch, so broadcasting, strides and dtypes are handled as
-// for its own kernels). No nvcc and no .cu files: the CPU build runs the very
-// arithmetic the GPU runs (to the last bit of fp32's exp, which the devices'
-// libraries round differently), and CI compiles every text for sm_90 with the
-// wheel's NVRTC (tests/models/test_kernels_nvrtc.cpp), so a kernel that does
-// not compile fails CI, not the GPU call.
+// for its own kernels). The twin runs over a TensorIterator configured as the
+// jiterator's, so its output has the shape, dtype and layout the GPU's has.
+// No nvcc and no .cu files: the CPU build runs the very arithmetic the GPU
+// runs (to the last bit of fp32's exp, which the devices' libraries round
+// differently), and CI compiles every text for sm_90 with the wheel's NVRTC
+// (tests/models/test_kernels_nvrtc.cpp), so a kernel that does not compile
+// fails CI, not the GPU call.
 #define FSDP_TWIN(NAME, ...) \
   __VA_ARGS__                \
   constexpr const char* NAME##_code = #__VA_ARGS__;
@@ -69,32 +72,46 @@ const std::vector<KernelSource>& kernel_sources() {
 
 namespace {
 
-// The CPU twin: f<float> over the inputs in fp32, rounded once to the dtype.
+// The CPU twin: f<float> over the broadcast inputs widened to fp32, rounded
+// once to the dtype, over a TensorIterator built as CompileAndLaunchKernel
+// builds the jiterator's (Note [Kernels and their CPU twins]).
 template <size_t N, class F, size_t... I>
 at::Tensor host_map(F f, const std::array<at::Tensor, N>& ins, std::index_sequence<I...>) {
-  std::array<at::Tensor, N> wide;
-  std::array<const float*, N> p{};
-  for (size_t k = 0; k < N; ++k) {
-    wide[k] = ins[k].to(at::kFloat).contiguous();
-    p[k] = wide[k].template data_ptr<float>();
-  }
-  at::Tensor out = at::empty(ins[0].sizes(), ins[0].options().dtype(at::kFloat));
-  float* o = out.data_ptr<float>();
-  at::parallel_for(0, out.numel(), 1 << 14, [&](int64_t begin, int64_t end) {
-    for (int64_t i = begin; i < end; ++i) o[i] = f(p[I][i]...);
+  at::TensorIteratorConfig config;
+  config.set_check_mem_overlap(true)
+      .allow_cpu_scalars(false)
+      .promote_inputs_to_common_dtype(true)
+      .cast_common_dtype_to_outputs(true)
+      .enforce_safe_casting_to_output(true)
+      .check_all_same_device(true);
+  config.add_owned_output(at::Tensor());
+  for (const auto& t : ins) config.add_const_input(t);
+  at::TensorIterator iter = config.build();
+  constexpr size_t kTensors = N + 1;  // the output first
+  AT_DISPATCH_FLOATING_TYPES_AND2(at::kBFloat16, at::kHalf, iter.common_dtype(), "kernel twin", [&] {
+    iter.for_each(
+        [&](char** data, const int64_t* strides, int64_t n0, int64_t n1) {
+          for (int64_t i1 = 0; i1 < n1; ++i1) {
+            for (int64_t i0 = 0; i0 < n0; ++i0) {
+              const auto ptr = [&](size_t k) { return data[k] + i0 * strides[k] + i1 * strides[kTensors + k]; };
+              *reinterpret_cast<scalar_t*>(ptr(0)) = static_cast<scalar_t>(
+                  f(static_cast<float>(*reinterpret_cast<const scalar_t*>(ptr(I + 1)))...));
+            }
+          }
+        },
+        /*grain_size=*/1 << 14);
   });
-  return out.to(ins[0].scalar_type());
+  return iter.output(0);
 }
 
-// `source` on the inputs' device: the jiterator on CUDA, the CPU twin `f` elsewhere.
+// `source` on the inputs' device: the jiterator on CUDA, the CPU twin `f`
+// elsewhere. The inputs broadcast (TensorIterator's rules) and are promoted
+// to their common dtype, the output's.
 template <size_t N, class F>
 at::Tensor run(const KernelSource& source, F f, const std::array<at::Tensor, N>& ins) {
   for (const auto& t : ins) {
-    FSDP_ASSERT(t.sizes() == ins[0].sizes() && t.scalar_type() == ins[0].scalar_type() &&
-                    t.device() == ins[0].device(),
-                "kernel ", source.name, ": inputs of one shape, dtype and device, got ", t.sizes(), " ",
-                t.scalar_type(), " on ", t.device(), " beside ", ins[0].sizes(), " ", ins[0].scalar_type(), " on ",
-                ins[0].device());
+    FSDP_ASSERT(t.device() == ins[0].device(), "kernel ", source.name, ": inputs on one device, got ", t.device(),
+                " beside ", ins[0].device());
   }
   if (ins[0].is_cuda()) {
 #if defined(FSDP_WITH_CUDA)
