@@ -26,12 +26,13 @@ namespace fsdp::models {
 // with NVRTC at run time (at::cuda::CompileAndLaunchKernel: LibTorch's
 // TensorIterator launch, so broadcasting, strides and dtypes are handled as
 // for its own kernels). The twin runs over a TensorIterator configured as the
-// jiterator's, so its output has the shape, dtype and layout the GPU's has.
-// No nvcc and no .cu files: the CPU build runs the very arithmetic the GPU
-// runs (to the last bit of fp32's exp, which the devices' libraries round
-// differently), and CI compiles every text for sm_90 with the wheel's NVRTC
-// (tests/models/test_kernels_nvrtc.cpp), so a kernel that does not compile
-// fails CI, not the GPU call.
+// jiterator's, so its output has the shape, dtype and layout the GPU's has
+// (rotary relies on it: its inputs are broadcast views, and its output's
+// layout is the one SDPA is given). No nvcc and no .cu files: the CPU build
+// runs the very arithmetic the GPU runs (to the last bit of fp32's exp, which
+// the devices' libraries round differently), and CI compiles every text for
+// sm_90 with the wheel's NVRTC (tests/models/test_kernels_nvrtc.cpp), so a
+// kernel that does not compile fails CI, not the GPU call.
 #define FSDP_TWIN(NAME, ...) \
   __VA_ARGS__                \
   constexpr const char* NAME##_code = #__VA_ARGS__;
@@ -57,6 +58,26 @@ FSDP_TWIN(swiglu_backward_up, template <typename T> T swiglu_backward_up(T dout,
   return static_cast<T>(static_cast<float>(dout) * x / (1.0f + expf(-x)));
 })
 
+// Rotary (Hugging Face's x * cos + rotate_half(x) * sin) on one element of
+// the view (..., 2, Dh/2) of x: x1 and x2 the element's pair (x[j] and
+// x[j + Dh/2]), c and s the tables at the element, `second` 1 in the second
+// half and 0 in the first: (x1 c - x2 s) in the first half, (x2 c + x1 s) in
+// the second. The products and the sum in the reference's order.
+FSDP_TWIN(rotary_forward, template <typename T> T rotary_forward(T x1, T x2, T c, T s, T second) {
+  const float a = static_cast<float>(x1), b = static_cast<float>(x2);
+  const float cf = static_cast<float>(c), sf = static_cast<float>(s);
+  return static_cast<T>(static_cast<float>(second) != 0.0f ? b * cf + a * sf : a * cf - b * sf);
+})
+
+// Its gradient, the transpose rotation: g1, g2 the pair of dout, c the cos
+// table at the element, s1 and s2 the sin table at the pair's first and
+// second place: (g1 c + g2 s2) in the first half, (g2 c - g1 s1) in the second.
+FSDP_TWIN(rotary_backward, template <typename T> T rotary_backward(T g1, T g2, T c, T s1, T s2, T second) {
+  const float a = static_cast<float>(g1), b = static_cast<float>(g2), cf = static_cast<float>(c);
+  return static_cast<T>(static_cast<float>(second) != 0.0f ? b * cf - a * static_cast<float>(s1)
+                                                           : a * cf + b * static_cast<float>(s2));
+})
+
 }  // namespace twin
 
 #undef FSDP_TWIN
@@ -66,6 +87,8 @@ const std::vector<KernelSource>& kernel_sources() {
       {"swiglu_forward", twin::swiglu_forward_code, 2},
       {"swiglu_backward_gate", twin::swiglu_backward_gate_code, 3},
       {"swiglu_backward_up", twin::swiglu_backward_up_code, 2},
+      {"rotary_forward", twin::rotary_forward_code, 5},
+      {"rotary_backward", twin::rotary_backward_code, 6},
   };
   return sources;
 }
@@ -154,8 +177,66 @@ struct SwigluFn : torch::autograd::Function<SwigluFn> {
   }
 };
 
+// Note [Rotary as one elementwise kernel]
+// Element j of rotary's output reads x at j and at its pair j +- Dh/2, which
+// no strided view of x gives one elementwise kernel (it would need a negative
+// stride). Over the view (..., 2, Dh/2) of the output the kernel instead
+// reads both halves of x, each broadcast over the pair's dimension, and a
+// (2, 1) tensor saying which half the element is in. Every input is a view:
+// x is read where the projection wrote it, and TensorIterator lays the output
+// out as x (the pair's dimension, broadcast in all but the (2, 1) tensor,
+// keeps its place beside the last), so (..., 2, Dh/2) folds back into
+// (..., Dh) without a copy — where x's last dimension is its innermost, as
+// every caller's (the projections', SDPA's gradient); elsewhere reshape copies.
+
+// t (..., Dh) as (..., 2, Dh/2).
+at::Tensor pairs(const at::Tensor& t) {
+  std::vector<int64_t> shape(t.sizes().begin(), t.sizes().end() - 1);
+  shape.push_back(2);
+  shape.push_back(t.size(-1) / 2);
+  return t.view(shape);
+}
+
+// t's first (k = 0) or second (k = 1) half, (..., 1, Dh/2): broadcast over the pair.
+at::Tensor half(const at::Tensor& t, int64_t k) {
+  const int64_t h = t.size(-1) / 2;
+  return t.narrow(-1, k * h, h).unsqueeze(-2);
+}
+
+// (2, 1): 0 for the first half, 1 for the second.
+at::Tensor second_half(const at::Tensor& like) { return at::arange(2, like.options()).view({2, 1}); }
+
+struct RotaryFn : torch::autograd::Function<RotaryFn> {
+  static at::Tensor forward(AutogradContext* ctx, const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+    ctx->save_for_backward({cos, sin});
+    return run<5>(source("rotary_forward"), twin::rotary_forward<float>,
+                  {half(x, 0), half(x, 1), pairs(cos), pairs(sin), second_half(x)})
+        .reshape(x.sizes());
+  }
+  static variable_list backward(AutogradContext* ctx, variable_list grads) {
+    const variable_list saved = ctx->get_saved_variables();
+    const at::Tensor& dout = grads[0];
+    const at::Tensor &cos = saved[0], &sin = saved[1];
+    const at::Tensor dx = run<6>(source("rotary_backward"), twin::rotary_backward<float>,
+                                 {half(dout, 0), half(dout, 1), pairs(cos), half(sin, 0), half(sin, 1),
+                                  second_half(dout)})
+                              .reshape(dout.sizes());
+    return {dx, at::Tensor(), at::Tensor()};
+  }
+};
+
 }  // namespace
 
 at::Tensor fused_swiglu(const at::Tensor& gate, const at::Tensor& up) { return SwigluFn::apply(gate, up); }
+
+at::Tensor fused_rotary(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  FSDP_ASSERT(x.dim() >= 2 && x.size(-1) % 2 == 0 && cos.dim() == 2 && cos.sizes() == sin.sizes() &&
+                  cos.size(0) == x.size(-2) && cos.size(1) == x.size(-1),
+              "fused_rotary: x (..., T, Dh) with Dh even and cos, sin (T, Dh), got x ", x.sizes(), ", cos ",
+              cos.sizes(), ", sin ", sin.sizes());
+  FSDP_ASSERT(!cos.requires_grad() && !sin.requires_grad(),
+              "fused_rotary: the cos and sin tables get no gradient, yet one requires it");
+  return RotaryFn::apply(x, cos, sin);
+}
 
 }  // namespace fsdp::models
