@@ -238,7 +238,7 @@ done
 for policy in full selective; do
   wants a && ours "(a) fsdp-train --ac-policy $policy" 1 "$ckpt_batch" --ac-policy "$policy"
 done
-# LibTorch's fused layer kernels (fsdp-train --kernels fused: RMSNorm), without checkpointing.
+# The fused layer kernels (fsdp-train --kernels fused: RMSNorm, SwiGLU, rotary), without checkpointing.
 wants a && ours "(a) fsdp-train --kernels fused" 0 "$batch" --kernels fused
 # Where fsdp-train fits a larger batch than the peers were given.
 [[ $long -eq 1 ]] && wants a && ours "(a) fsdp-train, 2x batch" 1 $((2 * ckpt_batch))

@@ -178,8 +178,13 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   q = q.transpose(1, 2);                                            // (B, H, T, Dh)
   k = k.transpose(1, 2);                                            // (B, Hkv, T, Dh)
   at::Tensor v = v_proj_->forward_marked(x, kKept).view({B, T, Hkv, Dh}).transpose(1, 2);  // (B, Hkv, T, Dh)
-  q = apply_rotary(q, cos, sin);
-  k = apply_rotary(k, cos, sin);
+  if (kernels_ == LayerKernels::kFused) {  // Note [Rotary as one elementwise kernel]
+    q = fused_rotary(q, cos, sin);
+    k = fused_rotary(k, cos, sin);
+  } else {
+    q = apply_rotary(q, cos, sin);
+    k = apply_rotary(k, cos, sin);
+  }
 
   // Note [Sliding-window mask]: the band where the window can cut.
   const bool banded = window_.has_value() && T >= *window_;

@@ -3,7 +3,8 @@
 // query attention, FULL_SHARD over 2 ranks, every decoder layer its own
 // checkpointed unit:
 //   - full, tail and selective give exactly the gradients of no
-//     checkpointing, bit for bit, in fp32 and in bf16 compute;
+//     checkpointing, bit for bit, in fp32 and in bf16 compute, with the
+//     reference layer kernels and with the fused ones;
 //   - the products a backward runs beyond those of no checkpointing, counted
 //     by LibTorch's own record of every aten::mm / aten::addmm call, are 7 per
 //     decoder layer for full (q, k, v, o, gate, up, down), 6 for tail (down is
@@ -48,13 +49,15 @@ models::LlamaConfig config(const std::string& model_type = "llama") {
 // window (masked attention: recomputed), q/k/v with a bias (qwen2: those
 // products recomputed), per-head norms before rotary (qwen3), and LoRA
 // adapters on every projection over a frozen base (each adapter's two
-// products recomputed). `recomputed`: products per layer under full, tail
-// and selective.
+// products recomputed); and the fused layer kernels (--kernels fused: the
+// recompute runs the fused norms, rotary and SwiGLU again). `recomputed`:
+// products per layer under full, tail and selective.
 struct Variant {
   const char* name;
   models::LlamaConfig cfg;
   std::array<int64_t, 3> recomputed;
   bool lora = false;
+  models::LayerKernels kernels = models::LayerKernels::kReference;
 };
 
 std::vector<Variant> variants() {
@@ -62,7 +65,8 @@ std::vector<Variant> variants() {
           {"mistral, window 8 < T", config("mistral"), {7, 6, 2}},
           {"qwen2, q/k/v bias", config("qwen2"), {7, 6, 5}},
           {"qwen3, per-head norms", config("qwen3"), {7, 6, 2}},
-          {"llama + LoRA on q/k/v/o and the MLP", config(), {7 + 14, 6 + 14, 2 + 14}, true}};
+          {"llama + LoRA on q/k/v/o and the MLP", config(), {7 + 14, 6 + 14, 2 + 14}, true},
+          {"llama, --kernels fused", config(), {7, 6, 2}, false, models::LayerKernels::kFused}};
 }
 
 // Calls of aten::mm and aten::addmm on any thread while counting is on.
@@ -109,6 +113,7 @@ StepResult run_step(comm::ProcessGroup& pg, const Variant& v, std::optional<nn::
   const models::LlamaConfig& cfg = v.cfg;
   auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions(), /*seed=*/11);
   impl->set_loss_chunk_rows(7);
+  models::set_layer_kernels(*impl, v.kernels);
   if (v.lora) {
     models::LoraConfig lc;
     lc.rank = 4;

@@ -113,7 +113,8 @@ TORCH_MODULE(Embedding);
 // The implementation of the layers' elementwise work (fsdp-train --kernels).
 enum class LayerKernels {
   kReference,  // Hugging Face's operations one by one: the reference
-  kFused,      // LibTorch's fused kernels where it has one (RMSNorm: at::_fused_rms_norm)
+  kFused,      // one kernel where LibTorch has one (RMSNorm: at::_fused_rms_norm), else
+               // our own (SwiGLU, rotary: models/kernels.h)
 };
 const char* to_string(LayerKernels kernels);  // "reference" | "fused"
 // nullopt for any other name.
@@ -151,7 +152,8 @@ class RMSNormImpl : public torch::nn::Module, public HasLayerKernels {
 TORCH_MODULE(RMSNorm);
 
 // Sets `kernels` on every layer of `model` that has a fused form
-// (HasLayerKernels: its RMSNorms, Llama's MLPs); returns how many it set.
+// (HasLayerKernels: its RMSNorms, Llama's attentions and MLPs); returns how
+// many it set.
 int64_t set_layer_kernels(torch::nn::Module& model, LayerKernels kernels);
 
 }  // namespace fsdp::models

@@ -115,7 +115,10 @@ struct AttentionMasks {
   at::Tensor sliding;  // (T, T) bool, true where i - W < j <= i; undefined when no layer needs it
 };
 
-class LlamaAttentionImpl : public torch::nn::Module {
+// Attention. LayerKernels::kFused: rotary on q and k is one elementwise
+// kernel each way (models::fused_rotary), from the projection's output view
+// to the layout the reference's rotary gives SDPA.
+class LlamaAttentionImpl : public torch::nn::Module, public HasLayerKernels {
  public:
   // `layer`: the decoder layer's index (its window: cfg.layer_window(layer)).
   LlamaAttentionImpl(const LlamaConfig& cfg, const at::TensorOptions& options, int64_t layer);
@@ -126,6 +129,8 @@ class LlamaAttentionImpl : public torch::nn::Module {
   // products are kKept, and so is the SDPA kernel's output unless masked.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMasks& masks);
 
+  void set_kernels(LayerKernels kernels) override { kernels_ = kernels; }
+  LayerKernels kernels() const { return kernels_; }
   void set_kernel(AttentionKernel kernel);
   AttentionKernel kernel() const { return kernel_; }
   const std::optional<int64_t>& window() const { return window_; }
@@ -136,6 +141,7 @@ class LlamaAttentionImpl : public torch::nn::Module {
   int64_t head_dim_;    // Dh
   std::optional<int64_t> window_;  // W of this layer; nullopt: full causal
   AttentionKernel kernel_ = AttentionKernel::kSdpa;
+  LayerKernels kernels_ = LayerKernels::kReference;  // rotary's
   Linear q_proj_{nullptr};  // weight (H*Dh, D), bias (H*Dh) when cfg.qkv_bias()
   Linear k_proj_{nullptr};  // weight (Hkv*Dh, D), bias (Hkv*Dh) when cfg.qkv_bias()
   Linear v_proj_{nullptr};  // weight (Hkv*Dh, D), bias (Hkv*Dh) when cfg.qkv_bias()
