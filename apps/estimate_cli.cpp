@@ -367,6 +367,43 @@ UnitCostFn flops_cost(const train::ModelConfigPtr& cfg, const ClusterSpec& clust
   };
 }
 
+std::optional<UnitCostFn> roofline_cost(const train::ModelConfigPtr& cfg, const ClusterSpec& cluster,
+                                        const models::WorkShape& shape) {
+  if (cluster.matmul_flops <= 0 || cluster.memory_bytes_per_s <= 0 || !cfg->unit_work({}, true, shape)) {
+    return std::nullopt;
+  }
+  const double attention = cluster.attention_flops > 0 ? cluster.attention_flops : cluster.matmul_flops;
+  const auto timed = [&cluster, attention](const models::OpWork& w) {
+    return ComputeClasses{w.product_flops / cluster.matmul_flops, w.attention_flops / attention,
+                          w.memory_bytes / cluster.memory_bytes_per_s};
+  };
+  const auto add = [](ComputeClasses& to, const ComputeClasses& x) {
+    to.products_s += x.products_s;
+    to.attention_s += x.attention_s;
+    to.memory_s += x.memory_s;
+  };
+  return [cfg, shape, timed, add](const std::vector<UnitInfo>& entries) {
+    UnitCompute u;
+    bool checkpointed = false;
+    for (const UnitInfo& e : entries) {
+      train::ParamShapes params;
+      for (const ParamPlacement& p : e.params) params.emplace_back(p.name, p.shape);
+      models::WorkShape s = shape;
+      s.checkpointed = e.checkpointed;
+      checkpointed = checkpointed || e.checkpointed;
+      const std::optional<models::UnitWork> w = cfg->unit_work(params, e.trainable, s);
+      FSDP_ASSERT(w.has_value(), "model '", cfg->name(), "' counted no work for unit '", e.name, "'");
+      add(u.forward, timed(w->forward));
+      add(u.backward, timed(w->backward));
+      add(u.recompute, timed(w->recompute));
+    }
+    u.forward_s = u.forward.total();
+    u.backward_s = u.backward.total();
+    if (checkpointed) u.recompute_s = u.recompute.total();
+    return u;
+  };
+}
+
 UnitCostFn calibrated_cost(const Calibration& cal, const std::string& model, int64_t batch_size, int64_t seq_len,
                            const std::string& mixed_precision, bool activation_checkpointing) {
   auto same = [&](bool ok, const std::string& what, const std::string& calibrated, const std::string& asked) {
@@ -412,6 +449,14 @@ std::string estimate_text(const StepEstimate& e, const ClusterSpec& c, bool unit
     }
     os << "\n";
   }
+  const ComputeClasses& k = e.compute_classes;
+  if (k.total() > 0) {
+    const double all = k.total() + e.optimizer_s;
+    os << fmt::format("  where the time goes: products {:.4g} s ({:.0f}%), attention {:.4g} s ({:.0f}%), memory-bound "
+                      "{:.4g} s ({:.0f}%), optimizer {:.4g} s ({:.0f}%)\n",
+                      k.products_s, 100 * k.products_s / all, k.attention_s, 100 * k.attention_s / all, k.memory_s,
+                      100 * k.memory_s / all, e.optimizer_s, 100 * e.optimizer_s / all);
+  }
   if (!c.notes.empty()) os << "  assumptions: " << c.notes << "\n";
   if (units) {
     for (const UnitEstimate& u : e.units) {
@@ -440,6 +485,9 @@ std::string estimate_json(const StepEstimate& e, const ClusterSpec& c, const std
   j["compute_s"] = e.compute_s;
   j["comm_cpu_s"] = e.comm_cpu_s;
   j["optimizer_s"] = e.optimizer_s;
+  j["compute_classes"] = {{"products_s", e.compute_classes.products_s},
+                          {"attention_s", e.compute_classes.attention_s},
+                          {"memory_s", e.compute_classes.memory_s}};
   j["comm_s"] = e.comm_s;
   j["exposed_comm_s"] = e.exposed_comm_s;
   j["mfu"] = e.mfu >= 0 ? nlohmann::json(e.mfu) : nlohmann::json(nullptr);

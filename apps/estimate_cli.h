@@ -76,6 +76,14 @@ ClusterSpec read_cluster(const std::string& spec, at::ScalarType compute_dtype,
 // efficiency); backward twice the forward of the trainable weights and once that
 // of frozen ones (no weight gradient); recomputation = forward.
 UnitCostFn flops_cost(const train::ModelConfigPtr& cfg, const ClusterSpec& cluster, int64_t tokens, int64_t seq_len);
+// Unit costs from the model's counted work (ModelConfig::unit_work) on the
+// cluster's roofline (Note [Device roofline] in src/plan/cluster.cpp):
+// products / matmul_flops + attention / attention_flops + memory bytes /
+// memory_bytes_per_s, each pass's time by class in UnitCompute. `shape`: the
+// micro-batch (its checkpointed is set per unit). nullopt when the cluster has
+// no product rate or bandwidth, or the family counts no work (flops_cost then).
+std::optional<UnitCostFn> roofline_cost(const train::ModelConfigPtr& cfg, const ClusterSpec& cluster,
+                                        const models::WorkShape& shape);
 // Unit costs measured by --calibrate. UsageError when the run differs from
 // the calibrated one (model, batch, sequence, precision, checkpointing) or
 // a unit was not measured.

@@ -163,6 +163,8 @@ fsdp::ClusterSpec estimate_cluster(const CLI::App& app, Args& a, at::ScalarType 
     if (!a.cluster_spec.empty()) cluster = fsdp::cli::read_cluster(a.cluster_spec, compute_dtype, nullptr);
     cluster.algorithm = fsdp::CollectiveAlgorithm::kMesh;
     cluster.execution = fsdp::Execution::kHost;
+    // Measured unit times include the engine's casts: no device roofline on top of them.
+    cluster.matmul_flops = cluster.attention_flops = cluster.memory_bytes_per_s = 0;
     cluster.procs_per_node = a.t.run.nproc > 0 ? a.t.run.nproc : 1;
   } else {
     FSDP_CHECK(!a.cluster_spec.empty(), "--estimate needs --cluster: a preset (",
@@ -414,12 +416,24 @@ int estimate(const Args& a, Planned& p, fsdp::ClusterSpec& cluster,
   if (!a.calibrate_file.empty() && !calibrate_compute(a, p, cluster, calibration)) return 0;
   fsdp::UnitCostFn cost;
   if (calibration) {
+    cluster.memory_bytes_per_s = 0;  // the measured units include the engine's casts
     cluster.optimizer_s_per_element = calibration->optimizer_s_per_element > 0 ? calibration->optimizer_s_per_element
                                                                                : cluster.optimizer_s_per_element;
     cost = fsdp::cli::calibrated_cost(*calibration, a.t.o.model, a.t.o.step.batch_size, a.t.o.data.seq_len,
                                       a.t.o.fsdp.mixed_precision.preset_name(), a.t.o.activation_checkpointing);
   } else {
-    cost = fsdp::cli::flops_cost(p.cfg, cluster, a.t.o.step.batch_size * a.t.o.data.seq_len, a.t.o.data.seq_len);
+    fsdp::models::WorkShape shape;
+    shape.tokens = a.t.o.step.batch_size * a.t.o.data.seq_len;
+    shape.seq_len = a.t.o.data.seq_len;
+    shape.activation_bytes = static_cast<int64_t>(c10::elementSize(a.t.o.fsdp.mixed_precision.param_dtype));
+    shape.loss_chunk_rows = fsdp::models::loss_chunk_rows(
+        a.t.o.step.loss_chunk_rows, p.cfg->vocab_size(),
+        cluster.execution == fsdp::Execution::kDevice ? at::kCUDA : at::kCPU);
+    shape.policy = a.t.o.fsdp.checkpoint_policy;
+    const std::optional<fsdp::UnitCostFn> roofline = fsdp::cli::roofline_cost(p.cfg, cluster, shape);
+    cost = roofline ? *roofline
+                    : fsdp::cli::flops_cost(p.cfg, cluster, a.t.o.step.batch_size * a.t.o.data.seq_len,
+                                            a.t.o.data.seq_len);
   }
   estimate_step(a, p, cluster, cost);
   return 0;

@@ -354,7 +354,7 @@ std::vector<OptionRow> memory_rows() {
        "whose gradients are then computed from what is at hand: full's gradients bit for bit, one product "
        "fewer) | full (the whole layer) | selective (keeps attention's products and output, recomputes the "
        "norms and the MLP) — docs/training.md",
-       WORDS(o.fsdp.checkpoint_policy, parse_ac_policy, nn::to_string), {"tail", "full", "selective"}, kD},
+       WORDS(o.fsdp.checkpoint_policy, parse_ac_policy, nn::to_string), {"tail", "full", "selective"}, kD, kUses},
       {"--offload-activations", g, "With --activation-checkpointing: keep those saved inputs in host memory (GPU runs)",
        BIND(o.fsdp.offload_checkpoint_inputs)},
       {"--cpu-offload", g,

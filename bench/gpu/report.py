@@ -178,6 +178,34 @@ def table(a):
     return 1 if missing else 0
 
 
+# The optimizer's bytes per fp32 shard element (Note [Device roofline] in src/plan/cluster.cpp): fused AdamW
+# reads parameter, gradient and moments and writes three (28), the gradient norm reads the gradient (4),
+# clipping reads and writes it (8).
+OPTIMIZER_BYTES_PER_ELEMENT = 40
+
+
+def cluster_file(a):
+    """A cluster file for fsdp-inspect --estimate --cluster FILE with this run's own rates (docs/estimate.md)."""
+    with open(a.peak) as f:
+        peak = json.loads(f.read())
+    missing = [k for k in ("tflops", "memory_gbyte_per_s") if k not in peak]
+    if missing:
+        print(f"report.py cluster-file: {a.peak} has no {', '.join(missing)} "
+              f"({peak.get('error', 'not measured')}): no cluster file", file=sys.stderr)
+        return 1
+    c = {"name": f"measured: {peak['device']}", "nodes": 1, "procs_per_node": 1, "algorithm": "ring",
+         "execution": "device", "matmul_tflops": peak["tflops"], "memory_gbyte_per_s": peak["memory_gbyte_per_s"],
+         "optimizer_ns_per_element": OPTIMIZER_BYTES_PER_ELEMENT / peak["memory_gbyte_per_s"],
+         "notes": f"measured by bench/gpu/matmul_peak.py on {peak['device']}: {peak['dtype']} products of "
+                  f"{peak['n']} x {peak['n']}, an elementwise sum's bandwidth"}
+    if "attention_tflops" in peak:
+        c["attention_tflops"] = peak["attention_tflops"]
+        c["notes"] += f", causal attention at {peak['attention_shape']} (B, H, Hkv, T, Dh)"
+    with open(a.out, "w") as f:
+        f.write(json.dumps(c, indent=2) + "\n")
+    return 0
+
+
 def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="cmd", required=True)
@@ -200,8 +228,12 @@ def main():
     t.add_argument("--config", required=True, help="the model's Hugging Face config.json")
     t.add_argument("--seq-len", type=int, required=True)
     t.add_argument("--peak", required=True, help="matmul_peak.py's JSON line")
+    c = sub.add_parser("cluster-file", help="write a cluster file with the rates matmul_peak.py measured")
+    c.add_argument("--peak", required=True, help="matmul_peak.py's JSON line")
+    c.add_argument("--out", required=True, help="the cluster file to write")
     a = p.parse_args()
-    return {"train-row": train_row, "failed-row": failed_row, "result-line": result_line, "table": table}[a.cmd](a)
+    return {"train-row": train_row, "failed-row": failed_row, "result-line": result_line, "table": table,
+            "cluster-file": cluster_file}[a.cmd](a)
 
 
 if __name__ == "__main__":

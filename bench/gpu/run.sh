@@ -35,6 +35,9 @@
 # --out DIR: where the results stay: bench.log (every run's output, in
 #   order), results.jsonl (one line per run) and DIR/table.md, the last two
 #   rewritten after every run, so a call cut short keeps what it measured.
+#   The card's measured rates also become DIR/cluster.json (docs/estimate.md:
+#   fsdp-inspect --estimate --cluster DIR/cluster.json), with the estimate of
+#   (a)'s plain and checkpointed rows from it in DIR/estimate.txt.
 #   DIR may exist, but must not hold results.jsonl or DIR/table.md; bench.log is
 #   appended to (the GPU pack's run.sh logs its own lines there too).
 #   Default: a new folder under bench/gpu/out/. Nothing else is written
@@ -177,11 +180,29 @@ failed_row() {  # row kind ckpt
 echo "bench/gpu/run.sh: $model, seq $seq, batch $batch (checkpointing: $ckpt_batch), $warmup warm-up + $steps measured steps, device $device; results in $out"
 "$inspect" --model "$model" --write-hf-config "$work/config.json" > /dev/null
 torch_version=$("$PYTHON" -c 'import torch; print(torch.__version__)' 2> /dev/null || echo "(torch does not import)")
-# The MFU's denominator. Without it the rows still run; MFU says "-".
-if ! run_logged "matmul peak" "$PYTHON" "$here/matmul_peak.py" --device "$device" \
-    $([[ $dry -eq 1 ]] && echo "--n 512 --iters 5") || ! result_line > "$work/peak.json" 2>> "$work/run.err"; then
+# The MFU's denominator, and the card's rates for the step-time model (memory bandwidth, attention at the
+# plain rows' shape). Without them the rows still run; MFU says "-".
+attention_shape=$("$PYTHON" - "$work/config.json" "$batch" "$seq" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1]))
+h = c["num_attention_heads"]
+print(",".join(str(x) for x in (sys.argv[2], h, c.get("num_key_value_heads", h), sys.argv[3],
+                                c.get("head_dim") or c["hidden_size"] // h)))
+PY
+)
+if ! run_logged "matmul peak" "$PYTHON" "$here/matmul_peak.py" --device "$device" --attention "$attention_shape" \
+    $([[ $dry -eq 1 ]] && echo "--n 512 --iters 5 --memory-elements 1048576") ||
+    ! result_line > "$work/peak.json" 2>> "$work/run.err"; then
   "$PYTHON" -c 'import json,sys; print(json.dumps({"error": sys.argv[1][:200]}))' \
     "$(tail -n 1 "$work/run.err" 2> /dev/null)" > "$work/peak.json"
+fi
+# This card's rates as a cluster file, and the estimate of (a)'s two rows from it (docs/estimate.md).
+if "$PYTHON" "$here/report.py" cluster-file --peak "$work/peak.json" --out "$out/cluster.json" 2>> "$log"; then
+  for flags in "--batch-size $batch" "--batch-size $ckpt_batch --activation-checkpointing"; do
+    # shellcheck disable=SC2086  # the flags split into words
+    "$inspect" --estimate --cluster "$out/cluster.json" --model "$model" --nproc-per-node 1 --seq-len "$seq" \
+      --mixed-precision bf16 --reduce-dtype bf16 $flags >> "$out/estimate.txt" 2>> "$log" || true
+  done
 fi
 vocab=$("$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$work/config.json")
 

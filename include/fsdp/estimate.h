@@ -45,6 +45,7 @@ inline constexpr double kMinLinkGbps = 1e-3;        // 1 Mbit/s
 inline constexpr double kMaxLinkGbps = 1e7;         // 10 Pbit/s
 inline constexpr double kMaxLatencyUs = 1e7;        // 10 s per collective
 inline constexpr double kMaxPeakTflops = 1e7;       // 10 exaflop/s per process
+inline constexpr double kMaxMemoryGbytePerS = 1e7;  // 10 PB/s per process
 inline constexpr double kMaxNsPerUnit = 1e9;        // 1 s per element or byte
 
 // How a backend moves a collective's bytes (Note [Collective volumes] in src/plan/estimate.cpp).
@@ -72,6 +73,16 @@ struct ClusterSpec {
   // The fraction of peak_flops a unit's counted FLOPs reach (presets' stated
   // assumption, used by their UnitCostFn); 0 where unit times are measured.
   double compute_efficiency = 0;
+  // The roofline of a device (Note [Device roofline] in src/plan/cluster.cpp):
+  // achievable rates per process, each already what kernels reach (measured,
+  // or a data sheet's number times a stated fraction). With a product rate and
+  // a memory bandwidth, a model family that counts its work (models/op_work.h)
+  // is timed by operation class instead of at compute_efficiency of the peak,
+  // and the engine's casts of parameters and gradients (per gather and
+  // reduction) are timed as memory traffic. 0: unknown.
+  double matmul_flops = 0;          // dense matrix products at the compute dtype
+  double attention_flops = 0;       // flash attention; 0: matmul_flops
+  double memory_bytes_per_s = 0;    // device memory, read + written
   double optimizer_s_per_element = 0;  // AdamW on one element of a shard (master dtype)
   // CPU time a process spends per byte it sends or receives (copies, the
   // kernel's TCP stack) — with Execution::kHost, where its cores also compute,
@@ -81,12 +92,23 @@ struct ClusterSpec {
   std::string notes;             // the assumptions behind the numbers, for people
 };
 
+// Where compute time goes, by operation class (the roofline's; all 0 where
+// unit times come from FLOPs at one efficiency or from a calibration).
+struct ComputeClasses {
+  double products_s = 0;   // matrix products at ClusterSpec::matmul_flops
+  double attention_s = 0;  // attention at ClusterSpec::attention_flops
+  double memory_s = 0;     // memory-bound kernels at ClusterSpec::memory_bytes_per_s
+  double total() const { return products_s + attention_s + memory_s; }
+};
+
 // What one unit's own code costs on one process for one micro-batch (its
 // nested units not included).
 struct UnitCompute {
   double forward_s = 0;
   double backward_s = 0;    // gradients of its inputs and parameters
   double recompute_s = -1;  // activation checkpointing's second forward; < 0: forward_s
+  // The same times by class where the cost knows them (their totals equal the times above).
+  ComputeClasses forward, backward, recompute;
 };
 
 // The run's shape, as fsdp-train's flags give it.
@@ -125,6 +147,9 @@ struct StepEstimate {
   int shard_size = 1;
   int replicas = 1;
   double compute_s = 0;       // forward + backward + recomputation, all micro-batches
+  // compute_s by operation class, with the engine's casts (memory-bound) —
+  // where the cost is a roofline (UnitCompute's classes); otherwise all 0.
+  ComputeClasses compute_classes;
   double comm_cpu_s = 0;      // host CPU spent moving bytes (ClusterSpec::host_cpu_s_per_byte)
   double optimizer_s = 0;
   double comm_s = 0;          // time some collective was on the network
@@ -162,8 +187,9 @@ std::vector<std::string> cluster_preset_names();
 // A cluster description as JSON (what fsdp-inspect --cluster FILE reads and
 // --calibrate writes): {"name", "nodes", "procs_per_node", "intra": {"gbit_per_s",
 // "latency_us"}, "inter": {...}, "algorithm": "mesh"|"ring", "execution":
-// "host"|"device", "peak_tflops" (null: unknown), "compute_efficiency",
-// "optimizer_ns_per_element", "host_cpu_ns_per_byte", "notes"}, every field optional over `base`.
+// "host"|"device", "peak_tflops" (null: unknown), "compute_efficiency", "matmul_tflops",
+// "attention_tflops", "memory_gbyte_per_s" (0: unknown), "optimizer_ns_per_element",
+// "host_cpu_ns_per_byte", "notes"}, every field optional over `base`.
 // UsageError naming the field for a wrong type or a value out of range.
 ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, const std::string& source);
 std::string cluster_to_json(const ClusterSpec& c);

@@ -2,6 +2,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <sstream>
@@ -69,6 +70,134 @@ double LlamaConfig::forward_flops_per_token(const std::vector<std::pair<std::str
     }
   }
   return flops;
+}
+
+// Note [Counted work]
+// What unit_work counts, per token of a micro-batch unless said; a = bytes of
+// an activation element (bf16: 2), fp32 statistics 4. Memory-bound kernels are
+// taken to read their inputs and write their outputs once (the roofline's
+// floor) except where a kernel is known to read more (the vocabulary's softmax).
+// The operations are those llama.cpp, layers.cpp (RMSNorm: --kernels
+// reference, the default), chunked_loss.cpp and the engine run; backward
+// counts what autograd's formulas for them read and write.
+//  products      2 x each 2-D weight forward; backward twice that (input and
+//                weight gradients), once for frozen weights. The untied
+//                embedding table is a lookup. The head's products all run in
+//                the loss's forward (Note [Chunked cross-entropy]): logits,
+//                d hidden and, when trainable, d W; none in its backward.
+//  attention     causal flash attention: 2 x H x Dh x T forward (half of the
+//                two T x T products), backward 2.5 x that (it recomputes the
+//                scores: five products against two).
+//  RMSNorm (n)   forward (28 + 4a) n: cast to fp32 (a + 4), square (8), mean
+//                (4), scale (8), cast back (4 + a), times the weight (2a).
+//                Backward (76 + 8a) n: the weight's product (2a) and its
+//                gradient (product and reduction over rows, 4a), cast (a + 4),
+//                the scale's two gradients (8; 12 + 4 reduced), the mean's
+//                (4), the square's (x.pow(1), times 2, times the gradient:
+//                28), the sum of x's two gradients (12), cast back (4 + a).
+//  rotary (e)    q (H x Dh) and k (Hkv x Dh): forward 10a e (x cos 2a, the
+//                negated half a, cat 2a, x sin 2a, sum 3a); backward 17a e
+//                (x sin 2a, negated half a, each half's narrow backward:
+//                zeros and copy 4a, their sum 3a, x cos 2a, its sum 3a, and
+//                the gradient, laid out per head, copied back to the
+//                product's (B, T, H x Dh) layout by the view's backward 2a).
+//  attention's   backward only: d q summed in fp32 (zeroed 4, converted
+//  memory        4 + a), the dot of d out and out (2a), and with grouped
+//                heads d k, d v formed per query head and summed over the
+//                group (read 2a H Dh, write 2a Hkv Dh).
+//  residual      each of the two: forward 3a D; backward the sum of the
+//                residual's two gradients 3a D. q, k, v share their input
+//                (two sums, 6a D), gate and up theirs (3a D).
+//  SwiGLU (F)    forward 5a F (silu 2a, product 3a); backward 9a F.
+//  embedding     forward 2a D (rows gathered); backward 2a D and, per
+//                micro-batch, the (V, D) gradient zeroed (a V D); tied and
+//                trainable, that and the loss's d W summed (3a V D).
+//  loss (V)      per row of the vocabulary: logits cast to fp32 (a + 4),
+//                log-softmax (16: a 128k row exceeds shared memory, so the
+//                kernel reads it three times: max, sum, output), zeros for
+//                nll's gradient (4), log-softmax backward (16: the gradient
+//                read twice), cast back (4 + a) — all in the loss's forward.
+//                Per micro-batch: d W summed over chunks in fp32 (12 V D per
+//                chunk after the first), rounded once ((4 + a) V D); backward
+//                scales d hidden (2a D) and d W (2a V D) by the upstream gradient.
+//  gradients     per trainable element P: the engine's flat gradient zeroed
+//                (a) and each weight's gradient added into it (3a).
+// Recomputation (checkpointed layers) is the forward minus what the policy
+// skips (Note [Recompute policy]): tail skips down_proj and the residual sum
+// after it; selective also q, k, v and o's products (on CUDA attention is
+// recomputed under every policy).
+std::optional<UnitWork> LlamaConfig::unit_work(const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
+                                               bool trainable, const WorkShape& shape) const {
+  if (moe()) return std::nullopt;
+  const auto ends_with = [](const std::string& s, const std::string& tail) {
+    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+  };
+  const double a = static_cast<double>(shape.activation_bytes);
+  const double N = static_cast<double>(shape.tokens), T = static_cast<double>(shape.seq_len);
+  const double H = static_cast<double>(num_attention_heads), Hkv = static_cast<double>(num_key_value_heads);
+  const double Dh = static_cast<double>(dh()), D = static_cast<double>(hidden_size);
+  const double V = static_cast<double>(vocab_size);
+  const bool full = shape.policy == nn::RecomputePolicy::kFull;
+  const bool selective = shape.policy == nn::RecomputePolicy::kSelective;
+  UnitWork w;
+  // Per-token work of forward and backward; `recomputed`: also in backward's second forward.
+  const auto add = [&](OpWork fwd, OpWork bwd, bool recomputed) {
+    w.forward += fwd;
+    w.backward += bwd;
+    if (shape.checkpointed && recomputed) w.recompute += fwd;
+  };
+  const auto bytes = [](double b) { return OpWork{0, 0, b}; };
+  const auto rms_norm = [&](double n) { add(bytes((28 + 4 * a) * n), bytes((76 + 8 * a) * n), true); };
+  const auto rotary = [&](double e) { add(bytes(10 * a * e), bytes(17 * a * e), true); };
+  for (const auto& [name, s] : params) {
+    const bool matrix = s.size() == 2;
+    const double rows = s.empty() ? 0 : static_cast<double>(s[0]);
+    const double numel = matrix ? rows * static_cast<double>(s[1]) : rows;
+    const bool embedding = ends_with(name, "embed_tokens.weight");
+    const bool head = ends_with(name, "lm_head.weight") || (embedding && tie_word_embeddings);
+    if (trainable) w.backward.memory_bytes += 4 * a * numel / N;  // the flat gradient
+    if (ends_with(name, "layernorm.weight") || ends_with(name, "model.norm.weight")) rms_norm(rows);
+    if (ends_with(name, "q_norm.weight")) rms_norm(H * Dh);
+    if (ends_with(name, "k_norm.weight")) rms_norm(Hkv * Dh);
+    if (embedding) {
+      add(bytes(2 * a * D), bytes(2 * a * D), true);
+      if (trainable) w.backward.memory_bytes += (a + (tie_word_embeddings ? 3 * a : 0)) * V * D / N;
+    }
+    if (head) {
+      // The chunked loss (Note [Chunked cross-entropy]): everything in its forward.
+      w.forward += OpWork{2 * numel * (trainable ? 3 : 2), 0, (44 + 2 * a) * V};
+      const double chunks = std::ceil(N / static_cast<double>(std::max<int64_t>(1, shape.loss_chunk_rows)));
+      if (trainable) {
+        if (a < 4) w.forward.memory_bytes += ((chunks - 1) * 12 + 4 + a) * V * D / N;
+        w.backward.memory_bytes += 2 * a * V * D / N;
+      }
+      w.backward.memory_bytes += 2 * a * D;
+      continue;
+    }
+    const bool down = ends_with(name, "mlp.down_proj.weight");
+    const bool kept = ends_with(name, "self_attn.q_proj.weight") || ends_with(name, "self_attn.k_proj.weight") ||
+                      ends_with(name, "self_attn.v_proj.weight") || ends_with(name, "self_attn.o_proj.weight");
+    if (matrix && !embedding) {
+      const double f = 2 * numel;
+      add({f, 0, 0}, {(trainable ? 2 : 1) * f, 0, 0}, full || (!down && !(selective && kept)));
+    }
+    if (ends_with(name, "self_attn.q_proj.weight")) {
+      const double attn = 2 * H * Dh * T;
+      const double grouped = Hkv < H ? 2 * a * H * Dh + 2 * a * Hkv * Dh : 0;
+      add({0, attn, 0}, {0, 2.5 * attn, (8 + a) * H * Dh + 2 * a * H * Dh + grouped + 6 * a * D}, true);
+      rotary(rows);
+    }
+    if (ends_with(name, "self_attn.k_proj.weight")) rotary(rows);
+    if (ends_with(name, "self_attn.o_proj.weight")) add(bytes(3 * a * rows), bytes(3 * a * rows), true);
+    if (ends_with(name, "mlp.gate_proj.weight")) add(bytes(5 * a * rows), bytes(9 * a * rows + 3 * a * D), true);
+    if (down) add(bytes(3 * a * rows), bytes(3 * a * rows), full);
+  }
+  for (OpWork* p : {&w.forward, &w.backward, &w.recompute}) {
+    p->product_flops *= N;
+    p->attention_flops *= N;
+    p->memory_bytes *= N;
+  }
+  return w;
 }
 
 // Note [Config size limits]

@@ -36,12 +36,39 @@ const Preset kPresets[] = {
     {"p4de.24xlarge", "a100", "A100", 8, 300, 400, 2.04, "8 x A100 SXM4 80GB, NVLink3 600 GB/s (300 each way), 400 Gbit/s EFA"},
 };
 
+// Note [Device roofline]
+// On a GPU a step's compute is timed by operation class (the model's own
+// count of its work, models/op_work.h, Note [Counted work] for Llama):
+// matrix products at the card's product rate, attention at flash attention's,
+// and every other kernel (norms, rotary, SwiGLU, residual sums, casts, the
+// loss's softmax over the vocabulary) at the memory bandwidth, by the bytes it
+// moves; the optimizer streams its state at the same bandwidth. The rates:
+//  - products: kMatmulFraction of the data sheet's dense peak at the compute
+//    dtype. Measured, not assumed: 791.6 TFLOP/s of bf16 products of two
+//    8192 x 8192 matrices on an H200 (989.4 dense), bench/gpu/matmul_peak.py in
+//    the run of bench/RESULTS.md, "First GPU run". The H100 SXM5 has the same
+//    chip and clocks; the A100 is given the same fraction (not measured).
+//  - attention: kAttentionFraction of the dense peak: FlashAttention-2 (which
+//    PyTorch's scaled_dot_product_attention runs on these cards) reaches about
+//    35% of an H100's peak (FlashAttention-3, Shah et al. 2024, section 1).
+//  - memory: kHbmEfficiency of the data sheet's HBM bandwidth, what streaming
+//    kernels (a copy, an add) reach on these cards.
+// A kernel's own launch and tail, the host's dispatch, and a product's shape
+// (the measured rate is of large square ones) are not modelled: the estimate
+// is the step the kernels' work allows. Where a run measured its card, the
+// cluster file carries its own rates (matmul_tflops, attention_tflops,
+// memory_gbyte_per_s) in place of these.
 // Stated efficiencies (what fraction of a data-sheet rate is assumed reached).
-constexpr double kComputeEfficiency = 0.6;  // a decoder block's FLOPs, eager bf16 kernels (GEMMs ~0.7-0.8 of peak)
+constexpr double kComputeEfficiency = 0.6;  // without a roofline (a family that counts no work): FLOPs at this of peak
+constexpr double kMatmulFraction = 791.6 / 989.4;  // measured on an H200 (above)
+constexpr double kAttentionFraction = 0.35;  // FlashAttention-2 on an H100 (above)
 constexpr double kNvlinkEfficiency = 0.8;   // NCCL all-gather / reduce-scatter bus bandwidth over NVLink
 constexpr double kEfaEfficiency = 0.7;      // NCCL over EFA (libfabric), large messages
-constexpr double kHbmEfficiency = 0.8;      // AdamW streaming its state
-constexpr double kAdamBytesPerElement = 28; // fp32 param, grad, m, v read; param, m, v written
+constexpr double kHbmEfficiency = 0.8;      // streaming kernels: the optimizer, elementwise operations
+// fp32 master: AdamW reads param, grad, m, v and writes param, m, v (28); the
+// gradient norm reads the gradient (4) and clipping (fsdp-train's default
+// 1.0) reads and writes it (8).
+constexpr double kOptimizerBytesPerElement = 40;
 constexpr double kIntraLatency = 10e-6;     // per ring hop
 constexpr double kInterLatency = 20e-6;
 
@@ -66,11 +93,17 @@ ClusterSpec cluster_preset(const std::string& name, at::ScalarType compute_dtype
     c.execution = Execution::kDevice;
     c.peak_flops = peak_flops(p.gpu, compute_dtype);
     c.compute_efficiency = kComputeEfficiency;
-    c.optimizer_s_per_element = kAdamBytesPerElement / (p.hbm_tbyte_s * 1e12 * kHbmEfficiency);
-    c.notes = detail::cat(p.what, "; assumed: units reach ", kComputeEfficiency, " of the dense ",
-                          c10::toString(compute_dtype), " peak (", c.peak_flops / 1e12, " TFLOP/s), NCCL rings at ",
-                          kNvlinkEfficiency, " of NVLink and ", kEfaEfficiency, " of EFA, AdamW at ", kHbmEfficiency,
-                          " of HBM (", kAdamBytesPerElement, " bytes per element)");
+    c.matmul_flops = c.peak_flops * kMatmulFraction;
+    c.attention_flops = c.peak_flops * kAttentionFraction;
+    c.memory_bytes_per_s = p.hbm_tbyte_s * 1e12 * kHbmEfficiency;
+    c.optimizer_s_per_element = kOptimizerBytesPerElement / c.memory_bytes_per_s;
+    c.notes = detail::cat(p.what, "; assumed: products at ", c.matmul_flops / 1e12, " TFLOP/s (",
+                          std::round(kMatmulFraction * 100) / 100, " of the dense ", c10::toString(compute_dtype), " peak ", c.peak_flops / 1e12,
+                          ", as measured on an H200), attention at ", kAttentionFraction, " of the peak, other kernels "
+                          "and the optimizer (", kOptimizerBytesPerElement, " bytes per element) at ", kHbmEfficiency,
+                          " of HBM (", c.memory_bytes_per_s / 1e9, " GB/s); a model without counted work at ",
+                          kComputeEfficiency, " of the peak; NCCL rings at ", kNvlinkEfficiency, " of NVLink and ",
+                          kEfaEfficiency, " of EFA");
     return c;
   }
   std::string names;
@@ -89,13 +122,15 @@ ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, 
   const nlohmann::json& j = *parsed;
   FSDP_CHECK(j.is_object(), source, ": a cluster description is a JSON object, got ", j.type_name());
   static const std::set<std::string> kKnown = {"name", "nodes", "procs_per_node", "intra", "inter", "algorithm",
-                                               "execution", "peak_tflops", "compute_efficiency",
+                                               "execution", "peak_tflops", "compute_efficiency", "matmul_tflops",
+                                               "attention_tflops", "memory_gbyte_per_s",
                                                "optimizer_ns_per_element", "host_cpu_ns_per_byte", "notes",
                                                "calibration"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     FSDP_CHECK(kKnown.count(it.key()) > 0, source, ": unknown field '", it.key(), "' (fields: name, nodes, "
-               "procs_per_node, intra, inter, algorithm, execution, peak_tflops, compute_efficiency, "
-               "optimizer_ns_per_element, host_cpu_ns_per_byte, notes, calibration)");
+               "procs_per_node, intra, inter, algorithm, execution, peak_tflops, compute_efficiency, matmul_tflops, "
+               "attention_tflops, memory_gbyte_per_s, optimizer_ns_per_element, host_cpu_ns_per_byte, notes, "
+               "calibration)");
   }
   ClusterSpec c = base;
   auto number = [&](const nlohmann::json& v, const std::string& field, double lo, double hi = 1e300) {
@@ -164,6 +199,13 @@ ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, 
     c.compute_efficiency = number(j["compute_efficiency"], "compute_efficiency", 0);
     FSDP_CHECK(c.compute_efficiency <= 1, source, ": 'compute_efficiency' must be in [0, 1], got ", c.compute_efficiency);
   }
+  if (j.contains("matmul_tflops")) c.matmul_flops = number(j["matmul_tflops"], "matmul_tflops", 0, kMaxPeakTflops) * 1e12;
+  if (j.contains("attention_tflops")) {
+    c.attention_flops = number(j["attention_tflops"], "attention_tflops", 0, kMaxPeakTflops) * 1e12;
+  }
+  if (j.contains("memory_gbyte_per_s")) {
+    c.memory_bytes_per_s = number(j["memory_gbyte_per_s"], "memory_gbyte_per_s", 0, kMaxMemoryGbytePerS) * 1e9;
+  }
   if (j.contains("optimizer_ns_per_element")) {
     c.optimizer_s_per_element =
         number(j["optimizer_ns_per_element"], "optimizer_ns_per_element", 0, kMaxNsPerUnit) * 1e-9;
@@ -185,6 +227,9 @@ std::string cluster_to_json(const ClusterSpec& c) {
   j["execution"] = c.execution == Execution::kHost ? "host" : "device";
   j["peak_tflops"] = c.peak_flops > 0 ? nlohmann::json(c.peak_flops / 1e12) : nlohmann::json(nullptr);
   j["compute_efficiency"] = c.compute_efficiency;
+  j["matmul_tflops"] = c.matmul_flops / 1e12;
+  j["attention_tflops"] = c.attention_flops / 1e12;
+  j["memory_gbyte_per_s"] = c.memory_bytes_per_s / 1e9;
   j["optimizer_ns_per_element"] = c.optimizer_s_per_element * 1e9;
   j["host_cpu_ns_per_byte"] = c.host_cpu_s_per_byte * 1e9;
   j["notes"] = c.notes;

@@ -311,6 +311,10 @@ class Schedule {
   // post-forward group: by group size.
   struct PerUnit {
     std::vector<double> gather_s, reduce_s, replica_s, latency_s, gather_cpu_s, reduce_cpu_s, replica_cpu_s;
+    // The engine's casts on the device (ClusterSpec::memory_bytes_per_s): a gather's
+    // copy of the shard into the unsharded parameters' dtype, a reduction's copy
+    // of the gradient into the master gradient shard.
+    std::vector<double> gather_cast_s, reduce_cast_s;
     std::vector<std::map<int, double>> group_gather_s, group_gather_cpu_s;
     std::vector<int> calls;  // forward calls per step
   };
@@ -347,26 +351,27 @@ class Schedule {
         case EventKind::kForward:
           if (k == 0) break;
           if (device) run_ahead(events, i);
-          compute("forward", k, u_[k].compute.forward_s / calls(k));
+          compute("forward", k, u_[k].compute.forward_s / calls(k), &u_[k].compute.forward, 1 / calls(k));
           break;
         case EventKind::kPostForward:
-          if (k == 0) compute("forward", 0, u_[0].compute.forward_s);
+          if (k == 0) compute("forward", 0, u_[0].compute.forward_s, &u_[0].compute.forward);
           break;
         case EventKind::kReshard: gathered_[k] = -1; break;
         case EventKind::kPreBackward:
           if (k == 0) {
-            compute("backward", 0, u_[0].compute.backward_s);
+            compute("backward", 0, u_[0].compute.backward_s, &u_[0].compute.backward);
           } else if (device && o_.backward_prefetch == BackwardPrefetch::kPre) {
             run_ahead(events, i);
           }
           break;
         case EventKind::kRecompute: {
-          const double r = u_[k].compute.recompute_s >= 0 ? u_[k].compute.recompute_s : u_[k].compute.forward_s;
-          compute("recompute", k, r / calls(k));
+          const bool own = u_[k].compute.recompute_s >= 0;
+          const double r = own ? u_[k].compute.recompute_s : u_[k].compute.forward_s;
+          compute("recompute", k, r / calls(k), own ? &u_[k].compute.recompute : &u_[k].compute.forward, 1 / calls(k));
           break;
         }
         case EventKind::kPostBackward:
-          if (k != 0) compute("backward", k, u_[k].compute.backward_s);
+          if (k != 0) compute("backward", k, u_[k].compute.backward_s, &u_[k].compute.backward);
           break;
         case EventKind::kReduce: reduce(k); break;
         case EventKind::kKeepGrads: break;
@@ -384,6 +389,7 @@ class Schedule {
 
   double now() const { return now_; }
   double compute_s() const { return compute_s_; }
+  const ComputeClasses& compute_classes() const { return classes_; }
   double comm_cpu_s() const { return comm_cpu_s_; }
   double optimizer_s() const { return optimizer_s_; }
   double exposed_s() const { return exposed_s_; }
@@ -406,7 +412,8 @@ class Schedule {
   std::string label(size_t k) const { return u_[k].info.name.empty() ? "<root>" : u_[k].info.name; }
   double calls(size_t k) const { return std::max(1, p_.calls[k]); }
 
-  void compute(const char* what, size_t k, double s) {
+  // `split`: the time's classes (of the unit's whole pass), `share` of them spent here.
+  void compute(const char* what, size_t k, double s, const ComputeClasses* split = nullptr, double share = 1) {
     if (s <= 0) return;
     if (record_) spans_.push_back({"compute", std::string(what) + " " + label(k), now_, now_ + s});
     now_ += s;
@@ -416,6 +423,12 @@ class Schedule {
       comm_cpu_s_ += s;
     } else {
       compute_s_ += s;
+      if (std::string(what) == "cast") classes_.memory_s += s;
+      if (split != nullptr) {
+        classes_.products_s += split->products_s * share;
+        classes_.attention_s += split->attention_s * share;
+        classes_.memory_s += split->memory_s * share;
+      }
     }
   }
 
@@ -430,6 +443,7 @@ class Schedule {
 
   // Issues unit k's all-gather (from a post-forward group of `group` ranks when > 0).
   void gather(size_t k, int group) {
+    compute("cast", k, group > 0 ? 0.0 : p_.gather_cast_s[k]);
     double s = gather_s_[k], cpu = p_.gather_cpu_s[k];
     if (group > 0) {
       const auto it = p_.group_gather_s[k].find(group);
@@ -471,6 +485,7 @@ class Schedule {
   }
 
   void reduce(size_t k) {
+    compute("cast", k, p_.reduce_cast_s[k]);
     Pending p;
     p.unit = k;
     if (reduce_s_[k] > 0) p.op = net_.issue(Network::kReduce, now_, reduce_s_[k], latency_s_[k], "reduce " + label(k));
@@ -511,6 +526,7 @@ class Schedule {
   Network net_;
   double now_ = 0;
   double compute_s_ = 0;
+  ComputeClasses classes_;
   double comm_cpu_s_ = 0;
   double optimizer_s_ = 0;
   double exposed_s_ = 0;
@@ -535,9 +551,10 @@ void check_cluster(const ClusterSpec& c) {
              "': the inter-node rate must be > 0 (inter.gbit_per_s), got ", c.inter.bytes_per_s * 8 / 1e9, " Gbit/s");
   FSDP_CHECK(c.intra.latency_s >= 0 && c.inter.latency_s >= 0 && c.optimizer_s_per_element >= 0 &&
                  c.host_cpu_s_per_byte >= 0 &&
-                 c.peak_flops >= 0 && c.compute_efficiency >= 0 && c.compute_efficiency <= 1,
-             "cluster '", c.name, "': latencies, the optimizer rate and the peak must be >= 0 and the compute "
-             "efficiency in [0, 1]");
+                 c.peak_flops >= 0 && c.compute_efficiency >= 0 && c.compute_efficiency <= 1 &&
+                 c.matmul_flops >= 0 && c.attention_flops >= 0 && c.memory_bytes_per_s >= 0,
+             "cluster '", c.name, "': latencies, the optimizer rate, the peak and the roofline's rates "
+             "(matmul_tflops, attention_tflops, memory_gbyte_per_s) must be >= 0 and the compute efficiency in [0, 1]");
 }
 
 // The engine's own view of the units: each one's options and the schedule.
@@ -592,7 +609,7 @@ int64_t cost_units(std::vector<PlannedCost>& units, const EngineView& view, cons
 
   const size_t n = units.size();
   for (auto* v : {&per.gather_s, &per.reduce_s, &per.replica_s, &per.latency_s, &per.gather_cpu_s, &per.reduce_cpu_s,
-                  &per.replica_cpu_s}) {
+                  &per.replica_cpu_s, &per.gather_cast_s, &per.reduce_cast_s}) {
     v->assign(n, 0.0);
   }
   per.group_gather_s.assign(n, {});
@@ -657,6 +674,19 @@ int64_t cost_units(std::vector<PlannedCost>& units, const EngineView& view, cons
         }
       }
     }
+    if (cluster.memory_bytes_per_s > 0) {
+      // Note [Device roofline]: a one-rank group's gather is the cast alone, none
+      // where the shard is the parameter itself (fp32 throughout).
+      const double shard = static_cast<double>(plan.shard_size);
+      const double master = static_cast<double>(c10::elementSize(mp.master_dtype));
+      const double param = static_cast<double>(c10::elementSize(mp.param_dtype));
+      if (plan.shard_size > 1 || mp.param_dtype != mp.master_dtype) {
+        per.gather_cast_s[k] = static_cast<double>(u.gather_elems) / shard * (master + param) / cluster.memory_bytes_per_s;
+      }
+      if (u.reduce_elems > 0 && (plan.shard_size > 1 || mp.reduce_dtype != mp.master_dtype)) {
+        per.reduce_cast_s[k] = static_cast<double>(u.reduce_elems) / shard * (rbytes + master) / cluster.memory_bytes_per_s;
+      }
+    }
     latency_s[k] = cluster.nodes > 1 ? cluster.inter.latency_s : cluster.intra.latency_s;
     ue.all_gather_s = gather_s[k];
     ue.reduce_s = reduce_s[k];
@@ -690,6 +720,7 @@ void run_schedule(const std::vector<PlannedCost>& units, const EngineView& view,
   }
   s.optimizer(shard_elems);
   est.compute_s = s.compute_s();
+  est.compute_classes = s.compute_classes();
   est.comm_cpu_s = s.comm_cpu_s();
   est.optimizer_s = s.optimizer_s();
   est.exposed_comm_s = s.exposed_s();

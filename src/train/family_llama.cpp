@@ -28,6 +28,10 @@ class LlamaModelConfig final : public ModelConfig {
   double forward_flops_per_token(const ParamShapes& params, int64_t seq_len) const override {
     return cfg_.forward_flops_per_token(params, seq_len);
   }
+  std::optional<models::UnitWork> unit_work(const ParamShapes& params, bool trainable,
+                                            const models::WorkShape& shape) const override {
+    return cfg_.unit_work(params, trainable, shape);
+  }
   std::optional<int64_t> max_seq_len() const override { return cfg_.max_position_embeddings; }
   // Per token and decoder layer: the norms, q/k/v/o and residuals (10 x D) and
   // the MLP's gate, up, act and product (4 x F); attention scores are left out

@@ -72,6 +72,21 @@ for spec_known in (True, False):
     check(got_peer == want_peer, f"(c) MFU against the same peaks: {got_peer} (want {want_peer})")
     check(("data-sheet peak: not known" in table) != spec_known, "the table says whether the data sheet is known")
 
+# The cluster file of the run's own rates (docs/estimate.md, "The GPU roofline").
+(WORK / "peak.json").write_text(json.dumps({"device": "card", "dtype": "bfloat16", "n": 512, "tflops": 700.0,
+                                            "memory_gbyte_per_s": 4000.0, "attention_tflops": 300.0,
+                                            "attention_shape": "4,32,8,2048,64"}))
+report("cluster-file", "--peak", str(WORK / "peak.json"), "--out", str(WORK / "cluster.json"))
+c = json.loads((WORK / "cluster.json").read_text())
+check((c["matmul_tflops"], c["memory_gbyte_per_s"], c["attention_tflops"], c["execution"]) ==
+      (700.0, 4000.0, 300.0, "device"), f"the cluster file carries the measured rates ({c})")
+check(abs(c["optimizer_ns_per_element"] - 40 / 4000.0) < 1e-12, "the optimizer streams 40 bytes at that bandwidth")
+(WORK / "peak.json").write_text(json.dumps({"error": "no card"}))
+r = subprocess.run([sys.executable, REPORT, "cluster-file", "--peak", str(WORK / "peak.json"), "--out",
+                    str(WORK / "none.json")], capture_output=True, text=True, timeout=60)
+check(r.returncode == 1 and "no cluster file" in r.stderr and not (WORK / "none.json").exists(),
+      "without measured rates no cluster file is written")
+
 if failures:
     print(f"{len(failures)} check(s) failed")
     sys.exit(1)

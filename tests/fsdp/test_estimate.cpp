@@ -262,6 +262,17 @@ TEST(Estimate, ClusterFiles) {
   EXPECT_NEAR(p5.peak_flops, 989.4e12, 1e9);
   EXPECT_NEAR(cluster_preset("h100", at::kFloat).peak_flops, 66.9e12, 1e9);
   EXPECT_FALSE(p5.notes.empty());
+  // Note [Device roofline]: the H200's products as measured, attention and memory as stated.
+  const ClusterSpec h200 = cluster_preset("h200", at::kBFloat16);
+  EXPECT_NEAR(h200.matmul_flops, 791.6e12, 1e9);
+  EXPECT_NEAR(h200.attention_flops, 0.35 * 989.4e12, 1e9);
+  EXPECT_NEAR(h200.memory_bytes_per_s, 0.8 * 4.8e12, 1e6);
+  const ClusterSpec h200_back = cluster_from_json(cluster_to_json(h200), ClusterSpec{}, "test");
+  EXPECT_NEAR(h200_back.matmul_flops, h200.matmul_flops, 1e3);
+  EXPECT_NEAR(h200_back.attention_flops, h200.attention_flops, 1e3);
+  EXPECT_NEAR(h200_back.memory_bytes_per_s, h200.memory_bytes_per_s, 1e-3);
+  EXPECT_THROW(cluster_from_json(R"({"memory_gbyte_per_s": -1})", ClusterSpec{}, "f.json"), UsageError);
+  EXPECT_THROW(cluster_from_json(R"({"matmul_tflops": "fast"})", ClusterSpec{}, "f.json"), UsageError);
   const ClusterSpec back = cluster_from_json(cluster_to_json(p5), ClusterSpec{}, "test");
   EXPECT_EQ(back.procs_per_node, 8);
   EXPECT_NEAR(back.inter.bytes_per_s, p5.inter.bytes_per_s, 1);
@@ -291,6 +302,76 @@ TEST(Estimate, LlamaUnitFlopsAddUpToTheModelCount) {
     const int64_t T = 512;
     EXPECT_NEAR(3 * cfg.forward_flops_per_token(params, T) / cfg.training_flops_per_token(T), 1.0, 1e-12);
   }
+}
+
+// Note [Counted work]: what Llama's unit_work counts agrees with the FLOPs MFU
+// counts (products: 6 x the matrix weights; attention: the causal half of its
+// 12 L H Dh T, backward 2.5 x forward), and each recompute policy runs the
+// forward less what it skips.
+TEST(Estimate, LlamaCountedWorkAgreesWithTheFlopCount) {
+  for (const char* name : {"tiny", "llama3.2-1b"}) {
+    SCOPED_TRACE(name);
+    const models::LlamaConfig cfg = models::resolve_model_config(name);
+    auto m = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
+    std::vector<std::pair<std::string, std::vector<int64_t>>> all, layer;
+    for (const auto& p : m->named_parameters(true)) {
+      all.emplace_back(p.key(), p.value().sizes().vec());
+      if (p.key().rfind("model.layers.0.", 0) == 0) layer.emplace_back(p.key(), p.value().sizes().vec());
+    }
+    models::WorkShape shape;
+    shape.seq_len = 512;
+    shape.tokens = 4 * shape.seq_len;
+    shape.loss_chunk_rows = 1024;
+    const double N = static_cast<double>(shape.tokens), T = static_cast<double>(shape.seq_len);
+    const double L = static_cast<double>(cfg.num_hidden_layers), H = static_cast<double>(cfg.num_attention_heads);
+    const double D = static_cast<double>(cfg.hidden_size), F = static_cast<double>(cfg.intermediate_size);
+    const double attention = 12 * L * H * static_cast<double>(cfg.dh()) * T;
+    const models::UnitWork w = *cfg.unit_work(all, true, shape);
+    EXPECT_NEAR((w.forward.product_flops + w.backward.product_flops) / N,
+                cfg.training_flops_per_token(shape.seq_len) - attention, 1e-6);
+    EXPECT_NEAR((w.forward.attention_flops + w.backward.attention_flops) / N, attention * 7 / 12, 1e-6);
+    EXPECT_GT(w.forward.memory_bytes, 0);
+    EXPECT_GT(w.backward.memory_bytes, w.forward.memory_bytes);
+    EXPECT_EQ(w.recompute.product_flops + w.recompute.memory_bytes, 0);  // not checkpointed
+    // A checkpointed layer, each policy.
+    shape.checkpointed = true;
+    shape.policy = nn::RecomputePolicy::kFull;
+    const models::UnitWork full = *cfg.unit_work(layer, true, shape);
+    EXPECT_EQ(full.recompute.product_flops, full.forward.product_flops);
+    EXPECT_EQ(full.recompute.memory_bytes, full.forward.memory_bytes);
+    shape.policy = nn::RecomputePolicy::kTail;
+    const models::UnitWork tail = *cfg.unit_work(layer, true, shape);
+    EXPECT_NEAR(full.recompute.product_flops - tail.recompute.product_flops, 2 * D * F * N, 1e-3);  // down_proj
+    EXPECT_NEAR(full.recompute.memory_bytes - tail.recompute.memory_bytes, 3 * 2 * D * N, 1e-3);   // its residual
+    EXPECT_EQ(tail.recompute.attention_flops, tail.forward.attention_flops);
+    shape.policy = nn::RecomputePolicy::kSelective;
+    const models::UnitWork sel = *cfg.unit_work(layer, true, shape);
+    const double qkvo = 2 * (2 * D * H * static_cast<double>(cfg.dh()) +
+                             2 * D * static_cast<double>(cfg.num_key_value_heads * cfg.dh()));
+    EXPECT_NEAR(tail.recompute.product_flops - sel.recompute.product_flops, qkvo * N, 1e-3);
+    EXPECT_EQ(sel.recompute.attention_flops, sel.forward.attention_flops);  // CUDA recomputes attention
+  }
+  EXPECT_FALSE(models::resolve_model_config("tiny-mixtral").unit_work({}, true, models::WorkShape{}).has_value());
+}
+
+// Note [Device roofline]: with a memory bandwidth, every gather's cast of the
+// shard and every reduction's copy into the gradient shard are memory-bound
+// compute, counted per collective the schedule issues.
+TEST(Estimate, EngineCastsAreMemoryBoundCompute) {
+  ClusterSpec c = two_nodes();
+  const StepEstimate plain = estimate_step(toy(), options(ShardingStrategy::kFullShard), c, StepWorkload{}, toy_cost);
+  EXPECT_EQ(plain.compute_classes.total(), 0);
+  c.memory_bytes_per_s = 1e6;
+  const StepEstimate e = estimate_step(toy(), options(ShardingStrategy::kFullShard), c, StepWorkload{}, toy_cost);
+  // A block: 196 padded elements, 98 per rank, fp32 shard into fp32 (4 + 4 bytes) per gather, the
+  // gradient (4 + 4) per reduction; the root 56 elements, 28 per rank.
+  double expected = 0;
+  for (const UnitEstimate& u : e.units) {
+    const double shard = u.name.empty() ? 28 : 98;
+    expected += (u.gathers + 1) * shard * 8 / 1e6;
+  }
+  EXPECT_NEAR(e.compute_classes.memory_s, expected, 1e-12);
+  EXPECT_NEAR(e.compute_s - plain.compute_s, expected, 1e-12);
 }
 
 }  // namespace

@@ -46,6 +46,8 @@
 #include <utility>
 #include <vector>
 
+#include "fsdp/models/op_work.h"
+
 namespace fsdp::models {
 
 // Llama 3.1's "llama3" rope_scaling (HF rope_type "llama3"). inv_freq is rescaled
@@ -168,6 +170,15 @@ struct LlamaConfig {
   // attention where its q_proj weight is among them. Norms and biases: 0.
   double forward_flops_per_token(const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
                                  int64_t seq_len) const;
+
+  // The work of the part of the model that owns `params` (names and shapes as
+  // forward_flops_per_token takes them; `trainable`: they get gradients) for one
+  // micro-batch, by operation class (models/op_work.h): what the step-time
+  // model's roofline times on a GPU. Counted from the operations this model
+  // and its loss run (Note [Counted work] in llama_config.cpp). nullopt for
+  // Mixtral, whose routed experts it does not count.
+  std::optional<UnitWork> unit_work(const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
+                                    bool trainable, const WorkShape& shape) const;
 
   // Size limits (Note [Config size limits] in llama_config.cpp): far above every
   // published model, low enough that no product of sizes overflows int64.

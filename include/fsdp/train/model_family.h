@@ -24,6 +24,7 @@
 #include "fsdp/checkpoint/hf.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/chunked_loss.h"
+#include "fsdp/models/op_work.h"
 #include "fsdp/nn/init.h"
 #include "fsdp/nn/recompute.h"
 #include "fsdp/nn/unit.h"
@@ -64,6 +65,15 @@ class ModelConfig {
   virtual int64_t num_parameters() const = 0;
   virtual double training_flops_per_token(int64_t seq_len) const = 0;
   virtual double forward_flops_per_token(const ParamShapes& params, int64_t seq_len) const = 0;
+  // The work of the part of the model owning `params` for one micro-batch, by
+  // operation class (models/op_work.h: the GPU roofline of the step-time
+  // model); nullopt where the family does not count it (the estimate then
+  // times FLOPs at ClusterSpec::compute_efficiency of the peak).
+  virtual std::optional<models::UnitWork> unit_work(const ParamShapes& params, bool trainable,
+                                                    const models::WorkShape& shape) const {
+    (void)params, (void)trainable, (void)shape;
+    return std::nullopt;
+  }
   // The longest --seq-len the model takes (max_position_embeddings); nullopt: any.
   virtual std::optional<int64_t> max_seq_len() const = 0;
   // Activation elements kept for backward per token of a micro-batch, a lower
