@@ -19,7 +19,8 @@
 #     12 root (scripts/minroot.sh: debootstrap minbase plus python3, built once per machine and
 #     cached), where the only other things are the pack and the project's Python environment
 #     (read-only, at their own paths): its run.sh --self-test (a phase made to hang must be
-#     reported and leave no process), then run.sh --dry-run. FSDP_SKIP_PACK=1 leaves it out (and
+#     reported and leave no process), then run.sh --dry-run, whose table must give the compiled
+#     FSDP2 rows' reason (the root has no C++ compiler). FSDP_SKIP_PACK=1 leaves it out (and
 #     it is left out when ctest arguments select tests).
 # Under CI=true a skipped test fails the run; the summary names every skipped test.
 set -euo pipefail
@@ -88,6 +89,12 @@ if [[ "${FSDP_SKIP_PACK:-0}" != 1 && $# -eq 0 ]]; then
   fi
   if ((pack_rc == 0)); then
     in_root OUT="$fresh/out/dry-run" "$fresh/pack/run.sh" --dry-run || pack_rc=$?
+    # The root has no C++ compiler: FSDP2's compiled rows must say so in the table, not vanish.
+    for ckpt in off on; do
+      row="| (d) PyTorch FSDP2, compiled | $ckpt | - | skipped: no C++ compiler for inductor's CPU backend"
+      grep -qF "$row" "$fresh/out/dry-run/table.md" ||
+        { echo "test.sh: the dry run's table has no row '$row...'" >&2; pack_rc=1; }
+    done
   fi
   if ((pack_rc != 0)); then
     echo "test.sh: the GPU pack's build, self-test or dry run failed (exit $pack_rc) after ${SECONDS}s" >&2

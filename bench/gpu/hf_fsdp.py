@@ -11,6 +11,18 @@ PyTorch FSDP, set up the way the published FSDP fine-tuning recipes do it.
                 FULL_SHARD by NO_SHARD: the row's "sharding" says what ran.
   --impl fsdp2: fully_shard on each decoder layer and on the root, with
                 MixedPrecisionPolicy(param_dtype=bf16, reduce_dtype=bf16).
+  --impl fsdp2-compile: the same, each decoder layer first compiled alone
+                (torch.compile(layer, fullgraph=True), the compiled module put
+                in the layer's place), as torchtitan does: after the
+                activation-checkpointing wrapper, before fully_shard, so
+                FSDP2's hooks run eagerly around the compiled layer. Every
+                layer reuses one compiled graph; a fallback to eager (the
+                recompile limit) is an error, not a quiet eager row. The
+                warm-up steps absorb the compilation: "compile_s" is their
+                time beyond as many measured steps. Where it cannot compile
+                (no Triton on the GPU, no C++ compiler for inductor on the
+                CPU, or the compiler fails) the result line says why:
+                {"skipped": reason}, exit status 0.
 Both: torch.optim.AdamW with fused=True (the fused kernel, as fsdp-train's
 default AdamW: the same implementation class on both sides), the gradient
 norm clipped to --clip-grad (FSDP1: FullyShardedDataParallel.clip_grad_norm_;
@@ -30,7 +42,10 @@ fsdp-train too), read in the same order. Prints one JSON line:
   {"impl", "sharding", "tokens_per_s", "step_time_s", "peak_mem_bytes", "losses", ...}
 tokens_per_s and step_time_s cover the --steps measured steps after --warmup;
 peak_mem_bytes is torch.cuda.max_memory_allocated() from the end of the setup
-to the end of the run (CPU: the process's peak resident set).
+to the end of the run (CPU: the process's peak resident set). fsdp2-compile adds
+"compile_s" and "graphs" (the frames dynamo compiled: 1, every layer's), or,
+where it could not compile, prints {"row", "kind", "ckpt", "impl", "torch",
+"skipped": why} and nothing measured.
 """
 import argparse
 import array
@@ -46,7 +61,7 @@ import time
 
 def parse_args():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--impl", choices=["fsdp1", "fsdp2"], required=True)
+    p.add_argument("--impl", choices=["fsdp1", "fsdp2", "fsdp2-compile"], required=True)
     p.add_argument("--config", required=True, help="Hugging Face config.json of the model")
     p.add_argument("--tokens", required=True, help="raw little-endian uint32 token ids")
     p.add_argument("--seq-len", type=int, default=2048)
@@ -73,6 +88,27 @@ def free_port():
         return s.getsockname()[1]
 
 
+def cannot_compile(torch, device):
+    """Why inductor cannot compile for `device` on this machine, or None."""
+    if device == "cuda":
+        from torch.utils._triton import has_triton
+        return None if has_triton() else "Triton does not import (inductor's GPU backend needs it)"
+    from torch._inductor.cpp_builder import get_cpp_compiler
+    try:
+        get_cpp_compiler()  # the compiler inductor will run: $CXX, else g++
+    except Exception as e:  # InvalidCxxCompiler; any other failure of the search says the same
+        return f"no C++ compiler for inductor's CPU backend ({type(e).__name__}: {str(e).strip().splitlines()[0][:120]})"
+    return None
+
+
+def compile_errors(torch):
+    """The exceptions that mean "this machine could not compile": dynamo's and inductor's own
+    (BackendCompilerFailed wraps a failed C++ or Triton build; Unsupported is a graph break under
+    fullgraph) and the recompile limit."""
+    import torch._dynamo.exc as dynamo_exc
+    return (dynamo_exc.TorchDynamoException, dynamo_exc.FailOnRecompileLimitHit)
+
+
 def main():
     a = parse_args()
     try:
@@ -95,6 +131,12 @@ def main():
         device = torch.device("cpu")
     dist.init_process_group("nccl" if a.device == "cuda" else "gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
+    row = {"row": a.row or a.impl, "kind": "llama", "ckpt": a.activation_checkpointing, "impl": a.impl,
+           "torch": torch.__version__}
+    skipped = cannot_compile(torch, a.device) if a.impl == "fsdp2-compile" else None
+    if skipped:
+        finish(dist, rank, {**row, "skipped": skipped})
+        return
 
     with open(a.config) as f:
         cfg_dict = json.load(f)
@@ -132,6 +174,13 @@ def main():
                      use_orig_params=False)
         sharding = model.sharding_strategy.name  # NO_SHARD at world size 1: FSDP1 switches by itself
     else:
+        if a.impl == "fsdp2-compile":
+            import torch._dynamo
+            # One graph serves every layer (the same code, the parameters are inputs); should a
+            # layer need its own, past the limit dynamo would run it eagerly without a word.
+            torch._dynamo.config.fail_on_recompile_limit_hit = True
+            for i, layer in enumerate(model.model.layers):
+                model.model.layers[i] = torch.compile(layer, fullgraph=True)
         try:
             from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard  # PyTorch >= 2.6
         except ImportError:
@@ -172,51 +221,65 @@ def main():
     if a.device == "cuda":
         torch.cuda.synchronize(device)
         torch.cuda.reset_peak_memory_stats(device)  # the peak from here: the setup is not counted
-    losses = []
-    seconds = 0.0
-    for step in range(a.warmup + a.steps):
-        if a.device == "cuda":
-            torch.cuda.synchronize(device)
-        t0 = time.perf_counter()
-        x = data[step, rank].to(device, non_blocking=True)
-        loss = model(input_ids=x, labels=x).loss  # the logits die here, not at the next step
-        loss.backward()
-        if a.clip_grad > 0:
-            clip(a.clip_grad)
-        opt.step()
-        opt.zero_grad(set_to_none=True)
-        loss = loss.detach().float()
-        dist.all_reduce(loss)
-        losses.append(loss.item() / world)  # .item() waits for the step
-        if a.device == "cuda":
-            torch.cuda.synchronize(device)
-        if step >= a.warmup:
-            seconds += time.perf_counter() - t0
+    losses, times = [], []
+    # Compilation happens inside the first steps (the backward's at the first backward): a
+    # compile error there is this machine's, and the row says so instead of failing.
+    errors = compile_errors(torch) if a.impl == "fsdp2-compile" else ()
+    try:
+        for step in range(a.warmup + a.steps):
+            if a.device == "cuda":
+                torch.cuda.synchronize(device)
+            t0 = time.perf_counter()
+            x = data[step, rank].to(device, non_blocking=True)
+            loss = model(input_ids=x, labels=x).loss  # the logits die here, not at the next step
+            loss.backward()
+            if a.clip_grad > 0:
+                clip(a.clip_grad)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            loss = loss.detach().float()
+            dist.all_reduce(loss)
+            losses.append(loss.item() / world)  # .item() waits for the step
+            if a.device == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - t0)
+    except errors as e:
+        first = (str(e).strip().splitlines() or [""])[0]
+        finish(dist, rank, {**row, "skipped": f"torch.compile failed in step {len(times)}: {type(e).__name__}: {first}"[:300]})
+        return
+    seconds = sum(times[a.warmup:])
     if a.device == "cuda":
         peak = torch.cuda.max_memory_allocated(device)
     else:
         peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    result = {
+        **row,
+        "sharding": sharding,
+        "note": "" if sharding == "FULL_SHARD" else f"FSDP1 ran {sharding} (it replaces FULL_SHARD at world size 1)",
+        "parameters": n_params,
+        "world_size": world,
+        "seq_len": a.seq_len,
+        "batch_size": a.batch_size,
+        "activation_checkpointing": a.activation_checkpointing,
+        "optimizer": "AdamW, fused",
+        "clip_grad": a.clip_grad,
+        "tokens_per_s": a.steps * per_step * window / seconds,
+        "step_time_s": seconds / a.steps,
+        "peak_mem_bytes": peak,
+        "losses": losses,
+    }
+    if a.impl == "fsdp2-compile":
+        from torch._dynamo.utils import counters
+        # The warm-up's time beyond as many ordinary steps: what compiling cost.
+        result["compile_s"] = max(0.0, sum(times[:a.warmup]) - a.warmup * seconds / a.steps)
+        result["graphs"] = counters["stats"]["unique_graphs"]  # frames dynamo compiled
+    finish(dist, rank, result)
+
+
+def finish(dist, rank, result):
+    """Prints the one result line (rank 0) and leaves the process group."""
     if rank == 0:
-        print(json.dumps({
-            "row": a.row or a.impl,
-            "kind": "llama",
-            "ckpt": a.activation_checkpointing,
-            "impl": a.impl,
-            "sharding": sharding,
-            "note": "" if sharding == "FULL_SHARD" else f"FSDP1 ran {sharding} (it replaces FULL_SHARD at world size 1)",
-            "torch": torch.__version__,
-            "parameters": n_params,
-            "world_size": world,
-            "seq_len": a.seq_len,
-            "batch_size": a.batch_size,
-            "activation_checkpointing": a.activation_checkpointing,
-            "optimizer": "AdamW, fused",
-            "clip_grad": a.clip_grad,
-            "tokens_per_s": a.steps * per_step * window / seconds,
-            "step_time_s": seconds / a.steps,
-            "peak_mem_bytes": peak,
-            "losses": losses,
-        }), flush=True)
+        print(json.dumps(result), flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

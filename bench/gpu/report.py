@@ -1,8 +1,13 @@
 #!/usr/bin/env python3
 """Turns the JSON lines bench/gpu/run.sh collected into its table: tokens/s,
-MFU and peak memory of fsdp-train (a) against PyTorch FSDP (b) and FSDP2 (c)
-per activation-checkpointing setting, and the tutorial MLP with and without
-CPU offload.
+MFU and peak memory of fsdp-train (a) against PyTorch FSDP (b), FSDP2 (c) and
+FSDP2 with torch.compile per decoder layer (d) per activation-checkpointing
+setting, and the tutorial MLP with and without CPU offload. Under the table,
+per setting, the ratios the head-to-head is for: (a) against the first FSDP2
+eager row, (a) against compiled FSDP2 (ahead, or by how much behind; where
+(d) could not compile, its reason and torchtitan's published gain of compile
+over eager FSDP2 instead), and the drift between the FSDP2 eager rows
+measured first and again last.
 
 MFU is given twice, the data sheet's first: tokens/s x flops per token over
 the card's data-sheet peak for the compute dtype (the convention published
@@ -17,6 +22,16 @@ layers, H heads, Q head dimension, T the sequence length."""
 import argparse
 import json
 import sys
+
+# torchtitan's published gain of torch.compile over eager FSDP2, cited where (d)
+# could not compile: benchmarks/llama3_h100_202412_torchtitan.md, Table 1 (Llama
+# 3.1 8B, 8 x H100, local batch 2, selective activation checkpointing): 5,762
+# tokens/s per GPU eager, 6,667 compiled, 8,532 compiled with Float8 linears.
+kTitanCompileGain = 6667 / 5762  # 1.157
+kTitanCompileFloat8Gain = 8532 / 5762  # 1.481
+kTitanSource = ("torchtitan's published gain (benchmarks/llama3_h100_202412_torchtitan.md, Llama 3.1 8B, "
+                f"8 x H100): torch.compile alone +{100 * (kTitanCompileGain - 1):.1f}% tokens/s over eager "
+                f"FSDP2, {kTitanCompileFloat8Gain:.2f}x with Float8 as well")
 
 
 def flops_per_token(cfg, seq_len):
@@ -97,6 +112,39 @@ def failed_row(a):
     return 0
 
 
+def signed_pct(ratio):
+    return f"{100 * (ratio - 1):+.1f}%"
+
+
+def ratios(ckpt, group, ours, fsdp2, compiled):
+    """One line per activation-checkpointing setting: what the head-to-head is for."""
+    words = [f"act. ckpt {'on' if ckpt else 'off'}:"]
+    if ours and fsdp2:
+        words.append(f"(a) / FSDP2 eager {ours['tokens_per_s'] / fsdp2['tokens_per_s']:.2f}x tokens/s, "
+                     f"{ours['peak_mem_bytes'] / fsdp2['peak_mem_bytes']:.2f}x memory;")
+    else:
+        words.append("(a) / FSDP2 eager not measured;")
+    skipped = next((r for r in group if r["row"].startswith("(d)") and "skipped" in r), None)
+    if ours and compiled:
+        x = ours["tokens_per_s"] / compiled["tokens_per_s"]
+        words.append(f"(a) / FSDP2 compiled {x:.2f}x tokens/s "
+                     f"({'ahead' if x >= 1 else f'behind by {100 * (1 - x):.1f}%'});")
+    elif skipped:
+        expect = ""
+        if ours and fsdp2:
+            expect = (f"; at that gain (a) / FSDP2 compiled would be about "
+                      f"{ours['tokens_per_s'] / fsdp2['tokens_per_s'] / kTitanCompileGain:.2f}x")
+        words.append(f"FSDP2 compiled did not run ({skipped['skipped']}): {kTitanSource}{expect};")
+    else:
+        words.append("(a) / FSDP2 compiled not measured;")
+    eager = [r for r in group if r["row"].startswith("(c)") and "tokens_per_s" in r]
+    if len(eager) >= 2:
+        words.append(f"FSDP2 eager drift, last against first: {signed_pct(eager[-1]['tokens_per_s'] / eager[0]['tokens_per_s'])} tokens/s")
+    else:
+        words.append("FSDP2 eager drift not measured (fewer than two eager rows)")
+    return " ".join(words)
+
+
 def table(a):
     with open(a.config) as f:
         cfg = json.load(f)
@@ -131,17 +179,23 @@ def table(a):
         return "-" if x is None else f"{100 * x:.1f}%"
     print()
     print("| run | act. ckpt | batch | tokens/s | MFU (data sheet) | MFU (matmul) | peak memory "
-          "| (a) / this: tokens/s | MFU | memory | note |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+          "| (a) / this: tokens/s | MFU | memory | ours / FSDP2 compiled | note |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     missing = 0
+    summary = []
     for ckpt in (False, True):
         group = [r for r in rows if r.get("kind") == "llama" and r["ckpt"] == ckpt]
         ours = next((r for r in group if r["row"].startswith("(a)") and "tokens_per_s" in r), None)
         fsdp2 = next((r for r in group if r["row"].startswith("(c)") and "tokens_per_s" in r), None)
+        compiled = next((r for r in group if r["row"].startswith("(d)") and "tokens_per_s" in r), None)
         for r in group:
             if "error" in r:
                 missing += 1
-                print(f"| {r['row']} | {'on' if ckpt else 'off'} | - | not run: {r['error']} | | | | | | | |")
+                print(f"| {r['row']} | {'on' if ckpt else 'off'} | - | not run: {r['error']} | | | | | | | | |")
+                continue
+            if "skipped" in r:  # (d) where this machine cannot compile: a reason, not a failure
+                print(f"| {r['row']} | {'on' if ckpt else 'off'} | - | skipped: {r['skipped']} | | | | | | | | "
+                      f"instead: {kTitanSource} |")
                 continue
             tps = r["tokens_per_s"]
             rel_t = rel_f = rel_m = "-"
@@ -150,13 +204,27 @@ def table(a):
                 rel_f = rel_t if rate or spec_tps else "-"  # the same flops per token on both sides
                 rel_m = f"{ours['peak_mem_bytes'] / r['peak_mem_bytes']:.2f}x"
             note = r.get("note", "")
+            vs_compiled = "-"
+            if r["row"].startswith("(a)") and compiled is not None:
+                vs_compiled = f"{tps / compiled['tokens_per_s']:.2f}x"
+            if r["row"].startswith("(c)") and r is not fsdp2:
+                note = (note + "; " if note else "") + f"drift: {signed_pct(tps / fsdp2['tokens_per_s'])} tokens/s against the first (c)"
+            if r["row"].startswith("(d)") and "compile_s" in r:
+                note = (note + "; " if note else "") + (
+                    f"compiling took {r['compile_s']:.0f} s of the warm-up, {r.get('graphs', '?')} graph(s)")
             if r["row"].startswith("(a)") and r is not ours and fsdp2 is not None:
                 # Each further row of ours (another --ac-policy) against FSDP2 in the same group.
                 note = (note + "; " if note else "") + (
                     f"x (c): {tps / fsdp2['tokens_per_s']:.2f} tokens/s, "
                     f"{r['peak_mem_bytes'] / fsdp2['peak_mem_bytes']:.2f} memory")
             print(f"| {r['row']} | {'on' if ckpt else 'off'} | {r['batch_size']} | {tps:,.0f} | {pct(mfu_spec(tps))} | {pct(mfu(tps))} | "
-                  f"{gib(r['peak_mem_bytes'])} | {rel_t} | {rel_f} | {rel_m} | {note} |")
+                  f"{gib(r['peak_mem_bytes'])} | {rel_t} | {rel_f} | {rel_m} | {vs_compiled} | {note} |")
+        if group:
+            summary.append(ratios(ckpt, group, ours, fsdp2, compiled))
+    if summary:
+        print()
+        for line in summary:
+            print(f"- {line}")
     mlp = [r for r in rows if r.get("kind") == "mlp"]
     if mlp:
         print()

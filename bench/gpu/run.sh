@@ -1,17 +1,28 @@
 #!/usr/bin/env bash
-# Head-to-head on one GPU: fsdp-train (a) against PyTorch FSDP (b) and FSDP2
-# (c), each training the Hugging Face-shaped Llama 3.2 1B on the same random
+# Head-to-head on one GPU: fsdp-train (a) against PyTorch FSDP (b), FSDP2
+# (c) and FSDP2 with torch.compile per decoder layer (d, torchtitan's way),
+# each training the Hugging Face-shaped Llama 3.2 1B on the same random
 # tokens at world size 1, bf16, seq 2048, activation checkpointing off and on
 # (on: fsdp-train's default --ac-policy tail, then full and selective; off:
 # also --kernels fused);
 # then the FSDP tutorial MLP (8 x Linear 20480) with and without CPU offload.
 # Prints tokens/s, MFU (against the bf16 matmul rate measured in the same
 # call) and peak device memory (each side's peak after its setup), with the
-# ratios of (a) to (b) and (c).
+# ratios of (a) to (b), (c) and (d).
+#
+# The order, so that a call cut short still has the main ratio, (a) against
+# FSDP2 eager measured in the same call: (c) then (a) without checkpointing,
+# the same with it; then (d) off and on (a machine that cannot compile says
+# why in the row, and the table cites torchtitan's published gain
+# of compile instead); (b) off and on; the further rows of (a); then (c)
+# again, off and on, so the two eager FSDP2 rows bound the drift of every
+# Llama row between them; the MLP last. (d)'s warm-up steps absorb the
+# compilation (its row's note says how long it took). A --budget-s too short
+# for every row stops the last ones: the MLP, then the drift's bound.
 #
 #   bench/gpu/run.sh [--bin DIR] [--out DIR] [--long] [--model llama3.2-1b] [--seq-len 2048]
 #                    [--batch-size 4] [--ckpt-batch-size 8] [--steps 5] [--warmup 2]
-#                    [--mlp-width 20480] [--mlp-batch-size 8] [--only a,b,c,mlp] [--run-timeout 150]
+#                    [--mlp-width 20480] [--mlp-batch-size 8] [--only a,b,c,d,mlp] [--run-timeout 150]
 #                    [--budget-s SECONDS] [--clip-grad 1.0]
 #   bench/gpu/run.sh --dry-run   # CPU, tiny sizes
 #
@@ -48,8 +59,10 @@
 #   Each run also gets FSDP_TIMEOUT, unless set, of a third of its limit, so a
 #   hung collective is named in bench.log before the run is stopped.
 # --dry-run: the CPU, the `tiny` preset, a few steps: the harness end to end on
-#   a machine without a GPU: (b) and (c) run there on gloo (FSDP1 is given
-#   the CPU as its device, activation checkpointing included).
+#   a machine without a GPU: (b), (c) and (d) run there on gloo (FSDP1 is given
+#   the CPU as its device, activation checkpointing included); (d) compiles
+#   with inductor's C++ backend (about a minute a row on 2 busy cores), or,
+#   without a C++ compiler, its rows say so.
 # The Python is $PYTHON, else the one that imports torch (scripts/torch-python.sh
 # in the checkout; python3 in the pack).
 # Exit status: 0 when every row produced a result, 1 otherwise, 2 usage.
@@ -58,7 +71,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 
 dry=0 long=0 bin="" out=""
 model=llama3.2-1b seq=2048 batch=4 ckpt_batch=8 steps=5 warmup=2
-mlp_width=20480 mlp_batch=8 only="a,b,c,mlp" run_timeout=150 budget=0 clip=1.0
+mlp_width=20480 mlp_batch=8 only="a,b,c,d,mlp" run_timeout=150 budget=0 clip=1.0
 args=("$@")
 usage() { echo "bench/gpu/run.sh: $*; see the header of bench/gpu/run.sh" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
@@ -238,21 +251,29 @@ ours() {  # row ckpt batch [fsdp-train flag...]
   write_table || true
 }
 
+# One row of a PyTorch peer (hf_fsdp.py).
+peer() {  # row impl ckpt batch
+  local name=$1 impl=$2 ckpt=$3 b=$4
+  if ! run_logged "$name" "$PYTHON" "$here/hf_fsdp.py" --impl "$impl" --row "$name" --config "$work/config.json" \
+      --tokens "$work/tokens.bin" --seq-len "$seq" --batch-size "$b" --steps "$steps" --warmup "$warmup" \
+      --clip-grad "$clip" --device "$device" $([[ $ckpt -eq 1 ]] && echo --activation-checkpointing) ||
+      ! result_line >> "$results" 2>> "$work/run.err"; then
+    failed_row "$name" llama "$ckpt"
+  fi
+  write_table || true
+}
+batch_of() { [[ $1 -eq 1 ]] && echo "$ckpt_batch" || echo "$batch"; }  # ckpt
+
+# The order of the header: the main ratio first, the drift's bound last.
 for ckpt in 0 1; do
-  b=$([[ $ckpt -eq 1 ]] && echo "$ckpt_batch" || echo "$batch")
-  wants a && ours "(a) fsdp-train" "$ckpt" "$b"
-  for impl in fsdp1 fsdp2; do
-    letter=$([[ $impl == fsdp1 ]] && echo b || echo c)
-    name=$([[ $impl == fsdp1 ]] && echo "(b) PyTorch FSDP" || echo "(c) PyTorch FSDP2")
-    wants "$letter" || continue
-    if ! run_logged "$name" "$PYTHON" "$here/hf_fsdp.py" --impl "$impl" --row "$name" --config "$work/config.json" \
-        --tokens "$work/tokens.bin" --seq-len "$seq" --batch-size "$b" --steps "$steps" --warmup "$warmup" \
-        --clip-grad "$clip" --device "$device" $([[ $ckpt -eq 1 ]] && echo --activation-checkpointing) ||
-        ! result_line >> "$results" 2>> "$work/run.err"; then
-      failed_row "$name" llama "$ckpt"
-    fi
-    write_table || true
-  done
+  wants c && peer "(c) PyTorch FSDP2" fsdp2 "$ckpt" "$(batch_of "$ckpt")"
+  wants a && ours "(a) fsdp-train" "$ckpt" "$(batch_of "$ckpt")"
+done
+for ckpt in 0 1; do
+  wants d && peer "(d) PyTorch FSDP2, compiled" fsdp2-compile "$ckpt" "$(batch_of "$ckpt")"
+done
+for ckpt in 0 1; do
+  wants b && peer "(b) PyTorch FSDP" fsdp1 "$ckpt" "$(batch_of "$ckpt")"
 done
 # What checkpointing recomputes (fsdp-train --ac-policy; the row above is the
 # default, tail): the whole layer as before, and selective.
@@ -263,6 +284,10 @@ done
 wants a && ours "(a) fsdp-train --kernels fused" 0 "$batch" --kernels fused
 # Where fsdp-train fits a larger batch than the peers were given.
 [[ $long -eq 1 ]] && wants a && ours "(a) fsdp-train, 2x batch" 1 $((2 * ckpt_batch))
+# FSDP2 eager again: with the first (c) rows, the bounds of the card's drift.
+for ckpt in 0 1; do
+  wants c && peer "(c) PyTorch FSDP2, again" fsdp2 "$ckpt" "$(batch_of "$ckpt")"
+done
 
 if wants mlp; then
   for offload in "" --cpu-offload; do

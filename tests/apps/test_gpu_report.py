@@ -1,30 +1,34 @@
 #!/usr/bin/env python3
 """bench/gpu/report.py's table gives MFU both ways, the data sheet's first
-(issue 48): against the card's data-sheet peak, read back from the MFU that
+(issue 48; part `mfu`): against the card's data-sheet peak, read back from the MFU that
 fsdp-train's metrics record, and against the matmul rate measured in the same
 run. A run of fsdp-train is made up here (its metrics lines as the trainer
 writes them), so the expected percentages are known; the CPU's dry run has no
 data-sheet peak and must say so.
-Usage: test_gpu_report.py REPORT_PY WORK_DIR"""
+Part `peers`, the strongest peer (issue 48): the ratio of (a) to FSDP2 compiled per
+decoder layer (d), in its column and in the summary under the table (ahead, or
+by how much behind); where (d) could not compile, its row says why, is not
+counted as a failure, and torchtitan's published gain of compile stands in; the
+drift between the eager FSDP2 rows measured first and last.
+Usage: test_gpu_report.py REPORT_PY WORK_DIR mfu|peers"""
 import json
 import pathlib
 import subprocess
 import sys
 
-REPORT, WORK = sys.argv[1], pathlib.Path(sys.argv[2])
+from checklist import check, finish
+
+REPORT, WORK, PART = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
+if PART not in ("mfu", "peers"):
+    sys.exit(f"test_gpu_report.py: part {PART!r} is neither mfu nor peers")
 WORK.mkdir(parents=True, exist_ok=True)
-failures = []
 
 
-def check(cond, what):
-    print(f"  {'ok' if cond else 'FAIL'}: {what}")
-    if not cond:
-        failures.append(what)
-
-
-def report(*args):
+def report(*args, status=None):
     r = subprocess.run([sys.executable, REPORT, *args], capture_output=True, text=True, timeout=60)
     check(r.returncode in (0, 1), f"report.py {args[0]} runs ({r.stderr.strip()[-300:]})")
+    if status is not None:
+        check(r.returncode == status, f"report.py {args[0]} exits {r.returncode} (want {status})")
     return r.stdout
 
 
@@ -37,7 +41,7 @@ d, h, q, kv, f, layers = 64, 4, 16, 2, 128, 2
 n = layers * (d * h * q + 2 * d * kv * q + h * q * d + 3 * d * f) + d * 256
 fpt = 6 * n + 12 * layers * h * q * seq
 
-for spec_known in (True, False):
+for spec_known in ((True, False) if PART == "mfu" else ()):
     # fsdp-train at world size 1: 0.5 s a step -> 128 tokens/s; its MFU against a data sheet of 1 GFLOP/s.
     spec_flops = 1e9
     lines = []
@@ -72,22 +76,72 @@ for spec_known in (True, False):
     check(got_peer == want_peer, f"(c) MFU against the same peaks: {got_peer} (want {want_peer})")
     check(("data-sheet peak: not known" in table) != spec_known, "the table says whether the data sheet is known")
 
-# The cluster file of the run's own rates (docs/estimate.md, "The GPU roofline").
-(WORK / "peak.json").write_text(json.dumps({"device": "card", "dtype": "bfloat16", "n": 512, "tflops": 700.0,
-                                            "memory_gbyte_per_s": 4000.0, "attention_tflops": 300.0,
-                                            "attention_shape": "4,32,8,2048,64"}))
-report("cluster-file", "--peak", str(WORK / "peak.json"), "--out", str(WORK / "cluster.json"))
-c = json.loads((WORK / "cluster.json").read_text())
-check((c["matmul_tflops"], c["memory_gbyte_per_s"], c["attention_tflops"], c["execution"]) ==
-      (700.0, 4000.0, 300.0, "device"), f"the cluster file carries the measured rates ({c})")
-check(abs(c["optimizer_ns_per_element"] - 40 / 4000.0) < 1e-12, "the optimizer streams 40 bytes at that bandwidth")
-(WORK / "peak.json").write_text(json.dumps({"error": "no card"}))
-r = subprocess.run([sys.executable, REPORT, "cluster-file", "--peak", str(WORK / "peak.json"), "--out",
-                    str(WORK / "none.json")], capture_output=True, text=True, timeout=60)
-check(r.returncode == 1 and "no cluster file" in r.stderr and not (WORK / "none.json").exists(),
-      "without measured rates no cluster file is written")
+# The cluster file of the run's own rates (docs/estimate.md, "The GPU roofline"): part `mfu`.
+if PART == "mfu":
+    (WORK / "peak.json").write_text(json.dumps({"device": "card", "dtype": "bfloat16", "n": 512, "tflops": 700.0,
+                                                "memory_gbyte_per_s": 4000.0, "attention_tflops": 300.0,
+                                                "attention_shape": "4,32,8,2048,64"}))
+    report("cluster-file", "--peak", str(WORK / "peak.json"), "--out", str(WORK / "cluster.json"))
+    c = json.loads((WORK / "cluster.json").read_text())
+    check((c["matmul_tflops"], c["memory_gbyte_per_s"], c["attention_tflops"], c["execution"]) ==
+          (700.0, 4000.0, 300.0, "device"), f"the cluster file carries the measured rates ({c})")
+    check(abs(c["optimizer_ns_per_element"] - 40 / 4000.0) < 1e-12, "the optimizer streams 40 bytes at that bandwidth")
+    (WORK / "peak.json").write_text(json.dumps({"error": "no card"}))
+    r = subprocess.run([sys.executable, REPORT, "cluster-file", "--peak", str(WORK / "peak.json"), "--out",
+                        str(WORK / "none.json")], capture_output=True, text=True, timeout=60)
+    check(r.returncode == 1 and "no cluster file" in r.stderr and not (WORK / "none.json").exists(),
+          "without measured rates no cluster file is written")
 
-if failures:
-    print(f"{len(failures)} check(s) failed")
-    sys.exit(1)
-print("every check passed")
+# The strongest peer. Every row at world size 1, act. ckpt off, in run.sh's order: (c), (a), (d), (b), (c) again.
+def llama(row, tps, mem=2**31, **extra):
+    return json.dumps({"row": row, "kind": "llama", "ckpt": False, "batch_size": batch, "tokens_per_s": tps,
+                       "step_time_s": batch * seq / tps, "peak_mem_bytes": mem, **extra})
+
+
+def cells(table, name):
+    """The row's cells after its name; twelve empty ones when the table has no such row."""
+    row = next((l for l in table.splitlines() if l.startswith(f"| {name} |")), "")
+    return [c.strip() for c in row.split("|")[2:-1]] or [""] * 12
+
+
+ours = llama("(a) fsdp-train", 128.0, 2**30)
+first, again = llama("(c) PyTorch FSDP2", 100.0), llama("(c) PyTorch FSDP2, again", 95.0)
+fsdp1 = llama("(b) PyTorch FSDP", 110.0)
+reason = "no C++ compiler for inductor's CPU backend (InvalidCxxCompiler: made up here)"
+runs = {
+    "compiled": llama("(d) PyTorch FSDP2, compiled", 160.0, compile_s=42.0, graphs=1),
+    "skipped": json.dumps({"row": "(d) PyTorch FSDP2, compiled", "kind": "llama", "ckpt": False,
+                           "impl": "fsdp2-compile", "skipped": reason}),
+}
+(WORK / "peak.json").write_text(json.dumps({"device": "card", "dtype": "bfloat16", "n": 512, "tflops": 2e-3}))
+for case, compiled in (runs.items() if PART == "peers" else ()):
+    (WORK / "results.jsonl").write_text("\n".join([first, ours, compiled, fsdp1, again]) + "\n")
+    table = report("table", "--results", str(WORK / "results.jsonl"), "--config", str(WORK / "config.json"),
+                   "--seq-len", str(seq), "--peak", str(WORK / "peak.json"), status=0)
+    print(table)
+    header = [c.strip() for c in next((l for l in table.splitlines() if l.startswith("| run |")), "").split("|")[2:-1]]
+    col = header.index("ours / FSDP2 compiled") if "ours / FSDP2 compiled" in header else None
+    check(col is not None, f"{case}: the table has the column 'ours / FSDP2 compiled'")
+    summary = next((l for l in table.splitlines() if l.startswith("- act. ckpt off:")), "")
+    check("(a) / FSDP2 eager 1.28x tokens/s, 0.50x memory;" in summary,
+          f"{case}: (a) against the first FSDP2 eager row in the summary: {summary!r}")
+    check("FSDP2 eager drift, last against first: -5.0% tokens/s" in summary, f"{case}: the eager rows' drift")
+    check("drift: -5.0% tokens/s against the first (c)" in cells(table, "(c) PyTorch FSDP2, again")[-1],
+          f"{case}: the second eager row's note gives the drift")
+    d = cells(table, "(d) PyTorch FSDP2, compiled")
+    if case == "compiled":
+        got = cells(table, "(a) fsdp-train")[col] if col is not None and col < 12 else ""
+        check(got == "0.80x", f"(a) / (d) in the (a) row: {got!r} (want 0.80x)")
+        check(d[6:7] == ["0.80x"], f"(d)'s own (a) / this: {d[6:7]} (want ['0.80x'])")
+        check("(a) / FSDP2 compiled 0.80x tokens/s (behind by 20.0%)" in summary, "the summary says by how much behind")
+        check("compiling took 42 s" in d[-1], f"(d)'s note gives its compile time: {d[-1]!r}")
+        check("torchtitan" not in table, "no published number stands in for a measured one")
+    else:
+        check(d[2] == f"skipped: {reason}", f"the skipped (d) row says why: {d[2:3]}")
+        check("+15.7% tokens/s over eager FSDP2, 1.48x with Float8" in d[-1], f"and cites torchtitan: {d[-1]!r}")
+        check(f"FSDP2 compiled did not run ({reason})" in summary, "the summary says why (d) did not run")
+        check(f"(a) / FSDP2 compiled would be about {1.28 / (6667 / 5762):.2f}x" in summary,
+              f"the summary gives (a) against compile at torchtitan's gain: {summary!r}")
+        check("did not produce a result" not in table, "a skipped row is a reason, not a failure")
+
+finish()
