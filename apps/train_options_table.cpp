@@ -187,8 +187,8 @@ std::vector<OptionRow> data_rows() {
        BIND(o.step.loss_chunk_rows), {}, kD, kUses},
       {"--kernels", "",
        "reference (Hugging Face's operations one by one) | fused (one kernel each: RMSNorm through LibTorch's, "
-       "SwiGLU and rotary through our own; rounded once in bf16 where the reference rounds more) — "
-       "docs/training.md",
+       "SwiGLU and rotary through our own; rounded once in bf16 where the reference rounds more; gradient "
+       "clipping inside the fused AdamW kernel) — docs/training.md",
        WORDS(o.step.kernels, parse_kernels, models::to_string), {"reference", "fused"}, kD},
       {"--lr", "", "Peak learning rate", BIND(o.schedule.lr), {}, kD},
       {"--warmup-steps", "", "Linear warmup steps", BIND(o.schedule.warmup_steps), {}, kD},
