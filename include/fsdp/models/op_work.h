@@ -6,7 +6,7 @@
 
 #include <cstdint>
 
-#include "fsdp/nn/recompute.h"
+#include "fsdp/nn/recompute_policy.h"
 
 namespace fsdp::models {
 

@@ -21,16 +21,9 @@
 #include <string_view>
 #include <vector>
 
-namespace fsdp::nn {
+#include "fsdp/nn/recompute_policy.h"
 
-enum class RecomputePolicy {
-  kFull,       // backward re-runs the whole forward, every product
-  kTail,       // ... except the products marked kTail (their outputs are not read by backward)
-  kSelective,  // kTail, and keeps the outputs marked kKept (and attention's) from forward instead of recomputing them
-};
-const char* to_string(RecomputePolicy policy);  // "full" | "tail" | "selective"
-// nullopt for any other name.
-std::optional<RecomputePolicy> parse_recompute_policy(std::string_view name);
+namespace fsdp::nn {
 
 // How a product's output is used in its unit.
 enum class ProductRole {
