@@ -48,7 +48,7 @@
 #   rewritten after every run, so a call cut short keeps what it measured.
 #   The card's measured rates also become DIR/cluster.json (docs/estimate.md:
 #   fsdp-inspect --estimate --cluster DIR/cluster.json), with the estimate of
-#   (a)'s plain and checkpointed rows from it in DIR/estimate.txt.
+#   (a)'s plain and checkpointed rows from it in bench.log.
 #   DIR may exist, but must not hold results.jsonl or DIR/table.md; bench.log is
 #   appended to (the GPU pack's run.sh logs its own lines there too).
 #   Default: a new folder under bench/gpu/out/. Nothing else is written
@@ -212,9 +212,10 @@ fi
 # This card's rates as a cluster file, and the estimate of (a)'s two rows from it (docs/estimate.md).
 if "$PYTHON" "$here/report.py" cluster-file --peak "$work/peak.json" --out "$out/cluster.json" 2>> "$log"; then
   for flags in "--batch-size $batch" "--batch-size $ckpt_batch --activation-checkpointing"; do
+    echo "--- the estimate of (a) from cluster.json: $flags" >> "$log"
     # shellcheck disable=SC2086  # the flags split into words
     "$inspect" --estimate --cluster "$out/cluster.json" --model "$model" --nproc-per-node 1 --seq-len "$seq" \
-      --mixed-precision bf16 --reduce-dtype bf16 $flags >> "$out/estimate.txt" 2>> "$log" || true
+      --mixed-precision bf16 --reduce-dtype bf16 $flags >> "$log" 2>&1 || true
   done
 fi
 vocab=$("$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$work/config.json")
