@@ -377,12 +377,7 @@ std::optional<UnitCostFn> roofline_cost(const train::ModelConfigPtr& cfg, const 
     return ComputeClasses{w.product_flops / cluster.matmul_flops, w.attention_flops / attention,
                           w.memory_bytes / cluster.memory_bytes_per_s};
   };
-  const auto add = [](ComputeClasses& to, const ComputeClasses& x) {
-    to.products_s += x.products_s;
-    to.attention_s += x.attention_s;
-    to.memory_s += x.memory_s;
-  };
-  return [cfg, shape, timed, add](const std::vector<UnitInfo>& entries) {
+  return [cfg, shape, timed](const std::vector<UnitInfo>& entries) {
     UnitCompute u;
     bool checkpointed = false;
     for (const UnitInfo& e : entries) {
@@ -393,9 +388,9 @@ std::optional<UnitCostFn> roofline_cost(const train::ModelConfigPtr& cfg, const 
       checkpointed = checkpointed || e.checkpointed;
       const std::optional<models::UnitWork> w = cfg->unit_work(params, e.trainable, s);
       FSDP_ASSERT(w.has_value(), "model '", cfg->name(), "' counted no work for unit '", e.name, "'");
-      add(u.forward, timed(w->forward));
-      add(u.backward, timed(w->backward));
-      add(u.recompute, timed(w->recompute));
+      u.forward += timed(w->forward);
+      u.backward += timed(w->backward);
+      u.recompute += timed(w->recompute);
     }
     u.forward_s = u.forward.total();
     u.backward_s = u.backward.total();

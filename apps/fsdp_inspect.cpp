@@ -426,14 +426,11 @@ int estimate(const Args& a, Planned& p, fsdp::ClusterSpec& cluster,
     shape.tokens = a.t.o.step.batch_size * a.t.o.data.seq_len;
     shape.seq_len = a.t.o.data.seq_len;
     shape.activation_bytes = static_cast<int64_t>(c10::elementSize(a.t.o.fsdp.mixed_precision.param_dtype));
-    shape.loss_chunk_rows = fsdp::models::loss_chunk_rows(
-        a.t.o.step.loss_chunk_rows, p.cfg->vocab_size(),
-        cluster.execution == fsdp::Execution::kDevice ? at::kCUDA : at::kCPU);
+    // p.device: the cluster's device when it runs on devices, as the plan's loss chunk.
+    shape.loss_chunk_rows = fsdp::models::loss_chunk_rows(a.t.o.step.loss_chunk_rows, p.cfg->vocab_size(), p.device);
     shape.policy = a.t.o.fsdp.checkpoint_policy;
     const std::optional<fsdp::UnitCostFn> roofline = fsdp::cli::roofline_cost(p.cfg, cluster, shape);
-    cost = roofline ? *roofline
-                    : fsdp::cli::flops_cost(p.cfg, cluster, a.t.o.step.batch_size * a.t.o.data.seq_len,
-                                            a.t.o.data.seq_len);
+    cost = roofline ? *roofline : fsdp::cli::flops_cost(p.cfg, cluster, shape.tokens, shape.seq_len);
   }
   estimate_step(a, p, cluster, cost);
   return 0;

@@ -140,7 +140,7 @@ constexpr int kProcessesPerCpu = 4;
 void check_nproc(int nproc, const at::Device& device) {
   FSDP_CHECK(nproc >= 1, "--nproc-per-node must be >= 1, got ", nproc);
   if (nproc == 1) return;
-  if (device.is_cuda() && device.has_index()) {
+  if (fsdp::ranks_share_one_gpu(device)) {
     fsdp::worker_device(device, /*local_rank=*/0);  // GPU N exists
   } else if (device.is_cuda()) {
     fsdp::worker_device("cuda", /*local_rank=*/0);  // a CUDA build with a GPU, else it says how to get one
@@ -288,7 +288,7 @@ int launch_workers(int argc, char** argv, const fsdp::cli::TrainTargets& t, cons
   lo.join_timeout = init.store_timeout;  // one deadline: this launcher's start to its workers' join
   // --device cuda:N: the local ranks share GPU N, which NCCL allows only to
   // ranks of different NCCL_HOSTID (Note [Several ranks on one GPU]).
-  lo.nccl_host_per_rank = o.device.is_cuda() && o.device.has_index();
+  lo.nccl_host_per_rank = fsdp::ranks_share_one_gpu(o.device);
   return fsdp::comm::launch_self("fsdp-train", argc, argv, lo);
 }
 

@@ -99,6 +99,13 @@ struct ComputeClasses {
   double attention_s = 0;  // attention at ClusterSpec::attention_flops
   double memory_s = 0;     // memory-bound kernels at ClusterSpec::memory_bytes_per_s
   double total() const { return products_s + attention_s + memory_s; }
+  ComputeClasses& operator+=(const ComputeClasses& o) {
+    products_s += o.products_s;
+    attention_s += o.attention_s;
+    memory_s += o.memory_s;
+    return *this;
+  }
+  ComputeClasses scaled(double f) const { return {products_s * f, attention_s * f, memory_s * f}; }
 };
 
 // What one unit's own code costs on one process for one micro-batch (its

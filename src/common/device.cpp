@@ -56,7 +56,7 @@ c10::Device worker_device(const std::string& kind, int local_rank) {
 }
 
 c10::Device worker_device(const c10::Device& asked, int local_rank) {
-  if (!asked.is_cuda() || !asked.has_index()) return worker_device(asked.is_cuda() ? "cuda" : "cpu", local_rank);
+  if (!ranks_share_one_gpu(asked)) return worker_device(asked.is_cuda() ? "cuda" : "cpu", local_rank);
   worker_device("cuda", /*local_rank=*/0);  // a CUDA build with at least one device, else it says how to get one
   const int n = cuda_device_count();
   FSDP_CHECK(asked.index() < n, "worker_device: kind ", asked.str(), " is not a device of this process: it sees ", n,

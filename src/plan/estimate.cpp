@@ -424,11 +424,7 @@ class Schedule {
     } else {
       compute_s_ += s;
       if (std::string(what) == "cast") classes_.memory_s += s;
-      if (split != nullptr) {
-        classes_.products_s += split->products_s * share;
-        classes_.attention_s += split->attention_s * share;
-        classes_.memory_s += split->memory_s * share;
-      }
+      if (split != nullptr) classes_ += split->scaled(share);
     }
   }
 

@@ -28,6 +28,8 @@ c10::Device worker_device(const std::string& kind, int local_rank);
 // one GPU] in src/comm/launcher.cpp). Throws fsdp::UsageError when the build
 // or the machine has no such device (the message names the counts).
 c10::Device worker_device(const c10::Device& asked, int local_rank);
+// Whether `asked` puts every local rank on one GPU (cuda:N, as above).
+inline bool ranks_share_one_gpu(const c10::Device& asked) { return asked.is_cuda() && asked.has_index(); }
 
 // Makes `d` the current CUDA device of this thread (kernels, the caching
 // allocator, NCCL communicators all follow it). CPU: nothing.
