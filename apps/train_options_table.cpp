@@ -107,6 +107,11 @@ nn::RecomputePolicy parse_ac_policy(const std::string& s) {
   FSDP_CHECK(p.has_value(), "FsdpOptions::checkpoint_policy '", s, "' is not one of: full, tail, selective");
   return *p;
 }
+nn::AttentionBackend parse_attention(const std::string& s) {
+  const std::optional<nn::AttentionBackend> b = nn::parse_attention_backend(s);
+  FSDP_CHECK(b.has_value(), "StepOptions::attention_backend '", s, "' is not one of: flash, cudnn");
+  return *b;
+}
 models::LayerKernels parse_kernels(const std::string& s) {
   const std::optional<models::LayerKernels> k = models::parse_layer_kernels(s);
   FSDP_CHECK(k.has_value(), "StepOptions::kernels '", s, "' is not one of: reference, fused");
@@ -190,6 +195,11 @@ std::vector<OptionRow> data_rows() {
        "SwiGLU and rotary through our own; rounded once in bf16 where the reference rounds more; gradient "
        "clipping inside the fused AdamW kernel) — docs/training.md",
        WORDS(o.step.kernels, parse_kernels, models::to_string), {"reference", "fused"}, kD},
+      {"--attention-backend", "",
+       "The attention kernel tried first: flash (LibTorch's order: flash, memory-efficient, math, cuDNN) | cudnn "
+       "(cuDNN's, flash as the fallback; CUDA only — the CPU runs its flash kernel either way); the log names "
+       "the kernel the first attention got — docs/training.md",
+       WORDS(o.step.attention_backend, parse_attention, nn::to_string), {"flash", "cudnn"}, kD},
       {"--lr", "", "Peak learning rate", BIND(o.schedule.lr), {}, kD},
       {"--warmup-steps", "", "Linear warmup steps", BIND(o.schedule.warmup_steps), {}, kD},
       {"--min-lr", "", "Learning rate at the end of the cosine decay", BIND(o.schedule.min_lr), {}, kD},

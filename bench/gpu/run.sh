@@ -4,7 +4,7 @@
 # each training the Hugging Face-shaped Llama 3.2 1B on the same random
 # tokens at world size 1, bf16, seq 2048, activation checkpointing off and on
 # (on: fsdp-train's default --ac-policy tail, then full and selective; off:
-# also --kernels fused);
+# also --kernels fused, and that with --attention-backend cudnn);
 # then the FSDP tutorial MLP (8 x Linear 20480) with and without CPU offload.
 # Prints tokens/s, MFU (against the bf16 matmul rate measured in the same
 # call) and peak device memory (each side's peak after its setup), with the
@@ -283,6 +283,10 @@ for policy in full selective; do
 done
 # The fused layer kernels (fsdp-train --kernels fused: RMSNorm, SwiGLU, rotary), without checkpointing.
 wants a && ours "(a) fsdp-train --kernels fused" 0 "$batch" --kernels fused
+# The same with cuDNN's attention tried first (flash as its fallback; the run's
+# log names the kernel SDPA picked: docs/training.md, --attention-backend).
+wants a && ours "(a) fsdp-train --kernels fused --attention-backend cudnn" 0 "$batch" --kernels fused \
+  --attention-backend cudnn
 # Where fsdp-train fits a larger batch than the peers were given.
 [[ $long -eq 1 ]] && wants a && ours "(a) fsdp-train, 2x batch" 1 $((2 * ckpt_batch))
 # FSDP2 eager again: with the first (c) rows, the bounds of the card's drift.

@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/generated/Functions.h>
 
 #include "fsdp/common/error.h"
+#include "fsdp/nn/attention_backend.h"
 
 namespace fsdp::nn {
 
@@ -162,6 +163,7 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool enable_gqa) {
+  note_attention_kernel(q, k, v, enable_gqa);  // the run's log names it
   RecomputeScope* s = t_scope;
   const auto plain = [&] {
     return at::scaled_dot_product_attention(q, k, v, /*attn_mask=*/{}, /*dropout_p=*/0.0, /*is_causal=*/true,

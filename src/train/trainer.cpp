@@ -59,6 +59,7 @@ void Trainer::Impl::build() {
              " but the world process group (", world_->backend(), ") runs on ", world_->device().str(),
              "; start the workers with the backend for ", o_.device.str(), " (tcp for cpu, nccl for cuda)");
   set_current_device(device_);
+  nn::set_attention_backend(o_.step.attention_backend);
   // This rank's share, before anything is allocated.
   unsharded_bound_ = check_memory(o_, W_, rt_.world.local_world_size, device_, cfg_);
   // --checkpoint-dir is this run's alone until it ends (Note [Ownership of
@@ -259,6 +260,11 @@ void Trainer::Impl::export_hf() {
 bool Trainer::Impl::run_step() {
   reporter_.tracer().start_if_due(step_);
   train_step();
+  if (!attention_named_ && !nn::first_attention_kernel().empty()) {
+    attention_named_ = true;  // Note [Attention backend]: a row says which kernel it ran
+    say_(fmt::format("attention: SDPA runs {} (--attention-backend {})", nn::first_attention_kernel(),
+                     nn::to_string(o_.step.attention_backend)));
+  }
   const int64_t completed = step_;
   const bool last = completed == o_.step.max_steps;
   const bool stop = stop_requested();

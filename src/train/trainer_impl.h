@@ -110,7 +110,8 @@ class Trainer::Impl {
   Clock::time_point interval_start_;
   int64_t interval_steps_ = 0;
   double seconds_per_step_ = 0;  // the latest interval's mean, for the ETA
-  bool contract_broken_ = false;  // warned once that the unsharded-memory bound failed
+  bool contract_broken_ = false;
+  bool attention_named_ = false;  // logged the kernel the first attention got  // warned once that the unsharded-memory bound failed
   int stop_local_ = 0;            // this rank's stop request at the last step
 };
 

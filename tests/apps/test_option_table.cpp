@@ -146,6 +146,8 @@ TEST(OptionTable, WordsGiveTheirValues) {
   EXPECT_EQ(parse({"--data-format", "jsonl"}).o.data.format, data::DataFormat::kJsonl);
   EXPECT_EQ(parse({"--token-dtype", "u32"}).o.data.token_dtype, data::TokenDtype::kUint32);
   EXPECT_EQ(parse({"--kernels", "fused"}).o.step.kernels, models::LayerKernels::kFused);
+  EXPECT_EQ(parse({}).o.step.attention_backend, nn::AttentionBackend::kFlash);
+  EXPECT_EQ(parse({"--attention-backend", "cudnn"}).o.step.attention_backend, nn::AttentionBackend::kCudnn);
 }
 
 // --reduce-dtype replaces the preset's reduce dtype wherever it is written:
@@ -230,6 +232,7 @@ TEST(OptionTable, BadWordsGetTheLibrarysMessageInFlagTerms) {
             "TiB (powers of 1024)");
   EXPECT_CONTAINS(words_error("--checkpoint-staging-limit", "lots"), "--checkpoint-staging-limit 'lots'");
   EXPECT_EQ(words_error("--kernels", "fast"), "--kernels 'fast' is not one of: reference, fused");
+  EXPECT_EQ(words_error("--attention-backend", "cuDNN"), "--attention-backend 'cuDNN' is not one of: flash, cudnn");
   EXPECT_EQ(words_error("--ac-policy", "some"), "--ac-policy 'some' is not one of: full, tail, selective");
   // A bad value is refused wherever it is given, whether or not the run uses it.
   EXPECT_CONTAINS(usage_error_of([] { parse({"--export-shard-size", "5XB"}); }), "--export-shard-size '5XB'");

@@ -15,6 +15,7 @@
 #include "fsdp/data/dataset.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/layers.h"
+#include "fsdp/nn/attention_backend.h"
 #include "fsdp/optim/adamw.h"
 #include "fsdp/optim/lr_schedule.h"
 
@@ -85,6 +86,8 @@ struct StepOptions {
   // The layers' elementwise work: Hugging Face's operations, or LibTorch's
   // fused kernels where it has them (models::set_layer_kernels).
   models::LayerKernels kernels = models::LayerKernels::kReference;
+  // The attention kernel LibTorch's SDPA tries first (nn::set_attention_backend).
+  nn::AttentionBackend attention_backend = nn::AttentionBackend::kFlash;
   int64_t max_steps = 500;  // >= 1 when training
   // 0: train to max_steps. Else run() stops once this many steps are done,
   // saves a checkpoint (checkpoint.dir is required) and exports nothing; the
