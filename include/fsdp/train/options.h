@@ -85,6 +85,10 @@ struct StepOptions {
   // The layers' elementwise work: Hugging Face's operations, or LibTorch's
   // fused kernels where it has them (models::set_layer_kernels).
   models::LayerKernels kernels = models::LayerKernels::kReference;
+  // The decoder's products (q, k, v, o, gate, up, down) in the compute dtype
+  // or as rowwise-scaled FP8 (models::set_fp8_linears; the head, embedding
+  // and norms stay in the compute dtype).
+  models::Fp8Linear fp8_linear = models::Fp8Linear::kOff;
   int64_t max_steps = 500;  // >= 1 when training
   // 0: train to max_steps. Else run() stops once this many steps are done,
   // saves a checkpoint (checkpoint.dir is required) and exports nothing; the
