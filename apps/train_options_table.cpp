@@ -117,6 +117,11 @@ models::LayerKernels parse_kernels(const std::string& s) {
   FSDP_CHECK(k.has_value(), "StepOptions::kernels '", s, "' is not one of: reference, fused");
   return *k;
 }
+models::Fp8Linear parse_fp8(const std::string& s) {
+  const std::optional<models::Fp8Linear> m = models::parse_fp8_linear(s);
+  FSDP_CHECK(m.has_value(), "StepOptions::fp8_linear '", s, "' is not one of: off, rowwise");
+  return *m;
+}
 int64_t parse_staging_limit(const std::string& s) {
   return parse_byte_size(s, "CheckpointOptions::staging_limit",
                          "stage nothing: every save is written before training goes on");
@@ -200,6 +205,11 @@ std::vector<OptionRow> data_rows() {
        "(cuDNN's, flash as the fallback; CUDA only — the CPU runs its flash kernel either way); the log names "
        "the kernel the first attention got — docs/training.md",
        WORDS(o.step.attention_backend, parse_attention, nn::to_string), {"flash", "cudnn"}, kD},
+      {"--fp8-linear", "",
+       "off | rowwise: the decoder's q/k/v/o/gate/up/down products in FP8 e4m3 with one scale per row "
+       "(at::_scaled_mm on CUDA, emulated on the CPU; weight gradients, head, embedding and norms in the "
+       "compute dtype) — docs/training.md",
+       WORDS(o.step.fp8_linear, parse_fp8, models::to_string), {"off", "rowwise"}, kD},
       {"--lr", "", "Peak learning rate", BIND(o.schedule.lr), {}, kD},
       {"--warmup-steps", "", "Linear warmup steps", BIND(o.schedule.warmup_steps), {}, kD},
       {"--min-lr", "", "Learning rate at the end of the cosine decay", BIND(o.schedule.min_lr), {}, kD},

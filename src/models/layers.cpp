@@ -16,7 +16,20 @@ LinearImpl::LinearImpl(int64_t in_features, int64_t out_features, bool bias, con
   if (bias) bias_ = register_parameter("bias", at::empty({out_features}, options));
 }
 
+bool LinearImpl::runs_fp8() const {
+  return fp8_ == Fp8Linear::kRowwise && !lora_A_ && weight_.requires_grad() &&
+         fp8_linear_applies(in_features_, out_features_);
+}
+
+at::Tensor LinearImpl::fp8_product(const at::Tensor& x, std::optional<nn::ProductRole> role) {
+  const at::Tensor y = nn::marked_product(x, out_features_, role, [&](const at::Tensor& rows, const at::Tensor* over) {
+    return fp8_linear(rows, weight_, over);
+  });
+  return bias_.defined() ? y + bias_ : y;
+}
+
 at::Tensor LinearImpl::forward(const at::Tensor& x) {
+  if (runs_fp8()) return fp8_product(x, std::nullopt);
   at::Tensor y = at::linear(x, weight_, bias_);
   if (!lora_A_) return y;
   // peft's LoraLayer.forward, in its order: result + lora_B(lora_A(dropout(x))) * scaling.
@@ -26,6 +39,7 @@ at::Tensor LinearImpl::forward(const at::Tensor& x) {
 at::Tensor LinearImpl::forward_marked(const at::Tensor& x, nn::ProductRole role) {
   // The adapter adds to the product: a tail stays a tail, a kept product is
   // kept without it (the adapter's own products are recomputed).
+  if (runs_fp8()) return fp8_product(x, role);
   at::Tensor y = nn::linear(x, weight_, bias_, role);
   if (!lora_A_) return y;
   // peft's LoraLayer.forward, in its order: result + lora_B(lora_A(dropout(x))) * scaling.
@@ -113,6 +127,25 @@ std::optional<LayerKernels> parse_layer_kernels(const std::string& name) {
     if (name == to_string(k)) return k;
   }
   return std::nullopt;
+}
+
+int64_t set_fp8_linears(torch::nn::Module& model, Fp8Linear mode) {
+  static const char* const kDecoderProducts[] = {"q_proj",    "k_proj",  "v_proj",   "o_proj",
+                                                 "gate_proj", "up_proj", "down_proj"};
+  int64_t n = 0;
+  for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
+    auto* linear = dynamic_cast<LinearImpl*>(item.value().get());
+    if (linear == nullptr) continue;
+    const std::string& name = item.key();
+    const std::string leaf = name.substr(name.rfind('.') == std::string::npos ? 0 : name.rfind('.') + 1);
+    for (const char* product : kDecoderProducts) {
+      if (leaf == product) {
+        linear->set_fp8(mode);
+        ++n;
+      }
+    }
+  }
+  return n;
 }
 
 int64_t set_layer_kernels(torch::nn::Module& model, LayerKernels kernels) {

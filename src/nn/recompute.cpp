@@ -162,6 +162,38 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   return linear_over(x, weight, kept.variable_data());
 }
 
+at::Tensor marked_product(const at::Tensor& x, int64_t out_features, std::optional<ProductRole> role,
+                          const RowsProduct& product) {
+  const at::Tensor rows = x.dim() == 2 ? x : x.reshape({-1, x.size(-1)});
+  const auto shaped = [&](const at::Tensor& y) {
+    if (x.dim() == 2) return y;
+    std::vector<int64_t> shape(x.sizes().begin(), x.sizes().end() - 1);
+    shape.push_back(out_features);
+    return y.view(shape);
+  };
+  const auto run = [&](const at::Tensor* over) { return shaped(product(rows, over)); };
+  RecomputeScope* s = t_scope;
+  if (!role || s == nullptr || s->policy() == RecomputePolicy::kFull || x.numel() == 0) return run(nullptr);
+  const bool recompute = s->phase() == RecomputeScope::Phase::kRecompute;
+  if (*role == ProductRole::kTail) {
+    if (!recompute) return run(nullptr);
+    const at::Tensor stand_in = placeholder({rows.size(0), out_features}, x.options());
+    return run(&stand_in);
+  }
+  if (!keeps(s)) return run(nullptr);
+  if (!recompute) {
+    const at::Tensor y = product(rows, nullptr);
+    s->kept().tensors.push_back(y);
+    return shaped(y);
+  }
+  const at::Tensor kept = take(*s, "a kept product");
+  FSDP_ASSERT(kept.defined() && kept.size(0) == rows.size(0) && kept.size(1) == out_features,
+              "recompute: a kept product of ", kept.defined() ? kept.sizes() : at::IntArrayRef{}, " for x ",
+              x.sizes(), " and ", out_features, " outputs");
+  const at::Tensor value = kept.variable_data();
+  return run(&value);
+}
+
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool enable_gqa) {
   note_attention_kernel(q, k, v, enable_gqa);  // the run's log names it
   RecomputeScope* s = t_scope;

@@ -122,6 +122,17 @@ BuiltModel build_model(const StepOptions& step, const LoraOptions& lora, const s
   m.init_rule = cfg->init_rule();
   cfg->set_loss_chunk_rows(*m.model, step.loss_chunk_rows);
   models::set_layer_kernels(*m.model, step.kernels);
+  const int64_t fp8_products = models::set_fp8_linears(*m.model, step.fp8_linear);
+  if (step.fp8_linear != models::Fp8Linear::kOff) {
+    FSDP_CHECK(fp8_products > 0, "StepOptions::fp8_linear ", models::to_string(step.fp8_linear),
+               ": this model has no decoder products (q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, "
+               "down_proj) to run in FP8; use off");
+    // LoRA freezes the base weights, and a frozen weight keeps the plain
+    // product (models::LinearImpl::set_fp8): nothing would run in FP8.
+    FSDP_CHECK(!lora.enabled(), "StepOptions::fp8_linear ", models::to_string(step.fp8_linear),
+               " with LoRA: the frozen base products stay in the compute dtype and the adapters are not FP8; "
+               "use off with LoRA");
+  }
   if (lora.enabled()) {
     // UsageError for values and targets the model lacks.
     models::apply_lora(*m.model, lora_config(lora), b.seed);

@@ -77,6 +77,7 @@ TEST(OptionTable, NothingGivenIsTheTrainOptionsDefaults) {
   EXPECT_EQ(parsed.fsdp.backward_prefetch, defaults.fsdp.backward_prefetch);
   EXPECT_EQ(parsed.fsdp.checkpoint_policy, defaults.fsdp.checkpoint_policy);
   EXPECT_EQ(parsed.step.kernels, defaults.step.kernels);
+  EXPECT_EQ(parsed.step.fp8_linear, models::Fp8Linear::kOff);
   EXPECT_EQ(parsed.step.loss_scaling, defaults.step.loss_scaling);
   EXPECT_EQ(parsed.hf.export_dtype, defaults.hf.export_dtype);
   EXPECT_EQ(parsed.hf.export_shard_bytes, defaults.hf.export_shard_bytes);
@@ -148,6 +149,7 @@ TEST(OptionTable, WordsGiveTheirValues) {
   EXPECT_EQ(parse({"--kernels", "fused"}).o.step.kernels, models::LayerKernels::kFused);
   EXPECT_EQ(parse({}).o.step.attention_backend, nn::AttentionBackend::kFlash);
   EXPECT_EQ(parse({"--attention-backend", "cudnn"}).o.step.attention_backend, nn::AttentionBackend::kCudnn);
+  EXPECT_EQ(parse({"--fp8-linear", "rowwise"}).o.step.fp8_linear, models::Fp8Linear::kRowwise);
 }
 
 // --reduce-dtype replaces the preset's reduce dtype wherever it is written:
@@ -233,6 +235,7 @@ TEST(OptionTable, BadWordsGetTheLibrarysMessageInFlagTerms) {
   EXPECT_CONTAINS(words_error("--checkpoint-staging-limit", "lots"), "--checkpoint-staging-limit 'lots'");
   EXPECT_EQ(words_error("--kernels", "fast"), "--kernels 'fast' is not one of: reference, fused");
   EXPECT_EQ(words_error("--attention-backend", "cuDNN"), "--attention-backend 'cuDNN' is not one of: flash, cudnn");
+  EXPECT_EQ(words_error("--fp8-linear", "bogus"), "--fp8-linear 'bogus' is not one of: off, rowwise");
   EXPECT_EQ(words_error("--ac-policy", "some"), "--ac-policy 'some' is not one of: full, tail, selective");
   // A bad value is refused wherever it is given, whether or not the run uses it.
   EXPECT_CONTAINS(usage_error_of([] { parse({"--export-shard-size", "5XB"}); }), "--export-shard-size '5XB'");

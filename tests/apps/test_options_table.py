@@ -6,6 +6,8 @@ everything that lists fsdp-train's flags (issue 38: options declared once):
   - fsdp-inspect declares none of fsdp-train's flags itself: it lists exactly the rows marked "uses", each
     with the table's help and fsdp-train's default (registered from the table), and accepts every other row,
     ignored, with one note naming the ignored flags given;
+  - a bad word (`--fp8-linear bogus`) exits 2 with one line naming the flag, the value and the words, and
+    `--fp8-linear rowwise` where nothing would run in FP8 (LoRA, T5) is refused;
   - docs/training.md's flag table names exactly the table's flags;
   - deploy/kubernetes/generate.py passes only the table's flags to fsdp-train.
 
@@ -113,6 +115,19 @@ check(r.returncode == 0, f"fsdp-inspect accepts all {len(ignored)} ignored fsdp-
 check(notes == [expected], f"one note names them, in the table's order ({notes})")
 r = run(INSPECT, "--model", "tiny", "--world-size", "2")
 check(r.returncode == 0 and "ignored" not in r.stderr, "no note when no ignored flag is given")
+
+# A word flag's bad value: one line naming the flag, the value and the accepted words, exit 2 (bad usage).
+r = run(TRAIN, "--fp8-linear", "bogus")
+check(r.returncode == 2 and "--fp8-linear: bogus not in {off,rowwise}" in r.stderr,
+      f"fsdp-train --fp8-linear bogus exits 2 naming the words (exit {r.returncode}: {r.stderr.strip()[-300:]})")
+
+# --fp8-linear rowwise where nothing would run in FP8: with LoRA (a frozen base) and on a model without the
+# decoder's products (T5): refused, exit 2, when the model is built (before any step).
+for extra, words in ((["--lora-rank", "4"], "--fp8-linear rowwise with LoRA"),
+                     (["--model", "t5-tiny"], "this model has no decoder products")):
+    r = run(TRAIN, "--data", str(SOURCE / "data" / "fallback_corpus.jsonl"), "--fp8-linear", "rowwise", *extra)
+    check(r.returncode == 2 and words in r.stderr,
+          f"fsdp-train --fp8-linear rowwise {' '.join(extra)} is refused (exit {r.returncode}: {r.stderr.strip()[-300:]})")
 
 # docs/training.md: the rows of its "## Flags" table name exactly the table's flags.
 doc = (SOURCE / "docs" / "training.md").read_text()

@@ -9,6 +9,8 @@
 //     by LibTorch's own record of every aten::mm / aten::addmm call, are 7 per
 //     decoder layer for full (q, k, v, o, gate, up, down), 6 for tail (down is
 //     not recomputed) and 2 for selective (gate and up);
+//   - the same with the decoder's products in FP8 (--fp8-linear rowwise,
+//     emulated on the CPU): its own autograd node is marked as mm's is;
 //   - what selective keeps between forward and backward is exactly what
 //     models::llama_kept_bytes_per_token says (the plan's count), and it is
 //     released by backward; full and tail keep nothing.
@@ -58,6 +60,7 @@ struct Variant {
   std::array<int64_t, 3> recomputed;
   bool lora = false;
   models::LayerKernels kernels = models::LayerKernels::kReference;
+  models::Fp8Linear fp8 = models::Fp8Linear::kOff;
 };
 
 std::vector<Variant> variants() {
@@ -66,7 +69,9 @@ std::vector<Variant> variants() {
           {"qwen2, q/k/v bias", config("qwen2"), {7, 6, 5}},
           {"qwen3, per-head norms", config("qwen3"), {7, 6, 2}},
           {"llama + LoRA on q/k/v/o and the MLP", config(), {7 + 14, 6 + 14, 2 + 14}, true},
-          {"llama, --kernels fused", config(), {7, 6, 2}, false, models::LayerKernels::kFused}};
+          {"llama, --kernels fused", config(), {7, 6, 2}, false, models::LayerKernels::kFused},
+          {"llama, --fp8-linear rowwise", config(), {7, 6, 2}, false, models::LayerKernels::kReference,
+           models::Fp8Linear::kRowwise}};
 }
 
 // Calls of aten::mm and aten::addmm on any thread while counting is on.
@@ -114,6 +119,7 @@ StepResult run_step(comm::ProcessGroup& pg, const Variant& v, std::optional<nn::
   auto impl = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions(), /*seed=*/11);
   impl->set_loss_chunk_rows(7);
   models::set_layer_kernels(*impl, v.kernels);
+  models::set_fp8_linears(*impl, v.fp8);
   if (v.lora) {
     models::LoraConfig lc;
     lc.rank = 4;
@@ -130,6 +136,12 @@ StepResult run_step(comm::ProcessGroup& pg, const Variant& v, std::optional<nn::
     o.checkpoint_policy = *policy;
   }
   auto sharded = fully_shard(root, borrow(pg), o);
+  int64_t fp8_products = 0;
+  for (const auto& m : impl->modules()) {
+    if (const auto* linear = dynamic_cast<const models::LinearImpl*>(m.get())) fp8_products += linear->runs_fp8();
+  }
+  EXPECT_EQ(fp8_products, v.fp8 == models::Fp8Linear::kRowwise ? 7 * cfg.num_hidden_layers : 0)
+      << "the FP8 products run on the sharded model";
   const at::Tensor seq = testing::counting_sequences(cfg.vocab_size, kSeq + 1, 0, pg.rank() * kBatch, kBatch);
   const at::Tensor tokens = seq.narrow(1, 0, kSeq).contiguous();
   const at::Tensor targets = seq.narrow(1, 1, kSeq).contiguous();

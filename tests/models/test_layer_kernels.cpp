@@ -25,6 +25,7 @@
 #include "fsdp/models/kernels.h"
 #include "fsdp/models/layers.h"
 #include "fsdp/models/llama.h"
+#include "chain_training.h"
 #include "models_test_util.h"
 #include "support/tiny_llama.h"
 
@@ -135,30 +136,7 @@ TEST(LayerKernels, FusedRotaryAndItsGradientAreTheReferencesToRounding) {
   }
 }
 
-// The tests' tiny Llama twice as wide (Dh=16), V=128.
-LlamaConfig tiny() {
-  LlamaConfig c = fsdp::testing::tiny_llama("kernels-llama");
-  c.hidden_size = 64;
-  c.intermediate_size = 96;
-  c.vocab_size = 128;
-  c.validate();
-  return c;
-}
-
-// (B, T + 1) tokens of a noisy counting chain: t_i = (t_{i-1} + 1 + e_i) mod V,
-// e_i in {0, 1}: learnable in a few steps (towards ln 2), unlike uniform
-// tokens, whose loss stays at ln V.
-at::Tensor markov_tokens(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
-  at::Generator gen = at::detail::createCPUGenerator(seed);
-  const at::Tensor noise = at::randint(2, {b, t + 1}, gen, at::TensorOptions().dtype(at::kLong));
-  at::Tensor seq = at::randint(vocab, {b, t + 1}, gen, at::TensorOptions().dtype(at::kLong));
-  auto s = seq.accessor<int64_t, 2>();
-  auto e = noise.accessor<int64_t, 2>();
-  for (int64_t i = 0; i < b; ++i) {
-    for (int64_t j = 1; j <= t; ++j) s[i][j] = (s[i][j - 1] + 1 + e[i][j]) % vocab;
-  }
-  return seq;
-}
+LlamaConfig tiny() { return testing::chain_llama("kernels-llama"); }
 
 // 20 steps of AdamW on the whole (unsharded) model, its parameters in `dtype`
 // (bf16: pure bf16 training); the losses. At lr 1e-2 pure bf16's trajectories
@@ -169,17 +147,7 @@ std::vector<double> train(LayerKernels kernels, at::ScalarType dtype) {
   auto model = std::make_shared<LlamaForCausalLMImpl>(cfg, at::TensorOptions().dtype(dtype), /*seed=*/3);
   // Two norms, the attention and the MLP per layer, and the final norm.
   EXPECT_EQ(set_layer_kernels(*model, kernels), 4 * cfg.num_hidden_layers + 1);
-  torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(3e-3));
-  std::vector<double> losses;
-  for (int step = 0; step < 20; ++step) {
-    const at::Tensor seq = markov_tokens(4, 32, cfg.vocab_size, 100 + step);
-    opt.zero_grad();
-    const at::Tensor loss = model->loss(seq.narrow(1, 0, 32).contiguous(), seq.narrow(1, 1, 32).contiguous());
-    loss.backward();
-    opt.step();
-    losses.push_back(loss.item<double>());
-  }
-  return losses;
+  return testing::train_on_chain(*model, 20, /*order=*/1, /*first_seed=*/100);
 }
 
 TEST(LayerKernels, FusedTrainsATinyLlamaAsTheReference) {

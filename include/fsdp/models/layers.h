@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 
+#include "fsdp/models/fp8.h"
 #include "fsdp/nn/recompute.h"
 
 namespace fsdp::models {
@@ -39,6 +40,17 @@ class LinearImpl : public torch::nn::Module {
   // The same, with the product x W^T (+ b) marked `role` for activation
   // checkpointing (nn::linear: outside a checkpointed unit, the same call).
   at::Tensor forward_marked(const at::Tensor& x, nn::ProductRole role);
+
+  // The product's arithmetic (set_fp8_linears sets it on a model's decoder
+  // products). kRowwise runs x W^T as models::fp8_linear (the bias, if any,
+  // added in the compute dtype after it), marked for checkpointing as the
+  // plain product is (nn::marked_product). A layer with a LoRA adapter, a
+  // frozen weight (requires_grad false: a LoRA base) or a size that is not a
+  // multiple of 16 keeps the plain product.
+  void set_fp8(Fp8Linear mode) { fp8_ = mode; }
+  Fp8Linear fp8() const { return fp8_; }
+  // Whether forward runs the FP8 product now (the conditions above).
+  bool runs_fp8() const;
 
   // Registers the adapter's submodules "lora_A" (weight (r, in)) and "lora_B"
   // (weight (out, r)), so their parameters are `<this>.lora_A.weight` and
@@ -82,8 +94,17 @@ class LinearImpl : public torch::nn::Module {
   double lora_dropout_ = 0;             // p
   uint64_t lora_mask_key_ = 0;          // this layer's part of the mask key (its name's hash)
   uint64_t lora_dropout_key_ = 0;       // the micro-batch's part
+  Fp8Linear fp8_ = Fp8Linear::kOff;
+
+  at::Tensor fp8_product(const at::Tensor& x, std::optional<nn::ProductRole> role);
 };
 TORCH_MODULE(Linear);
+
+// Sets `mode` on the decoder's products of `model`: every Linear named
+// q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj or down_proj (the
+// embedding, the head, the norms, routers and LoRA adapters are left in the
+// compute dtype); returns how many it set.
+int64_t set_fp8_linears(torch::nn::Module& model, Fp8Linear mode);
 
 // Token embedding lookup, as torch.nn.Embedding. With `padding_idx`, row
 // padding_idx receives no gradient (the lookup itself is unchanged), as

@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -39,6 +40,17 @@ enum class ProductRole {
 // that node can be rebuilt exactly (no bias, x of 2 dimensions or
 // contiguous); elsewhere the product is recomputed.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, ProductRole role);
+
+// A product of x (..., in) by a weight of `out_features` rows that is not
+// at::linear's (an FP8 linear: models/fp8.h), marked `role` as linear() marks
+// at::linear. `product(rows, over)` gets x folded to rows (N, in) and returns
+// (N, out) with its own autograd node: over null, computed; over non-null,
+// the node rebuilt over *over (N, out) without running the product (a
+// placeholder for kTail, the forward's output for kKept). The result has x's
+// leading shape. role nullopt: an unmarked product (always computed).
+using RowsProduct = std::function<at::Tensor(const at::Tensor& rows, const at::Tensor* over)>;
+at::Tensor marked_product(const at::Tensor& x, int64_t out_features, std::optional<ProductRole> role,
+                          const RowsProduct& product);
 
 // at::scaled_dot_product_attention(q, k, v, no mask, no dropout, causal,
 // default scale, enable_gqa). kSelective keeps its output and the kernel's

@@ -88,6 +88,10 @@ struct StepOptions {
   models::LayerKernels kernels = models::LayerKernels::kReference;
   // The attention kernel LibTorch's SDPA tries first (nn::set_attention_backend).
   nn::AttentionBackend attention_backend = nn::AttentionBackend::kFlash;
+  // The decoder's products (q, k, v, o, gate, up, down) in the compute dtype
+  // or as rowwise-scaled FP8 (models::set_fp8_linears; the head, embedding
+  // and norms stay in the compute dtype).
+  models::Fp8Linear fp8_linear = models::Fp8Linear::kOff;
   int64_t max_steps = 500;  // >= 1 when training
   // 0: train to max_steps. Else run() stops once this many steps are done,
   // saves a checkpoint (checkpoint.dir is required) and exports nothing; the
