@@ -4,7 +4,8 @@
 # each training the Hugging Face-shaped Llama 3.2 1B on the same random
 # tokens at world size 1, bf16, seq 2048, activation checkpointing off and on
 # (on: fsdp-train's default --ac-policy tail, then full and selective; off:
-# also --kernels fused, and that with --attention-backend cudnn);
+# also --kernels fused, that with --attention-backend cudnn, and with
+# --fp8-linear rowwise, labelled FP8);
 # then the FSDP tutorial MLP (8 x Linear 20480) with and without CPU offload.
 # Prints tokens/s, MFU (against the bf16 matmul rate measured in the same
 # call) and peak device memory (each side's peak after its setup), with the
@@ -287,6 +288,9 @@ wants a && ours "(a) fsdp-train --kernels fused" 0 "$batch" --kernels fused
 # log names the kernel SDPA picked: docs/training.md, --attention-backend).
 wants a && ours "(a) fsdp-train --kernels fused --attention-backend cudnn" 0 "$batch" --kernels fused \
   --attention-backend cudnn
+# FP8: the decoder's products as rowwise-scaled e4m3 (_scaled_mm), with the fused kernels.
+wants a && ours "(a) fsdp-train --kernels fused --fp8-linear rowwise (FP8)" 0 "$batch" --kernels fused \
+  --fp8-linear rowwise
 # Where fsdp-train fits a larger batch than the peers were given.
 [[ $long -eq 1 ]] && wants a && ours "(a) fsdp-train, 2x batch" 1 $((2 * ckpt_batch))
 # FSDP2 eager again: with the first (c) rows, the bounds of the card's drift.
