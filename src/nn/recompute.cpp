@@ -24,7 +24,10 @@ namespace fsdp::nn {
 //     kept values the nodes LibTorch would have made over them
 //     (MmBackward0; ScaledDotProductFlashAttentionForCpuBackward0), so again
 //     the same kernels run on the same values. What is left to recompute are
-//     the norms, rotary and the MLP's first two products.
+//     the norms, rotary and the MLP's first two products. The fused q|k|v
+//     product (--kernels fused, models/fused_products.h) is kept whole, its
+//     output one tensor (kept_product), and given its own node again over
+//     the kept value.
 // The graph a mark rebuilds is at::linear's own decomposition (at::matmul: an
 // x of more than two dimensions folded into rows, mm, _unsafe_view back), so
 // the nodes above and below the product are LibTorch's. The kept values are
@@ -159,6 +162,19 @@ at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tenso
   FSDP_ASSERT(markable(x, bias) && kept.size(0) == x.numel() / x.size(-1) && kept.size(1) == weight.size(0),
               "recompute: a kept product of ", kept.sizes(), " for x ", x.sizes(), " and weight ", weight.sizes());
   return linear_over(x, weight, kept.variable_data());
+}
+
+at::Tensor kept_product(const std::function<at::Tensor(const at::Tensor& kept)>& run) {
+  RecomputeScope* s = t_scope;
+  if (!keeps(s)) return run(at::Tensor());
+  if (s->phase() == RecomputeScope::Phase::kForward) {
+    at::Tensor y = run(at::Tensor());
+    s->kept().tensors.push_back(y);
+    return y;
+  }
+  const at::Tensor kept = take(*s, "a kept fused product");
+  FSDP_ASSERT(kept.defined(), "recompute: a fused product's forward kept nothing");
+  return run(kept);
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool enable_gqa) {

@@ -16,6 +16,7 @@
 
 #include <ATen/ATen.h>
 
+#include <functional>
 #include <optional>
 #include <string>
 #include <string_view>
@@ -39,6 +40,15 @@ enum class ProductRole {
 // that node can be rebuilt exactly (no bias, x of 2 dimensions or
 // contiguous); elsewhere the product is recomputed.
 at::Tensor linear(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, ProductRole role);
+
+// A kKept product computed by the model's own autograd function (the fused
+// q|k|v product, models/fused_products.h). `run(kept)` with `kept` undefined
+// computes the product; with `kept` defined (a value run returned before) it
+// gives `kept` the autograd node its computation would have had, without
+// computing it. kSelective keeps run's result from the checkpointed forward
+// (one tensor, counted once) and hands it back to run in the recompute;
+// everywhere else this is run(undefined).
+at::Tensor kept_product(const std::function<at::Tensor(const at::Tensor& kept)>& run);
 
 // at::scaled_dot_product_attention(q, k, v, no mask, no dropout, causal,
 // default scale, enable_gqa). kSelective keeps its output and the kernel's
