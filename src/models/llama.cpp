@@ -175,7 +175,10 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
     std::vector<at::Tensor> qkv = fused_linears(x, {q_proj_.get(), k_proj_.get(), v_proj_.get()}, /*kept=*/true);
     q = std::move(qkv[0]);
     k = std::move(qkv[1]);
-    v = std::move(qkv[2]);
+    // Attention saves v for backward: as a view it would hold the whole
+    // q|k|v output until then, where the reference holds v's share. A copy
+    // of v's share instead (fused peak <= reference peak).
+    v = qkv[2].contiguous();
   } else {
     q = q_proj_->forward_marked(x, kKept);
     k = k_proj_->forward_marked(x, kKept);
