@@ -5,6 +5,7 @@
 
 #include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
+#include "fsdp/models/fused_products.h"
 #include "fsdp/models/kernels.h"
 
 namespace fsdp::models {
@@ -169,15 +170,29 @@ at::Tensor LlamaAttentionImpl::forward(const at::Tensor& x, const at::Tensor& co
   const int64_t B = x.size(0), T = x.size(1);
   const int64_t H = n_heads_, Hkv = n_kv_heads_, Dh = head_dim_;
   constexpr nn::ProductRole kKept = nn::ProductRole::kKept;
-  at::Tensor q = q_proj_->forward_marked(x, kKept).view({B, T, H, Dh});    // (B, T, H, Dh)
-  at::Tensor k = k_proj_->forward_marked(x, kKept).view({B, T, Hkv, Dh});  // (B, T, Hkv, Dh)
+  at::Tensor q, k, v;  // (B, T, n * Dh) each
+  if (kernels_ == LayerKernels::kFused) {  // Note [Fused products over the flat parameter]
+    std::vector<at::Tensor> qkv = fused_linears(x, {q_proj_.get(), k_proj_.get(), v_proj_.get()}, /*kept=*/true);
+    q = std::move(qkv[0]);
+    k = std::move(qkv[1]);
+    // Attention saves v for backward: as a view it would hold the whole
+    // q|k|v output until then, where the reference holds v's share. A copy
+    // of v's share instead (fused peak <= reference peak).
+    v = qkv[2].contiguous();
+  } else {
+    q = q_proj_->forward_marked(x, kKept);
+    k = k_proj_->forward_marked(x, kKept);
+    v = v_proj_->forward_marked(x, kKept);
+  }
+  q = q.view({B, T, H, Dh});    // (B, T, H, Dh)
+  k = k.view({B, T, Hkv, Dh});  // (B, T, Hkv, Dh)
   if (q_norm_) {  // qwen3: RMSNorm over Dh of every head, before RoPE
     q = q_norm_(q);
     k = k_norm_(k);
   }
   q = q.transpose(1, 2);                                            // (B, H, T, Dh)
   k = k.transpose(1, 2);                                            // (B, Hkv, T, Dh)
-  at::Tensor v = v_proj_->forward_marked(x, kKept).view({B, T, Hkv, Dh}).transpose(1, 2);  // (B, Hkv, T, Dh)
+  v = v.view({B, T, Hkv, Dh}).transpose(1, 2);                      // (B, Hkv, T, Dh)
   if (kernels_ == LayerKernels::kFused) {  // Note [Rotary as one elementwise kernel]
     q = fused_rotary(q, cos, sin);
     k = fused_rotary(k, cos, sin);
@@ -227,7 +242,10 @@ LlamaMLPImpl::LlamaMLPImpl(const LlamaConfig& cfg, const at::TensorOptions& opti
 }
 
 at::Tensor LlamaMLPImpl::swiglu(const at::Tensor& x) {
-  if (kernels_ == LayerKernels::kFused) return fused_swiglu(gate_proj_(x), up_proj_(x));
+  if (kernels_ == LayerKernels::kFused) {  // Note [Fused products over the flat parameter]
+    const std::vector<at::Tensor> gate_up = fused_linears(x, {gate_proj_.get(), up_proj_.get()}, /*kept=*/false);
+    return fused_swiglu(gate_up[0], gate_up[1]);
+  }
   return at::silu(gate_proj_(x)) * up_proj_(x);
 }
 

@@ -25,7 +25,10 @@ namespace fsdp::nn {
 //     kept values the nodes LibTorch would have made over them
 //     (MmBackward0; ScaledDotProductFlashAttentionForCpuBackward0), so again
 //     the same kernels run on the same values. What is left to recompute are
-//     the norms, rotary and the MLP's first two products.
+//     the norms, rotary and the MLP's first two products. The fused q|k|v
+//     product (--kernels fused, models/fused_products.h) is kept whole, its
+//     output one tensor (kept_product), and given its own node again over
+//     the kept value.
 // The graph a mark rebuilds is at::linear's own decomposition (at::matmul: an
 // x of more than two dimensions folded into rows, mm, _unsafe_view back), so
 // the nodes above and below the product are LibTorch's. The kept values are
@@ -192,6 +195,19 @@ at::Tensor marked_product(const at::Tensor& x, int64_t out_features, std::option
               x.sizes(), " and ", out_features, " outputs");
   const at::Tensor value = kept.variable_data();
   return run(&value);
+}
+
+at::Tensor kept_product(const std::function<at::Tensor(const at::Tensor& kept)>& run) {
+  RecomputeScope* s = t_scope;
+  if (!keeps(s)) return run(at::Tensor());
+  if (s->phase() == RecomputeScope::Phase::kForward) {
+    at::Tensor y = run(at::Tensor());
+    s->kept().tensors.push_back(y);
+    return y;
+  }
+  const at::Tensor kept = take(*s, "a kept fused product");
+  FSDP_ASSERT(kept.defined(), "recompute: a fused product's forward kept nothing");
+  return run(kept);
 }
 
 at::Tensor causal_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, bool enable_gqa) {

@@ -8,9 +8,11 @@
 //   - the products a backward runs beyond those of no checkpointing, counted
 //     by LibTorch's own record of every aten::mm / aten::addmm call, are 7 per
 //     decoder layer for full (q, k, v, o, gate, up, down), 6 for tail (down is
-//     not recomputed) and 2 for selective (gate and up);
+//     not recomputed) and 2 for selective (gate and up); with the fused
+//     kernels, whose q|k|v and gate|up are one product each, 4, 3 and 1;
 //   - the same with the decoder's products in FP8 (--fp8-linear rowwise,
-//     emulated on the CPU): its own autograd node is marked as mm's is;
+//     emulated on the CPU): its own autograd node is marked as mm's is; with
+//     the fused kernels too, where FP8 linears take their separate products;
 //   - what selective keeps between forward and backward is exactly what
 //     models::llama_kept_bytes_per_token says (the plan's count), and it is
 //     released by backward; full and tail keep nothing.
@@ -69,8 +71,14 @@ std::vector<Variant> variants() {
           {"qwen2, q/k/v bias", config("qwen2"), {7, 6, 5}},
           {"qwen3, per-head norms", config("qwen3"), {7, 6, 2}},
           {"llama + LoRA on q/k/v/o and the MLP", config(), {7 + 14, 6 + 14, 2 + 14}, true},
-          {"llama, --kernels fused", config(), {7, 6, 2}, false, models::LayerKernels::kFused},
+          // q|k|v and gate|up are one product each (Note [Fused products over the flat
+          // parameter]): 4 products per layer (qkv, o, gate|up, down), 3 without down, 1
+          // (gate|up) under selective.
+          {"llama, --kernels fused", config(), {4, 3, 1}, false, models::LayerKernels::kFused},
           {"llama, --fp8-linear rowwise", config(), {7, 6, 2}, false, models::LayerKernels::kReference,
+           models::Fp8Linear::kRowwise},
+          // FP8 linears are not fused (their products are _scaled_mm's, one per weight).
+          {"llama, --kernels fused --fp8-linear rowwise", config(), {7, 6, 2}, false, models::LayerKernels::kFused,
            models::Fp8Linear::kRowwise}};
 }
 

@@ -115,9 +115,11 @@ struct AttentionMasks {
   at::Tensor sliding;  // (T, T) bool, true where i - W < j <= i; undefined when no layer needs it
 };
 
-// Attention. LayerKernels::kFused: rotary on q and k is one elementwise
-// kernel each way (models::fused_rotary), from the projection's output view
-// to the layout the reference's rotary gives SDPA.
+// Attention. LayerKernels::kFused: q, k and v are one product over the three
+// weights where they lie back to back (models::fused_linears; else the three
+// products), and rotary on q and k is one elementwise kernel each way
+// (models::fused_rotary), from the projection's output view to the layout the
+// reference's rotary gives SDPA.
 class LlamaAttentionImpl : public torch::nn::Module, public HasLayerKernels {
  public:
   // `layer`: the decoder layer's index (its window: cfg.layer_window(layer)).
@@ -126,7 +128,8 @@ class LlamaAttentionImpl : public torch::nn::Module, public HasLayerKernels {
   // x (B, T, D); cos, sin (T, Dh) in x's dtype -> (B, T, D).
   // Requires: masks.sliding defined and (T, T) when window() <= T.
   // Activation checkpointing's marks (nn/recompute.h): the q, k, v and o
-  // products are kKept, and so is the SDPA kernel's output unless masked.
+  // products are kKept (fused: the one q|k|v product, unless biased), and so
+  // is the SDPA kernel's output unless masked.
   at::Tensor forward(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin, const AttentionMasks& masks);
 
   void set_kernels(LayerKernels kernels) override { kernels_ = kernels; }
@@ -151,8 +154,10 @@ class LlamaAttentionImpl : public torch::nn::Module, public HasLayerKernels {
 };
 TORCH_MODULE(LlamaAttention);
 
-// SwiGLU: down(silu(gate(x)) * up(x)). LayerKernels::kFused: silu(gate) * up
-// is one elementwise kernel (models::fused_swiglu), rounded once.
+// SwiGLU: down(silu(gate(x)) * up(x)). LayerKernels::kFused: gate and up are
+// one product where their weights lie back to back (models::fused_linears),
+// and silu(gate) * up is one elementwise kernel (models::fused_swiglu),
+// rounded once.
 class LlamaMLPImpl : public torch::nn::Module, public HasLayerKernels {
  public:
   LlamaMLPImpl(const LlamaConfig& cfg, const at::TensorOptions& options);

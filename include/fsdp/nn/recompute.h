@@ -52,6 +52,15 @@ using RowsProduct = std::function<at::Tensor(const at::Tensor& rows, const at::T
 at::Tensor marked_product(const at::Tensor& x, int64_t out_features, std::optional<ProductRole> role,
                           const RowsProduct& product);
 
+// A kKept product computed by the model's own autograd function (the fused
+// q|k|v product, models/fused_products.h). `run(kept)` with `kept` undefined
+// computes the product; with `kept` defined (a value run returned before) it
+// gives `kept` the autograd node its computation would have had, without
+// computing it. kSelective keeps run's result from the checkpointed forward
+// (one tensor, counted once) and hands it back to run in the recompute;
+// everywhere else this is run(undefined).
+at::Tensor kept_product(const std::function<at::Tensor(const at::Tensor& kept)>& run);
+
 // at::scaled_dot_product_attention(q, k, v, no mask, no dropout, causal,
 // default scale, enable_gqa). kSelective keeps its output and the kernel's
 // softmax statistics where the kernel LibTorch picks can be called on its own
