@@ -167,8 +167,8 @@ at::Tensor markov_tokens(int64_t b, int64_t t, int64_t vocab, uint64_t seed) {
 std::vector<double> train(LayerKernels kernels, at::ScalarType dtype) {
   const LlamaConfig cfg = tiny();
   auto model = std::make_shared<LlamaForCausalLMImpl>(cfg, at::TensorOptions().dtype(dtype), /*seed=*/3);
-  // Two norms, the attention and the MLP per layer, and the final norm.
-  EXPECT_EQ(set_layer_kernels(*model, kernels), 4 * cfg.num_hidden_layers + 1);
+  // Two norms, the attention and the MLP per layer, the final norm and the loss.
+  EXPECT_EQ(set_layer_kernels(*model, kernels), 4 * cfg.num_hidden_layers + 2);
   torch::optim::AdamW opt(model->parameters(), torch::optim::AdamWOptions(3e-3));
   std::vector<double> losses;
   for (int step = 0; step < 20; ++step) {
