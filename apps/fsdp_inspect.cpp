@@ -317,7 +317,8 @@ void print_plan(std::ostream& out, const Args& a, const Planned& p, bool estimat
                                 : p.device == at::kCUDA ? " (CUDA's chunk)" : "",
                      fsdp::format_bytes(fsdp::models::chunked_loss_bytes(loss_rows, cfg.vocab_size(),
                                                                          cfg.hidden_size(),
-                                                                         o.mixed_precision.param_dtype)));
+                                                                         o.mixed_precision.param_dtype,
+                                                                         a.t.o.step.kernels)));
   // fsdp-inspect plans for any machine (a 70B model over 64 GPUs elsewhere), so a
   // plan beyond this machine is no error; fsdp-train refuses such a run.
   const int64_t here = fsdp::available_host_memory_bytes();

@@ -26,13 +26,21 @@ int64_t loss_chunk_rows(int64_t asked, int64_t vocab_size, at::DeviceType device
   return asked > 0 ? asked : default_loss_chunk_rows(vocab_size, device);
 }
 
-int64_t chunked_loss_bytes(int64_t rows, int64_t vocab_size, int64_t hidden_size, at::ScalarType dtype) {
+int64_t chunked_loss_bytes(int64_t rows, int64_t vocab_size, int64_t hidden_size, at::ScalarType dtype,
+                           LayerKernels kernels) {
   const auto elem = static_cast<double>(c10::elementSize(dtype));
   const bool reduced = dtype != at::kFloat && dtype != at::kDouble;  // the weight's gradient summed in fp32
-  const double per_logit = 2 * elem + 3 * 4 + (reduced ? 4 : 0);
+  // Note [Fused cross-entropy]: the fused path has no fp32 (c, V) buffer of its own.
+  const double fp32_buffers = kernels == LayerKernels::kFused ? 0 : 3 * 4;
+  const double per_logit = 2 * elem + fp32_buffers + (reduced ? 4 : 0);
   const double weight = elem + (reduced ? 2 * 4 : 0);
-  const double bytes = static_cast<double>(rows) * static_cast<double>(vocab_size) * per_logit +
-                       static_cast<double>(vocab_size) * static_cast<double>(hidden_size) * weight;
+  double bytes = static_cast<double>(rows) * static_cast<double>(vocab_size) * per_logit +
+                 static_cast<double>(vocab_size) * static_cast<double>(hidden_size) * weight;
+  // Backward: the weight's saved gradient and its product by the upstream
+  // gradient, (V, D) each, which the fused path's smaller chunk may not cover.
+  if (kernels == LayerKernels::kFused) {
+    bytes = std::max(bytes, 2 * elem * static_cast<double>(vocab_size) * static_cast<double>(hidden_size));
+  }
   constexpr double kMax = static_cast<double>(std::numeric_limits<int64_t>::max() / 4);  // saturate: no overflow
   return static_cast<int64_t>(std::min(bytes, kMax));
 }
@@ -110,6 +118,13 @@ struct Gradients {
       grad_logp.scatter_(1, safe.narrow(0, r0, c).unsqueeze(1), target_grad.narrow(0, r0, c));
       gc = at::_log_softmax_backward_data(grad_logp, logp, 1, at::kFloat).to(h.scalar_type());
     }
+    add_logits_grad(gc, r0, c, h, w, u_c, b_all, scaling);
+  }
+
+  // d loss / d logits `gc` (c, V) of rows r0 .. r0 + c, in the compute dtype,
+  // multiplied into the sums.
+  void add_logits_grad(const at::Tensor& gc, int64_t r0, int64_t c, const at::Tensor& h, const at::Tensor& w,
+                       const at::Tensor& u_c, const at::Tensor& b_all, double scaling) {
     if (hidden.defined()) {
       at::Tensor out = hidden.narrow(0, r0, c);
       at::mm_out(out, gc, w);
@@ -125,6 +140,47 @@ struct Gradients {
     }
   }
 };
+
+// Note [Fused cross-entropy]
+// --kernels fused: a chunk's logits (c, V), in the compute dtype, are the
+// only (c, V) buffer the chunk keeps. The row's log-sum-exp is reduced
+// straight from them with fp32 accumulation (at::logsumexp into an fp32
+// result: in bf16 each exp(x - max) is rounded to bf16 before the fp32 sum, a
+// relative error of the sum below 2^-9), the loss of a row is lse - x[t] (x[t]
+// read before it is overwritten), and when the loss will be differentiated the
+// gradient (softmax - onehot) x scale (scale = 1 / count, 0 for an ignored
+// row) is written over the logits: softmax in place (LibTorch's kernel
+// accumulates in fp32 and rounds once; its CPU and CUDA kernels read an
+// element before they write it — the CPU's is run in CI, the CUDA one awaits a
+// GPU call), times the row's scale, and the target's
+// entry overwritten by (exp(x[t] - lse) - 1) x scale formed in fp32 — one
+// element per row, no zeros and no scatter over the chunk. The reference holds
+// the logits, their fp32 copy, log-softmax, the gradient of the log-softmax
+// and of the logits in fp32 (chunked_loss_bytes: 2 elem + 12 bytes per logit);
+// this path the logits and logsumexp's one temporary (2 elem). The arithmetic
+// is LibTorch's on both devices (no kernel of our own: the jiterator maps
+// elements and cannot reduce a row, and its output is a new tensor, not the
+// logits), so the CPU runs what CUDA runs, kernel for kernel; that is several
+// passes over the chunk (logsumexp's max, difference and sum, softmax's, the
+// scale's) where one online-softmax kernel would read it once and write it
+// once — left for a raw NVRTC launch. fp32: the loss and gradients are
+// the reference's within rounding (tests/models/test_chunked_loss.cpp, 1e-6
+// relative); bf16: the gradient is rounded twice (softmax, times the scale)
+// where the reference rounds once, within 1%.
+at::Tensor fused_chunk_loss(at::Tensor& logits, const at::Tensor& target, const at::Tensor& valid,
+                            const at::Tensor& scale) {
+  at::Tensor lse = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));  // (c)
+  at::logsumexp_out(lse, logits, {1}, /*keepdim=*/false);
+  const at::Tensor t = target.unsqueeze(1);                                       // (c, 1)
+  const at::Tensor nll = lse - logits.gather(1, t).squeeze(1).to(at::kFloat);  // (c) -log p(t)
+  if (scale.defined()) {
+    const at::Tensor at_target = nll.neg().exp_().sub_(1).mul_(scale);  // (p(t) - 1) x scale, fp32
+    at::_softmax_out(logits, logits, 1, /*half_to_float=*/false);
+    logits.mul_(scale.unsqueeze(1));
+    logits.scatter_(1, t, at_target.unsqueeze(1).to(logits.scalar_type()));
+  }
+  return nll.masked_fill_(valid.logical_not(), 0).sum();
+}
 
 // Note [Chunked cross-entropy]
 // Each chunk runs the unchunked path's own kernels on its rows: logits in the
@@ -156,9 +212,10 @@ struct Gradients {
 // default_loss_chunk_rows).
 struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
   // `grads`: form the gradients here (Note [Chunked cross-entropy]).
+  // `fused`: Note [Fused cross-entropy].
   static at::Tensor forward(AutogradContext* ctx, const at::Tensor& hidden, const at::Tensor& weight,
                             const at::Tensor& u, const at::Tensor& b, const at::Tensor& targets, int64_t chunk_rows,
-                            double scaling, bool mean, bool grads) {
+                            double scaling, bool mean, bool grads, bool fused) {
     const int64_t N = hidden.size(0);
     const at::Tensor valid = targets.ne(kIgnoreIndex);                 // (N) bool
     const at::Tensor safe = targets.masked_fill(valid.logical_not(), 0);  // (N) ignored rows read class 0
@@ -175,6 +232,13 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
       const int64_t c = std::min(chunk_rows, N - r0);
       const at::Tensor h = hidden.narrow(0, r0, c);
       const at::Tensor u_c = low_rank ? u.narrow(0, r0, c) : at::Tensor();
+      if (fused) {
+        at::Tensor logits = chunk_logits(h, weight, u_c, b, scaling);  // (c, V), then its gradient
+        const at::Tensor scale = grads ? target_grad.narrow(0, r0, c).squeeze(1).neg() : at::Tensor();
+        total.add_(fused_chunk_loss(logits, safe.narrow(0, r0, c), valid.narrow(0, r0, c), scale));
+        if (grads) g.add_logits_grad(logits, r0, c, h, weight, u_c, b, scaling);
+        continue;
+      }
       const at::Tensor logp = at::log_softmax(chunk_logits(h, weight, u_c, b, scaling).to(at::kFloat), 1);  // (c, V)
       const at::Tensor picked = logp.gather(1, safe.narrow(0, r0, c).unsqueeze(1)).squeeze(1);
       total.sub_(picked.masked_fill_(valid.narrow(0, r0, c).logical_not(), 0).sum());
@@ -193,14 +257,15 @@ struct ChunkedCrossEntropy : torch::autograd::Function<ChunkedCrossEntropy> {
     const at::Tensor& up = grad_outputs[0];
     const auto times_up = [&](const at::Tensor& t) { return t.defined() ? t * up.to(t.scalar_type()) : t; };
     return {times_up(saved[0]), times_up(saved[1]), times_up(saved[2]), times_up(saved[3]), at::Tensor(), at::Tensor(),
-            at::Tensor(), at::Tensor(), at::Tensor()};
+            at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
 }  // namespace
 
 at::Tensor chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                                 LossReduction reduction, int64_t chunk_rows, const LowRankHead* lora) {
+                                 LossReduction reduction, int64_t chunk_rows, const LowRankHead* lora,
+                                 LayerKernels kernels) {
   FSDP_ASSERT(hidden.dim() == 2 && weight.dim() == 2 && hidden.size(1) == weight.size(1), "hidden ",
               hidden.sizes(), ", weight ", weight.sizes());
   FSDP_ASSERT(targets.dim() == 1 && targets.size(0) == hidden.size(0), "targets ", targets.sizes(), " for hidden ",
@@ -224,7 +289,7 @@ at::Tensor chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& wei
   const bool grads = at::GradMode::is_enabled() &&
                      (hidden.requires_grad() || weight.requires_grad() || u.requires_grad() || b.requires_grad());
   return ChunkedCrossEntropy::apply(hidden.contiguous(), weight, u, b, targets.contiguous(), chunk_rows, scaling,
-                                    reduction == LossReduction::kMean, grads);
+                                    reduction == LossReduction::kMean, grads, kernels == LayerKernels::kFused);
 }
 
 }  // namespace fsdp::models

@@ -287,7 +287,7 @@ std::vector<at::Tensor> LlamaDecoderLayerImpl::forward(const at::Tensor& x, cons
 }
 
 at::Tensor LlamaEmbeddingImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, HeadLoss how) {
-  return chunked_cross_entropy(hidden, weight(), targets, how.reduction, how.chunk_rows);
+  return chunked_cross_entropy(hidden, weight(), targets, how.reduction, how.chunk_rows, nullptr, how.kernels);
 }
 
 at::Tensor LlamaEmbeddingImpl::forward(const at::Tensor& hidden, HeadLogits) { return at::linear(hidden, weight()); }
@@ -295,9 +295,9 @@ at::Tensor LlamaEmbeddingImpl::forward(const at::Tensor& hidden, HeadLogits) { r
 at::Tensor LlamaHeadImpl::forward(const at::Tensor& hidden, const at::Tensor& targets, HeadLoss how) {
   if (has_lora()) {
     const LowRankHead lora{lora_down(hidden), lora_B(), lora_scaling()};
-    return chunked_cross_entropy(hidden, weight(), targets, how.reduction, how.chunk_rows, &lora);
+    return chunked_cross_entropy(hidden, weight(), targets, how.reduction, how.chunk_rows, &lora, how.kernels);
   }
-  return chunked_cross_entropy(hidden, weight(), targets, how.reduction, how.chunk_rows);
+  return chunked_cross_entropy(hidden, weight(), targets, how.reduction, how.chunk_rows, nullptr, how.kernels);
 }
 
 LlamaModelImpl::LlamaModelImpl(const LlamaConfig& cfg, const at::TensorOptions& options) {
@@ -402,7 +402,7 @@ at::Tensor LlamaForCausalLMImpl::head_loss(const at::Tensor& hidden, const at::T
                                            LossReduction reduction) {
   const at::Tensor h = hidden.reshape({-1, cfg_.hidden_size});  // (N, D)
   const at::Tensor t = targets.reshape({-1});                    // (N)
-  const HeadLoss how{reduction, loss_chunk_rows(h.device().type())};
+  const HeadLoss how{reduction, loss_chunk_rows(h.device().type()), loss_kernels_};
   return lm_head_ ? lm_head_(h, t, how) : model_->embed_unit()(h, t, how);
 }
 

@@ -258,7 +258,8 @@ at::Tensor T5ForConditionalGenerationImpl::loss(const at::Tensor& inputs, const 
                                                 LossReduction reduction) {
   const at::Tensor g = decode(inputs, targets);
   const int64_t rows = models::loss_chunk_rows(loss_chunk_rows_, cfg_.vocab_size, g.device().type());
-  return chunked_cross_entropy(g.reshape({-1, cfg_.d_model}), head_weight(), targets.reshape({-1}), reduction, rows);
+  return chunked_cross_entropy(g.reshape({-1, cfg_.d_model}), head_weight(), targets.reshape({-1}), reduction, rows,
+                               nullptr, loss_kernels_);
 }
 
 void T5ForConditionalGenerationImpl::set_loss_chunk_rows(int64_t rows) {

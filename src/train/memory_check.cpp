@@ -60,7 +60,7 @@ int64_t check_memory(const TrainOptions& o, int world_size, int local_world_size
   const std::optional<int64_t> tokens = checked_product({o.step.batch_size, width});
   const int64_t logit_bytes =
       std::min(models::chunked_loss_bytes(std::min(tokens.value_or(kHuge), loss_rows), cfg.vocab_size(),
-                                          cfg.hidden_size(), fo.mixed_precision.param_dtype),
+                                          cfg.hidden_size(), fo.mixed_precision.param_dtype, o.step.kernels),
                kHuge);
   // Activations kept for backward, a lower bound per token (the family's count).
   const int64_t per_token = cfg.activation_elements_per_token(o.activation_checkpointing, eval_only);

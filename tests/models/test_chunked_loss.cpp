@@ -134,18 +134,25 @@ TEST(ChunkedLoss, Fp32LossAndGradientsEqualTheUnchunkedPath) {
   }
 }
 
+// Every target ignored, with either kernels (Note [Fused cross-entropy]): the
+// mean is NaN (as torch's), the sum 0 with zero gradients.
 TEST(ChunkedLoss, EveryTargetIgnoredGivesNanMeanAndZeroSum) {
   const LlamaConfig cfg = config(100, false);
-  LlamaForCausalLMImpl m(cfg, at::TensorOptions().dtype(at::kFloat), 3);
-  m.set_loss_chunk_rows(3);
-  const at::Tensor tokens = random_tokens(2, 5, cfg.vocab_size, 1);
-  const at::Tensor ignored = at::full({2, 5}, kIgnoreIndex, at::kLong);
-  EXPECT_TRUE(std::isnan(m.loss(tokens, ignored).item<double>()));
-  EXPECT_TRUE(std::isnan(unchunked_loss(m, tokens, ignored, at::Reduction::Mean).item<double>()));
-  const at::Tensor sum = m.loss(tokens, ignored, LossReduction::kSum);
-  EXPECT_EQ(sum.item<double>(), 0.0);
-  sum.backward();
-  for (auto& p : m.named_parameters(true)) EXPECT_EQ(p.value().grad().abs().max().item<double>(), 0.0) << p.key();
+  for (LayerKernels kernels : {LayerKernels::kReference, LayerKernels::kFused}) {
+    LlamaForCausalLMImpl m(cfg, at::TensorOptions().dtype(at::kFloat), 3);
+    m.set_loss_chunk_rows(3);
+    m.set_kernels(kernels);
+    const at::Tensor tokens = random_tokens(2, 5, cfg.vocab_size, 1);
+    const at::Tensor ignored = at::full({2, 5}, kIgnoreIndex, at::kLong);
+    EXPECT_TRUE(std::isnan(m.loss(tokens, ignored).item<double>())) << to_string(kernels);
+    EXPECT_TRUE(std::isnan(unchunked_loss(m, tokens, ignored, at::Reduction::Mean).item<double>()));
+    const at::Tensor sum = m.loss(tokens, ignored, LossReduction::kSum);
+    EXPECT_EQ(sum.item<double>(), 0.0) << to_string(kernels);
+    sum.backward();
+    for (auto& p : m.named_parameters(true)) {
+      EXPECT_EQ(p.value().grad().abs().max().item<double>(), 0.0) << to_string(kernels) << ": " << p.key();
+    }
+  }
 }
 
 // bf16 parameters: logits in bf16 as the unchunked path, fp32 loss; the
@@ -201,25 +208,28 @@ TEST(ChunkedLoss, Bf16WeightGradientIsSummedInFp32AndRoundedOnce) {
   EXPECT_LE(differ, 0.02);
 }
 
+// LoRA adapters (rank 4, alpha 8) on q_proj and lm_head, lora_B moved off
+// zero (where it starts, no gradient would reach lora_A).
+void add_lora_on_head(LlamaForCausalLMImpl& m, double dropout) {
+  LoraConfig lc;
+  lc.rank = 4;
+  lc.alpha = 8;
+  lc.dropout = dropout;
+  lc.targets = {"q_proj", "lm_head"};
+  apply_lora(m, lc, 11);
+  at::NoGradGuard no_grad;
+  for (auto& p : m.named_parameters(true)) {
+    if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.1);
+  }
+}
+
 // A LoRA adapter on lm_head (with dropout, training mode) and on q_proj: the
 // chunked loss includes the adapter's output and gives lora_A and lora_B of
 // the head the gradients of the unchunked path.
 TEST(ChunkedLoss, LoraOnTheHeadTakesPartWithItsGradients) {
   const LlamaConfig cfg = config(500, false);
   LlamaForCausalLMImpl m(cfg, at::TensorOptions().dtype(at::kFloat), 7);
-  LoraConfig lc;
-  lc.rank = 4;
-  lc.alpha = 8;
-  lc.dropout = 0.25;
-  lc.targets = {"q_proj", "lm_head"};
-  apply_lora(m, lc, 11);
-  // lora_B starts at zero (no gradient reaches lora_A): move it.
-  {
-    at::NoGradGuard no_grad;
-    for (auto& p : m.named_parameters(true)) {
-      if (p.key().find("lora_B") != std::string::npos) p.value().normal_(0, 0.1);
-    }
-  }
+  add_lora_on_head(m, 0.25);
   m.train();
   set_lora_dropout_key(m, 42);
   const at::Tensor tokens = random_tokens(2, 12, cfg.vocab_size, 5);
@@ -249,6 +259,112 @@ TEST(ChunkedLoss, MixtralAddsItsAuxiliaryLoss) {
   });
   m.set_loss_chunk_rows(3);
   expect_close(run(m, [&] { return m.loss(tokens, targets); }), want, 1e-6, "mixtral");
+}
+
+// ---- --kernels fused (Note [Fused cross-entropy]) -----------------------------
+
+// fp32: the fused path's loss and every gradient (hidden states through the
+// layers, the head's weight, untied and tied) are the reference's within 1e-6
+// relative, over 3 chunks (30 rows by 10), 2 chunks with a short last one, one
+// chunk; ignored targets, the mean and the sum.
+TEST(ChunkedLoss, FusedEqualsTheReferenceInFp32) {
+  for (bool tied : {false, true}) {
+    const LlamaConfig cfg = config(/*vocab=*/1000, tied);
+    LlamaForCausalLMImpl m(cfg, at::TensorOptions().dtype(at::kFloat), 3);
+    const at::Tensor tokens = random_tokens(3, 10, cfg.vocab_size, 1);
+    at::Tensor targets = random_tokens(3, 10, cfg.vocab_size, 2);
+    targets.narrow(1, 7, 3).fill_(kIgnoreIndex);
+    targets[1][0] = kIgnoreIndex;
+    for (int64_t rows : {10, 16, 30}) {
+      m.set_loss_chunk_rows(rows);
+      const std::string what = std::string("fused, ") + (tied ? "tied" : "untied") + ", " + std::to_string(rows) +
+                               " rows per chunk";
+      for (LossReduction reduction : {LossReduction::kMean, LossReduction::kSum}) {
+        m.set_kernels(LayerKernels::kReference);
+        const Result want = run(m, [&] { return m.loss(tokens, targets, reduction); });
+        m.set_kernels(LayerKernels::kFused);
+        const Result got = run(m, [&] { return m.loss(tokens, targets, reduction); });
+        expect_close(got, want, 1e-6, what + (reduction == LossReduction::kMean ? ", mean" : ", sum"));
+        // The model ran the fused path (set_kernels reached its loss): its softmax rounds otherwise than
+        // exp(log_softmax), so some gradient differs in its last bits.
+        bool differs = false;
+        for (const auto& [name, w] : want.grads) differs = differs || !at::equal(got.grads.at(name), w);
+        EXPECT_TRUE(differs) << what;
+      }
+    }
+  }
+}
+
+// bf16: the fused gradient rounds twice where the reference rounds once; the
+// loss reads the same bf16 logits (its log-sum-exp sums bf16-rounded
+// exponentials in fp32). The loss alone (hidden states and weight as leaves,
+// 3 chunks, an ignored target): the loss and both gradients within 1% (the
+// norm of the difference over the norm). Through a tiny Llama, every
+// parameter's gradient within the 2% at which bf16's reference is held to
+// the unchunked path (Bf16AgreesWithinBf16Resolution): deep in the layers a
+// few elements move by bf16 roundings whichever path feeds them.
+TEST(ChunkedLoss, FusedAgreesWithTheReferenceInBf16) {
+  const int64_t N = 48, V = 1000, D = 64;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(9);
+  const at::Tensor hidden = at::randn({N, D}, gen).to(at::kBFloat16).requires_grad_();
+  const at::Tensor weight = (at::randn({V, D}, gen) * 0.3).to(at::kBFloat16).requires_grad_();
+  at::Tensor targets = at::randint(V, {N}, gen, at::kLong);
+  targets[5] = kIgnoreIndex;
+  std::vector<double> loss;
+  std::vector<at::Tensor> dh, dw;
+  for (LayerKernels kernels : {LayerKernels::kReference, LayerKernels::kFused}) {
+    hidden.mutable_grad().reset();
+    weight.mutable_grad().reset();
+    const at::Tensor l = chunked_cross_entropy(hidden, weight, targets, LossReduction::kMean, 16, nullptr, kernels);
+    l.backward();
+    loss.push_back(l.item<double>());
+    dh.push_back(hidden.grad().to(at::kFloat));
+    dw.push_back(weight.grad().to(at::kFloat));
+  }
+  const auto rel = [](const at::Tensor& a, const at::Tensor& b) { return (a - b).norm().item<double>() / b.norm().item<double>(); };
+  std::cout << "fused bf16, the loss alone: loss " << loss[1] << " vs " << loss[0] << ", hidden's gradient within "
+            << rel(dh[1], dh[0]) << ", weight's " << rel(dw[1], dw[0]) << "\n";
+  EXPECT_NEAR(loss[1], loss[0], 1e-2 * loss[0]);
+  EXPECT_LE(rel(dh[1], dh[0]), 1e-2);
+  EXPECT_LE(rel(dw[1], dw[0]), 1e-2);
+  for (bool tied : {false, true}) {
+    const LlamaConfig cfg = config(1000, tied);
+    LlamaForCausalLMImpl m(cfg, at::TensorOptions().dtype(at::kBFloat16), 5);
+    const at::Tensor tokens = random_tokens(4, 12, cfg.vocab_size, 3);
+    at::Tensor t = random_tokens(4, 12, cfg.vocab_size, 4);
+    t[2][5] = kIgnoreIndex;
+    m.set_loss_chunk_rows(16);  // 48 rows: 3 chunks
+    const Result want = run(m, [&] { return m.loss(tokens, t); });
+    m.set_kernels(LayerKernels::kFused);
+    const Result got = run(m, [&] { return m.loss(tokens, t); });
+    EXPECT_NEAR(got.loss, want.loss, 1e-2 * want.loss);
+    expect_close(got, want, 2e-2, std::string("fused bf16, ") + (tied ? "tied" : "untied"));
+  }
+}
+
+// A LoRA adapter on lm_head (no dropout): the fused path gives lora_A and
+// lora_B the reference's gradients.
+TEST(ChunkedLoss, FusedTakesTheLoraTermWithItsGradients) {
+  const LlamaConfig cfg = config(500, false);
+  LlamaForCausalLMImpl m(cfg, at::TensorOptions().dtype(at::kFloat), 7);
+  add_lora_on_head(m, 0.0);
+  const at::Tensor tokens = random_tokens(2, 12, cfg.vocab_size, 5);
+  const at::Tensor targets = random_tokens(2, 12, cfg.vocab_size, 6);
+  m.set_loss_chunk_rows(8);  // 3 chunks
+  const Result want = run(m, [&] { return m.loss(tokens, targets); });
+  ASSERT_TRUE(want.grads.count("lm_head.lora_A.weight"));
+  m.set_kernels(LayerKernels::kFused);
+  expect_close(run(m, [&] { return m.loss(tokens, targets); }), want, 1e-6, "fused, LoRA on lm_head");
+}
+
+// The fused path's count has no fp32 buffer of the chunk.
+TEST(ChunkedLoss, FusedCountsNoFp32CopyOfTheChunk) {
+  const int64_t weight_part = int64_t{128256} * 2048 * (2 + 8);
+  EXPECT_EQ(chunked_loss_bytes(2048, 128256, 2048, at::kBFloat16, LayerKernels::kFused),
+            int64_t{2048} * 128256 * (4 + 4) + weight_part);
+  // fp32 at a small chunk: backward's two (V, D) gradients exceed forward's chunk and one.
+  EXPECT_EQ(chunked_loss_bytes(16, 1000, 64, at::kFloat, LayerKernels::kFused), 2 * 1000 * 64 * 4);
+  EXPECT_EQ(chunked_loss_bytes(512, 1000, 64, at::kFloat, LayerKernels::kFused), 512 * 1000 * 8 + 1000 * 64 * 4);
 }
 
 // ---- memory -----------------------------------------------------------------
@@ -287,6 +403,41 @@ TEST(ChunkedLoss, NeverHoldsTheWholeLogits) {
   EXPECT_LT(chunked, logits_bytes / 2);
   // The count the memory check uses bounds it (+ the (N, D) gradient of the hidden states and small things).
   EXPECT_LE(chunked, chunked_loss_bytes(16, cfg.vocab_size, cfg.hidden_size, at::kFloat) + (int64_t{1} << 20));
+}
+
+// The loss alone (hidden states and weight as leaves), chunks of 64 rows of
+// V = 32768 (8 MiB of fp32 logits each) and a narrow D, where the chunk's
+// buffers are the most the loss holds: the fused path holds less than the
+// reference, and within its own count. (With a wide D and small chunks the
+// largest moment is backward's, the weight's saved gradient and its product
+// by the upstream gradient, (V, D) each, the same in both paths; the count
+// takes the larger.)
+TEST(ChunkedLoss, FusedHoldsLessThanTheReferenceWithinItsCount) {
+  const int64_t N = 256, V = 32768, D = 16, rows = 64;
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+  const at::Tensor hidden = at::randn({N, D}, gen).requires_grad_();
+  const at::Tensor weight = (at::randn({V, D}, gen) * 0.2).requires_grad_();
+  const at::Tensor targets = at::randint(V, {N}, gen, at::kLong);
+  c10::Allocator* original = c10::GetCPUAllocator();
+  static CountingAllocator& counting = *new CountingAllocator(original);
+  const auto peak_of = [&](LayerKernels kernels) {
+    hidden.mutable_grad().reset();
+    weight.mutable_grad().reset();
+    counting.reset_peak();
+    const int64_t before = counting.live();
+    chunked_cross_entropy(hidden, weight, targets, LossReduction::kMean, rows, nullptr, kernels).backward();
+    return counting.peak() - before;
+  };
+  c10::SetCPUAllocator(&counting, /*priority=*/200);
+  const int64_t reference = peak_of(LayerKernels::kReference);
+  const int64_t fused = peak_of(LayerKernels::kFused);
+  c10::SetCPUAllocator(original, /*priority=*/201);
+  ASSERT_GT(fused, 0);
+  const int64_t count = chunked_loss_bytes(rows, V, D, at::kFloat, LayerKernels::kFused);
+  std::cout << "loss alone, peak: reference " << reference << ", fused " << fused << " bytes (count " << count << ")\n";
+  EXPECT_LT(fused, reference);
+  // + the (N, D) gradient of the hidden states, twice (saved and scaled), and small things.
+  EXPECT_LE(fused, count + 2 * N * D * 4 + (int64_t{1} << 16));
 }
 
 }  // namespace

@@ -145,8 +145,8 @@ LlamaConfig tiny() { return testing::chain_llama("kernels-llama"); }
 std::vector<double> train(LayerKernels kernels, at::ScalarType dtype) {
   const LlamaConfig cfg = tiny();
   auto model = std::make_shared<LlamaForCausalLMImpl>(cfg, at::TensorOptions().dtype(dtype), /*seed=*/3);
-  // Two norms, the attention and the MLP per layer, and the final norm.
-  EXPECT_EQ(set_layer_kernels(*model, kernels), 4 * cfg.num_hidden_layers + 1);
+  // Two norms, the attention and the MLP per layer, the final norm and the loss.
+  EXPECT_EQ(set_layer_kernels(*model, kernels), 4 * cfg.num_hidden_layers + 2);
   return testing::train_on_chain(*model, 20, /*order=*/1, /*first_seed=*/100);
 }
 

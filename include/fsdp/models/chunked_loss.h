@@ -26,6 +26,8 @@
 
 #include <cstdint>
 
+#include "fsdp/models/layer_kernels.h"
+
 namespace fsdp::models {
 
 // Targets equal to this are left out of the loss (HF / torch convention).
@@ -59,8 +61,13 @@ int64_t loss_chunk_rows(int64_t asked, int64_t vocab_size, at::DeviceType device
 // until autograd adds it to the parameter's; below fp32, also the weight
 // gradient's fp32 sum and one chunk's fp32 product (V, D) each, and (CPU) the
 // chunk's gradient in fp32. (The hidden states' (B x T, D) gradient, held as
-// long, is counted with the activations.)
-int64_t chunked_loss_bytes(int64_t rows, int64_t vocab_size, int64_t hidden_size, at::ScalarType dtype);
+// long, is counted with the activations.) kFused: no fp32 buffer of the chunk
+// — its logits, then their gradient, and one temporary in `dtype` (Note
+// [Fused cross-entropy] in src/models/chunked_loss.cpp) — or backward's two
+// (V, D) gradients in `dtype` (the saved one and its product by the upstream
+// gradient), whichever is more.
+int64_t chunked_loss_bytes(int64_t rows, int64_t vocab_size, int64_t hidden_size, at::ScalarType dtype,
+                           LayerKernels kernels = LayerKernels::kReference);
 
 // A LoRA adapter on the output projection, split where it is cheap: the
 // (N, r) down-projection u = dropout(hidden) A^T is computed by the caller
@@ -82,8 +89,12 @@ struct LowRankHead {
 // targets (N) int64 in [0, V) or kIgnoreIndex (the caller checks the range).
 // Returns a () fp32 tensor, differentiable with respect to hidden, weight,
 // lora->u and lora->b (those that require grad). chunk_rows >= 1; chunk_rows
-// >= N computes the whole batch as one chunk.
+// >= N computes the whole batch as one chunk. kernels: kReference the
+// unchunked path's kernels per chunk (below); kFused the gradient of the
+// logits written over them, without fp32 copies of the chunk (Note [Fused
+// cross-entropy]): fp32 within rounding of kReference, bf16 within 1%.
 at::Tensor chunked_cross_entropy(const at::Tensor& hidden, const at::Tensor& weight, const at::Tensor& targets,
-                                 LossReduction reduction, int64_t chunk_rows, const LowRankHead* lora = nullptr);
+                                 LossReduction reduction, int64_t chunk_rows, const LowRankHead* lora = nullptr,
+                                 LayerKernels kernels = LayerKernels::kReference);
 
 }  // namespace fsdp::models

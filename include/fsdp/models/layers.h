@@ -22,6 +22,7 @@
 #include <string>
 
 #include "fsdp/models/fp8.h"
+#include "fsdp/models/layer_kernels.h"
 #include "fsdp/nn/recompute.h"
 
 namespace fsdp::models {
@@ -128,19 +129,6 @@ class EmbeddingImpl : public torch::nn::Module {
 };
 TORCH_MODULE(Embedding);
 
-// Root-mean-square norm, as HF's LlamaRMSNorm: the input is upcast to fp32,
-// x * rsqrt(mean(x^2) + eps) is cast back to the input dtype, then multiplied by
-// weight (result in the promoted dtype of weight and input).
-// The implementation of the layers' elementwise work (fsdp-train --kernels).
-enum class LayerKernels {
-  kReference,  // Hugging Face's operations one by one: the reference
-  kFused,      // one kernel where LibTorch has one (RMSNorm: at::_fused_rms_norm), else
-               // our own (SwiGLU, rotary: models/kernels.h)
-};
-const char* to_string(LayerKernels kernels);  // "reference" | "fused"
-// nullopt for any other name.
-std::optional<LayerKernels> parse_layer_kernels(const std::string& name);
-
 // A layer with a fused form; set_layer_kernels sets every one of a model.
 class HasLayerKernels {
  public:
@@ -148,6 +136,9 @@ class HasLayerKernels {
   virtual void set_kernels(LayerKernels kernels) = 0;
 };
 
+// Root-mean-square norm, as HF's LlamaRMSNorm: the input is upcast to fp32,
+// x * rsqrt(mean(x^2) + eps) is cast back to the input dtype, then multiplied by
+// weight (result in the promoted dtype of weight and input).
 class RMSNormImpl : public torch::nn::Module, public HasLayerKernels {
  public:
   RMSNormImpl(int64_t dim, double eps, const at::TensorOptions& options);
@@ -173,7 +164,8 @@ class RMSNormImpl : public torch::nn::Module, public HasLayerKernels {
 TORCH_MODULE(RMSNorm);
 
 // Sets `kernels` on every layer of `model` that has a fused form
-// (HasLayerKernels: its RMSNorms, Llama's attentions and MLPs); returns how
+// (HasLayerKernels: its RMSNorms, Llama's attentions and MLPs, a language
+// model's loss); returns how
 // many it set.
 int64_t set_layer_kernels(torch::nn::Module& model, LayerKernels kernels);
 

@@ -190,6 +190,7 @@ struct WithRouterLogits {};
 struct HeadLoss {
   LossReduction reduction = LossReduction::kMean;
   int64_t chunk_rows = 1;  // rows of logits per chunk (chunked_loss.h)
+  LayerKernels kernels = LayerKernels::kReference;  // the loss's (chunked_cross_entropy)
 };
 struct HeadLogits {};
 
@@ -297,7 +298,7 @@ struct RouterOutputs {
 };
 
 // The trainer's model.
-class LlamaForCausalLMImpl : public torch::nn::Module, public nn::CallOrder {
+class LlamaForCausalLMImpl : public torch::nn::Module, public nn::CallOrder, public HasLayerKernels {
  public:
   // Builds on options.device()/dtype(); see the file comment for meta vs real
   // devices. Throws UsageError if cfg.validate() does.
@@ -372,6 +373,10 @@ class LlamaForCausalLMImpl : public torch::nn::Module, public nn::CallOrder {
   void set_loss_chunk_rows(int64_t rows);
   int64_t loss_chunk_rows(at::DeviceType device = at::kCPU) const;
 
+  // The loss's kernels (chunked_cross_entropy): set_layer_kernels reaches the
+  // loss here, the layers in their own modules.
+  void set_kernels(LayerKernels kernels) override { loss_kernels_ = kernels; }
+
  private:
   at::Tensor logits_unchecked(const at::Tensor& tokens);  // (B, T) -> (B, T, V)
   // hidden (B, T, D) after the final norm -> cross-entropy (chunked_loss.h).
@@ -383,6 +388,7 @@ class LlamaForCausalLMImpl : public torch::nn::Module, public nn::CallOrder {
   LlamaModel model_{nullptr};
   LlamaHead lm_head_{nullptr};  // weight (V, D); null when tie_word_embeddings
   int64_t loss_chunk_rows_ = 0;  // 0: default_loss_chunk_rows(V)
+  LayerKernels loss_kernels_ = LayerKernels::kReference;
 };
 TORCH_MODULE(LlamaForCausalLM);
 

@@ -158,7 +158,7 @@ TORCH_MODULE(T5Stack);
 struct T5Logits {};
 
 // The trainer's T5 model.
-class T5ForConditionalGenerationImpl : public torch::nn::Module, public nn::CallOrder {
+class T5ForConditionalGenerationImpl : public torch::nn::Module, public nn::CallOrder, public HasLayerKernels {
  public:
   // Builds on options.device() (kMeta: shapes only; else initialized by
   // t5_init_rule(cfg) and `seed`). UsageError when cfg.validate() refuses.
@@ -179,6 +179,8 @@ class T5ForConditionalGenerationImpl : public torch::nn::Module, public nn::Call
   std::vector<std::string> unit_call_order() const override;
   // Rows per chunk of the loss's logits; 0: default_loss_chunk_rows(V, the decoder states' device type).
   void set_loss_chunk_rows(int64_t rows);
+  // The loss's kernels (chunked_cross_entropy), as Llama's.
+  void set_kernels(LayerKernels kernels) override { loss_kernels_ = kernels; }
   const T5Config& config() const { return cfg_; }
 
  private:
@@ -192,6 +194,7 @@ class T5ForConditionalGenerationImpl : public torch::nn::Module, public nn::Call
   T5Stack decoder_{nullptr};
   Linear lm_head_{nullptr};    // weight (V, D); null when tied
   int64_t loss_chunk_rows_ = 0;
+  LayerKernels loss_kernels_ = LayerKernels::kReference;
 };
 TORCH_MODULE(T5ForConditionalGeneration);
 
