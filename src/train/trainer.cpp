@@ -262,7 +262,7 @@ bool Trainer::Impl::run_step() {
   train_step();
   if (!attention_named_ && !nn::first_attention_kernel().empty()) {
     attention_named_ = true;  // Note [Attention backend]: a row says which kernel it ran
-    say_(fmt::format("attention: SDPA runs {} (--attention-backend {})", nn::first_attention_kernel(),
+    say_(fmt::format("attention: SDPA runs {} (StepOptions::attention_backend {})", nn::first_attention_kernel(),
                      nn::to_string(o_.step.attention_backend)));
   }
   const int64_t completed = step_;
