@@ -6,6 +6,7 @@
 
 #include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
+#include "models/module_names.h"
 
 namespace fsdp::models {
 
@@ -136,8 +137,7 @@ int64_t set_fp8_linears(torch::nn::Module& model, Fp8Linear mode) {
   for (const auto& item : model.named_modules(/*name_prefix=*/"", /*include_self=*/true)) {
     auto* linear = dynamic_cast<LinearImpl*>(item.value().get());
     if (linear == nullptr) continue;
-    const std::string& name = item.key();
-    const std::string leaf = name.substr(name.rfind('.') == std::string::npos ? 0 : name.rfind('.') + 1);
+    const std::string leaf = last_component(item.key());
     for (const char* product : kDecoderProducts) {
       if (leaf == product) {
         linear->set_fp8(mode);

@@ -13,6 +13,7 @@
 #include "fsdp/common/error.h"
 #include "fsdp/models/layers.h"
 #include "fsdp/nn/unit.h"
+#include "models/module_names.h"
 
 namespace fsdp::models {
 
@@ -20,11 +21,6 @@ namespace {
 
 constexpr const char* kLoraA = ".lora_A.weight";
 constexpr const char* kLoraB = ".lora_B.weight";
-
-std::string last_component(const std::string& name) {
-  const size_t dot = name.rfind('.');
-  return dot == std::string::npos ? name : name.substr(dot + 1);
-}
 
 std::string join(const std::vector<std::string>& v) {
   std::string out;
