@@ -37,10 +37,9 @@ int64_t chunked_loss_bytes(int64_t rows, int64_t vocab_size, int64_t hidden_size
   double bytes = static_cast<double>(rows) * static_cast<double>(vocab_size) * per_logit +
                  static_cast<double>(vocab_size) * static_cast<double>(hidden_size) * weight;
   // Backward: the weight's saved gradient and its product by the upstream
-  // gradient, (V, D) each, which the fused path's smaller chunk may not cover.
-  if (kernels == LayerKernels::kFused) {
-    bytes = std::max(bytes, 2 * elem * static_cast<double>(vocab_size) * static_cast<double>(hidden_size));
-  }
+  // gradient, (V, D) each in `dtype`, both paths alike. In fp32 at a small
+  // chunk this is the larger moment (forward holds one (V, D) and the chunk).
+  bytes = std::max(bytes, 2 * elem * static_cast<double>(vocab_size) * static_cast<double>(hidden_size));
   constexpr double kMax = static_cast<double>(std::numeric_limits<int64_t>::max() / 4);  // saturate: no overflow
   return static_cast<int64_t>(std::min(bytes, kMax));
 }

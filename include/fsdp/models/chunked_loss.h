@@ -63,9 +63,9 @@ int64_t loss_chunk_rows(int64_t asked, int64_t vocab_size, at::DeviceType device
 // chunk's gradient in fp32. (The hidden states' (B x T, D) gradient, held as
 // long, is counted with the activations.) kFused: no fp32 buffer of the chunk
 // — its logits, then their gradient, and one temporary in `dtype` (Note
-// [Fused cross-entropy] in src/models/chunked_loss.cpp) — or backward's two
-// (V, D) gradients in `dtype` (the saved one and its product by the upstream
-// gradient), whichever is more.
+// [Fused cross-entropy] in src/models/chunked_loss.cpp). Both: forward's count
+// or backward's two (V, D) gradients in `dtype` (the saved one and its product
+// by the upstream gradient), whichever is more.
 int64_t chunked_loss_bytes(int64_t rows, int64_t vocab_size, int64_t hidden_size, at::ScalarType dtype,
                            LayerKernels kernels = LayerKernels::kReference);
 
