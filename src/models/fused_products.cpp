@@ -143,8 +143,10 @@ bool products_fusable(const std::vector<const LinearImpl*>& linears) {
       biases.push_back(l->bias());
     }
   }
-  if (!biases.empty() && (biases.size() != linears.size() || !back_to_back(biases))) return false;
-  if (!biases.empty() && (biases.front().scalar_type() != weights.front().scalar_type())) return false;
+  if (!biases.empty() && (biases.size() != linears.size() || !back_to_back(biases) ||
+                          biases.front().scalar_type() != weights.front().scalar_type())) {
+    return false;
+  }
   return back_to_back(weights) && weights.front().dim() == 2;
 }
 

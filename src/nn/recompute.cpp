@@ -183,18 +183,14 @@ at::Tensor marked_product(const at::Tensor& x, int64_t out_features, std::option
     const at::Tensor stand_in = placeholder({rows.size(0), out_features}, x.options());
     return run(&stand_in);
   }
-  if (!keeps(s)) return run(nullptr);
-  if (!recompute) {
-    const at::Tensor y = product(rows, nullptr);
-    s->kept().tensors.push_back(y);
-    return shaped(y);
-  }
-  const at::Tensor kept = take(*s, "a kept product");
-  FSDP_ASSERT(kept.defined() && kept.size(0) == rows.size(0) && kept.size(1) == out_features,
-              "recompute: a kept product of ", kept.defined() ? kept.sizes() : at::IntArrayRef{}, " for x ",
-              x.sizes(), " and ", out_features, " outputs");
-  const at::Tensor value = kept.variable_data();
-  return run(&value);
+  // kKept: the rows' product, kept as kept_product keeps any.
+  return shaped(kept_product([&](const at::Tensor& kept) {
+    if (!kept.defined()) return product(rows, nullptr);
+    FSDP_ASSERT(kept.size(0) == rows.size(0) && kept.size(1) == out_features, "recompute: a kept product of ",
+                kept.sizes(), " for x ", x.sizes(), " and ", out_features, " outputs");
+    const at::Tensor value = kept.variable_data();
+    return product(rows, &value);
+  }));
 }
 
 at::Tensor kept_product(const std::function<at::Tensor(const at::Tensor& kept)>& run) {
@@ -205,8 +201,8 @@ at::Tensor kept_product(const std::function<at::Tensor(const at::Tensor& kept)>&
     s->kept().tensors.push_back(y);
     return y;
   }
-  const at::Tensor kept = take(*s, "a kept fused product");
-  FSDP_ASSERT(kept.defined(), "recompute: a fused product's forward kept nothing");
+  const at::Tensor kept = take(*s, "a kept product");
+  FSDP_ASSERT(kept.defined(), "recompute: a kept product's forward kept nothing");
   return run(kept);
 }
 
