@@ -6,6 +6,7 @@
 #include <limits>
 
 #include "fsdp/common/error.h"
+#include "fsdp/models/row_kernels.h"
 
 namespace fsdp::models {
 
@@ -142,32 +143,34 @@ struct Gradients {
 
 // Note [Fused cross-entropy]
 // --kernels fused: a chunk's logits (c, V), in the compute dtype, are the
-// only (c, V) buffer the chunk keeps. The row's log-sum-exp is reduced
-// straight from them with fp32 accumulation (at::logsumexp into an fp32
-// result: in bf16 each exp(x - max) is rounded to bf16 before the fp32 sum, a
-// relative error of the sum below 2^-9), the loss of a row is lse - x[t] (x[t]
-// read before it is overwritten), and when the loss will be differentiated the
-// gradient (softmax - onehot) x scale (scale = 1 / count, 0 for an ignored
-// row) is written over the logits: softmax in place (LibTorch's kernel
-// accumulates in fp32 and rounds once; its CPU and CUDA kernels read an
-// element before they write it — the CPU's is run in CI, the CUDA one awaits a
-// GPU call), times the row's scale, and the target's
-// entry overwritten by (exp(x[t] - lse) - 1) x scale formed in fp32 — one
-// element per row, no zeros and no scatter over the chunk. The reference holds
-// the logits, their fp32 copy, log-softmax, the gradient of the log-softmax
-// and of the logits in fp32 (chunked_loss_bytes: 2 elem + 12 bytes per logit);
-// this path the logits and logsumexp's one temporary (2 elem). The arithmetic
-// is LibTorch's on both devices (no kernel of our own: the jiterator maps
-// elements and cannot reduce a row, and its output is a new tensor, not the
-// logits), so the CPU runs what CUDA runs, kernel for kernel; that is several
-// passes over the chunk (logsumexp's max, difference and sum, softmax's, the
-// scale's) where one online-softmax kernel would read it once and write it
-// once — left for a raw NVRTC launch. fp32: the loss and gradients are
-// the reference's within rounding (tests/models/test_chunked_loss.cpp, 1e-6
-// relative); bf16: the gradient is rounded twice (softmax, times the scale)
-// where the reference rounds once, within 1%.
+// only (c, V) buffer the chunk keeps. For fp32 and bf16 logits one kernel per
+// chunk (row_kernels.h, Note [Row kernels] in row_kernels.cpp) reads each row
+// once for its maximum m and sum s of exp(x - m) (the online softmax: the
+// sum rescaled when the maximum grows, in fp32), gives the row's loss
+// (m - x[t]) + log s, and, when the loss will be differentiated, reads the
+// row again to write the gradient over it: exp(x - m) / s x scale, minus
+// scale at the target (scale = 1 / count, 0 for an ignored row), formed in fp32 and
+// rounded once — no zeros, no scatter, no fp32 copy. CUDA launches it (NVRTC
+// at run time); the CPU runs its twin, the same arithmetic over the same lanes
+// and tree, for bf16. The CPU's fp32 (where LibTorch's vectorized exp makes
+// its operations twice as fast as the twin's scalar expf: 1.99x the time for
+// a 128-row chunk of 128,256 logits, where bf16's twin takes 0.56x; bench/
+// kernels) and fp16 on both devices take LibTorch's operations instead, the
+// composite below: logsumexp straight from the logits into an fp32 result,
+// softmax in place, times the scale, the target's entry overwritten by
+// (exp(x[t] - lse) - 1) x scale. The reference holds the logits, their fp32
+// copy, log-softmax, the gradient of the log-softmax and of the logits in
+// fp32 (chunked_loss_bytes: 2 elem + 12 bytes per logit); this path the
+// logits (and the composite logsumexp's one temporary: 2 elem). fp32: the
+// loss and gradients are the reference's within rounding
+// (tests/models/test_chunked_loss.cpp, 1e-6 relative); bf16: within 1%.
 at::Tensor fused_chunk_loss(at::Tensor& logits, const at::Tensor& target, const at::Tensor& valid,
                             const at::Tensor& scale) {
+  // The CPU's fp32 takes the composite: there LibTorch's vectorized exp
+  // outruns the twin's scalar expf (bench/kernels, bench/RESULTS.md).
+  if (row_kernels_take(logits) && (logits.is_cuda() || logits.scalar_type() != at::kFloat)) {
+    return online_softmax_cross_entropy(logits, target.contiguous(), scale).masked_fill_(valid.logical_not(), 0).sum();
+  }
   at::Tensor lse = at::empty({logits.size(0)}, logits.options().dtype(at::kFloat));  // (c)
   at::logsumexp_out(lse, logits, {1}, /*keepdim=*/false);
   const at::Tensor t = target.unsqueeze(1);                                       // (c, 1)

@@ -3,6 +3,7 @@
 #include <torch/csrc/autograd/custom_function.h>
 
 #include "fsdp/common/error.h"
+#include "fsdp/models/row_kernels.h"
 
 namespace fsdp::models {
 
@@ -33,9 +34,11 @@ namespace fsdp::models {
 // The CPU twin: dequantize both operands (e4m3 values times the inverse
 // scales, exact in fp32), multiply in fp32, round the result to bf16 (the
 // output _scaled_mm gives), then to the output dtype. It differs from the GPU
-// only in the fp32 accumulation order. Not done yet: a fused amax + scale +
-// cast kernel (the quantizer is three or four LibTorch operations per
-// operand on CUDA too).
+// only in the fp32 accumulation order. The quantizer of an fp32 or bf16
+// operand is one kernel (amax, scale and cast: Note [Row kernels] in
+// row_kernels.cpp), launched on CUDA, its twin on the CPU, with the
+// composite's bits; other dtypes take the composite. The transposed operand
+// of backward (W's columns) is still a LibTorch copy first.
 
 const char* to_string(Fp8Linear mode) { return mode == Fp8Linear::kRowwise ? "rowwise" : "off"; }
 
@@ -55,6 +58,11 @@ Fp8Rows quantize_rowwise(const at::Tensor& x) {
               " tensor (expected a 2-d floating matrix)");
   // Row-major data whatever x's strides: _scaled_mm takes its first operand
   // row-major and the second's rows transposed (column-major).
+  // fp32 and bf16: one kernel (Note [Row kernels]), the composite's bits.
+  if (const at::Tensor c = x.contiguous(); row_kernels_take(c)) {
+    auto [data, inv_scale] = quantize_rows_e4m3(c);
+    return {data, inv_scale};
+  }
   const at::Tensor x32 = x.to(at::kFloat).contiguous();
   const at::Tensor amax = x32.abs().amax(/*dim=*/1, /*keepdim=*/true).clamp_min(kFp8AmaxEps);
   const at::Tensor scale = at::reciprocal(amax).mul_(kE4m3Max);

@@ -14,6 +14,7 @@
 #endif
 
 #include "fsdp/common/error.h"
+#include "twin.h"
 
 namespace fsdp::models {
 
@@ -33,9 +34,7 @@ namespace fsdp::models {
 // the devices' libraries round differently), and CI compiles every text for
 // sm_90 with the wheel's NVRTC (tests/models/test_kernels_nvrtc.cpp), so a
 // kernel that does not compile fails CI, not the GPU call.
-#define FSDP_TWIN(NAME, ...) \
-  __VA_ARGS__                \
-  constexpr const char* NAME##_code = #__VA_ARGS__;
+// FSDP_TWIN is src/models/twin.h's.
 
 namespace twin {
 
@@ -79,8 +78,6 @@ FSDP_TWIN(rotary_backward, template <typename T> T rotary_backward(T g1, T g2, T
 })
 
 }  // namespace twin
-
-#undef FSDP_TWIN
 
 const std::vector<KernelSource>& kernel_sources() {
   static const std::vector<KernelSource> sources = {

@@ -39,6 +39,9 @@ ALLOWED = {
        for flag in ("--batch-size", "--seq-len", "--activation-checkpointing", "--cpu-offload")},
     ("src/plan/cluster.cpp", "--calibrate"): "names the program mode that writes a cluster file "
                                              "(fsdp-inspect --calibrate), not an option of a function",
+    **{("src/models/nvrtc.cpp", flag): "NVRTC's own compiler options, handed to nvrtcCompileProgram: "
+                                       "words of the CUDA compiler, not of our programs"
+       for flag in ("--std", "--gpu-architecture")},
 }
 
 

@@ -13,6 +13,8 @@
 //  - the memory contract: the preallocated pool of unsharded buffers, as the
 //    caching allocator measures it, within 5% of plan_sharding's bound, and
 //    nothing unsharded taken from outside it;
+//  - the row kernels (the fused loss's and the FP8 quantizer's) against
+//    their CPU twins;
 //  - a sharded checkpoint saved from CUDA loads on the CPU, bit for bit;
 //  - CudaRanks: NCCL at world sizes 2 and 4 on the one GPU (collectives, the
 //    two lanes in opposite orders, sharded training against the reference,
@@ -54,6 +56,7 @@
 #include "fsdp/common/device.h"
 #include "fsdp/fsdp.h"
 #include "fsdp/models/llama.h"
+#include "fsdp/models/row_kernels.h"
 #include "fsdp/optim/adamw.h"
 #include "parity.h"
 #include "support/multiproc.h"
@@ -526,6 +529,39 @@ void expect_loads_as_saved(const std::string& dir, Llama& cpu, comm::ProcessGrou
     EXPECT_TRUE(cpu.opt->slots()[i].exp_avg_sq.equal(saved_moments[i])) << "second moment " << i;
   }
   EXPECT_EQ(cpu.opt->step_count(), 3);
+}
+
+// ---- row kernels ------------------------------------------------------------
+
+// The row kernels (Note [Row kernels]) launched on the device against their
+// CPU twins: the FP8 quantizer to the bit (no transcendental function in it),
+// the online-softmax cross-entropy within the devices' expf and logf roundings
+// (fp32 1e-6 relative, bf16 one rounding of the gradient), over rows narrower
+// and wider than a block's lanes.
+TEST_F(Cuda, TheRowKernelsGiveTheirCpuTwinsResults) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(21);
+  for (const int64_t n : {5, 256, 3001, 128256}) {
+    for (const at::ScalarType dtype : {at::kFloat, at::kBFloat16}) {
+      SCOPED_TRACE(std::to_string(n) + (dtype == at::kFloat ? " fp32" : " bf16"));
+      const int64_t rows = 9;
+      const at::Tensor x = (at::randn({rows, n}, gen) * at::exp(at::randn({rows, 1}, gen) * 3)).to(dtype);
+      const auto [data, inv] = models::quantize_rows_e4m3(x.to(device_));
+      const auto [want_data, want_inv] = models::quantize_rows_e4m3(x);
+      EXPECT_EQ(mismatch(data.cpu().view(at::kByte), want_data.view(at::kByte)), "");
+      EXPECT_EQ(mismatch(inv.cpu(), want_inv), "");
+
+      const at::Tensor target = at::randint(n, {rows}, gen, at::kLong);
+      const at::Tensor scale = at::rand({rows}, gen);
+      at::Tensor on_device = (x * 4).to(device_);
+      at::Tensor on_cpu = (x * 4).contiguous();
+      const at::Tensor nll = models::online_softmax_cross_entropy(on_device, target.to(device_), scale.to(device_));
+      const at::Tensor want_nll = models::online_softmax_cross_entropy(on_cpu, target, scale);
+      const double tol = dtype == at::kFloat ? 1e-6 : 1e-2;
+      EXPECT_TRUE(at::allclose(nll.cpu(), want_nll, tol, 1e-6)) << nll.cpu() << want_nll;
+      EXPECT_TRUE(at::allclose(on_device.cpu().to(at::kFloat), on_cpu.to(at::kFloat), tol, 1e-7))
+          << (on_device.cpu().to(at::kFloat) - on_cpu.to(at::kFloat)).abs().max();
+    }
+  }
 }
 
 TEST_F(Cuda, ACheckpointSavedFromTheDeviceLoadsOnTheCpuBitForBit) {

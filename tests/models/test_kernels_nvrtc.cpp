@@ -4,72 +4,20 @@
 // instantiated for float and for a bf16-like type (a struct that converts to
 // and from float, as the jiterator's BFloat16 does), so a kernel that does not
 // compile fails here and not on the GPU. A broken functor must fail to
-// compile, which shows the check can fail.
-#include <dlfcn.h>
+// compile, which shows the check can fail. The row kernels' program is
+// compiled whole. NVRTC is loaded as the library loads it on a CUDA run
+// (models/nvrtc.h), from the wheel's file found at configure time.
 #include <gtest/gtest.h>
 
-#include <filesystem>
 #include <string>
+#include <vector>
 
 #include "fsdp/models/kernels.h"
+#include "fsdp/models/nvrtc.h"
+#include "fsdp/models/row_kernels.h"
 
 namespace fsdp::models {
 namespace {
-
-// The few NVRTC entry points used (nvrtc.h's C API).
-struct Nvrtc {
-  using Create = int (*)(void**, const char*, const char*, int, const char* const*, const char* const*);
-  using Compile = int (*)(void*, int, const char* const*);
-  using Size = int (*)(void*, size_t*);
-  using Log = int (*)(void*, char*);
-  using Destroy = int (*)(void**);
-  void* handle = nullptr;
-  void* builtins = nullptr;  // libnvrtc-builtins beside it
-  Create create = nullptr;
-  Compile compile = nullptr;
-  Size log_size = nullptr;
-  Log log = nullptr;
-  Size cubin_size = nullptr;
-  Destroy destroy = nullptr;
-
-  explicit Nvrtc(const std::string& path) {
-    // NVRTC opens its builtins library by name at the first compile; the wheel
-    // keeps it beside libnvrtc, which no search path of a fresh machine names
-    // (a CUDA toolkit's ldconfig entry hid that). Loaded first by its path, it
-    // is the library that name finds.
-    std::error_code ec;
-    for (const auto& e : std::filesystem::directory_iterator(std::filesystem::path(path).parent_path(), ec)) {
-      const std::string name = e.path().filename().string();
-      if (name.rfind("libnvrtc-builtins.so.", 0) == 0) builtins = dlopen(e.path().c_str(), RTLD_NOW | RTLD_GLOBAL);
-    }
-    handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
-    if (handle == nullptr) return;
-    create = reinterpret_cast<Create>(dlsym(handle, "nvrtcCreateProgram"));
-    compile = reinterpret_cast<Compile>(dlsym(handle, "nvrtcCompileProgram"));
-    log_size = reinterpret_cast<Size>(dlsym(handle, "nvrtcGetProgramLogSize"));
-    log = reinterpret_cast<Log>(dlsym(handle, "nvrtcGetProgramLog"));
-    cubin_size = reinterpret_cast<Size>(dlsym(handle, "nvrtcGetCUBINSize"));
-    destroy = reinterpret_cast<Destroy>(dlsym(handle, "nvrtcDestroyProgram"));
-  }
-  bool ok() const { return create && compile && log_size && log && cubin_size && destroy; }
-
-  // "" when `source` compiles for sm_90 into a non-empty cubin; else the log.
-  std::string compile_sm90(const std::string& source) const {
-    void* prog = nullptr;
-    if (create(&prog, source.c_str(), "kernel.cu", 0, nullptr, nullptr) != 0) return "nvrtcCreateProgram failed";
-    // The jiterator's own options (ATen's jit_utils), with sm_90 for the architecture.
-    const char* options[] = {"--std=c++17", "-default-device", "--gpu-architecture=sm_90"};
-    const int rc = compile(prog, 3, options);
-    size_t n = 0, cubin = 0;
-    log_size(prog, &n);
-    std::string text(n, '\0');
-    if (n > 0) log(prog, text.data());
-    cubin_size(prog, &cubin);
-    destroy(&prog);
-    if (rc != 0) return "nvrtc error " + std::to_string(rc) + ": " + text;
-    return cubin > 0 ? "" : "an empty cubin";
-  }
-};
 
 // A kernel over `arity` arrays of T calling the functor `name`, and a bf16-like T.
 std::string harness(const KernelSource& k) {
@@ -93,20 +41,48 @@ struct Bf16Like {
   return s;
 }
 
-TEST(KernelsNvrtc, EveryKernelCompilesForSm90) {
+const Nvrtc& wheel_nvrtc() {
   const std::string path = FSDP_NVRTC_LIBRARY;
-  ASSERT_FALSE(path.empty()) << "no libnvrtc.so in the Python environment's nvidia packages (configure found none): "
-                                "install the pinned torch wheel with scripts/venv.sh";
-  const Nvrtc nvrtc(path);
-  ASSERT_TRUE(nvrtc.handle != nullptr) << "dlopen " << path << ": " << dlerror();
-  ASSERT_TRUE(nvrtc.ok()) << path << " lacks an NVRTC entry point";
+  if (path.empty()) {
+    ADD_FAILURE() << "no libnvrtc.so in the Python environment's nvidia packages (configure found none): install the "
+                     "pinned torch wheel with scripts/venv.sh";
+  }
+  return Nvrtc::load(path);
+}
+
+std::string compile_sm90(const std::string& source) {
+  std::string error;
+  const std::vector<char> cubin = wheel_nvrtc().cubin(source, 90, &error);
+  return cubin.empty() ? (error.empty() ? "an empty cubin" : error) : "";
+}
+
+TEST(KernelsNvrtc, EveryKernelCompilesForSm90) {
   ASSERT_FALSE(kernel_sources().empty());
   for (const KernelSource& k : kernel_sources()) {
-    EXPECT_EQ(nvrtc.compile_sm90(std::string(k.code) + "\n" + harness(k)), "") << k.name << ":\n" << k.code;
+    EXPECT_EQ(compile_sm90(std::string(k.code) + "\n" + harness(k)), "") << k.name << ":\n" << k.code;
   }
   const KernelSource broken{"broken", "template <typename T> T broken(T a, T b) { return a + ; }", 2};
-  EXPECT_NE(nvrtc.compile_sm90(std::string(broken.code) + "\n" + harness(broken)), "")
+  EXPECT_NE(compile_sm90(std::string(broken.code) + "\n" + harness(broken)), "")
       << "a functor with a syntax error compiled: the check cannot fail";
+}
+
+// The row kernels' program (Note [Row kernels]) is compiled whole, as a CUDA
+// run compiles it, and every entry point the launcher asks for is in the
+// CUBIN (its symbol table names them).
+TEST(KernelsNvrtc, RowKernelsCompileForSm90WithEveryEntryPoint) {
+  std::string error;
+  const std::vector<char> cubin = wheel_nvrtc().cubin(row_kernels_program(), 90, &error);
+  ASSERT_FALSE(cubin.empty()) << error << "\n" << row_kernels_program();
+  const std::string bytes(cubin.begin(), cubin.end());
+  ASSERT_EQ(row_kernel_entry_points().size(), 4u);
+  for (const std::string& name : row_kernel_entry_points()) {
+    EXPECT_NE(bytes.find(name + '\0'), std::string::npos) << name << " is not in the CUBIN";
+  }
+  EXPECT_EQ(bytes.find(std::string("fsdp_no_such_kernel") + '\0'), std::string::npos);
+  // A program with an error must fail, naming it.
+  std::string broken_error;
+  EXPECT_TRUE(wheel_nvrtc().cubin(row_kernels_program() + "\nint broken( { }\n", 90, &broken_error).empty());
+  EXPECT_NE(broken_error.find("error"), std::string::npos) << broken_error;
 }
 
 }  // namespace
