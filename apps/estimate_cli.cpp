@@ -373,9 +373,10 @@ std::optional<UnitCostFn> roofline_cost(const train::ModelConfigPtr& cfg, const 
     return std::nullopt;
   }
   const double attention = cluster.attention_flops > 0 ? cluster.attention_flops : cluster.matmul_flops;
-  const auto timed = [&cluster, attention](const models::OpWork& w) {
+  const double fp8 = cluster.fp8_matmul_flops > 0 ? cluster.fp8_matmul_flops : cluster.matmul_flops;
+  const auto timed = [&cluster, attention, fp8](const models::OpWork& w) {
     return ComputeClasses{w.product_flops / cluster.matmul_flops, w.attention_flops / attention,
-                          w.memory_bytes / cluster.memory_bytes_per_s};
+                          w.memory_bytes / cluster.memory_bytes_per_s, w.fp8_product_flops / fp8};
   };
   return [cfg, shape, timed](const std::vector<UnitInfo>& entries) {
     UnitCompute u;
@@ -447,10 +448,14 @@ std::string estimate_text(const StepEstimate& e, const ClusterSpec& c, bool unit
   const ComputeClasses& k = e.compute_classes;
   if (k.total() > 0) {
     const double all = k.total() + e.optimizer_s;
-    os << fmt::format("  where the time goes: products {:.4g} s ({:.0f}%), attention {:.4g} s ({:.0f}%), memory-bound "
-                      "{:.4g} s ({:.0f}%), optimizer {:.4g} s ({:.0f}%)\n",
-                      k.products_s, 100 * k.products_s / all, k.attention_s, 100 * k.attention_s / all, k.memory_s,
-                      100 * k.memory_s / all, e.optimizer_s, 100 * e.optimizer_s / all);
+    os << fmt::format("  where the time goes: products {:.4g} s ({:.0f}%), {}attention {:.4g} s ({:.0f}%), "
+                      "memory-bound {:.4g} s ({:.0f}%), optimizer {:.4g} s ({:.0f}%)\n",
+                      k.products_s, 100 * k.products_s / all,
+                      k.fp8_products_s > 0 ? fmt::format("FP8 products {:.4g} s ({:.0f}%), ", k.fp8_products_s,
+                                                         100 * k.fp8_products_s / all)
+                                           : std::string(),
+                      k.attention_s, 100 * k.attention_s / all, k.memory_s, 100 * k.memory_s / all, e.optimizer_s,
+                      100 * e.optimizer_s / all);
   }
   if (!c.notes.empty()) os << "  assumptions: " << c.notes << "\n";
   if (units) {
@@ -482,7 +487,8 @@ std::string estimate_json(const StepEstimate& e, const ClusterSpec& c, const std
   j["optimizer_s"] = e.optimizer_s;
   j["compute_classes"] = {{"products_s", e.compute_classes.products_s},
                           {"attention_s", e.compute_classes.attention_s},
-                          {"memory_s", e.compute_classes.memory_s}};
+                          {"memory_s", e.compute_classes.memory_s},
+                          {"fp8_products_s", e.compute_classes.fp8_products_s}};
   j["comm_s"] = e.comm_s;
   j["exposed_comm_s"] = e.exposed_comm_s;
   j["mfu"] = e.mfu >= 0 ? nlohmann::json(e.mfu) : nlohmann::json(nullptr);

@@ -78,8 +78,9 @@ ClusterSpec read_cluster(const std::string& spec, at::ScalarType compute_dtype,
 UnitCostFn flops_cost(const train::ModelConfigPtr& cfg, const ClusterSpec& cluster, int64_t tokens, int64_t seq_len);
 // Unit costs from the model's counted work (ModelConfig::unit_work) on the
 // cluster's roofline (Note [Device roofline] in src/plan/cluster.cpp):
-// products / matmul_flops + attention / attention_flops + memory bytes /
-// memory_bytes_per_s, each pass's time by class in UnitCompute. `shape`: the
+// products / matmul_flops + FP8 products / fp8_matmul_flops (matmul_flops
+// where 0) + attention / attention_flops + memory bytes / memory_bytes_per_s,
+// each pass's time by class in UnitCompute. `shape`: the
 // micro-batch (its checkpointed is set per unit). nullopt when the cluster has
 // no product rate or bandwidth, or the family counts no work (flops_cost then).
 std::optional<UnitCostFn> roofline_cost(const train::ModelConfigPtr& cfg, const ClusterSpec& cluster,

@@ -394,14 +394,49 @@ void estimate_step(const Args& a, Planned& p, const fsdp::ClusterSpec& cluster, 
   }
   if (cluster.nodes > 1) curve.emplace_back(cluster.nodes, e);
   const std::string run = fmt::format(
-      "{} {} {}{} batch {} x seq {}{} on {} x {}", a.t.o.model, fsdp::to_string(a.t.o.fsdp.strategy), a.t.o.fsdp.mixed_precision.preset_name(),
-      a.t.o.activation_checkpointing ? " activation-checkpointing" : "", a.t.o.step.batch_size,
+      "{} {} {}{}{}{} batch {} x seq {}{} on {} x {}", a.t.o.model, fsdp::to_string(a.t.o.fsdp.strategy),
+      a.t.o.fsdp.mixed_precision.preset_name(),
+      a.t.o.activation_checkpointing
+          ? fmt::format(" activation-checkpointing {}", fsdp::nn::to_string(a.t.o.fsdp.checkpoint_policy))
+          : std::string(),
+      a.t.o.step.kernels == fsdp::models::LayerKernels::kFused ? " fused-kernels" : "",
+      a.t.o.step.fp8_linear == fsdp::models::Fp8Linear::kRowwise ? " fp8-rowwise" : "", a.t.o.step.batch_size,
       a.t.o.data.seq_len, a.t.o.step.grad_accum > 1 ? fmt::format(" x accum {}", a.t.o.step.grad_accum) : std::string(),
       cluster.nodes, cluster.procs_per_node);
   if (a.json) {
     std::cout << fsdp::cli::estimate_json(e, cluster, run, a.timeline, curve) << "\n";
   } else {
     std::cout << fsdp::cli::estimate_text(e, cluster, a.units, curve);
+  }
+}
+
+// What the estimate makes of the model's levers (--kernels, --fp8-linear; docs/estimate.md, "The GPU
+// roofline"), said in the cluster's notes, which the output prints as its assumptions. With a roofline,
+// the optimizer's bytes per element (kOptimizerBytesPerElement) include a clipping pass only where
+// fsdp-train runs one: --clip-grad > 0 without --kernels fused (which clips inside the AdamW kernel).
+void note_model_levers(const Args& a, const fsdp::models::WorkShape& shape, bool roofline,
+                       fsdp::ClusterSpec& cluster) {
+  const bool fused = shape.kernels == fsdp::models::LayerKernels::kFused;
+  const auto note = [&](const std::string& line) { cluster.notes += (cluster.notes.empty() ? "" : "; ") + line; };
+  if (!roofline) {
+    if (fused || shape.fp8_linears) {
+      note("--kernels and --fp8-linear are not modelled here (no roofline: the unit costs are FLOPs at one "
+           "efficiency or a calibration)");
+    }
+    return;
+  }
+  if (fused || a.t.o.step.clip_grad <= 0) {
+    cluster.optimizer_s_per_element *=
+        (fsdp::kOptimizerBytesPerElement - fsdp::kClipBytesPerElement) / fsdp::kOptimizerBytesPerElement;
+    note(fmt::format("{}: no clipping pass over the gradients ({} of the optimizer's {} bytes per element)",
+                     fused && a.t.o.step.clip_grad > 0 ? "--kernels fused clips inside the AdamW kernel"
+                                                       : "--clip-grad 0",
+                     fsdp::kClipBytesPerElement, fsdp::kOptimizerBytesPerElement));
+  }
+  if (shape.fp8_linears && cluster.fp8_matmul_flops <= 0) {
+    note(fmt::format("--fp8-linear rowwise: the cluster states no FP8 product rate (fp8_matmul_tflops), so FP8 "
+                     "products are timed at the compute dtype's {:.4g} TFLOP/s (no speed-up; their quantization "
+                     "still costs memory traffic)", cluster.matmul_flops / 1e12));
   }
 }
 
@@ -430,8 +465,11 @@ int estimate(const Args& a, Planned& p, fsdp::ClusterSpec& cluster,
     // p.device: the cluster's device when it runs on devices, as the plan's loss chunk.
     shape.loss_chunk_rows = fsdp::models::loss_chunk_rows(a.t.o.step.loss_chunk_rows, p.cfg->vocab_size(), p.device);
     shape.policy = a.t.o.fsdp.checkpoint_policy;
+    shape.kernels = a.t.o.step.kernels;
+    shape.fp8_linears = a.t.o.step.fp8_linear == fsdp::models::Fp8Linear::kRowwise;
     const std::optional<fsdp::UnitCostFn> roofline = fsdp::cli::roofline_cost(p.cfg, cluster, shape);
     cost = roofline ? *roofline : fsdp::cli::flops_cost(p.cfg, cluster, shape.tokens, shape.seq_len);
+    note_model_levers(a, shape, roofline.has_value(), cluster);
   }
   estimate_step(a, p, cluster, cost);
   return 0;

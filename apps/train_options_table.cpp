@@ -199,7 +199,7 @@ std::vector<OptionRow> data_rows() {
        "reference (Hugging Face's operations one by one) | fused (one kernel each: RMSNorm through LibTorch's, "
        "SwiGLU and rotary through our own; rounded once in bf16 where the reference rounds more; gradient "
        "clipping inside the fused AdamW kernel) — docs/training.md",
-       WORDS(o.step.kernels, parse_kernels, models::to_string), {"reference", "fused"}, kD},
+       WORDS(o.step.kernels, parse_kernels, models::to_string), {"reference", "fused"}, kD, kUses},
       {"--attention-backend", "",
        "The attention kernel tried first: flash (LibTorch's order: flash, memory-efficient, math, cuDNN) | cudnn "
        "(cuDNN's, flash as the fallback; CUDA only — the CPU runs its flash kernel either way); the log names "
@@ -209,7 +209,7 @@ std::vector<OptionRow> data_rows() {
        "off | rowwise: the decoder's q/k/v/o/gate/up/down products in FP8 e4m3 with one scale per row "
        "(at::_scaled_mm on CUDA, emulated on the CPU; weight gradients, head, embedding and norms in the "
        "compute dtype) — docs/training.md",
-       WORDS(o.step.fp8_linear, parse_fp8, models::to_string), {"off", "rowwise"}, kD},
+       WORDS(o.step.fp8_linear, parse_fp8, models::to_string), {"off", "rowwise"}, kD, kUses},
       {"--lr", "", "Peak learning rate", BIND(o.schedule.lr), {}, kD},
       {"--warmup-steps", "", "Linear warmup steps", BIND(o.schedule.warmup_steps), {}, kD},
       {"--min-lr", "", "Learning rate at the end of the cosine decay", BIND(o.schedule.min_lr), {}, kD},
@@ -229,7 +229,7 @@ std::vector<OptionRow> data_rows() {
        {"freeze_matching: pattern"}},
       {"--beta1", "", "AdamW beta1", BIND(o.adamw.beta1), {}, kD},
       {"--beta2", "", "AdamW beta2", BIND(o.adamw.beta2), {}, kD},
-      {"--clip-grad", "", "Clip the global gradient norm to this (0: off)", BIND(o.step.clip_grad), {}, kD, kIgnores,
+      {"--clip-grad", "", "Clip the global gradient norm to this (0: off)", BIND(o.step.clip_grad), {}, kD, kUses,
        {"clip_grad_norm: max_norm"}},
       {"--max-steps", "",
        "Optimizer steps; the cosine decay ends here. (0 with --resume: deprecated spelling of "

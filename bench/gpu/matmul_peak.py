@@ -6,8 +6,16 @@ denominator; fp32 on CPU for dry runs), and for the step-time model's roofline
 sum (two tensors read, one written) and, with --attention, causal
 scaled_dot_product_attention forward and backward at the run's shape, its
 FLOPs counted as the model counts them (2 H Dh T per token forward, the causal
-half; 2.5 x that backward). Prints {"tflops": ..., "memory_gbyte_per_s": ...,
-"attention_tflops": ..., ...}."""
+half; 2.5 x that backward), on CUDA also with cuDNN's attention tried first
+(fsdp-train --attention-backend cudnn: cuDNN, then flash);
+and the FP8 product rate of --fp8-linear rowwise (src/models/fp8.cpp):
+torch._scaled_mm of n x n x n e4m3 operands with rowwise fp32 scales and a
+bf16 output, with and without fast accumulation (forward's product uses it,
+backward's d x does not: fp8_tflops is the two rates' harmonic mean, the rate
+of one of each). The CPU has no rowwise _scaled_mm: a dry run times what
+fsdp-train runs there, fp8.cpp's emulation (dequantized operands, an fp32
+product rounded to bf16), and says so (fp8_how). Prints {"tflops": ...,
+"memory_gbyte_per_s": ..., "attention_tflops": ..., "fp8_tflops": ..., ...}."""
 import argparse
 import json
 import time
@@ -49,6 +57,37 @@ out = {"device": name, "dtype": str(dtype).replace("torch.", ""), "n": a.n,
        "tflops": 2.0 * a.n ** 3 * a.iters / best_of(lambda: x @ y) / 1e12}
 del x, y
 
+
+def fp8_rates():
+    """fp8_tflops (and how it was measured) for --fp8-linear rowwise's products, or fp8_error."""
+    e4m3 = torch.float8_e4m3fn
+    xa = torch.randn(a.n, a.n, device=a.device).to(e4m3)
+    wb = torch.randn(a.n, a.n, device=a.device).to(e4m3)  # (N, K) row-major: its transpose is column-major
+    sa = torch.ones(a.n, 1, device=a.device)
+    sb = torch.ones(1, a.n, device=a.device)
+    flops = 2.0 * a.n ** 3 * a.iters
+    if a.device == "cpu":
+        # What fsdp-train runs on the CPU (fp8.cpp's CPU twin; the CPU has no rowwise _scaled_mm): the
+        # dequantized operands' fp32 product, rounded to bf16.
+        deq_a, deq_b = xa.float() * sa, wb.float() * sb.t()
+        rate = flops / best_of(lambda: (deq_a @ deq_b.t()).to(torch.bfloat16)) / 1e12
+        return {"fp8_tflops": rate, "fp8_how": f"emulated as fsdp-train runs FP8 on the CPU (fp8.cpp's twin), {a.n} x {a.n}: "
+                                             "a dry run's number"}
+
+    def scaled(fast):
+        return lambda: torch._scaled_mm(xa, wb.t(), scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16,
+                                        use_fast_accum=fast)
+    try:
+        fast, exact = (flops / best_of(scaled(f)) / 1e12 for f in (True, False))
+    except (RuntimeError, AttributeError) as e:
+        return {"fp8_error": str(e).splitlines()[0][:200]}
+    return {"fp8_tflops": 2 / (1 / fast + 1 / exact), "fp8_fast_accum_tflops": fast, "fp8_exact_accum_tflops": exact,
+            "fp8_how": f"rowwise torch._scaled_mm of {a.n} x {a.n} e4m3, bf16 out; the harmonic mean of fast and "
+                       "exact accumulation"}
+
+
+out.update(fp8_rates())
+
 u = torch.randn(a.memory_elements, device=a.device, dtype=dtype)
 v = torch.randn_like(u)
 w = torch.empty_like(u)
@@ -70,4 +109,12 @@ if a.attention:
     flops = 3.5 * 2 * H * DH * T * B * T
     out["attention_tflops"] = flops * a.iters / best_of(attention) / 1e12
     out["attention_shape"] = a.attention
+    if a.device == "cuda":
+        # fsdp-train --attention-backend cudnn's order (Note [Attention backend]): cuDNN first, flash behind it.
+        from torch.nn.attention import SDPBackend, sdpa_kernel
+        try:
+            with sdpa_kernel([SDPBackend.CUDNN_ATTENTION, SDPBackend.FLASH_ATTENTION], set_priority=True):
+                out["attention_cudnn_tflops"] = flops * a.iters / best_of(attention) / 1e12
+        except (RuntimeError, TypeError) as e:
+            out["attention_cudnn_error"] = str(e).splitlines()[0][:200]
 print(json.dumps(out))

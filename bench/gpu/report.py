@@ -13,7 +13,9 @@ MFU is given twice, the data sheet's first: tokens/s x flops per token over
 the card's data-sheet peak for the compute dtype (the convention published
 numbers and fsdp-train's own log use; the peak is fsdp-train's, read back from
 the MFU its metrics record, so there is one table of cards), and over the
-matmul rate measured in the same run.
+matmul rate measured in the same run. Beside each row of (a) that run.sh estimated
+(estimates.jsonl), fsdp-inspect --estimate's prediction from the card's
+measured rates and predicted / measured, summed up under the table.
 Flops per token = 6 N + 12 L H Q T (PaLM, appendix B): N counts the weights of
 every matrix product a token goes through — attention and MLP projections of
 each layer and the output head (counted even when it shares the embedding's
@@ -146,6 +148,20 @@ def ratios(ckpt, group, ours, fsdp2, compiled):
     return " ".join(words)
 
 
+def estimate_row(a):
+    """One line of estimates.jsonl: fsdp-inspect --estimate --json's prediction for a row of (a)."""
+    with open(a.estimate) as f:
+        e = json.load(f)
+    print(json.dumps({"row": a.row, "ckpt": a.ckpt, "cluster": a.cluster, "tokens_per_s": e["tokens_per_s"],
+                      "step_time_s": e["step_time_s"], "compute_classes": e["compute_classes"],
+                      "optimizer_s": e["optimizer_s"]}))
+    return 0
+
+
+# The issue's target for the estimate: each row predicted within this of the measured tokens/s.
+ESTIMATE_TOLERANCE = 0.15
+
+
 def table(a):
     with open(a.config) as f:
         cfg = json.load(f)
@@ -153,6 +169,14 @@ def table(a):
         peak = json.loads(f.read())
     fpt, n = flops_per_token(cfg, a.seq_len)
     rows = load(a.results)
+    # fsdp-inspect's predictions by (row, checkpointing), where run.sh made them (estimates.jsonl).
+    estimates = {}
+    if a.estimates:
+        try:
+            estimates = {(e["row"], e["ckpt"]): e for e in load(a.estimates)}
+        except FileNotFoundError:
+            pass
+    predicted = []  # (row, ckpt, predicted / measured)
     if "tflops" in peak:
         rate = peak["tflops"] * 1e12
         print(f"matmul rate: {peak['tflops']:.4g} TFLOP/s ({peak['dtype']}, {peak['device']}); "
@@ -161,6 +185,11 @@ def table(a):
         rate = None
         print(f"matmul rate: not measured ({peak.get('error', 'no result')}), so no MFU; "
               f"{fpt / 1e9:.2f} GFLOP per token (N = {n / 1e6:.1f}M in matrix products, T = {a.seq_len})")
+    if "fp8_tflops" in peak:
+        print(f"FP8 product rate (--fp8-linear rowwise): {peak['fp8_tflops']:.4g} TFLOP/s "
+              f"({peak.get('fp8_how', 'torch._scaled_mm')})")
+    elif "fp8_error" in peak:
+        print(f"FP8 product rate: not measured ({peak['fp8_error']})")
 
     def mfu(tps):
         return tps * fpt / rate if rate else None
@@ -213,6 +242,13 @@ def table(a):
             if r["row"].startswith("(d)") and "compile_s" in r:
                 note = (note + "; " if note else "") + (
                     f"compiling took {r['compile_s']:.0f} s of the warm-up, {r.get('graphs', '?')} graph(s)")
+            est = estimates.get((r["row"], ckpt))
+            if est is not None:
+                x = est["tokens_per_s"] / tps
+                predicted.append((r["row"], ckpt, x))
+                note = (note + "; " if note else "") + (
+                    f"estimate {est['tokens_per_s']:,.0f} tokens/s (predicted / measured {x:.2f}x, "
+                    f"from {est['cluster']})")
             if r["row"].startswith("(a)") and r is not ours and fsdp2 is not None:
                 # Each further row of ours (another --ac-policy) against FSDP2 in the same group.
                 note = (note + "; " if note else "") + (
@@ -222,6 +258,12 @@ def table(a):
                   f"{gib(r['peak_mem_bytes'])} | {rel_t} | {rel_f} | {rel_m} | {vs_compiled} | {note} |")
         if group:
             summary.append(ratios(ckpt, group, ours, fsdp2, compiled))
+    if predicted:
+        within = sum(1 for _, _, x in predicted if abs(x - 1) <= ESTIMATE_TOLERANCE)
+        summary.append(
+            f"estimate (fsdp-inspect --estimate from this card's measured rates): {len(predicted)} row(s), predicted / "
+            f"measured {min(x for _, _, x in predicted):.2f}x to {max(x for _, _, x in predicted):.2f}x, "
+            f"{within} within {ESTIMATE_TOLERANCE:.0%}")
     if summary:
         print()
         for line in summary:
@@ -267,11 +309,22 @@ def cluster_file(a):
          "optimizer_ns_per_element": OPTIMIZER_BYTES_PER_ELEMENT / peak["memory_gbyte_per_s"],
          "notes": f"measured by bench/gpu/matmul_peak.py on {peak['device']}: {peak['dtype']} products of "
                   f"{peak['n']} x {peak['n']}, an elementwise sum's bandwidth"}
+    if "fp8_tflops" in peak:
+        c["fp8_matmul_tflops"] = peak["fp8_tflops"]
+        c["notes"] += f", FP8 products ({peak.get('fp8_how', 'torch._scaled_mm')})"
+    else:
+        c["notes"] += f", no FP8 product rate ({peak.get('fp8_error', 'not measured')})"
     if "attention_tflops" in peak:
         c["attention_tflops"] = peak["attention_tflops"]
         c["notes"] += f", causal attention at {peak['attention_shape']} (B, H, Hkv, T, Dh)"
     with open(a.out, "w") as f:
         f.write(json.dumps(c, indent=2) + "\n")
+    # The same card with cuDNN's attention tried first (fsdp-train --attention-backend cudnn), where measured.
+    if a.cudnn_out and "attention_cudnn_tflops" in peak:
+        c["attention_tflops"] = peak["attention_cudnn_tflops"]
+        c["notes"] += "; attention with cuDNN's kernel tried first, flash behind it"
+        with open(a.cudnn_out, "w") as f:
+            f.write(json.dumps(c, indent=2) + "\n")
     return 0
 
 
@@ -297,12 +350,19 @@ def main():
     t.add_argument("--config", required=True, help="the model's Hugging Face config.json")
     t.add_argument("--seq-len", type=int, required=True)
     t.add_argument("--peak", required=True, help="matmul_peak.py's JSON line")
+    t.add_argument("--estimates", help="estimate-row's JSON lines: the prediction beside each row (may be missing)")
+    r = sub.add_parser("estimate-row", help="one line of estimates.jsonl from fsdp-inspect --estimate --json")
+    r.add_argument("--estimate", required=True, help="fsdp-inspect --estimate --json's output")
+    r.add_argument("--row", required=True)
+    r.add_argument("--ckpt", action="store_true")
+    r.add_argument("--cluster", required=True, help="the cluster file's name, for the note")
     c = sub.add_parser("cluster-file", help="write a cluster file with the rates matmul_peak.py measured")
     c.add_argument("--peak", required=True, help="matmul_peak.py's JSON line")
     c.add_argument("--out", required=True, help="the cluster file to write")
+    c.add_argument("--cudnn-out", help="also this file, with cuDNN's attention rate, where it was measured")
     a = p.parse_args()
     return {"train-row": train_row, "failed-row": failed_row, "result-line": result_line, "table": table,
-            "cluster-file": cluster_file}[a.cmd](a)
+            "cluster-file": cluster_file, "estimate-row": estimate_row}[a.cmd](a)
 
 
 if __name__ == "__main__":

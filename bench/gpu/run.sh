@@ -48,8 +48,12 @@
 #   order), results.jsonl (one line per run) and DIR/table.md, the last two
 #   rewritten after every run, so a call cut short keeps what it measured.
 #   The card's measured rates also become DIR/cluster.json (docs/estimate.md:
-#   fsdp-inspect --estimate --cluster DIR/cluster.json), with the estimate of
-#   (a)'s plain and checkpointed rows from it in bench.log.
+#   fsdp-inspect --estimate --cluster DIR/cluster.json), and every row of (a)
+#   is estimated from it with the row's own flags (--ac-policy, --kernels,
+#   --fp8-linear; the cuDNN row with cuDNN's attention rate, where measured)
+#   just before it runs: the estimate in bench.log (its text and its line of
+#   the table's estimates), and the table's note beside the row gives
+#   predicted / measured. No other file: the GPU pack's OUT holds at most 8.
 #   DIR may exist, but must not hold results.jsonl or DIR/table.md; bench.log is
 #   appended to (the GPU pack's run.sh logs its own lines there too).
 #   Default: a new folder under bench/gpu/out/. Nothing else is written
@@ -134,6 +138,7 @@ log=$out/bench.log results=$out/results.jsonl
 touch "$log" "$results"
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
+touch "$work/estimates.jsonl"
 readonly kTableReserve=10  # seconds of the budget kept for the table
 
 # The limit of the next run: --run-timeout, or what the budget has left.
@@ -177,7 +182,7 @@ write_table() {
          "PyTorch $torch_version"
     echo
     "$PYTHON" "$here/report.py" table --results "$results" --config "$work/config.json" --seq-len "$seq" \
-      --peak "$work/peak.json"
+      --peak "$work/peak.json" --estimates "$work/estimates.jsonl"
   } > "$work/table.md" || status=$?
   mv "$work/table.md" "$out/table.md"
   return $status
@@ -210,15 +215,9 @@ if ! run_logged "matmul peak" "$PYTHON" "$here/matmul_peak.py" --device "$device
   "$PYTHON" -c 'import json,sys; print(json.dumps({"error": sys.argv[1][:200]}))' \
     "$(tail -n 1 "$work/run.err" 2> /dev/null)" > "$work/peak.json"
 fi
-# This card's rates as a cluster file, and the estimate of (a)'s two rows from it (docs/estimate.md).
-if "$PYTHON" "$here/report.py" cluster-file --peak "$work/peak.json" --out "$out/cluster.json" 2>> "$log"; then
-  for flags in "--batch-size $batch" "--batch-size $ckpt_batch --activation-checkpointing"; do
-    echo "--- the estimate of (a) from cluster.json: $flags" >> "$log"
-    # shellcheck disable=SC2086  # the flags split into words
-    "$inspect" --estimate --cluster "$out/cluster.json" --model "$model" --nproc-per-node 1 --seq-len "$seq" \
-      --mixed-precision bf16 --reduce-dtype bf16 $flags >> "$log" 2>&1 || true
-  done
-fi
+# This card's rates as a cluster file (docs/estimate.md), from which ours() estimates each row of (a).
+"$PYTHON" "$here/report.py" cluster-file --peak "$work/peak.json" --out "$out/cluster.json" \
+  --cudnn-out "$work/cluster-cudnn.json" 2>> "$log" || true
 vocab=$("$PYTHON" -c 'import json,sys; print(json.load(open(sys.argv[1]))["vocab_size"])' "$work/config.json")
 
 # Random token ids (uint32, below the vocabulary size): enough for the largest run.
@@ -235,9 +234,39 @@ if sys.byteorder != "little":
 open(path, "wb").write(a.tobytes())
 PY
 
+# fsdp-inspect's estimate of a row of (a), with the row's own flags, from the card's measured rates
+# (cluster.json; with cuDNN's attention first, cluster.json with cuDNN's attention rate where it was
+# measured, else the estimate is the flash row's, said in bench.log): the text and the table's line
+# (estimates.jsonl, in the temporary folder) in bench.log.
+estimate_row() {  # row ckpt batch [fsdp-train flag...]
+  local row=$1 ckpt=$2 b=$3 cluster=$out/cluster.json
+  local extra=("${@:4}") flags
+  [[ -f $cluster ]] || return 0
+  if [[ " ${extra[*]} " == *" --attention-backend cudnn "* ]]; then
+    if [[ -f $work/cluster-cudnn.json ]]; then
+      cluster=$work/cluster-cudnn.json
+    else
+      echo "--- cuDNN's attention rate was not measured: the estimate of $row times flash's" >> "$log"
+    fi
+  fi
+  flags=(--model "$model" --nproc-per-node 1 --seq-len "$seq" --mixed-precision bf16 --reduce-dtype bf16
+         --batch-size "$b" --clip-grad "$clip")
+  if [[ $ckpt -eq 1 ]]; then flags+=(--activation-checkpointing); fi
+  flags+=("${extra[@]}")
+  { echo "--- the estimate of $row from $(basename "$cluster")"; echo "\$ fsdp-inspect --estimate ${flags[*]}"; } >> "$log"
+  timeout 120 "$inspect" --estimate --cluster "$cluster" "${flags[@]}" >> "$log" 2>&1 || true
+  if timeout 120 "$inspect" --estimate --json --cluster "$cluster" "${flags[@]}" > "$work/estimate.json" \
+      2>> "$log" &&
+      "$PYTHON" "$here/report.py" estimate-row --estimate "$work/estimate.json" --row "$row" \
+        $([[ $ckpt -eq 1 ]] && echo --ckpt) --cluster "$(basename "$cluster")" > "$work/estimate.line" 2>> "$log"; then
+    tee -a "$work/estimates.jsonl" < "$work/estimate.line" >> "$log"
+  fi
+}
+
 ours() {  # row ckpt batch [fsdp-train flag...]
   local row=$1 ckpt=$2 b=$3
   local extra=("${@:4}")
+  estimate_row "$@"
   rm -f "$work/metrics.jsonl"
   # Sequential windows (no shuffle effect on speed); bf16 params and bf16
   # reduction, as the peers' MixedPrecision.

@@ -48,6 +48,14 @@ inline constexpr double kMaxPeakTflops = 1e7;       // 10 exaflop/s per process
 inline constexpr double kMaxMemoryGbytePerS = 1e7;  // 10 PB/s per process
 inline constexpr double kMaxNsPerUnit = 1e9;        // 1 s per element or byte
 
+// Bytes the optimizer step moves per fp32 shard element on a device (Note
+// [Device roofline] in src/plan/cluster.cpp): fused AdamW reads parameter,
+// gradient and both moments and writes three (28), the gradient norm reads the
+// gradient (4), clipping reads and writes it (kClipBytesPerElement) — none
+// where the AdamW kernel clips as it reads (StepOptions::kernels kFused).
+inline constexpr double kOptimizerBytesPerElement = 40;
+inline constexpr double kClipBytesPerElement = 8;
+
 // How a backend moves a collective's bytes (Note [Collective volumes] in src/plan/estimate.cpp).
 enum class CollectiveAlgorithm {
   kMesh,  // every rank sends to every peer directly: our TCP group (CPU)
@@ -81,6 +89,9 @@ struct ClusterSpec {
   // and the engine's casts of parameters and gradients (per gather and
   // reduction) are timed as memory traffic. 0: unknown.
   double matmul_flops = 0;          // dense matrix products at the compute dtype
+  // Rowwise-scaled e4m3 products (at::_scaled_mm: --fp8-linear rowwise); 0:
+  // unknown (fsdp-inspect then times them at matmul_flops and says so).
+  double fp8_matmul_flops = 0;
   double attention_flops = 0;       // flash attention; 0: matmul_flops
   double memory_bytes_per_s = 0;    // device memory, read + written
   double optimizer_s_per_element = 0;  // AdamW on one element of a shard (master dtype)
@@ -95,17 +106,21 @@ struct ClusterSpec {
 // Where compute time goes, by operation class (the roofline's; all 0 where
 // unit times come from FLOPs at one efficiency or from a calibration).
 struct ComputeClasses {
-  double products_s = 0;   // matrix products at ClusterSpec::matmul_flops
-  double attention_s = 0;  // attention at ClusterSpec::attention_flops
-  double memory_s = 0;     // memory-bound kernels at ClusterSpec::memory_bytes_per_s
-  double total() const { return products_s + attention_s + memory_s; }
+  double products_s = 0;      // matrix products at ClusterSpec::matmul_flops
+  double attention_s = 0;     // attention at ClusterSpec::attention_flops
+  double memory_s = 0;        // memory-bound kernels at ClusterSpec::memory_bytes_per_s
+  double fp8_products_s = 0;  // FP8 products at ClusterSpec::fp8_matmul_flops
+  double total() const { return products_s + attention_s + memory_s + fp8_products_s; }
   ComputeClasses& operator+=(const ComputeClasses& o) {
     products_s += o.products_s;
     attention_s += o.attention_s;
     memory_s += o.memory_s;
+    fp8_products_s += o.fp8_products_s;
     return *this;
   }
-  ComputeClasses scaled(double f) const { return {products_s * f, attention_s * f, memory_s * f}; }
+  ComputeClasses scaled(double f) const {
+    return {products_s * f, attention_s * f, memory_s * f, fp8_products_s * f};
+  }
 };
 
 // What one unit's own code costs on one process for one micro-batch (its
@@ -195,7 +210,7 @@ std::vector<std::string> cluster_preset_names();
 // --calibrate writes): {"name", "nodes", "procs_per_node", "intra": {"gbit_per_s",
 // "latency_us"}, "inter": {...}, "algorithm": "mesh"|"ring", "execution":
 // "host"|"device", "peak_tflops" (null: unknown), "compute_efficiency", "matmul_tflops",
-// "attention_tflops", "memory_gbyte_per_s" (0: unknown), "optimizer_ns_per_element",
+// "fp8_matmul_tflops", "attention_tflops", "memory_gbyte_per_s" (0: unknown), "optimizer_ns_per_element",
 // "host_cpu_ns_per_byte", "notes"}, every field optional over `base`.
 // UsageError naming the field for a wrong type or a value out of range.
 ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, const std::string& source);

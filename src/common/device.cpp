@@ -184,15 +184,17 @@ double peak_flops(const std::string& model, c10::ScalarType dtype) {
     const char* name_part;  // matched in order: the more specific names first
     double half_tflops;     // bf16 and fp16 tensor cores, dense
     double fp32_tflops;
+    double fp8_tflops;      // e4m3 / e5m2 tensor cores, dense (half the data sheet's "with sparsity"); 0: none
   };
   static const Row kTable[] = {
-      {"GH200", 989.4, 66.9},   {"H200", 989.4, 66.9},     {"H100 PCIe", 756.5, 51.2},
-      {"H100 NVL", 835.5, 60.0}, {"H100", 989.4, 66.9},    {"A100", 312.0, 19.5},
+      {"GH200", 989.4, 66.9, 1978.9},   {"H200", 989.4, 66.9, 1978.9},  {"H100 PCIe", 756.5, 51.2, 1513.0},
+      {"H100 NVL", 835.5, 60.0, 1670.5}, {"H100", 989.4, 66.9, 1978.9}, {"A100", 312.0, 19.5, 0},
   };
   for (const Row& r : kTable) {
     if (model.find(r.name_part) == std::string::npos) continue;
     if (dtype == c10::kBFloat16 || dtype == c10::kHalf) return r.half_tflops * 1e12;
     if (dtype == c10::kFloat) return r.fp32_tflops * 1e12;
+    if (dtype == c10::kFloat8_e4m3fn || dtype == c10::kFloat8_e5m2) return r.fp8_tflops * 1e12;
     return 0;
   }
   return 0;

@@ -122,10 +122,58 @@ double LlamaConfig::forward_flops_per_token(const std::vector<std::pair<std::str
 //                scales d hidden (2a D) and d W (2a V D) by the upstream gradient.
 //  gradients     per trainable element P: the engine's flat gradient zeroed
 //                (a) and each weight's gradient added into it (3a).
+// --kernels fused (LayerKernels::kFused) replaces, per element:
+//  RMSNorm (n)   at::_fused_rms_norm: forward 2a n (x read, y written);
+//                backward 5a n (d x's kernel reads d y and x and writes d x,
+//                the weight's gradient kernel reads d y and x again). Its fp32
+//                statistic, one per row, is not counted.
+//  rotary (e)    one kernel each way (Note [Rotary as one elementwise
+//                kernel]): forward 2a e, backward 2a e.
+//  SwiGLU (F)    forward 3a F (gate and up read, the product written);
+//                backward 7a F (d gate: d out, gate, up read, written 4a; d
+//                up: d out, gate read, written 3a).
+//  shared input  q|k|v and gate|up run as one product each (Note [Fused
+//                products over the flat parameter]): no sums of the shared
+//                input's gradients (the 6a D and 3a D above); instead the outputs'
+//                split is undone in backward by a concatenation of their
+//                gradients (2a (H + 2 Hkv) Dh, 4a F), and forward copies v
+//                out of the q|k|v output (2a Hkv Dh). Where an FP8 linear, a
+//                LoRA adapter or a frozen weight keeps the products apart, the
+//                reference's sums stay.
+//  loss (V)      the gradient written over the logits (Note [Fused
+//                cross-entropy]): logsumexp (6a: max read, difference read
+//                and written, exp in place, sum read), softmax in place (4a:
+//                read three times, written once), times the row's scale
+//                (2a): 12a per row of the vocabulary, in place of (44 + 2a).
+// --fp8-linear rowwise (WorkShape::fp8_linears; Note [FP8 rowwise linears]
+// in src/models/fp8.cpp) runs each trainable decoder product (q, k, v, o,
+// gate, up, down; both sizes multiples of 16) with e4m3 operands: forward's
+// product and backward's d x are FP8 products (fp8_product_flops, 2 x the
+// weight each), d W stays in the compute dtype (product_flops). Every
+// operand is quantized per row by LibTorch operations (fp8.cpp's
+// quantize_rowwise), per element q = a + 4 (cast to fp32; 0 when a = 4) +
+// 8 (abs) + 4 (amax) + 8 (times the scale) + 8 (clamp) + 5 (cast to e4m3),
+// 33 + (a + 4): 39 bytes in bf16, and per row 36 (the amax written 4, its
+// clamp, 448 / amax and 1 / scale 8 each). Forward quantizes x (q K + 36
+// per token) and W (q M K + 36 M per micro-batch); backward d y (q M + 36
+// per token), W^T made contiguous (2a M K) and quantized (q M K + 36 K per
+// micro-batch). _scaled_mm writes bf16: in fp32 compute its output is cast
+// ((2 + a) per element, forward's y and backward's d x). The head,
+// the embedding and frozen or adapted weights run as without FP8.
 // Recomputation (checkpointed layers) is the forward minus what the policy
 // skips (Note [Recompute policy]): tail skips down_proj and the residual sum
 // after it; selective also q, k, v and o's products (on CUDA attention is
-// recomputed under every policy).
+// recomputed under every policy), with their FP8 quantization.
+namespace {
+
+// The bytes quantize_rowwise moves for a (rows, cols) operand of `a` bytes per element.
+double fp8_quantized_bytes(double rows, double cols, double a) {
+  const double per_element = 33 + (a < 4 ? a + 4 : 0);
+  return per_element * rows * cols + 36 * rows;
+}
+
+}  // namespace
+
 std::optional<UnitWork> LlamaConfig::unit_work(const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
                                                bool trainable, const WorkShape& shape) const {
   if (moe()) return std::nullopt;
@@ -136,9 +184,20 @@ std::optional<UnitWork> LlamaConfig::unit_work(const std::vector<std::pair<std::
   const double N = static_cast<double>(shape.tokens), T = static_cast<double>(shape.seq_len);
   const double H = static_cast<double>(num_attention_heads), Hkv = static_cast<double>(num_key_value_heads);
   const double Dh = static_cast<double>(dh()), D = static_cast<double>(hidden_size);
-  const double V = static_cast<double>(vocab_size);
+  const double V = static_cast<double>(vocab_size), F = static_cast<double>(intermediate_size);
   const bool full = shape.policy == nn::RecomputePolicy::kFull;
   const bool selective = shape.policy == nn::RecomputePolicy::kSelective;
+  const bool fused = shape.kernels == LayerKernels::kFused;
+  bool adapted = false;  // a LoRA adapter: its linears run neither fused nor in FP8
+  for (const auto& [name, s] : params) adapted = adapted || name.find(".lora_") != std::string::npos;
+  // models::fp8_linear_applies and LinearImpl::runs_fp8: a trainable weight
+  // without an adapter, both sizes multiples of 16.
+  const auto runs_fp8 = [&](int64_t out, int64_t in) {
+    return shape.fp8_linears && trainable && !adapted && out % 16 == 0 && in % 16 == 0;
+  };
+  // products_fusable: the q|k|v and gate|up products fuse unless FP8 or an adapter keeps them apart.
+  const bool fused_qkv = fused && !adapted && !runs_fp8(num_attention_heads * dh(), hidden_size);
+  const bool fused_gate_up = fused && !adapted && !runs_fp8(intermediate_size, hidden_size);
   UnitWork w;
   // Per-token work of forward and backward; `recomputed`: also in backward's second forward.
   const auto add = [&](OpWork fwd, OpWork bwd, bool recomputed) {
@@ -147,8 +206,20 @@ std::optional<UnitWork> LlamaConfig::unit_work(const std::vector<std::pair<std::
     if (shape.checkpointed && recomputed) w.recompute += fwd;
   };
   const auto bytes = [](double b) { return OpWork{0, 0, b}; };
-  const auto rms_norm = [&](double n) { add(bytes((28 + 4 * a) * n), bytes((76 + 8 * a) * n), true); };
-  const auto rotary = [&](double e) { add(bytes(10 * a * e), bytes(17 * a * e), true); };
+  const auto rms_norm = [&](double n) {
+    if (fused) {
+      add(bytes(2 * a * n), bytes(5 * a * n), true);
+    } else {
+      add(bytes((28 + 4 * a) * n), bytes((76 + 8 * a) * n), true);
+    }
+  };
+  const auto rotary = [&](double e) {
+    if (fused) {
+      add(bytes(2 * a * e), bytes(2 * a * e), true);
+    } else {
+      add(bytes(10 * a * e), bytes(17 * a * e), true);
+    }
+  };
   for (const auto& [name, s] : params) {
     const bool matrix = s.size() == 2;
     const double rows = s.empty() ? 0 : static_cast<double>(s[0]);
@@ -165,7 +236,7 @@ std::optional<UnitWork> LlamaConfig::unit_work(const std::vector<std::pair<std::
     }
     if (head) {
       // The chunked loss (Note [Chunked cross-entropy]): everything in its forward.
-      w.forward += OpWork{2 * numel * (trainable ? 3 : 2), 0, (44 + 2 * a) * V};
+      w.forward += OpWork{2 * numel * (trainable ? 3 : 2), 0, (fused ? 12 * a : 44 + 2 * a) * V};
       const double chunks = std::ceil(N / static_cast<double>(std::max<int64_t>(1, shape.loss_chunk_rows)));
       if (trainable) {
         if (a < 4) w.forward.memory_bytes += ((chunks - 1) * 12 + 4 + a) * V * D / N;
@@ -177,23 +248,42 @@ std::optional<UnitWork> LlamaConfig::unit_work(const std::vector<std::pair<std::
     const bool down = ends_with(name, "mlp.down_proj.weight");
     const bool kept = ends_with(name, "self_attn.q_proj.weight") || ends_with(name, "self_attn.k_proj.weight") ||
                       ends_with(name, "self_attn.v_proj.weight") || ends_with(name, "self_attn.o_proj.weight");
+    const bool decoder_product = kept || down || ends_with(name, "mlp.gate_proj.weight") ||
+                                 ends_with(name, "mlp.up_proj.weight");
     if (matrix && !embedding) {
       const double f = 2 * numel;
-      add({f, 0, 0}, {(trainable ? 2 : 1) * f, 0, 0}, full || (!down && !(selective && kept)));
+      const bool recomputed = full || (!down && !(selective && kept));
+      if (decoder_product && runs_fp8(s[0], s[1])) {
+        const double M = rows, K = static_cast<double>(s[1]);
+        const double cast = a > 2 ? 2 + a : 0;  // _scaled_mm's bf16 output into a wider compute dtype
+        OpWork fwd{0, 0, fp8_quantized_bytes(1, K, a) + fp8_quantized_bytes(M, K, a) / N + cast * M, f};
+        OpWork bwd{f, 0, fp8_quantized_bytes(1, M, a) + (2 * a * M * K + fp8_quantized_bytes(K, M, a)) / N + cast * K,
+                   f};
+        add(fwd, bwd, recomputed);
+      } else {
+        add({f, 0, 0}, {(trainable ? 2 : 1) * f, 0, 0}, recomputed);
+      }
     }
     if (ends_with(name, "self_attn.q_proj.weight")) {
       const double attn = 2 * H * Dh * T;
       const double grouped = Hkv < H ? 2 * a * H * Dh + 2 * a * Hkv * Dh : 0;
-      add({0, attn, 0}, {0, 2.5 * attn, (8 + a) * H * Dh + 2 * a * H * Dh + grouped + 6 * a * D}, true);
+      // The shared input's gradients: summed (reference), or the fused product's split undone.
+      const double shared = fused_qkv ? 2 * a * (H + 2 * Hkv) * Dh : 6 * a * D;
+      add({0, attn, 0}, {0, 2.5 * attn, (8 + a) * H * Dh + 2 * a * H * Dh + grouped + shared}, true);
+      if (fused_qkv) add(bytes(2 * a * Hkv * Dh), {}, true);  // v copied out of the q|k|v output
       rotary(rows);
     }
     if (ends_with(name, "self_attn.k_proj.weight")) rotary(rows);
     if (ends_with(name, "self_attn.o_proj.weight")) add(bytes(3 * a * rows), bytes(3 * a * rows), true);
-    if (ends_with(name, "mlp.gate_proj.weight")) add(bytes(5 * a * rows), bytes(9 * a * rows + 3 * a * D), true);
+    if (ends_with(name, "mlp.gate_proj.weight")) {
+      const double shared = fused_gate_up ? 4 * a * F : 3 * a * D;
+      add(bytes((fused ? 3 : 5) * a * rows), bytes((fused ? 7 : 9) * a * rows + shared), true);
+    }
     if (down) add(bytes(3 * a * rows), bytes(3 * a * rows), full);
   }
   for (OpWork* p : {&w.forward, &w.backward, &w.recompute}) {
     p->product_flops *= N;
+    p->fp8_product_flops *= N;
     p->attention_flops *= N;
     p->memory_bytes *= N;
   }

@@ -48,6 +48,11 @@ const Preset kPresets[] = {
 //    8192 x 8192 matrices on an H200 (989.4 dense), bench/gpu/matmul_peak.py in
 //    the run of bench/RESULTS.md, "First GPU run". The H100 SXM5 has the same
 //    chip and clocks; the A100 is given the same fraction (not measured).
+//  - FP8 products (--fp8-linear rowwise): kMatmulFraction of the data sheet's
+//    dense FP8 peak (H100 / H200: 1978.9 TFLOP/s), the bf16 fraction assumed
+//    for rowwise-scaled _scaled_mm, not measured (bench/gpu/matmul_peak.py
+//    measures it where a run has a card: fp8_matmul_tflops). The A100 has no
+//    FP8 tensor cores: 0, and fsdp-inspect times FP8 products at the bf16 rate.
 //  - attention: kAttentionFraction of the dense peak: FlashAttention-2 (which
 //    PyTorch's scaled_dot_product_attention runs on these cards) reaches about
 //    35% of an H100's peak (FlashAttention-3, Shah et al. 2024, section 1).
@@ -56,8 +61,8 @@ const Preset kPresets[] = {
 // A kernel's own launch and tail, the host's dispatch, and a product's shape
 // (the measured rate is of large square ones) are not modelled: the estimate
 // is the step the kernels' work allows. Where a run measured its card, the
-// cluster file carries its own rates (matmul_tflops, attention_tflops,
-// memory_gbyte_per_s) in place of these.
+// cluster file carries its own rates (matmul_tflops, fp8_matmul_tflops,
+// attention_tflops, memory_gbyte_per_s) in place of these.
 // Stated efficiencies (what fraction of a data-sheet rate is assumed reached).
 constexpr double kComputeEfficiency = 0.6;  // without a roofline (a family that counts no work): FLOPs at this of peak
 constexpr double kMatmulFraction = 791.6 / 989.4;  // measured on an H200 (above)
@@ -65,10 +70,7 @@ constexpr double kAttentionFraction = 0.35;  // FlashAttention-2 on an H100 (abo
 constexpr double kNvlinkEfficiency = 0.8;   // NCCL all-gather / reduce-scatter bus bandwidth over NVLink
 constexpr double kEfaEfficiency = 0.7;      // NCCL over EFA (libfabric), large messages
 constexpr double kHbmEfficiency = 0.8;      // streaming kernels: the optimizer, elementwise operations
-// fp32 master: AdamW reads param, grad, m, v and writes param, m, v (28); the
-// gradient norm reads the gradient (4) and clipping (fsdp-train's default
-// 1.0) reads and writes it (8).
-constexpr double kOptimizerBytesPerElement = 40;
+// The optimizer: kOptimizerBytesPerElement (fsdp/estimate.h) with clipping at fsdp-train's default 1.0.
 constexpr double kIntraLatency = 10e-6;     // per ring hop
 constexpr double kInterLatency = 20e-6;
 
@@ -94,12 +96,19 @@ ClusterSpec cluster_preset(const std::string& name, at::ScalarType compute_dtype
     c.peak_flops = peak_flops(p.gpu, compute_dtype);
     c.compute_efficiency = kComputeEfficiency;
     c.matmul_flops = c.peak_flops * kMatmulFraction;
+    const double fp8_peak = peak_flops(p.gpu, at::kFloat8_e4m3fn);
+    c.fp8_matmul_flops = fp8_peak * kMatmulFraction;
     c.attention_flops = c.peak_flops * kAttentionFraction;
     c.memory_bytes_per_s = p.hbm_tbyte_s * 1e12 * kHbmEfficiency;
     c.optimizer_s_per_element = kOptimizerBytesPerElement / c.memory_bytes_per_s;
     c.notes = detail::cat(p.what, "; assumed: products at ", c.matmul_flops / 1e12, " TFLOP/s (",
                           std::round(kMatmulFraction * 100) / 100, " of the dense ", c10::toString(compute_dtype), " peak ", c.peak_flops / 1e12,
-                          ", as measured on an H200), attention at ", kAttentionFraction, " of the peak, other kernels "
+                          ", as measured on an H200), ",
+                          fp8_peak > 0 ? detail::cat("FP8 products at ", c.fp8_matmul_flops / 1e12,
+                                                     " TFLOP/s (the same fraction of the dense FP8 peak ",
+                                                     fp8_peak / 1e12, ", not measured), ")
+                                       : std::string("no FP8 products (the card has none), "),
+                          "attention at ", kAttentionFraction, " of the peak, other kernels "
                           "and the optimizer (", kOptimizerBytesPerElement, " bytes per element) at ", kHbmEfficiency,
                           " of HBM (", c.memory_bytes_per_s / 1e9, " GB/s); a model without counted work at ",
                           kComputeEfficiency, " of the peak; NCCL rings at ", kNvlinkEfficiency, " of NVLink and ",
@@ -123,13 +132,13 @@ ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, 
   FSDP_CHECK(j.is_object(), source, ": a cluster description is a JSON object, got ", j.type_name());
   static const std::set<std::string> kKnown = {"name", "nodes", "procs_per_node", "intra", "inter", "algorithm",
                                                "execution", "peak_tflops", "compute_efficiency", "matmul_tflops",
-                                               "attention_tflops", "memory_gbyte_per_s",
+                                               "fp8_matmul_tflops", "attention_tflops", "memory_gbyte_per_s",
                                                "optimizer_ns_per_element", "host_cpu_ns_per_byte", "notes",
                                                "calibration"};
   for (auto it = j.begin(); it != j.end(); ++it) {
     FSDP_CHECK(kKnown.count(it.key()) > 0, source, ": unknown field '", it.key(), "' (fields: name, nodes, "
                "procs_per_node, intra, inter, algorithm, execution, peak_tflops, compute_efficiency, matmul_tflops, "
-               "attention_tflops, memory_gbyte_per_s, optimizer_ns_per_element, host_cpu_ns_per_byte, notes, "
+               "fp8_matmul_tflops, attention_tflops, memory_gbyte_per_s, optimizer_ns_per_element, host_cpu_ns_per_byte, notes, "
                "calibration)");
   }
   ClusterSpec c = base;
@@ -200,6 +209,9 @@ ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, 
     FSDP_CHECK(c.compute_efficiency <= 1, source, ": 'compute_efficiency' must be in [0, 1], got ", c.compute_efficiency);
   }
   if (j.contains("matmul_tflops")) c.matmul_flops = number(j["matmul_tflops"], "matmul_tflops", 0, kMaxPeakTflops) * 1e12;
+  if (j.contains("fp8_matmul_tflops")) {
+    c.fp8_matmul_flops = number(j["fp8_matmul_tflops"], "fp8_matmul_tflops", 0, kMaxPeakTflops) * 1e12;
+  }
   if (j.contains("attention_tflops")) {
     c.attention_flops = number(j["attention_tflops"], "attention_tflops", 0, kMaxPeakTflops) * 1e12;
   }
@@ -228,6 +240,7 @@ std::string cluster_to_json(const ClusterSpec& c) {
   j["peak_tflops"] = c.peak_flops > 0 ? nlohmann::json(c.peak_flops / 1e12) : nlohmann::json(nullptr);
   j["compute_efficiency"] = c.compute_efficiency;
   j["matmul_tflops"] = c.matmul_flops / 1e12;
+  j["fp8_matmul_tflops"] = c.fp8_matmul_flops / 1e12;
   j["attention_tflops"] = c.attention_flops / 1e12;
   j["memory_gbyte_per_s"] = c.memory_bytes_per_s / 1e9;
   j["optimizer_ns_per_element"] = c.optimizer_s_per_element * 1e9;

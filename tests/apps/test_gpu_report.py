@@ -10,7 +10,13 @@ decoder layer (d), in its column and in the summary under the table (ahead, or
 by how much behind); where (d) could not compile, its row says why, is not
 counted as a failure, and torchtitan's published gain of compile stands in; the
 drift between the eager FSDP2 rows measured first and last.
-Usage: test_gpu_report.py REPORT_PY WORK_DIR mfu|peers"""
+Part `estimate` (issue 48, item 9): the cluster file carries the measured FP8 product
+rate (fp8_matmul_tflops) and, where cuDNN's attention was measured, a second file
+with its rate; estimate-row turns fsdp-inspect --estimate --json into a line of
+estimates.jsonl, and the table puts each prediction beside its row of (a) (the
+same name with and without checkpointing apart) with predicted / measured, and
+sums them up under the table; without an estimates file the table is as before.
+Usage: test_gpu_report.py REPORT_PY WORK_DIR mfu|peers|estimate"""
 import json
 import pathlib
 import subprocess
@@ -19,8 +25,8 @@ import sys
 from checklist import check, finish
 
 REPORT, WORK, PART = sys.argv[1], pathlib.Path(sys.argv[2]), sys.argv[3]
-if PART not in ("mfu", "peers"):
-    sys.exit(f"test_gpu_report.py: part {PART!r} is neither mfu nor peers")
+if PART not in ("mfu", "peers", "estimate"):
+    sys.exit(f"test_gpu_report.py: part {PART!r} is not mfu, peers or estimate")
 WORK.mkdir(parents=True, exist_ok=True)
 
 
@@ -143,5 +149,61 @@ for case, compiled in (runs.items() if PART == "peers" else ()):
         check(f"(a) / FSDP2 compiled would be about {1.28 / (6667 / 5762):.2f}x" in summary,
               f"the summary gives (a) against compile at torchtitan's gain: {summary!r}")
         check("did not produce a result" not in table, "a skipped row is a reason, not a failure")
+
+if PART == "estimate":
+    peak = {"device": "card", "dtype": "bfloat16", "n": 512, "tflops": 700.0, "memory_gbyte_per_s": 4000.0,
+            "attention_tflops": 300.0, "attention_shape": "4,32,8,2048,64", "attention_cudnn_tflops": 360.0,
+            "fp8_tflops": 1200.0, "fp8_how": "rowwise torch._scaled_mm, e4m3, bf16 out"}
+    (WORK / "peak.json").write_text(json.dumps(peak))
+    report("cluster-file", "--peak", str(WORK / "peak.json"), "--out", str(WORK / "cluster.json"), "--cudnn-out",
+           str(WORK / "cluster-cudnn.json"), status=0)
+    c = json.loads((WORK / "cluster.json").read_text())
+    cudnn = json.loads((WORK / "cluster-cudnn.json").read_text()) if (WORK / "cluster-cudnn.json").exists() else {}
+    check((c.get("fp8_matmul_tflops"), c.get("attention_tflops")) == (1200.0, 300.0),
+          f"cluster.json: the FP8 rate and flash's attention ({c})")
+    check((cudnn.get("fp8_matmul_tflops"), cudnn.get("attention_tflops")) == (1200.0, 360.0),
+          f"cluster-cudnn.json: the same with cuDNN's attention rate ({cudnn})")
+    del peak["attention_cudnn_tflops"], peak["fp8_tflops"]
+    peak["fp8_error"] = "made up: no FP8 here"
+    (WORK / "peak.json").write_text(json.dumps(peak))
+    (WORK / "cluster-cudnn.json").unlink(missing_ok=True)
+    report("cluster-file", "--peak", str(WORK / "peak.json"), "--out", str(WORK / "cluster.json"), "--cudnn-out",
+           str(WORK / "cluster-cudnn.json"), status=0)
+    c = json.loads((WORK / "cluster.json").read_text())
+    check("fp8_matmul_tflops" not in c and "made up: no FP8 here" in c["notes"] and
+          not (WORK / "cluster-cudnn.json").exists(),
+          "unmeasured: no FP8 field (the notes say why) and no cuDNN file")
+
+    # Predictions for three rows of (a): fsdp-inspect's JSON as --estimate --json prints it (the fields read).
+    def estimate(row, tps, ckpt=False):
+        (WORK / "estimate.json").write_text(json.dumps({
+            "tokens_per_s": tps, "step_time_s": batch * seq / tps, "optimizer_s": 0.01,
+            "compute_classes": {"products_s": 0.1, "attention_s": 0.02, "memory_s": 0.05, "fp8_products_s": 0}}))
+        return report("estimate-row", "--estimate", str(WORK / "estimate.json"), "--row", row, "--cluster",
+                      "cluster.json", *(["--ckpt"] if ckpt else []), status=0).strip()
+
+    fp8_row = "(a) fsdp-train --kernels fused --fp8-linear rowwise (FP8)"
+    lines = [estimate("(a) fsdp-train", 150.0), estimate("(a) fsdp-train", 90.0, ckpt=True),
+             estimate(fp8_row, 100.0)]
+    (WORK / "estimates.jsonl").write_text("\n".join(lines) + "\n")
+    on = json.dumps({"row": "(a) fsdp-train", "kind": "llama", "ckpt": True, "batch_size": batch, "tokens_per_s": 100.0,
+                     "step_time_s": batch * seq / 100.0, "peak_mem_bytes": 2**30})
+    (WORK / "results.jsonl").write_text("\n".join([first, ours, llama(fp8_row, 200.0), on]) + "\n")
+    args = ["table", "--results", str(WORK / "results.jsonl"), "--config", str(WORK / "config.json"),
+            "--seq-len", str(seq), "--peak", str(WORK / "peak.json")]
+    table = report(*args, "--estimates", str(WORK / "estimates.jsonl"), status=0)
+    print(table)
+    plain = next((l for l in table.splitlines() if l.startswith("| (a) fsdp-train | off")), "")
+    ckpt = next((l for l in table.splitlines() if l.startswith("| (a) fsdp-train | on")), "")
+    check("estimate 150 tokens/s (predicted / measured 1.17x, from cluster.json)" in plain,
+          f"(a) off: 150 predicted against 128 measured: {plain!r}")
+    check("estimate 90 tokens/s (predicted / measured 0.90x" in ckpt, f"(a) on: its own prediction: {ckpt!r}")
+    check("predicted / measured 0.50x" in cells(table, fp8_row)[-1], f"the FP8 row: {cells(table, fp8_row)[-1]!r}")
+    check("estimate" not in cells(table, "(c) PyTorch FSDP2")[-1], "no prediction beside a peer")
+    summary = next((l for l in table.splitlines() if l.startswith("- estimate")), "")
+    check("3 row(s), predicted / measured 0.50x to 1.17x, 1 within 15%" in summary, f"the summary: {summary!r}")
+    check("FP8 product rate: not measured (made up: no FP8 here)" in table, "the table says the FP8 rate is missing")
+    bare = report(*args, "--estimates", str(WORK / "missing.jsonl"), status=0)
+    check("estimate" not in bare and "| (a) fsdp-train | off" in bare, "without estimates the table is as before")
 
 finish()

@@ -17,6 +17,13 @@ Checks (each prints one line; exit 1 if any fails):
              --nproc-per-node 2 right after predicts a step with communication; with FSDP_TRAIN, the
              same run measured (6 steps, the median of steps >= 2) and the ratio printed (no
              timing assertion: this machine's load decides it).
+  levers     fsdp-train's model levers read by the estimate on the h200 preset (Llama 3.2 1B, batch
+             4): --kernels fused moves fewer bytes (memory-bound time down, products unchanged) and
+             drops the optimizer's clipping pass; --fp8-linear rowwise moves the decoder's products to
+             FP8 (fp8_products_s > 0, bf16 products down to the head's and the weight gradients) and
+             adds their quantization's bytes; --ac-policy full / tail / selective recompute less in
+             that order; none of them is named as ignored; on the a100 preset (no FP8 rate) the
+             assumptions say that FP8 products are timed at the bf16 rate.
   usage      --estimate without --cluster, an unknown preset, --compute-efficiency 2: exit 2
              with one error line naming the flag.
 """
@@ -126,6 +133,41 @@ if cal2.exists():
             measured = times[len(times) // 2]
             print(f"  measured step {measured:.4f} s, predicted {e['step_time_s']:.4f} s: predicted / measured "
                   f"{e['step_time_s'] / measured:.2f}")
+
+# The model's levers (docs/estimate.md, "The GPU roofline").
+levers = ["--estimate", "--json", "--cluster", "h200", "--nproc-per-node", "1", *one_b]
+
+
+def lever(*args, cluster=None):
+    r = run(*levers, *args, *(["--cluster", cluster] if cluster else []))
+    check(r.returncode == 0 and "ignored" not in r.stderr,
+          f"{' '.join(args) or 'reference'}: accepted and not ignored ({r.stderr.strip()[-200:]})")
+    return json.loads(r.stdout) if r.returncode == 0 else None
+
+
+ref, fused, fp8 = lever(), lever("--kernels", "fused"), lever("--fp8-linear", "rowwise")
+if ref and fused and fp8:
+    k0, k1, k2 = ref["compute_classes"], fused["compute_classes"], fp8["compute_classes"]
+    check(k1["memory_s"] < k0["memory_s"] and k1["products_s"] == k0["products_s"],
+          f"--kernels fused: memory-bound {k1['memory_s']:.4f} s < {k0['memory_s']:.4f} s, products the same")
+    check(abs(fused["optimizer_s"] / ref["optimizer_s"] - 32 / 40) < 1e-9,
+          f"--kernels fused: the optimizer moves 32 of 40 bytes per element ({fused['optimizer_s']:.5f} s "
+          f"against {ref['optimizer_s']:.5f} s)")
+    check(k0["fp8_products_s"] == 0 and k2["fp8_products_s"] > 0 and k2["products_s"] < k0["products_s"] and
+          k2["memory_s"] > k0["memory_s"],
+          f"--fp8-linear rowwise: FP8 products {k2['fp8_products_s']:.4f} s, bf16 products {k2['products_s']:.4f} "
+          f"< {k0['products_s']:.4f} s, memory-bound {k2['memory_s']:.4f} > {k0['memory_s']:.4f} s")
+    check(abs(sum(k2.values()) - fp8["compute_s"]) <= 1e-9 * fp8["compute_s"], "FP8: the classes add up")
+ckpt = {p: lever("--activation-checkpointing", "--ac-policy", p) for p in ("full", "tail", "selective")}
+if all(ckpt.values()):
+    rec = {p: sum(u["recompute_s"] for u in e["units"]) for p, e in ckpt.items()}
+    check(rec["full"] > rec["tail"] > rec["selective"] > 0,
+          f"--ac-policy: recomputation full {rec['full']:.4f} s > tail {rec['tail']:.4f} s > selective "
+          f"{rec['selective']:.4f} s")
+a100 = lever("--fp8-linear", "rowwise", cluster="a100")
+if a100:
+    check("no FP8 product rate" in a100["cluster"]["notes"] and a100["compute_classes"]["fp8_products_s"] > 0,
+          f"a100: FP8 products timed at the bf16 rate, said in the assumptions")
 
 for args, names in ((["--estimate"], "--cluster"), (["--estimate", "--cluster", "dgx-9"], "dgx-9"),
                     (["--estimate", "--cluster", "h100", "--compute-efficiency", "2"], "--compute-efficiency")):

@@ -272,6 +272,21 @@ TEST(Estimate, ClusterFiles) {
   EXPECT_NEAR(h200_back.attention_flops, h200.attention_flops, 1e3);
   EXPECT_NEAR(h200_back.memory_bytes_per_s, h200.memory_bytes_per_s, 1e-3);
   EXPECT_THROW(cluster_from_json(R"({"memory_gbyte_per_s": -1})", ClusterSpec{}, "f.json"), UsageError);
+  // FP8 products: the data sheet's dense FP8 peak (1978.9) at the bf16 fraction; the A100 has none.
+  EXPECT_NEAR(h200.fp8_matmul_flops, 1978.9e12 * 791.6 / 989.4, 1e9);
+  EXPECT_EQ(cluster_preset("a100", at::kBFloat16).fp8_matmul_flops, 0);
+  EXPECT_NEAR(cluster_from_json(cluster_to_json(h200), ClusterSpec{}, "test").fp8_matmul_flops, h200.fp8_matmul_flops,
+              1e3);
+  EXPECT_NEAR(cluster_from_json(R"({"fp8_matmul_tflops": 1234.5})", ClusterSpec{}, "f.json").fp8_matmul_flops,
+              1234.5e12, 1e3);
+  try {
+    cluster_from_json(R"({"fp8_matmul_tflops": -1})", ClusterSpec{}, "f.json");
+    ADD_FAILURE() << "a negative fp8_matmul_tflops was accepted";
+  } catch (const UsageError& e) {
+    const std::string what = e.what();
+    EXPECT_NE(what.find("f.json: 'fp8_matmul_tflops' must be in [0, "), std::string::npos) << what;
+    EXPECT_NE(what.find("got -1"), std::string::npos) << what;
+  }
   EXPECT_THROW(cluster_from_json(R"({"matmul_tflops": "fast"})", ClusterSpec{}, "f.json"), UsageError);
   const ClusterSpec back = cluster_from_json(cluster_to_json(p5), ClusterSpec{}, "test");
   EXPECT_EQ(back.procs_per_node, 8);
@@ -352,6 +367,133 @@ TEST(Estimate, LlamaCountedWorkAgreesWithTheFlopCount) {
     EXPECT_EQ(sel.recompute.attention_flops, sel.forward.attention_flops);  // CUDA recomputes attention
   }
   EXPECT_FALSE(models::resolve_model_config("tiny-mixtral").unit_work({}, true, models::WorkShape{}).has_value());
+}
+
+// Layer 0 of a Llama preset's parameters (names and shapes as the plan gives them).
+std::vector<std::pair<std::string, std::vector<int64_t>>> layer_params(const models::LlamaConfig& cfg,
+                                                                      const std::string& prefix) {
+  auto m = std::make_shared<models::LlamaForCausalLMImpl>(cfg, at::TensorOptions().device(at::kMeta), 0);
+  std::vector<std::pair<std::string, std::vector<int64_t>>> out;
+  for (const auto& p : m->named_parameters(true)) {
+    if (p.key().rfind(prefix, 0) == 0) out.emplace_back(p.key(), p.value().sizes().vec());
+  }
+  return out;
+}
+
+// One micro-batch of 2 x 64 tokens.
+models::WorkShape micro_batch() {
+  models::WorkShape shape;
+  shape.seq_len = 64;
+  shape.tokens = 128;
+  return shape;
+}
+
+// Note [Counted work], --fp8-linear rowwise: on tiny's o_proj (M = K = 128)
+// for N = 128 tokens, the quantization's bytes worked out by hand.
+TEST(Estimate, Fp8LinearCountWorkedOutByHand) {
+  const models::LlamaConfig cfg = models::resolve_model_config("tiny");  // D 128, F 384, H 4, Hkv 2, Dh 32
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> o_proj = {
+      {"model.layers.0.self_attn.o_proj.weight", {128, 128}}};
+  models::WorkShape shape = micro_batch();
+  const models::UnitWork bf16 = *cfg.unit_work(o_proj, true, shape);
+  shape.fp8_linears = true;
+  const models::UnitWork fp8 = *cfg.unit_work(o_proj, true, shape);
+  // Products: forward's and d x in FP8 (2 M K N = 4,194,304 each), d W in bf16.
+  EXPECT_EQ(bf16.forward.product_flops, 4194304);
+  EXPECT_EQ(fp8.forward.product_flops, 0);
+  EXPECT_EQ(fp8.forward.fp8_product_flops, 4194304);
+  EXPECT_EQ(fp8.backward.fp8_product_flops, 4194304);
+  EXPECT_EQ(fp8.backward.product_flops, 4194304);
+  EXPECT_EQ(bf16.backward.product_flops, 2 * 4194304);
+  // bf16 quantization: 39 bytes per element, 36 per row. Forward: x, 128 rows of 128
+  // (128 x (39 x 128 + 36) = 643,584), and W, 128 rows of 128 (the same): 1,287,168.
+  EXPECT_DOUBLE_EQ(fp8.forward.memory_bytes - bf16.forward.memory_bytes, 1287168);
+  // Backward: d y as x (643,584), W^T made contiguous (2 x 2 x 128 x 128 = 65,536) and quantized (643,584).
+  EXPECT_DOUBLE_EQ(fp8.backward.memory_bytes - bf16.backward.memory_bytes, 1352704);
+  // fp32 compute: 33 bytes per element (no cast to fp32 first), and _scaled_mm's bf16 output cast to
+  // fp32 (6 bytes per element of y: 98,304): 2 x 128 x (33 x 128 + 36) + 98,304.
+  shape.activation_bytes = 4;
+  const models::UnitWork fp32 = *cfg.unit_work(o_proj, true, shape);
+  shape.fp8_linears = false;
+  EXPECT_DOUBLE_EQ(fp32.forward.memory_bytes - cfg.unit_work(o_proj, true, shape)->forward.memory_bytes, 1188864);
+  // A frozen weight runs in the compute dtype (LinearImpl::runs_fp8), as the head does.
+  shape.activation_bytes = 2;
+  shape.fp8_linears = true;
+  const models::UnitWork frozen = *cfg.unit_work(o_proj, false, shape);
+  EXPECT_EQ(frozen.forward.fp8_product_flops + frozen.backward.fp8_product_flops, 0);
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> head = {{"lm_head.weight", {512, 128}}};
+  EXPECT_EQ(cfg.unit_work(head, true, shape)->forward.fp8_product_flops, 0);
+  shape.fp8_linears = false;
+  EXPECT_EQ(cfg.unit_work(head, true, shape)->forward.product_flops, 2 * 3 * 512 * 128 * 128);
+}
+
+// A whole layer in FP8: every decoder product moves to the FP8 class, and
+// recomputation runs tail's 6, full's 7 and selective's 2 products in FP8.
+TEST(Estimate, Fp8LinearLayerAndRecomputePolicies) {
+  const models::LlamaConfig cfg = models::resolve_model_config("tiny");
+  const auto layer = layer_params(cfg, "model.layers.0.");
+  models::WorkShape shape = micro_batch();
+  const models::UnitWork bf16 = *cfg.unit_work(layer, true, shape);
+  shape.fp8_linears = true;
+  const models::UnitWork fp8 = *cfg.unit_work(layer, true, shape);
+  EXPECT_EQ(fp8.forward.product_flops, 0);
+  EXPECT_EQ(fp8.forward.fp8_product_flops, bf16.forward.product_flops);
+  EXPECT_EQ(fp8.backward.fp8_product_flops + fp8.backward.product_flops, bf16.backward.product_flops);
+  EXPECT_EQ(fp8.forward.attention_flops, bf16.forward.attention_flops);
+  // Per token, each product 2 x its weight: q, o 128 x 128; k, v 64 x 128; gate, up, down 384 x 128.
+  const double N = 128, q = 2 * 128 * 128, kv = 2 * 64 * 128, mlp = 2 * 384 * 128;
+  shape.checkpointed = true;
+  for (const auto& [policy, products] :
+       {std::pair{nn::RecomputePolicy::kFull, 2 * q + 2 * kv + 3 * mlp},
+        std::pair{nn::RecomputePolicy::kTail, 2 * q + 2 * kv + 2 * mlp},  // all but down_proj
+        std::pair{nn::RecomputePolicy::kSelective, 2 * mlp}}) {           // gate and up
+    SCOPED_TRACE(nn::to_string(policy));
+    shape.policy = policy;
+    const models::UnitWork w = *cfg.unit_work(layer, true, shape);
+    EXPECT_EQ(w.recompute.fp8_product_flops, products * N);
+    EXPECT_EQ(w.recompute.product_flops, 0);
+    for (bool fused : {false, true}) {  // the fused kernels change no product's count
+      models::WorkShape b = shape;
+      b.fp8_linears = false;
+      b.kernels = fused ? models::LayerKernels::kFused : models::LayerKernels::kReference;
+      EXPECT_EQ(cfg.unit_work(layer, true, b)->recompute.product_flops, products * N);
+    }
+  }
+}
+
+// Note [Counted work], --kernels fused: what the fused kernels save on tiny
+// (a = 2 bytes, D 128, F 384, H 4, Hkv 2, Dh 32, V 512), per token.
+TEST(Estimate, FusedKernelsCountWorkedOutByHand) {
+  const models::LlamaConfig cfg = models::resolve_model_config("tiny");
+  const auto layer = layer_params(cfg, "model.layers.0.");
+  models::WorkShape shape = micro_batch();
+  const models::UnitWork ref = *cfg.unit_work(layer, true, shape);
+  shape.kernels = models::LayerKernels::kFused;
+  const models::UnitWork fused = *cfg.unit_work(layer, true, shape);
+  const double N = 128;
+  EXPECT_EQ(fused.forward.product_flops, ref.forward.product_flops);
+  EXPECT_EQ(fused.backward.product_flops, ref.backward.product_flops);
+  EXPECT_EQ(fused.backward.attention_flops, ref.backward.attention_flops);
+  // Forward: two norms (28 + 4a - 2a) D = 8,192; rotary over q and k (10a - 2a) 192 = 3,072; SwiGLU
+  // (5a - 3a) F = 1,536; v copied out of the q|k|v product, -2a Hkv Dh = -256.
+  EXPECT_DOUBLE_EQ(ref.forward.memory_bytes - fused.forward.memory_bytes, (8192 + 3072 + 1536 - 256) * N);
+  // Backward: norms 2 (76 + 8a - 5a) D = 20,992; rotary (17a - 2a) 192 = 5,760; SwiGLU (9a - 7a) F = 1,536;
+  // q, k, v's input: the sum 6a D against the split undone 2a (H + 2 Hkv) Dh, 512; gate and up's:
+  // 3a D against 4a F, -2,304.
+  EXPECT_DOUBLE_EQ(ref.backward.memory_bytes - fused.backward.memory_bytes, (20992 + 5760 + 1536 + 512 - 2304) * N);
+  // The loss: (44 + 2a) against 12a per row of the vocabulary, 24 x 512 per token.
+  const std::vector<std::pair<std::string, std::vector<int64_t>>> head = {{"lm_head.weight", {512, 128}}};
+  shape.kernels = models::LayerKernels::kReference;
+  const double ref_loss = cfg.unit_work(head, true, shape)->forward.memory_bytes;
+  shape.kernels = models::LayerKernels::kFused;
+  EXPECT_DOUBLE_EQ(ref_loss - cfg.unit_work(head, true, shape)->forward.memory_bytes, 24 * 512 * N);
+  // With FP8 linears the products run apart: the reference's sums of the shared input's gradients return.
+  shape.fp8_linears = true;
+  const models::UnitWork both = *cfg.unit_work(layer, true, shape);
+  shape.kernels = models::LayerKernels::kReference;
+  const models::UnitWork fp8_ref = *cfg.unit_work(layer, true, shape);
+  EXPECT_DOUBLE_EQ(fp8_ref.forward.memory_bytes - both.forward.memory_bytes, (8192 + 3072 + 1536) * N);
+  EXPECT_DOUBLE_EQ(fp8_ref.backward.memory_bytes - both.backward.memory_bytes, (20992 + 5760 + 1536) * N);
 }
 
 // Note [Device roofline]: with a memory bandwidth, every gather's cast of the

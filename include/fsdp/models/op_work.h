@@ -6,6 +6,7 @@
 
 #include <cstdint>
 
+#include "fsdp/models/layer_kernels.h"
 #include "fsdp/nn/recompute_policy.h"
 
 namespace fsdp::models {
@@ -14,12 +15,14 @@ namespace fsdp::models {
 // memory_bytes are the bytes the memory-bound kernels read and write (each
 // reads its inputs and writes its outputs once, unless stated where counted).
 struct OpWork {
-  double product_flops = 0;
+  double product_flops = 0;      // in the compute dtype
   double attention_flops = 0;
   double memory_bytes = 0;
+  double fp8_product_flops = 0;  // rowwise-scaled e4m3 products (WorkShape::fp8_linears)
 
   OpWork& operator+=(const OpWork& o) {
     product_flops += o.product_flops;
+    fp8_product_flops += o.fp8_product_flops;
     attention_flops += o.attention_flops;
     memory_bytes += o.memory_bytes;
     return *this;
@@ -40,6 +43,10 @@ struct WorkShape {
   int64_t loss_chunk_rows = 1;   // rows per chunk of the chunked loss (loss_chunk_rows)
   bool checkpointed = false;     // the unit is recomputed in backward
   nn::RecomputePolicy policy = nn::RecomputePolicy::kTail;
+  LayerKernels kernels = LayerKernels::kReference;  // StepOptions::kernels
+  // StepOptions::fp8_linear is kRowwise: the decoder's trainable products in
+  // FP8 (models/fp8.h), their quantization counted as memory traffic.
+  bool fp8_linears = false;
 };
 
 }  // namespace fsdp::models
