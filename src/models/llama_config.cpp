@@ -140,24 +140,22 @@ double LlamaConfig::forward_flops_per_token(const std::vector<std::pair<std::str
 //                out of the q|k|v output (2a Hkv Dh). Where an FP8 linear, a
 //                LoRA adapter or a frozen weight keeps the products apart, the
 //                reference's sums stay.
-//  loss (V)      the gradient written over the logits (Note [Fused
-//                cross-entropy]): logsumexp (6a: max read, difference read
-//                and written, exp in place, sum read), softmax in place (4a:
-//                read three times, written once), times the row's scale
-//                (2a): 12a per row of the vocabulary, in place of (44 + 2a).
+//  loss (V)      the gradient written over the logits by one online-softmax
+//                kernel (Note [Fused cross-entropy]): each row read twice
+//                and written once, 3a per row of the vocabulary, in place of
+//                (44 + 2a). (The CPU's fp32 runs LibTorch's operations, about
+//                12a; the roofline counts the kernel.)
 // --fp8-linear rowwise (WorkShape::fp8_linears; Note [FP8 rowwise linears]
 // in src/models/fp8.cpp) runs each trainable decoder product (q, k, v, o,
 // gate, up, down; both sizes multiples of 16) with e4m3 operands: forward's
 // product and backward's d x are FP8 products (fp8_product_flops, 2 x the
 // weight each), d W stays in the compute dtype (product_flops). Every
-// operand is quantized per row by LibTorch operations (fp8.cpp's
-// quantize_rowwise), per element q = a + 4 (cast to fp32; 0 when a = 4) +
-// 8 (abs) + 4 (amax) + 8 (times the scale) + 8 (clamp) + 5 (cast to e4m3),
-// 33 + (a + 4): 39 bytes in bf16, and per row 36 (the amax written 4, its
-// clamp, 448 / amax and 1 / scale 8 each). Forward quantizes x (q K + 36
-// per token) and W (q M K + 36 M per micro-batch); backward d y (q M + 36
-// per token), W^T made contiguous (2a M K) and quantized (q M K + 36 K per
-// micro-batch). _scaled_mm writes bf16: in fp32 compute its output is cast
+// operand is quantized per row by one kernel (fp8.cpp's quantize_rowwise,
+// Note [Row kernels]): read twice and written in e4m3, q = 2a + 1 bytes per
+// element (5 in bf16), and its fp32 inverse scale, 4 per row. Forward
+// quantizes x (q K + 4 per token) and W (q M K + 4 M per micro-batch);
+// backward d y (q M + 4 per token), W^T made contiguous (2a M K) and
+// quantized (q M K + 4 K per micro-batch). _scaled_mm writes bf16: in fp32 compute its output is cast
 // ((2 + a) per element, forward's y and backward's d x). The head,
 // the embedding and frozen or adapted weights run as without FP8.
 // Recomputation (checkpointed layers) is the forward minus what the policy
@@ -166,11 +164,8 @@ double LlamaConfig::forward_flops_per_token(const std::vector<std::pair<std::str
 // recomputed under every policy), with their FP8 quantization.
 namespace {
 
-// The bytes quantize_rowwise moves for a (rows, cols) operand of `a` bytes per element.
-double fp8_quantized_bytes(double rows, double cols, double a) {
-  const double per_element = 33 + (a < 4 ? a + 4 : 0);
-  return per_element * rows * cols + 36 * rows;
-}
+// The bytes quantize_rowwise's kernel moves for a (rows, cols) operand of `a` bytes per element.
+double fp8_quantized_bytes(double rows, double cols, double a) { return (2 * a + 1) * rows * cols + 4 * rows; }
 
 }  // namespace
 
@@ -236,7 +231,7 @@ std::optional<UnitWork> LlamaConfig::unit_work(const std::vector<std::pair<std::
     }
     if (head) {
       // The chunked loss (Note [Chunked cross-entropy]): everything in its forward.
-      w.forward += OpWork{2 * numel * (trainable ? 3 : 2), 0, (fused ? 12 * a : 44 + 2 * a) * V};
+      w.forward += OpWork{2 * numel * (trainable ? 3 : 2), 0, (fused ? 3 * a : 44 + 2 * a) * V};
       const double chunks = std::ceil(N / static_cast<double>(std::max<int64_t>(1, shape.loss_chunk_rows)));
       if (trainable) {
         if (a < 4) w.forward.memory_bytes += ((chunks - 1) * 12 + 4 + a) * V * D / N;

@@ -405,17 +405,17 @@ TEST(Estimate, Fp8LinearCountWorkedOutByHand) {
   EXPECT_EQ(fp8.backward.fp8_product_flops, 4194304);
   EXPECT_EQ(fp8.backward.product_flops, 4194304);
   EXPECT_EQ(bf16.backward.product_flops, 2 * 4194304);
-  // bf16 quantization: 39 bytes per element, 36 per row. Forward: x, 128 rows of 128
-  // (128 x (39 x 128 + 36) = 643,584), and W, 128 rows of 128 (the same): 1,287,168.
-  EXPECT_DOUBLE_EQ(fp8.forward.memory_bytes - bf16.forward.memory_bytes, 1287168);
-  // Backward: d y as x (643,584), W^T made contiguous (2 x 2 x 128 x 128 = 65,536) and quantized (643,584).
-  EXPECT_DOUBLE_EQ(fp8.backward.memory_bytes - bf16.backward.memory_bytes, 1352704);
-  // fp32 compute: 33 bytes per element (no cast to fp32 first), and _scaled_mm's bf16 output cast to
-  // fp32 (6 bytes per element of y: 98,304): 2 x 128 x (33 x 128 + 36) + 98,304.
+  // bf16 quantization, one kernel: 2a + 1 = 5 bytes per element, 4 per row. Forward: x, 128 rows of 128
+  // (128 x (5 x 128 + 4) = 82,432), and W, 128 rows of 128 (the same): 164,864.
+  EXPECT_DOUBLE_EQ(fp8.forward.memory_bytes - bf16.forward.memory_bytes, 164864);
+  // Backward: d y as x (82,432), W^T made contiguous (2 x 2 x 128 x 128 = 65,536) and quantized (82,432).
+  EXPECT_DOUBLE_EQ(fp8.backward.memory_bytes - bf16.backward.memory_bytes, 230400);
+  // fp32 compute: 9 bytes per element, and _scaled_mm's bf16 output cast to fp32 (6 bytes per element
+  // of y: 98,304): 2 x 128 x (9 x 128 + 4) + 98,304.
   shape.activation_bytes = 4;
   const models::UnitWork fp32 = *cfg.unit_work(o_proj, true, shape);
   shape.fp8_linears = false;
-  EXPECT_DOUBLE_EQ(fp32.forward.memory_bytes - cfg.unit_work(o_proj, true, shape)->forward.memory_bytes, 1188864);
+  EXPECT_DOUBLE_EQ(fp32.forward.memory_bytes - cfg.unit_work(o_proj, true, shape)->forward.memory_bytes, 394240);
   // A frozen weight runs in the compute dtype (LinearImpl::runs_fp8), as the head does.
   shape.activation_bytes = 2;
   shape.fp8_linears = true;
@@ -481,12 +481,12 @@ TEST(Estimate, FusedKernelsCountWorkedOutByHand) {
   // q, k, v's input: the sum 6a D against the split undone 2a (H + 2 Hkv) Dh, 512; gate and up's:
   // 3a D against 4a F, -2,304.
   EXPECT_DOUBLE_EQ(ref.backward.memory_bytes - fused.backward.memory_bytes, (20992 + 5760 + 1536 + 512 - 2304) * N);
-  // The loss: (44 + 2a) against 12a per row of the vocabulary, 24 x 512 per token.
+  // The loss: (44 + 2a) against 3a per row of the vocabulary, 42 x 512 per token.
   const std::vector<std::pair<std::string, std::vector<int64_t>>> head = {{"lm_head.weight", {512, 128}}};
   shape.kernels = models::LayerKernels::kReference;
   const double ref_loss = cfg.unit_work(head, true, shape)->forward.memory_bytes;
   shape.kernels = models::LayerKernels::kFused;
-  EXPECT_DOUBLE_EQ(ref_loss - cfg.unit_work(head, true, shape)->forward.memory_bytes, 24 * 512 * N);
+  EXPECT_DOUBLE_EQ(ref_loss - cfg.unit_work(head, true, shape)->forward.memory_bytes, 42 * 512 * N);
   // With FP8 linears the products run apart: the reference's sums of the shared input's gradients return.
   shape.fp8_linears = true;
   const models::UnitWork both = *cfg.unit_work(layer, true, shape);
