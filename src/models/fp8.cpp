@@ -4,6 +4,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/models/row_kernels.h"
+#include "fp8_shared.h"
 
 namespace fsdp::models {
 
@@ -96,6 +97,48 @@ bool fp8_linear_applies(int64_t in_features, int64_t out_features) {
   return in_features % 16 == 0 && out_features % 16 == 0;
 }
 
+// Note [One quantization of a shared input]
+// Attention's q, k and v read one input, and so do the MLP's gate and up;
+// without the fused product (FP8 linears run apart, Note [Fused products over
+// the flat parameter]) each would quantize it again. fused_linears opens a
+// SharedFp8Input over the input for its separate products, and each FP8
+// forward asks it: the first quantizes the rows, the next reuse them while
+// the values are the same (storage, offset, sizes, strides and the version
+// counter, which an in-place change bumps). The quantization lives until the
+// scope closes, after the last of its products: no more than the one it
+// replaces held. Backward's operands (d y, W^T) differ per product.
+namespace {
+
+thread_local SharedFp8Input* t_shared_input = nullptr;
+thread_local int64_t t_reused = 0;
+
+bool same_values(const at::Tensor& a, const at::Tensor& b) {
+  return a.data_ptr() == b.data_ptr() && a.sizes() == b.sizes() && a.strides() == b.strides() &&
+         a.scalar_type() == b.scalar_type() && a.device() == b.device();
+}
+
+}  // namespace
+
+SharedFp8Input::SharedFp8Input(const at::Tensor& x)
+    : rows_(x.dim() == 2 ? x : x.reshape({-1, x.size(-1)})), version_(x._version()), outer_(t_shared_input) {
+  t_shared_input = this;
+}
+
+SharedFp8Input::~SharedFp8Input() { t_shared_input = outer_; }
+
+Fp8Rows SharedFp8Input::quantize(const at::Tensor& rows) {
+  SharedFp8Input* s = t_shared_input;
+  if (s == nullptr || !same_values(rows, s->rows_) || rows._version() != s->version_) return quantize_rowwise(rows);
+  if (s->q_) {
+    ++t_reused;
+    return *s->q_;
+  }
+  s->q_ = quantize_rowwise(rows);
+  return *s->q_;
+}
+
+int64_t SharedFp8Input::reused() { return t_reused; }
+
 namespace {
 
 struct Fp8LinearFn : torch::autograd::Function<Fp8LinearFn> {
@@ -104,7 +147,8 @@ struct Fp8LinearFn : torch::autograd::Function<Fp8LinearFn> {
     ctx->save_for_backward({x, weight});
     if (over != nullptr) return *over;
     // Forward: torchao's output GEMM uses fast accumulation.
-    return scaled_mm_rowwise(quantize_rowwise(x), quantize_rowwise(weight), x.scalar_type(), /*fast_accum=*/true);
+    return scaled_mm_rowwise(SharedFp8Input::quantize(x), quantize_rowwise(weight), x.scalar_type(),
+                             /*fast_accum=*/true);
   }
 
   static torch::autograd::variable_list backward(torch::autograd::AutogradContext* ctx,

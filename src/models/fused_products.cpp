@@ -7,6 +7,7 @@
 
 #include "fsdp/common/error.h"
 #include "fsdp/nn/recompute.h"
+#include "fp8_shared.h"
 
 namespace fsdp::models {
 
@@ -163,6 +164,8 @@ std::vector<at::Tensor> fused_linears(const at::Tensor& x, const std::vector<Lin
   if (!products_fusable(view) || x.scalar_type() != w0.scalar_type() || x.device() != w0.device() ||
       x.dim() < 1 || x.size(-1) != w0.size(1)) {
     g_separate.fetch_add(1, std::memory_order_relaxed);
+    // FP8 linears among them quantize x once (Note [One quantization of a shared input]).
+    const SharedFp8Input shared(x);
     std::vector<at::Tensor> out;
     for (LinearImpl* l : linears) out.push_back(kept ? l->forward_marked(x, nn::ProductRole::kKept) : l->forward(x));
     return out;

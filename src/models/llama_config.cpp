@@ -153,11 +153,13 @@ double LlamaConfig::forward_flops_per_token(const std::vector<std::pair<std::str
 // operand is quantized per row by one kernel (fp8.cpp's quantize_rowwise,
 // Note [Row kernels]): read twice and written in e4m3, q = 2a + 1 bytes per
 // element (5 in bf16), and its fp32 inverse scale, 4 per row. Forward
-// quantizes x (q K + 4 per token) and W (q M K + 4 M per micro-batch);
-// backward d y (q M + 4 per token), W^T made contiguous (2a M K) and
-// quantized (q M K + 4 K per micro-batch). _scaled_mm writes bf16: in fp32 compute its output is cast
-// ((2 + a) per element, forward's y and backward's d x). The head,
-// the embedding and frozen or adapted weights run as without FP8.
+// quantizes x (q K + 4 per token; under --kernels fused once for q, k and
+// v and once for gate and up, Note [One quantization of a shared input]) and
+// W (q M K + 4 M per micro-batch); backward d y (q M + 4 per token), W^T
+// made contiguous (2a M K) and quantized (q M K + 4 K per micro-batch).
+// _scaled_mm writes bf16: in fp32 compute its output is cast ((2 + a) per
+// element, forward's y and backward's d x). The head, the embedding and
+// frozen or adapted weights run as without FP8.
 // Recomputation (checkpointed layers) is the forward minus what the policy
 // skips (Note [Recompute policy]): tail skips down_proj and the residual sum
 // after it; selective also q, k, v and o's products (on CUDA attention is
@@ -251,7 +253,13 @@ std::optional<UnitWork> LlamaConfig::unit_work(const std::vector<std::pair<std::
       if (decoder_product && runs_fp8(s[0], s[1])) {
         const double M = rows, K = static_cast<double>(s[1]);
         const double cast = a > 2 ? 2 + a : 0;  // _scaled_mm's bf16 output into a wider compute dtype
-        OpWork fwd{0, 0, fp8_quantized_bytes(1, K, a) + fp8_quantized_bytes(M, K, a) / N + cast * M, f};
+        // Under --kernels fused k and v reuse q's quantization of their shared input, up reuses gate's.
+        const bool reuses_input =
+            fused && (((ends_with(name, "self_attn.k_proj.weight") || ends_with(name, "self_attn.v_proj.weight")) &&
+                       runs_fp8(num_attention_heads * dh(), hidden_size)) ||
+                      (ends_with(name, "mlp.up_proj.weight") && runs_fp8(intermediate_size, hidden_size)));
+        const double input = reuses_input ? 0 : fp8_quantized_bytes(1, K, a);
+        OpWork fwd{0, 0, input + fp8_quantized_bytes(M, K, a) / N + cast * M, f};
         OpWork bwd{f, 0, fp8_quantized_bytes(1, M, a) + (2 * a * M * K + fp8_quantized_bytes(K, M, a)) / N + cast * K,
                    f};
         add(fwd, bwd, recomputed);

@@ -23,6 +23,7 @@
 #include "fsdp/models/layers.h"
 #include "fsdp/models/llama.h"
 #include "fsdp/models/lora.h"
+#include "models/fp8_shared.h"
 #include "chain_training.h"
 #include "support/tiny_llama.h"
 
@@ -132,6 +133,39 @@ TEST(Fp8, LinearIsTheRecipesArithmetic) {
   const double rel = ((y - at::mm(x, w.t())).norm() / at::mm(x, w.t()).norm()).item<double>();
   EXPECT_LT(rel, 0.1) << "an FP8 product is the plain one to a few percent";
   EXPECT_GT(rel, 0);
+}
+
+// Note [One quantization of a shared input]: inside a scope over x, the FP8
+// linears reading x's rows quantize them once, with the same results; an
+// in-place change, another tensor or the scope's end quantizes anew.
+TEST(Fp8, LinearsSharingAnInputQuantizeItOnce) {
+  at::Generator gen = at::detail::createCPUGenerator(9);
+  at::Tensor x = at::randn({2, 3, 32}, gen);
+  const at::Tensor w1 = at::randn({48, 32}, gen) * 0.1, w2 = at::randn({16, 32}, gen) * 0.1;
+  const at::Tensor rows = x.reshape({-1, 32});
+  const at::Tensor want1 = fp8_linear(rows, w1), want2 = fp8_linear(rows, w2);
+  const int64_t before = SharedFp8Input::reused();
+  {
+    const SharedFp8Input shared(x);
+    EXPECT_TRUE(fp8_linear(x.reshape({-1, 32}), w1).equal(want1));
+    EXPECT_TRUE(fp8_linear(x.view({6, 32}), w2).equal(want2));  // another view of the same values
+    EXPECT_EQ(SharedFp8Input::reused(), before + 1);
+    fp8_linear(at::randn({6, 32}, gen), w1);  // another tensor
+    EXPECT_EQ(SharedFp8Input::reused(), before + 1);
+    x.mul_(2);  // the values changed: quantized anew, and right
+    EXPECT_TRUE(fp8_linear(x.reshape({-1, 32}), w1).equal(fp8_linear(x.reshape({-1, 32}).clone(), w1)));
+    EXPECT_EQ(SharedFp8Input::reused(), before + 1);
+  }
+  fp8_linear(x.reshape({-1, 32}), w2);
+  EXPECT_EQ(SharedFp8Input::reused(), before + 1);
+  // The fused kernels' Llama: per layer k and v reuse q's quantization, up reuses gate's.
+  auto model = std::make_shared<LlamaForCausalLMImpl>(testing::chain_llama("fp8-llama"), at::TensorOptions(), 3);
+  set_fp8_linears(*model, Fp8Linear::kRowwise);
+  set_layer_kernels(*model, LayerKernels::kFused);
+  const int64_t start = SharedFp8Input::reused();
+  const at::Tensor tokens = at::randint(model->config().vocab_size, {2, 8}, gen, at::kLong);
+  model->loss(tokens, tokens);
+  EXPECT_EQ(SharedFp8Input::reused() - start, 3 * model->config().num_hidden_layers);
 }
 
 LlamaConfig tiny() { return testing::chain_llama("fp8-llama"); }
