@@ -136,6 +136,20 @@ ReduceSpec reduce_spec(int shard_size, int replicas, at::ScalarType reduce_dtype
   return s;
 }
 
+// Note [One-rank reductions]
+// A reduce-scatter over a shard group of one rank gives its input back (the
+// sum of one, the mean of one). The collective would only copy it — into
+// the gradient shard, or into a scratch of the reduce dtype that the fold then
+// casts into the shard — so it is skipped: the fold reads the input itself,
+// after the same pre- and post-division, partial sums, replica all-reduce and
+// hook, with the same values bit for bit. Where the shard lives on another
+// device (CPU offload) the reduction keeps its path (the staging of Note
+// [Offload staging]). plan.cpp counts no output buffer for it; a custom
+// reduce-scatter and a compressed wire are still called.
+bool one_rank_reduction(int group_size, const at::Tensor& input, const at::Tensor& grad_shard) {
+  return group_size == 1 && input.numel() == grad_shard.numel() && input.device() == grad_shard.device();
+}
+
 void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& group, bool replicated,
                      const at::Tensor& grad_shard, bool may_land_in_shard, MemoryLedger& ledger,
                      UnshardedPool* pool, const std::string& label, const ReduceSpec& spec, const Wire* wire) {
@@ -171,6 +185,10 @@ void issue_reduction(Reduction& r, const at::Tensor& input, comm::ProcessGroup& 
                " for ", n, " contiguous elements of ", input.scalar_type());
     r.hold(r.output, ledger);
     r.work = (*spec.comm)(r.output, input, group, spec.shard_op);
+    return;
+  }
+  if (one_rank_reduction(group.size(), input, grad_shard)) {
+    r.output = input;  // Note [One-rank reductions]: no collective; finish_reduction folds the input itself
     return;
   }
   if (may_land_in_shard && input.scalar_type() == grad_shard.scalar_type() && grad_shard.device() == input.device()) {

@@ -108,8 +108,14 @@ ReduceSpec reduce_spec(int shard_size, int replicas, at::ScalarType reduce_dtype
 at::Tensor reduce_copy_in(const at::Tensor& grads, at::ScalarType reduce_dtype, Reduction& r, MemoryLedger& ledger,
                           UnshardedPool* pool);
 
+// Whether a reduction of `input` into `grad_shard` over a group of
+// `group_size` ranks runs no collective (Note [One-rank reductions]): one
+// rank, and the shard on the input's device.
+bool one_rank_reduction(int group_size, const at::Tensor& input, const at::Tensor& grad_shard);
+
 // Issues the reduction of `input` (from reduce_copy_in) over `group`:
-// replicated, an all-reduce in place; else a reduce-scatter into
+// replicated, an all-reduce in place; one_rank_reduction, none (the input
+// is the output, folded by finish_reduction); else a reduce-scatter into
 // `grad_shard` when `may_land_in_shard` and the dtype and device match, else
 // into a shard-sized scratch (from `pool` when not null) that `r` holds, and,
 // for a gradient shard of another dtype on another device (CPU offload), a

@@ -310,7 +310,9 @@ ShardingPlan plan_sharding(const std::shared_ptr<nn::UnitBase>& root, int world_
 // - kPreBackward: the gradient buffer (param dtype, trainable elements).
 // - kReduce: the reduce-dtype copy when the dtypes differ, after which the
 //   param-dtype gradients go at once; a shard-sized output when the reduction
-//   cannot land in the gradient shard (another dtype or device) — with CPU
+//   cannot land in the gradient shard (another dtype or device; none over a
+//   shard group of one rank on the device, Note [One-rank reductions] in
+//   collectives.cpp) — with CPU
 //   offload and another dtype, a staging buffer of the master dtype beside it
 //   (Note [Offload staging] in collectives.cpp). The copy (or the gradients
 //   themselves) and the output are held until kFinishReduce.
@@ -431,9 +433,13 @@ std::vector<StepUnitBytes> step_unit_bytes(const std::vector<PlannedUnit>& plann
     } else {
       b.params = (trained + frozen) * pb;
       b.grads = trained * pb;
-      // A reduction lands in the gradient shard when its input has the master dtype, on the shard's device.
+      // A reduction lands in the gradient shard when its input has the master dtype, on the shard's device;
+      // over one rank on the device it runs no collective and needs no output (Note [One-rank reductions]).
       const at::ScalarType input_dtype = converts ? mp.reduce_dtype : mp.param_dtype;
-      if (trained > 0 && (input_dtype != mp.master_dtype || !on_device)) b.reduce_output = trained / s * rb;
+      const bool one_rank = s == 1 && on_device;
+      if (trained > 0 && !one_rank && (input_dtype != mp.master_dtype || !on_device)) {
+        b.reduce_output = trained / s * rb;
+      }
       // Note [Offload staging] in collectives.cpp: host shards of another
       // dtype pass through a master-dtype buffer on the device, for a gather
       // while its cast runs, for a reduction until it is folded in.

@@ -363,5 +363,32 @@ TEST(MemoryContract, GradientAccumulationStaysWithinTheBoundWithAccumulation) {
   });
 }
 
+// Note [One-rank reductions]: over a shard group of one rank (world size 1,
+// or HYBRID with shards of 1) a reduction runs no collective and holds no
+// output buffer: with bf16 reductions (the compute copy's own dtype) nothing
+// beyond the gradients themselves, with fp32 ones only their fp32 copy; the
+// plan counts the same, and the peak is its bound to the byte.
+TEST(MemoryContract, OneRankShardGroupsReduceWithoutAnOutputBuffer) {
+  const testing::ToyConfig shape = shapes()[0].config;
+  for (const int world : {1, 2}) {
+    testing::run_distributed(world, [&](comm::ProcessGroup& pg) {
+      for (const at::ScalarType reduce : {at::kBFloat16, at::kFloat}) {
+        FsdpOptions o;
+        o.strategy = world == 1 ? ShardingStrategy::kFullShard : ShardingStrategy::kHybridShard;
+        o.hybrid_shard_size = 1;
+        o.mixed_precision = MixedPrecision::preset("bf16");
+        o.mixed_precision.reduce_dtype = reduce;
+        const ShardingPlan plan = plan_sharding(testing::make_toy(shape, true, 3).ptr(), pg.size(), pg.rank(), o,
+                                                at::kFloat);
+        const Outcome got = run_steps(pg, shape, o, /*steps=*/3, /*micro_batches=*/1);
+        const std::string what = std::string("world ") + std::to_string(world) + ", reduce " + c10::toString(reduce);
+        EXPECT_EQ(got.peak, plan.unsharded_bound(1)) << what << ": " << bytes_text(got.at_peak);
+        EXPECT_GT(got.peak, 0) << what;
+        if (reduce == at::kBFloat16) EXPECT_EQ(got.at_peak.reductions, 0) << what << ": " << bytes_text(got.at_peak);
+      }
+    });
+  }
+}
+
 }  // namespace
 }  // namespace fsdp
