@@ -10,6 +10,14 @@
 #include "fsdp/common/error.h"
 
 namespace fsdp::models {
+namespace {
+
+// Whether parameter name `s` ends with `tail` (its module path's last parts).
+bool ends_with(const std::string& s, const std::string& tail) {
+  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
+}
+
+}  // namespace
 
 std::optional<int64_t> LlamaConfig::layer_window(int64_t layer) const {
   if (model_type == "mistral" || model_type == "mixtral") return sliding_window;
@@ -52,9 +60,6 @@ double LlamaConfig::training_flops_per_token(int64_t seq_len) const {
 
 double LlamaConfig::forward_flops_per_token(const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
                                             int64_t seq_len) const {
-  const auto ends_with = [](const std::string& s, const std::string& tail) {
-    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-  };
   double flops = 0;
   for (const auto& [name, shape] : params) {
     if (shape.size() != 2) continue;  // norms, biases: no matrix product
@@ -169,14 +174,19 @@ namespace {
 // The bytes quantize_rowwise's kernel moves for a (rows, cols) operand of `a` bytes per element.
 double fp8_quantized_bytes(double rows, double cols, double a) { return (2 * a + 1) * rows * cols + 4 * rows; }
 
+// Whether the product of weight `name` reuses another's quantization of its
+// input (Note [One quantization of a shared input]): under --kernels fused, k
+// and v reuse q's when q runs in FP8 (`q_fp8`), up reuses gate's (`gate_fp8`).
+bool reuses_fp8_input(const std::string& name, bool q_fp8, bool gate_fp8) {
+  return (q_fp8 && (ends_with(name, "self_attn.k_proj.weight") || ends_with(name, "self_attn.v_proj.weight"))) ||
+         (gate_fp8 && ends_with(name, "mlp.up_proj.weight"));
+}
+
 }  // namespace
 
 std::optional<UnitWork> LlamaConfig::unit_work(const std::vector<std::pair<std::string, std::vector<int64_t>>>& params,
                                                bool trainable, const WorkShape& shape) const {
   if (moe()) return std::nullopt;
-  const auto ends_with = [](const std::string& s, const std::string& tail) {
-    return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-  };
   const double a = static_cast<double>(shape.activation_bytes);
   const double N = static_cast<double>(shape.tokens), T = static_cast<double>(shape.seq_len);
   const double H = static_cast<double>(num_attention_heads), Hkv = static_cast<double>(num_key_value_heads);
@@ -253,12 +263,9 @@ std::optional<UnitWork> LlamaConfig::unit_work(const std::vector<std::pair<std::
       if (decoder_product && runs_fp8(s[0], s[1])) {
         const double M = rows, K = static_cast<double>(s[1]);
         const double cast = a > 2 ? 2 + a : 0;  // _scaled_mm's bf16 output into a wider compute dtype
-        // Under --kernels fused k and v reuse q's quantization of their shared input, up reuses gate's.
-        const bool reuses_input =
-            fused && (((ends_with(name, "self_attn.k_proj.weight") || ends_with(name, "self_attn.v_proj.weight")) &&
-                       runs_fp8(num_attention_heads * dh(), hidden_size)) ||
-                      (ends_with(name, "mlp.up_proj.weight") && runs_fp8(intermediate_size, hidden_size)));
-        const double input = reuses_input ? 0 : fp8_quantized_bytes(1, K, a);
+        const bool reuses = reuses_fp8_input(name, fused && runs_fp8(num_attention_heads * dh(), hidden_size),
+                                             fused && runs_fp8(intermediate_size, hidden_size));
+        const double input = reuses ? 0 : fp8_quantized_bytes(1, K, a);
         OpWork fwd{0, 0, input + fp8_quantized_bytes(M, K, a) / N + cast * M, f};
         OpWork bwd{f, 0, fp8_quantized_bytes(1, M, a) + (2 * a * M * K + fp8_quantized_bytes(K, M, a)) / N + cast * K,
                    f};
