@@ -7,17 +7,10 @@
 #include <cstdio>
 #include <sstream>
 
+#include "fsdp/common/encoding.h"
 #include "fsdp/common/error.h"
 
 namespace fsdp::models {
-namespace {
-
-// Whether parameter name `s` ends with `tail` (its module path's last parts).
-bool ends_with(const std::string& s, const std::string& tail) {
-  return s.size() >= tail.size() && s.compare(s.size() - tail.size(), tail.size(), tail) == 0;
-}
-
-}  // namespace
 
 std::optional<int64_t> LlamaConfig::layer_window(int64_t layer) const {
   if (model_type == "mistral" || model_type == "mixtral") return sliding_window;
