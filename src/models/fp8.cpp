@@ -59,12 +59,13 @@ Fp8Rows quantize_rowwise(const at::Tensor& x) {
               " tensor (expected a 2-d floating matrix)");
   // Row-major data whatever x's strides: _scaled_mm takes its first operand
   // row-major and the second's rows transposed (column-major).
+  const at::Tensor rows = x.contiguous();
   // fp32 and bf16: one kernel (Note [Row kernels]), the composite's bits.
-  if (const at::Tensor c = x.contiguous(); row_kernels_take(c)) {
-    auto [data, inv_scale] = quantize_rows_e4m3(c);
+  if (row_kernels_take(rows)) {
+    auto [data, inv_scale] = quantize_rows_e4m3(rows);
     return {data, inv_scale};
   }
-  const at::Tensor x32 = x.to(at::kFloat).contiguous();
+  const at::Tensor x32 = rows.to(at::kFloat);
   const at::Tensor amax = x32.abs().amax(/*dim=*/1, /*keepdim=*/true).clamp_min(kFp8AmaxEps);
   const at::Tensor scale = at::reciprocal(amax).mul_(kE4m3Max);
   return {cast_to_e4m3(x32 * scale), at::reciprocal(scale)};

@@ -179,6 +179,18 @@ __device__ inline float fsdp_float(unsigned int u) { return __uint_as_float(u); 
 )";
 
 constexpr const char* kDeviceBlocks = R"(
+// The tree over the lanes' partials (after each lane wrote its own): lane i
+// takes lane i + s for s = L/2, ..., 1; every lane gets lane 0's.
+template <typename P, typename Combine>
+__device__ P combine_lanes(P* part, int lane, int lanes, Combine combine) {
+  __syncthreads();
+  for (int s = lanes / 2; s > 0; s >>= 1) {
+    if (lane < s) part[lane] = combine(part[lane], part[lane + s]);
+    __syncthreads();
+  }
+  return part[0];
+}
+
 template <typename E>
 __device__ void ce_rows(E* logits, const long long* target, const float* scale, float* nll, long long n) {
   __shared__ MaxSum part[kCeLanes];
@@ -186,16 +198,12 @@ __device__ void ce_rows(E* logits, const long long* target, const float* scale, 
   const int lane = threadIdx.x;
   E* row = logits + r * n;
   part[lane] = ce_lane_fold(row, n, lane, kCeLanes);
-  __syncthreads();
-  for (int s = kCeLanes / 2; s > 0; s >>= 1) {
-    if (lane < s) part[lane] = max_sum_combine(part[lane], part[lane + s]);
-    __syncthreads();
-  }
+  const MaxSum all = combine_lanes(part, lane, kCeLanes, max_sum_combine);
   const long long t = target[r];
-  if (lane == 0) nll[r] = max_sum_nll(part[0], f32_of(row[t]));
+  if (lane == 0) nll[r] = max_sum_nll(all, f32_of(row[t]));
   if (scale == nullptr) return;
   __syncthreads();  // the target's logit is read before a lane overwrites it
-  ce_lane_grad(row, n, lane, kCeLanes, part[0], scale[r], t);
+  ce_lane_grad(row, n, lane, kCeLanes, all, scale[r], t);
 }
 
 template <typename E>
@@ -205,12 +213,7 @@ __device__ void quant_rows(const E* x, unsigned char* out, float* inv_scale, lon
   const int lane = threadIdx.x;
   const E* row = x + r * n;
   part[lane] = amax_lane(row, n, lane, kQuantLanes);
-  __syncthreads();
-  for (int s = kQuantLanes / 2; s > 0; s >>= 1) {
-    if (lane < s) part[lane] = amax_combine(part[lane], part[lane + s]);
-    __syncthreads();
-  }
-  const float scale = e4m3_scale(part[0]);
+  const float scale = e4m3_scale(combine_lanes(part, lane, kQuantLanes, amax_combine));
   if (lane == 0) inv_scale[r] = 1.0f / scale;
   quant_lane_cast(row, out + r * n, n, lane, kQuantLanes, scale);
 }
@@ -234,6 +237,14 @@ extern "C" __global__ void __launch_bounds__(kQuantLanes)
 )";
 
 // The CPU twin's blocks: the lanes in turn, the same tree; rows in parallel.
+template <typename P, typename Combine>
+P combine_lanes(std::vector<P>& part, Combine combine) {
+  for (size_t s = part.size() / 2; s > 0; s >>= 1) {
+    for (size_t lane = 0; lane < s; ++lane) part[lane] = combine(part[lane], part[lane + s]);
+  }
+  return part[0];
+}
+
 template <typename E>
 void ce_rows_host(E* logits, const int64_t* target, const float* scale, float* nll, int64_t rows, int64_t n) {
   at::parallel_for(0, rows, 1, [&](int64_t r0, int64_t r1) {
@@ -241,13 +252,11 @@ void ce_rows_host(E* logits, const int64_t* target, const float* scale, float* n
     for (int64_t r = r0; r < r1; ++r) {
       E* row = logits + r * n;
       for (int lane = 0; lane < twin::kCeLanes; ++lane) part[lane] = twin::ce_lane_fold(row, n, lane, twin::kCeLanes);
-      for (int s = twin::kCeLanes / 2; s > 0; s >>= 1) {
-        for (int lane = 0; lane < s; ++lane) part[lane] = twin::max_sum_combine(part[lane], part[lane + s]);
-      }
-      nll[r] = twin::max_sum_nll(part[0], twin::f32_of(row[target[r]]));
+      const twin::MaxSum all = combine_lanes(part, twin::max_sum_combine);
+      nll[r] = twin::max_sum_nll(all, twin::f32_of(row[target[r]]));
       if (scale == nullptr) continue;
       for (int lane = 0; lane < twin::kCeLanes; ++lane) {
-        twin::ce_lane_grad(row, n, lane, twin::kCeLanes, part[0], scale[r], target[r]);
+        twin::ce_lane_grad(row, n, lane, twin::kCeLanes, all, scale[r], target[r]);
       }
     }
   });
@@ -262,10 +271,7 @@ void quant_rows_host(const E* x, unsigned char* out, float* inv_scale, int64_t r
       for (int lane = 0; lane < twin::kQuantLanes; ++lane) {
         part[lane] = twin::amax_lane(row, n, lane, twin::kQuantLanes);
       }
-      for (int s = twin::kQuantLanes / 2; s > 0; s >>= 1) {
-        for (int lane = 0; lane < s; ++lane) part[lane] = twin::amax_combine(part[lane], part[lane + s]);
-      }
-      const float scale = twin::e4m3_scale(part[0]);
+      const float scale = twin::e4m3_scale(combine_lanes(part, twin::amax_combine));
       inv_scale[r] = 1.0f / scale;
       for (int lane = 0; lane < twin::kQuantLanes; ++lane) {
         twin::quant_lane_cast(row, out + r * n, n, lane, twin::kQuantLanes, scale);
