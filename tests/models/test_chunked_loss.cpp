@@ -405,39 +405,56 @@ TEST(ChunkedLoss, NeverHoldsTheWholeLogits) {
   EXPECT_LE(chunked, chunked_loss_bytes(16, cfg.vocab_size, cfg.hidden_size, at::kFloat) + (int64_t{1} << 20));
 }
 
-// The loss alone (hidden states and weight as leaves), chunks of 64 rows of
-// V = 32768 (8 MiB of fp32 logits each) and a narrow D, where the chunk's
-// buffers are the most the loss holds: the fused path holds less than the
-// reference, and within its own count. (With a wide D and small chunks the
-// largest moment is backward's, the weight's saved gradient and its product
-// by the upstream gradient, (V, D) each, the same in both paths; the count
-// takes the larger.)
-TEST(ChunkedLoss, FusedHoldsLessThanTheReferenceWithinItsCount) {
-  const int64_t N = 256, V = 32768, D = 16, rows = 64;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(5);
+// The most the loss alone holds (hidden states (N, D) and weight (V, D) as
+// fp32 leaves, chunks of `rows`) through its forward and backward, above what
+// was live before, on each path: the CPU allocator counted from `priority` on
+// (SetCPUAllocator keeps an allocator of a higher priority: each test its own).
+// `doubled`: the loss times 2, so that backward's product of the weight's
+// gradient by the upstream gradient is a tensor of its own.
+struct LossPeaks {
+  int64_t reference = 0;
+  int64_t fused = 0;
+};
+LossPeaks loss_peaks(int64_t N, int64_t V, int64_t D, int64_t rows, uint64_t seed, bool doubled, uint8_t priority) {
+  auto gen = at::make_generator<at::CPUGeneratorImpl>(seed);
   const at::Tensor hidden = at::randn({N, D}, gen).requires_grad_();
   const at::Tensor weight = (at::randn({V, D}, gen) * 0.2).requires_grad_();
   const at::Tensor targets = at::randint(V, {N}, gen, at::kLong);
   c10::Allocator* original = c10::GetCPUAllocator();
+  // Never destroyed: tensors allocated through it may outlive the call.
   static CountingAllocator& counting = *new CountingAllocator(original);
   const auto peak_of = [&](LayerKernels kernels) {
     hidden.mutable_grad().reset();
     weight.mutable_grad().reset();
     counting.reset_peak();
     const int64_t before = counting.live();
-    chunked_cross_entropy(hidden, weight, targets, LossReduction::kMean, rows, nullptr, kernels).backward();
+    const at::Tensor loss =
+        chunked_cross_entropy(hidden, weight, targets, LossReduction::kMean, rows, nullptr, kernels);
+    (doubled ? loss * 2 : loss).backward();
     return counting.peak() - before;
   };
-  c10::SetCPUAllocator(&counting, /*priority=*/200);
-  const int64_t reference = peak_of(LayerKernels::kReference);
-  const int64_t fused = peak_of(LayerKernels::kFused);
-  c10::SetCPUAllocator(original, /*priority=*/201);
-  ASSERT_GT(fused, 0);
+  c10::SetCPUAllocator(&counting, priority);
+  LossPeaks out;
+  out.reference = peak_of(LayerKernels::kReference);
+  out.fused = peak_of(LayerKernels::kFused);
+  c10::SetCPUAllocator(original, static_cast<uint8_t>(priority + 1));
+  return out;
+}
+
+// Chunks of 64 rows of V = 32768 (8 MiB of fp32 logits each) and a narrow D,
+// where the chunk's buffers are the most the loss holds: the fused path holds
+// less than the reference, and within its own count. (With a wide D and small
+// chunks the largest moment is backward's, the next test's.)
+TEST(ChunkedLoss, FusedHoldsLessThanTheReferenceWithinItsCount) {
+  const int64_t N = 256, V = 32768, D = 16, rows = 64;
+  const LossPeaks peak = loss_peaks(N, V, D, rows, /*seed=*/5, /*doubled=*/false, /*priority=*/200);
+  ASSERT_GT(peak.fused, 0);
   const int64_t count = chunked_loss_bytes(rows, V, D, at::kFloat, LayerKernels::kFused);
-  std::cout << "loss alone, peak: reference " << reference << ", fused " << fused << " bytes (count " << count << ")\n";
-  EXPECT_LT(fused, reference);
+  std::cout << "loss alone, peak: reference " << peak.reference << ", fused " << peak.fused << " bytes (count "
+            << count << ")\n";
+  EXPECT_LT(peak.fused, peak.reference);
   // + the (N, D) gradient of the hidden states, twice (saved and scaled), and small things.
-  EXPECT_LE(fused, count + 2 * N * D * 4 + (int64_t{1} << 16));
+  EXPECT_LE(peak.fused, count + 2 * N * D * 4 + (int64_t{1} << 16));
 }
 
 // fp32 at small chunks and a wide D: the most the loss holds is backward's
@@ -447,26 +464,12 @@ TEST(ChunkedLoss, FusedHoldsLessThanTheReferenceWithinItsCount) {
 // too, it counted forward's alone there: llama3.1-8b on the CPU, 2.4 of 4.2 GB).
 TEST(ChunkedLoss, BackwardsTwoWeightGradientsAreCounted) {
   const int64_t N = 64, V = 4096, D = 256, rows = 16;
-  auto gen = at::make_generator<at::CPUGeneratorImpl>(7);
-  const at::Tensor hidden = at::randn({N, D}, gen).requires_grad_();
-  const at::Tensor weight = (at::randn({V, D}, gen) * 0.2).requires_grad_();
-  const at::Tensor targets = at::randint(V, {N}, gen, at::kLong);
-  c10::Allocator* original = c10::GetCPUAllocator();
-  static CountingAllocator& counting = *new CountingAllocator(original);
+  const LossPeaks peaks = loss_peaks(N, V, D, rows, /*seed=*/7, /*doubled=*/true, /*priority=*/210);
   // Forward's count: the chunk's buffers (2 x 4 + 12 bytes per logit) and one (V, D) in fp32.
   const int64_t forward_count = rows * V * 20 + V * D * 4;
-  uint8_t priority = 210;  // SetCPUAllocator keeps an allocator of a higher priority (the tests above: to 201)
   for (const LayerKernels kernels : {LayerKernels::kReference, LayerKernels::kFused}) {
     SCOPED_TRACE(kernels == LayerKernels::kFused ? "fused" : "reference");
-    hidden.mutable_grad().reset();
-    weight.mutable_grad().reset();
-    c10::SetCPUAllocator(&counting, priority++);
-    counting.reset_peak();
-    const int64_t before = counting.live();
-    // A loss times 2, so that backward's product by the upstream gradient is a tensor of its own.
-    (chunked_cross_entropy(hidden, weight, targets, LossReduction::kMean, rows, nullptr, kernels) * 2).backward();
-    const int64_t peak = counting.peak() - before;
-    c10::SetCPUAllocator(original, priority++);
+    const int64_t peak = kernels == LayerKernels::kFused ? peaks.fused : peaks.reference;
     const int64_t count = chunked_loss_bytes(rows, V, D, at::kFloat, kernels);
     std::cout << "peak " << peak << " bytes, count " << count << ", forward's alone " << forward_count << "\n";
     EXPECT_GT(peak, forward_count);  // the shape is one where backward's moment is the larger
