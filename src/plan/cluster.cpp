@@ -138,8 +138,8 @@ ClusterSpec cluster_from_json(const std::string& text, const ClusterSpec& base, 
   for (auto it = j.begin(); it != j.end(); ++it) {
     FSDP_CHECK(kKnown.count(it.key()) > 0, source, ": unknown field '", it.key(), "' (fields: name, nodes, "
                "procs_per_node, intra, inter, algorithm, execution, peak_tflops, compute_efficiency, matmul_tflops, "
-               "fp8_matmul_tflops, attention_tflops, memory_gbyte_per_s, optimizer_ns_per_element, host_cpu_ns_per_byte, notes, "
-               "calibration)");
+               "fp8_matmul_tflops, attention_tflops, memory_gbyte_per_s, optimizer_ns_per_element, "
+               "host_cpu_ns_per_byte, notes, calibration)");
   }
   ClusterSpec c = base;
   auto number = [&](const nlohmann::json& v, const std::string& field, double lo, double hi = 1e300) {
