@@ -23,7 +23,9 @@
 // (with --checkpoint-dir) and the exit code is 0; without --checkpoint-dir the
 // run stops after the step, nothing is saved, and the exit code is 128 + the
 // signal (143 for SIGTERM) so that a supervisor does not take it for a finished
-// run. A second signal kills the process at once. While the process is still
+// run. Under torchrun, a rank stopped because another rank got the signal
+// first waits up to 30 s for its own (Note [A peer's stop under torchrun]).
+// A second signal kills the process at once. While the process is still
 // joining the job (rendezvous), SIGTERM/SIGINT end it at once.
 //
 // Faults: --timeout SECONDS (or FSDP_TIMEOUT; the flag wins; default 600 s for
@@ -43,6 +45,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <iostream>
 #include <set>
@@ -104,6 +107,36 @@ void handle_stop_signals(void (*handler)(int), int flags) {
   sa.sa_flags = flags;
   sigaction(SIGTERM, &sa, nullptr);
   sigaction(SIGINT, &sa, nullptr);
+}
+
+// Note [A peer's stop under torchrun]
+// A stop is agreed at the end of a step (every rank saves the same checkpoint),
+// so a rank can stop because ANOTHER rank received the signal. torchrun's agent
+// takes its workers' exit 0 as "the job is finished". When a node joins an
+// elastic job, every agent restarts its workers with SIGTERM, but not at the
+// same moment: a worker that had already exited 0 by its peers' stop made its
+// agent wait at the job's exit barrier while the others formed the new round
+// without it (seen in Cluster.LoseANodeAndGetItBack.etcd). So under torchrun
+// such a rank stays alive for up to kPeerStopWaitS after the save: its agent,
+// checking every --monitor-interval (0.1 s by default), finds the joining node
+// and restarts it, which signals it. If no signal comes, no node is joining:
+// the stop was for the whole job (a Kubernetes pod's launcher signals its own
+// workers only), and it exits 0 like the signalled ranks.
+constexpr int kPeerStopWaitS = 30;
+
+void await_own_stop_signal(const fsdp::comm::WorldInfo& world, int reason) {
+  const char* name = reason == SIGINT ? "SIGINT" : "SIGTERM";
+  std::cerr << "fsdp-train: rank " << world.rank << ": stopped with the job by a " << name
+            << " another rank received; waiting up to " << kPeerStopWaitS
+            << " s for torchrun's agent, which restarts this worker if a node is joining\n";
+  const auto end = std::chrono::steady_clock::now() + std::chrono::seconds(kPeerStopWaitS);
+  while (g_stop_signal.load() == 0 && std::chrono::steady_clock::now() < end) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  if (g_stop_signal.load() == 0) {
+    std::cerr << "fsdp-train: rank " << world.rank << ": no signal from torchrun's agent in " << kPeerStopWaitS
+              << " s: the job is stopped (the checkpoint is saved)\n";
+  }
 }
 
 // The default corpus: built by scripts/prepare_data.sh, or the small one in
@@ -307,7 +340,9 @@ int run_worker(fsdp::train::TrainOptions& o, const fsdp::comm::WorldInfo& world,
   handle_stop_signals(on_stop_signal, SA_RESETHAND);
   o.stop_requested = [] { return g_stop_signal.load(); };
   const fsdp::train::TrainSummary s = fsdp::train::train(o, rt);
-  if (s.stop_reason != 0 && o.checkpoint.dir.empty()) return 128 + s.stop_reason;  // stopped, nothing saved
+  if (s.stop_reason == 0) return 0;
+  if (o.checkpoint.dir.empty()) return 128 + s.stop_reason;  // stopped, nothing saved
+  if (g_stop_signal.load() == 0 && world.launcher == "torchrun") await_own_stop_signal(world, s.stop_reason);
   return 0;
 }
 

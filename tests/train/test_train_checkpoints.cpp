@@ -429,4 +429,60 @@ TEST(TrainCli, TorchrunElasticRestartResumesFromTheNewestCheckpoint) {
   expect_no_leftovers(marker);
 }
 
+// torchrun, SIGTERM to rank 1 only (Note [A peer's stop under torchrun] in
+// apps/fsdp_train.cpp): rank 0 stops at the same step, and then waits for a
+// signal of its own, since torchrun's agent takes its workers' exit 0 as the
+// job finished. `second_signal`: the signal comes (as from an agent restarting
+// its workers for a joining node) and rank 0 exits at once. Otherwise, after
+// its 30 s, it says no signal came and exits 0: the stop was for the job.
+// Either way torchrun exits 0 and the checkpoint of the agreed step is saved.
+namespace {
+
+void sigterm_rank_1_under_torchrun(const std::string& tag, bool second_signal) {
+  const std::string dir = testing::temp_dir(tag);
+  const std::string ck = dir + "/ckpt";
+  const std::string marker = "max-steps 400 --checkpoint-dir " + ck;
+  {
+    std::ofstream sh(dir + "/run.sh");
+    sh << "set -u\n" << find_rank_fn()
+       << "torchrun --no_python --redirects 1 --tee 1 --standalone --nnodes 1 --nproc_per_node 2 --max_restarts 0 "
+       << "--log_dir " << dir << "/torchrun-logs " << flags(400) << " --checkpoint-dir " << ck << " > " << dir
+       << "/log 2>&1 &\n"
+       << "T=$!\n"
+       << "for i in $(seq 1 600); do grep -q 'Batch 3 Loss' " << dir << "/log && break; sleep 0.1; done\n"
+       << "kill -TERM $(rank_pid '" << marker << "' 1)\n"
+       << "for i in $(seq 1 600); do grep -q 'waiting up to' " << dir << "/log && break; sleep 0.1; done\n"
+       << "S=$SECONDS\n";
+    if (second_signal) sh << "kill -TERM $(rank_pid '" << marker << "' 0)\n";
+    sh << "wait $T; echo \"torchrun exit $? after $((SECONDS - S)) s\"\n";
+  }
+  Command c = run_command("bash " + dir + "/run.sh", 120);
+  const std::string log = read_file(dir + "/log");
+  EXPECT_NE(log.find("fsdp-train: rank 0: stopped with the job by a SIGTERM another rank received; waiting up to 30 s "
+                     "for torchrun's agent, which restarts this worker if a node is joining"),
+            std::string::npos) << log;
+  EXPECT_EQ(log.find("rank 1: stopped with the job"), std::string::npos) << "rank 1 had its own signal\n" << log;
+  std::smatch m;
+  ASSERT_TRUE(std::regex_search(c.output, m, std::regex("torchrun exit 0 after \\d+ s"))) << c.output << log;
+  const bool gave_up = log.find("fsdp-train: rank 0: no signal from torchrun's agent in 30 s: the job is stopped "
+                                "(the checkpoint is saved)") != std::string::npos;
+  // The line comes only at the wait's end: absent, the signal ended the wait; present, it ran its length.
+  EXPECT_EQ(gave_up, !second_signal) << c.output << log;
+  ASSERT_TRUE(std::regex_search(log, m, std::regex("stopped by SIGTERM after (\\d+) steps"))) << log;
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08d", std::stoi(m[1].str()));
+  EXPECT_TRUE(fs::exists(ck + "/" + name + "/manifest.json")) << log;
+  expect_no_leftovers(marker);
+}
+
+}  // namespace
+
+TEST(TrainCli, TorchrunRankStoppedByAPeersSignalWaitsForItsOwn) {
+  sigterm_rank_1_under_torchrun("cli-peer-stop", /*second_signal=*/true);
+}
+
+TEST(TrainCli, TorchrunRankStoppedByAPeersSignalAloneExitsZeroAfterItsWait) {
+  sigterm_rank_1_under_torchrun("cli-peer-stop-alone", /*second_signal=*/false);
+}
+
 }  // namespace fsdp
