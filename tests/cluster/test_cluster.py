@@ -354,6 +354,7 @@ LOSE_RATE_MBIT = 100  # a floor under each step's time, so the run outlasts the 
 # depend on the rate.
 LOSE_AWAY_RATE_MBIT = 20
 BATCH_LINE = re.compile(r"Batch (\d+) Loss")
+THREE_RANKS_LINE = re.compile(r"\b3 ranks \(torchrun\)")
 
 
 def world_segments(recs):
@@ -429,7 +430,9 @@ def check_lose(a, tmp, rdzv):
         c.link(2, up=True)
         t_back = time.time()
         procs.append(agent(2, logs[3]))
-        if not wait_for(lambda: len(RESUMED_LINE.findall(text())) >= 2, "the job did not grow back to 3 nodes", 90):
+        # Grown: a second job start at 3 ranks (a resume at 2 would be the job re-formed without a node).
+        if not wait_for(lambda: len(THREE_RANKS_LINE.findall(text())) >= 2 and len(RESUMED_LINE.findall(text())) >= 2,
+                        "the job did not grow back to 3 nodes", 90):
             return
         c.shape(LOSE_RATE_MBIT)
         print(f"  node 2 back: grown to 3 nodes {time.time() - t_back:.1f} s after its agent started", flush=True)
