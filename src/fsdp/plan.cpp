@@ -433,12 +433,16 @@ std::vector<StepUnitBytes> step_unit_bytes(const std::vector<PlannedUnit>& plann
     } else {
       b.params = (trained + frozen) * pb;
       b.grads = trained * pb;
-      // A reduction lands in the gradient shard when its input has the master dtype, on the shard's device;
+      // A reduction lands in the gradient shard when its output has the master dtype, on the shard's device;
       // over one rank on the device it runs no collective and needs no output (Note [One-rank reductions]).
+      // Its output has the input's dtype, or fp32 for a compressed reduce-scatter, which sums the decoded
+      // contributions in fp32 and is called even over one rank (compressed_collectives.cpp).
       const at::ScalarType input_dtype = converts ? mp.reduce_dtype : mp.param_dtype;
-      const bool one_rank = s == 1 && on_device;
-      if (trained > 0 && !one_rank && (input_dtype != mp.master_dtype || !on_device)) {
-        b.reduce_output = trained / s * rb;
+      const bool compressed = o.compression.reduce_scatter != WireFormat::kNative;
+      const at::ScalarType output_dtype = compressed ? at::kFloat : input_dtype;
+      const bool one_rank = s == 1 && on_device && !compressed;
+      if (trained > 0 && !one_rank && (output_dtype != mp.master_dtype || !on_device)) {
+        b.reduce_output = trained / s * static_cast<int64_t>(c10::elementSize(output_dtype));
       }
       // Note [Offload staging] in collectives.cpp: host shards of another
       // dtype pass through a master-dtype buffer on the device, for a gather

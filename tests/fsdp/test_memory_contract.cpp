@@ -390,5 +390,41 @@ TEST(MemoryContract, OneRankShardGroupsReduceWithoutAnOutputBuffer) {
   }
 }
 
+// A compressed reduce-scatter (FsdpOptions::compression, bf16 or int8 on the
+// wire) sums the decoded contributions in fp32 whatever the reduce dtype: its
+// output is the gradient shard itself when that is fp32 and nothing else holds
+// a sum, else an fp32 buffer (pure bf16: the shard is bf16). Its wire buffers
+// are communication scratch, outside the ledger. The plan counts the same
+// output, so the peak is the bound to the byte, with the compressed all-gather
+// as well.
+TEST(MemoryContract, CompressedReductionsPeakExactlyAtTheBound) {
+  const testing::ToyConfig shape = shapes()[1].config;
+  testing::run_distributed(4, [&](comm::ProcessGroup& pg) {
+    int checked = 0;
+    for (ShardingStrategy s : {ShardingStrategy::kFullShard, ShardingStrategy::kShardGradOp,
+                               ShardingStrategy::kHybridShard}) {
+      for (const char* precision : {"fp32", "bf16", "bf16-pure"}) {
+        for (WireFormat wire : {WireFormat::kBf16, WireFormat::kInt8}) {
+          FsdpOptions o;
+          o.strategy = s;
+          o.hybrid_shard_size = 2;
+          o.mixed_precision = MixedPrecision::preset(precision);
+          o.compression.reduce_scatter = wire;
+          o.compression.all_gather = wire;
+          const bool pure = o.mixed_precision.master_dtype == at::kBFloat16;
+          const ShardingPlan plan = plan_sharding(testing::make_toy(shape, true, 3).ptr(), pg.size(), pg.rank(), o,
+                                                  pure ? at::kBFloat16 : at::kFloat);
+          const Outcome got = run_steps(pg, shape, o, /*steps=*/3, /*micro_batches=*/1);
+          const std::string what = std::string(to_string(s)) + ", " + precision + ", " + to_string(wire) + " wire";
+          EXPECT_EQ(got.peak, plan.unsharded_bound(1)) << what << ": " << bytes_text(got.at_peak);
+          EXPECT_EQ(got.left_over, 0) << what;
+          ++checked;
+        }
+      }
+    }
+    EXPECT_EQ(checked, 3 * 3 * 2);
+  });
+}
+
 }  // namespace
 }  // namespace fsdp
