@@ -446,7 +446,8 @@ class ReduceScatterComm {
   virtual ~ReduceScatterComm() = default;
   // The reduction's input (the unit's gradients in the reduce dtype, copied
   // in) and output (its shard of them): `numel` elements of `dtype` on
-  // `device`. Default: at::empty. Called at every reduction, twice.
+  // `device`. Default: at::empty. Called at every reduction, twice. Both are
+  // counted in ShardedModel::unsharded_memory(), not in plan_sharding's bound.
   virtual at::Tensor allocate(int64_t numel, at::ScalarType dtype, at::Device device);
   // Reduces `input` (group.size() chunks of output's size) with `op` over
   // `group`, this rank's chunk into `output`. Returns the work the engine
@@ -596,7 +597,11 @@ class ShardedModel {
   StepCounters take_step_counters();
   // The unsharded buffers this rank holds and has held at most (the engine's
   // ledger: every allocation and release of them goes through it), and the
-  // start of a new peak. ShardingPlan::step_unsharded_bytes bounds `peak`.
+  // start of a new peak. ShardingPlan::step_unsharded_bytes bounds `peak`,
+  // except for what a custom reduce-scatter's allocate returns: the plan is
+  // made from FsdpOptions alone, and that comm's input and output buffers (the
+  // unit's gradients and its shard of them, in the reduce dtype) are counted
+  // here even where the engine's own reduction would copy or hold nothing.
   UnshardedMemory unsharded_memory() const;
   void reset_unsharded_peak();  // unsharded_memory().peak starts again from what is held now
   // Bytes activation checkpointing holds now beyond the units' inputs: what
