@@ -8,6 +8,7 @@
 #include <mutex>
 
 #include "fsdp/common/error.h"
+#include "loaded_symbols.h"
 
 namespace fsdp::models {
 
@@ -25,17 +26,6 @@ struct Nvrtc::Api {
   const char* (*error_string)(int) = nullptr;
 };
 
-namespace {
-
-template <typename F>
-void bind(void* handle, const char* name, const std::string& path, F* out) {
-  *out = reinterpret_cast<F>(dlsym(handle, name));
-  FSDP_CHECK(*out != nullptr, "NVRTC at ", path, " has no entry point ", name,
-             ": use the NVRTC of the PyTorch wheel's nvidia packages (scripts/venv.sh installs it)");
-}
-
-}  // namespace
-
 const Nvrtc& Nvrtc::load(const std::string& path) {
   static std::mutex mu;
   static std::map<std::string, std::unique_ptr<Nvrtc>> opened;
@@ -46,14 +36,16 @@ const Nvrtc& Nvrtc::load(const std::string& path) {
   FSDP_CHECK(handle != nullptr, "cannot load NVRTC from ", path, ": ", dlerror(),
              " (it comes with the PyTorch wheel's nvidia packages: scripts/venv.sh installs them)");
   auto api = std::make_unique<Api>();
-  bind(handle, "nvrtcCreateProgram", path, &api->create);
-  bind(handle, "nvrtcCompileProgram", path, &api->compile);
-  bind(handle, "nvrtcGetProgramLogSize", path, &api->log_size);
-  bind(handle, "nvrtcGetProgramLog", path, &api->log);
-  bind(handle, "nvrtcGetCUBINSize", path, &api->cubin_size);
-  bind(handle, "nvrtcGetCUBIN", path, &api->get_cubin);
-  bind(handle, "nvrtcDestroyProgram", path, &api->destroy);
-  bind(handle, "nvrtcGetErrorString", path, &api->error_string);
+  const std::string library = "NVRTC at " + path;
+  const std::string fix = "use the NVRTC of the PyTorch wheel's nvidia packages (scripts/venv.sh installs it)";
+  bind_symbol(handle, "nvrtcCreateProgram", &api->create, library, fix);
+  bind_symbol(handle, "nvrtcCompileProgram", &api->compile, library, fix);
+  bind_symbol(handle, "nvrtcGetProgramLogSize", &api->log_size, library, fix);
+  bind_symbol(handle, "nvrtcGetProgramLog", &api->log, library, fix);
+  bind_symbol(handle, "nvrtcGetCUBINSize", &api->cubin_size, library, fix);
+  bind_symbol(handle, "nvrtcGetCUBIN", &api->get_cubin, library, fix);
+  bind_symbol(handle, "nvrtcDestroyProgram", &api->destroy, library, fix);
+  bind_symbol(handle, "nvrtcGetErrorString", &api->error_string, library, fix);
   Dl_info info{};
   std::string file = path;
   if (dladdr(reinterpret_cast<void*>(api->create), &info) != 0 && info.dli_fname != nullptr) file = info.dli_fname;

@@ -18,6 +18,7 @@
 #include <mutex>
 
 #include "fsdp/models/nvrtc.h"
+#include "loaded_symbols.h"
 #endif
 
 #include "fsdp/common/error.h"
@@ -314,26 +315,21 @@ struct Driver {
   }
 };
 
-template <typename F>
-void bind_driver(void* handle, const char* name, F* out) {
-  *out = reinterpret_cast<F>(dlsym(handle, name));
-  FSDP_CHECK(*out != nullptr, "the CUDA driver (libcuda.so.1) has no entry point ", name,
-             ": a driver for CUDA ", CUDART_VERSION / 1000, " or later is needed");
-}
-
 const Driver& driver() {
   static const Driver d = [] {
     void* handle = dlopen("libcuda.so.1", RTLD_NOW | RTLD_GLOBAL);
     FSDP_CHECK(handle != nullptr, "cannot load the CUDA driver libcuda.so.1: ", dlerror());
     Driver out;
-    bind_driver(handle, "cuDeviceGet", &out.device_get);
-    bind_driver(handle, "cuCtxGetCurrent", &out.ctx_get_current);
-    bind_driver(handle, "cuDevicePrimaryCtxRetain", &out.primary_ctx_retain);
-    bind_driver(handle, "cuCtxSetCurrent", &out.ctx_set_current);
-    bind_driver(handle, "cuModuleLoadData", &out.module_load_data);
-    bind_driver(handle, "cuModuleGetFunction", &out.module_get_function);
-    bind_driver(handle, "cuLaunchKernel", &out.launch_kernel);
-    bind_driver(handle, "cuGetErrorString", &out.error_string);
+    const std::string library = "the CUDA driver (libcuda.so.1)";
+    const std::string fix = "a driver for CUDA " + std::to_string(CUDART_VERSION / 1000) + " or later is needed";
+    bind_symbol(handle, "cuDeviceGet", &out.device_get, library, fix);
+    bind_symbol(handle, "cuCtxGetCurrent", &out.ctx_get_current, library, fix);
+    bind_symbol(handle, "cuDevicePrimaryCtxRetain", &out.primary_ctx_retain, library, fix);
+    bind_symbol(handle, "cuCtxSetCurrent", &out.ctx_set_current, library, fix);
+    bind_symbol(handle, "cuModuleLoadData", &out.module_load_data, library, fix);
+    bind_symbol(handle, "cuModuleGetFunction", &out.module_get_function, library, fix);
+    bind_symbol(handle, "cuLaunchKernel", &out.launch_kernel, library, fix);
+    bind_symbol(handle, "cuGetErrorString", &out.error_string, library, fix);
     return out;
   }();
   return d;
