@@ -40,6 +40,26 @@ std::string wait_for(const std::string& path) {
   return "for i in $(seq 1 600); do [ -e " + path + " ] && break; sleep 0.1; done\n";
 }
 
+// The step after which a SIGTERM stopped the run (the lead's "stopped by
+// SIGTERM after N steps"); -1 when the log has no such line.
+int sigterm_step(const std::string& log) {
+  std::smatch m;
+  return std::regex_search(log, m, std::regex("stopped by SIGTERM after (\\d+) steps")) ? std::stoi(m[1].str()) : -1;
+}
+
+// Checkpoint `step`'s directory name, step_NNNNNNNN (spelled out here, not taken from the library).
+std::string step_dir(int step) {
+  char name[32];
+  std::snprintf(name, sizeof(name), "step_%08d", step);
+  return name;
+}
+
+// torchrun starting 2 workers on this host (the command follows), its own logs in DIR/torchrun-logs.
+std::string torchrun_two_workers(const std::string& dir, int max_restarts) {
+  return "torchrun --no_python --redirects 1 --tee 1 --standalone --nnodes 1 --nproc_per_node 2 --max_restarts " +
+         std::to_string(max_restarts) + " --log_dir " + dir + "/torchrun-logs ";
+}
+
 // No process of this test is left behind.
 void expect_no_leftovers(const std::string& marker) {
   // The bracket keeps the pattern from matching the shell that runs pgrep.
@@ -80,12 +100,10 @@ TEST(TrainCli, SigtermSavesACheckpointAndResumeContinues) {
   Command c = sigterm_rank_1(dir, 400, "");
   const std::string log = read_file(dir + "/log");
   EXPECT_NE(c.output.find("launcher exit 0"), std::string::npos) << c.output << log;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(log, m, std::regex("stopped by SIGTERM after (\\d+) steps"))) << log;
-  const int n = std::stoi(m[1].str());
+  const int n = sigterm_step(log);
+  ASSERT_GE(n, 0) << log;
   EXPECT_GE(n, 4);
-  char name[32];
-  std::snprintf(name, sizeof(name), "step_%08d", n);
+  const std::string name = step_dir(n);
   EXPECT_TRUE(fs::exists(dir + "/ckpt/" + name + "/manifest.json")) << log;
   EXPECT_NE(log.find(std::string("Saved checkpoint ") + name), std::string::npos) << log;
   expect_no_leftovers(marker);
@@ -189,12 +207,11 @@ TEST(TrainCli, SigtermWaitsForTheAsyncSaveInFlight) {
   Command c = sigterm_rank_1(dir, 401, " --checkpoint-every 1 --async-checkpoint --metrics-file " + dir + "/m.jsonl");
   const std::string log = read_file(dir + "/log");
   EXPECT_NE(c.output.find("launcher exit 0"), std::string::npos) << c.output << log;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(log, m, std::regex("stopped by SIGTERM after (\\d+) steps"))) << log;
-  char name[32];
-  std::snprintf(name, sizeof(name), "step_%08d", std::stoi(m[1].str()));
+  const int n = sigterm_step(log);
+  ASSERT_GE(n, 0) << log;
+  const std::string name = step_dir(n);
   EXPECT_TRUE(fs::exists(dir + "/ckpt/" + name + "/manifest.json")) << log;
-  const size_t saved = log.find(std::string("Saved checkpoint ") + name);
+  const size_t saved = log.find("Saved checkpoint " + name);
   EXPECT_NE(saved, std::string::npos) << log;
   EXPECT_LT(saved, log.find("stopped by SIGTERM")) << log;
   EXPECT_NE(log.find("writing in the background"), std::string::npos) << log;
@@ -388,8 +405,7 @@ TEST(TrainCli, TorchrunElasticRestartResumesFromTheNewestCheckpoint) {
   {
     std::ofstream sh(dir + "/run.sh");
     sh << "set -u\n" << find_rank_fn()
-       << "torchrun --no_python --redirects 1 --tee 1 --standalone --nnodes 1 --nproc_per_node 2 --max_restarts 1 "
-       << "--log_dir " << dir << "/torchrun-logs " << flags(40) << " --checkpoint-dir " << ck
+       << torchrun_two_workers(dir, /*max_restarts=*/1) << flags(40) << " --checkpoint-dir " << ck
        << " --checkpoint-every 5 --resume --metrics-file " << dir << "/m.jsonl > " << dir << "/log 2>&1 &\n"
        << "T=$!\n"
        << wait_for(ck + "/step_00000010")
@@ -445,8 +461,7 @@ void sigterm_rank_1_under_torchrun(const std::string& tag, bool second_signal) {
   {
     std::ofstream sh(dir + "/run.sh");
     sh << "set -u\n" << find_rank_fn()
-       << "torchrun --no_python --redirects 1 --tee 1 --standalone --nnodes 1 --nproc_per_node 2 --max_restarts 0 "
-       << "--log_dir " << dir << "/torchrun-logs " << flags(400) << " --checkpoint-dir " << ck << " > " << dir
+       << torchrun_two_workers(dir, /*max_restarts=*/0) << flags(400) << " --checkpoint-dir " << ck << " > " << dir
        << "/log 2>&1 &\n"
        << "T=$!\n"
        << "for i in $(seq 1 600); do grep -q 'Batch 3 Loss' " << dir << "/log && break; sleep 0.1; done\n"
@@ -462,16 +477,14 @@ void sigterm_rank_1_under_torchrun(const std::string& tag, bool second_signal) {
                      "for torchrun's agent, which restarts this worker if a node is joining"),
             std::string::npos) << log;
   EXPECT_EQ(log.find("rank 1: stopped with the job"), std::string::npos) << "rank 1 had its own signal\n" << log;
-  std::smatch m;
-  ASSERT_TRUE(std::regex_search(c.output, m, std::regex("torchrun exit 0 after \\d+ s"))) << c.output << log;
+  ASSERT_TRUE(std::regex_search(c.output, std::regex("torchrun exit 0 after \\d+ s"))) << c.output << log;
   const bool gave_up = log.find("fsdp-train: rank 0: no signal from torchrun's agent in 30 s: the job is stopped "
                                 "(the checkpoint is saved)") != std::string::npos;
   // The line comes only at the wait's end: absent, the signal ended the wait; present, it ran its length.
   EXPECT_EQ(gave_up, !second_signal) << c.output << log;
-  ASSERT_TRUE(std::regex_search(log, m, std::regex("stopped by SIGTERM after (\\d+) steps"))) << log;
-  char name[32];
-  std::snprintf(name, sizeof(name), "step_%08d", std::stoi(m[1].str()));
-  EXPECT_TRUE(fs::exists(ck + "/" + name + "/manifest.json")) << log;
+  const int n = sigterm_step(log);
+  ASSERT_GE(n, 0) << log;
+  EXPECT_TRUE(fs::exists(ck + "/" + step_dir(n) + "/manifest.json")) << log;
   expect_no_leftovers(marker);
 }
 
