@@ -430,9 +430,10 @@ def check_lose(a, tmp, rdzv):
         c.link(2, up=True)
         t_back = time.time()
         procs.append(agent(2, logs[3]))
-        # Grown: a second job start at 3 ranks (a resume at 2 would be the job re-formed without a node).
-        if not wait_for(lambda: len(THREE_RANKS_LINE.findall(text())) >= 2 and len(RESUMED_LINE.findall(text())) >= 2,
-                        "the job did not grow back to 3 nodes", 90):
+        def grown(t):  # a second job start at 3 ranks (a resume at 2 is the job re-formed without a node)
+            return len(THREE_RANKS_LINE.findall(t)) >= 2 and len(RESUMED_LINE.findall(t)) >= 2
+
+        if not wait_for(lambda: grown(text()), "the job did not grow back to 3 nodes", 90):
             return
         c.shape(LOSE_RATE_MBIT)
         print(f"  node 2 back: grown to 3 nodes {time.time() - t_back:.1f} s after its agent started", flush=True)
